@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.core.checks import Tags, register
+
+
+class IdempotencyConfig(AppConfig):
+    name = "django_idempotency"
+    verbose_name = "Idempotency"
+    # Explicit, so a host project's DEFAULT_AUTO_FIELD never makes a migration for us.
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_idempotency import checks, conf
+
+        register(Tags.compatibility)(checks.check_settings)
+        register(Tags.database)(checks.check_database)
+        conf.connect_signals()

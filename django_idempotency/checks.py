@@ -1,0 +1,156 @@
+"""System checks for ``settings.IDEMPOTENCY``: one id per mistake, each with a hint."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning
+
+from django_idempotency.conf import DEFAULTS, IN_PROGRESS_POLICIES, _resolve, user_settings
+from django_idempotency.durations import to_timedelta
+from django_idempotency.keys import MAX_KEY_LENGTH
+from django_idempotency.options import SAFE_METHODS
+from django_idempotency.responses import NEVER_STORED
+
+DOCS = "See https://django-idempotency.readthedocs.io/en/latest/settings.html"
+
+
+def _error(id_: int, msg: str, hint: str = DOCS) -> Error:
+    return Error(msg, hint=hint, id=f"django_idempotency.E{id_:03d}")
+
+
+def check_settings(**kwargs: Any) -> list[CheckMessage]:
+    raw = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(raw, Mapping):
+        return [_error(1, f"IDEMPOTENCY must be a dict, not {type(raw).__name__}.")]
+    errors: list[CheckMessage] = [
+        Warning(
+            f"IDEMPOTENCY has an unknown key {name!r}.",
+            hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+            id="django_idempotency.W001",
+        )
+        for name in raw
+        if name not in DEFAULTS
+    ]
+    value = {**DEFAULTS, **raw}
+    for name in ("ENABLED", "REQUIRED"):
+        if not isinstance(value[name], bool):
+            errors.append(_error(2, f"IDEMPOTENCY[{name!r}] must be True or False."))
+    header = value["HEADER"]
+    if not isinstance(header, str) or not header or not header.isascii() or " " in header:
+        errors.append(_error(3, "IDEMPOTENCY['HEADER'] must be a non-empty header name."))
+    errors += _check_methods(value["METHODS"])
+    durations = {name: _duration(value[name]) for name in ("TTL", "LOCK_TIMEOUT", "WAIT_TIMEOUT")}
+    for id_, name in ((5, "TTL"), (6, "LOCK_TIMEOUT"), (7, "WAIT_TIMEOUT")):
+        if durations[name] is None:
+            errors.append(
+                _error(id_, f"IDEMPOTENCY[{name!r}] must be a positive timedelta or seconds.")
+            )
+    ttl, lock = durations["TTL"], durations["LOCK_TIMEOUT"]
+    if ttl is not None and lock is not None and lock > ttl:
+        errors.append(
+            _error(
+                8,
+                "IDEMPOTENCY['LOCK_TIMEOUT'] is longer than its 'TTL'.",
+                hint="A record would expire while still locked; make the TTL longer.",
+            )
+        )
+    if value["IN_PROGRESS"] not in IN_PROGRESS_POLICIES:
+        errors.append(
+            _error(9, f"IDEMPOTENCY['IN_PROGRESS'] must be one of {IN_PROGRESS_POLICIES}.")
+        )
+    if not _positive_int(value["RETRY_AFTER"]):
+        errors.append(_error(10, "IDEMPOTENCY['RETRY_AFTER'] must be a positive integer."))
+    statuses = value["RETRYABLE_STATUSES"]
+    if isinstance(statuses, str) or not all(
+        isinstance(code, int) and 100 <= code <= 599 for code in _iterable(statuses)
+    ):
+        errors.append(
+            _error(11, "IDEMPOTENCY['RETRYABLE_STATUSES'] must be a collection of HTTP statuses.")
+        )
+    if value["MISMATCH_STATUS"] not in (400, 422):
+        errors.append(_error(12, "IDEMPOTENCY['MISMATCH_STATUS'] must be 422 or 400."))
+    min_length = value["MIN_KEY_LENGTH"]
+    if not _positive_int(min_length) or min_length > MAX_KEY_LENGTH:
+        errors.append(
+            _error(13, f"IDEMPOTENCY['MIN_KEY_LENGTH'] must be an integer from 1 to {MAX_KEY_LENGTH}.")
+        )
+    errors += _check_headers(value["REPLAYED_HEADERS"])
+    for id_, name in ((15, "SCOPE_FUNCTION"), (16, "FINGERPRINT_FUNCTION")):
+        try:
+            _resolve(value[name])
+        except (ImportError, TypeError, ValueError) as exc:
+            errors.append(_error(id_, f"IDEMPOTENCY[{name!r}] cannot be used: {exc}"))
+    if not _positive_int(value["MAX_BODY_SIZE"]):
+        errors.append(_error(17, "IDEMPOTENCY['MAX_BODY_SIZE'] must be a positive integer."))
+    return errors
+
+
+def check_database(**kwargs: Any) -> list[CheckMessage]:
+    alias = user_settings().get("DATABASE_ALIAS", DEFAULTS["DATABASE_ALIAS"])
+    if alias not in settings.DATABASES:
+        return [_error(18, f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is not in DATABASES.")]
+    if settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
+        return [
+            _error(
+                19,
+                f"DATABASES[{alias!r}] has ATOMIC_REQUESTS, so two-phase claims would commit only "
+                "with the view, and duplicates would not see them while it runs.",
+                hint="Point IDEMPOTENCY['DATABASE_ALIAS'] at a second alias for the same "
+                "database without ATOMIC_REQUESTS (docs: 'ATOMIC_REQUESTS').",
+            )
+        ]
+    return []
+
+
+def _duration(value: object) -> timedelta | None:
+    try:
+        duration = to_timedelta(value, "")
+    except TypeError:
+        return None
+    return duration if duration > timedelta(0) else None
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _iterable(value: object) -> list[Any]:
+    try:
+        return list(value)  # type: ignore[call-overload]
+    except TypeError:
+        return [None]
+
+
+def _check_methods(methods: object) -> list[CheckMessage]:
+    items = _iterable(methods)
+    if isinstance(methods, str) or not items or not all(isinstance(m, str) for m in items):
+        return [_error(4, "IDEMPOTENCY['METHODS'] must be a non-empty list of HTTP methods.")]
+    if safe := {m.upper() for m in items} & SAFE_METHODS:
+        return [
+            _error(
+                20,
+                f"IDEMPOTENCY['METHODS'] lists safe methods {sorted(safe)}.",
+                hint="Safe methods are never protected; list POST, PATCH, PUT or DELETE.",
+            )
+        ]
+    return []
+
+
+def _check_headers(headers: object) -> list[CheckMessage]:
+    items = _iterable(headers)
+    if isinstance(headers, str) or not all(isinstance(h, str) for h in items):
+        return [_error(14, "IDEMPOTENCY['REPLAYED_HEADERS'] must be a list of header names.")]
+    if forbidden := {h.lower() for h in items} & NEVER_STORED:
+        return [
+            _error(
+                21,
+                f"IDEMPOTENCY['REPLAYED_HEADERS'] lists {sorted(forbidden)}, which are never "
+                "stored.",
+                hint="Cookies belong to one client and hop-by-hop headers to one connection.",
+            )
+        ]
+    return []

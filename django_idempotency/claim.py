@@ -1,0 +1,61 @@
+"""``request.idempotency``: what a protected view knows of its own attempt."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django_idempotency import store
+from django_idempotency.exceptions import LockLost
+
+_DERIVED_NAMESPACE = uuid.UUID("5b0c3c52-7e4b-4a43-9d0c-2a7c1c0f6d11")
+
+
+@dataclass
+class Claim:
+    """The attempt that owns a record.
+
+    ``attempt`` is 1 for the first attempt and grows with each takeover of a stale record;
+    ``recovery_point`` and ``recovery_data`` are where the previous attempt got to.
+    """
+
+    key: str
+    scope: str
+    key_hash: str
+    pk: int
+    lock_token: uuid.UUID
+    attempt: int
+    recovery_point: str
+    recovery_data: Any
+    alias: str = field(repr=False)
+    lock_timeout: timedelta = field(repr=False)
+
+    @property
+    def is_takeover(self) -> bool:
+        return self.attempt > 1
+
+    def set_recovery_point(self, name: str, data: Any = None) -> None:
+        """Record that the view got as far as ``name`` (with JSON ``data``) and renew the lock.
+
+        In two-phase mode this commits at once, so a retry that takes over after a crash
+        resumes from here. Raises :class:`~django_idempotency.exceptions.LockLost` when another
+        attempt has taken the record over: stop, the new owner is doing the work.
+        """
+        if len(name) > 255:
+            raise ValueError("A recovery point name is at most 255 characters.")
+        if not store.save_recovery_point(
+            self.alias, self.pk, self.lock_token, name, data, self.lock_timeout
+        ):
+            raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
+        self.recovery_point = name
+        self.recovery_data = data
+
+    def derived_key(self, purpose: str = "") -> str:
+        """A UUID for a downstream service's own idempotency key, stable across every attempt.
+
+        It depends only on the scope, the key and ``purpose``, so a retried or taken-over attempt
+        hands the payment provider the same key and cannot charge twice downstream.
+        """
+        return str(uuid.uuid5(_DERIVED_NAMESPACE, f"{self.scope}\0{self.key_hash}\0{purpose}"))

@@ -1,0 +1,106 @@
+"""Per-view options, and the policy they make together with the settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.core.exceptions import ImproperlyConfigured
+
+from django_idempotency.conf import IN_PROGRESS_POLICIES, conf
+from django_idempotency.durations import Duration, to_timedelta
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one view asks for; ``None`` means "as the settings say". Validated when built."""
+
+    required: bool | None = None
+    ttl: timedelta | None = None
+    lock_timeout: timedelta | None = None
+    atomic: bool = False
+    in_progress: str | None = None
+    wait_timeout: timedelta | None = None
+    methods: frozenset[str] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        required: bool | None = None,
+        ttl: Duration | None = None,
+        lock_timeout: Duration | None = None,
+        atomic: bool = False,
+        in_progress: str | None = None,
+        wait_timeout: Duration | None = None,
+        methods: Iterable[str] | None = None,
+    ) -> Options:
+        try:
+            return cls(
+                required=required,
+                ttl=_positive(ttl, "ttl"),
+                lock_timeout=_positive(lock_timeout, "lock_timeout"),
+                atomic=bool(atomic),
+                in_progress=_in_progress(in_progress),
+                wait_timeout=_positive(wait_timeout, "wait_timeout"),
+                methods=_methods(methods),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
+
+    def resolve(self) -> Policy:
+        """Fill the gaps from the settings, read now so ``override_settings`` applies."""
+        return Policy(
+            required=conf.REQUIRED if self.required is None else self.required,
+            ttl=self.ttl or conf.TTL,
+            lock_timeout=self.lock_timeout or conf.LOCK_TIMEOUT,
+            atomic=self.atomic,
+            in_progress=self.in_progress or conf.IN_PROGRESS,
+            wait_timeout=self.wait_timeout or conf.WAIT_TIMEOUT,
+            methods=self.methods or conf.METHODS,
+            alias=conf.DATABASE_ALIAS,
+        )
+
+
+@dataclass(frozen=True)
+class Policy:
+    required: bool
+    ttl: timedelta
+    lock_timeout: timedelta
+    atomic: bool
+    in_progress: str
+    wait_timeout: timedelta
+    methods: frozenset[str]
+    alias: str
+
+    def protects(self, method: str | None) -> bool:
+        return method in self.methods and method not in SAFE_METHODS
+
+
+def _positive(value: Duration | None, name: str) -> timedelta | None:
+    if value is None:
+        return None
+    duration = to_timedelta(value, name)
+    if duration <= timedelta(0):
+        raise ValueError(f"{name} must be positive, not {value!r}.")
+    return duration
+
+
+def _in_progress(value: str | None) -> str | None:
+    if value is not None and value not in IN_PROGRESS_POLICIES:
+        raise ValueError(f"in_progress must be one of {IN_PROGRESS_POLICIES}, not {value!r}.")
+    return value
+
+
+def _methods(value: Iterable[str] | None) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise TypeError("methods must be a list of HTTP methods, not a string.")
+    methods = frozenset(str(method).upper() for method in value)
+    if safe := methods & SAFE_METHODS:
+        raise ValueError(f"safe methods cannot be protected: {sorted(safe)}.")
+    return methods

@@ -1,0 +1,74 @@
+"""RFC 9457 problem details for the app's own error responses."""
+
+from __future__ import annotations
+
+import json
+
+from django.http import HttpResponse
+
+PROBLEM_BASE = "https://django-idempotency.readthedocs.io/en/latest/problems.html#"
+CONTENT_TYPE = "application/problem+json"
+
+
+def problem(
+    status: int, slug: str, title: str, detail: str, headers: dict[str, str] | None = None
+) -> HttpResponse:
+    body = {"type": PROBLEM_BASE + slug, "title": title, "status": status, "detail": detail}
+    response = HttpResponse(
+        json.dumps(body), status=status, content_type=CONTENT_TYPE, headers=headers
+    )
+    # Marks the response as the app's own, so it is never stored as the view's result.
+    response.idempotency_problem = slug  # type: ignore[attr-defined]
+    return response
+
+
+def missing_key(header: str) -> HttpResponse:
+    return problem(
+        400,
+        "missing-idempotency-key",
+        "Missing idempotency key",
+        f"This endpoint requires an {header} header.",
+    )
+
+
+def invalid_key(detail: str) -> HttpResponse:
+    return problem(400, "invalid-idempotency-key", "Invalid idempotency key", detail)
+
+
+def key_reuse(status: int) -> HttpResponse:
+    return problem(
+        status,
+        "idempotency-key-reuse",
+        "Idempotency key reused",
+        "This idempotency key was already used for a different request "
+        "(another method, path or body).",
+    )
+
+
+def in_progress(retry_after: int) -> HttpResponse:
+    return problem(
+        409,
+        "request-in-progress",
+        "Request in progress",
+        "A request with this idempotency key is still being processed; retry later.",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def unavailable() -> HttpResponse:
+    return problem(
+        503,
+        "idempotency-unavailable",
+        "Idempotency store unavailable",
+        "The idempotency store could not be reached, so the request was not processed.",
+    )
+
+
+def response_not_stored() -> HttpResponse:
+    return problem(
+        500,
+        "response-not-stored",
+        "Response not stored",
+        "The original request completed, but its response was too large to store, "
+        "so it cannot be replayed.",
+    )

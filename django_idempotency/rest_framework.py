@@ -1,0 +1,109 @@
+"""``IdempotencyMixin`` for Django REST framework views: the only module importing DRF."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.http import HttpRequest, HttpResponseBase
+from rest_framework.request import Request
+
+from django_idempotency import protocol
+from django_idempotency.claim import Claim
+from django_idempotency.conf import conf
+from django_idempotency.durations import Duration
+from django_idempotency.options import Options, Policy
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from rest_framework.views import APIView
+
+    _Base = APIView
+else:
+    _Base = object
+
+
+class _Answer(Exception):
+    """Carries the app's own response (replay, 409, 422, 400) out of ``initial()``."""
+
+    def __init__(self, response: HttpResponseBase) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+class IdempotencyMixin(_Base):
+    """Protect an ``APIView``, generic view or viewset with the ``Idempotency-Key`` header.
+
+    The key is claimed after DRF's authentication, permissions and throttling (so the scope is
+    the authenticated principal and refused requests use no key), and the response is stored
+    once DRF has rendered it. Class attributes override ``settings.IDEMPOTENCY``.
+    """
+
+    idempotency_required: bool | None = None
+    idempotency_ttl: Duration | None = None
+    idempotency_lock_timeout: Duration | None = None
+    idempotency_atomic: bool = False
+    idempotency_in_progress: str | None = None
+    idempotency_wait_timeout: Duration | None = None
+    idempotency_methods: Iterable[str] | None = None
+
+    _idempotency_policy: Policy | None = None
+    _idempotency_claim: Claim | None = None
+
+    @classmethod
+    def get_idempotency_options(cls) -> Options:
+        return Options.build(
+            required=cls.idempotency_required,
+            ttl=cls.idempotency_ttl,
+            lock_timeout=cls.idempotency_lock_timeout,
+            atomic=cls.idempotency_atomic,
+            in_progress=cls.idempotency_in_progress,
+            wait_timeout=cls.idempotency_wait_timeout,
+            methods=cls.idempotency_methods,
+        )
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        policy = self.get_idempotency_options().resolve()
+        if not (conf.ENABLED and policy.protects(request.method)):
+            protocol.attach(request, None)
+            return super().dispatch(request, *args, **kwargs)
+        self._idempotency_policy = policy
+        self._idempotency_claim = None
+        # Read the body before DRF's parsers or authenticators consume the stream.
+        request.body  # noqa: B018
+        return protocol.in_transaction(
+            policy, lambda: self._idempotent_dispatch(request, policy, *args, **kwargs)
+        )
+
+    def _idempotent_dispatch(
+        self, request: HttpRequest, policy: Policy, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        try:
+            response = super().dispatch(request, *args, **kwargs)
+        except BaseException:
+            if self._idempotency_claim is not None:
+                protocol.abort(
+                    request, self._idempotency_claim, policy, reason="exception", raised=True
+                )
+            raise
+        if self._idempotency_claim is None:
+            return response
+        return protocol.finish(request, self._idempotency_claim, response, policy)
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        if self._idempotency_policy is None:
+            return
+        decision = protocol.run_steps(protocol.begin(request._request, self._idempotency_policy))
+        if isinstance(decision, HttpResponseBase):
+            raise _Answer(decision)
+        self._idempotency_claim = decision
+        protocol.attach(request._request, decision)
+
+    def handle_exception(self, exc: Exception) -> HttpResponseBase:
+        if isinstance(exc, _Answer):
+            return exc.response
+        return super().handle_exception(exc)
+
+
+__all__ = ["IdempotencyMixin"]

@@ -1,0 +1,22 @@
+"""Scope functions: whose keys a request's key belongs to.
+
+A scope function takes the request and returns a short string. Two principals' keys never meet:
+the same key under two scopes is two records.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest
+
+ANONYMOUS_SCOPE = "anonymous"
+
+
+def user_scope(request: HttpRequest) -> str:
+    """The authenticated user's primary key, or one shared scope for anonymous requests.
+
+    Anonymous clients share a scope, so their keys must be unguessable (UUID4 or better).
+    """
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return f"user:{user.pk}"
+    return ANONYMOUS_SCOPE

@@ -1,0 +1,26 @@
+"""Signals sent by the app, all with ``sender=IdempotencyKey``.
+
+Every signal gets ``request`` (the ``HttpRequest``), ``scope`` and ``key_hash``; those about a
+claim also get ``claim`` (the :class:`~django_idempotency.claim.Claim`).
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: A key was claimed for its first attempt (``claim``).
+key_claimed = Signal()
+#: A stale ``processing`` record was taken over by a retry (``claim``; ``claim.attempt`` > 1).
+key_taken_over = Signal()
+#: A stored response was replayed (``record``).
+response_replayed = Signal()
+#: A retry found its key still in flight and got ``409`` (``record``).
+request_in_progress = Signal()
+#: A retry's fingerprint differed from the stored one (``record``).
+fingerprint_mismatch = Signal()
+#: An attempt ended retryably (exception, 5xx, 429, 408) and its record was deleted
+#: (``claim``, ``reason``).
+key_released = Signal()
+#: An attempt that lost its lock finished late; its result was not stored (``claim``,
+#: ``response``).
+late_result_refused = Signal()

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from tests.testapp.models import Execution
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("DATABASE_URL", "").startswith(("postgres", "postgresql")):
+        return
+    skip = pytest.mark.skip(reason="needs PostgreSQL: set DATABASE_URL")
+    for item in items:
+        if "postgresql" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def key() -> str:
+    return str(uuid.uuid4())
+
+
+@pytest.fixture
+def post(client: Client) -> Callable[..., Any]:
+    """POST JSON with an Idempotency-Key (``key=None`` sends none)."""
+
+    def send(path: str, data: Any = None, *, key: str | None, **extra: Any) -> Any:
+        headers = dict(extra.pop("headers", {}))
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        content_type = extra.pop("content_type", "application/json")
+        return client.post(path, data or {}, content_type=content_type, headers=headers, **extra)
+
+    return send
+
+
+def executions(label: str | None = None) -> int:
+    queryset = Execution.objects.all()
+    return (queryset.filter(label=label) if label else queryset).count()
+
+
+def on_postgresql() -> bool:
+    return connection.vendor == "postgresql"

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.db import models
+
+
+class Execution(models.Model):
+    """One row per run of a test view's side effect: counting rows counts executions."""
+
+    label = models.CharField(max_length=100)
+    payload = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from rest_framework.routers import SimpleRouter
+
+from tests.testapp import views
+
+router = SimpleRouter()
+router.register("executions", views.ExecutionViewSet)
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("create/", views.create),
+    path("required/", views.required),
+    path("status/<int:code>/", views.status),
+    path("explode/", views.explode),
+    path("binary/", views.binary),
+    path("streaming/", views.streaming),
+    path("large/", views.large),
+    path("short-lock/", views.short_lock),
+    path("wait/", views.wait),
+    path("atomic/", views.atomic),
+    path("atomic-status/<int:code>/", views.atomic_status),
+    path("recovery/", views.recovery),
+    path("async/", views.async_create),
+    path("async-explode/", views.async_explode),
+    path("class/", views.ClassView.as_view()),
+    path("drf/", views.DrfView.as_view()),
+    path("drf-atomic/", views.DrfAtomicView.as_view()),
+    path("decorated-apiview/", views.DecoratedApiView.as_view()),
+    path("misdecorated-apiview/", views.MisdecoratedApiView.as_view()),
+    path("api-view-inner/", views.api_view_inner),
+    path("api/", include(router.urls)),
+]
