@@ -76,7 +76,9 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     min_length = value["MIN_KEY_LENGTH"]
     if not _positive_int(min_length) or min_length > MAX_KEY_LENGTH:
         errors.append(
-            _error(13, f"IDEMPOTENCY['MIN_KEY_LENGTH'] must be an integer from 1 to {MAX_KEY_LENGTH}.")
+            _error(
+                13, f"IDEMPOTENCY['MIN_KEY_LENGTH'] must be an integer from 1 to {MAX_KEY_LENGTH}."
+            )
         )
     errors += _check_headers(value["REPLAYED_HEADERS"])
     for id_, name in ((15, "SCOPE_FUNCTION"), (16, "FINGERPRINT_FUNCTION")):
@@ -120,7 +122,7 @@ def _positive_int(value: object) -> bool:
 
 def _iterable(value: object) -> list[Any]:
     try:
-        return list(value)  # type: ignore[call-overload]
+        return list(value)  # type: ignore[call-overload,no-any-return]
     except TypeError:
         return [None]
 

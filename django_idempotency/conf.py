@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -56,7 +56,7 @@ def _get(name: str) -> Any:
     return user_settings().get(name, DEFAULTS[name])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _resolve(path_or_callable: object) -> Callable[..., Any]:
     if isinstance(path_or_callable, str):
         resolved = import_string(path_or_callable)

@@ -97,7 +97,7 @@ def _sync_wrapper(view: Callable[..., HttpResponseBase], options: Options) -> Ca
             try:
                 response = view(request, *args, **kwargs)
             except BaseException:
-                protocol.abort(http_request, decision, policy, reason="exception", raised=True)
+                protocol.abort(http_request, decision, policy, reason="exception")
                 raise
             return protocol.finish(http_request, decision, response, policy)
 
@@ -125,7 +125,7 @@ def _async_wrapper(view: Callable[..., Any], options: Options) -> Callable[..., 
         try:
             response = await view(request, *args, **kwargs)
         except BaseException:
-            await abort(http_request, decision, policy, reason="exception", raised=True)
+            await abort(http_request, decision, policy, reason="exception")
             raise
         return await finish(http_request, decision, response, policy)
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 from django_idempotency import protocol
 from django_idempotency.claim import Claim
@@ -82,9 +83,7 @@ class IdempotencyMixin(_Base):
             response = super().dispatch(request, *args, **kwargs)
         except BaseException:
             if self._idempotency_claim is not None:
-                protocol.abort(
-                    request, self._idempotency_claim, policy, reason="exception", raised=True
-                )
+                protocol.abort(request, self._idempotency_claim, policy, reason="exception")
             raise
         if self._idempotency_claim is None:
             return response
@@ -100,9 +99,10 @@ class IdempotencyMixin(_Base):
         self._idempotency_claim = decision
         protocol.attach(request._request, decision)
 
-    def handle_exception(self, exc: Exception) -> HttpResponseBase:
+    def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, _Answer):
-            return exc.response
+            # Not a DRF Response, but finalize_response() accepts any HttpResponseBase.
+            return exc.response  # type: ignore[return-value]
         return super().handle_exception(exc)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field, JSONField
 from django.utils import timezone
 
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
@@ -95,7 +96,9 @@ def _claim_sql(connection: BaseDatabaseWrapper) -> str:
 
 
 def _prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
-    return IdempotencyKey._meta.get_field(name).get_db_prep_save(value, connection)
+    field = IdempotencyKey._meta.get_field(name)
+    assert isinstance(field, Field)
+    return field.get_db_prep_save(value, connection)
 
 
 def claim(
@@ -139,15 +142,14 @@ def claim(
     if row is None:
         return None
     data_field = IdempotencyKey._meta.get_field("recovery_data")
-    recovery_data = data_field.from_db_value(row[3], None, connection)  # type: ignore[attr-defined]
+    assert isinstance(data_field, JSONField)
+    recovery_data = data_field.from_db_value(row[3], None, connection)  # type: ignore[arg-type]
     return Claimed(row[0], token, row[1], row[2], recovery_data)
 
 
 def load(alias: str, scope: str, key_hash: str) -> IdempotencyKey | None:
     with _guard():
-        return (
-            IdempotencyKey.objects.using(alias).filter(scope=scope, key_hash=key_hash).first()
-        )
+        return IdempotencyKey.objects.using(alias).filter(scope=scope, key_hash=key_hash).first()
 
 
 def peek_status(alias: str, scope: str, key_hash: str) -> tuple[str, datetime | None] | None:

@@ -17,6 +17,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.AutoField"  # unlike ours: must not make 
 _url = os.environ.get("DATABASE_URL", "")
 if _url:
     DATABASES = {"default": dj_database_url.parse(_url, conn_max_age=0)}
+    # Several suites may share one server (developers, CI): each can name its own test database.
+    DATABASES["default"]["TEST"] = {"NAME": os.environ.get("IDEMPOTENCY_TEST_DB") or None}
 else:
     DATABASES = {
         "default": {

@@ -5,40 +5,102 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='IdempotencyKey',
+            name="IdempotencyKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('scope', models.CharField(max_length=255, verbose_name='scope')),
-                ('key_hash', models.CharField(help_text='SHA-256 of the key.', max_length=64, verbose_name='key hash')),
-                ('method', models.CharField(max_length=16, verbose_name='method')),
-                ('path', models.TextField(verbose_name='path')),
-                ('request_hash', models.CharField(max_length=64, verbose_name='request fingerprint')),
-                ('status', models.CharField(choices=[('processing', 'processing'), ('completed', 'completed'), ('failed', 'failed')], default='processing', max_length=16, verbose_name='status')),
-                ('response_status', models.PositiveSmallIntegerField(blank=True, null=True, verbose_name='response status')),
-                ('response_headers', models.JSONField(blank=True, default=list, verbose_name='response headers')),
-                ('response_body', models.BinaryField(blank=True, null=True, verbose_name='response body')),
-                ('recovery_point', models.CharField(blank=True, default='', max_length=255, verbose_name='recovery point')),
-                ('recovery_data', models.JSONField(blank=True, null=True, verbose_name='recovery data')),
-                ('lock_token', models.UUIDField(blank=True, null=True, verbose_name='lock token')),
-                ('attempt', models.PositiveIntegerField(default=1, verbose_name='attempt')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, verbose_name='created')),
-                ('updated_at', models.DateTimeField(default=django.utils.timezone.now, verbose_name='updated')),
-                ('unlock_at', models.DateTimeField(blank=True, null=True, verbose_name='unlock at')),
-                ('expires_at', models.DateTimeField(verbose_name='expires at')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("scope", models.CharField(max_length=255, verbose_name="scope")),
+                (
+                    "key_hash",
+                    models.CharField(
+                        help_text="SHA-256 of the key.", max_length=64, verbose_name="key hash"
+                    ),
+                ),
+                ("method", models.CharField(max_length=16, verbose_name="method")),
+                ("path", models.TextField(verbose_name="path")),
+                (
+                    "request_hash",
+                    models.CharField(max_length=64, verbose_name="request fingerprint"),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("processing", "processing"),
+                            ("completed", "completed"),
+                            ("failed", "failed"),
+                        ],
+                        default="processing",
+                        max_length=16,
+                        verbose_name="status",
+                    ),
+                ),
+                (
+                    "response_status",
+                    models.PositiveSmallIntegerField(
+                        blank=True, null=True, verbose_name="response status"
+                    ),
+                ),
+                (
+                    "response_headers",
+                    models.JSONField(blank=True, default=list, verbose_name="response headers"),
+                ),
+                (
+                    "response_body",
+                    models.BinaryField(blank=True, null=True, verbose_name="response body"),
+                ),
+                (
+                    "recovery_point",
+                    models.CharField(
+                        blank=True, default="", max_length=255, verbose_name="recovery point"
+                    ),
+                ),
+                (
+                    "recovery_data",
+                    models.JSONField(blank=True, null=True, verbose_name="recovery data"),
+                ),
+                ("lock_token", models.UUIDField(blank=True, null=True, verbose_name="lock token")),
+                ("attempt", models.PositiveIntegerField(default=1, verbose_name="attempt")),
+                (
+                    "created_at",
+                    models.DateTimeField(default=django.utils.timezone.now, verbose_name="created"),
+                ),
+                (
+                    "updated_at",
+                    models.DateTimeField(default=django.utils.timezone.now, verbose_name="updated"),
+                ),
+                (
+                    "unlock_at",
+                    models.DateTimeField(blank=True, null=True, verbose_name="unlock at"),
+                ),
+                ("expires_at", models.DateTimeField(verbose_name="expires at")),
             ],
             options={
-                'verbose_name': 'idempotency key',
-                'verbose_name_plural': 'idempotency keys',
-                'indexes': [models.Index(fields=['expires_at'], name='django_idempotency_expires'), models.Index(condition=models.Q(('status', 'processing')), fields=['unlock_at'], name='django_idempotency_stale')],
-                'constraints': [models.UniqueConstraint(fields=('scope', 'key_hash'), name='django_idempotency_scope_key_uniq')],
+                "verbose_name": "idempotency key",
+                "verbose_name_plural": "idempotency keys",
+                "indexes": [
+                    models.Index(fields=["expires_at"], name="django_idempotency_expires"),
+                    models.Index(
+                        condition=models.Q(("status", "processing")),
+                        fields=["unlock_at"],
+                        name="django_idempotency_stale",
+                    ),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("scope", "key_hash"), name="django_idempotency_scope_key_uniq"
+                    )
+                ],
             },
         ),
     ]

@@ -9,3 +9,6 @@ class Execution(models.Model):
     label = models.CharField(max_length=100)
     payload = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.label} #{self.pk}"

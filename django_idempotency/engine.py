@@ -1,0 +1,247 @@
+"""The claim loop and the end of an attempt, independent of HTTP.
+
+:func:`acquire` is a generator so that waiting is done by the caller: it yields the seconds to
+sleep (``time.sleep`` or ``asyncio.sleep``, see :func:`run_steps` and :func:`arun_steps`) and
+returns its outcome through ``StopIteration``. The HTTP protocol (:mod:`.protocol`) and the
+function decorator build on it, so views and message handlers share one state machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError
+from django.http import HttpRequest
+from django.utils import timezone
+
+from django_idempotency import signals, store
+from django_idempotency.claim import Claim
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.options import Policy
+from django_idempotency.responses import StoredResponse
+
+logger = logging.getLogger("django_idempotency")
+
+_FIRST_WAIT = 0.02
+_MAX_WAIT = 0.25
+_CLAIM_ATTEMPTS = 5
+
+T = TypeVar("T")
+Steps = Generator[float, None, T]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One protected call: whose key, which key, and the request it stands for."""
+
+    key: str
+    scope: str
+    key_hash: str
+    fingerprint: str
+    method: str
+    path: str
+    request: HttpRequest | None = None
+
+    def context(self) -> dict[str, Any]:
+        """The keyword arguments every signal gets."""
+        return {"request": self.request, "scope": self.scope, "key_hash": self.key_hash}
+
+
+@dataclass(frozen=True)
+class Found:
+    """The key is live under another attempt: its stored result, a mismatch, or in flight."""
+
+    kind: Literal["replay", "mismatch", "in_progress"]
+    record: IdempotencyKey
+
+
+def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
+    """Claim the key, or say why not; waits (by yielding) when the policy is ``"wait"``.
+
+    Raises :class:`~.exceptions.StoreUnavailable` and :class:`~.exceptions.LockWaitTimeout`.
+    """
+    deadline = time.monotonic() + policy.wait_timeout.total_seconds()
+    delay = _FIRST_WAIT
+    record: IdempotencyKey | None = None
+    for _ in range(_CLAIM_ATTEMPTS):
+        claimed = store.claim(
+            policy.alias,
+            scope=attempt.scope,
+            key_hash=attempt.key_hash,
+            method=attempt.method,
+            path=attempt.path,
+            request_hash=attempt.fingerprint,
+            ttl=policy.ttl,
+            lock_timeout=policy.lock_timeout,
+        )
+        if claimed is not None:
+            claim = Claim(
+                key=attempt.key,
+                scope=attempt.scope,
+                key_hash=attempt.key_hash,
+                pk=claimed.pk,
+                lock_token=claimed.lock_token,
+                attempt=claimed.attempt,
+                recovery_point=claimed.recovery_point,
+                recovery_data=claimed.recovery_data,
+                alias=policy.alias,
+                lock_timeout=policy.lock_timeout,
+            )
+            _announce_claim(claim, attempt)
+            return claim
+        record = store.load(policy.alias, attempt.scope, attempt.key_hash)
+        if record is None:
+            continue  # released between the two statements: claim again
+        if record.request_hash != attempt.fingerprint:
+            return _found("mismatch", record, attempt)
+        if record.status != IdempotencyKey.Status.PROCESSING:
+            return _found("replay", record, attempt)
+        if policy.in_progress != "wait" or time.monotonic() >= deadline:
+            break
+        while True:
+            yield min(delay, max(0.0, deadline - time.monotonic()))
+            delay = min(delay * 2, _MAX_WAIT)
+            if time.monotonic() >= deadline or _settled(policy.alias, attempt):
+                break
+    if record is None:
+        record = IdempotencyKey(scope=attempt.scope, key_hash=attempt.key_hash)
+    return _found("in_progress", record, attempt)
+
+
+def _settled(alias: str, attempt: Attempt) -> bool:
+    """Whether a waiter's key stopped being live in flight (finished, released or stale)."""
+    peeked = store.peek_status(alias, attempt.scope, attempt.key_hash)
+    if peeked is None:
+        return True
+    status, unlock_at = peeked
+    return status != IdempotencyKey.Status.PROCESSING or (
+        unlock_at is not None and unlock_at <= timezone.now()
+    )
+
+
+def _announce_claim(claim: Claim, attempt: Attempt) -> None:
+    if claim.is_takeover:
+        logger.warning(
+            "Took over stale idempotency record %s (attempt %s, recovery point %r).",
+            claim.pk,
+            claim.attempt,
+            claim.recovery_point,
+        )
+        signals.key_taken_over.send(IdempotencyKey, claim=claim, **attempt.context())
+    else:
+        logger.debug("Claimed idempotency record %s.", claim.pk)
+        signals.key_claimed.send(IdempotencyKey, claim=claim, **attempt.context())
+
+
+_FOUND_SIGNALS = {
+    "replay": signals.response_replayed,
+    "mismatch": signals.fingerprint_mismatch,
+    "in_progress": signals.request_in_progress,
+}
+
+
+def _found(
+    kind: Literal["replay", "mismatch", "in_progress"], record: IdempotencyKey, attempt: Attempt
+) -> Found:
+    logger.log(
+        logging.DEBUG if kind == "replay" else logging.INFO,
+        "Idempotency key %s: %s.",
+        attempt.key_hash[:12],
+        kind.replace("_", " "),
+    )
+    _FOUND_SIGNALS[kind].send(IdempotencyKey, record=record, **attempt.context())
+    return Found(kind, record)
+
+
+def complete(
+    claim: Claim, stored: StoredResponse, policy: Policy, request: HttpRequest | None
+) -> None:
+    """Store an attempt's final result, fenced by its lock token.
+
+    In two-phase mode a database error is logged, not raised: the record stays ``processing``
+    and is taken over once ``unlock_at`` passes (docs: "The crash window").
+    """
+    try:
+        stored_ok = store.store_response(policy.alias, claim.pk, claim.lock_token, stored)
+    except DatabaseError:
+        if policy.atomic:
+            raise
+        logger.exception("Could not store the result of idempotency record %s.", claim.pk)
+        return
+    if not stored_ok:
+        logger.error(
+            "Idempotency record %s: attempt %s finished after its lock was taken over; its "
+            "result was refused. Raise lock_timeout above the longest run.",
+            claim.pk,
+            claim.attempt,
+        )
+        signals.late_result_refused.send(
+            IdempotencyKey,
+            claim=claim,
+            response=stored,
+            request=request,
+            scope=claim.scope,
+            key_hash=claim.key_hash,
+        )
+
+
+def release(
+    claim: Claim, policy: Policy, request: HttpRequest | None, *, reason: str, raised: bool
+) -> None:
+    """Release the claim so a retry runs again.
+
+    In atomic mode an exception (``raised``) rolls the claim back with the transaction; only a
+    retryable status needs the row deleted, and that deletion commits with the view's work.
+    """
+    if policy.atomic:
+        if not raised:
+            store.release(policy.alias, claim.pk, claim.lock_token)
+    else:
+        try:
+            store.release(policy.alias, claim.pk, claim.lock_token)
+        except DatabaseError:
+            logger.exception("Could not release idempotency record %s.", claim.pk)
+            return
+    logger.info("Released idempotency record %s (%s).", claim.pk, reason)
+    signals.key_released.send(
+        IdempotencyKey,
+        claim=claim,
+        reason=reason,
+        request=request,
+        scope=claim.scope,
+        key_hash=claim.key_hash,
+    )
+
+
+def run_steps(steps: Steps[T]) -> T:
+    """Drive a generator of :mod:`engine` synchronously."""
+    try:
+        delay = next(steps)
+        while True:
+            time.sleep(delay)
+            delay = steps.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def arun_steps(steps: Steps[T]) -> T:
+    """Drive it from async code: database work in a thread, sleeping on the event loop."""
+    advance = sync_to_async(_advance)
+    while True:
+        done, value = await advance(steps)
+        if done:
+            return value  # type: ignore[no-any-return]
+        await asyncio.sleep(value)
+
+
+def _advance(steps: Steps[Any]) -> tuple[bool, Any]:
+    try:
+        return False, next(steps)
+    except StopIteration as stop:
+        return True, stop.value
