@@ -96,7 +96,7 @@ def _sync_wrapper(view: Callable[..., HttpResponseBase], options: Options) -> Ca
                 return view(request, *args, **kwargs)
             try:
                 response = view(request, *args, **kwargs)
-            except BaseException:
+            except Exception:  # a dying process (SystemExit...) is a crash: recovered later
                 protocol.abort(http_request, decision, policy, reason="exception")
                 raise
             return protocol.finish(http_request, decision, response, policy)
@@ -124,7 +124,7 @@ def _async_wrapper(view: Callable[..., Any], options: Options) -> Callable[..., 
             return await view(request, *args, **kwargs)  # type: ignore[no-any-return]
         try:
             response = await view(request, *args, **kwargs)
-        except BaseException:
+        except Exception:  # a dying process (SystemExit...) is a crash: recovered later
             await abort(http_request, decision, policy, reason="exception")
             raise
         return await finish(http_request, decision, response, policy)

@@ -98,7 +98,7 @@ def finish(
             )
             return response
         responses.render(response)
-    except BaseException:
+    except Exception:  # a dying process (SystemExit...) is a crash: recovered later
         abort(request, claim, policy, reason="unreplayable response")
         raise
     _store(request, claim, response, policy)

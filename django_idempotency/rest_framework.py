@@ -81,7 +81,7 @@ class IdempotencyMixin(_Base):
     ) -> HttpResponseBase:
         try:
             response = super().dispatch(request, *args, **kwargs)
-        except BaseException:
+        except Exception:  # a dying process (SystemExit...) is a crash: recovered later
             if self._idempotency_claim is not None:
                 protocol.abort(request, self._idempotency_claim, policy, reason="exception")
             raise

@@ -47,3 +47,12 @@ def executions(label: str | None = None) -> int:
 
 def on_postgresql() -> bool:
     return connection.vendor == "postgresql"
+
+
+def problem_slug(response: Any) -> str:
+    """The slug of an RFC 9457 problem response's ``type``."""
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == response.status_code
+    assert body["title"] and body["detail"]
+    return str(body["type"].rsplit("#", 1)[1])

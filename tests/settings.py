@@ -27,6 +27,10 @@ else:
         }
     }
 
+# The same database again, made unreachable by tests/test_unavailable.py; a test mirror, so test
+# cases open no transaction on it.
+DATABASES["unreachable"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

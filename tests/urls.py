@@ -21,6 +21,8 @@ urlpatterns = [
     path("short-lock/", views.short_lock),
     path("wait/", views.wait),
     path("atomic/", views.atomic),
+    path("wait-short/", views.wait_short),
+    path("atomic-short-wait/", views.atomic_short_wait),
     path("atomic-status/<int:code>/", views.atomic_status),
     path("recovery/", views.recovery),
     path("async/", views.async_create),

@@ -84,6 +84,18 @@ def wait(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"id": execution.pk})
 
 
+@idempotent(in_progress="wait", wait_timeout=0.3)
+def wait_short(request: HttpRequest) -> HttpResponse:
+    execution = _run(request, "wait-short")
+    return JsonResponse({"id": execution.pk})
+
+
+@idempotent(atomic=True, wait_timeout=0.3)
+def atomic_short_wait(request: HttpRequest) -> HttpResponse:
+    execution = _run(request, "atomic-short-wait")
+    return JsonResponse({"id": execution.pk})
+
+
 @idempotent(atomic=True, wait_timeout=5)
 def atomic(request: HttpRequest) -> HttpResponse:
     execution = _run(request, "atomic")
@@ -100,7 +112,7 @@ def atomic_status(request: HttpRequest, code: int) -> HttpResponse:
 
 @idempotent
 def recovery(request: HttpRequest) -> HttpResponse:
-    """Three steps; ``?crash=STEP`` raises SystemExit after STEP, like a killed worker."""
+    """Three steps; header ``X-Crash-After: STEP`` dies after STEP, like a killed worker."""
     claim = request.idempotency  # type: ignore[attr-defined]
     done = []
     steps = ["reserve", "charge", "ship"]
@@ -109,8 +121,8 @@ def recovery(request: HttpRequest) -> HttpResponse:
         Execution.objects.create(label=f"step-{step}", payload=claim.derived_key(step))
         claim.set_recovery_point(step, {"step": step})
         done.append(step)
-        if request.GET.get("crash") == step:
-            raise KeyboardInterrupt  # never caught by the view; leaves the record as is
+        if request.headers.get("X-Crash-After") == step:
+            raise KeyboardInterrupt  # like a dying process: the record is left as it is
     return JsonResponse({"done": done, "attempt": claim.attempt, "key": claim.derived_key()})
 
 

@@ -1,0 +1,80 @@
+"""Atomic mode: claim, view and result commit together or not at all."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+
+from django_idempotency.decorators import idempotent
+from django_idempotency.models import IdempotencyKey
+from tests.conftest import executions
+
+pytestmark = pytest.mark.django_db
+
+Post = Callable[..., Any]
+
+
+def test_first_request_commits_and_retries_replay(post: Post, key: str) -> None:
+    first = post("/atomic/", {"a": 1}, key=key)
+    retry = post("/atomic/", {"a": 1}, key=key)
+    assert first.status_code == 201
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert executions("atomic") == 1
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
+
+
+def test_exception_rolls_back_the_view_and_the_claim(post: Post, key: str) -> None:
+    with pytest.raises(RuntimeError):
+        post("/atomic/?fail=1", key=key)
+    assert executions() == 0
+    assert not IdempotencyKey.objects.exists()
+    assert post("/atomic/?fail=", key=key).status_code == 201
+
+
+def test_retryable_status_deletes_the_claim_with_the_view_work(post: Post, key: str) -> None:
+    post("/atomic-status/503/", key=key)
+    post("/atomic-status/503/", key=key)
+    assert executions("atomic-status-503") == 2
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_deterministic_4xx_is_stored(post: Post, key: str) -> None:
+    post("/atomic-status/404/", key=key)
+    assert post("/atomic-status/404/", key=key)["Idempotent-Replayed"] == "true"
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.FAILED
+
+
+def test_drf_mixin_atomic(post: Post, key: str) -> None:
+    first = post("/drf-atomic/", {"a": 1}, key=key)
+    retry = post("/drf-atomic/", {"a": 1}, key=key)
+    assert first.status_code == 201
+    assert retry.content == first.content
+    assert executions("drf-atomic") == 1
+
+
+def test_atomic_needs_a_sync_view() -> None:
+    async def view(request: HttpRequest) -> HttpResponse:
+        return HttpResponse()
+
+    with pytest.raises(ImproperlyConfigured, match="atomic=True needs a sync view"):
+        idempotent(atomic=True)(view)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"ttl": 0}, "ttl must be positive"),
+        ({"lock_timeout": "60"}, "lock_timeout must be a timedelta"),
+        ({"in_progress": "queue"}, "in_progress must be one of"),
+        ({"methods": "POST"}, "methods must be a list"),
+        ({"methods": ["GET"]}, "safe methods cannot be protected"),
+    ],
+)
+def test_bad_options_fail_at_decoration(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=message):
+        idempotent(**options)

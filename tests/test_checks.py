@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from django_idempotency.checks import check_database, check_settings
+
+
+def ids(config: Any) -> list[str]:
+    with override_settings(IDEMPOTENCY=config):
+        return [message.id for message in check_settings()]  # type: ignore[misc]
+
+
+def test_defaults_pass() -> None:
+    assert ids({}) == []
+    assert check_database() == []
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ([("TTL", 1)], "E001"),
+        ({"ENABLED": "yes"}, "E002"),
+        ({"REQUIRED": 1}, "E002"),
+        ({"HEADER": ""}, "E003"),
+        ({"HEADER": "Idempotency Key"}, "E003"),
+        ({"METHODS": "POST"}, "E004"),
+        ({"METHODS": []}, "E004"),
+        ({"METHODS": ["POST", "GET"]}, "E020"),
+        ({"TTL": 0}, "E005"),
+        ({"TTL": "1 day"}, "E005"),
+        ({"LOCK_TIMEOUT": -1}, "E006"),
+        ({"WAIT_TIMEOUT": timedelta(0)}, "E007"),
+        ({"TTL": 10, "LOCK_TIMEOUT": 60}, "E008"),
+        ({"IN_PROGRESS": "queue"}, "E009"),
+        ({"RETRY_AFTER": 0}, "E010"),
+        ({"RETRYABLE_STATUSES": [500, 700]}, "E011"),
+        ({"RETRYABLE_STATUSES": "500"}, "E011"),
+        ({"MISMATCH_STATUS": 409}, "E012"),
+        ({"MIN_KEY_LENGTH": 0}, "E013"),
+        ({"MIN_KEY_LENGTH": 256}, "E013"),
+        ({"REPLAYED_HEADERS": "Location"}, "E014"),
+        ({"REPLAYED_HEADERS": ["Location", "Set-Cookie"]}, "E021"),
+        ({"SCOPE_FUNCTION": "nowhere.scope"}, "E015"),
+        ({"SCOPE_FUNCTION": 42}, "E015"),
+        ({"FINGERPRINT_FUNCTION": "django_idempotency.nope"}, "E016"),
+        ({"MAX_BODY_SIZE": 0}, "E017"),
+        ({"TYPO": 1}, "W001"),
+    ],
+)
+def test_each_mistake_has_its_id(config: Any, expected: str) -> None:
+    assert ids(config) == [f"django_idempotency.{expected}"]
+
+
+def test_durations_accept_numbers_and_timedeltas() -> None:
+    assert ids({"TTL": timedelta(days=2), "LOCK_TIMEOUT": 30.5, "WAIT_TIMEOUT": 3}) == []
+
+
+def test_database_alias_must_exist() -> None:
+    with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": "missing"}):
+        assert [m.id for m in check_database()] == ["django_idempotency.E018"]
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_atomic_requests_on_the_claim_alias_is_an_error() -> None:
+    databases = {**settings.DATABASES, "default": {**settings.DATABASES["default"]}}
+    databases["default"]["ATOMIC_REQUESTS"] = True
+    with override_settings(DATABASES=databases):
+        (message,) = check_database()
+        assert message.id == "django_idempotency.E019"
+        assert "second alias" in (message.hint or "")
+        with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": "unreachable"}):
+            assert check_database() == []
+
+
+def test_checks_are_registered() -> None:
+    with (
+        override_settings(IDEMPOTENCY={"TTL": 0}),
+        pytest.raises(SystemCheckError, match=r"django_idempotency\.E005"),
+    ):
+        call_command("check")

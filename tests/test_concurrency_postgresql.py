@@ -1,0 +1,132 @@
+"""Real threads against the real PostgreSQL: the claim is race-free."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.test import Client
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from tests.conftest import executions
+
+pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
+
+
+def storm(count: int, path: str, key: str | Callable[[int], str], body: Any = None) -> list[Any]:
+    """Send ``count`` POSTs released at once from ``count`` threads."""
+    barrier = threading.Barrier(count)
+
+    def send(index: int) -> Any:
+        try:
+            barrier.wait(timeout=30)
+            return Client().post(
+                path,
+                {"amount": 4200} if body is None else body,
+                content_type="application/json",
+                headers={"Idempotency-Key": key(index) if callable(key) else key},
+            )
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        return list(pool.map(send, range(count), timeout=60))
+
+
+def outcome(response: Any) -> str:
+    assert response.status_code < 400 or response.status_code == 409, response.content
+    if response.status_code == 409:
+        assert response["Retry-After"]
+        return "409"
+    return "replay" if response.get("Idempotent-Replayed") == "true" else "executed"
+
+
+def test_twenty_identical_requests_execute_once() -> None:
+    assert connection.vendor == "postgresql"
+    key = str(uuid.uuid4())
+    responses = storm(20, "/create/?sleep=0.3", key)
+    counts = Counter(outcome(response) for response in responses)
+    assert executions("create") == 1
+    assert counts["executed"] == 1
+    assert counts["executed"] + counts["replay"] + counts["409"] == 20
+    executed = next(r for r in responses if outcome(r) == "executed")
+    for response in responses:
+        if outcome(response) == "replay":
+            assert response.content == executed.content
+
+
+def test_async_view_twenty_identical_requests_execute_once() -> None:
+    storm(20, "/async/?sleep=0.3", str(uuid.uuid4()))
+    assert executions("async") == 1
+
+
+def test_distinct_keys_never_conflict() -> None:
+    responses = storm(20, "/create/?sleep=0.1", lambda index: f"distinct-{index}")
+    assert [response.status_code for response in responses] == [201] * 20
+    assert executions("create") == 20
+
+
+def test_drf_viewset_twenty_identical_requests_execute_once() -> None:
+    storm(20, "/api/executions/", str(uuid.uuid4()), {"label": "drf-storm"})
+    assert executions("drf-storm") == 1
+
+
+def test_wait_mode_duplicates_receive_the_replay() -> None:
+    responses = storm(8, "/wait/?sleep=0.5", str(uuid.uuid4()))
+    counts = Counter(outcome(response) for response in responses)
+    assert counts == {"executed": 1, "replay": 7}
+    assert executions("wait") == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "label"),
+    [("/wait-short/", "wait-short"), ("/atomic-short-wait/", "atomic-short-wait")],
+)
+def test_waiting_is_bounded_by_wait_timeout(path: str, label: str) -> None:
+    started = time.monotonic()
+    responses = storm(2, path + "?sleep=1.5", str(uuid.uuid4()))
+    assert sorted(outcome(r) for r in responses) == ["409", "executed"]
+    assert time.monotonic() - started < 5
+    assert executions(label) == 1
+
+
+def test_atomic_duplicates_wait_for_the_commit_and_replay() -> None:
+    responses = storm(8, "/atomic/?sleep=0.5", str(uuid.uuid4()))
+    counts = Counter(outcome(response) for response in responses)
+    assert counts == {"executed": 1, "replay": 7}
+    assert executions("atomic") == 1
+
+
+def test_atomic_failure_lets_a_waiting_duplicate_run() -> None:
+    key = str(uuid.uuid4())
+    responses = storm(2, "/atomic/?sleep=0.3&fail=", key)
+    assert sorted(outcome(r) for r in responses) == ["executed", "replay"]
+    assert IdempotencyKey.objects.count() == 1
+
+
+def test_stale_record_is_taken_over_by_exactly_one_retry() -> None:
+    key = str(uuid.uuid4())
+    with pytest.raises(KeyboardInterrupt):
+        Client().post(
+            "/recovery/",
+            {},
+            content_type="application/json",
+            headers={"Idempotency-Key": key, "X-Crash-After": "charge"},
+        )
+    IdempotencyKey.objects.update(unlock_at=timezone.now() - timedelta(seconds=1))
+    responses = storm(10, "/recovery/", key, {})
+    counts = Counter(outcome(response) for response in responses)
+    assert counts["executed"] == 1
+    assert counts["executed"] + counts["replay"] + counts["409"] == 10
+    record = IdempotencyKey.objects.get()
+    assert (record.status, record.attempt) == (IdempotencyKey.Status.COMPLETED, 2)
+    assert [executions(f"step-{step}") for step in ("reserve", "charge", "ship")] == [1, 1, 1]

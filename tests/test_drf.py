@@ -1,0 +1,150 @@
+"""IdempotencyMixin on APIView and viewsets, and @idempotent around DRF views."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from django_idempotency.keys import hash_key
+from django_idempotency.models import IdempotencyKey
+from tests.conftest import executions, problem_slug
+
+pytestmark = pytest.mark.django_db
+
+Post = Callable[..., Any]
+
+
+def test_viewset_create_runs_once_and_replays_rendered_bytes(post: Post, key: str) -> None:
+    first = post("/api/executions/", {"label": "x", "payload": "p"}, key=key)
+    retry = post("/api/executions/", {"payload": "p", "label": "x"}, key=key)
+    assert first.status_code == retry.status_code == 201
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry["Content-Type"] == first["Content-Type"] == "application/json"
+    assert executions("x") == 1
+
+
+def test_viewset_key_required(post: Post) -> None:
+    response = post("/api/executions/", {"label": "x"}, key=None)
+    assert response.status_code == 400
+    assert problem_slug(response) == "missing-idempotency-key"
+    assert executions() == 0
+
+
+def test_viewset_safe_methods_pass_through(client: Client) -> None:
+    assert client.get("/api/executions/").status_code == 200
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_viewset_partial_update_is_protected(client: Client, post: Post, key: str) -> None:
+    created = post("/api/executions/", {"label": "x"}, key="create-1").json()
+    for label in ("y", "y"):
+        client.patch(
+            f"/api/executions/{created['id']}/",
+            {"label": label},
+            content_type="application/json",
+            headers={"Idempotency-Key": key},
+        )
+    other = client.patch(
+        f"/api/executions/{created['id']}/",
+        {"label": "z"},
+        content_type="application/json",
+        headers={"Idempotency-Key": key},
+    )
+    assert other.status_code == 422
+    assert IdempotencyKey.objects.filter(method="PATCH").count() == 1
+
+
+def test_validation_error_is_stored_as_failed_and_replayed(post: Post, key: str) -> None:
+    first = post("/api/executions/", {"label": ""}, key=key)
+    retry = post("/api/executions/", {"label": ""}, key=key)
+    assert first.status_code == retry.status_code == 400
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.FAILED
+
+
+def test_apiview_with_mixin(post: Post, key: str) -> None:
+    first = post("/drf/", {"a": [1, 2]}, key=key)
+    retry = post("/drf/", {"a": [1, 2]}, key=key)
+    assert first.status_code == 201
+    assert first.json()["data"] == {"a": [1, 2]}  # DRF still parses the body we read first
+    assert retry.content == first.content
+    assert post("/drf/", {"a": [2]}, key=key).status_code == 422
+    assert executions("drf") == 1
+
+
+def test_scope_is_the_drf_authenticated_user(client: Client, key: str) -> None:
+    alice = User.objects.create_user("alice")
+    bob = User.objects.create_user("bob")
+    contents = []
+    for user in (alice, bob, alice):
+        token, _ = Token.objects.get_or_create(user=user)
+        response = client.post(
+            "/drf/",
+            {"a": 1},
+            content_type="application/json",
+            headers={"Idempotency-Key": key, "Authorization": f"Token {token.key}"},
+        )
+        contents.append(response.content)
+    assert executions("drf") == 2
+    assert contents[2] == contents[0] != contents[1]
+    assert set(IdempotencyKey.objects.values_list("scope", flat=True)) == {
+        f"user:{alice.pk}",
+        f"user:{bob.pk}",
+    }
+
+
+def test_refused_authentication_uses_no_key(client: Client, key: str) -> None:
+    response = client.post(
+        "/drf/",
+        {"a": 1},
+        content_type="application/json",
+        headers={"Idempotency-Key": key, "Authorization": "Token not-a-token"},
+    )
+    assert response.status_code == 401
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_decorated_apiview_post_is_protected(post: Post, key: str) -> None:
+    """Regression: an existing package left a decorated ``APIView.post`` silently unprotected."""
+    first = post("/decorated-apiview/", {"a": 1}, key=key)
+    retry = post("/decorated-apiview/", {"a": 1}, key=key)
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert executions("decorated-apiview") == 1
+
+
+def test_idempotent_straight_on_a_method_fails_loudly(post: Post, key: str) -> None:
+    with pytest.raises(TypeError, match="method_decorator"):
+        post("/misdecorated-apiview/", key=key)
+    assert executions() == 0
+
+
+def test_drf_response_below_api_view_is_stored_after_rendering(post: Post, key: str) -> None:
+    """Regression: a DRF ``Response`` stored before rendering gave a 500 and a stuck key."""
+    first = post("/api-view-inner/", {"a": 1}, key=key)
+    retry = post("/api-view-inner/", {"a": 1}, key=key)
+    assert first.status_code == retry.status_code == 201
+    assert first.json()["body"] == {"a": 1}
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    stored = IdempotencyKey.objects.get(key_hash=hash_key(key))
+    assert stored.status == IdempotencyKey.Status.COMPLETED
+    assert bytes(stored.response_body) == first.content
+
+
+def test_class_view_with_method_decorator(client: Client, post: Post, key: str) -> None:
+    assert post("/class/", key=None).status_code == 400
+    first = post("/class/", key=key)
+    retry = post("/class/", key=key)
+    assert first.status_code == 201
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert executions("class") == 1

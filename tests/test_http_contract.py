@@ -1,0 +1,398 @@
+"""Every row of SPEC section 2, on function views, sync and async."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client, RequestFactory, override_settings
+from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_idempotency import store
+from django_idempotency.fingerprints import request_fingerprint
+from django_idempotency.keys import hash_key
+from django_idempotency.models import IdempotencyKey
+from tests.conftest import executions, problem_slug
+
+pytestmark = pytest.mark.django_db
+
+Post = Callable[..., Any]
+SYNC_AND_ASYNC = pytest.mark.parametrize(
+    ("path", "label"), [("/create/", "create"), ("/async/", "async")]
+)
+
+
+def record(key: str) -> IdempotencyKey:
+    return IdempotencyKey.objects.get(key_hash=hash_key(key))
+
+
+def test_no_key_optional_runs_as_undecorated(post: Post) -> None:
+    first = post("/create/", {"a": 1}, key=None)
+    second = post("/create/", {"a": 1}, key=None)
+    assert first.status_code == second.status_code == 201
+    assert executions("create") == 2
+    assert not IdempotencyKey.objects.exists()
+    assert "Idempotent-Replayed" not in second
+
+
+def test_no_key_required_is_400(post: Post) -> None:
+    response = post("/required/", key=None)
+    assert response.status_code == 400
+    assert problem_slug(response) == "missing-idempotency-key"
+    assert executions() == 0
+
+
+@pytest.mark.parametrize("header", ["", '""', "x" * 256, "caf\u00e9", '"unterminated', "a\x01b"])
+def test_invalid_key_is_400(post: Post, header: str) -> None:
+    response = post("/create/", key=header)
+    assert response.status_code == 400
+    assert problem_slug(response) == "invalid-idempotency-key"
+    assert executions() == 0
+
+
+@SYNC_AND_ASYNC
+def test_first_request_runs_once_and_retries_replay(
+    post: Post, key: str, path: str, label: str
+) -> None:
+    first = post(path, {"amount": 1}, key=key)
+    retries = [post(path, {"amount": 1}, key=key) for _ in range(3)]
+    assert first.status_code == 201
+    assert executions(label) == 1
+    for retry in retries:
+        assert retry.status_code == first.status_code
+        assert retry.content == first.content
+        assert retry["Content-Type"] == first["Content-Type"]
+        assert retry["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first
+    stored = record(key)
+    assert stored.status == IdempotencyKey.Status.COMPLETED
+    assert stored.key_hash == hash_key(key) != key
+
+
+def test_quoted_and_bare_key_are_the_same_key(post: Post) -> None:
+    first = post("/create/", {"a": 1}, key="k-123")
+    retry = post("/create/", {"a": 1}, key='"k-123"')
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+
+
+def test_replay_keeps_allow_listed_headers_only(post: Post, key: str) -> None:
+    first = post("/create/", key=key)
+    retry = post("/create/", key=key)
+    assert first["Location"] == retry["Location"]
+    assert "X-Not-Stored" in first
+    assert "X-Not-Stored" not in retry
+    assert "session-ish" in first.cookies
+    assert "session-ish" not in retry.cookies
+    assert "Set-Cookie" not in retry
+
+
+@override_settings(IDEMPOTENCY={"REPLAYED_HEADERS": ["Content-Type", "X-Not-Stored"]})
+def test_replayed_header_allow_list_is_a_setting(post: Post, key: str) -> None:
+    post("/create/", key=key)
+    retry = post("/create/", key=key)
+    assert retry["X-Not-Stored"] == "1"
+    assert "Location" not in retry
+
+
+def test_json_body_canonicalised_for_the_fingerprint(post: Post, key: str) -> None:
+    post("/create/", '{"a": 1, "b": 2}', key=key)
+    retry = post("/create/", '{ "b":2,"a":1 }', key=key)
+    assert retry["Idempotent-Replayed"] == "true"
+    assert executions() == 1
+
+
+@SYNC_AND_ASYNC
+def test_different_body_is_422_and_record_untouched(
+    post: Post, key: str, path: str, label: str
+) -> None:
+    post(path, {"amount": 1}, key=key)
+    before = record(key)
+    response = post(path, {"amount": 2}, key=key)
+    assert response.status_code == 422
+    assert problem_slug(response) == "idempotency-key-reuse"
+    assert executions(label) == 1
+    after = record(key)
+    assert (after.request_hash, after.response_body, after.updated_at) == (
+        before.request_hash,
+        before.response_body,
+        before.updated_at,
+    )
+
+
+def test_different_path_or_method_is_422(client: Client, post: Post, key: str) -> None:
+    post("/create/", {"a": 1}, key=key)
+    other_path = post("/create/?page=2", {"a": 1}, key=key)
+    other_method = client.patch(
+        "/create/", {"a": 1}, content_type="application/json", headers={"Idempotency-Key": key}
+    )
+    assert other_path.status_code == other_method.status_code == 422
+    assert executions() == 1
+
+
+@override_settings(IDEMPOTENCY={"MISMATCH_STATUS": 400})
+def test_mismatch_status_is_a_setting(post: Post, key: str) -> None:
+    post("/create/", {"a": 1}, key=key)
+    response = post("/create/", {"a": 2}, key=key)
+    assert response.status_code == 400
+    assert problem_slug(response) == "idempotency-key-reuse"
+
+
+def test_another_principal_has_its_own_records(client: Client, key: str) -> None:
+    alice = User.objects.create_user("alice")
+    bob = User.objects.create_user("bob")
+    responses = {}
+    for user in (alice, bob, alice):
+        client.force_login(user)
+        responses.setdefault(user.username, []).append(
+            client.post(
+                "/create/",
+                {"a": 1},
+                content_type="application/json",
+                headers={"Idempotency-Key": key},
+            )
+        )
+    client.logout()
+    anonymous = client.post(
+        "/create/", {"a": 1}, content_type="application/json", headers={"Idempotency-Key": key}
+    )
+    assert executions() == 3  # alice once, bob once, anonymous once
+    alice_first, alice_retry = responses["alice"]
+    (bob_first,) = responses["bob"]
+    assert alice_retry.content == alice_first.content
+    assert bob_first.content != alice_first.content
+    assert "Idempotent-Replayed" not in bob_first
+    assert "Idempotent-Replayed" not in anonymous
+    assert set(IdempotencyKey.objects.values_list("scope", flat=True)) == {
+        f"user:{alice.pk}",
+        f"user:{bob.pk}",
+        "anonymous",
+    }
+
+
+def test_retry_while_first_in_flight_is_409(post: Post, key: str) -> None:
+    # A record owned by a live attempt, as a concurrent first request leaves it.
+    request = RequestFactory().post("/create/", {"a": 1}, content_type="application/json")
+    claimed = store.claim(
+        "default",
+        scope="anonymous",
+        key_hash=hash_key(key),
+        method="POST",
+        path="/create/",
+        request_hash=request_fingerprint(request, "anonymous"),
+        ttl=timedelta(hours=1),
+        lock_timeout=timedelta(minutes=1),
+    )
+    assert claimed is not None
+    response = post("/create/", {"a": 1}, key=key)
+    assert response.status_code == 409
+    assert problem_slug(response) == "request-in-progress"
+    assert response["Retry-After"] == "1"
+    assert executions() == 0
+
+
+@pytest.mark.parametrize("code", [500, 503, 429, 408])
+def test_retryable_status_releases_the_record(post: Post, key: str, code: int) -> None:
+    first = post(f"/status/{code}/", key=key)
+    retry = post(f"/status/{code}/", key=key)
+    assert first.status_code == retry.status_code == code
+    assert "Idempotent-Replayed" not in retry
+    assert executions() == 2
+    assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.parametrize("code", [400, 404, 409])
+def test_deterministic_4xx_is_stored_as_failed_and_replayed(
+    post: Post, key: str, code: int
+) -> None:
+    first = post(f"/status/{code}/", key=key)
+    retry = post(f"/status/{code}/", key=key)
+    assert retry.status_code == first.status_code == code
+    assert retry["Idempotent-Replayed"] == "true"
+    assert executions() == 1
+    assert record(key).status == IdempotencyKey.Status.FAILED
+
+
+@override_settings(IDEMPOTENCY={"RETRYABLE_STATUSES": [409]})
+def test_retryable_statuses_is_a_setting(post: Post, key: str) -> None:
+    post("/status/409/", key=key)
+    post("/status/409/", key=key)
+    assert executions() == 2
+    post("/status/500/", key=key)
+    assert record(key).status == IdempotencyKey.Status.FAILED
+
+
+@pytest.mark.parametrize(
+    ("path", "label"), [("/explode/", "explode"), ("/async-explode/", "async-explode")]
+)
+def test_exception_releases_and_is_reraised(post: Post, key: str, path: str, label: str) -> None:
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="boom"):
+            post(path, key=key)
+    assert executions(label) == 2
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_expired_record_is_treated_as_absent(post: Post, key: str) -> None:
+    first = post("/create/", {"a": 1}, key=key)
+    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    again = post("/create/", {"a": 2}, key=key)  # even another body: the old record is gone
+    assert again.status_code == 201
+    assert "Idempotent-Replayed" not in again
+    assert again.content != first.content
+    assert executions() == 2
+    renewed = record(key)
+    assert renewed.attempt == 1
+    assert renewed.expires_at > timezone.now()
+
+
+def test_stale_processing_record_is_taken_over(post: Post, key: str) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        post("/recovery/", key=key, headers={"X-Crash-After": "charge"})
+    stale = record(key)
+    assert stale.status == IdempotencyKey.Status.PROCESSING
+    assert stale.recovery_point == "charge"
+    conflict = post("/recovery/", key=key)
+    assert conflict.status_code == 409
+    IdempotencyKey.objects.update(unlock_at=timezone.now() - timedelta(seconds=1))
+    takeover = post("/recovery/", key=key)
+    assert takeover.status_code == 200
+    assert takeover.json()["done"] == ["ship"]
+    assert takeover.json()["attempt"] == 2
+    assert list(IdempotencyKey.objects.values_list("status", "attempt")) == [
+        (IdempotencyKey.Status.COMPLETED, 2)
+    ]
+    assert [executions(f"step-{step}") for step in ("reserve", "charge", "ship")] == [1, 1, 1]
+    assert post("/recovery/", key=key).content == takeover.content
+
+
+def test_stale_record_with_another_body_is_422_not_taken_over(post: Post, key: str) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        post("/recovery/", {"a": 1}, key=key, headers={"X-Crash-After": "reserve"})
+    IdempotencyKey.objects.update(unlock_at=timezone.now() - timedelta(seconds=1))
+    response = post("/recovery/", {"a": 2}, key=key)
+    assert response.status_code == 422
+    assert record(key).attempt == 1
+
+
+def test_binary_body_is_replayed_byte_for_byte(post: Post, key: str) -> None:
+    first = post("/binary/", key=key)
+    retry = post("/binary/", key=key)
+    assert len(first.content) == 1024
+    assert retry.content == first.content == bytes(range(256)) * 4
+    assert retry["Content-Type"] == "application/octet-stream"
+
+
+def test_long_query_string_is_stored(post: Post, key: str) -> None:
+    path = "/create/?" + "&".join(f"param{i}=value{i}" for i in range(500))
+    assert len(path) > 5000
+    first = post(path, key=key)
+    retry = post(path, key=key)
+    assert retry["Idempotent-Replayed"] == "true"
+    assert record(key).path == path
+    assert first.status_code == 201
+
+
+def test_streaming_response_is_refused_with_a_clear_error(post: Post, key: str) -> None:
+    from django_idempotency.exceptions import UnreplayableResponse
+
+    with pytest.raises(UnreplayableResponse, match="streaming responses cannot be stored"):
+        post("/streaming/", key=key)
+    assert not IdempotencyKey.objects.exists()
+
+
+@override_settings(IDEMPOTENCY={"MAX_BODY_SIZE": 100})
+def test_body_over_the_cap_is_not_stored_and_not_rerun(post: Post, key: str) -> None:
+    small = post("/large/?size=100", key="small")
+    assert post("/large/?size=100", key="small").content == small.content
+    first = post("/large/?size=101", key=key)
+    assert first.status_code == 200
+    assert len(first.content) == 101
+    retry = post("/large/?size=101", key=key)
+    assert retry.status_code == 500
+    assert problem_slug(retry) == "response-not-stored"
+    assert executions() == 2
+
+
+def test_safe_methods_pass_through(client: Client, key: str) -> None:
+    response = client.get("/class/", headers={"Idempotency-Key": key})
+    assert response.status_code == 200
+    assert not IdempotencyKey.objects.exists()
+
+
+@override_settings(IDEMPOTENCY={"ENABLED": False})
+def test_disabled_runs_every_request(post: Post, key: str) -> None:
+    post("/create/", key=key)
+    post("/create/", key=key)
+    assert executions() == 2
+
+
+@override_settings(IDEMPOTENCY={"HEADER": "X-Request-Once", "REQUIRED": True})
+def test_header_and_required_are_settings(client: Client, key: str) -> None:
+    missing = client.post("/create/", headers={"Idempotency-Key": key})
+    assert missing.status_code == 400
+    assert "X-Request-Once" in missing.json()["detail"]
+    client.post("/create/", headers={"X-Request-Once": key})
+    assert client.post("/create/", headers={"X-Request-Once": key})["Idempotent-Replayed"]
+
+
+@override_settings(IDEMPOTENCY={"METHODS": ["PUT"]})
+def test_methods_setting_chooses_what_is_protected(client: Client, key: str) -> None:
+    for _ in range(2):
+        client.post("/create/", headers={"Idempotency-Key": key})
+        client.put("/create/", headers={"Idempotency-Key": key})
+    assert executions() == 3  # two POSTs, one PUT
+
+
+@override_settings(IDEMPOTENCY={"MIN_KEY_LENGTH": 16})
+def test_minimum_key_length_is_a_setting(post: Post) -> None:
+    assert post("/create/", key="short").status_code == 400
+    assert post("/create/", key="x" * 16).status_code == 201
+
+
+def tenant_scope(request: Any) -> str:
+    return "tenant:" + request.headers.get("X-Tenant", "none")
+
+
+@override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": "tests.test_http_contract.tenant_scope"})
+def test_scope_function_is_a_setting(post: Post, key: str) -> None:
+    post("/create/", key=key, headers={"X-Tenant": "a"})
+    post("/create/", key=key, headers={"X-Tenant": "b"})
+    post("/create/", key=key, headers={"X-Tenant": "a"})
+    assert executions() == 2
+    assert set(IdempotencyKey.objects.values_list("scope", flat=True)) == {"tenant:a", "tenant:b"}
+
+
+def body_blind_fingerprint(request: Any, scope: str) -> str:
+    return f"{request.method}:{request.path}"
+
+
+@override_settings(
+    IDEMPOTENCY={"FINGERPRINT_FUNCTION": "tests.test_http_contract.body_blind_fingerprint"}
+)
+def test_fingerprint_function_is_a_setting(post: Post, key: str) -> None:
+    post("/create/", {"a": 1}, key=key)
+    assert post("/create/", {"a": 2}, key=key)["Idempotent-Replayed"] == "true"
+
+
+def test_query_counts(post: Post, key: str, django_assert_num_queries: Any) -> None:
+    with django_assert_num_queries(1):  # the view's own INSERT: no key, no statement of ours
+        post("/status/201/", key=None)
+    with django_assert_num_queries(3):  # the claim, the view's INSERT, the stored response
+        post("/status/201/", key=key)
+    with django_assert_num_queries(2):  # the claim that finds the key live, the load
+        post("/status/201/", key=key)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(header=st.text(alphabet=st.characters(max_codepoint=0xFF), max_size=300))
+def test_no_header_value_causes_a_500(post: Post, header: str) -> None:
+    response = post("/create/", key=header)
+    assert response.status_code in (201, 400)

@@ -1,0 +1,52 @@
+"""An unreachable store answers 503 and the view does not run: a real failed connection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+
+from tests.conftest import executions, problem_slug
+
+pytestmark = pytest.mark.django_db(databases=["default", "unreachable"])
+
+Post = Callable[..., Any]
+
+
+@pytest.fixture
+def unreachable_store() -> Iterator[None]:
+    """Point the alias at a server that refuses connections (PostgreSQL) or a file that cannot
+    be opened (SQLite), and make it the idempotency store."""
+    connection = connections["unreachable"]
+    # Detached, not closed (a SQLite test mirror shares the in-memory database's connection),
+    # and put back as it was.
+    state = dict(connection.__dict__)
+    connection.connection = None
+    if connection.vendor == "postgresql":
+        changes = {"HOST": "127.0.0.1", "PORT": "1", "OPTIONS": {"connect_timeout": 2}}
+    else:
+        changes = {"NAME": "/nonexistent-directory/idempotency.sqlite3"}
+    connection.settings_dict = {**connection.settings_dict, **changes}
+    try:
+        with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": "unreachable"}):
+            yield
+    finally:
+        connection.__dict__.clear()
+        connection.__dict__.update(state)
+
+
+@pytest.mark.parametrize("path", ["/create/", "/async/", "/atomic/", "/drf/", "/drf-atomic/"])
+def test_unreachable_store_is_503_and_the_view_does_not_run(
+    post: Post, key: str, path: str, unreachable_store: None
+) -> None:
+    response = post(path, {"a": 1}, key=key)
+    assert response.status_code == 503
+    assert problem_slug(response) == "idempotency-unavailable"
+    assert executions() == 0
+
+
+def test_requests_without_a_key_do_not_touch_the_store(post: Post, unreachable_store: None) -> None:
+    assert post("/create/", key=None).status_code == 201
