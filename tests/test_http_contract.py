@@ -13,11 +13,11 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_idempotency import store
 from django_idempotency.fingerprints import request_fingerprint
 from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions, problem_slug
+from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -178,17 +178,7 @@ def test_another_principal_has_its_own_records(client: Client, key: str) -> None
 def test_retry_while_first_in_flight_is_409(post: Post, key: str) -> None:
     # A record owned by a live attempt, as a concurrent first request leaves it.
     request = RequestFactory().post("/create/", {"a": 1}, content_type="application/json")
-    claimed = store.claim(
-        "default",
-        scope="anonymous",
-        key_hash=hash_key(key),
-        method="POST",
-        path="/create/",
-        request_hash=request_fingerprint(request, "anonymous"),
-        ttl=timedelta(hours=1),
-        lock_timeout=timedelta(minutes=1),
-    )
-    assert claimed is not None
+    IdempotencyKeyFactory(key=key, request_hash=request_fingerprint(request, "anonymous"))
     response = post("/create/", {"a": 1}, key=key)
     assert response.status_code == 409
     assert problem_slug(response) == "request-in-progress"
@@ -396,3 +386,15 @@ def test_query_counts(post: Post, key: str, django_assert_num_queries: Any) -> N
 def test_no_header_value_causes_a_500(post: Post, header: str) -> None:
     response = post("/create/", key=header)
     assert response.status_code in (201, 400)
+
+
+def test_replay_comes_from_the_stored_record(post: Post, key: str) -> None:
+    request = RequestFactory().post("/create/", {"a": 1}, content_type="application/json")
+    IdempotencyKeyFactory(
+        key=key, completed=True, request_hash=request_fingerprint(request, "anonymous")
+    )
+    response = post("/create/", {"a": 1}, key=key)
+    assert (response.status_code, response.content) == (201, b'{"id": 1}')
+    assert executions() == 0
+    IdempotencyKey.objects.update(expires_at=timezone.now())
+    assert "Idempotent-Replayed" not in post("/create/", {"a": 1}, key=key)

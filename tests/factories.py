@@ -1,0 +1,44 @@
+"""factory-boy factories for records in any state, as a real attempt would leave them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import factory
+from django.utils import timezone
+
+from django_idempotency.keys import hash_key
+from django_idempotency.models import IdempotencyKey
+
+
+class IdempotencyKeyFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = IdempotencyKey
+
+    class Params:
+        key = factory.LazyFunction(lambda: str(uuid.uuid4()))
+        stale = factory.Trait(
+            unlock_at=factory.LazyFunction(lambda: timezone.now() - timedelta(seconds=1))
+        )
+        expired = factory.Trait(
+            expires_at=factory.LazyFunction(lambda: timezone.now() - timedelta(seconds=1))
+        )
+        completed = factory.Trait(
+            status=IdempotencyKey.Status.COMPLETED,
+            response_status=201,
+            response_headers=[["Content-Type", "application/json"]],
+            response_body=b'{"id": 1}',
+            unlock_at=None,
+            lock_token=None,
+        )
+
+    scope = "anonymous"
+    key_hash = factory.LazyAttribute(lambda record: hash_key(record.key))
+    method = "POST"
+    path = "/create/"
+    request_hash = factory.Faker("sha256")
+    status = IdempotencyKey.Status.PROCESSING
+    lock_token = factory.LazyFunction(uuid.uuid4)
+    unlock_at = factory.LazyFunction(lambda: timezone.now() + timedelta(minutes=1))
+    expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=24))
