@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError
+from django.dispatch import Signal
 from django.http import HttpRequest
 from django.utils import timezone
 
@@ -181,14 +182,7 @@ def complete(
             claim.pk,
             claim.attempt,
         )
-        signals.late_result_refused.send(
-            IdempotencyKey,
-            claim=claim,
-            response=stored,
-            request=request,
-            scope=claim.scope,
-            key_hash=claim.key_hash,
-        )
+        _send_for_claim(signals.late_result_refused, claim, request, response=stored)
 
 
 def release(
@@ -209,13 +203,19 @@ def release(
             logger.exception("Could not release idempotency record %s.", claim.pk)
             return
     logger.info("Released idempotency record %s (%s).", claim.pk, reason)
-    signals.key_released.send(
+    _send_for_claim(signals.key_released, claim, request, reason=reason)
+
+
+def _send_for_claim(
+    signal: Signal, claim: Claim, request: HttpRequest | None, **extra: Any
+) -> None:
+    signal.send(
         IdempotencyKey,
         claim=claim,
-        reason=reason,
         request=request,
         scope=claim.scope,
         key_hash=claim.key_hash,
+        **extra,
     )
 
 

@@ -21,6 +21,6 @@ fingerprint_mismatch = Signal()
 #: An attempt ended retryably (exception, 5xx, 429, 408) and its record was deleted
 #: (``claim``, ``reason``).
 key_released = Signal()
-#: An attempt that lost its lock finished late; its result was not stored (``claim``,
-#: ``response``).
+#: An attempt that lost its lock finished late; its result was not stored (``claim``, and
+#: ``response``: the refused :class:`~django_idempotency.responses.StoredResponse`).
 late_result_refused = Signal()
