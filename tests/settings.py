@@ -27,9 +27,11 @@ else:
         }
     }
 
-# The same database again, made unreachable by tests/test_unavailable.py; a test mirror, so test
-# cases open no transaction on it.
-DATABASES["unreachable"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+# The same database under two more aliases, test mirrors (test cases open no transaction on
+# them): "idempotency" is the separate claim connection that ATOMIC_REQUESTS projects need, and
+# tests/test_unavailable.py makes "unreachable" unreachable.
+for _alias in ("idempotency", "unreachable"):
+    DATABASES[_alias] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
