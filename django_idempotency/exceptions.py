@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class IdempotencyError(Exception):
     """Base class of the app's exceptions."""
@@ -25,3 +27,34 @@ class StoreUnavailable(IdempotencyError):
 
 class LockWaitTimeout(IdempotencyError):
     """Waiting for another attempt's database lock took longer than the wait limit."""
+
+
+class IdempotencyInProgress(IdempotencyError):
+    """Another call holds the key and has not finished (:mod:`django_idempotency.functions`).
+
+    The function did not run. A consumer leaves the message for redelivery (or retries the task
+    later): by then the first call has stored its result, which the retry returns, or it died
+    and the retry takes the key over once ``unlock_at`` has passed.
+    """
+
+    def __init__(self, message: str, *, unlock_at: datetime | None = None) -> None:
+        super().__init__(message)
+        #: When the holder's lock expires (``None`` when unknown): a sensible redelivery delay.
+        self.unlock_at = unlock_at
+
+
+class IdempotencyKeyMismatch(IdempotencyError):
+    """The key was used before by a call with other arguments (another payload).
+
+    The function did not run and the stored record is untouched: the key is being reused for a
+    different message, which is a bug on the sending side. The counterpart of the HTTP
+    ``idempotency-key-reuse`` problem.
+    """
+
+
+class IdempotencyFailed(IdempotencyError):
+    """The key's record holds a definite failure, not a result: the function will not run.
+
+    Only an operator makes one for a function call (``idempotency_recover --fail`` on a stale
+    record). The outcome is final, so a consumer acknowledges the message.
+    """

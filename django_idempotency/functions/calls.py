@@ -1,0 +1,334 @@
+"""What both wrappers of ``idempotent_function`` share, so the sync and async paths cannot drift.
+
+A call becomes an :class:`~django_idempotency.engine.Attempt` with method ``CALL`` and the
+function's name as its path; the engine claims it exactly as it claims an HTTP request. The
+result is stored as a ``200`` "response" whose body is the serialised result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DatabaseError, connections, transaction
+
+from django_idempotency import engine, store
+from django_idempotency.claim import Claim
+from django_idempotency.exceptions import (
+    IdempotencyError,
+    IdempotencyFailed,
+    IdempotencyInProgress,
+    IdempotencyKeyMismatch,
+    LockWaitTimeout,
+    StoreUnavailable,
+)
+from django_idempotency.functions.serializers import ResultSerializer
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.options import Options, Policy
+from django_idempotency.responses import StoredResponse
+
+logger = logging.getLogger("django_idempotency")
+
+#: The record's ``method`` for a function call; its ``path`` is the function's name.
+METHOD = "CALL"
+#: A function with a parameter of this name receives its :class:`Claim` there.
+CLAIM_PARAMETER = "idempotency"
+
+T = TypeVar("T")
+_MAX_SCOPE = 255
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The stored result of an earlier call, already deserialised."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One decorated function: where its key, scope and payload come from, and how it stores."""
+
+    name: str
+    signature: inspect.Signature  # as callers see it: without the claim parameter
+    key: str | Callable[..., Any]
+    scope: str | Callable[..., Any] | None
+    payload: Callable[..., Any] | None
+    serializer: ResultSerializer
+    options: Options
+    takes_claim: bool
+
+    @classmethod
+    def build(
+        cls,
+        func: Callable[..., Any],
+        *,
+        key: str | Callable[..., Any],
+        scope: str | Callable[..., Any] | None,
+        payload: Callable[..., Any] | None,
+        serializer: ResultSerializer,
+        name: str | None,
+        options: Options,
+    ) -> Spec:
+        """Validate the decorator's arguments against the function; ``ImproperlyConfigured``."""
+        label = name or f"{func.__module__}.{func.__qualname__}"
+        signature = inspect.signature(func)
+        parameters = list(signature.parameters.values())
+        takes_claim = _check_claim_parameter(label, parameters)
+        public = [p for p in parameters if not (takes_claim and p.name == CLAIM_PARAMETER)]
+        if isinstance(key, str):
+            named = {p.name: p for p in public}
+            if key not in named or named[key].kind in (
+                inspect.Parameter.VAR_POSITIONAL,
+                inspect.Parameter.VAR_KEYWORD,
+            ):
+                raise ImproperlyConfigured(
+                    f"{label}: key={key!r} names no parameter of the function; give a parameter "
+                    "name or a callable taking the function's arguments."
+                )
+        elif not callable(key):
+            raise ImproperlyConfigured(f"{label}: key must be a parameter name or a callable.")
+        if not (scope is None or isinstance(scope, str) or callable(scope)):
+            raise ImproperlyConfigured(f"{label}: scope must be a string or a callable.")
+        if payload is not None and not callable(payload):
+            raise ImproperlyConfigured(f"{label}: payload must be a callable.")
+        if not isinstance(serializer, ResultSerializer):
+            raise ImproperlyConfigured(
+                f"{label}: serializer needs dumps(value) -> bytes, loads(bytes) and content_type."
+            )
+        if not label or len(label) > 1000:
+            raise ImproperlyConfigured(f"{label!r}: name must be 1 to 1000 characters.")
+        return cls(
+            name=label,
+            signature=signature.replace(parameters=public),
+            key=key,
+            scope=scope,
+            payload=payload,
+            serializer=serializer,
+            options=options,
+            takes_claim=takes_claim,
+        )
+
+    def attempt(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> engine.Attempt:
+        """The call as the engine sees it. Raises ``TypeError``/``ValueError`` on bad input."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        raw_key = self.key(*args, **kwargs) if callable(self.key) else bound.arguments[self.key]
+        key = self._key(raw_key)
+        scope = self._scope(args, kwargs)
+        payload = self.payload(*args, **kwargs) if self.payload else _arguments(bound)
+        return engine.Attempt(
+            key=key,
+            scope=scope,
+            key_hash=hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest(),
+            fingerprint=self._fingerprint(scope, payload),
+            method=METHOD,
+            path=self.name,
+        )
+
+    def call_kwargs(self, kwargs: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
+        return {**kwargs, CLAIM_PARAMETER: claim} if self.takes_claim else kwargs
+
+    def _key(self, value: Any) -> str:
+        if isinstance(value, (int, uuid.UUID)) and not isinstance(value, bool):
+            value = str(value)
+        if value is None or value == "":
+            raise ValueError(f"{self.name} was called without an idempotency key (got {value!r}).")
+        if not isinstance(value, str):
+            raise TypeError(
+                f"{self.name}: the idempotency key must be a str, int or UUID, not "
+                f"{type(value).__name__}."
+            )
+        return value
+
+    def _scope(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+        """The record's scope: the function's name, then the caller's scope if any."""
+        extra = self.scope(*args, **kwargs) if callable(self.scope) else self.scope
+        if extra is not None and not isinstance(extra, str):
+            raise TypeError(f"{self.name}: scope() must return a str, not {type(extra).__name__}.")
+        scope = f"{self.name}:{extra}" if extra else self.name
+        if len(scope) > _MAX_SCOPE:
+            scope = "sha256:" + hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()
+        return scope
+
+    def _fingerprint(self, scope: str, payload: Any) -> str:
+        """SHA-256 over the function's name, the scope and the payload's canonical JSON."""
+        try:
+            document = json.dumps(
+                payload,
+                cls=DjangoJSONEncoder,
+                sort_keys=True,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+            )
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"{self.name}: the call's payload is not JSON-serialisable ({exc}); pass "
+                "payload= a callable returning what identifies the call (e.g. the message body)."
+            ) from exc
+        digest = hashlib.sha256()
+        for part in (METHOD, self.name, scope, document):
+            digest.update(part.encode("utf-8", "surrogatepass"))
+            digest.update(b"\0")
+        return digest.hexdigest()
+
+
+def _check_claim_parameter(label: str, parameters: list[inspect.Parameter]) -> bool:
+    """Whether the function takes its claim; it must be where no positional argument lands."""
+    names = [p.name for p in parameters]
+    if CLAIM_PARAMETER not in names:
+        return False
+    index = names.index(CLAIM_PARAMETER)
+    parameter = parameters[index]
+    positional_after = any(
+        p.kind
+        in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.VAR_POSITIONAL,
+        )
+        for p in parameters[index + 1 :]
+    )
+    if parameter.kind == inspect.Parameter.KEYWORD_ONLY or (
+        parameter.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD and not positional_after
+    ):
+        return True
+    raise ImproperlyConfigured(
+        f"{label}: the {CLAIM_PARAMETER!r} parameter receives the claim; make it keyword-only "
+        f"(def f(message_id, *, {CLAIM_PARAMETER}=None)) or the last positional parameter."
+    )
+
+
+def _arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
+    """The default payload: every argument by name, less a bound method's ``self``/``cls``."""
+    arguments = dict(bound.arguments)
+    first = next(iter(bound.signature.parameters), None)
+    if first in ("self", "cls"):
+        arguments.pop(first)
+    return arguments
+
+
+def begin(attempt: engine.Attempt, spec: Spec, policy: Policy) -> engine.Steps[Claim | Replayed]:
+    """Claim the call's key, or return the stored result; raise when neither is possible.
+
+    Raises :class:`IdempotencyInProgress`, :class:`IdempotencyKeyMismatch`,
+    :class:`IdempotencyFailed` and :class:`~django_idempotency.exceptions.StoreUnavailable`.
+    """
+    previous = _limit_lock_wait(policy) if policy.atomic else None
+    try:
+        outcome = yield from engine.acquire(attempt, policy)
+    except LockWaitTimeout as exc:
+        if policy.atomic:
+            raise  # the transaction is broken: in_transaction() translates it outside
+        raise IdempotencyInProgress(_in_progress_message(spec, attempt)) from exc
+    if previous is not None:
+        _restore_lock_wait(policy.alias, previous)
+    if isinstance(outcome, Claim):
+        return outcome
+    record = outcome.record
+    if outcome.kind == "mismatch":
+        raise IdempotencyKeyMismatch(
+            f"{spec.name}: key {attempt.key_hash[:12]}… was used before by a call with another "
+            "payload, or by another function of the same name; nothing ran."
+        )
+    if outcome.kind == "in_progress":
+        raise IdempotencyInProgress(_in_progress_message(spec, attempt), unlock_at=record.unlock_at)
+    return Replayed(_stored_result(spec, record))
+
+
+def _in_progress_message(spec: Spec, attempt: engine.Attempt) -> str:
+    return (
+        f"{spec.name}: key {attempt.key_hash[:12]}… is held by a call still in flight; retry "
+        "later (redeliver the message)."
+    )
+
+
+def _stored_result(spec: Spec, record: IdempotencyKey) -> Any:
+    if record.status == IdempotencyKey.Status.FAILED:
+        raise IdempotencyFailed(
+            f"{spec.name}: the record of key {record.key_hash[:12]}… was marked failed "
+            f"(status {record.response_status}); the function will not run for this key."
+        )
+    if record.response_body is None:
+        raise IdempotencyError(f"{spec.name}: record {record.pk} has no stored result.")
+    return spec.serializer.loads(bytes(record.response_body))
+
+
+def finish(spec: Spec, claim: Claim, result: Any, policy: Policy) -> Any:
+    """Store the result, fenced by the claim's lock token, and return it as later calls will."""
+    try:
+        body = spec.serializer.dumps(result)
+        value = spec.serializer.loads(body)
+    except Exception:
+        # Its effects may have happened, but nothing can be replayed: release so a fixed
+        # deployment's retry runs it (atomic mode rolls the effects back with the claim).
+        abort(claim, policy, reason="unserialisable result")
+        raise
+    stored = StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body)
+    engine.complete(claim, stored, policy, None)
+    return value
+
+
+def abort(claim: Claim, policy: Policy, *, reason: str) -> None:
+    """The function raised: release the key so a redelivery runs it again."""
+    engine.release(claim, policy, None, reason=reason, raised=True)
+
+
+def resolve(spec: Spec) -> Policy:
+    """The policy of one call: atomic when asked, or when the claim cannot commit on its own.
+
+    Inside a transaction on the store's database the claim commits with the caller's
+    transaction whatever the mode, so the call runs as in atomic mode, in a savepoint.
+    """
+    policy = spec.options.resolve()
+    if not policy.atomic and connections[policy.alias].in_atomic_block:
+        return replace(policy, atomic=True)
+    return policy
+
+
+def in_transaction(policy: Policy, call: Callable[[], T]) -> T:
+    """Run ``call`` as the mode asks: in atomic mode in one transaction (or savepoint)."""
+    if not policy.atomic:
+        return call()
+    try:
+        connections[policy.alias].ensure_connection()
+    except DatabaseError as exc:
+        raise StoreUnavailable(str(exc)) from exc
+    try:
+        with transaction.atomic(using=policy.alias):
+            return call()
+    except LockWaitTimeout as exc:
+        raise IdempotencyInProgress(
+            f"Waited {policy.wait_timeout.total_seconds():g}s for another call's uncommitted "
+            "claim of the same key; retry later."
+        ) from exc
+
+
+def _limit_lock_wait(policy: Policy) -> str | None:
+    """Bound the claim's wait on an uncommitted row; return the setting to restore after it.
+
+    Restored so the limit never leaks into the function, or into a caller's transaction that
+    outlives the savepoint.
+    """
+    connection = connections[policy.alias]
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        row = cursor.fetchone()
+    store.limit_lock_wait(policy.alias, policy.wait_timeout)
+    return str(row[0]) if row else None
+
+
+def _restore_lock_wait(alias: str, previous: str) -> None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
