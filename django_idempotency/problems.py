@@ -72,3 +72,15 @@ def response_not_stored() -> HttpResponse:
         "The original request completed, but its response was too large to store, "
         "so it cannot be replayed.",
     )
+
+
+def request_abandoned() -> HttpResponse:
+    """Stored by ``idempotency_recover --fail`` and the admin's "mark as failed" action."""
+    return problem(
+        500,
+        "request-abandoned",
+        "Request abandoned",
+        "The original request stopped before it finished (its worker presumably died) and was "
+        "marked as failed by an operator; it will not run again with this key. Check whether "
+        "its effects took place before retrying with a new key.",
+    )

@@ -1,0 +1,276 @@
+"""Benchmark: ``idempotency_cleanup`` on a million expired rows, and claims running meanwhile.
+
+A script, not a test: it prints figures and asserts nothing. It creates its own PostgreSQL
+database (``bench_cleanup`` by default), drops it at the end, and reports:
+
+* the claim's latency with 10,000 rows in the table and with 1,000,000 (goal: flat);
+* cleanup rows per second (goal: at least 50,000) and its longest single statement;
+* the p99 latency of a stream of claims while the cleanup runs, against the same stream
+  without it (goal: a ratio of at most 2). The two alternate in ``--rounds`` rounds (each
+  cleanup run deleting its share with ``--limit``), so that the noise of a shared machine
+  falls on both alike.
+
+The claim stream runs in a process of its own (an app server), sequentially, one autocommit
+claim of a fresh key after another.
+
+    python benchmarks/cleanup.py --url postgres://postgres@127.0.0.1:5432/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import dj_database_url
+import psycopg
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+        help="Any database on the server; the benchmark creates its own next to it.",
+    )
+    parser.add_argument("--name", default="bench_cleanup", help="The database to create.")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--small", type=int, default=10_000, help="Rows for the flat check.")
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--sleep", type=float, default=0.0, help="The cleanup's --sleep.")
+    parser.add_argument("--rounds", type=int, default=5, help="Alternations with/without.")
+    parser.add_argument("--claims", type=int, default=3000, help="Claims per latency sample.")
+    return parser.parse_args()
+
+
+def setup_django(url: str) -> None:
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        DATABASES={"default": dj_database_url.parse(url)},
+        INSTALLED_APPS=["django_idempotency"],
+        USE_TZ=True,
+        TIME_ZONE="UTC",
+        LOGGING_CONFIG=None,
+    )
+    django.setup()
+
+
+def admin_execute(url: str, sql: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+FILL_SQL = """
+INSERT INTO django_idempotency_idempotencykey
+    (scope, key_hash, method, path, request_hash, status, response_status, response_headers,
+     response_body, recovery_point, lock_token, attempt, created_at, updated_at, unlock_at,
+     expires_at)
+SELECT 'user:' || (i %% 5000), encode(sha256(('bench-' || i)::bytea), 'hex'), 'POST',
+       '/orders/', encode(sha256(('body-' || i)::bytea), 'hex'), 'completed', 201,
+       '[["Content-Type", "application/json"]]'::jsonb, convert_to('{"id": ' || i || '}', 'UTF8'),
+       '', NULL, 1, e - interval '24 hours', e - interval '24 hours', NULL, e
+FROM (
+    SELECT i, now() - interval '20 hours' + i * interval '50 milliseconds' AS e
+    FROM generate_series(%s, %s) AS i
+) AS rows
+"""
+
+
+def fill(first: int, last: int) -> float:
+    from django.db import connection
+
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(FILL_SQL, [first, last])
+        cursor.execute("VACUUM ANALYZE django_idempotency_idempotencykey")
+        cursor.execute("CHECKPOINT")  # the fill's writes are flushed before anything is timed
+    return time.perf_counter() - started
+
+
+def claim_stream(count: int | None, stop: Any, results: Any) -> None:
+    """In a child process: claim fresh keys one after another, timing each claim."""
+    from django.db import connections
+
+    from django_idempotency import store
+
+    connections.close_all()  # never share the parent's socket
+    latencies: list[float] = []
+    while (count is None and not stop.is_set()) or (count is not None and len(latencies) < count):
+        key_hash = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
+        started = time.perf_counter()
+        claimed = store.claim(
+            "default",
+            scope="bench:stream",
+            key_hash=key_hash,
+            method="POST",
+            path="/orders/",
+            request_hash=key_hash,
+            ttl=timedelta(hours=24),
+            lock_timeout=timedelta(minutes=1),
+        )
+        latencies.append(time.perf_counter() - started)
+        assert claimed is not None
+    connections.close_all()
+    results.put(latencies)
+
+
+def run_stream(
+    count: int | None, during: Callable[[], Any] | None = None
+) -> tuple[list[float], Any]:
+    from django.db import connections
+
+    connections.close_all()
+    context = multiprocessing.get_context("fork")
+    stop, results = context.Event(), context.Queue()
+    child = context.Process(target=claim_stream, args=(count, stop, results))
+    child.start()
+    outcome = None
+    if during is not None:
+        time.sleep(0.5)  # the stream is warm before the cleanup starts
+        outcome = during()
+        stop.set()
+    latencies = results.get(timeout=600)
+    child.join(timeout=60)
+    return latencies, outcome
+
+
+def summary(latencies: list[float]) -> str:
+    ms = sorted(value * 1000 for value in latencies)
+    p50 = statistics.median(ms)
+    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+    return f"n={len(ms)} p50={p50:.2f} ms p99={p99:.2f} ms max={ms[-1]:.2f} ms"
+
+
+def p99(latencies: list[float]) -> float:
+    ms = sorted(latencies)
+    return ms[min(len(ms) - 1, int(len(ms) * 0.99))] * 1000
+
+
+def timed_cleanup(batch_size: int, sleep: float, limit: int) -> dict[str, Any]:
+    from django.core.management import call_command
+    from django.db import connection
+
+    longest = [0.0, ""]
+    durations: list[float] = []
+
+    def timer(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            elapsed = time.perf_counter() - started
+            if not sql.startswith("SET"):
+                durations.append(elapsed)
+            if elapsed > longest[0]:
+                longest[:] = [elapsed, sql.split()[0]]
+
+    out = StringIO()
+    started = time.perf_counter()
+    with connection.execute_wrapper(timer):
+        call_command(
+            "idempotency_cleanup", batch_size=batch_size, sleep=sleep, limit=limit, stdout=out
+        )
+    elapsed = time.perf_counter() - started
+    connection.close()
+    return {
+        "elapsed": elapsed,
+        "longest": longest,
+        "durations": durations,
+        "output": out.getvalue().strip(),
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    admin_url = args.url
+    bench_url = dj_database_url.parse(admin_url)
+    bench = f"postgres://{bench_url['USER']}@{bench_url['HOST']}:{bench_url['PORT']}/{args.name}"
+    admin_execute(admin_url, f'DROP DATABASE IF EXISTS "{args.name}"')
+    admin_execute(admin_url, f'CREATE DATABASE "{args.name}"')
+    try:
+        setup_django(bench)
+        from django.core.management import call_command
+        from django.db import connection, connections
+
+        call_command("migrate", verbosity=0)
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            version = cursor.fetchone()[0]
+        print(
+            f"PostgreSQL {version}, {os.cpu_count()} CPUs; "
+            f"idempotency_cleanup --batch-size {args.batch_size} --sleep {args.sleep}"
+        )
+
+        seconds = fill(1, args.small)
+        print(f"filled {args.small:,} expired rows in {seconds:.1f} s")
+        small, _ = run_stream(args.claims)
+        print(f"claims, {args.small:,} rows in the table: {summary(small)}")
+
+        seconds = fill(args.small + 1, args.rows)
+        print(f"filled up to {args.rows:,} expired rows in {seconds:.1f} s")
+        large, _ = run_stream(args.claims)
+        print(f"claims, {args.rows:,} rows in the table:  {summary(large)}")
+        print(
+            "claim latency ratio, large/small table: "
+            f"p50 {statistics.median(large) / statistics.median(small):.2f}, "
+            f"p99 {p99(large) / p99(small):.2f}"
+        )
+
+        # The shared machine's noise drifts, so "with" and "without" alternate: each round is a
+        # stream alone, then the same stream while the cleanup deletes a slice of the rows.
+        without: list[float] = []
+        during: list[float] = []
+        deleted = 0
+        elapsed = 0.0
+        longest = [0.0, ""]
+        statements: list[float] = []
+        slice_size = -(-args.rows // args.rounds)
+        for _round in range(args.rounds):
+            alone, _ = run_stream(args.claims // args.rounds)
+            without += alone
+            with_cleanup, cleanup = run_stream(
+                None, lambda: timed_cleanup(args.batch_size, args.sleep, slice_size)
+            )
+            during += with_cleanup
+            final = next(
+                line for line in cleanup["output"].splitlines() if line.startswith("Deleted ")
+            )
+            deleted += int(final.split()[1])
+            elapsed += cleanup["elapsed"]
+            longest = max(longest, cleanup["longest"])
+            statements += cleanup["durations"]
+        print(f"claims without cleanup ({args.rounds} rounds): {summary(without)}")
+        print(f"claims during the cleanup:           {summary(during)}")
+        print(f"p99 ratio with/without cleanup: {p99(during) / p99(without):.2f}")
+        print(
+            f"cleanup rows per second: {deleted / elapsed:,.0f} "
+            f"({deleted:,} rows in {elapsed:.1f} s, {args.rounds} runs of --limit {slice_size})"
+        )
+        print(f"cleanup statements: {summary(statements)}")
+        print(f"longest single statement: {longest[0] * 1000:.1f} ms ({longest[1]})")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM django_idempotency_idempotencykey WHERE expires_at <= now()"
+            )
+            print(f"expired rows left: {cursor.fetchone()[0]}")
+        connections.close_all()
+    finally:
+        admin_execute(admin_url, f'DROP DATABASE IF EXISTS "{args.name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""``manage.py idempotency_cleanup``: delete expired records in short batches, from cron."""
+
+from __future__ import annotations
+
+import time
+from argparse import ArgumentParser
+from datetime import datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+from django.utils import timezone
+
+from django_idempotency import maintenance
+from django_idempotency.conf import conf
+
+# At the default verbosity a progress line at most this often (seconds); every batch at -v 2.
+PROGRESS_EVERY = 5.0
+
+
+def check_database(alias: str | None) -> str:
+    """The database alias to use, the app's own by default; ``CommandError`` if unknown."""
+    alias = alias or conf.DATABASE_ALIAS
+    if alias not in connections.settings:
+        raise CommandError(f"Unknown database {alias!r}.")
+    return alias
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete expired idempotency records in batches, each a short transaction of its own. "
+        "Safe to run while the API serves traffic, and safe to run twice at once."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument(
+            "--batch-size", type=int, default=1000, help="Records per batch (default 1000)."
+        )
+        parser.add_argument(
+            "--sleep",
+            type=float,
+            default=0.0,
+            help="Seconds to pause between batches, to spare the database (default 0).",
+        )
+        parser.add_argument("--max-batches", type=int, help="Stop after this many batches.")
+        parser.add_argument("--limit", type=int, help="Stop after deleting this many records.")
+        parser.add_argument(
+            "--max-runtime",
+            type=float,
+            help="Start no new batch after this many seconds.",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count the expired records; delete nothing."
+        )
+        parser.add_argument(
+            "--database", help="Database alias (default: the IDEMPOTENCY DATABASE_ALIAS)."
+        )
+
+    def handle(
+        self,
+        *args: Any,
+        batch_size: int,
+        sleep: float,
+        max_batches: int | None,
+        limit: int | None,
+        max_runtime: float | None,
+        dry_run: bool,
+        database: str | None,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        for name, value in (
+            ("--batch-size", batch_size),
+            ("--max-batches", max_batches),
+            ("--limit", limit),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise CommandError(f"{name} must be a whole number, not {value!r}.")
+            if value is not None and value <= 0:
+                raise CommandError(f"{name} must be positive, not {value}.")
+        if sleep < 0:
+            raise CommandError(f"--sleep cannot be negative, not {sleep}.")
+        if max_runtime is not None and max_runtime <= 0:
+            raise CommandError(f"--max-runtime must be positive, not {max_runtime}.")
+        alias = check_database(database)
+        now = timezone.now()
+        if dry_run:
+            self._dry_run(alias, now, batch_size, limit, max_batches, verbosity)
+            return
+
+        started = time.monotonic()
+        last_progress = started
+        deleted = batches = 0
+        after: datetime | None = None
+        stopped_by = ""
+        while True:
+            if max_batches is not None and batches >= max_batches:
+                stopped_by = "--max-batches"
+                break
+            if limit is not None and deleted >= limit:
+                stopped_by = "--limit"
+                break
+            if max_runtime is not None and time.monotonic() - started >= max_runtime:
+                stopped_by = "--max-runtime"
+                break
+            size = batch_size if limit is None else min(batch_size, limit - deleted)
+            batch = maintenance.delete_expired_batch(alias, now=now, batch_size=size, after=after)
+            if batch.deleted:
+                batches += 1
+                deleted += batch.deleted
+            elapsed = time.monotonic() - started
+            due = verbosity >= 2 or time.monotonic() - last_progress >= PROGRESS_EVERY
+            if batch.deleted and verbosity >= 1 and due:
+                last_progress = time.monotonic()
+                self.stdout.write(
+                    f"Batch {batches}: deleted {batch.deleted} "
+                    f"({deleted} in all, {_rate(deleted, elapsed)} rows/s)."
+                )
+            if batch.deleted < size:
+                break  # nothing left but rows others are working on: the next run takes them
+            after = batch.last_expires_at
+            if sleep:
+                time.sleep(sleep)
+
+        elapsed = time.monotonic() - started
+        if verbosity >= 1:
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"Deleted {deleted} expired idempotency record{_s(deleted)} in {batches} "
+                    f"batch{'es' if batches != 1 else ''} ({elapsed:.1f} s, "
+                    f"{_rate(deleted, elapsed)} rows/s)."
+                )
+            )
+            if stopped_by:
+                self.stdout.write(f"Stopped by {stopped_by}; expired records may remain.")
+
+    def _dry_run(
+        self,
+        alias: str,
+        now: datetime,
+        batch_size: int,
+        limit: int | None,
+        max_batches: int | None,
+        verbosity: int,
+    ) -> None:
+        total = maintenance.expired_records(alias, now=now).count()
+        count = total
+        if limit is not None:
+            count = min(count, limit)
+        if max_batches is not None:
+            count = min(count, max_batches * batch_size)
+        batches = -(-count // batch_size)
+        if verbosity >= 1:
+            self.stdout.write(
+                f"Would delete {count} expired idempotency record{_s(count)} in {batches} "
+                f"batch{'es' if batches != 1 else ''} of up to {batch_size} "
+                f"({total} expired in all)."
+            )
+
+
+def _rate(rows: int, seconds: float) -> str:
+    return f"{rows / seconds:,.0f}" if seconds > 0 else "-"
+
+
+def _s(count: int) -> str:
+    return "" if count == 1 else "s"

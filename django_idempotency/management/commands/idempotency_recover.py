@@ -1,0 +1,185 @@
+"""``manage.py idempotency_recover``: find records stuck in ``processing`` and resolve them."""
+
+from __future__ import annotations
+
+import json
+import re
+from argparse import ArgumentParser
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from django_idempotency import maintenance
+from django_idempotency.management.commands.idempotency_cleanup import check_database
+from django_idempotency.models import IdempotencyKey
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_PATH_WIDTH = 50
+
+
+def parse_duration(value: object) -> timedelta:
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d``, or a ``timedelta``; ``CommandError`` if not."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise CommandError(
+                f"--older-than must be a duration such as 90, 90s, 15m, 2h or 1d, not {value!r}."
+            )
+        seconds = float(match[1]) * _UNITS[match[2]]
+    if seconds < 0:
+        raise CommandError(f"--older-than cannot be negative, not {value!r}.")
+    return timedelta(seconds=seconds)
+
+
+class Command(BaseCommand):
+    help = (
+        "List idempotency records stuck in processing past their lock (their worker presumably "
+        "died); --release frees them so the client's retry runs the view again, --fail stores "
+        "a definite failure (problem request-abandoned) so retries stop."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument(
+            "--older-than",
+            default="0",
+            help="Only records whose lock expired at least this long ago: 90, 90s, 15m, 2h, 1d.",
+        )
+        action = parser.add_mutually_exclusive_group()
+        action.add_argument(
+            "--release", action="store_true", help="Delete them: the next retry runs the view."
+        )
+        action.add_argument(
+            "--fail", action="store_true", help="Store a failed response: retries replay it."
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Show what --release or --fail would do."
+        )
+        parser.add_argument(
+            "--json", action="store_true", dest="as_json", help="Print JSON rows for scripts."
+        )
+        parser.add_argument("--limit", type=int, help="At most this many records (oldest first).")
+        parser.add_argument(
+            "--database", help="Database alias (default: the IDEMPOTENCY DATABASE_ALIAS)."
+        )
+
+    def handle(
+        self,
+        *args: Any,
+        older_than: object,
+        release: bool,
+        fail: bool,
+        dry_run: bool,
+        as_json: bool,
+        limit: int | None,
+        database: str | None,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        if release and fail:
+            raise CommandError("Give --release or --fail, not both.")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise CommandError(f"--limit must be a whole number, not {limit!r}.")
+        if limit is not None and limit <= 0:
+            raise CommandError(f"--limit must be positive, not {limit}.")
+        margin = parse_duration(older_than)
+        alias = check_database(database)
+        records = maintenance.stale_records(alias, older_than=margin)
+        if limit is not None:
+            records = records[:limit]
+        verb = "release" if release else "fail" if fail else ""
+        rows = []
+        done = 0
+        for record in records:
+            outcome = None
+            if verb and dry_run:
+                outcome = f"would {verb}"
+            elif verb:
+                act = maintenance.release if release else maintenance.mark_failed
+                succeeded = act(alias, record)
+                done += succeeded
+                outcome = ("released" if release else "failed") if succeeded else "skipped"
+            rows.append(_row(record, outcome))
+
+        if as_json:
+            self.stdout.write(json.dumps(rows, indent=2))
+            return
+        if verbosity < 1:
+            return
+        if rows:
+            self._table(rows)
+        count = len(rows)
+        noun = f"stale idempotency record{'' if count == 1 else 's'}"
+        if not verb:
+            self.stdout.write(f"{count} {noun}.")
+        elif dry_run:
+            self.stdout.write(f"Would {verb} {count} {noun} (dry run: nothing changed).")
+        else:
+            done_verb = "Released" if release else "Marked as failed"
+            message = f"{done_verb} {done} of {count} {noun}."
+            if done < count:
+                message += f" {count - done} were resolved meanwhile and left alone."
+            self.stdout.write(self.style.SUCCESS(message))
+
+    def _table(self, rows: list[dict[str, Any]]) -> None:
+        columns = ["scope", "key", "method", "path", "age", "stale for", "attempt"]
+        if rows[0]["action"] is not None:
+            columns.append("action")
+        table = [
+            [
+                row["scope"],
+                row["key_hash"][:12],
+                row["method"],
+                _shorten(row["path"]),
+                _human(row["age_seconds"]),
+                _human(row["stale_seconds"]),
+                str(row["attempt"]),
+                row["action"] or "",
+            ][: len(columns)]
+            for row in rows
+        ]
+        widths = [max(len(line[i]) for line in [columns, *table]) for i in range(len(columns))]
+        for line in [columns, *table]:
+            self.stdout.write(
+                "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+            )
+
+
+def _row(record: IdempotencyKey, action: str | None) -> dict[str, Any]:
+    now = timezone.now()
+    assert record.unlock_at is not None
+    return {
+        "id": record.pk,
+        "scope": record.scope,
+        "key_hash": record.key_hash,
+        "method": record.method,
+        "path": record.path,
+        "attempt": record.attempt,
+        "recovery_point": record.recovery_point,
+        "created_at": record.created_at.isoformat(),
+        "unlock_at": record.unlock_at.isoformat(),
+        "age_seconds": round((now - record.created_at).total_seconds(), 3),
+        "stale_seconds": round((now - record.unlock_at).total_seconds(), 3),
+        "action": action,
+    }
+
+
+def _shorten(path: str) -> str:
+    return path if len(path) <= _PATH_WIDTH else path[: _PATH_WIDTH - 1] + "…"
+
+
+def _human(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"

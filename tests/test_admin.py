@@ -1,0 +1,269 @@
+"""The read-only admin, through Django's test client, as a superuser and as lesser staff."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from tests.factories import IdempotencyKeyFactory
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "/admin/django_idempotency/idempotencykey/"
+PROCESSING = IdempotencyKey.Status.PROCESSING
+
+
+def change_url(record: IdempotencyKey) -> str:
+    return f"{CHANGELIST}{record.pk}/change/"
+
+
+def listed(client: Client, query: str = "") -> set[int]:
+    response = client.get(CHANGELIST + query)
+    assert response.status_code == 200
+    return {record.pk for record in response.context["cl"].result_list}
+
+
+def staff(*codenames: str) -> Client:
+    user = User.objects.create_user("staff", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def act(client: Client, action: str, *records: IdempotencyKey) -> Any:
+    return client.post(
+        CHANGELIST,
+        {"action": action, "_selected_action": [record.pk for record in records]},
+        follow=True,
+    )
+
+
+@pytest.fixture
+def admin_client() -> Client:
+    """A superuser (pytest-django's own fixture hashes a password: slow)."""
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", None))
+    return client
+
+
+@pytest.fixture
+def records() -> dict[str, IdempotencyKey]:
+    past = timezone.now() - timedelta(minutes=5)
+    return {
+        "completed": IdempotencyKeyFactory(completed=True, key="key-completed", scope="user:1"),
+        "live": IdempotencyKeyFactory(key="key-live", method="PATCH", path="/orders/7/"),
+        "stale": IdempotencyKeyFactory(key="key-stale", stale=True, scope="tenant:acme"),
+        "expired": IdempotencyKeyFactory(completed=True, expires_at=past, key="key-expired"),
+        "expired_locked": IdempotencyKeyFactory(expires_at=past, key="key-expired-locked"),
+    }
+
+
+def pks(records: dict[str, IdempotencyKey], *names: str) -> set[int]:
+    return {records[name].pk for name in names}
+
+
+def test_changelist_shows_the_columns(admin_client: Client, records: Any) -> None:
+    response = admin_client.get(CHANGELIST)
+
+    assert response.status_code == 200
+    content = response.content.decode()
+    for column in ("status", "scope", "method", "path", "response status", "created"):
+        assert f">{column.capitalize()}<" in content or column in content.lower()
+    for column in ("column-unlock_at", "column-expires_at", "column-stale", "column-expired"):
+        assert column in content
+    assert records["completed"].key_hash[:12] in content
+    assert 'id="changelist-search"' in content
+
+
+def test_filters(admin_client: Client, records: dict[str, IdempotencyKey]) -> None:
+    assert listed(admin_client, "?status__exact=completed") == pks(records, "completed", "expired")
+    assert listed(admin_client, "?method=PATCH") == pks(records, "live")
+    assert listed(admin_client, "?stale=yes") == pks(records, "stale")
+    assert listed(admin_client, "?stale=no") == pks(
+        records, "completed", "live", "expired", "expired_locked"
+    )
+    assert listed(admin_client, "?expired=yes") == pks(records, "expired", "expired_locked")
+    assert listed(admin_client, "?expired=no") == pks(records, "completed", "live", "stale")
+    today = timezone.now()
+    assert (
+        len(listed(admin_client, f"?created_at__year={today.year}&created_at__month={today.month}"))
+        == 5
+    )
+
+
+@pytest.mark.parametrize(
+    ("term", "expected"),
+    [
+        ("key-live", {"live"}),  # the raw key, hashed before the lookup
+        ('"key-live"', {"live"}),  # the Structured Field string spelling of the same key
+        ("  key-stale ", {"stale"}),
+        ("tenant:acme", {"stale"}),  # exact scope
+        ("/orders/", {"live"}),  # part of the path
+        ("no-such-key", set()),
+    ],
+)
+def test_search(
+    admin_client: Client, records: dict[str, IdempotencyKey], term: str, expected: set[str]
+) -> None:
+    assert listed(admin_client, "?" + _query(q=term)) == pks(records, *expected)
+
+
+def test_search_by_key_hash_and_its_prefix(
+    admin_client: Client, records: dict[str, IdempotencyKey]
+) -> None:
+    key_hash = records["expired"].key_hash
+    assert listed(admin_client, "?" + _query(q=key_hash)) == pks(records, "expired")
+    assert listed(admin_client, "?" + _query(q=key_hash[:12])) == pks(records, "expired")
+
+
+def _query(**params: str) -> str:
+    from urllib.parse import urlencode
+
+    return urlencode(params)
+
+
+def test_change_page_pretty_prints_a_json_body(admin_client: Client) -> None:
+    record = IdempotencyKeyFactory(
+        completed=True,
+        response_body=json.dumps({"id": 1, "items": [1, 2]}).encode(),
+        response_headers=[["Content-Type", "application/json"], ["Location", "/things/1"]],
+    )
+
+    response = admin_client.get(change_url(record))
+
+    assert response.status_code == 200
+    content = response.content.decode()
+    assert "<pre>{\n  &quot;id&quot;: 1,\n  &quot;items&quot;: [\n    1," in content
+    assert "Location: /things/1" in content
+    assert 'name="_save"' not in content  # read-only: nothing to save
+
+
+def test_change_page_describes_a_binary_body(admin_client: Client) -> None:
+    record = IdempotencyKeyFactory(
+        completed=True,
+        response_body=b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4,
+        response_headers=[["Content-Type", "image/png"]],
+    )
+
+    content = admin_client.get(change_url(record)).content.decode()
+
+    assert "1,032 bytes of binary data (image/png)." in content
+    assert "PNG" not in content.split("1,032 bytes")[0].rsplit("<pre>", 1)[-1]
+
+
+def test_change_page_truncates_a_long_body(admin_client: Client) -> None:
+    record = IdempotencyKeyFactory(
+        completed=True,
+        response_body=b"x" * 50_000,
+        response_headers=[["Content-Type", "text/plain"]],
+    )
+
+    content = admin_client.get(change_url(record)).content.decode()
+
+    assert "truncated (50,000 bytes in all)" in content
+    assert "x" * 10_001 not in content
+
+
+def test_change_page_of_a_record_without_a_response(admin_client: Client) -> None:
+    record = IdempotencyKeyFactory()
+
+    assert admin_client.get(change_url(record)).status_code == 200
+
+
+def test_no_add_no_edit_no_delete_even_for_a_superuser(
+    admin_client: Client, records: dict[str, IdempotencyKey]
+) -> None:
+    record = records["completed"]
+    assert admin_client.get(CHANGELIST + "add/").status_code == 403
+    response = admin_client.post(change_url(record), {"status": "failed", "scope": "evil"})
+    assert response.status_code == 403
+    assert admin_client.get(f"{CHANGELIST}{record.pk}/delete/").status_code == 403
+    record.refresh_from_db()
+    assert record.scope == "user:1"
+    actions = admin_client.get(CHANGELIST).context["action_form"].fields["action"].choices
+    names = {name for name, _label in actions}
+    assert names == {"", "release_stale", "mark_failed", "delete_expired"}
+
+
+def test_staff_without_permissions_gets_no_access(records: dict[str, IdempotencyKey]) -> None:
+    client = staff()
+
+    assert client.get(CHANGELIST).status_code == 403
+    assert client.get(change_url(records["completed"])).status_code == 403
+    assert act(client, "release_stale", records["stale"]).status_code == 403
+    assert IdempotencyKey.objects.filter(pk=records["stale"].pk).exists()
+
+
+def test_view_permission_reads_but_runs_no_action(records: dict[str, IdempotencyKey]) -> None:
+    client = staff("view_idempotencykey")
+
+    assert client.get(CHANGELIST).status_code == 200
+    assert client.get(change_url(records["completed"])).status_code == 200
+    response = act(client, "release_stale", records["stale"])
+    assert IdempotencyKey.objects.filter(pk=records["stale"].pk).exists()
+    assert response.status_code == 200
+    assert client.get(CHANGELIST).context["action_form"] is None
+
+
+def test_change_permission_runs_release_and_fail(records: dict[str, IdempotencyKey]) -> None:
+    client = staff("view_idempotencykey", "change_idempotencykey")
+    stale = records["stale"]
+
+    response = act(client, "mark_failed", stale)
+
+    assert response.status_code == 200
+    stale.refresh_from_db()
+    assert stale.status == IdempotencyKey.Status.FAILED
+
+
+def test_release_stale_action(admin_client: Client, records: dict[str, IdempotencyKey]) -> None:
+    response = act(admin_client, "release_stale", records["stale"], records["live"])
+
+    assert "Released 1 of 2 selected records; 1 were not stale" in response.content.decode()
+    assert not IdempotencyKey.objects.filter(pk=records["stale"].pk).exists()
+    live = IdempotencyKey.objects.get(pk=records["live"].pk)
+    assert live.status == PROCESSING
+
+
+def test_mark_failed_action(admin_client: Client, records: dict[str, IdempotencyKey]) -> None:
+    response = act(admin_client, "mark_failed", records["stale"], records["completed"])
+
+    assert "Marked as failed 1 of 2 selected records" in response.content.decode()
+    stale = IdempotencyKey.objects.get(pk=records["stale"].pk)
+    assert stale.status == IdempotencyKey.Status.FAILED
+    assert stale.response_status == 500
+    body = json.loads(bytes(stale.response_body or b""))
+    assert body["type"].endswith("#request-abandoned")
+    completed = IdempotencyKey.objects.get(pk=records["completed"].pk)
+    assert completed.response_status == 201
+
+
+def test_delete_expired_action(admin_client: Client, records: dict[str, IdempotencyKey]) -> None:
+    response = act(admin_client, "delete_expired", *records.values())
+
+    assert "Deleted 1 of 5 selected records" in response.content.decode()
+    assert set(IdempotencyKey.objects.values_list("pk", flat=True)) == pks(
+        records, "completed", "live", "stale", "expired_locked"
+    )
+
+
+def test_delete_expired_needs_the_delete_permission(records: dict[str, IdempotencyKey]) -> None:
+    client = staff("view_idempotencykey", "change_idempotencykey")
+
+    act(client, "delete_expired", records["expired"])
+
+    assert IdempotencyKey.objects.filter(pk=records["expired"].pk).exists()
+    client = Client()
+    user = User.objects.get(username="staff")
+    user.user_permissions.add(Permission.objects.get(codename="delete_idempotencykey"))
+    client.force_login(user)
+    act(client, "delete_expired", records["expired"])
+    assert not IdempotencyKey.objects.filter(pk=records["expired"].pk).exists()
