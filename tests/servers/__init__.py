@@ -1,0 +1,1 @@
+"""The test project as real servers (gunicorn, uvicorn) serve it: see ``harness.py``."""
