@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 from django.apps import AppConfig
 from django.core.checks import Tags, register
 
@@ -16,3 +18,6 @@ class IdempotencyConfig(AppConfig):
         register(Tags.compatibility)(checks.check_settings)
         register(Tags.database)(checks.check_database)
         conf.connect_signals()
+        if find_spec("drf_spectacular") is not None:
+            # Registers the schema extension: protected views document themselves.
+            from django_idempotency import openapi  # noqa: F401

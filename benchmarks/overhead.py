@@ -1,0 +1,423 @@
+#!/usr/bin/env python
+"""What the protection costs, on PostgreSQL.
+
+One view (``benchmarks/overhead_project/views.py``: parse a JSON body, insert a row, render it
+as JSON) is served bare, protected in two-phase mode and protected in atomic mode. In one
+process, through Django's WSGI handler (URL resolution, signals, the view; no HTTP parsing),
+the script
+
+1. prints the SQL statements each path runs, and how many it adds to the bare view;
+2. measures the latency of bare requests, first executions and replays, interleaved in random
+   order in every round so the machine's noise falls on all of them alike, and prints medians
+   and their ratios;
+3. serves the same views under gunicorn (4 sync workers) and prints the requests per second a
+   concurrent client (httpx) gets from each.
+
+It creates its own database (``bench_overhead``) on the server given and drops it at the end.
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/overhead.py --server postgres://postgres@127.0.0.1:5432/postgres
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BODY = b'{"amount": 4200, "currency": "usd", "description": "benchmark"}'
+PATHS = {"bare": "/bare/", "two-phase": "/two-phase/", "atomic": "/atomic/"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+        help="a PostgreSQL URL whose server gets the benchmark database (default: DATABASE_URL)",
+    )
+    parser.add_argument("--database", default="bench_overhead", help="created, then dropped")
+    parser.add_argument("--rounds", type=int, default=2000, help="latency rounds (default 2000)")
+    parser.add_argument("--requests", type=int, default=2000, help="per path per throughput run")
+    parser.add_argument("--runs", type=int, default=3, help="throughput runs per path")
+    parser.add_argument("--concurrency", type=int, default=16, help="concurrent client requests")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn workers")
+    parser.add_argument("--no-gunicorn", action="store_true", help="skip the throughput part")
+    args = parser.parse_args()
+    if args.rounds < 1 or args.requests < 1 or args.runs < 1 or args.concurrency < 1:
+        parser.error("--rounds, --requests, --runs and --concurrency must be positive")
+    if not args.database.isidentifier():
+        parser.error("--database must be a plain identifier")
+
+    server = urlsplit(args.server)
+    if not server.scheme.startswith("postgres"):
+        parser.error("--server must be a postgres:// URL")
+    bench_url = urlunsplit(server._replace(path=f"/{args.database}"))
+    create_database(args.server, args.database)
+    try:
+        os.environ["BENCH_DATABASE_URL"] = bench_url
+        os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.overhead_project.settings"
+        run(args, bench_url)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        drop_database(args.server, args.database)
+
+
+def run(args: argparse.Namespace, bench_url: str) -> None:
+    import django
+    from django.core.management import call_command
+    from django.db import connection
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT version()")
+        (version,) = cursor.fetchone()
+    now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"# django-idempotency overhead benchmark ({now})")
+    print(
+        f"Python {platform.python_version()}, Django {django.get_version()}, {os.cpu_count()} CPUs"
+    )
+    print(f"{version.split(',')[0]}, database {args.database!r} on {urlsplit(bench_url).hostname}")
+    print("View: parse a JSON body, INSERT one row, render it as JSON")
+    print("(benchmarks/overhead_project/views.py), through Django's WSGI handler.")
+    print()
+    baseline()
+    statements()
+    latency(args.rounds)
+    if not args.no_gunicorn:
+        throughput(args, bench_url)
+
+
+# --- one process: Django's WSGI handler, called directly ---------------------------------------
+
+
+def wsgi_call(path: str, key: str | None = None) -> int:
+    from django.core.handlers.wsgi import WSGIHandler
+
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": path,
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "bench",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "REMOTE_ADDR": "127.0.0.1",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(BODY)),
+        "wsgi.input": io.BytesIO(BODY),
+        "wsgi.errors": sys.stderr,
+        "wsgi.url_scheme": "http",
+        "wsgi.version": (1, 0),
+        "wsgi.multithread": False,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+    }
+    if key is not None:
+        environ["HTTP_IDEMPOTENCY_KEY"] = key
+    statuses: list[str] = []
+    handler = _handler.get("handler") or _handler.setdefault("handler", WSGIHandler())
+    result = handler(environ, lambda status, headers, exc_info=None: statuses.append(status))
+    try:
+        b"".join(result)
+    finally:
+        result.close()
+    return int(statuses[0][:3])
+
+
+_handler: dict[str, Any] = {}
+
+
+@dataclass
+class Trace:
+    statements: list[str] = field(default_factory=list)
+    transactions: int = 0
+
+    @property
+    def round_trips(self) -> int:
+        """Statements, plus the BEGIN and COMMIT of each transaction."""
+        return len(self.statements) + 2 * self.transactions
+
+
+@contextmanager
+def tracing() -> Iterator[Trace]:
+    """Every statement Django sends, and every transaction it commits (psycopg sends BEGIN)."""
+    from django.db import connection
+
+    trace = Trace()
+
+    def record(execute: Callable[..., Any], sql: str, *args: Any) -> Any:
+        trace.statements.append(" ".join(sql.split()))
+        return execute(sql, *args)
+
+    original_commit = connection._commit
+
+    def commit() -> None:
+        trace.transactions += 1
+        original_commit()
+
+    connection._commit = commit  # type: ignore[method-assign]
+    try:
+        with connection.execute_wrapper(record):
+            yield trace
+    finally:
+        connection._commit = original_commit  # type: ignore[method-assign]
+
+
+def traced(path: str, key: str | None, expected: int) -> Trace:
+    with tracing() as trace:
+        status = wsgi_call(path, key)
+    assert status == expected, f"{path} answered {status}, not {expected}"
+    return trace
+
+
+def statements() -> None:
+    for _ in range(3):  # warm up: connection, caches, prepared plans
+        wsgi_call(PATHS["bare"])
+    bare = traced(PATHS["bare"], None, 201)
+    print("## SQL statements per request")
+    print()
+    show("bare", bare, bare)
+    for mode in ("two-phase", "atomic"):
+        key = str(uuid.uuid4())
+        show(f"{mode}, first execution", traced(PATHS[mode], key, 201), bare)
+        show(f"{mode}, replay", traced(PATHS[mode], key, 201), bare, replay=True)
+    print()
+
+
+def show(label: str, trace: Trace, bare: Trace, *, replay: bool = False) -> None:
+    """A path's statements; a replay's cost is all of them (the view does not run)."""
+    baseline = Trace() if replay or label == "bare" else bare
+    added = len(trace.statements) - len(baseline.statements)
+    round_trips = trace.round_trips - baseline.round_trips
+    summary = f"{label}: {len(trace.statements)} statements in {trace.transactions} transaction(s)"
+    summary += f", {trace.round_trips} round trips"
+    if label != "bare":
+        verb = "costs" if replay else "adds"
+        summary += f"; {verb} {added} statement(s), {round_trips} round trip(s)"
+    print(summary)
+    for sql in trace.statements:
+        print(f"    {sql[:110]}{'...' if len(sql) > 110 else ''}")
+
+
+def baseline(samples: int = 500) -> None:
+    """What a round trip and a durable commit cost on this server, to read the ratios by."""
+    from django.db import connection
+
+    timings: dict[str, list[float]] = {"round trip (SELECT 1)": [], "autocommitted INSERT": []}
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE bench_baseline (id bigserial PRIMARY KEY, n integer)")
+        for _ in range(samples):
+            for name, sql in (
+                ("round trip (SELECT 1)", "SELECT 1"),
+                ("autocommitted INSERT", "INSERT INTO bench_baseline (n) VALUES (1)"),
+            ):
+                start = time.perf_counter_ns()
+                cursor.execute(sql)
+                timings[name].append((time.perf_counter_ns() - start) / 1e6)
+        cursor.execute("DROP TABLE bench_baseline")
+    print("## This server")
+    print()
+    for name, values in timings.items():
+        print(f"{name}: median {statistics.median(values):.3f} ms")
+    print()
+
+
+def latency(rounds: int) -> None:
+    operations = ["bare", "two-phase first", "atomic first", "two-phase replay", "atomic replay"]
+    samples: dict[str, list[float]] = {name: [] for name in operations}
+    clock = time.perf_counter_ns
+
+    def timed(name: str, path: str, key: str | None) -> None:
+        start = clock()
+        status = wsgi_call(path, key)
+        samples[name].append((clock() - start) / 1e6)
+        assert status == 201, f"{name}: {status}"
+
+    warmup = 200
+    started = time.monotonic()
+    for index in range(warmup + rounds):
+        keys = {"two-phase": str(uuid.uuid4()), "atomic": str(uuid.uuid4())}
+        firsts = [
+            ("bare", PATHS["bare"], None),
+            ("two-phase first", PATHS["two-phase"], keys["two-phase"]),
+            ("atomic first", PATHS["atomic"], keys["atomic"]),
+        ]
+        replays = [
+            ("two-phase replay", PATHS["two-phase"], keys["two-phase"]),
+            ("atomic replay", PATHS["atomic"], keys["atomic"]),
+        ]
+        random.shuffle(firsts)
+        random.shuffle(replays)
+        for operation in [*firsts, *replays]:
+            timed(*operation)
+        if index == warmup - 1:
+            for values in samples.values():
+                values.clear()
+    elapsed = time.monotonic() - started
+
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    print(f"## Latency, one process, {rounds} interleaved rounds ({elapsed:.0f} s)")
+    print()
+    print(f"{'path':<18} {'median ms':>10} {'p90 ms':>8} {'/ bare':>7}")
+    for name in operations:
+        p90 = statistics.quantiles(samples[name], n=10)[-1]
+        ratio = medians[name] / medians["bare"]
+        print(f"{name:<18} {medians[name]:>10.3f} {p90:>8.3f} {ratio:>7.2f}")
+    print()
+    goals = [
+        ("two-phase first / bare", "two-phase first", 1.5),
+        ("atomic first / bare", "atomic first", 1.3),
+        ("two-phase replay / bare", "two-phase replay", 0.8),
+        ("atomic replay / bare", "atomic replay", 0.8),
+    ]
+    for label, name, goal in goals:
+        ratio = medians[name] / medians["bare"]
+        verdict = "met" if ratio <= goal else "MISSED"
+        print(f"goal {label} <= {goal}: {ratio:.2f} ({verdict})")
+    print()
+
+
+# --- gunicorn: requests per second ---------------------------------------------------------------
+
+
+def throughput(args: argparse.Namespace, bench_url: str) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "benchmarks.overhead_project.settings",
+        "BENCH_DATABASE_URL": bench_url,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "--workers",
+        str(args.workers),
+        "--worker-class",
+        "sync",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--log-level",
+        "warning",
+        *no_control_socket(),
+        "benchmarks.overhead_project.wsgi:application",
+    ]
+    gunicorn = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_serving(url, gunicorn)
+        results: dict[str, list[float]] = {name: [] for name in PATHS}
+        for _ in range(args.runs):
+            for name in random.sample(list(PATHS), len(PATHS)):
+                results[name].append(asyncio.run(load(url + PATHS[name], name, args)))
+    finally:
+        os.killpg(gunicorn.pid, signal.SIGTERM)
+        gunicorn.wait(timeout=30)
+    print(
+        f"## Throughput: gunicorn, {args.workers} sync workers; httpx client with "
+        f"{args.concurrency} concurrent requests, on the same machine"
+    )
+    print(f"({args.runs} runs of {args.requests} requests per path, interleaved; median)")
+    print()
+    bare = statistics.median(results["bare"])
+    for name, values in results.items():
+        rps = statistics.median(values)
+        label = name if name == "bare" else f"{name} (first executions)"
+        print(f"{label:<28} {rps:>8.0f} requests/s  ({rps / bare:.2f} of bare)")
+    print()
+
+
+async def load(url: str, name: str, args: argparse.Namespace) -> float:
+    import httpx
+
+    remaining = iter(range(args.requests))
+    limits = httpx.Limits(max_connections=args.concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+
+        async def worker() -> None:
+            headers = {"Content-Type": "application/json"}
+            for _ in remaining:
+                if name != "bare":
+                    headers["Idempotency-Key"] = str(uuid.uuid4())
+                response = await client.post(url, content=BODY, headers=headers)
+                assert response.status_code == 201, f"{name}: {response.status_code}"
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        return args.requests / (time.perf_counter() - started)
+
+
+def wait_until_serving(url: str, process: subprocess.Popen[bytes]) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit("gunicorn exited at start")
+        try:
+            httpx.post(url + PATHS["bare"], content=BODY, timeout=2)
+            return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise SystemExit("gunicorn did not serve within 30 s")
+
+
+def no_control_socket() -> list[str]:
+    """Recent gunicorns open a control socket shared by every instance; this one needs none."""
+    from gunicorn.config import KNOWN_SETTINGS
+
+    if any(setting.name == "control_socket_disable" for setting in KNOWN_SETTINGS):
+        return ["--no-control-socket"]
+    return []
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --- the database ------------------------------------------------------------------------------
+
+
+def create_database(server: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(server: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The small project ``benchmarks/overhead.py`` measures: settings, the view, its URLs."""

@@ -1,0 +1,38 @@
+"""Settings of the overhead benchmark's project: PostgreSQL at ``BENCH_DATABASE_URL``.
+
+No middleware beyond what the views need: the figures are the app's cost, not a stack's.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dj_database_url
+
+SECRET_KEY = "django-idempotency-benchmark"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+ROOT_URLCONF = "benchmarks.overhead_project.urls"
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_overhead"),
+        conn_max_age=600,
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_idempotency",
+    "example_project.payments",
+]
+MIDDLEWARE: list[str] = []
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"null": {"class": "logging.NullHandler"}},
+    "loggers": {
+        "django_idempotency": {"handlers": ["null"], "level": "WARNING", "propagate": False}
+    },
+}

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from benchmarks.overhead_project import views
+
+urlpatterns = [
+    path("bare/", views.bare),
+    path("two-phase/", views.two_phase),
+    path("atomic/", views.atomic),
+]

@@ -1,0 +1,1 @@
+"""The example project: a small payments API protected by django-idempotency."""

@@ -1,0 +1,104 @@
+"""Settings of the example payments API: SQLite next to this file, PostgreSQL when
+``DATABASE_URL`` is set (``postgres://user@host:5432/name``).
+
+Development settings only: DEBUG is on and the secret key is public unless the environment
+says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-insecure-development-key")
+DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]", "testserver"]
+
+DATABASES = {
+    "default": dj_database_url.config(
+        default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=60
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    # First, so its runserver (which migrates first) wins over staticfiles' one.
+    "example_project.payments",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_idempotency",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+ASGI_APPLICATION = "example_project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+STATIC_URL = "static/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # curl -u admin:password ... sends requests as the superuser; keys are per user.
+        "rest_framework.authentication.BasicAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Example payments API",
+    "DESCRIPTION": (
+        "Charges and refunds made safe to retry with the Idempotency-Key header "
+        "(django-idempotency's example project)."
+    ),
+    "VERSION": "1.0.0",
+}
+
+# Every key is optional; these are the defaults, spelled out for the reader.
+IDEMPOTENCY = {
+    "HEADER": "Idempotency-Key",
+    "METHODS": ["POST", "PATCH"],
+    "TTL": 24 * 60 * 60,
+    "LOCK_TIMEOUT": 60,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_idempotency": {"handlers": ["console"], "level": "INFO"}},
+}

@@ -1,0 +1,279 @@
+"""The example project works as the README says: ``manage.py runserver`` on a fresh database
+migrates it and serves the payments API, which behaves as the HTTP contract says.
+
+The project runs in its own processes under its own settings, on a fresh SQLite file (whatever
+``DATABASE_URL`` the suite runs with), exactly as a newcomer's first command starts it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT = 60.0
+
+
+@dataclass
+class Example:
+    url: str
+    database: Path
+    env: dict[str, str]
+
+    def post(self, path: str, json: Any, key: str | None = None) -> httpx.Response:
+        headers = {"Idempotency-Key": key} if key is not None else {}
+        return httpx.post(self.url + path, json=json, headers=headers, timeout=10)
+
+    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(self.database) as connection:
+            return connection.execute(sql, params).fetchall()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Example]:
+    database = tmp_path_factory.mktemp("example") / "db.sqlite3"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "example_project.settings",
+        "DATABASE_URL": f"sqlite:///{database}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    port = _free_port()
+    log = tmp_path_factory.mktemp("example-log") / "runserver.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert server.poll() is None, f"runserver exited:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"runserver not ready:\n{log.read_text()}"
+            try:
+                httpx.get(url + "/admin/login/", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield Example(url, database, env)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_runserver_migrated_the_fresh_database_itself(example: Example) -> None:
+    applied = {app for (app,) in example.rows("SELECT app FROM django_migrations")}
+    assert {"payments", "django_idempotency", "auth", "admin"} <= applied
+
+
+def test_charge_replay_mismatch_and_missing_key(example: Example) -> None:
+    key = str(uuid.uuid4())
+    first = example.post("/api/charges/", {"amount": 4200, "currency": "usd"}, key)
+    assert first.status_code == 201
+    assert "Idempotent-Replayed" not in first.headers
+    charge = first.json()
+    assert charge["amount"] == 4200 and charge["provider_id"].startswith("ch_")
+
+    replay = example.post("/api/charges/", {"amount": 4200, "currency": "usd"}, key)
+    assert replay.status_code == 201
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.content == first.content
+
+    changed = example.post("/api/charges/", {"amount": 9900, "currency": "usd"}, key)
+    assert changed.status_code == 422
+    assert changed.headers["Content-Type"] == "application/problem+json"
+    assert changed.json()["type"].endswith("#idempotency-key-reuse")
+
+    missing = example.post("/api/charges/", {"amount": 4200, "currency": "usd"})
+    assert missing.status_code == 400
+    assert missing.json()["type"].endswith("#missing-idempotency-key")
+
+    # One charge, one provider call, whose key is derived from (not equal to) the client's.
+    assert example.rows("SELECT COUNT(*) FROM payments_charge WHERE id = ?", charge["id"]) == [(1,)]
+    ((provider_key,),) = example.rows(
+        "SELECT idempotency_key FROM payments_providercall WHERE reference = ?",
+        charge["provider_id"],
+    )
+    assert provider_key != key
+    uuid.UUID(provider_key)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"amount": -1, "currency": "usd"},
+        {"amount": "lots", "currency": "usd"},
+        {"amount": 4200, "currency": "xyz"},
+        {"currency": "usd"},
+        [1, 2],
+    ],
+)
+def test_bad_charges_are_400_not_500(example: Example, body: Any) -> None:
+    response = example.post("/api/charges/", body, str(uuid.uuid4()))
+    assert response.status_code == 400, response.text
+
+
+def test_malformed_json_is_400(example: Example) -> None:
+    response = httpx.post(
+        example.url + "/api/charges/",
+        content=b'{"amount": 4',
+        headers={"Content-Type": "application/json", "Idempotency-Key": str(uuid.uuid4())},
+    )
+    assert response.status_code == 400
+
+
+def test_function_view_and_async_view(example: Example) -> None:
+    key = str(uuid.uuid4())
+    payout = example.post("/payouts/", {"amount": 500, "currency": "eur"}, key)
+    assert payout.status_code == 201
+    again = example.post("/payouts/", {"amount": 500, "currency": "eur"}, key)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json() == payout.json()
+    assert example.post("/payouts/", {"amount": 0, "currency": "eur"}).status_code == 400
+    assert example.post("/payouts/", "not an object").status_code == 400
+
+    charge = example.post("/api/charges/", {"amount": 100, "currency": "gbp"}, str(uuid.uuid4()))
+    path = f"/charges/{charge.json()['id']}/receipt/"
+    key = str(uuid.uuid4())
+    receipt = example.post(path, {"email": "ada@example.com"}, key)
+    assert receipt.status_code == 201
+    assert example.post(path, {"email": "ada@example.com"}, key).headers["Idempotent-Replayed"]
+    assert example.post(path, {"email": "not an email"}, str(uuid.uuid4())).status_code == 400
+    assert example.post(path, {"email": "ada@example.com"}).status_code == 400  # key required
+    assert example.rows("SELECT COUNT(*) FROM payments_receipt") == [(1,)]
+
+
+def test_refund_and_its_validation(example: Example) -> None:
+    charge = example.post("/api/charges/", {"amount": 1000, "currency": "usd"}, str(uuid.uuid4()))
+    path = f"/api/charges/{charge.json()['id']}/refunds/"
+    refund = example.post(path, {"amount": 600}, str(uuid.uuid4()))
+    assert refund.status_code == 201
+    assert refund.json()["status"] == "succeeded"
+    too_much = example.post(path, {"amount": 600}, str(uuid.uuid4()))
+    assert too_much.status_code == 400
+    assert "At most 400" in too_much.text
+    assert example.post("/api/charges/999999/refunds/", {"amount": 1}, "k").status_code == 404
+
+
+CRASH_AFTER_THE_PROVIDER = """
+import os
+import django
+
+django.setup()
+from django.test import Client
+
+from example_project.payments import provider, views
+
+real_refund = provider.refund
+
+
+def refund_then_die(*args, **kwargs):
+    real_refund(*args, **kwargs)
+    os._exit(3)  # the process dies after the provider refunded, before the view recorded it
+
+
+views.provider.refund = refund_then_die
+Client().post(
+    "{path}", {{"amount": 250}}, content_type="application/json",
+    headers={{"Idempotency-Key": "{key}"}},
+)
+"""
+
+
+def test_refund_resumes_after_a_crash_and_never_refunds_twice(example: Example) -> None:
+    charge = example.post("/api/charges/", {"amount": 1000, "currency": "usd"}, str(uuid.uuid4()))
+    charge_id = charge.json()["id"]
+    path = f"/api/charges/{charge_id}/refunds/"
+    key = str(uuid.uuid4())
+    script = CRASH_AFTER_THE_PROVIDER.format(path=path, key=key)
+    crashed = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=example.env, capture_output=True
+    )
+    assert crashed.returncode == 3, crashed.stderr.decode()
+    ((point, status),) = example.rows(
+        "SELECT recovery_point, status FROM django_idempotency_idempotencykey "
+        "WHERE path = ? AND status = 'processing'",
+        path,
+    )
+    assert (point, status) == ("refund_created", "processing")
+    refunds_before = example.rows(
+        "SELECT operation, idempotency_key, reference FROM payments_providercall "
+        "WHERE operation = 'refund' AND amount = 250"
+    )
+    assert len(refunds_before) == 1  # the dead attempt did reach the provider
+
+    # A retry now is told the first attempt is still running...
+    assert example.post(path, {"amount": 250}, key).status_code == 409
+    # ...until its lock expires (as if LOCK_TIMEOUT had passed).
+    example.rows(
+        "UPDATE django_idempotency_idempotencykey SET unlock_at = '2000-01-01 00:00:00' "
+        "WHERE path = ?",
+        path,
+    )
+    retry = example.post(path, {"amount": 250}, key)
+    assert retry.status_code == 201, retry.text
+    # It resumed after the recovery point: the same refund row, and the provider, asked again
+    # with the same derived key, answered with the refund it had already made.
+    assert retry.json()["provider_id"] == refunds_before[0][2]
+    assert example.rows("SELECT COUNT(*) FROM payments_refund WHERE charge_id = ?", charge_id) == [
+        (1,)
+    ]
+    assert (
+        example.rows(
+            "SELECT operation, idempotency_key, reference FROM payments_providercall "
+            "WHERE operation = 'refund' AND amount = 250"
+        )
+        == refunds_before
+    )
+    assert example.post(path, {"amount": 250}, key).headers["Idempotent-Replayed"] == "true"
+
+
+def test_schema_and_swagger_ui(example: Example) -> None:
+    schema = httpx.get(example.url + "/api/schema/?format=json", timeout=10)
+    assert schema.status_code == 200
+    operation = schema.json()["paths"]["/api/charges/"]["post"]
+    (parameter,) = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
+    assert parameter["in"] == "header" and parameter["required"] is True
+    assert {"400", "409", "422"} <= set(operation["responses"])
+    refund = schema.json()["paths"]["/api/charges/{charge_id}/refunds/"]["post"]
+    assert "201" in refund["responses"] and "422" in refund["responses"]
+    docs = httpx.get(example.url + "/api/docs/", timeout=10)
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_check_and_createsuperuser(example: Example) -> None:
+    env = {**example.env, "DJANGO_SUPERUSER_PASSWORD": "correct horse battery staple"}
+    for command in (
+        ["check", "--fail-level", "WARNING"],
+        ["makemigrations", "--check", "--dry-run", "payments"],
+        ["createsuperuser", "--noinput", "--username", "admin", "--email", "a@example.com"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *command], cwd=ROOT, env=env, capture_output=True
+        )
+        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    login = httpx.get(example.url + "/admin/login/", timeout=10)
+    assert login.status_code == 200

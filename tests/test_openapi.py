@@ -1,0 +1,231 @@
+"""drf-spectacular documents protected views with no work from the user.
+
+The schema extension is registered by the app config (this module never imports
+``django_idempotency.openapi``); the schemas are generated with drf-spectacular's own generator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.urls import path
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, viewsets
+from rest_framework.decorators import api_view
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
+from rest_framework.views import APIView
+
+from django_idempotency.decorators import idempotent
+from django_idempotency.rest_framework import IdempotencyMixin
+from tests.testapp.models import Execution
+
+PROBLEM = "application/problem+json"
+SPECTACULAR = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+
+# @api_view and @extend_schema read DEFAULT_SCHEMA_CLASS when they run, at import: the views are
+# defined as in a project whose settings name drf-spectacular's (the test settings don't).
+_spectacular = override_settings(REST_FRAMEWORK=SPECTACULAR)
+_spectacular.enable()
+
+
+class Payment(serializers.Serializer):  # type: ignore[type-arg]
+    amount = serializers.IntegerField()
+
+
+class Receipt(serializers.Serializer):  # type: ignore[type-arg]
+    id = serializers.IntegerField()
+
+
+class RequiredView(IdempotencyMixin, APIView):
+    serializer_class = Payment
+    idempotency_required = True
+
+    def post(self, request: Request) -> Response:
+        return Response({}, status=201)
+
+    def get(self, request: Request) -> Response:
+        return Response({})
+
+
+class OptionalView(IdempotencyMixin, APIView):
+    serializer_class = Payment
+    idempotency_methods = ["POST"]
+
+    def post(self, request: Request) -> Response:
+        return Response({}, status=201)
+
+    def patch(self, request: Request) -> Response:
+        return Response({})
+
+
+class AnnotatedView(IdempotencyMixin, APIView):
+    idempotency_required = True
+
+    @extend_schema(request=Payment, responses={201: Receipt, 400: Payment})
+    def post(self, request: Request) -> Response:
+        return Response({}, status=201)
+
+
+class PlainView(APIView):
+    serializer_class = Payment
+
+    def post(self, request: Request) -> Response:
+        return Response({}, status=201)
+
+
+class PaymentViewSet(
+    IdempotencyMixin, mixins.CreateModelMixin, mixins.ListModelMixin, viewsets.GenericViewSet
+):
+    idempotency_required = True
+    serializer_class = Payment
+    queryset = Execution.objects.all()
+
+
+@idempotent(required=True)
+@extend_schema(request=Payment, responses={201: Receipt})
+@api_view(["POST"])
+def decorated_outside(request: Request) -> Response:
+    return Response({}, status=201)
+
+
+@extend_schema(request=Payment, responses={201: Receipt})
+@api_view(["POST"])
+@idempotent
+def decorated_inside(request: Request) -> Response:
+    return Response({}, status=201)
+
+
+_spectacular.disable()
+
+router = SimpleRouter()
+router.register("payments", PaymentViewSet, basename="payment")
+urlpatterns = [
+    path("required/", RequiredView.as_view()),
+    path("optional/", OptionalView.as_view()),
+    path("annotated/", AnnotatedView.as_view()),
+    path("plain/", PlainView.as_view()),
+    path("outside/", decorated_outside),
+    path("inside/", decorated_inside),
+    *router.urls,
+]
+
+
+def schema() -> dict[str, Any]:
+    with override_settings(REST_FRAMEWORK=SPECTACULAR):
+        return SchemaGenerator(patterns=urlpatterns).get_schema(request=None, public=True)
+
+
+def key_parameter(operation: dict[str, Any]) -> dict[str, Any] | None:
+    found = [
+        p for p in operation.get("parameters", []) if p["in"] == "header" and p["name"] == NAME
+    ]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+NAME = "Idempotency-Key"
+
+
+def assert_protected(operation: dict[str, Any], *, required: bool, mismatch: int = 422) -> None:
+    parameter = key_parameter(operation)
+    assert parameter is not None
+    assert parameter["required"] is required
+    assert parameter["schema"]["type"] == "string"
+    assert parameter["schema"]["maxLength"] == 255
+    responses = operation["responses"]
+    for status in {"400", "409", str(mismatch)}:
+        content = responses[status]["content"][PROBLEM]
+        assert content["schema"] == {"$ref": "#/components/schemas/IdempotencyProblem"}
+        assert responses[status]["description"]
+    assert "Retry-After" in responses["409"]["headers"]
+    (success,) = [response for code, response in responses.items() if code.startswith("2")]
+    assert "Idempotent-Replayed" in success["headers"]
+
+
+def assert_unprotected(operation: dict[str, Any]) -> None:
+    assert key_parameter(operation) is None
+    assert "409" not in operation["responses"]
+    assert "422" not in operation["responses"]
+    for response in operation["responses"].values():
+        assert PROBLEM not in response.get("content", {})
+        assert "Idempotent-Replayed" not in response.get("headers", {})
+
+
+def test_mixin_view_with_a_required_key() -> None:
+    paths = schema()["paths"]
+    assert_protected(paths["/required/"]["post"], required=True)
+    assert_unprotected(paths["/required/"]["get"])  # safe methods pass straight through
+
+
+def test_mixin_view_with_an_optional_key_and_its_own_methods() -> None:
+    paths = schema()["paths"]
+    assert_protected(paths["/optional/"]["post"], required=False)
+    assert "missing" not in paths["/optional/"]["post"]["responses"]["400"]["description"]
+    assert_unprotected(paths["/optional/"]["patch"])  # idempotency_methods = ["POST"]
+
+
+def test_viewset_create_is_protected_and_list_is_not() -> None:
+    paths = schema()["paths"]
+    assert_protected(paths["/payments/"]["post"], required=True)
+    assert_unprotected(paths["/payments/"]["get"])
+
+
+def test_unprotected_view_is_left_alone() -> None:
+    assert_unprotected(schema()["paths"]["/plain/"]["post"])
+
+
+@pytest.mark.parametrize(("url", "required"), [("/outside/", True), ("/inside/", False)])
+def test_idempotent_api_view_functions(url: str, required: bool) -> None:
+    assert_protected(schema()["paths"][url]["post"], required=required)
+
+
+def test_extend_schema_keeps_both_its_responses_and_ours() -> None:
+    operation = schema()["paths"]["/annotated/"]["post"]
+    assert_protected(operation, required=True)
+    responses = operation["responses"]
+    assert responses["201"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Receipt"
+    }
+    # The view's own 400 (a validation error) and ours share the status, each its media type.
+    assert responses["400"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Payment"
+    }
+
+
+def test_the_mixin_docstring_does_not_describe_the_view() -> None:
+    assert "description" not in schema()["paths"]["/required/"]["post"]
+
+
+def test_problem_component() -> None:
+    component = schema()["components"]["schemas"]["IdempotencyProblem"]
+    assert set(component["required"]) == {"type", "title", "status", "detail"}
+
+
+@override_settings(IDEMPOTENCY={"REQUIRED": True, "HEADER": "X-Request-Key"})
+def test_settings_decide_required_and_header_name() -> None:
+    operation = schema()["paths"]["/optional/"]["post"]
+    assert key_parameter(operation) is None
+    (parameter,) = [p for p in operation["parameters"] if p["name"] == "X-Request-Key"]
+    assert parameter["required"] is True
+
+
+@override_settings(IDEMPOTENCY={"MISMATCH_STATUS": 400})
+def test_mismatch_status_400_shares_the_400_response() -> None:
+    operation = schema()["paths"]["/required/"]["post"]
+    assert_protected(operation, required=True, mismatch=400)
+    assert "422" not in operation["responses"]
+    assert "different request" in operation["responses"]["400"]["description"]
+
+
+@override_settings(IDEMPOTENCY={"ENABLED": False})
+def test_disabled_app_documents_nothing() -> None:
+    assert_unprotected(schema()["paths"]["/required/"]["post"])
