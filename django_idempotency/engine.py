@@ -71,7 +71,7 @@ def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
     delay = _FIRST_WAIT
     record: IdempotencyKey | None = None
     for _ in range(_CLAIM_ATTEMPTS):
-        claimed = store.claim(
+        found = store.claim(
             policy.alias,
             scope=attempt.scope,
             key_hash=attempt.key_hash,
@@ -81,24 +81,24 @@ def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
             ttl=policy.ttl,
             lock_timeout=policy.lock_timeout,
         )
-        if claimed is not None:
+        if found is None:
+            continue  # raced with another attempt's claim or release: claim again
+        if isinstance(found, store.Claimed):
             claim = Claim(
                 key=attempt.key,
                 scope=attempt.scope,
                 key_hash=attempt.key_hash,
-                pk=claimed.pk,
-                lock_token=claimed.lock_token,
-                attempt=claimed.attempt,
-                recovery_point=claimed.recovery_point,
-                recovery_data=claimed.recovery_data,
+                pk=found.pk,
+                lock_token=found.lock_token,
+                attempt=found.attempt,
+                recovery_point=found.recovery_point,
+                recovery_data=found.recovery_data,
                 alias=policy.alias,
                 lock_timeout=policy.lock_timeout,
             )
             _announce_claim(claim, attempt)
             return claim
-        record = store.load(policy.alias, attempt.scope, attempt.key_hash)
-        if record is None:
-            continue  # released between the two statements: claim again
+        record = found
         if record.request_hash != attempt.fingerprint:
             return _found("mismatch", record, attempt)
         if record.status != IdempotencyKey.Status.PROCESSING:

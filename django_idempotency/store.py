@@ -1,9 +1,10 @@
 """Every statement the app runs against its table, each one atomic on its own.
 
-The claim is a single upsert (``INSERT ... ON CONFLICT DO UPDATE ... WHERE``, which PostgreSQL
-and SQLite both speak): it inserts a new record, replaces an expired one, or takes over a stale
-``processing`` one with the same fingerprint, and returns nothing when the key is live. There is
-never a check-then-act window. Later writes of an attempt are fenced by its ``lock_token``.
+The claim inserts with ``INSERT ... ON CONFLICT DO NOTHING`` and reads the record in place in
+the same statement on PostgreSQL; an expired or stale record is taken over by an ``UPDATE``
+whose ``WHERE`` re-checks that it still is one. Every decision is made by one atomic statement,
+never by a check in Python followed by a write. Later writes of an attempt are fenced by its
+``lock_token``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, JSONField
+from django.db.models import Field
 from django.utils import timezone
 
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
@@ -45,6 +46,18 @@ _INSERT_COLUMNS = (
     "expires_at",
 )
 
+#: Set afresh by a takeover, from the new attempt's values.
+_TAKEOVER_FRESH = (
+    "method",
+    "path",
+    "request_hash",
+    "status",
+    "response_headers",
+    "lock_token",
+    "updated_at",
+    "unlock_at",
+)
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -57,50 +70,6 @@ class Claimed:
     recovery_data: Any
 
 
-def _claim_sql(connection: BaseDatabaseWrapper) -> str:
-    q = connection.ops.quote_name
-    table = q(IdempotencyKey._meta.db_table)
-    columns = ", ".join(q(name) for name in _INSERT_COLUMNS)
-    placeholders = ", ".join(["%s"] * len(_INSERT_COLUMNS))
-
-    def existing(name: str) -> str:
-        return f"{table}.{q(name)}"
-
-    expired = f"{existing('expires_at')} <= %s"
-
-    def fresh_or_kept(name: str, fresh: str) -> str:
-        return f"{q(name)} = CASE WHEN {expired} THEN {fresh} ELSE {existing(name)} END"
-
-    return (
-        f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "
-        f"ON CONFLICT ({q('scope')}, {q('key_hash')}) DO UPDATE SET "
-        f"{q('method')} = EXCLUDED.{q('method')}, "
-        f"{q('path')} = EXCLUDED.{q('path')}, "
-        f"{q('request_hash')} = EXCLUDED.{q('request_hash')}, "
-        f"{q('status')} = EXCLUDED.{q('status')}, "
-        f"{q('response_status')} = NULL, "
-        f"{q('response_headers')} = EXCLUDED.{q('response_headers')}, "
-        f"{q('response_body')} = NULL, "
-        f"{fresh_or_kept('recovery_point', 'EXCLUDED.' + q('recovery_point'))}, "
-        f"{fresh_or_kept('recovery_data', 'NULL')}, "
-        f"{q('lock_token')} = EXCLUDED.{q('lock_token')}, "
-        f"{q('attempt')} = CASE WHEN {expired} THEN 1 ELSE {existing('attempt')} + 1 END, "
-        f"{fresh_or_kept('created_at', 'EXCLUDED.' + q('created_at'))}, "
-        f"{q('updated_at')} = EXCLUDED.{q('updated_at')}, "
-        f"{q('unlock_at')} = EXCLUDED.{q('unlock_at')}, "
-        f"{fresh_or_kept('expires_at', 'EXCLUDED.' + q('expires_at'))} "
-        f"WHERE {expired} OR ({existing('status')} = %s AND {existing('unlock_at')} <= %s "
-        f"AND {existing('request_hash')} = EXCLUDED.{q('request_hash')}) "
-        f"RETURNING {q('id')}, {q('attempt')}, {q('recovery_point')}, {q('recovery_data')}"
-    )
-
-
-def _prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
-    field = IdempotencyKey._meta.get_field(name)
-    assert isinstance(field, Field)
-    return field.get_db_prep_save(value, connection)
-
-
 def claim(
     alias: str,
     *,
@@ -111,8 +80,14 @@ def claim(
     request_hash: str,
     ttl: timedelta,
     lock_timeout: timedelta,
-) -> Claimed | None:
-    """Claim the key in one statement; ``None`` when another attempt's record is live."""
+) -> Claimed | IdempotencyKey | None:
+    """Claim the key, or return the record that holds it.
+
+    A new key costs one statement and so does a live key's record (the replay's only one). An
+    expired record, or a stale ``processing`` one with the same fingerprint, is taken over by
+    one more, fenced ``UPDATE``. ``None`` means a concurrent attempt got there between our
+    statements (or released the record): claim again.
+    """
     connection = connections[alias]
     now = timezone.now()
     token = uuid.uuid4()
@@ -133,23 +108,122 @@ def claim(
         "expires_at": now + ttl,
     }
     params = [_prep(name, values[name], connection) for name in _INSERT_COLUMNS]
+    with _guard():
+        found = _insert_or_load(alias, params, scope, key_hash)
+        if found is None or found.lock_token == token:
+            return None if found is None else _claimed(found, token)
+        if not (found.is_expired or (found.is_stale and found.request_hash == request_hash)):
+            return found
+        return _take_over(alias, found.pk, params, now, request_hash, token)
+
+
+def _insert_or_load(
+    alias: str, params: list[Any], scope: str, key_hash: str
+) -> IdempotencyKey | None:
+    """Insert a new record, or read the one in place; ``None`` when neither is visible.
+
+    On PostgreSQL both happen in one statement: a data-modifying CTE inserts with
+    ``ON CONFLICT DO NOTHING`` (which writes nothing on a conflict, so a replay commits no
+    transaction and waits for no disk flush), and the outer ``SELECT`` reads the existing row.
+    Both see the statement's snapshot, so a row committed by a concurrent attempt after it began
+    is seen by neither: ``None``, and the caller claims again. Elsewhere (SQLite) it takes two.
+    """
+    connection = connections[alias]
+    q = connection.ops.quote_name
+    table = q(IdempotencyKey._meta.db_table)
+    columns = ", ".join(q(name) for name in _record_columns())
+    insert = (
+        f"INSERT INTO {table} ({', '.join(q(name) for name in _INSERT_COLUMNS)}) "
+        f"VALUES ({', '.join(['%s'] * len(_INSERT_COLUMNS))}) "
+        f"ON CONFLICT ({q('scope')}, {q('key_hash')}) DO NOTHING RETURNING {columns}"
+    )
+    select = f"SELECT {columns} FROM {table} WHERE {q('scope')} = %s AND {q('key_hash')} = %s"
+    if connection.vendor == "postgresql":
+        statement = f"WITH inserted AS ({insert}) SELECT * FROM inserted UNION ALL {select}"
+        return _first(alias, statement, [*params, scope, key_hash])
+    inserted = _first(alias, insert, params)
+    return inserted or _first(alias, select, [scope, key_hash])
+
+
+def _take_over(
+    alias: str, pk: int, params: list[Any], now: datetime, request_hash: str, token: uuid.UUID
+) -> Claimed | None:
+    """Make an expired or stale record this attempt's, if it still is one (else ``None``).
+
+    The ``WHERE`` repeats the test, so of concurrent attempts exactly one wins: PostgreSQL
+    re-checks it against the row a concurrent winner left, and SQLite runs writers one at a
+    time. An expired record starts afresh; a stale one keeps its recovery point, attempt + 1.
+    """
+    connection = connections[alias]
+    q = connection.ops.quote_name
+    fresh = dict(zip(_INSERT_COLUMNS, params, strict=True))
     db_now = _prep("updated_at", now, connection)
-    # Five "expired" tests in the CASEs and one in the WHERE; then its status and unlock_at.
-    params += [db_now] * 6 + [PROCESSING, db_now]
-    with _guard(), connection.cursor() as cursor:
-        cursor.execute(_claim_sql(connection), params)
+    expired = f"{q('expires_at')} <= %s"
+
+    def if_expired(name: str, then: str, then_params: list[Any]) -> tuple[str, list[Any]]:
+        sql = f"{q(name)} = CASE WHEN {expired} THEN {then} ELSE {q(name)} END"
+        return sql, [db_now, *then_params]
+
+    assignments = [
+        *((f"{q(name)} = %s", [fresh[name]]) for name in _TAKEOVER_FRESH),
+        (f"{q('response_status')} = NULL", []),
+        (f"{q('response_body')} = NULL", []),
+        if_expired("recovery_point", "%s", [fresh["recovery_point"]]),
+        if_expired("recovery_data", "NULL", []),
+        (f"{q('attempt')} = CASE WHEN {expired} THEN 1 ELSE {q('attempt')} + 1 END", [db_now]),
+        if_expired("created_at", "%s", [fresh["created_at"]]),
+        if_expired("expires_at", "%s", [fresh["expires_at"]]),
+    ]
+    statement = (
+        f"UPDATE {q(IdempotencyKey._meta.db_table)} "
+        f"SET {', '.join(sql for sql, _ in assignments)} "
+        f"WHERE {q('id')} = %s AND ({expired} OR ({q('status')} = %s "
+        f"AND {q('unlock_at')} <= %s AND {q('request_hash')} = %s)) "
+        f"RETURNING {', '.join(q(name) for name in _record_columns())}"
+    )
+    values = [value for _, assigned in assignments for value in assigned]
+    values += [pk, db_now, PROCESSING, db_now, request_hash]
+    record = _first(alias, statement, values)
+    return None if record is None else _claimed(record, token)
+
+
+def _record_columns() -> list[str]:
+    """Every column: the record read by a claim is replayed, or handed to signal receivers."""
+    return [field.column for field in IdempotencyKey._meta.concrete_fields if field.column]
+
+
+def _claimed(record: IdempotencyKey, token: uuid.UUID) -> Claimed:
+    return Claimed(record.pk, token, record.attempt, record.recovery_point, record.recovery_data)
+
+
+def _first(alias: str, sql: str, params: list[Any]) -> IdempotencyKey | None:
+    """The record a statement returns (all of :func:`_record_columns`), as the ORM loads it.
+
+    A cursor and the fields' converters (dates, UUIDs, JSON), not ``raw()``, whose per-call
+    column resolution costs as much as the statement on a replay.
+    """
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         return None
-    data_field = IdempotencyKey._meta.get_field("recovery_data")
-    assert isinstance(data_field, JSONField)
-    recovery_data = data_field.from_db_value(row[3], None, connection)  # type: ignore[arg-type]
-    return Claimed(row[0], token, row[1], row[2], recovery_data)
+    fields = IdempotencyKey._meta.concrete_fields
+    values = []
+    for field, value in zip(fields, row, strict=True):
+        expression = field.get_col(IdempotencyKey._meta.db_table)
+        for convert in connection.ops.get_db_converters(expression) + field.get_db_converters(
+            connection
+        ):
+            value = convert(value, expression, connection)
+        values.append(value)
+    return IdempotencyKey.from_db(alias, [field.attname for field in fields], values)
 
 
-def load(alias: str, scope: str, key_hash: str) -> IdempotencyKey | None:
-    with _guard():
-        return IdempotencyKey.objects.using(alias).filter(scope=scope, key_hash=key_hash).first()
+def _prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
+    field = IdempotencyKey._meta.get_field(name)
+    assert isinstance(field, Field)
+    return field.get_db_prep_save(value, connection)
 
 
 def peek_status(alias: str, scope: str, key_hash: str) -> tuple[str, datetime | None] | None:
@@ -165,33 +239,17 @@ def peek_status(alias: str, scope: str, key_hash: str) -> tuple[str, datetime | 
 
 def store_response(alias: str, pk: int, token: uuid.UUID, stored: StoredResponse) -> bool:
     """Store the final response; ``False`` when the lock was lost (the result is refused)."""
-    status = COMPLETED if stored.status < 400 else FAILED
-    return bool(
-        IdempotencyKey.objects.using(alias)
-        .filter(pk=pk, lock_token=token, status=PROCESSING)
-        .update(
-            status=status,
-            response_status=stored.status,
-            response_headers=stored.headers,
-            response_body=stored.body,
-            unlock_at=None,
-            updated_at=timezone.now(),
-        )
+    return _fenced_update(
+        alias,
+        pk,
+        token,
+        status=COMPLETED if stored.status < 400 else FAILED,
+        response_status=stored.status,
+        response_headers=stored.headers,
+        response_body=stored.body,
+        unlock_at=None,
+        updated_at=timezone.now(),
     )
-
-
-def release(alias: str, pk: int, token: uuid.UUID) -> bool:
-    """Delete the attempt's record so a retry claims afresh; ``False`` if the lock was lost."""
-    connection = connections[alias]
-    q = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        # Plain SQL: a queryset delete() may first SELECT the rows to send delete signals.
-        cursor.execute(
-            f"DELETE FROM {q(IdempotencyKey._meta.db_table)} "
-            f"WHERE {q('id')} = %s AND {q('lock_token')} = %s AND {q('status')} = %s",
-            [pk, _prep("lock_token", token, connection), PROCESSING],
-        )
-        return bool(cursor.rowcount)
 
 
 def save_recovery_point(
@@ -199,13 +257,43 @@ def save_recovery_point(
 ) -> bool:
     """Record progress and renew the lock: an attempt that makes progress is alive."""
     now = timezone.now()
-    return bool(
-        IdempotencyKey.objects.using(alias)
-        .filter(pk=pk, lock_token=token, status=PROCESSING)
-        .update(
-            recovery_point=name, recovery_data=data, unlock_at=now + lock_timeout, updated_at=now
-        )
+    return _fenced_update(
+        alias,
+        pk,
+        token,
+        recovery_point=name,
+        recovery_data=data,
+        unlock_at=now + lock_timeout,
+        updated_at=now,
     )
+
+
+def release(alias: str, pk: int, token: uuid.UUID) -> bool:
+    """Delete the attempt's record so a retry claims afresh; ``False`` if the lock was lost."""
+    return _fenced(alias, "DELETE FROM {table}", [], pk, token)
+
+
+def _fenced_update(alias: str, pk: int, token: uuid.UUID, **changes: Any) -> bool:
+    connection = connections[alias]
+    q = connection.ops.quote_name
+    sets = ", ".join(f"{q(name)} = %s" for name in changes)
+    values = [_prep(name, value, connection) for name, value in changes.items()]
+    return _fenced(alias, f"UPDATE {{table}} SET {sets}", values, pk, token)
+
+
+def _fenced(alias: str, statement: str, params: list[Any], pk: int, token: uuid.UUID) -> bool:
+    """Run a write on the attempt's own record only: its lock token, still ``processing``.
+
+    Plain SQL: a queryset's ``update()`` and ``delete()`` compile on every call, and
+    ``delete()`` may first ``SELECT`` the rows to send signals.
+    """
+    connection = connections[alias]
+    q = connection.ops.quote_name
+    sql = statement.format(table=q(IdempotencyKey._meta.db_table))
+    sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s AND {q('status')} = %s"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, pk, _prep("lock_token", token, connection), PROCESSING])
+        return bool(cursor.rowcount)
 
 
 def limit_lock_wait(alias: str, timeout: timedelta) -> None:

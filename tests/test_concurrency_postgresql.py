@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
+from tests.factories import IdempotencyKeyFactory
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
 
@@ -130,3 +131,16 @@ def test_stale_record_is_taken_over_by_exactly_one_retry() -> None:
     record = IdempotencyKey.objects.get()
     assert (record.status, record.attempt) == (IdempotencyKey.Status.COMPLETED, 2)
     assert [executions(f"step-{step}") for step in ("reserve", "charge", "ship")] == [1, 1, 1]
+
+
+def test_expired_record_is_replaced_by_exactly_one_of_twenty() -> None:
+    """The takeover's fenced UPDATE, not the read before it, decides who owns the key."""
+    key = str(uuid.uuid4())
+    IdempotencyKeyFactory(key=key, completed=True, expires_at=timezone.now())
+    responses = storm(20, "/create/?sleep=0.3", key)
+    counts = Counter(outcome(response) for response in responses)
+    assert executions("create") == 1
+    assert counts["executed"] == 1
+    assert counts["executed"] + counts["replay"] + counts["409"] == 20
+    record = IdempotencyKey.objects.get()
+    assert (record.status, record.attempt) == (IdempotencyKey.Status.COMPLETED, 1)

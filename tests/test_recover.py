@@ -183,7 +183,7 @@ def take_over(record: IdempotencyKey) -> None:
         ttl=timedelta(hours=1),
         lock_timeout=timedelta(minutes=1),
     )
-    assert claimed is not None and claimed.attempt == 2
+    assert isinstance(claimed, store.Claimed) and claimed.attempt == 2
 
 
 @pytest.mark.parametrize("act", [maintenance.release, maintenance.mark_failed])
