@@ -123,7 +123,7 @@ def claim_stream(count: int | None, stop: Any, results: Any) -> None:
             lock_timeout=timedelta(minutes=1),
         )
         latencies.append(time.perf_counter() - started)
-        assert claimed is not None
+        assert isinstance(claimed, store.Claimed)
     connections.close_all()
     results.put(latencies)
 

@@ -9,7 +9,8 @@ the script
 1. prints the SQL statements each path runs, and how many it adds to the bare view;
 2. measures the latency of bare requests, first executions and replays, interleaved in random
    order in every round so the machine's noise falls on all of them alike, and prints medians
-   and their ratios;
+   and their ratios; with them, a view that answers a constant without touching the database
+   ("django only": Django's request handling alone, the floor under any replay);
 3. serves the same views under gunicorn (4 sync workers) and prints the requests per second a
    concurrent client (httpx) gets from each.
 
@@ -45,7 +46,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 BODY = b'{"amount": 4200, "currency": "usd", "description": "benchmark"}'
-PATHS = {"bare": "/bare/", "two-phase": "/two-phase/", "atomic": "/atomic/"}
+PATHS = {
+    "bare": "/bare/",
+    "two-phase": "/two-phase/",
+    "atomic": "/atomic/",
+    "django only": "/django-only/",
+}
 
 
 def main() -> None:
@@ -246,7 +252,14 @@ def baseline(samples: int = 500) -> None:
 
 
 def latency(rounds: int) -> None:
-    operations = ["bare", "two-phase first", "atomic first", "two-phase replay", "atomic replay"]
+    operations = [
+        "bare",
+        "two-phase first",
+        "atomic first",
+        "two-phase replay",
+        "atomic replay",
+        "django only",
+    ]
     samples: dict[str, list[float]] = {name: [] for name in operations}
     clock = time.perf_counter_ns
 
@@ -262,6 +275,7 @@ def latency(rounds: int) -> None:
         keys = {"two-phase": str(uuid.uuid4()), "atomic": str(uuid.uuid4())}
         firsts = [
             ("bare", PATHS["bare"], None),
+            ("django only", PATHS["django only"], None),
             ("two-phase first", PATHS["two-phase"], keys["two-phase"]),
             ("atomic first", PATHS["atomic"], keys["atomic"]),
         ]
@@ -346,7 +360,7 @@ def throughput(args: argparse.Namespace, bench_url: str) -> None:
     bare = statistics.median(results["bare"])
     for name, values in results.items():
         rps = statistics.median(values)
-        label = name if name == "bare" else f"{name} (first executions)"
+        label = f"{name} (first executions)" if name in ("two-phase", "atomic") else name
         print(f"{label:<28} {rps:>8.0f} requests/s  ({rps / bare:.2f} of bare)")
     print()
 

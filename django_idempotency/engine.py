@@ -65,8 +65,23 @@ class Found:
 def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
     """Claim the key, or say why not; waits (by yielding) when the policy is ``"wait"``.
 
-    Raises :class:`~.exceptions.StoreUnavailable` and :class:`~.exceptions.LockWaitTimeout`.
+    In atomic mode the claim may wait on a concurrent attempt's uncommitted row, for at most
+    ``wait_timeout``; that limit is lifted again before any code of the caller's runs in the
+    same transaction: the view or function that now owns the key, or, when the atomic block is
+    a savepoint, the rest of the caller's transaction. (Otherwise the transaction ends at once,
+    which lifts it for free.) Raises :class:`~.exceptions.StoreUnavailable` and
+    :class:`~.exceptions.LockWaitTimeout`.
     """
+    if not policy.atomic:
+        return (yield from _claim(attempt, policy))
+    previous = store.limit_lock_wait(policy.alias, policy.wait_timeout)
+    outcome = yield from _claim(attempt, policy)
+    if isinstance(outcome, Claim) or store.in_nested_transaction(policy.alias):
+        store.restore_lock_wait(policy.alias, previous)
+    return outcome
+
+
+def _claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
     deadline = time.monotonic() + policy.wait_timeout.total_seconds()
     delay = _FIRST_WAIT
     record: IdempotencyKey | None = None

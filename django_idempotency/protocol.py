@@ -12,7 +12,7 @@ from typing import Any
 from django.db import DatabaseError, connections, transaction
 from django.http import HttpRequest, HttpResponseBase
 
-from django_idempotency import engine, problems, responses, store
+from django_idempotency import engine, problems, responses
 from django_idempotency.claim import Claim
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
@@ -138,7 +138,6 @@ def in_transaction(policy: Policy, call: Callable[[], HttpResponseBase]) -> Http
     try:
         _ensure_connection(policy.alias)
         with transaction.atomic(using=policy.alias):
-            store.limit_lock_wait(policy.alias, policy.wait_timeout)
             return call()
     except StoreUnavailable:
         logger.exception("Idempotency store %r unavailable; the view was not run.", policy.alias)

@@ -296,13 +296,38 @@ def _fenced(alias: str, statement: str, params: list[Any], pk: int, token: uuid.
         return bool(cursor.rowcount)
 
 
-def limit_lock_wait(alias: str, timeout: timedelta) -> None:
-    """Bound how long the claim waits for another transaction's uncommitted row (atomic mode)."""
+def limit_lock_wait(alias: str, timeout: timedelta) -> str | None:
+    """Bound how long the claim waits for another transaction's uncommitted row (atomic mode).
+
+    Returns the ``lock_timeout`` it replaced, for :func:`restore_lock_wait` (``None`` where
+    there is nothing to restore: SQLite). The ``OFFSET 0`` subquery is read before the outer
+    ``set_config`` runs, so the old value is read before it is replaced, in one round trip.
+    """
     connection = connections[alias]
-    if connection.vendor == "postgresql":
-        with _guard(), connection.cursor() as cursor:
-            milliseconds = max(1, int(timeout.total_seconds() * 1000))
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{milliseconds}ms"])
+    if connection.vendor != "postgresql":
+        return None
+    milliseconds = max(1, int(timeout.total_seconds() * 1000))
+    with _guard(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT before.previous, set_config('lock_timeout', %s, true) "
+            "FROM (SELECT current_setting('lock_timeout') AS previous OFFSET 0) AS before",
+            [f"{milliseconds}ms"],
+        )
+        row = cursor.fetchone()
+    return str(row[0]) if row else None
+
+
+def restore_lock_wait(alias: str, previous: str | None) -> None:
+    """Put back what :func:`limit_lock_wait` replaced, before the caller's own code runs."""
+    if previous is None:
+        return
+    with _guard(), connections[alias].cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+
+
+def in_nested_transaction(alias: str) -> bool:
+    """Whether the innermost atomic block is a savepoint inside a caller's transaction."""
+    return len(connections[alias].atomic_blocks) > 1
 
 
 @contextmanager

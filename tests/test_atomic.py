@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 from django.http import HttpRequest, HttpResponse
 
 from django_idempotency.decorators import idempotent
@@ -78,3 +79,21 @@ def test_atomic_needs_a_sync_view() -> None:
 def test_bad_options_fail_at_decoration(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ImproperlyConfigured, match=message):
         idempotent(**options)
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("outer", ["0", "7s"])
+def test_the_claims_lock_wait_limit_never_leaks(post: Post, key: str, outer: str) -> None:
+    """The claim waits at most wait_timeout; the view, and the caller's transaction, keep theirs.
+
+    The test's own transaction stands for a caller's (ATOMIC_REQUESTS, a consumer's batch):
+    atomic mode's block is a savepoint inside it.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [outer])
+        first = post("/atomic-lock-timeout/", key=key)
+        assert (first.status_code, first.json()) == (201, {"lock_timeout": outer})
+        replay = post("/atomic-lock-timeout/", key=key)
+        assert replay["Idempotent-Replayed"] == "true"
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone() == (outer,)

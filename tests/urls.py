@@ -21,6 +21,7 @@ urlpatterns = [
     path("short-lock/", views.short_lock),
     path("wait/", views.wait),
     path("atomic/", views.atomic),
+    path("atomic-lock-timeout/", views.atomic_lock_timeout),
     path("wait-short/", views.wait_short),
     path("atomic-short-wait/", views.atomic_short_wait),
     path("atomic-status/<int:code>/", views.atomic_status),

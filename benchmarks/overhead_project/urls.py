@@ -8,4 +8,5 @@ urlpatterns = [
     path("bare/", views.bare),
     path("two-phase/", views.two_phase),
     path("atomic/", views.atomic),
+    path("django-only/", views.django_only),
 ]

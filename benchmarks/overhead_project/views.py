@@ -32,6 +32,11 @@ def create_charge(request: HttpRequest) -> HttpResponse:
     )
 
 
+def django_only(request: HttpRequest) -> HttpResponse:
+    """A constant answer: what Django's request handling costs alone, a floor for a replay."""
+    return JsonResponse({"id": 0}, status=201)
+
+
 bare = create_charge
 two_phase = idempotent(required=True)(create_charge)
 atomic = idempotent(required=True, atomic=True)(create_charge)

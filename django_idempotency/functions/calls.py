@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connections, transaction
 
-from django_idempotency import engine, store
+from django_idempotency import engine
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import (
     IdempotencyError,
@@ -223,15 +223,12 @@ def begin(attempt: engine.Attempt, spec: Spec, policy: Policy) -> engine.Steps[C
     Raises :class:`IdempotencyInProgress`, :class:`IdempotencyKeyMismatch`,
     :class:`IdempotencyFailed` and :class:`~django_idempotency.exceptions.StoreUnavailable`.
     """
-    previous = _limit_lock_wait(policy) if policy.atomic else None
     try:
         outcome = yield from engine.acquire(attempt, policy)
     except LockWaitTimeout as exc:
         if policy.atomic:
             raise  # the transaction is broken: in_transaction() translates it outside
         raise IdempotencyInProgress(_in_progress_message(spec, attempt)) from exc
-    if previous is not None:
-        _restore_lock_wait(policy.alias, previous)
     if isinstance(outcome, Claim):
         return outcome
     record = outcome.record
@@ -311,24 +308,3 @@ def in_transaction(policy: Policy, call: Callable[[], T]) -> T:
             f"Waited {policy.wait_timeout.total_seconds():g}s for another call's uncommitted "
             "claim of the same key; retry later."
         ) from exc
-
-
-def _limit_lock_wait(policy: Policy) -> str | None:
-    """Bound the claim's wait on an uncommitted row; return the setting to restore after it.
-
-    Restored so the limit never leaks into the function, or into a caller's transaction that
-    outlives the savepoint.
-    """
-    connection = connections[policy.alias]
-    if connection.vendor != "postgresql":
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('lock_timeout')")
-        row = cursor.fetchone()
-    store.limit_lock_wait(policy.alias, policy.wait_timeout)
-    return str(row[0]) if row else None
-
-
-def _restore_lock_wait(alias: str, previous: str) -> None:
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 
+from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -102,6 +103,15 @@ def atomic(request: HttpRequest) -> HttpResponse:
     if request.GET.get("fail"):
         raise RuntimeError("rolled back")
     return JsonResponse({"id": execution.pk}, status=201)
+
+
+@idempotent(atomic=True, wait_timeout=5)
+def atomic_lock_timeout(request: HttpRequest) -> HttpResponse:
+    """Reports the lock_timeout the view runs with: the claim's wait limit must not leak."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        (value,) = cursor.fetchone()
+    return JsonResponse({"lock_timeout": value}, status=201)
 
 
 @idempotent(atomic=True)

@@ -1,0 +1,68 @@
+"""The benchmark scripts still run, at toy sizes, so their figures can be reproduced.
+
+They are not timed here (speed goals live in the scripts' own output): a script that breaks
+when the code under it changes fails this test instead of the next person who runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.postgresql
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*command: str) -> str:
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_overhead_benchmark_runs() -> None:
+    output = run(
+        "benchmarks/overhead.py",
+        "--server",
+        os.environ["DATABASE_URL"],
+        "--database",
+        f"bench_overhead_smoke_{os.getpid()}",
+        "--rounds",
+        "3",
+        "--no-gunicorn",
+    )
+    assert "two-phase, replay: 1 statements" in output
+    assert "goal two-phase first / bare <= 1.5:" in output
+
+
+def test_cleanup_benchmark_runs() -> None:
+    output = run(
+        "benchmarks/cleanup.py",
+        "--url",
+        os.environ["DATABASE_URL"],
+        "--name",
+        f"bench_cleanup_smoke_{os.getpid()}",
+        "--rows",
+        "2000",
+        "--small",
+        "200",
+        "--rounds",
+        "1",
+        "--claims",
+        "20",
+    )
+    assert "expired rows left: 0" in output
+    assert "cleanup rows per second:" in output
