@@ -22,8 +22,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_idempotency import problems
+from django_idempotency import problems, store
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.responses import StoredResponse
 from django_idempotency.store import _prep
 
 logger = logging.getLogger("django_idempotency")
@@ -57,16 +58,9 @@ def release(alias: str, record: IdempotencyKey) -> bool:
 
     ``False`` when the record is gone, was taken over, or its lock was renewed meanwhile.
     """
-    connection = connections[alias]
-    q = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        # Plain SQL, as in store.release: a queryset delete() may SELECT first for signals,
-        # which would lose the fence between the two statements.
-        cursor.execute(
-            f"DELETE FROM {q(IdempotencyKey._meta.db_table)} WHERE {_fence_sql(alias)}",
-            _fence_params(alias, record),
-        )
-        released = bool(cursor.rowcount)
+    released = record.lock_token is not None and store.release(
+        alias, record.pk, record.lock_token, stale_at=timezone.now()
+    )
     if released:
         logger.warning(
             "Released stale idempotency record %s (scope %r, key %s).",
@@ -77,10 +71,12 @@ def release(alias: str, record: IdempotencyKey) -> bool:
     return released
 
 
-def abandoned_response() -> tuple[int, list[list[str]], bytes]:
-    """Status, headers and body stored by :func:`mark_failed`."""
+def _abandoned_response() -> StoredResponse:
+    """What :func:`mark_failed` stores."""
     response = problems.request_abandoned()
-    return response.status_code, [["Content-Type", problems.CONTENT_TYPE]], response.content
+    return StoredResponse(
+        response.status_code, [["Content-Type", problems.CONTENT_TYPE]], response.content
+    )
 
 
 def mark_failed(alias: str, record: IdempotencyKey) -> bool:
@@ -88,26 +84,9 @@ def mark_failed(alias: str, record: IdempotencyKey) -> bool:
 
     ``False`` when the record is gone, was taken over, or its lock was renewed meanwhile.
     """
-    connection = connections[alias]
-    q = connection.ops.quote_name
-    status, headers, body = abandoned_response()
-    sets = {
-        "status": FAILED,
-        "response_status": status,
-        "response_headers": headers,
-        "response_body": body,
-        "unlock_at": None,
-        "updated_at": timezone.now(),
-    }
-    assignments = ", ".join(f"{q(name)} = %s" for name in sets)
-    params = [_prep(name, value, connection) for name, value in sets.items()]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {q(IdempotencyKey._meta.db_table)} SET {assignments} "
-            f"WHERE {_fence_sql(alias)}",
-            params + _fence_params(alias, record),
-        )
-        failed = bool(cursor.rowcount)
+    failed = record.lock_token is not None and store.store_response(
+        alias, record.pk, record.lock_token, _abandoned_response(), stale_at=timezone.now()
+    )
     if failed:
         logger.warning(
             "Marked stale idempotency record %s as failed (scope %r, key %s).",
@@ -116,24 +95,6 @@ def mark_failed(alias: str, record: IdempotencyKey) -> bool:
             record.key_hash[:12],
         )
     return failed
-
-
-def _fence_sql(alias: str) -> str:
-    q = connections[alias].ops.quote_name
-    return (
-        f"{q('id')} = %s AND {q('lock_token')} = %s AND {q('status')} = %s "
-        f"AND {q('unlock_at')} <= %s"
-    )
-
-
-def _fence_params(alias: str, record: IdempotencyKey) -> list[Any]:
-    connection = connections[alias]
-    return [
-        record.pk,
-        _prep("lock_token", record.lock_token, connection),
-        PROCESSING,
-        _prep("unlock_at", timezone.now(), connection),
-    ]
 
 
 @dataclass(frozen=True)

@@ -237,12 +237,24 @@ def peek_status(alias: str, scope: str, key_hash: str) -> tuple[str, datetime | 
         )
 
 
-def store_response(alias: str, pk: int, token: uuid.UUID, stored: StoredResponse) -> bool:
-    """Store the final response; ``False`` when the lock was lost (the result is refused)."""
+def store_response(
+    alias: str,
+    pk: int,
+    token: uuid.UUID,
+    stored: StoredResponse,
+    *,
+    stale_at: datetime | None = None,
+) -> bool:
+    """Store the final response; ``False`` when the lock was lost (the result is refused).
+
+    With ``stale_at`` (an operator failing a stuck record) only while the lock is still
+    expired at that time.
+    """
     return _fenced_update(
         alias,
         pk,
         token,
+        stale_at,
         status=COMPLETED if stored.status < 400 else FAILED,
         response_status=stored.status,
         response_headers=stored.headers,
@@ -261,6 +273,7 @@ def save_recovery_point(
         alias,
         pk,
         token,
+        None,
         recovery_point=name,
         recovery_data=data,
         unlock_at=now + lock_timeout,
@@ -268,31 +281,49 @@ def save_recovery_point(
     )
 
 
-def release(alias: str, pk: int, token: uuid.UUID) -> bool:
-    """Delete the attempt's record so a retry claims afresh; ``False`` if the lock was lost."""
-    return _fenced(alias, "DELETE FROM {table}", [], pk, token)
+def release(alias: str, pk: int, token: uuid.UUID, *, stale_at: datetime | None = None) -> bool:
+    """Delete the attempt's record so a retry claims afresh; ``False`` if the lock was lost.
+
+    With ``stale_at`` (an operator releasing a stuck record) only while the lock is still
+    expired at that time.
+    """
+    return _fenced(alias, "DELETE FROM {table}", [], pk, token, stale_at)
 
 
-def _fenced_update(alias: str, pk: int, token: uuid.UUID, **changes: Any) -> bool:
+def _fenced_update(
+    alias: str, pk: int, token: uuid.UUID, stale_at: datetime | None, **changes: Any
+) -> bool:
     connection = connections[alias]
     q = connection.ops.quote_name
     sets = ", ".join(f"{q(name)} = %s" for name in changes)
     values = [_prep(name, value, connection) for name, value in changes.items()]
-    return _fenced(alias, f"UPDATE {{table}} SET {sets}", values, pk, token)
+    return _fenced(alias, f"UPDATE {{table}} SET {sets}", values, pk, token, stale_at)
 
 
-def _fenced(alias: str, statement: str, params: list[Any], pk: int, token: uuid.UUID) -> bool:
+def _fenced(
+    alias: str,
+    statement: str,
+    params: list[Any],
+    pk: int,
+    token: uuid.UUID,
+    stale_at: datetime | None,
+) -> bool:
     """Run a write on the attempt's own record only: its lock token, still ``processing``.
 
     Plain SQL: a queryset's ``update()`` and ``delete()`` compile on every call, and
-    ``delete()`` may first ``SELECT`` the rows to send signals.
+    ``delete()`` may first ``SELECT`` the rows to send signals, which would lose the fence
+    between the two statements.
     """
     connection = connections[alias]
     q = connection.ops.quote_name
     sql = statement.format(table=q(IdempotencyKey._meta.db_table))
     sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s AND {q('status')} = %s"
+    params = [*params, pk, _prep("lock_token", token, connection), PROCESSING]
+    if stale_at is not None:
+        sql += f" AND {q('unlock_at')} <= %s"
+        params.append(_prep("unlock_at", stale_at, connection))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, pk, _prep("lock_token", token, connection), PROCESSING])
+        cursor.execute(sql, params)
         return bool(cursor.rowcount)
 
 

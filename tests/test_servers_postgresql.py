@@ -167,41 +167,34 @@ def report_storm(name: str, counts: Counter[str]) -> None:
     )
 
 
-def test_storm_on_gunicorn_executes_once(wsgi: harness.Server) -> None:
+def assert_storm_executes_once(server: harness.Server, path: str, label: str) -> list[Any]:
+    """50 identical requests at once: one execution; the rest replay it or answer 409."""
+    name = path.strip("/")
     key = str(uuid.uuid4())
-    responses = storm(50, wsgi, "/slow/", lambda _: key, **{"X-Sleep": "0.5"})
+    responses = storm(50, server, path, lambda _: key, **{"X-Sleep": "0.5"})
     counts = Counter(outcome(response) for response in responses)
-    report_storm("gunicorn, 4 sync workers, 50 identical", counts)
-    assert executions("slow") == 1
+    report_storm(label, counts)
+    assert executions(name) == 1
     assert counts["executed"] == 1
     assert counts["replay"] + counts["409"] == 49
     executed = next(r for r in responses if outcome(r) == "executed")
     for response in responses:
         if outcome(response) == "replay":
             assert_replay_of(response, executed)
+    for response in storm(10, server, path, lambda _: key):
+        assert_replay_of(response, executed)
+    assert executions(name) == 1
+    return responses
+
+
+def test_storm_on_gunicorn_executes_once(wsgi: harness.Server) -> None:
+    responses = assert_storm_executes_once(wsgi, "/slow/", "gunicorn, 4 sync workers, 50 identical")
     # Several worker processes answered, not one.
     assert len({r.headers["X-Worker-Pid"] for r in responses}) > 1
-    later = storm(10, wsgi, "/slow/", lambda _: key)
-    for response in later:
-        assert_replay_of(response, executed)
-    assert executions("slow") == 1
 
 
 def test_storm_on_uvicorn_with_an_async_view_executes_once(asgi: harness.Server) -> None:
-    key = str(uuid.uuid4())
-    responses = storm(50, asgi, "/async-slow/", lambda _: key, **{"X-Sleep": "0.5"})
-    counts = Counter(outcome(response) for response in responses)
-    report_storm("uvicorn, async view, 50 identical", counts)
-    assert executions("async-slow") == 1
-    assert counts["executed"] == 1
-    assert counts["replay"] + counts["409"] == 49
-    executed = next(r for r in responses if outcome(r) == "executed")
-    for response in responses:
-        if outcome(response) == "replay":
-            assert_replay_of(response, executed)
-    for response in storm(10, asgi, "/async-slow/", lambda _: key):
-        assert_replay_of(response, executed)
-    assert executions("async-slow") == 1
+    assert_storm_executes_once(asgi, "/async-slow/", "uvicorn, async view, 50 identical")
 
 
 # 2. No false conflicts ---------------------------------------------------------------------
