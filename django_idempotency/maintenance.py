@@ -62,12 +62,7 @@ def release(alias: str, record: IdempotencyKey) -> bool:
         alias, record.pk, record.lock_token, stale_at=timezone.now()
     )
     if released:
-        logger.warning(
-            "Released stale idempotency record %s (scope %r, key %s).",
-            record.pk,
-            record.scope,
-            record.key_hash[:12],
-        )
+        _log_resolved("Released", record)
     return released
 
 
@@ -88,13 +83,18 @@ def mark_failed(alias: str, record: IdempotencyKey) -> bool:
         alias, record.pk, record.lock_token, _abandoned_response(), stale_at=timezone.now()
     )
     if failed:
-        logger.warning(
-            "Marked stale idempotency record %s as failed (scope %r, key %s).",
-            record.pk,
-            record.scope,
-            record.key_hash[:12],
-        )
+        _log_resolved("Marked as failed", record)
     return failed
+
+
+def _log_resolved(action: str, record: IdempotencyKey) -> None:
+    logger.warning(
+        "%s stale idempotency record %s (scope %r, key %s).",
+        action,
+        record.pk,
+        record.scope,
+        record.key_hash[:12],
+    )
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -57,6 +58,12 @@ _TAKEOVER_FRESH = (
     "updated_at",
     "unlock_at",
 )
+
+
+#: Every field, in table order: the record a claim reads is replayed or handed to signals.
+_FIELDS = [field for field in IdempotencyKey._meta.concrete_fields if field.column]
+_ATTNAMES = [field.attname for field in _FIELDS]
+_COLUMNS = [field.column for field in _FIELDS if field.column]
 
 
 @dataclass(frozen=True)
@@ -110,11 +117,13 @@ def claim(
     params = [_prep(name, values[name], connection) for name in _INSERT_COLUMNS]
     with _guard():
         found = _insert_or_load(alias, params, scope, key_hash)
-        if found is None or found.lock_token == token:
-            return None if found is None else _claimed(found, token)
-        if not (found.is_expired or (found.is_stale and found.request_hash == request_hash)):
-            return found
-        return _take_over(alias, found.pk, params, now, request_hash, token)
+        if found is None:
+            return None
+        if found.lock_token == token:  # our fresh token: the row is the one we inserted
+            return _claimed(found, token)
+        if found.is_expired or (found.is_stale and found.request_hash == request_hash):
+            return _take_over(alias, found.pk, params, now, request_hash, token)
+        return found
 
 
 def _insert_or_load(
@@ -129,20 +138,11 @@ def _insert_or_load(
     is seen by neither: ``None``, and the caller claims again. Elsewhere (SQLite) it takes two.
     """
     connection = connections[alias]
-    q = connection.ops.quote_name
-    table = q(IdempotencyKey._meta.db_table)
-    columns = ", ".join(q(name) for name in _record_columns())
-    insert = (
-        f"INSERT INTO {table} ({', '.join(q(name) for name in _INSERT_COLUMNS)}) "
-        f"VALUES ({', '.join(['%s'] * len(_INSERT_COLUMNS))}) "
-        f"ON CONFLICT ({q('scope')}, {q('key_hash')}) DO NOTHING RETURNING {columns}"
-    )
-    select = f"SELECT {columns} FROM {table} WHERE {q('scope')} = %s AND {q('key_hash')} = %s"
+    sql = _sql(connection)
     if connection.vendor == "postgresql":
-        statement = f"WITH inserted AS ({insert}) SELECT * FROM inserted UNION ALL {select}"
-        return _first(alias, statement, [*params, scope, key_hash])
-    inserted = _first(alias, insert, params)
-    return inserted or _first(alias, select, [scope, key_hash])
+        return _first(alias, sql.insert_or_select, [*params, scope, key_hash])
+    inserted = _first(alias, sql.insert, params)
+    return inserted or _first(alias, sql.select, [scope, key_hash])
 
 
 def _take_over(
@@ -155,41 +155,91 @@ def _take_over(
     time. An expired record starts afresh; a stale one keeps its recovery point, attempt + 1.
     """
     connection = connections[alias]
-    q = connection.ops.quote_name
     fresh = dict(zip(_INSERT_COLUMNS, params, strict=True))
     db_now = _prep("updated_at", now, connection)
-    expired = f"{q('expires_at')} <= %s"
-
-    def if_expired(name: str, then: str, then_params: list[Any]) -> tuple[str, list[Any]]:
-        sql = f"{q(name)} = CASE WHEN {expired} THEN {then} ELSE {q(name)} END"
-        return sql, [db_now, *then_params]
-
-    assignments = [
-        *((f"{q(name)} = %s", [fresh[name]]) for name in _TAKEOVER_FRESH),
-        (f"{q('response_status')} = NULL", []),
-        (f"{q('response_body')} = NULL", []),
-        if_expired("recovery_point", "%s", [fresh["recovery_point"]]),
-        if_expired("recovery_data", "NULL", []),
-        (f"{q('attempt')} = CASE WHEN {expired} THEN 1 ELSE {q('attempt')} + 1 END", [db_now]),
-        if_expired("created_at", "%s", [fresh["created_at"]]),
-        if_expired("expires_at", "%s", [fresh["expires_at"]]),
-    ]
-    statement = (
-        f"UPDATE {q(IdempotencyKey._meta.db_table)} "
-        f"SET {', '.join(sql for sql, _ in assignments)} "
-        f"WHERE {q('id')} = %s AND ({expired} OR ({q('status')} = %s "
-        f"AND {q('unlock_at')} <= %s AND {q('request_hash')} = %s)) "
-        f"RETURNING {', '.join(q(name) for name in _record_columns())}"
-    )
-    values = [value for _, assigned in assignments for value in assigned]
+    # In the order of the placeholders of _Sql.take_over.
+    values = [fresh[name] for name in _TAKEOVER_FRESH]
+    values += [db_now, fresh["recovery_point"], db_now, db_now]
+    values += [db_now, fresh["created_at"], db_now, fresh["expires_at"]]
     values += [pk, db_now, PROCESSING, db_now, request_hash]
-    record = _first(alias, statement, values)
+    record = _first(alias, _sql(connection).take_over, values)
     return None if record is None else _claimed(record, token)
 
 
-def _record_columns() -> list[str]:
-    """Every column: the record read by a claim is replayed, or handed to signal receivers."""
-    return [field.column for field in IdempotencyKey._meta.concrete_fields if field.column]
+@dataclass(frozen=True)
+class _Sql:
+    """The claim's statements for one database vendor, built once rather than per request."""
+
+    insert: str
+    select: str
+    insert_or_select: str
+    take_over: str
+
+    @classmethod
+    def build(cls, connection: BaseDatabaseWrapper) -> _Sql:
+        q = connection.ops.quote_name
+        table = q(IdempotencyKey._meta.db_table)
+        columns = ", ".join(q(column) for column in _COLUMNS)
+        insert = (
+            f"INSERT INTO {table} ({', '.join(q(name) for name in _INSERT_COLUMNS)}) "
+            f"VALUES ({', '.join(['%s'] * len(_INSERT_COLUMNS))}) "
+            f"ON CONFLICT ({q('scope')}, {q('key_hash')}) DO NOTHING RETURNING {columns}"
+        )
+        select = f"SELECT {columns} FROM {table} WHERE {q('scope')} = %s AND {q('key_hash')} = %s"
+        expired = f"{q('expires_at')} <= %s"
+
+        def if_expired(name: str, then: str, otherwise: str = "") -> str:
+            otherwise = otherwise or q(name)
+            return f"{q(name)} = CASE WHEN {expired} THEN {then} ELSE {otherwise} END"
+
+        assignments = [
+            *(f"{q(name)} = %s" for name in _TAKEOVER_FRESH),
+            f"{q('response_status')} = NULL",
+            f"{q('response_body')} = NULL",
+            if_expired("recovery_point", "%s"),
+            if_expired("recovery_data", "NULL"),
+            if_expired("attempt", "1", f"{q('attempt')} + 1"),
+            if_expired("created_at", "%s"),
+            if_expired("expires_at", "%s"),
+        ]
+        take_over = (
+            f"UPDATE {table} SET {', '.join(assignments)} "
+            f"WHERE {q('id')} = %s AND ({expired} OR ({q('status')} = %s "
+            f"AND {q('unlock_at')} <= %s AND {q('request_hash')} = %s)) RETURNING {columns}"
+        )
+        return cls(
+            insert=insert,
+            select=select,
+            insert_or_select=f"WITH inserted AS ({insert}) SELECT * FROM inserted "
+            f"UNION ALL {select}",
+            take_over=take_over,
+        )
+
+
+_SQL_BY_VENDOR: dict[str, _Sql] = {}
+
+
+def _sql(connection: BaseDatabaseWrapper) -> _Sql:
+    if connection.vendor not in _SQL_BY_VENDOR:
+        _SQL_BY_VENDOR[connection.vendor] = _Sql.build(connection)
+    return _SQL_BY_VENDOR[connection.vendor]
+
+
+Converters = list[tuple[Any, list[Any]]]
+#: Per connection (they may be bound to it, e.g. to its time zone), computed on first use.
+_CONVERTERS: WeakKeyDictionary[BaseDatabaseWrapper, Converters] = WeakKeyDictionary()
+
+
+def _converters(connection: BaseDatabaseWrapper) -> Converters:
+    """What the ORM applies to each column it reads: dates, UUIDs, JSON."""
+    if connection not in _CONVERTERS:
+        table = IdempotencyKey._meta.db_table
+        columns = [field.get_col(table) for field in _FIELDS]
+        _CONVERTERS[connection] = [
+            (column, connection.ops.get_db_converters(column) + field.get_db_converters(connection))
+            for field, column in zip(_FIELDS, columns, strict=True)
+        ]
+    return _CONVERTERS[connection]
 
 
 def _claimed(record: IdempotencyKey, token: uuid.UUID) -> Claimed:
@@ -197,7 +247,7 @@ def _claimed(record: IdempotencyKey, token: uuid.UUID) -> Claimed:
 
 
 def _first(alias: str, sql: str, params: list[Any]) -> IdempotencyKey | None:
-    """The record a statement returns (all of :func:`_record_columns`), as the ORM loads it.
+    """The record a statement returns (all of ``_COLUMNS``), as the ORM loads it.
 
     A cursor and the fields' converters (dates, UUIDs, JSON), not ``raw()``, whose per-call
     column resolution costs as much as the statement on a replay.
@@ -208,16 +258,13 @@ def _first(alias: str, sql: str, params: list[Any]) -> IdempotencyKey | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    fields = IdempotencyKey._meta.concrete_fields
+    converters = _converters(connection)
     values = []
-    for field, value in zip(fields, row, strict=True):
-        expression = field.get_col(IdempotencyKey._meta.db_table)
-        for convert in connection.ops.get_db_converters(expression) + field.get_db_converters(
-            connection
-        ):
+    for value, (expression, convert_all) in zip(row, converters, strict=True):
+        for convert in convert_all:
             value = convert(value, expression, connection)
         values.append(value)
-    return IdempotencyKey.from_db(alias, [field.attname for field in fields], values)
+    return IdempotencyKey.from_db(alias, _ATTNAMES, values)
 
 
 def _prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
