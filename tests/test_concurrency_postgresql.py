@@ -12,10 +12,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
-from django.test import Client
+from django.db import connection, connections, transaction
+from django.test import Client, RequestFactory
 from django.utils import timezone
 
+from django_idempotency import store
+from django_idempotency.fingerprints import request_fingerprint
+from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory
@@ -144,3 +147,94 @@ def test_expired_record_is_replaced_by_exactly_one_of_twenty() -> None:
     assert counts["executed"] + counts["replay"] + counts["409"] == 20
     record = IdempotencyKey.objects.get()
     assert (record.status, record.attempt) == (IdempotencyKey.Status.COMPLETED, 1)
+
+
+def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> Any:
+    """Insert the key's record in an open transaction, let ``claim`` block on it, then commit.
+
+    The claim's ``INSERT`` waits for the uncommitted row; once it commits, ``ON CONFLICT DO
+    NOTHING`` skips, and the statement's ``SELECT`` half, which reads the snapshot taken before
+    the commit, does not see the row either.
+    """
+    body = {"amount": 4200}
+    request = RequestFactory().post("/create/", body, content_type="application/json")
+    fingerprint = request_fingerprint(request, "anonymous")
+    inserted, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyKeyFactory(key=key, completed=True, request_hash=fingerprint)
+                inserted.set()
+                assert release.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    def waiting_claims() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND query LIKE 'WITH inserted AS%%'"
+            )
+            return int(cursor.fetchone()[0])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        holder = pool.submit(hold)
+        assert inserted.wait(timeout=30)
+        claimed = pool.submit(claim)
+        deadline = time.monotonic() + 30
+        while waiting_claims() == 0:
+            assert time.monotonic() < deadline, "the claim never waited on the open insert"
+            time.sleep(0.01)
+        release.set()
+        holder.result(timeout=30)
+        return claimed.result(timeout=30)
+
+
+def in_thread(call: Callable[[], Any]) -> Callable[[], Any]:
+    def run() -> Any:
+        try:
+            return call()
+        finally:
+            connections.close_all()
+
+    return run
+
+
+def test_a_claim_that_waited_on_a_concurrent_insert_sees_nothing_and_says_so() -> None:
+    key = str(uuid.uuid4())
+    found = commit_a_record_while_a_claim_waits(
+        key,
+        in_thread(
+            lambda: store.claim(
+                "default",
+                scope="anonymous",
+                key_hash=hash_key(key),
+                method="POST",
+                path="/create/",
+                request_hash="f" * 64,
+                ttl=timedelta(hours=1),
+                lock_timeout=timedelta(minutes=1),
+            )
+        ),
+    )
+    assert found is None
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
+
+
+def test_the_engine_claims_again_and_replays_a_record_committed_while_it_waited() -> None:
+    key = str(uuid.uuid4())
+    response = commit_a_record_while_a_claim_waits(
+        key,
+        in_thread(
+            lambda: Client().post(
+                "/create/",
+                {"amount": 4200},
+                content_type="application/json",
+                headers={"Idempotency-Key": key},
+            )
+        ),
+    )
+    assert (response.status_code, response.content) == (201, b'{"id": 1}')
+    assert response["Idempotent-Replayed"] == "true"
+    assert executions("create") == 0
