@@ -56,7 +56,7 @@ class StaleFilter(_YesNoFilter):
     parameter_name = "stale"
 
     def condition(self) -> Q:
-        return Q(status=IdempotencyKey.Status.PROCESSING, unlock_at__lte=timezone.now())
+        return maintenance.stale(timezone.now())
 
 
 class ExpiredFilter(_YesNoFilter):
@@ -217,7 +217,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         alias = queryset.db
         now = timezone.now()
         selected = queryset.count()
-        stale = queryset.filter(status=IdempotencyKey.Status.PROCESSING, unlock_at__lte=now)
+        stale = queryset.filter(maintenance.stale(now))
         count = sum(act(alias, record) for record in list(stale))
         level = messages.SUCCESS if count else messages.WARNING
         self.message_user(

@@ -11,18 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError
+from django.db import DatabaseError, connections, transaction
 from django.dispatch import Signal
 from django.http import HttpRequest
 from django.utils import timezone
 
 from django_idempotency import signals, store
 from django_idempotency.claim import Claim
+from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import Policy
 from django_idempotency.responses import StoredResponse
@@ -232,6 +234,22 @@ def _send_for_claim(
         key_hash=claim.key_hash,
         **extra,
     )
+
+
+@contextmanager
+def atomic_attempt(policy: Policy) -> Iterator[None]:
+    """Atomic mode's transaction (a savepoint inside the caller's) on the store's database.
+
+    It connects first, so that an unreachable store raises
+    :class:`~.exceptions.StoreUnavailable` (a ``503``, or a consumer's redelivery) rather than a
+    raw database error from inside the block.
+    """
+    try:
+        connections[policy.alias].ensure_connection()
+    except DatabaseError as exc:
+        raise StoreUnavailable(str(exc)) from exc
+    with transaction.atomic(using=policy.alias):
+        yield
 
 
 def run_steps(steps: Steps[T]) -> T:

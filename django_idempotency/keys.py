@@ -57,5 +57,9 @@ def _parse_sf_string(value: str) -> str:
 
 
 def hash_key(key: str) -> str:
-    """SHA-256 of the key: the raw key is never stored."""
-    return hashlib.sha256(key.encode("ascii")).hexdigest()
+    """SHA-256 of the key: the raw key is never stored.
+
+    UTF-8, so any ``str`` key of :func:`~django_idempotency.functions.idempotent_function` hashes
+    too; a header's key is ASCII, whose bytes are the same.
+    """
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

@@ -33,14 +33,15 @@ PROCESSING = IdempotencyKey.Status.PROCESSING
 FAILED = IdempotencyKey.Status.FAILED
 
 
+def stale(cutoff: datetime) -> Q:
+    """Stuck in ``processing``, with a lock that expired by ``cutoff``."""
+    return Q(status=PROCESSING, unlock_at__lte=cutoff)
+
+
 def stale_records(alias: str, *, older_than: timedelta = timedelta(0)) -> QuerySet[IdempotencyKey]:
     """Records stuck in ``processing`` whose lock expired at least ``older_than`` ago."""
     cutoff = timezone.now() - older_than
-    return (
-        IdempotencyKey.objects.using(alias)
-        .filter(status=PROCESSING, unlock_at__lte=cutoff)
-        .order_by("unlock_at", "pk")
-    )
+    return IdempotencyKey.objects.using(alias).filter(stale(cutoff)).order_by("unlock_at", "pk")
 
 
 def deletable(now: datetime) -> Q:

@@ -9,7 +9,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
 from django.http import HttpRequest, HttpResponseBase
 
 from django_idempotency import engine, problems, responses
@@ -136,22 +135,13 @@ def in_transaction(policy: Policy, call: Callable[[], HttpResponseBase]) -> Http
     if not policy.atomic:
         return call()
     try:
-        _ensure_connection(policy.alias)
-        with transaction.atomic(using=policy.alias):
+        with engine.atomic_attempt(policy):
             return call()
     except StoreUnavailable:
         logger.exception("Idempotency store %r unavailable; the view was not run.", policy.alias)
         return problems.unavailable()
     except LockWaitTimeout:
         return problems.in_progress(conf.RETRY_AFTER)
-
-
-def _ensure_connection(alias: str) -> None:
-    """Connect before an atomic block opens, so an unreachable store is a 503, not a 500."""
-    try:
-        connections[alias].ensure_connection()
-    except DatabaseError as exc:
-        raise StoreUnavailable(str(exc)) from exc
 
 
 def http_request(request: Any) -> HttpRequest:

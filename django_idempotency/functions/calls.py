@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, connections, transaction
+from django.db import connections
 
 from django_idempotency import engine
 from django_idempotency.claim import Claim
@@ -28,9 +28,9 @@ from django_idempotency.exceptions import (
     IdempotencyInProgress,
     IdempotencyKeyMismatch,
     LockWaitTimeout,
-    StoreUnavailable,
 )
 from django_idempotency.functions.serializers import ResultSerializer
+from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import Options, Policy
 from django_idempotency.responses import StoredResponse
@@ -128,7 +128,7 @@ class Spec:
         return engine.Attempt(
             key=key,
             scope=scope,
-            key_hash=hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest(),
+            key_hash=hash_key(key),
             fingerprint=self._fingerprint(scope, payload),
             method=METHOD,
             path=self.name,
@@ -297,11 +297,7 @@ def in_transaction(policy: Policy, call: Callable[[], T]) -> T:
     if not policy.atomic:
         return call()
     try:
-        connections[policy.alias].ensure_connection()
-    except DatabaseError as exc:
-        raise StoreUnavailable(str(exc)) from exc
-    try:
-        with transaction.atomic(using=policy.alias):
+        with engine.atomic_attempt(policy):
             return call()
     except LockWaitTimeout as exc:
         raise IdempotencyInProgress(
