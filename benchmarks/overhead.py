@@ -68,6 +68,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent client requests")
     parser.add_argument("--workers", type=int, default=4, help="gunicorn workers")
     parser.add_argument("--no-gunicorn", action="store_true", help="skip the throughput part")
+    parser.add_argument(
+        "--prepared-statements",
+        action="store_true",
+        help="connect with server-side binding and prepared statements (psycopg's threshold, 5)",
+    )
     args = parser.parse_args()
     if args.rounds < 1 or args.requests < 1 or args.runs < 1 or args.concurrency < 1:
         parser.error("--rounds, --requests, --runs and --concurrency must be positive")
@@ -82,6 +87,8 @@ def main() -> None:
     try:
         os.environ["BENCH_DATABASE_URL"] = bench_url
         os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.overhead_project.settings"
+        if args.prepared_statements:
+            os.environ["BENCH_PREPARED_STATEMENTS"] = "1"
         run(args, bench_url)
     finally:
         from django.db import connections
@@ -106,6 +113,8 @@ def run(args: argparse.Namespace, bench_url: str) -> None:
         f"Python {platform.python_version()}, Django {django.get_version()}, {os.cpu_count()} CPUs"
     )
     print(f"{version.split(',')[0]}, database {args.database!r} on {urlsplit(bench_url).hostname}")
+    options = connection.settings_dict.get("OPTIONS") or "none (Django's defaults)"
+    print(f"Connection OPTIONS: {options}")
     print("View: parse a JSON body, INSERT one row, render it as JSON")
     print("(benchmarks/overhead_project/views.py), through Django's WSGI handler.")
     print()

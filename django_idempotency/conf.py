@@ -1,15 +1,18 @@
-"""Settings, read lazily from ``settings.IDEMPOTENCY`` so ``override_settings`` just works.
+"""Settings, read from ``settings.IDEMPOTENCY`` so ``override_settings`` just works.
 
 Nothing is ever written into ``django.conf.settings``; values are validated by the system checks
-in :mod:`django_idempotency.checks`, and resolved callables are cached until the setting changes.
+in :mod:`django_idempotency.checks`. Every value, and everything :func:`derived` from them, is
+computed once and cached until the ``setting_changed`` signal says ``IDEMPOTENCY`` changed
+(``override_settings`` and pytest-django's ``settings`` fixture send it): a protected request
+reads about ten of them, and a cached read costs nothing next to a parse.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from datetime import timedelta
-from functools import cache, lru_cache
-from typing import TYPE_CHECKING, Any
+from functools import cache
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
 
 ScopeFunction = Callable[["HttpRequest"], str]
 FingerprintFunction = Callable[["HttpRequest", str], str]
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: Every key of ``settings.IDEMPOTENCY`` and its default.
 DEFAULTS: Mapping[str, Any] = {
@@ -56,7 +61,18 @@ def _get(name: str) -> Any:
     return user_settings().get(name, DEFAULTS[name])
 
 
-@cache
+#: The ``cache_clear`` of every function cached with :func:`derived`.
+_DERIVED: list[Callable[[], None]] = []
+
+
+def derived(func: F) -> F:
+    """Cache ``func`` (hashable arguments) until ``settings.IDEMPOTENCY`` changes."""
+    cached = cache(func)
+    _DERIVED.append(cached.cache_clear)
+    return cast(F, cached)
+
+
+@derived
 def _resolve(path_or_callable: object) -> Callable[..., Any]:
     if isinstance(path_or_callable, str):
         resolved = import_string(path_or_callable)
@@ -67,81 +83,57 @@ def _resolve(path_or_callable: object) -> Callable[..., Any]:
     return resolved  # type: ignore[no-any-return]
 
 
+@derived
+def _value(name: str, convert: Callable[[Any], Any]) -> Any:
+    return convert(_get(name))
+
+
+class _Setting(Generic[T]):
+    """One key of ``settings.IDEMPOTENCY``, converted to its type on first read."""
+
+    def __init__(self, convert: Callable[[Any], T]) -> None:
+        self.convert = convert
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type | None = None) -> T:
+        return cast(T, _value(self.name, self.convert))
+
+
+def _duration(name: str) -> Callable[[Any], timedelta]:
+    return lambda value: to_timedelta(value, name)
+
+
+def _upper_set(values: Any) -> frozenset[str]:
+    return frozenset(str(value).upper() for value in values)
+
+
+def _lower_set(values: Any) -> frozenset[str]:
+    return frozenset(str(value).lower() for value in values)
+
+
 class Settings:
-    """Typed, lazy access to ``settings.IDEMPOTENCY``; see ``docs/settings.rst``."""
+    """Typed access to ``settings.IDEMPOTENCY``; see ``docs/settings.rst``."""
 
-    @property
-    def ENABLED(self) -> bool:
-        return bool(_get("ENABLED"))
-
-    @property
-    def HEADER(self) -> str:
-        return str(_get("HEADER"))
-
-    @property
-    def REQUIRED(self) -> bool:
-        return bool(_get("REQUIRED"))
-
-    @property
-    def METHODS(self) -> frozenset[str]:
-        return frozenset(method.upper() for method in _get("METHODS"))
-
-    @property
-    def TTL(self) -> timedelta:
-        return to_timedelta(_get("TTL"), "TTL")
-
-    @property
-    def LOCK_TIMEOUT(self) -> timedelta:
-        return to_timedelta(_get("LOCK_TIMEOUT"), "LOCK_TIMEOUT")
-
-    @property
-    def IN_PROGRESS(self) -> str:
-        return str(_get("IN_PROGRESS"))
-
-    @property
-    def WAIT_TIMEOUT(self) -> timedelta:
-        return to_timedelta(_get("WAIT_TIMEOUT"), "WAIT_TIMEOUT")
-
-    @property
-    def RETRY_AFTER(self) -> int:
-        return int(_get("RETRY_AFTER"))
-
-    @property
-    def RETRYABLE_STATUSES(self) -> Collection[int]:
-        return _get("RETRYABLE_STATUSES")  # type: ignore[no-any-return]
-
-    @property
-    def MISMATCH_STATUS(self) -> int:
-        return int(_get("MISMATCH_STATUS"))
-
-    @property
-    def MIN_KEY_LENGTH(self) -> int:
-        return int(_get("MIN_KEY_LENGTH"))
-
-    @property
-    def REPLAYED_HEADERS(self) -> frozenset[str]:
-        return _lower_set(tuple(_get("REPLAYED_HEADERS")))
-
-    @property
-    def SCOPE_FUNCTION(self) -> ScopeFunction:
-        return _resolve(_get("SCOPE_FUNCTION"))
-
-    @property
-    def FINGERPRINT_FUNCTION(self) -> FingerprintFunction:
-        return _resolve(_get("FINGERPRINT_FUNCTION"))
-
-    @property
-    def DATABASE_ALIAS(self) -> str:
-        return str(_get("DATABASE_ALIAS"))
-
-    @property
-    def MAX_BODY_SIZE(self) -> int:
-        return int(_get("MAX_BODY_SIZE"))
-
-
-@lru_cache(maxsize=16)
-def _lower_set(names: tuple[str, ...]) -> frozenset[str]:
-    return frozenset(name.lower() for name in names)
+    ENABLED = _Setting(bool)
+    HEADER = _Setting(str)
+    REQUIRED = _Setting(bool)
+    METHODS = _Setting(_upper_set)
+    TTL = _Setting(_duration("TTL"))
+    LOCK_TIMEOUT = _Setting(_duration("LOCK_TIMEOUT"))
+    IN_PROGRESS = _Setting(str)
+    WAIT_TIMEOUT = _Setting(_duration("WAIT_TIMEOUT"))
+    RETRY_AFTER = _Setting(int)
+    RETRYABLE_STATUSES: _Setting[Collection[int]] = _Setting(frozenset)
+    MISMATCH_STATUS = _Setting(int)
+    MIN_KEY_LENGTH = _Setting(int)
+    REPLAYED_HEADERS = _Setting(_lower_set)
+    SCOPE_FUNCTION: _Setting[ScopeFunction] = _Setting(_resolve)
+    FINGERPRINT_FUNCTION: _Setting[FingerprintFunction] = _Setting(_resolve)
+    DATABASE_ALIAS = _Setting(str)
+    MAX_BODY_SIZE = _Setting(int)
 
 
 conf = Settings()
@@ -149,7 +141,8 @@ conf = Settings()
 
 def _clear_caches(*, setting: str, **kwargs: object) -> None:
     if setting == "IDEMPOTENCY":
-        _resolve.cache_clear()
+        for clear in _DERIVED:
+            clear()
 
 
 def connect_signals() -> None:

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency.conf import IN_PROGRESS_POLICIES, conf
+from django_idempotency.conf import IN_PROGRESS_POLICIES, conf, derived
 from django_idempotency.durations import Duration, to_timedelta
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -52,17 +52,8 @@ class Options:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
 
     def resolve(self) -> Policy:
-        """Fill the gaps from the settings, read now so ``override_settings`` applies."""
-        return Policy(
-            required=conf.REQUIRED if self.required is None else self.required,
-            ttl=self.ttl or conf.TTL,
-            lock_timeout=self.lock_timeout or conf.LOCK_TIMEOUT,
-            atomic=self.atomic,
-            in_progress=self.in_progress or conf.IN_PROGRESS,
-            wait_timeout=self.wait_timeout or conf.WAIT_TIMEOUT,
-            methods=self.methods or conf.METHODS,
-            alias=conf.DATABASE_ALIAS,
-        )
+        """Fill the gaps from the settings; cached until they change (``override_settings``)."""
+        return _policy(self)
 
 
 @dataclass(frozen=True)
@@ -78,6 +69,20 @@ class Policy:
 
     def protects(self, method: str | None) -> bool:
         return method in self.methods and method not in SAFE_METHODS
+
+
+@derived
+def _policy(options: Options) -> Policy:
+    return Policy(
+        required=conf.REQUIRED if options.required is None else options.required,
+        ttl=options.ttl or conf.TTL,
+        lock_timeout=options.lock_timeout or conf.LOCK_TIMEOUT,
+        atomic=options.atomic,
+        in_progress=options.in_progress or conf.IN_PROGRESS,
+        wait_timeout=options.wait_timeout or conf.WAIT_TIMEOUT,
+        methods=options.methods or conf.METHODS,
+        alias=conf.DATABASE_ALIAS,
+    )
 
 
 def _positive(value: Duration | None, name: str) -> timedelta | None:

@@ -10,11 +10,11 @@ never by a check in Python followed by a write. Later writes of an attempt are f
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 from weakref import WeakKeyDictionary
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
@@ -29,6 +29,7 @@ from django_idempotency.responses import StoredResponse
 PROCESSING = IdempotencyKey.Status.PROCESSING
 COMPLETED = IdempotencyKey.Status.COMPLETED
 FAILED = IdempotencyKey.Status.FAILED
+T = TypeVar("T")
 
 _INSERT_COLUMNS = (
     "scope",
@@ -98,23 +99,24 @@ def claim(
     connection = connections[alias]
     now = timezone.now()
     token = uuid.uuid4()
+    # The datetimes are timezone.now()'s, so the backend's adapter is all the field would add.
+    adapt = connection.ops.adapt_datetimefield_value
+    prepared_now = adapt(now)
     values = {
+        **_claim_constants(connection),
+        # Strings go as they are: a CharField's or TextField's preparation returns them.
         "scope": scope,
         "key_hash": key_hash,
         "method": method,
         "path": path,
         "request_hash": request_hash,
-        "status": PROCESSING,
-        "response_headers": [],
-        "recovery_point": "",
-        "lock_token": token,
-        "attempt": 1,
-        "created_at": now,
-        "updated_at": now,
-        "unlock_at": now + lock_timeout,
-        "expires_at": now + ttl,
+        "lock_token": _prep("lock_token", token, connection),
+        "created_at": prepared_now,
+        "updated_at": prepared_now,
+        "unlock_at": adapt(now + lock_timeout),
+        "expires_at": adapt(now + ttl),
     }
-    params = [_prep(name, values[name], connection) for name in _INSERT_COLUMNS]
+    params = [values[name] for name in _INSERT_COLUMNS]
     with _guard():
         found = _insert_or_load(alias, params, scope, key_hash)
         if found is None:
@@ -225,21 +227,42 @@ def _sql(connection: BaseDatabaseWrapper) -> _Sql:
     return _SQL_BY_VENDOR[connection.vendor]
 
 
-Converters = list[tuple[Any, list[Any]]]
-#: Per connection (they may be bound to it, e.g. to its time zone), computed on first use.
-_CONVERTERS: WeakKeyDictionary[BaseDatabaseWrapper, Converters] = WeakKeyDictionary()
+_PER_CONNECTION: WeakKeyDictionary[BaseDatabaseWrapper, dict[str, Any]] = WeakKeyDictionary()
 
 
-def _converters(connection: BaseDatabaseWrapper) -> Converters:
+Build = Callable[[BaseDatabaseWrapper], T]
+
+
+def _per_connection(build: Build[T]) -> Build[T]:
+    """Compute ``build(connection)`` once per connection: its values may be bound to it (its
+    time zone, its JSON adapter), and computing them costs more than the statement they serve.
+    """
+
+    def get(connection: BaseDatabaseWrapper) -> T:
+        cache = _PER_CONNECTION.setdefault(connection, {})
+        if build.__name__ not in cache:
+            cache[build.__name__] = build(connection)
+        return cast(T, cache[build.__name__])
+
+    return get
+
+
+@_per_connection
+def _converters(connection: BaseDatabaseWrapper) -> list[tuple[Any, list[Any]]]:
     """What the ORM applies to each column it reads: dates, UUIDs, JSON."""
-    if connection not in _CONVERTERS:
-        table = IdempotencyKey._meta.db_table
-        columns = [field.get_col(table) for field in _FIELDS]
-        _CONVERTERS[connection] = [
-            (column, connection.ops.get_db_converters(column) + field.get_db_converters(connection))
-            for field, column in zip(_FIELDS, columns, strict=True)
-        ]
-    return _CONVERTERS[connection]
+    table = IdempotencyKey._meta.db_table
+    columns = [field.get_col(table) for field in _FIELDS]
+    return [
+        (column, connection.ops.get_db_converters(column) + field.get_db_converters(connection))
+        for field, column in zip(_FIELDS, columns, strict=True)
+    ]
+
+
+@_per_connection
+def _claim_constants(connection: BaseDatabaseWrapper) -> dict[str, Any]:
+    """The values every new claim inserts alike, prepared for the database."""
+    constants = {"status": PROCESSING, "response_headers": [], "recovery_point": "", "attempt": 1}
+    return {name: _prep(name, value, connection) for name, value in constants.items()}
 
 
 def _claimed(record: IdempotencyKey, token: uuid.UUID) -> Claimed:

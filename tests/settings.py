@@ -19,6 +19,10 @@ if _url:
     DATABASES = {"default": dj_database_url.parse(_url, conn_max_age=0)}
     # Several suites may share one server (developers, CI): each can name its own test database.
     DATABASES["default"]["TEST"] = {"NAME": os.environ.get("IDEMPOTENCY_TEST_DB") or None}
+    if os.environ.get("IDEMPOTENCY_TEST_PREPARED"):
+        # Server-side binding and prepared statements (psycopg's own default threshold): the
+        # configuration docs/performance.rst recommends; CI runs the suite with it too.
+        DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
 else:
     DATABASES = {
         "default": {
@@ -32,6 +36,14 @@ else:
 # tests/test_unavailable.py makes "unreachable" unreachable.
 for _alias in ("idempotency", "unreachable"):
     DATABASES[_alias] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+if _url:
+    # PostgreSQL with server-side binding and prepared statements, as docs/performance.rst
+    # recommends: tests/test_prepared_statements_postgresql.py.
+    DATABASES["prepared"] = {
+        **DATABASES["default"],
+        "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5},
+        "TEST": {"MIRROR": "default"},
+    }
 
 INSTALLED_APPS = [
     "django.contrib.admin",

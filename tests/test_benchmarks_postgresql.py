@@ -33,7 +33,11 @@ def run(*command: str) -> str:
     return done.stdout
 
 
-def test_overhead_benchmark_runs() -> None:
+@pytest.mark.parametrize(
+    ("flags", "options"),
+    [([], "Connection OPTIONS: none"), (["--prepared-statements"], "'prepare_threshold': 5")],
+)
+def test_overhead_benchmark_runs(flags: list[str], options: str) -> None:
     output = run(
         "benchmarks/overhead.py",
         "--server",
@@ -43,7 +47,9 @@ def test_overhead_benchmark_runs() -> None:
         "--rounds",
         "3",
         "--no-gunicorn",
+        *flags,
     )
+    assert options in output
     assert "two-phase, replay: 1 statements" in output
     assert "goal two-phase first / bare <= 1.5:" in output
 

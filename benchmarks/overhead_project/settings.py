@@ -36,3 +36,6 @@ LOGGING = {
         "django_idempotency": {"handlers": ["null"], "level": "WARNING", "propagate": False}
     },
 }
+if os.environ.get("BENCH_PREPARED_STATEMENTS"):
+    # overhead.py --prepared-statements: what docs/performance.rst recommends.
+    DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
