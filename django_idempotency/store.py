@@ -19,7 +19,7 @@ from weakref import WeakKeyDictionary
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field
+from django.db.models import CharField, DateTimeField, Field, TextField
 from django.utils import timezone
 
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
@@ -99,24 +99,23 @@ def claim(
     connection = connections[alias]
     now = timezone.now()
     token = uuid.uuid4()
-    # The datetimes are timezone.now()'s, so the backend's adapter is all the field would add.
-    adapt = connection.ops.adapt_datetimefield_value
-    prepared_now = adapt(now)
     values = {
-        **_claim_constants(connection),
-        # Strings go as they are: a CharField's or TextField's preparation returns them.
         "scope": scope,
         "key_hash": key_hash,
         "method": method,
         "path": path,
         "request_hash": request_hash,
-        "lock_token": _prep("lock_token", token, connection),
-        "created_at": prepared_now,
-        "updated_at": prepared_now,
-        "unlock_at": adapt(now + lock_timeout),
-        "expires_at": adapt(now + ttl),
+        "lock_token": token,
+        "created_at": now,
+        "updated_at": now,
+        "unlock_at": now + lock_timeout,
+        "expires_at": now + ttl,
     }
-    params = [values[name] for name in _INSERT_COLUMNS]
+    constants = _claim_constants(connection)
+    params = [
+        constants[name] if name in constants else _prep(name, values[name], connection)
+        for name in _INSERT_COLUMNS
+    ]
     with _guard():
         found = _insert_or_load(alias, params, scope, key_hash)
         if found is None:
@@ -227,10 +226,9 @@ def _sql(connection: BaseDatabaseWrapper) -> _Sql:
     return _SQL_BY_VENDOR[connection.vendor]
 
 
-_PER_CONNECTION: WeakKeyDictionary[BaseDatabaseWrapper, dict[str, Any]] = WeakKeyDictionary()
-
-
 Build = Callable[[BaseDatabaseWrapper], T]
+_PER_CONNECTION: WeakKeyDictionary[BaseDatabaseWrapper, dict[Build[Any], Any]]
+_PER_CONNECTION = WeakKeyDictionary()
 
 
 def _per_connection(build: Build[T]) -> Build[T]:
@@ -239,10 +237,12 @@ def _per_connection(build: Build[T]) -> Build[T]:
     """
 
     def get(connection: BaseDatabaseWrapper) -> T:
-        cache = _PER_CONNECTION.setdefault(connection, {})
-        if build.__name__ not in cache:
-            cache[build.__name__] = build(connection)
-        return cast(T, cache[build.__name__])
+        cache = _PER_CONNECTION.get(connection)
+        if cache is None:
+            cache = _PER_CONNECTION[connection] = {}
+        if build not in cache:
+            cache[build] = build(connection)
+        return cast(T, cache[build])
 
     return get
 
@@ -291,9 +291,35 @@ def _first(alias: str, sql: str, params: list[Any]) -> IdempotencyKey | None:
 
 
 def _prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
-    field = IdempotencyKey._meta.get_field(name)
-    assert isinstance(field, Field)
-    return field.get_db_prep_save(value, connection)
+    """A value of the named column, as the field would send it to this database."""
+    return _preparers(connection)[name](value)
+
+
+@_per_connection
+def _preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any], Any]]:
+    """Each column's preparation, cut to what it does for the values the store writes.
+
+    A string (or ``None``) is what a ``CharField`` or ``TextField`` sends as it is, and an aware
+    ``timezone.now()`` (or ``None``) is what a ``DateTimeField`` hands to the backend's adapter
+    unchanged (the values the store sends are such); the full ``get_db_prep_save`` costs as much
+    as the claim's other Python work together.
+    """
+
+    def identity(value: Any) -> Any:
+        return value
+
+    def full(field: Field[Any, Any]) -> Callable[[Any], Any]:
+        return lambda value: field.get_db_prep_save(value, connection)
+
+    preparers: dict[str, Callable[[Any], Any]] = {}
+    for field in _FIELDS:
+        if isinstance(field, (CharField, TextField)):
+            preparers[field.name] = identity
+        elif isinstance(field, DateTimeField):
+            preparers[field.name] = connection.ops.adapt_datetimefield_value
+        else:
+            preparers[field.name] = full(field)
+    return preparers
 
 
 def peek_status(alias: str, scope: str, key_hash: str) -> tuple[str, datetime | None] | None:

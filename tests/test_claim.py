@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connections
 from django.dispatch import Signal
 from django.http import HttpResponse
 from django.test import RequestFactory
 from django.utils import timezone
 
-from django_idempotency import protocol, signals
+from django_idempotency import protocol, signals, store
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockLost
 from django_idempotency.models import IdempotencyKey
@@ -138,3 +140,27 @@ def test_signals(post: Post, key: str, received: dict[str, Any]) -> None:
     assert received["fingerprint_mismatch"][0]["scope"] == "anonymous"
     assert received["key_released"][0]["reason"] == "status 500"
     assert executions() == 2
+
+
+def test_the_store_prepares_its_values_as_the_fields_would() -> None:
+    """The store's cut-short preparations (strings, datetimes) agree with ``get_db_prep_save``."""
+    connection = connections["default"]
+
+    now = timezone.now()
+    samples: dict[str, list[Any]] = {
+        "CharField": ["POST", ""],
+        "TextField": ["/create/?a=1"],
+        "DateTimeField": [now, now + timedelta(days=1)],
+        "PositiveIntegerField": [1, 7],
+        "PositiveSmallIntegerField": [201],
+        "UUIDField": [uuid.uuid4()],
+        "BigAutoField": [3],
+    }
+    checked = 0
+    for field in IdempotencyKey._meta.concrete_fields:
+        for value in samples.get(field.get_internal_type(), []):
+            for sent in (value, None):
+                expected = field.get_db_prep_save(sent, connection)
+                assert store._prep(field.name, sent, connection) == expected, field.name
+                checked += 1
+    assert checked >= 30  # every column but the JSON and binary ones
