@@ -15,14 +15,15 @@ ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"  # unlike ours: must not make a migration
 
 _url = os.environ.get("DATABASE_URL", "")
+#: Server-side binding and prepared statements (psycopg's own threshold): the connection
+#: docs/performance.rst recommends.
+_PREPARED_STATEMENTS = {"server_side_binding": True, "prepare_threshold": 5}
 if _url:
     DATABASES = {"default": dj_database_url.parse(_url, conn_max_age=0)}
     # Several suites may share one server (developers, CI): each can name its own test database.
     DATABASES["default"]["TEST"] = {"NAME": os.environ.get("IDEMPOTENCY_TEST_DB") or None}
-    if os.environ.get("IDEMPOTENCY_TEST_PREPARED"):
-        # Server-side binding and prepared statements (psycopg's own default threshold): the
-        # configuration docs/performance.rst recommends; CI runs the suite with it too.
-        DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}
+    if os.environ.get("IDEMPOTENCY_TEST_PREPARED"):  # CI runs the whole suite so as well
+        DATABASES["default"]["OPTIONS"] = {**_PREPARED_STATEMENTS}
 else:
     DATABASES = {
         "default": {
@@ -37,11 +38,10 @@ else:
 for _alias in ("idempotency", "unreachable"):
     DATABASES[_alias] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
 if _url:
-    # PostgreSQL with server-side binding and prepared statements, as docs/performance.rst
-    # recommends: tests/test_prepared_statements_postgresql.py.
+    # tests/test_prepared_statements_postgresql.py
     DATABASES["prepared"] = {
         **DATABASES["default"],
-        "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5},
+        "OPTIONS": {**_PREPARED_STATEMENTS},
         "TEST": {"MIRROR": "default"},
     }
 
