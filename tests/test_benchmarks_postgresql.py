@@ -52,6 +52,8 @@ def test_overhead_benchmark_runs(flags: list[str], options: str) -> None:
     assert options in output
     assert "two-phase, replay: 1 statements" in output
     assert "goal two-phase first / bare <= 1.5:" in output
+    assert "durable commit (an autocommitted INSERT):" in output
+    assert "two-phase first / bare     >= " in output
 
 
 def test_cleanup_benchmark_runs() -> None:
