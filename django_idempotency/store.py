@@ -48,6 +48,17 @@ _INSERT_COLUMNS = (
     "expires_at",
 )
 
+#: What every claim writes alike, as SQL literals in its statements rather than parameters:
+#: a parameter costs its adaptation on every request (``[]`` a JSON encoding), a literal none.
+_CLAIM_LITERALS = {
+    "status": f"'{PROCESSING.value}'",
+    "response_headers": "'[]'",
+    "recovery_point": "''",
+    "attempt": "1",
+}
+#: The claim's values sent as parameters, in the order of its placeholders.
+_CLAIM_PARAMS = tuple(name for name in _INSERT_COLUMNS if name not in _CLAIM_LITERALS)
+
 #: Set afresh by a takeover, from the new attempt's values.
 _TAKEOVER_FRESH = (
     "method",
@@ -111,11 +122,8 @@ def claim(
         "unlock_at": now + lock_timeout,
         "expires_at": now + ttl,
     }
-    constants = _claim_constants(connection)
-    params = [
-        constants[name] if name in constants else _prep(name, values[name], connection)
-        for name in _INSERT_COLUMNS
-    ]
+    prepare = _preparers(connection)
+    params = [prepare[name](values[name]) for name in _CLAIM_PARAMS]
     with _guard():
         found = _insert_or_load(alias, params, scope, key_hash)
         if found is None:
@@ -156,11 +164,11 @@ def _take_over(
     time. An expired record starts afresh; a stale one keeps its recovery point, attempt + 1.
     """
     connection = connections[alias]
-    fresh = dict(zip(_INSERT_COLUMNS, params, strict=True))
+    fresh = dict(zip(_CLAIM_PARAMS, params, strict=True))
     db_now = _prep("updated_at", now, connection)
     # In the order of the placeholders of _Sql.take_over.
-    values = [fresh[name] for name in _TAKEOVER_FRESH]
-    values += [db_now, fresh["recovery_point"], db_now, db_now]
+    values = [fresh[name] for name in _TAKEOVER_FRESH if name not in _CLAIM_LITERALS]
+    values += [db_now, db_now, db_now]
     values += [db_now, fresh["created_at"], db_now, fresh["expires_at"]]
     values += [pk, db_now, PROCESSING, db_now, request_hash]
     record = _first(alias, _sql(connection).take_over, values)
@@ -183,7 +191,7 @@ class _Sql:
         columns = ", ".join(q(column) for column in _COLUMNS)
         insert = (
             f"INSERT INTO {table} ({', '.join(q(name) for name in _INSERT_COLUMNS)}) "
-            f"VALUES ({', '.join(['%s'] * len(_INSERT_COLUMNS))}) "
+            f"VALUES ({', '.join(_CLAIM_LITERALS.get(name, '%s') for name in _INSERT_COLUMNS)}) "
             f"ON CONFLICT ({q('scope')}, {q('key_hash')}) DO NOTHING RETURNING {columns}"
         )
         select = f"SELECT {columns} FROM {table} WHERE {q('scope')} = %s AND {q('key_hash')} = %s"
@@ -194,12 +202,12 @@ class _Sql:
             return f"{q(name)} = CASE WHEN {expired} THEN {then} ELSE {otherwise} END"
 
         assignments = [
-            *(f"{q(name)} = %s" for name in _TAKEOVER_FRESH),
+            *(f"{q(name)} = {_CLAIM_LITERALS.get(name, '%s')}" for name in _TAKEOVER_FRESH),
             f"{q('response_status')} = NULL",
             f"{q('response_body')} = NULL",
-            if_expired("recovery_point", "%s"),
+            if_expired("recovery_point", _CLAIM_LITERALS["recovery_point"]),
             if_expired("recovery_data", "NULL"),
-            if_expired("attempt", "1", f"{q('attempt')} + 1"),
+            if_expired("attempt", _CLAIM_LITERALS["attempt"], f"{q('attempt')} + 1"),
             if_expired("created_at", "%s"),
             if_expired("expires_at", "%s"),
         ]
@@ -256,13 +264,6 @@ def _converters(connection: BaseDatabaseWrapper) -> list[tuple[Any, list[Any]]]:
         (column, connection.ops.get_db_converters(column) + field.get_db_converters(connection))
         for field, column in zip(_FIELDS, columns, strict=True)
     ]
-
-
-@_per_connection
-def _claim_constants(connection: BaseDatabaseWrapper) -> dict[str, Any]:
-    """The values every new claim inserts alike, prepared for the database."""
-    constants = {"status": PROCESSING, "response_headers": [], "recovery_point": "", "attempt": 1}
-    return {name: _prep(name, value, connection) for name, value in constants.items()}
 
 
 def _claimed(record: IdempotencyKey, token: uuid.UUID) -> Claimed:

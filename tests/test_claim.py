@@ -164,3 +164,33 @@ def test_the_store_prepares_its_values_as_the_fields_would() -> None:
                 assert store._prep(field.name, sent, connection) == expected, field.name
                 checked += 1
     assert checked >= 30  # every column but the JSON and binary ones
+
+
+def test_a_claim_writes_the_fields_defaults_for_a_new_or_an_expired_record(key: str) -> None:
+    """The values every claim writes alike go as SQL literals: they must read back as the
+    model's own defaults, on a new record and on an expired one taken over."""
+    fresh = {"status": "processing", "response_headers": [], "recovery_point": "", "attempt": 1}
+    for name, value in fresh.items():
+        assert IdempotencyKey._meta.get_field(name).get_default() == value, name
+
+    def stored() -> dict[str, Any]:
+        return IdempotencyKey.objects.values(*fresh, "response_status", "recovery_data").get()
+
+    request, claim = claim_for(key)
+    assert stored() == {**fresh, "response_status": None, "recovery_data": None}
+
+    claim.set_recovery_point("charged", {"charge": "ch_1"})
+    protocol.finish(
+        request, claim, HttpResponse(b"done", status=201, headers={"ETag": "1"}), POLICY
+    )
+    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    row = stored()
+    assert (row["status"], row["recovery_point"], row["response_status"]) == (
+        "completed",
+        "charged",
+        201,
+    )
+
+    _, again = claim_for(key)
+    assert again.attempt == 1
+    assert stored() == {**fresh, "response_status": None, "recovery_data": None}
