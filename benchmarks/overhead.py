@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -259,37 +260,35 @@ def latency(rounds: int) -> None:
         samples[name].append((clock() - start) / 1e6)
         assert status == 201, f"{name}: {status}"
 
-    def on_server(cursor: Any) -> Callable[[str, str, None], None]:
-        def timed_sql(name: str, sql: str, _: None) -> None:
-            start = clock()
-            cursor.execute(sql)
-            samples[name].append((clock() - start) / 1e6)
-
-        return timed_sql
+    def timed_sql(cursor: Any, name: str, sql: str) -> None:
+        start = clock()
+        cursor.execute(sql)
+        samples[name].append((clock() - start) / 1e6)
 
     warmup = 200
     started = time.monotonic()
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE bench_baseline (id bigserial PRIMARY KEY, n integer)")
-        timed_sql = on_server(cursor)
         for index in range(warmup + rounds):
             keys = {"two-phase": str(uuid.uuid4()), "atomic": str(uuid.uuid4())}
-            firsts: list[tuple[Callable[..., None], str, str, str | None]] = [
-                (timed, "bare", PATHS["bare"], None),
-                (timed, "django only", PATHS["django only"], None),
-                (timed, "two-phase first", PATHS["two-phase"], keys["two-phase"]),
-                (timed, "atomic first", PATHS["atomic"], keys["atomic"]),
-                (timed_sql, "round trip", "SELECT 1", None),
-                (timed_sql, "durable commit", "INSERT INTO bench_baseline (n) VALUES (1)", None),
+            firsts = [
+                partial(timed, "bare", PATHS["bare"], None),
+                partial(timed, "django only", PATHS["django only"], None),
+                partial(timed, "two-phase first", PATHS["two-phase"], keys["two-phase"]),
+                partial(timed, "atomic first", PATHS["atomic"], keys["atomic"]),
+                partial(timed_sql, cursor, "round trip", "SELECT 1"),
+                partial(
+                    timed_sql, cursor, "durable commit", "INSERT INTO bench_baseline (n) VALUES (1)"
+                ),
             ]
             replays = [
-                (timed, "two-phase replay", PATHS["two-phase"], keys["two-phase"]),
-                (timed, "atomic replay", PATHS["atomic"], keys["atomic"]),
+                partial(timed, "two-phase replay", PATHS["two-phase"], keys["two-phase"]),
+                partial(timed, "atomic replay", PATHS["atomic"], keys["atomic"]),
             ]
             random.shuffle(firsts)
             random.shuffle(replays)
-            for run_one, name, target, key in [*firsts, *replays]:
-                run_one(name, target, key)
+            for operation in [*firsts, *replays]:
+                operation()
             if index == warmup - 1:
                 for values in samples.values():
                     values.clear()

@@ -168,7 +168,7 @@ def _take_over(
     db_now = _prep("updated_at", now, connection)
     # In the order of the placeholders of _Sql.take_over.
     values = [fresh[name] for name in _TAKEOVER_FRESH if name not in _CLAIM_LITERALS]
-    values += [db_now, db_now, db_now]
+    values += [db_now, db_now, db_now]  # expired? for recovery_point, recovery_data, attempt
     values += [db_now, fresh["created_at"], db_now, fresh["expires_at"]]
     values += [pk, db_now, PROCESSING, db_now, request_hash]
     record = _first(alias, _sql(connection).take_over, values)
