@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
-
-from django_idempotency import store
-from django_idempotency.exceptions import LockLost
 
 _DERIVED_NAMESPACE = uuid.UUID("5b0c3c52-7e4b-4a43-9d0c-2a7c1c0f6d11")
 
@@ -31,6 +29,9 @@ class Claim:
     recovery_data: Any
     alias: str = field(repr=False)
     lock_timeout: timedelta = field(repr=False)
+    #: The engine's write of a recovery point (logged, fenced), given by the engine that
+    #: claimed the record: the claim sits below it.
+    save_progress: Callable[[Claim, str, Any], None] = field(repr=False, compare=False)
 
     @property
     def is_takeover(self) -> bool:
@@ -43,12 +44,7 @@ class Claim:
         resumes from here. Raises :class:`~django_idempotency.exceptions.LockLost` when another
         attempt has taken the record over: stop, the new owner is doing the work.
         """
-        if len(name) > 255:
-            raise ValueError("A recovery point name is at most 255 characters.")
-        if not store.save_recovery_point(
-            self.alias, self.pk, self.lock_token, name, data, self.lock_timeout
-        ):
-            raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
+        self.save_progress(self, name, data)
         self.recovery_point = name
         self.recovery_data = data
 

@@ -14,7 +14,8 @@ import time
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from enum import StrEnum
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
@@ -22,12 +23,12 @@ from django.dispatch import Signal
 from django.http import HttpRequest
 from django.utils import timezone
 
-from django_idempotency import signals, store
+from django_idempotency import rules, signals, store
 from django_idempotency.claim import Claim
-from django_idempotency.exceptions import StoreUnavailable
+from django_idempotency.exceptions import LockLost, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import Policy
-from django_idempotency.responses import StoredResponse
+from django_idempotency.store import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 
@@ -56,11 +57,19 @@ class Attempt:
         return {"request": self.request, "scope": self.scope, "key_hash": self.key_hash}
 
 
+class Kind(StrEnum):
+    """Why a live key is not this attempt's."""
+
+    REPLAY = "replay"
+    MISMATCH = "mismatch"
+    IN_PROGRESS = "in_progress"
+
+
 @dataclass(frozen=True)
 class Found:
     """The key is live under another attempt: its stored result, a mismatch, or in flight."""
 
-    kind: Literal["replay", "mismatch", "in_progress"]
+    kind: Kind
     record: IdempotencyKey
 
 
@@ -88,7 +97,7 @@ def _claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
     delay = _FIRST_WAIT
     record: IdempotencyKey | None = None
     for _ in range(_CLAIM_ATTEMPTS):
-        found = store.claim(
+        outcome = store.claim(
             policy.alias,
             scope=attempt.scope,
             key_hash=attempt.key_hash,
@@ -98,28 +107,29 @@ def _claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
             ttl=policy.ttl,
             lock_timeout=policy.lock_timeout,
         )
-        if found is None:
+        if isinstance(outcome, store.Raced):
             continue  # raced with another attempt's claim or release: claim again
-        if isinstance(found, store.Claimed):
+        if isinstance(outcome, store.Claimed):
             claim = Claim(
                 key=attempt.key,
                 scope=attempt.scope,
                 key_hash=attempt.key_hash,
-                pk=found.pk,
-                lock_token=found.lock_token,
-                attempt=found.attempt,
-                recovery_point=found.recovery_point,
-                recovery_data=found.recovery_data,
+                pk=outcome.pk,
+                lock_token=outcome.lock_token,
+                attempt=outcome.attempt,
+                recovery_point=outcome.recovery_point,
+                recovery_data=outcome.recovery_data,
                 alias=policy.alias,
                 lock_timeout=policy.lock_timeout,
+                save_progress=save_recovery_point,
             )
             _announce_claim(claim, attempt)
             return claim
-        record = found
+        record = outcome.record
         if record.request_hash != attempt.fingerprint:
-            return _found("mismatch", record, attempt)
+            return _found(Kind.MISMATCH, record, attempt)
         if record.status != IdempotencyKey.Status.PROCESSING:
-            return _found("replay", record, attempt)
+            return _found(Kind.REPLAY, record, attempt)
         if policy.in_progress != "wait" or time.monotonic() >= deadline:
             break
         while True:
@@ -129,17 +139,16 @@ def _claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
                 break
     if record is None:
         record = IdempotencyKey(scope=attempt.scope, key_hash=attempt.key_hash)
-    return _found("in_progress", record, attempt)
+    return _found(Kind.IN_PROGRESS, record, attempt)
 
 
 def _settled(alias: str, attempt: Attempt) -> bool:
     """Whether a waiter's key stopped being live in flight (finished, released or stale)."""
-    peeked = store.peek_status(alias, attempt.scope, attempt.key_hash)
-    if peeked is None:
-        return True
-    status, unlock_at = peeked
-    return status != IdempotencyKey.Status.PROCESSING or (
-        unlock_at is not None and unlock_at <= timezone.now()
+    lock = store.peek_status(alias, attempt.scope, attempt.key_hash)
+    return (
+        lock is None
+        or lock.status != IdempotencyKey.Status.PROCESSING
+        or rules.STALE.holds(lock, timezone.now())
     )
 
 
@@ -158,17 +167,15 @@ def _announce_claim(claim: Claim, attempt: Attempt) -> None:
 
 
 _FOUND_SIGNALS = {
-    "replay": signals.response_replayed,
-    "mismatch": signals.fingerprint_mismatch,
-    "in_progress": signals.request_in_progress,
+    Kind.REPLAY: signals.response_replayed,
+    Kind.MISMATCH: signals.fingerprint_mismatch,
+    Kind.IN_PROGRESS: signals.request_in_progress,
 }
 
 
-def _found(
-    kind: Literal["replay", "mismatch", "in_progress"], record: IdempotencyKey, attempt: Attempt
-) -> Found:
+def _found(kind: Kind, record: IdempotencyKey, attempt: Attempt) -> Found:
     logger.log(
-        logging.DEBUG if kind == "replay" else logging.INFO,
+        logging.DEBUG if kind is Kind.REPLAY else logging.INFO,
         "Idempotency key %s: %s.",
         attempt.key_hash[:12],
         kind.replace("_", " "),
@@ -200,6 +207,21 @@ def complete(
             claim.attempt,
         )
         _send_for_claim(signals.late_result_refused, claim, request, response=stored)
+
+
+#: The longest recovery point name the record holds.
+MAX_RECOVERY_POINT = IdempotencyKey._meta.get_field("recovery_point").max_length
+
+
+def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
+    """Record an attempt's progress and renew its lock (:meth:`.Claim.set_recovery_point`)."""
+    if MAX_RECOVERY_POINT is not None and len(name) > MAX_RECOVERY_POINT:
+        raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
+    if not store.save_recovery_point(
+        claim.alias, claim.pk, claim.lock_token, name, data, claim.lock_timeout
+    ):
+        raise LockLost(f"The lock on idempotency record {claim.pk} was taken over.")
+    logger.debug("Idempotency record %s: recovery point %r.", claim.pk, name)
 
 
 def release(

@@ -1,57 +1,76 @@
-"""The operators' statements: stale records, releasing or failing them, deleting expired ones.
+"""The operators' actions: stale records, releasing or failing them, deleting expired ones.
 
 The two commands and the admin actions all go through these functions, so there is one way to
-do each thing. Every write is a short statement (or a short transaction) fenced like the
-store's own writes: a record is only released or failed while it is still ``processing`` under
-the same ``lock_token`` and its lock is still expired, so a record that a retry has just taken
-over (or that its owner renewed) is left alone; and an expired record whose lock is still live
-is never deleted.
+do each thing; the statements are the store's. Every write is fenced like an attempt's own: a
+record is only released or failed while it is still ``processing`` under the same
+``lock_token`` and its lock is still expired, so a record that a retry has just taken over (or
+that its owner renewed) is left alone; and an expired record whose lock is still live is never
+deleted.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from django.conf import settings
-from django.db import connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
-from django_idempotency import problems, store
+from django_idempotency import problems, rules, store
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.responses import StoredResponse
-from django_idempotency.store import _prep
+from django_idempotency.store import Batch, StoredResponse
+
+__all__ = [
+    "Batch",
+    "deletable",
+    "delete_expired_batch",
+    "expired_records",
+    "mark_failed",
+    "release",
+    "stale",
+    "stale_records",
+]
 
 logger = logging.getLogger("django_idempotency")
 
-PROCESSING = IdempotencyKey.Status.PROCESSING
-FAILED = IdempotencyKey.Status.FAILED
-
 
 def stale(cutoff: datetime) -> Q:
-    """Stuck in ``processing``, with a lock that expired by ``cutoff``."""
-    return Q(status=PROCESSING, unlock_at__lte=cutoff)
+    """:data:`~django_idempotency.rules.STALE` by ``cutoff``, for a queryset."""
+    return rules.STALE.filter(cutoff)
+
+
+def deletable(now: datetime) -> Q:
+    """:data:`~django_idempotency.rules.DELETABLE` at ``now``, for a queryset."""
+    return rules.DELETABLE.filter(now)
 
 
 def stale_records(alias: str, *, older_than: timedelta = timedelta(0)) -> QuerySet[IdempotencyKey]:
     """Records stuck in ``processing`` whose lock expired at least ``older_than`` ago."""
-    cutoff = timezone.now() - older_than
-    return IdempotencyKey.objects.using(alias).filter(stale(cutoff)).order_by("unlock_at", "pk")
-
-
-def deletable(now: datetime) -> Q:
-    """Expired, and not a ``processing`` record whose lock is still live (or has none)."""
-    return Q(expires_at__lte=now) & (~Q(status=PROCESSING) | Q(unlock_at__lte=now))
+    connection = connections[alias]
+    return store.for_connection(connection).stale_records(connection, older_than=older_than)
 
 
 def expired_records(alias: str, *, now: datetime | None = None) -> QuerySet[IdempotencyKey]:
     """The records :func:`delete_expired_batch` would delete."""
-    return IdempotencyKey.objects.using(alias).filter(deletable(now or timezone.now()))
+    connection = connections[alias]
+    return store.for_connection(connection).expired_records(connection, now=now or timezone.now())
+
+
+def delete_expired_batch(
+    alias: str,
+    *,
+    now: datetime,
+    batch_size: int,
+    after: datetime | None = None,
+    pks: list[int] | None = None,
+) -> Batch:
+    """Delete up to ``batch_size`` expired records in one short transaction of its own
+    (:meth:`.Store.delete_expired_batch`)."""
+    connection = connections[alias]
+    return store.for_connection(connection).delete_expired_batch(
+        connection, now=now, batch_size=batch_size, after=after, pks=pks
+    )
 
 
 def release(alias: str, record: IdempotencyKey) -> bool:
@@ -96,89 +115,3 @@ def _log_resolved(action: str, record: IdempotencyKey) -> None:
         record.scope,
         record.key_hash[:12],
     )
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One batch of :func:`delete_expired_batch`."""
-
-    deleted: int
-    #: The largest ``expires_at`` seen: the next batch starts there (``None``: nothing left).
-    last_expires_at: datetime | None
-
-
-def delete_expired_batch(
-    alias: str,
-    *,
-    now: datetime,
-    batch_size: int,
-    after: datetime | None = None,
-    pks: list[int] | None = None,
-) -> Batch:
-    """Delete up to ``batch_size`` expired records in one short transaction of its own.
-
-    The rows are picked by primary key on the ``expires_at`` index, from ``after`` on (so a long
-    run does not rescan the dead rows it left behind), and on PostgreSQL locked with
-    ``FOR UPDATE SKIP LOCKED``: two runs at once share the rows instead of waiting for each
-    other, and a row a claim is rewriting right now is left for the next run. ``pks`` restricts
-    the batch to those records (the admin's selection).
-    """
-    connection = connections[alias]
-    q = connection.ops.quote_name
-    table = q(IdempotencyKey._meta.db_table)
-    db_now = _prep("expires_at", now, connection)
-    where = f"{q('expires_at')} <= %s AND ({q('status')} <> %s OR {q('unlock_at')} <= %s)"
-    where_params: list[Any] = [db_now, PROCESSING, db_now]
-    if after is not None:
-        where += f" AND {q('expires_at')} >= %s"
-        where_params.append(_prep("expires_at", after, connection))
-    if pks is not None:
-        if not pks:
-            return Batch(0, None)
-        in_pks, in_params = _in_ids(connection, pks)
-        where += f" AND {in_pks}"
-        where_params += in_params
-    select = f"SELECT {q('id')}, {q('expires_at')} FROM {table} WHERE {where} "
-    select += f"ORDER BY {q('expires_at')} LIMIT %s"
-    if connection.features.has_select_for_update_skip_locked:
-        select += " FOR UPDATE SKIP LOCKED"
-    with transaction.atomic(using=alias), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # The batch's commit need not wait for its WAL flush (nor make the claims' commits
-            # queue behind it): a delete lost in a crash is redone by the next run, and a later
-            # claim's synchronous commit flushes it anyway.
-            cursor.execute("SET LOCAL synchronous_commit TO OFF")
-            # One statement, and only a count and a timestamp back to Python.
-            cursor.execute(
-                f"WITH batch AS ({select}), gone AS (DELETE FROM {table} USING batch "
-                f"WHERE {table}.{q('id')} = batch.{q('id')} RETURNING {table}.{q('expires_at')}) "
-                f"SELECT count(*), max({q('expires_at')}) FROM gone",
-                [*where_params, batch_size],
-            )
-            deleted, last = cursor.fetchone()
-            return Batch(deleted, last) if deleted else Batch(0, None)
-        cursor.execute(select, [*where_params, batch_size])
-        rows = cursor.fetchall()
-        if not rows:
-            return Batch(0, None)
-        deleted = 0
-        ids = [row[0] for row in rows]
-        for start in range(0, len(ids), 500):  # SQLite caps a statement's parameters
-            in_ids, in_params = _in_ids(connection, ids[start : start + 500])
-            cursor.execute(
-                f"DELETE FROM {table} WHERE {in_ids} AND {where}", [*in_params, *where_params]
-            )
-            deleted += cursor.rowcount
-    last = max(row[1] for row in rows)
-    if isinstance(last, str):  # SQLite may hand back the stored text
-        last = parse_datetime(last)
-    if settings.USE_TZ and timezone.is_naive(last):  # ... or a naive one, in its time zone
-        last = timezone.make_aware(last, connection.timezone)
-    return Batch(deleted, last)
-
-
-def _in_ids(connection: BaseDatabaseWrapper, ids: list[int]) -> tuple[str, list[Any]]:
-    column = connection.ops.quote_name("id")
-    if connection.vendor == "postgresql":
-        return f"{column} = ANY(%s)", [ids]
-    return f"{column} IN ({', '.join(['%s'] * len(ids))})", list(ids)

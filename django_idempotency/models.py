@@ -5,6 +5,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency import rules
+
 
 class IdempotencyKey(models.Model):
     """One idempotency key of one scope: its claim, its lock and its stored response.
@@ -16,7 +18,7 @@ class IdempotencyKey(models.Model):
     """
 
     class Status(models.TextChoices):
-        PROCESSING = "processing", _("processing")
+        PROCESSING = rules.PROCESSING, _("processing")
         COMPLETED = "completed", _("completed")
         FAILED = "failed", _("failed")
 
@@ -54,7 +56,7 @@ class IdempotencyKey(models.Model):
             models.Index(
                 fields=["unlock_at"],
                 name="django_idempotency_stale",
-                condition=Q(status="processing"),
+                condition=Q(status=rules.PROCESSING),
             ),
         ]
 
@@ -63,12 +65,8 @@ class IdempotencyKey(models.Model):
 
     @property
     def is_expired(self) -> bool:
-        return self.expires_at <= timezone.now()
+        return rules.EXPIRED.holds(self, timezone.now())
 
     @property
     def is_stale(self) -> bool:
-        return (
-            self.status == self.Status.PROCESSING
-            and self.unlock_at is not None
-            and self.unlock_at <= timezone.now()
-        )
+        return rules.STALE.holds(self, timezone.now())

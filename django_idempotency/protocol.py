@@ -60,9 +60,9 @@ def begin(request: HttpRequest, policy: Policy) -> engine.Steps[Decision]:
         return problems.in_progress(conf.RETRY_AFTER)
     if isinstance(outcome, Claim):
         return outcome
-    if outcome.kind == "mismatch":
+    if outcome.kind is engine.Kind.MISMATCH:
         return problems.key_reuse(conf.MISMATCH_STATUS)
-    if outcome.kind == "replay":
+    if outcome.kind is engine.Kind.REPLAY:
         return _replay(outcome.record)
     return problems.in_progress(conf.RETRY_AFTER)
 

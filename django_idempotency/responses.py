@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any
 
 from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.http.response import FileResponse
 
 from django_idempotency.exceptions import UnreplayableResponse
+from django_idempotency.store.base import StoredResponse as StoredResponse
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 
@@ -29,13 +29,6 @@ NEVER_STORED = frozenset(
         "content-length",
     }
 )
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    status: int
-    headers: list[list[str]]
-    body: bytes | None  # None: the body was over MAX_BODY_SIZE and was not kept
 
 
 def check_replayable(response: HttpResponseBase) -> None:

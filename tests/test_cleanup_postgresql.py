@@ -99,7 +99,7 @@ def test_claims_during_a_cleanup_are_never_lost() -> None:
     barrier = threading.Barrier(2)
 
     def claim(key: str) -> bool:
-        """As the engine does: ``None`` means a concurrent change (the cleanup's), claim again."""
+        """As the engine does: ``RACED`` means a concurrent change (the cleanup's), claim again."""
         for _ in range(5):
             found = store.claim(
                 "default",
@@ -111,7 +111,7 @@ def test_claims_during_a_cleanup_are_never_lost() -> None:
                 ttl=timedelta(hours=1),
                 lock_timeout=timedelta(minutes=1),
             )
-            if found is not None:
+            if found is not store.RACED:
                 return isinstance(found, store.Claimed)
         return False
 

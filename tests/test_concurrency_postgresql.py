@@ -218,7 +218,7 @@ def test_a_claim_that_waited_on_a_concurrent_insert_sees_nothing_and_says_so() -
             )
         ),
     )
-    assert found is None
+    assert found is store.RACED
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
 
 

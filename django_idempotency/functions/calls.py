@@ -33,7 +33,7 @@ from django_idempotency.functions.serializers import ResultSerializer
 from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import Options, Policy
-from django_idempotency.responses import StoredResponse
+from django_idempotency.store import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 
@@ -232,12 +232,12 @@ def begin(attempt: engine.Attempt, spec: Spec, policy: Policy) -> engine.Steps[C
     if isinstance(outcome, Claim):
         return outcome
     record = outcome.record
-    if outcome.kind == "mismatch":
+    if outcome.kind is engine.Kind.MISMATCH:
         raise IdempotencyKeyMismatch(
             f"{spec.name}: key {attempt.key_hash[:12]}… was used before by a call with another "
             "payload, or by another function of the same name; nothing ran."
         )
-    if outcome.kind == "in_progress":
+    if outcome.kind is engine.Kind.IN_PROGRESS:
         raise IdempotencyInProgress(_in_progress_message(spec, attempt), unlock_at=record.unlock_at)
     return Replayed(_stored_result(spec, record))
 

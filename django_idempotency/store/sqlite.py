@@ -1,0 +1,54 @@
+"""SQLite: the claim in two statements (writers run one at a time), no lock wait to bound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import OperationalError, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.store.base import Batch, BatchQuery, Store, first
+
+#: SQLite caps a statement's parameters: the cleanup deletes a batch in chunks of this many.
+_CHUNK = 500
+
+
+class SQLiteStore(Store):
+    vendor = "sqlite"
+
+    def insert_or_load(
+        self, connection: BaseDatabaseWrapper, params: list[Any], scope: str, key_hash: str
+    ) -> IdempotencyKey | None:
+        statements = self.statements(connection)
+        inserted = first(connection, statements.insert, params)
+        return inserted or first(connection, statements.select, [scope, key_hash])
+
+    def delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
+        table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(batch.select, [*batch.params, batch.size])
+            rows = cursor.fetchall()
+            if not rows:
+                return Batch(0, None)
+            deleted = 0
+            ids = [row[0] for row in rows]
+            for start in range(0, len(ids), _CHUNK):
+                in_ids, in_params = self.in_ids(connection, ids[start : start + _CHUNK])
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE {in_ids} AND {batch.where}",
+                    [*in_params, *batch.params],
+                )
+                deleted += cursor.rowcount
+        last = max(row[1] for row in rows)
+        if isinstance(last, str):  # SQLite may hand back the stored text
+            last = parse_datetime(last)
+        if settings.USE_TZ and timezone.is_naive(last):  # ... or a naive one, in its time zone
+            last = timezone.make_aware(last, connection.timezone)
+        return Batch(deleted, last)
+
+    def is_lock_timeout(self, exc: BaseException) -> bool:
+        return isinstance(exc, OperationalError) and "database is locked" in str(exc)
