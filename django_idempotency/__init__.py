@@ -2,4 +2,9 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0.dev0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("django-idempotency")
+except PackageNotFoundError:  # run from a checkout, not installed
+    __version__ = "0+unknown"

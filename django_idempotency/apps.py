@@ -13,11 +13,12 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency import checks, conf
+        from django_idempotency import checks
+        from django_idempotency.conf import connect_signals
 
         register(Tags.compatibility)(checks.check_settings)
         register(Tags.database)(checks.check_database)
-        conf.connect_signals()
+        connect_signals()
         if find_spec("drf_spectacular") is not None:
             # Registers the schema extension: protected views document themselves.
             from django_idempotency import openapi  # noqa: F401

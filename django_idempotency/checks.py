@@ -9,8 +9,8 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 
-from django_idempotency.conf import DEFAULTS, IN_PROGRESS_POLICIES, _resolve, user_settings
-from django_idempotency.durations import to_timedelta
+from django_idempotency import durations
+from django_idempotency.conf import DEFAULTS, IN_PROGRESS_POLICIES, import_callable, user_settings
 from django_idempotency.keys import MAX_KEY_LENGTH
 from django_idempotency.options import SAFE_METHODS
 from django_idempotency.responses import NEVER_STORED
@@ -83,7 +83,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     errors += _check_headers(value["REPLAYED_HEADERS"])
     for id_, name in ((15, "SCOPE_FUNCTION"), (16, "FINGERPRINT_FUNCTION")):
         try:
-            _resolve(value[name])
+            import_callable(value[name])
         except (ImportError, TypeError, ValueError) as exc:
             errors.append(_error(id_, f"IDEMPOTENCY[{name!r}] cannot be used: {exc}"))
     if not _positive_int(value["MAX_BODY_SIZE"]):
@@ -110,10 +110,9 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
 
 def _duration(value: object) -> timedelta | None:
     try:
-        duration = to_timedelta(value, "")
-    except TypeError:
+        return durations.positive(value, "")
+    except (TypeError, ValueError):
         return None
-    return duration if duration > timedelta(0) else None
 
 
 def _positive_int(value: object) -> bool:

@@ -73,7 +73,7 @@ def derived(func: F) -> F:
 
 
 @derived
-def _resolve(path_or_callable: object) -> Callable[..., Any]:
+def import_callable(path_or_callable: object) -> Callable[..., Any]:
     if isinstance(path_or_callable, str):
         resolved = import_string(path_or_callable)
     else:
@@ -130,8 +130,8 @@ class Settings:
     MISMATCH_STATUS = _Setting(int)
     MIN_KEY_LENGTH = _Setting(int)
     REPLAYED_HEADERS = _Setting(_lower_set)
-    SCOPE_FUNCTION: _Setting[ScopeFunction] = _Setting(_resolve)
-    FINGERPRINT_FUNCTION: _Setting[FingerprintFunction] = _Setting(_resolve)
+    SCOPE_FUNCTION: _Setting[ScopeFunction] = _Setting(import_callable)
+    FINGERPRINT_FUNCTION: _Setting[FingerprintFunction] = _Setting(import_callable)
     DATABASE_ALIAS = _Setting(str)
     MAX_BODY_SIZE = _Setting(int)
 

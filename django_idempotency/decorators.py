@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
-from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpResponseBase
 
-from django_idempotency import protocol
-from django_idempotency.conf import conf
-from django_idempotency.durations import Duration
-from django_idempotency.options import Options
+from django_idempotency import lifecycle, protocol
+from django_idempotency.options import VIEW_OPTIONS, Options, ViewOptions
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack: Python 3.11
 
 
 @overload
@@ -24,56 +23,27 @@ def idempotent(view: ViewFunc) -> ViewFunc: ...
 
 @overload
 def idempotent(
-    view: None = None,
-    *,
-    required: bool | None = None,
-    ttl: Duration | None = None,
-    lock_timeout: Duration | None = None,
-    atomic: bool = False,
-    in_progress: str | None = None,
-    wait_timeout: Duration | None = None,
-    methods: Iterable[str] | None = None,
+    view: None = None, **options: Unpack[ViewOptions]
 ) -> Callable[[ViewFunc], ViewFunc]: ...
 
 
 def idempotent(
-    view: ViewFunc | None = None,
-    *,
-    required: bool | None = None,
-    ttl: Duration | None = None,
-    lock_timeout: Duration | None = None,
-    atomic: bool = False,
-    in_progress: str | None = None,
-    wait_timeout: Duration | None = None,
-    methods: Iterable[str] | None = None,
+    view: ViewFunc | None = None, **options: Unpack[ViewOptions]
 ) -> ViewFunc | Callable[[ViewFunc], ViewFunc]:
     """Protect a view with the ``Idempotency-Key`` header: its side effects run once per key.
 
-    Usable bare (``@idempotent``) or with options, which override ``settings.IDEMPOTENCY``.
-    Works on function views, on ``View.dispatch`` through ``method_decorator``, and on
-    ``async def`` views (``atomic=True`` needs a sync view: Django transactions are sync).
+    Usable bare (``@idempotent``) or with options, which override ``settings.IDEMPOTENCY``:
+    ``required``, ``ttl``, ``lock_timeout``, ``atomic``, ``in_progress``, ``wait_timeout`` and
+    ``methods`` (see :doc:`/settings`). Works on function views, on ``View.dispatch`` through
+    ``method_decorator``, and on ``async def`` views (``atomic=True`` needs a sync view:
+    Django transactions are sync).
     """
-    options = Options.build(
-        required=required,
-        ttl=ttl,
-        lock_timeout=lock_timeout,
-        atomic=atomic,
-        in_progress=in_progress,
-        wait_timeout=wait_timeout,
-        methods=methods,
-    )
+    built = Options.build(VIEW_OPTIONS, "idempotent", **options)
 
     def decorate(view: ViewFunc) -> ViewFunc:
-        if iscoroutinefunction(view):
-            if options.atomic:
-                raise ImproperlyConfigured(
-                    f"{view.__qualname__}: atomic=True needs a sync view; Django's "
-                    "transactions cannot span an async view."
-                )
-            wrapper: Callable[..., Any] = _async_wrapper(view, options)
-        else:
-            wrapper = _sync_wrapper(view, options)
-        wrapper.idempotency_options = options  # type: ignore[attr-defined]
+        asynchronous = lifecycle.is_async(view, view.__qualname__, "view", atomic=built.atomic)
+        wrapper = (_async_wrapper if asynchronous else _sync_wrapper)(view, built)
+        wrapper.idempotency_options = built  # type: ignore[attr-defined]
         return wraps(view)(wrapper)  # type: ignore[return-value]
 
     return decorate if view is None else decorate(view)
@@ -82,51 +52,24 @@ def idempotent(
 def _sync_wrapper(view: Callable[..., HttpResponseBase], options: Options) -> Callable[..., Any]:
     def wrapper(request: Any, *args: Any, **kwargs: Any) -> HttpResponseBase:
         http_request = protocol.http_request(request)
-        policy = options.resolve()
-        if not (conf.ENABLED and policy.protects(http_request.method)):
-            protocol.attach(http_request, None)
+        policy = protocol.protecting(options, http_request)
+        if policy is None:
             return view(request, *args, **kwargs)
-
-        def run() -> HttpResponseBase:
-            decision = protocol.run_steps(protocol.begin(http_request, policy))
-            if isinstance(decision, HttpResponseBase):
-                return decision
-            protocol.attach(http_request, decision)
-            if decision is None:
-                return view(request, *args, **kwargs)
-            try:
-                response = view(request, *args, **kwargs)
-            except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-                protocol.abort(http_request, decision, policy, reason="exception")
-                raise
-            return protocol.finish(http_request, decision, response, policy)
-
-        return protocol.in_transaction(policy, run)
+        return lifecycle.run(
+            protocol.HttpAdapter(http_request), policy, lambda _: view(request, *args, **kwargs)
+        )
 
     return wrapper
 
 
 def _async_wrapper(view: Callable[..., Any], options: Options) -> Callable[..., Any]:
-    finish = sync_to_async(protocol.finish)
-    abort = sync_to_async(protocol.abort)
-
     async def wrapper(request: Any, *args: Any, **kwargs: Any) -> HttpResponseBase:
         http_request = protocol.http_request(request)
-        policy = options.resolve()
-        if not (conf.ENABLED and policy.protects(http_request.method)):
-            protocol.attach(http_request, None)
+        policy = protocol.protecting(options, http_request)
+        if policy is None:
             return await view(request, *args, **kwargs)  # type: ignore[no-any-return]
-        decision = await protocol.arun_steps(protocol.begin(http_request, policy))
-        if isinstance(decision, HttpResponseBase):
-            return decision
-        protocol.attach(http_request, decision)
-        if decision is None:
-            return await view(request, *args, **kwargs)  # type: ignore[no-any-return]
-        try:
-            response = await view(request, *args, **kwargs)
-        except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-            await abort(http_request, decision, policy, reason="exception")
-            raise
-        return await finish(http_request, decision, response, policy)
+        return await lifecycle.arun(
+            protocol.HttpAdapter(http_request), policy, lambda _: view(request, *args, **kwargs)
+        )
 
     return wrapper

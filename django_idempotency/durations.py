@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 Duration = timedelta | int | float
@@ -14,3 +15,26 @@ def to_timedelta(value: object, name: str) -> timedelta:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return timedelta(seconds=value)
     raise TypeError(f"{name} must be a timedelta or a number of seconds, not {value!r}.")
+
+
+def positive(value: object, name: str) -> timedelta:
+    """A duration that must be above zero; ``TypeError`` or ``ValueError`` if it is not."""
+    duration = to_timedelta(value, name)
+    if duration <= timedelta(0):
+        raise ValueError(f"{name} must be positive, not {value!r}.")
+    return duration
+
+
+_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse(value: object, name: str) -> timedelta:
+    """A duration, or text such as ``90``, ``90s``, ``15m``, ``2h`` or ``1d`` (a command's
+    option); ``TypeError`` or ``ValueError`` if it is neither."""
+    if not isinstance(value, str):
+        return to_timedelta(value, name)
+    match = _TEXT.match(value)
+    if not match:
+        raise ValueError(f"{name} must be a duration such as 90, 90s, 15m, 2h or 1d.")
+    return timedelta(seconds=float(match[1]) * _UNITS[match[2]])

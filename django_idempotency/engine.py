@@ -1,23 +1,21 @@
-"""The claim loop and the end of an attempt, independent of HTTP.
+"""The claim loop and every write of an attempt, independent of HTTP.
 
 :func:`acquire` is a generator so that waiting is done by the caller: it yields the seconds to
-sleep (``time.sleep`` or ``asyncio.sleep``, see :func:`run_steps` and :func:`arun_steps`) and
-returns its outcome through ``StopIteration``. The HTTP protocol (:mod:`.protocol`) and the
-function decorator build on it, so views and message handlers share one state machine.
+sleep (``time.sleep`` or ``asyncio.sleep``, see :mod:`.lifecycle`) and returns its outcome
+through ``StopIteration``. The writes (:func:`complete`, :func:`release`,
+:func:`save_recovery_point`) are logged and signalled here, whoever asks for them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 from typing import Any, TypeVar
 
-from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
 from django.dispatch import Signal
 from django.http import HttpRequest
@@ -26,6 +24,7 @@ from django.utils import timezone
 from django_idempotency import rules, signals, store
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockLost, StoreUnavailable
+from django_idempotency.limits import MAX_RECOVERY_POINT
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import Policy
 from django_idempotency.store import StoredResponse
@@ -57,7 +56,7 @@ class Attempt:
         return {"request": self.request, "scope": self.scope, "key_hash": self.key_hash}
 
 
-class Kind(StrEnum):
+class Kind(str, Enum):
     """Why a live key is not this attempt's."""
 
     REPLAY = "replay"
@@ -209,13 +208,9 @@ def complete(
         _send_for_claim(signals.late_result_refused, claim, request, response=stored)
 
 
-#: The longest recovery point name the record holds.
-MAX_RECOVERY_POINT = IdempotencyKey._meta.get_field("recovery_point").max_length
-
-
 def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
     """Record an attempt's progress and renew its lock (:meth:`.Claim.set_recovery_point`)."""
-    if MAX_RECOVERY_POINT is not None and len(name) > MAX_RECOVERY_POINT:
+    if len(name) > MAX_RECOVERY_POINT:
         raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
     if not store.save_recovery_point(
         claim.alias, claim.pk, claim.lock_token, name, data, claim.lock_timeout
@@ -245,6 +240,11 @@ def release(
     _send_for_claim(signals.key_released, claim, request, reason=reason)
 
 
+def abort(claim: Claim, policy: Policy, request: HttpRequest | None, *, reason: str) -> None:
+    """The protected code raised: release the claim so a retry runs it again."""
+    release(claim, policy, request, reason=reason, raised=True)
+
+
 def _send_for_claim(
     signal: Signal, claim: Claim, request: HttpRequest | None, **extra: Any
 ) -> None:
@@ -272,31 +272,3 @@ def atomic_attempt(policy: Policy) -> Iterator[None]:
         raise StoreUnavailable(str(exc)) from exc
     with transaction.atomic(using=policy.alias):
         yield
-
-
-def run_steps(steps: Steps[T]) -> T:
-    """Drive a generator of :mod:`engine` synchronously."""
-    try:
-        delay = next(steps)
-        while True:
-            time.sleep(delay)
-            delay = steps.send(None)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-async def arun_steps(steps: Steps[T]) -> T:
-    """Drive it from async code: database work in a thread, sleeping on the event loop."""
-    advance = sync_to_async(_advance)
-    while True:
-        done, value = await advance(steps)
-        if done:
-            return value  # type: ignore[no-any-return]
-        await asyncio.sleep(value)
-
-
-def _advance(steps: Steps[Any]) -> tuple[bool, Any]:
-    try:
-        return False, next(steps)
-    except StopIteration as stop:
-        return True, stop.value

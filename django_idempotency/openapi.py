@@ -20,15 +20,16 @@ from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent, get_c
 from rest_framework.views import APIView
 
 from django_idempotency.conf import conf
+from django_idempotency.keys import MAX_KEY_LENGTH
 from django_idempotency.options import Options, Policy
 from django_idempotency.problems import CONTENT_TYPE
+from django_idempotency.responses import REPLAYED_HEADER
 from django_idempotency.rest_framework import IdempotencyMixin
 
 if TYPE_CHECKING:
     from drf_spectacular.utils import _SchemaType
 
 PROBLEM_COMPONENT = "IdempotencyProblem"
-REPLAYED_HEADER = "Idempotent-Replayed"
 
 _PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -155,7 +156,7 @@ def _key_parameter(policy: Policy) -> dict[str, Any]:
     description = (
         "A unique key (a UUID) for this operation; retrying with the same key and body returns "
         "the first response instead of running the operation again. A Structured Field string "
-        '(`"…"`) or a bare token, at most 255 printable ASCII characters.'
+        f'(`"…"`) or a bare token, at most {MAX_KEY_LENGTH} printable ASCII characters.'
     )
     if not policy.required:
         description += " Optional: without it the request is not protected."
@@ -163,7 +164,11 @@ def _key_parameter(policy: Policy) -> dict[str, Any]:
         "in": "header",
         "name": conf.HEADER,
         "required": policy.required,
-        "schema": {"type": "string", "minLength": max(1, conf.MIN_KEY_LENGTH), "maxLength": 255},
+        "schema": {
+            "type": "string",
+            "minLength": max(1, conf.MIN_KEY_LENGTH),
+            "maxLength": MAX_KEY_LENGTH,
+        },
         "description": description,
     }
 

@@ -5,13 +5,40 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, TypedDict
 
 from django.core.exceptions import ImproperlyConfigured
 
+from django_idempotency import durations
 from django_idempotency.conf import IN_PROGRESS_POLICIES, conf, derived
-from django_idempotency.durations import Duration, to_timedelta
+from django_idempotency.durations import Duration
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack: Python 3.11
+
+
+class CallOptions(TypedDict, total=False):
+    """The options of every protected entry point, as given (``None``: as the settings say)."""
+
+    ttl: Duration | None
+    lock_timeout: Duration | None
+    atomic: bool
+    in_progress: str | None
+    wait_timeout: Duration | None
+
+
+class ViewOptions(CallOptions, total=False):
+    """... and those of a view: whether a key is required, and which methods it protects."""
+
+    required: bool | None
+    methods: Iterable[str] | None
+
+
+#: The names each kind of entry point accepts.
+CALL_OPTIONS = frozenset(CallOptions.__optional_keys__)
+VIEW_OPTIONS = frozenset(ViewOptions.__optional_keys__)
 
 
 @dataclass(frozen=True)
@@ -29,24 +56,23 @@ class Options:
     @classmethod
     def build(
         cls,
-        *,
-        required: bool | None = None,
-        ttl: Duration | None = None,
-        lock_timeout: Duration | None = None,
-        atomic: bool = False,
-        in_progress: str | None = None,
-        wait_timeout: Duration | None = None,
-        methods: Iterable[str] | None = None,
+        accepted: frozenset[str] = VIEW_OPTIONS,
+        caller: str = "Options.build",
+        /,
+        **options: Unpack[ViewOptions],
     ) -> Options:
+        """Validate the options ``caller`` was given (only those of ``accepted``)."""
+        for name in options.keys() - accepted:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
         try:
             return cls(
-                required=required,
-                ttl=_positive(ttl, "ttl"),
-                lock_timeout=_positive(lock_timeout, "lock_timeout"),
-                atomic=bool(atomic),
-                in_progress=_in_progress(in_progress),
-                wait_timeout=_positive(wait_timeout, "wait_timeout"),
-                methods=_methods(methods),
+                required=options.get("required"),
+                ttl=_positive(options.get("ttl"), "ttl"),
+                lock_timeout=_positive(options.get("lock_timeout"), "lock_timeout"),
+                atomic=bool(options.get("atomic", False)),
+                in_progress=_in_progress(options.get("in_progress")),
+                wait_timeout=_positive(options.get("wait_timeout"), "wait_timeout"),
+                methods=_methods(options.get("methods")),
             )
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
@@ -86,12 +112,7 @@ def _policy(options: Options) -> Policy:
 
 
 def _positive(value: Duration | None, name: str) -> timedelta | None:
-    if value is None:
-        return None
-    duration = to_timedelta(value, name)
-    if duration <= timedelta(0):
-        raise ValueError(f"{name} must be positive, not {value!r}.")
-    return duration
+    return None if value is None else durations.positive(value, name)
 
 
 def _in_progress(value: str | None) -> str | None:

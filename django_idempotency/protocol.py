@@ -1,25 +1,25 @@
 """The HTTP side of a protected request, shared by the decorator and the DRF mixin, sync and
-async: :func:`begin` before the view, :func:`finish` or :func:`abort` after it.
+async: :class:`HttpAdapter` is what :mod:`.lifecycle` needs to know of HTTP.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
-from django_idempotency import engine, problems, responses
+from django_idempotency import engine, lifecycle, problems, responses
 from django_idempotency.claim import Claim
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
 from django_idempotency.keys import InvalidKey, hash_key, parse_key
+from django_idempotency.lifecycle import Answer
+from django_idempotency.limits import bounded_scope
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.options import Policy
+from django_idempotency.options import Options, Policy
 
 logger = logging.getLogger("django_idempotency")
 
@@ -27,44 +27,75 @@ logger = logging.getLogger("django_idempotency")
 #: (``None``) run the view unprotected because the request has no key.
 Decision = HttpResponseBase | Claim | None
 
-run_steps = engine.run_steps
-arun_steps = engine.arun_steps
+run_steps = lifecycle.run_steps
+
+
+class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
+    """A protected request: the key from its header, the answers as HTTP responses."""
+
+    request: HttpRequest
+
+    def __init__(self, request: HttpRequest) -> None:
+        super().__init__()
+        self.request = request
+
+    def attempt(self, policy: Policy) -> engine.Attempt | Answer[HttpResponseBase] | None:
+        request = self.request
+        header = request.META.get(_wsgi_name(conf.HEADER))
+        if header is None:
+            return Answer(problems.missing_key(conf.HEADER)) if policy.required else None
+        try:
+            key = parse_key(header, min_length=conf.MIN_KEY_LENGTH)
+        except InvalidKey as exc:
+            return Answer(problems.invalid_key(str(exc)))
+        scope = _scope(request)
+        return engine.Attempt(
+            key=key,
+            scope=scope,
+            key_hash=hash_key(key),
+            fingerprint=conf.FINGERPRINT_FUNCTION(request, scope),
+            method=request.method or "",
+            path=request.get_full_path(),
+            request=request,
+        )
+
+    def hold(self, claim: Claim | None) -> None:
+        self.claim = claim
+        attach(self.request, claim)
+
+    def found(self, found: engine.Found) -> Answer[HttpResponseBase]:
+        if found.kind is engine.Kind.MISMATCH:
+            return Answer(problems.key_reuse(conf.MISMATCH_STATUS))
+        if found.kind is engine.Kind.REPLAY:
+            return Answer(_replay(found.record))
+        return Answer(problems.in_progress(conf.RETRY_AFTER))
+
+    def refused(
+        self, exc: StoreUnavailable | LockWaitTimeout, policy: Policy
+    ) -> Answer[HttpResponseBase]:
+        if isinstance(exc, LockWaitTimeout):
+            return Answer(problems.in_progress(conf.RETRY_AFTER))
+        logger.exception("Idempotency store %r unavailable; the view was not run.", policy.alias)
+        return Answer(problems.unavailable())
+
+    def finish(self, claim: Claim, result: HttpResponseBase, policy: Policy) -> HttpResponseBase:
+        return finish(self.request, claim, result, policy)
 
 
 def begin(request: HttpRequest, policy: Policy) -> engine.Steps[Decision]:
-    header = request.META.get(_wsgi_name(conf.HEADER))
-    if header is None:
-        return problems.missing_key(conf.HEADER) if policy.required else None
-    try:
-        key = parse_key(header, min_length=conf.MIN_KEY_LENGTH)
-    except InvalidKey as exc:
-        return problems.invalid_key(str(exc))
-    scope = _scope(request)
-    attempt = engine.Attempt(
-        key=key,
-        scope=scope,
-        key_hash=hash_key(key),
-        fingerprint=conf.FINGERPRINT_FUNCTION(request, scope),
-        method=request.method or "",
-        path=request.get_full_path(),
-        request=request,
-    )
-    try:
-        outcome = yield from engine.acquire(attempt, policy)
-    except StoreUnavailable:
-        logger.exception("Idempotency store %r unavailable; the view was not run.", policy.alias)
-        return problems.unavailable()
-    except LockWaitTimeout:
-        if policy.atomic:
-            raise  # the transaction is broken: in_transaction() answers 409 outside it
-        return problems.in_progress(conf.RETRY_AFTER)
-    if isinstance(outcome, Claim):
-        return outcome
-    if outcome.kind is engine.Kind.MISMATCH:
-        return problems.key_reuse(conf.MISMATCH_STATUS)
-    if outcome.kind is engine.Kind.REPLAY:
-        return _replay(outcome.record)
-    return problems.in_progress(conf.RETRY_AFTER)
+    """Claim the request's key, or the response to answer with instead."""
+    adapter = HttpAdapter(request)
+    decision = yield from lifecycle.begin(adapter, policy)
+    return decision.value if isinstance(decision, Answer) else decision
+
+
+def protecting(options: Options, request: HttpRequest) -> Policy | None:
+    """The policy of a request its view protects; ``None`` (and no claim) when it does not."""
+    policy = options.resolve()
+    if conf.ENABLED and policy.protects(request.method):
+        return policy
+    attach(request, None)
+    return None
 
 
 @cache
@@ -75,10 +106,7 @@ def _wsgi_name(header: str) -> str:
 
 
 def _scope(request: HttpRequest) -> str:
-    scope = conf.SCOPE_FUNCTION(request)
-    if len(scope) > 255:
-        scope = "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
-    return scope
+    return bounded_scope(conf.SCOPE_FUNCTION(request))
 
 
 def _replay(record: IdempotencyKey) -> HttpResponseBase:
@@ -132,25 +160,7 @@ def _store(request: HttpRequest, claim: Claim, response: HttpResponseBase, polic
 
 def abort(request: HttpRequest, claim: Claim, policy: Policy, *, reason: str) -> None:
     """The view raised: release the claim so the client's retry runs it again."""
-    engine.release(claim, policy, request, reason=reason, raised=True)
-
-
-def in_transaction(policy: Policy, call: Callable[[], HttpResponseBase]) -> HttpResponseBase:
-    """Run ``call`` as atomic mode asks: claim, view and result in one transaction.
-
-    A duplicate's claim waits on the first attempt's uncommitted row, at most ``wait_timeout``;
-    a crash rolls everything back and leaves no record behind.
-    """
-    if not policy.atomic:
-        return call()
-    try:
-        with engine.atomic_attempt(policy):
-            return call()
-    except StoreUnavailable:
-        logger.exception("Idempotency store %r unavailable; the view was not run.", policy.alias)
-        return problems.unavailable()
-    except LockWaitTimeout:
-        return problems.in_progress(conf.RETRY_AFTER)
+    engine.abort(claim, policy, request, reason=reason)
 
 
 def http_request(request: Any) -> HttpRequest:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from django_idempotency import protocol
-from django_idempotency.claim import Claim
-from django_idempotency.conf import conf
+from django_idempotency import lifecycle, protocol
 from django_idempotency.durations import Duration
-from django_idempotency.options import Options, Policy
+from django_idempotency.lifecycle import Answer
+from django_idempotency.options import VIEW_OPTIONS, Options, Policy, ViewOptions
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -32,6 +31,21 @@ class _Answer(Exception):
         self.response = response
 
 
+#: Each option of :class:`~django_idempotency.options.ViewOptions` is a class attribute
+#: ``idempotency_<name>``.
+_OPTION_NAMES = sorted(VIEW_OPTIONS)
+
+
+class _DispatchAdapter(protocol.HttpAdapter):
+    """The claim is made in ``initial()``, inside the dispatch the lifecycle runs."""
+
+    claims_inside = True
+
+    def __init__(self, request: HttpRequest, policy: Policy) -> None:
+        super().__init__(request)
+        self.policy = policy
+
+
 class IdempotencyMixin(_Base):
     """Protect an ``APIView``, generic view or viewset with the ``Idempotency-Key`` header.
 
@@ -48,56 +62,35 @@ class IdempotencyMixin(_Base):
     idempotency_wait_timeout: Duration | None = None
     idempotency_methods: Iterable[str] | None = None
 
-    _idempotency_policy: Policy | None = None
-    _idempotency_claim: Claim | None = None
+    _idempotency: _DispatchAdapter | None = None
 
     @classmethod
     def get_idempotency_options(cls) -> Options:
-        return Options.build(
-            required=cls.idempotency_required,
-            ttl=cls.idempotency_ttl,
-            lock_timeout=cls.idempotency_lock_timeout,
-            atomic=cls.idempotency_atomic,
-            in_progress=cls.idempotency_in_progress,
-            wait_timeout=cls.idempotency_wait_timeout,
-            methods=cls.idempotency_methods,
-        )
+        given = {name: getattr(cls, f"idempotency_{name}") for name in _OPTION_NAMES}
+        return Options.build(VIEW_OPTIONS, cls.__name__, **cast(ViewOptions, given))
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        policy = self.get_idempotency_options().resolve()
-        if not (conf.ENABLED and policy.protects(request.method)):
-            protocol.attach(request, None)
+        policy = protocol.protecting(self.get_idempotency_options(), request)
+        if policy is None:
             return super().dispatch(request, *args, **kwargs)
-        self._idempotency_policy = policy
-        self._idempotency_claim = None
+        self._idempotency = _DispatchAdapter(request, policy)
         # Read the body before DRF's parsers or authenticators consume the stream.
         request.body  # noqa: B018
-        return protocol.in_transaction(
-            policy, lambda: self._idempotent_dispatch(request, policy, *args, **kwargs)
+        return lifecycle.run(
+            self._idempotency,
+            policy,
+            lambda _: super(IdempotencyMixin, self).dispatch(request, *args, **kwargs),
         )
-
-    def _idempotent_dispatch(
-        self, request: HttpRequest, policy: Policy, *args: Any, **kwargs: Any
-    ) -> HttpResponseBase:
-        try:
-            response = super().dispatch(request, *args, **kwargs)
-        except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-            if self._idempotency_claim is not None:
-                protocol.abort(request, self._idempotency_claim, policy, reason="exception")
-            raise
-        if self._idempotency_claim is None:
-            return response
-        return protocol.finish(request, self._idempotency_claim, response, policy)
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        if self._idempotency_policy is None:
+        adapter = self._idempotency
+        if adapter is None:
             return
-        decision = protocol.run_steps(protocol.begin(request._request, self._idempotency_policy))
-        if isinstance(decision, HttpResponseBase):
-            raise _Answer(decision)
-        self._idempotency_claim = decision
-        protocol.attach(request._request, decision)
+        decision = lifecycle.run_steps(lifecycle.begin(adapter, adapter.policy))
+        if isinstance(decision, Answer):
+            raise _Answer(decision.value)
+        adapter.hold(decision)
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, _Answer):

@@ -8,21 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
-from django.core.exceptions import ImproperlyConfigured
-
-from django_idempotency import engine
+from django_idempotency import lifecycle
 from django_idempotency.conf import conf
-from django_idempotency.durations import Duration
 from django_idempotency.functions import calls
 from django_idempotency.functions.serializers import JSONSerializer, ResultSerializer
-from django_idempotency.options import Options
+from django_idempotency.options import CALL_OPTIONS, CallOptions, Options
 
 __all__ = ["JSONSerializer", "ResultSerializer", "idempotent_function"]
 
 Func = TypeVar("Func", bound=Callable[..., Any])
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack: Python 3.11
 
 
 def idempotent_function(
@@ -32,11 +31,7 @@ def idempotent_function(
     payload: Callable[..., Any] | None = None,
     name: str | None = None,
     serializer: ResultSerializer | None = None,
-    ttl: Duration | None = None,
-    lock_timeout: Duration | None = None,
-    atomic: bool = False,
-    in_progress: str | None = None,
-    wait_timeout: Duration | None = None,
+    **options: Unpack[CallOptions],
 ) -> Callable[[Func], Func]:
     """Run the decorated function once per key; later calls return its stored result.
 
@@ -54,13 +49,7 @@ def idempotent_function(
     releases the key and propagates. A parameter named ``idempotency`` receives the
     :class:`~django_idempotency.claim.Claim` (recovery points, derived keys).
     """
-    options = Options.build(
-        ttl=ttl,
-        lock_timeout=lock_timeout,
-        atomic=atomic,
-        in_progress=in_progress,
-        wait_timeout=wait_timeout,
-    )
+    built = Options.build(CALL_OPTIONS, "idempotent_function", **options)
 
     def decorate(func: Func) -> Func:
         spec = calls.Spec.build(
@@ -70,17 +59,10 @@ def idempotent_function(
             payload=payload,
             serializer=JSONSerializer() if serializer is None else serializer,
             name=name,
-            options=options,
+            options=built,
         )
-        if iscoroutinefunction(func):
-            if options.atomic:
-                raise ImproperlyConfigured(
-                    f"{spec.name}: atomic=True needs a sync function; Django's transactions "
-                    "cannot span an async one."
-                )
-            wrapper: Callable[..., Any] = _async_wrapper(func, spec)
-        else:
-            wrapper = _sync_wrapper(func, spec)
+        asynchronous = lifecycle.is_async(func, spec.name, "function", atomic=built.atomic)
+        wrapper = (_async_wrapper if asynchronous else _sync_wrapper)(func, spec)
         wrapped = wraps(func)(wrapper)
         wrapped.__signature__ = spec.signature  # type: ignore[attr-defined]
         wrapped.idempotency_spec = spec  # type: ignore[attr-defined]
@@ -93,42 +75,23 @@ def _sync_wrapper(func: Callable[..., Any], spec: calls.Spec) -> Callable[..., A
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not conf.ENABLED:
             return func(*args, **spec.call_kwargs(kwargs, None))
-        attempt = spec.attempt(args, kwargs)
-        policy = calls.resolve(spec)
-
-        def run() -> Any:
-            outcome = engine.run_steps(calls.begin(attempt, spec, policy))
-            if isinstance(outcome, calls.Replayed):
-                return outcome.value
-            try:
-                result = func(*args, **spec.call_kwargs(kwargs, outcome))
-            except Exception:  # a dying process (SystemExit...) is a crash: taken over later
-                calls.abort(outcome, policy, reason="exception")
-                raise
-            return calls.finish(spec, outcome, result, policy)
-
-        return calls.in_transaction(policy, run)
+        return lifecycle.run(
+            calls.CallAdapter(spec, args, kwargs),
+            calls.policy_for(spec),
+            lambda claim: func(*args, **spec.call_kwargs(kwargs, claim)),
+        )
 
     return wrapper
 
 
 def _async_wrapper(func: Callable[..., Any], spec: calls.Spec) -> Callable[..., Any]:
-    finish = sync_to_async(calls.finish)
-    abort = sync_to_async(calls.abort)
-
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not conf.ENABLED:
             return await func(*args, **spec.call_kwargs(kwargs, None))
-        attempt = spec.attempt(args, kwargs)
-        policy = spec.options.resolve()  # always two-phase: no transaction spans an await
-        outcome = await engine.arun_steps(calls.begin(attempt, spec, policy))
-        if isinstance(outcome, calls.Replayed):
-            return outcome.value
-        try:
-            result = await func(*args, **spec.call_kwargs(kwargs, outcome))
-        except Exception:  # a dying process (SystemExit...) is a crash: taken over later
-            await abort(outcome, policy, reason="exception")
-            raise
-        return await finish(spec, outcome, result, policy)
+        return await lifecycle.arun(
+            calls.CallAdapter(spec, args, kwargs),
+            spec.options.resolve(),  # always two-phase: no transaction spans an await
+            lambda claim: func(*args, **spec.call_kwargs(kwargs, claim)),
+        )
 
     return wrapper

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
 
-from django_idempotency import engine
+from django_idempotency import engine, lifecycle
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import (
     IdempotencyError,
@@ -28,9 +28,11 @@ from django_idempotency.exceptions import (
     IdempotencyInProgress,
     IdempotencyKeyMismatch,
     LockWaitTimeout,
+    StoreUnavailable,
 )
 from django_idempotency.functions.serializers import ResultSerializer
 from django_idempotency.keys import hash_key
+from django_idempotency.limits import bounded_scope
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import Options, Policy
 from django_idempotency.store import StoredResponse
@@ -43,14 +45,6 @@ METHOD = "CALL"
 CLAIM_PARAMETER = "idempotency"
 
 T = TypeVar("T")
-_MAX_SCOPE = 255
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """The stored result of an earlier call, already deserialised."""
-
-    value: Any
 
 
 @dataclass(frozen=True)
@@ -154,10 +148,7 @@ class Spec:
         extra = self.scope(*args, **kwargs) if callable(self.scope) else self.scope
         if extra is not None and not isinstance(extra, str):
             raise TypeError(f"{self.name}: scope() must return a str, not {type(extra).__name__}.")
-        scope = f"{self.name}:{extra}" if extra else self.name
-        if len(scope) > _MAX_SCOPE:
-            scope = "sha256:" + hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()
-        return scope
+        return bounded_scope(f"{self.name}:{extra}" if extra else self.name)
 
     def _fingerprint(self, scope: str, payload: Any) -> str:
         """SHA-256 over the function's name, the scope and the payload's canonical JSON."""
@@ -217,29 +208,47 @@ def _arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
     return arguments
 
 
-def begin(attempt: engine.Attempt, spec: Spec, policy: Policy) -> engine.Steps[Claim | Replayed]:
-    """Claim the call's key, or return the stored result; raise when neither is possible.
+class CallAdapter(lifecycle.Adapter[Any]):
+    """One call of a decorated function: its key from the arguments, its answers the stored
+    result or an exception."""
 
-    Raises :class:`IdempotencyInProgress`, :class:`IdempotencyKeyMismatch`,
-    :class:`IdempotencyFailed` and :class:`~django_idempotency.exceptions.StoreUnavailable`.
-    """
-    try:
-        outcome = yield from engine.acquire(attempt, policy)
-    except LockWaitTimeout as exc:
-        if policy.atomic:
-            raise  # the transaction is broken: in_transaction() translates it outside
-        raise IdempotencyInProgress(_in_progress_message(spec, attempt)) from exc
-    if isinstance(outcome, Claim):
-        return outcome
-    record = outcome.record
-    if outcome.kind is engine.Kind.MISMATCH:
-        raise IdempotencyKeyMismatch(
-            f"{spec.name}: key {attempt.key_hash[:12]}… was used before by a call with another "
-            "payload, or by another function of the same name; nothing ran."
-        )
-    if outcome.kind is engine.Kind.IN_PROGRESS:
-        raise IdempotencyInProgress(_in_progress_message(spec, attempt), unlock_at=record.unlock_at)
-    return Replayed(_stored_result(spec, record))
+    def __init__(self, spec: Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.spec = spec
+        self._attempt = spec.attempt(args, kwargs)  # bad arguments fail before any claim
+
+    def attempt(self, policy: Policy) -> engine.Attempt:
+        return self._attempt
+
+    def found(self, found: engine.Found) -> lifecycle.Answer[Any]:
+        """The stored result; raises :class:`IdempotencyInProgress`,
+        :class:`IdempotencyKeyMismatch` and :class:`IdempotencyFailed`."""
+        spec, attempt = self.spec, self._attempt
+        if found.kind is engine.Kind.MISMATCH:
+            raise IdempotencyKeyMismatch(
+                f"{spec.name}: key {attempt.key_hash[:12]}… was used before by a call with "
+                "another payload, or by another function of the same name; nothing ran."
+            )
+        if found.kind is engine.Kind.IN_PROGRESS:
+            raise IdempotencyInProgress(
+                _in_progress_message(spec, attempt), unlock_at=found.record.unlock_at
+            )
+        return lifecycle.Answer(_stored_result(spec, found.record))
+
+    def refused(
+        self, exc: StoreUnavailable | LockWaitTimeout, policy: Policy
+    ) -> lifecycle.Answer[Any]:
+        if isinstance(exc, StoreUnavailable):
+            raise exc
+        if policy.atomic:  # the transaction waited for another call's uncommitted claim
+            raise IdempotencyInProgress(
+                f"Waited {policy.wait_timeout.total_seconds():g}s for another call's uncommitted "
+                "claim of the same key; retry later."
+            ) from exc
+        raise IdempotencyInProgress(_in_progress_message(self.spec, self._attempt)) from exc
+
+    def finish(self, claim: Claim, result: Any, policy: Policy) -> Any:
+        return finish(self.spec, claim, result, policy)
 
 
 def _in_progress_message(spec: Spec, attempt: engine.Attempt) -> str:
@@ -268,19 +277,14 @@ def finish(spec: Spec, claim: Claim, result: Any, policy: Policy) -> Any:
     except Exception:
         # Its effects may have happened, but nothing can be replayed: release so a fixed
         # deployment's retry runs it (atomic mode rolls the effects back with the claim).
-        abort(claim, policy, reason="unserialisable result")
+        engine.abort(claim, policy, None, reason="unserialisable result")
         raise
     stored = StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body)
     engine.complete(claim, stored, policy, None)
     return value
 
 
-def abort(claim: Claim, policy: Policy, *, reason: str) -> None:
-    """The function raised: release the key so a redelivery runs it again."""
-    engine.release(claim, policy, None, reason=reason, raised=True)
-
-
-def resolve(spec: Spec) -> Policy:
+def policy_for(spec: Spec) -> Policy:
     """The policy of one call: atomic when asked, or when the claim cannot commit on its own.
 
     Inside a transaction on the store's database the claim commits with the caller's
@@ -290,17 +294,3 @@ def resolve(spec: Spec) -> Policy:
     if not policy.atomic and connections[policy.alias].in_atomic_block:
         return replace(policy, atomic=True)
     return policy
-
-
-def in_transaction(policy: Policy, call: Callable[[], T]) -> T:
-    """Run ``call`` as the mode asks: in atomic mode in one transaction (or savepoint)."""
-    if not policy.atomic:
-        return call()
-    try:
-        with engine.atomic_attempt(policy):
-            return call()
-    except LockWaitTimeout as exc:
-        raise IdempotencyInProgress(
-            f"Waited {policy.wait_timeout.total_seconds():g}s for another call's uncommitted "
-            "claim of the same key; retry later."
-        ) from exc

@@ -8,22 +8,13 @@ from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
 from django.utils import timezone
 
 from django_idempotency import maintenance
-from django_idempotency.conf import conf
+from django_idempotency.management import database_alias
 
 # At the default verbosity a progress line at most this often (seconds); every batch at -v 2.
 PROGRESS_EVERY = 5.0
-
-
-def check_database(alias: str | None) -> str:
-    """The database alias to use, the app's own by default; ``CommandError`` if unknown."""
-    alias = alias or conf.DATABASE_ALIAS
-    if alias not in connections.settings:
-        raise CommandError(f"Unknown database {alias!r}.")
-    return alias
 
 
 class Command(BaseCommand):
@@ -82,7 +73,7 @@ class Command(BaseCommand):
             raise CommandError(f"--sleep cannot be negative, not {sleep}.")
         if max_runtime is not None and max_runtime <= 0:
             raise CommandError(f"--max-runtime must be positive, not {max_runtime}.")
-        alias = check_database(database)
+        alias = database_alias(database)
         now = timezone.now()
         if dry_run:
             self._dry_run(alias, now, batch_size, limit, max_batches, verbosity)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from argparse import ArgumentParser
 from datetime import timedelta
 from typing import Any
@@ -11,31 +10,24 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from django_idempotency import maintenance
-from django_idempotency.management.commands.idempotency_cleanup import check_database
+from django_idempotency import durations, maintenance
+from django_idempotency.management import database_alias
 from django_idempotency.models import IdempotencyKey
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _PATH_WIDTH = 50
 
 
 def parse_duration(value: object) -> timedelta:
     """``90``, ``90s``, ``15m``, ``2h``, ``1d``, or a ``timedelta``; ``CommandError`` if not."""
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise CommandError(
-                f"--older-than must be a duration such as 90, 90s, 15m, 2h or 1d, not {value!r}."
-            )
-        seconds = float(match[1]) * _UNITS[match[2]]
-    if seconds < 0:
+    try:
+        duration = durations.parse(value, "--older-than")
+    except (TypeError, ValueError) as exc:
+        raise CommandError(
+            f"--older-than must be a duration such as 90, 90s, 15m, 2h or 1d, not {value!r}."
+        ) from exc
+    if duration < timedelta(0):
         raise CommandError(f"--older-than cannot be negative, not {value!r}.")
-    return timedelta(seconds=seconds)
+    return duration
 
 
 class Command(BaseCommand):
@@ -89,7 +81,7 @@ class Command(BaseCommand):
         if limit is not None and limit <= 0:
             raise CommandError(f"--limit must be positive, not {limit}.")
         margin = parse_duration(older_than)
-        alias = check_database(database)
+        alias = database_alias(database)
         records = maintenance.stale_records(alias, older_than=margin)
         if limit is not None:
             records = records[:limit]

@@ -1,0 +1,32 @@
+"""The lengths the record holds, read from the model's fields, and how a value is kept within
+them."""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.db.models import CharField
+
+from django_idempotency.models import IdempotencyKey
+
+
+def _max_length(name: str) -> int:
+    field = IdempotencyKey._meta.get_field(name)
+    assert isinstance(field, CharField) and field.max_length is not None, name
+    return field.max_length
+
+
+#: The longest scope the record holds; a longer one is stored as its hash (:func:`bounded_scope`).
+MAX_SCOPE = _max_length("scope")
+#: The longest recovery point name (``Claim.set_recovery_point``).
+MAX_RECOVERY_POINT = _max_length("recovery_point")
+
+
+def sha256_hex(text: str) -> str:
+    """The SHA-256 of a text, as hex digits (a lone surrogate is hashed, not refused)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def bounded_scope(scope: str) -> str:
+    """The scope as stored: itself, or ``sha256:<hex>`` when it is longer than the column."""
+    return scope if len(scope) <= MAX_SCOPE else "sha256:" + sha256_hex(scope)
