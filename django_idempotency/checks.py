@@ -10,9 +10,9 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 
 from django_idempotency import durations
+from django_idempotency._options import SAFE_METHODS
 from django_idempotency.conf import DEFAULTS, IN_PROGRESS_POLICIES, import_callable, user_settings
 from django_idempotency.keys import MAX_KEY_LENGTH
-from django_idempotency.options import SAFE_METHODS
 from django_idempotency.responses import NEVER_STORED
 
 DOCS = "See https://django-idempotency.readthedocs.io/en/latest/settings.html"

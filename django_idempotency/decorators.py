@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django.http import HttpResponseBase
 
-from django_idempotency import lifecycle, protocol
-from django_idempotency.options import VIEW_OPTIONS, Options, ViewOptions
+from django_idempotency import _http as protocol
+from django_idempotency import _lifecycle as lifecycle
+from django_idempotency._options import VIEW_OPTIONS, Options, ViewOptions
 
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 

@@ -17,9 +17,11 @@ from django.db import connections
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from django_idempotency import problems, rules, store
+from django_idempotency import _rules as rules
+from django_idempotency import _store as store
+from django_idempotency import problems
+from django_idempotency._store import Batch, StoredResponse
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import Batch, StoredResponse
 
 __all__ = [
     "Batch",
@@ -36,12 +38,12 @@ logger = logging.getLogger("django_idempotency")
 
 
 def stale(cutoff: datetime) -> Q:
-    """:data:`~django_idempotency.rules.STALE` by ``cutoff``, for a queryset."""
+    """:data:`~django_idempotency._rules.STALE` by ``cutoff``, for a queryset."""
     return rules.STALE.filter(cutoff)
 
 
 def deletable(now: datetime) -> Q:
-    """:data:`~django_idempotency.rules.DELETABLE` at ``now``, for a queryset."""
+    """:data:`~django_idempotency._rules.DELETABLE` at ``now``, for a queryset."""
     return rules.DELETABLE.filter(now)
 
 

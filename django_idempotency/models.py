@@ -5,7 +5,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import rules
+from django_idempotency import _rules as rules
 
 
 class IdempotencyKey(models.Model):

@@ -19,9 +19,9 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent, get_class, get_doc
 from rest_framework.views import APIView
 
+from django_idempotency._options import Options, Policy
 from django_idempotency.conf import conf
 from django_idempotency.keys import MAX_KEY_LENGTH
-from django_idempotency.options import Options, Policy
 from django_idempotency.problems import CONTENT_TYPE
 from django_idempotency.responses import REPLAYED_HEADER
 from django_idempotency.rest_framework import IdempotencyMixin

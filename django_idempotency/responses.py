@@ -8,8 +8,8 @@ from typing import Any
 from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.http.response import FileResponse
 
+from django_idempotency._store.base import StoredResponse as StoredResponse
 from django_idempotency.exceptions import UnreplayableResponse
-from django_idempotency.store.base import StoredResponse as StoredResponse
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 

@@ -8,10 +8,11 @@ from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from django_idempotency import lifecycle, protocol
+from django_idempotency import _http as protocol
+from django_idempotency import _lifecycle as lifecycle
+from django_idempotency._lifecycle import Answer
+from django_idempotency._options import VIEW_OPTIONS, Options, Policy, ViewOptions
 from django_idempotency.durations import Duration
-from django_idempotency.lifecycle import Answer
-from django_idempotency.options import VIEW_OPTIONS, Options, Policy, ViewOptions
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -31,7 +32,7 @@ class _Answer(Exception):
         self.response = response
 
 
-#: Each option of :class:`~django_idempotency.options.ViewOptions` is a class attribute
+#: Each option of :class:`~django_idempotency._options.ViewOptions` is a class attribute
 #: ``idempotency_<name>``.
 _OPTION_NAMES = sorted(VIEW_OPTIONS)
 

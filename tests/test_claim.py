@@ -14,11 +14,13 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from django.utils import timezone
 
-from django_idempotency import protocol, signals, store
+from django_idempotency import _http as protocol
+from django_idempotency import _store as store
+from django_idempotency import signals
+from django_idempotency._options import Options
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockLost
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.options import Options
 from tests.conftest import executions
 
 pytestmark = pytest.mark.django_db

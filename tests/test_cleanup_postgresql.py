@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_idempotency import store
+from django_idempotency import _store as store
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 

@@ -16,7 +16,7 @@ from django.db import connection, connections, transaction
 from django.test import Client, RequestFactory
 from django.utils import timezone
 
-from django_idempotency import store
+from django_idempotency import _store as store
 from django_idempotency.fingerprints import request_fingerprint
 from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django_idempotency import lifecycle
+from django_idempotency import _lifecycle as lifecycle
+from django_idempotency._options import CALL_OPTIONS, CallOptions, Options
 from django_idempotency.conf import conf
-from django_idempotency.functions import calls
+from django_idempotency.functions import _calls as calls
 from django_idempotency.functions.serializers import JSONSerializer, ResultSerializer
-from django_idempotency.options import CALL_OPTIONS, CallOptions, Options
 
 __all__ = ["JSONSerializer", "ResultSerializer", "idempotent_function"]
 

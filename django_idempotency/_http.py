@@ -1,5 +1,5 @@
 """The HTTP side of a protected request, shared by the decorator and the DRF mixin, sync and
-async: :class:`HttpAdapter` is what :mod:`.lifecycle` needs to know of HTTP.
+async: :class:`HttpAdapter` is what :mod:`._lifecycle` needs to know of HTTP.
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ from typing import Any
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
-from django_idempotency import engine, lifecycle, problems, responses
+from django_idempotency import _engine as engine
+from django_idempotency import _lifecycle as lifecycle
+from django_idempotency import problems, responses
+from django_idempotency._lifecycle import Answer
+from django_idempotency._limits import bounded_scope
+from django_idempotency._options import Options, Policy
 from django_idempotency.claim import Claim
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
 from django_idempotency.keys import InvalidKey, hash_key, parse_key
-from django_idempotency.lifecycle import Answer
-from django_idempotency.limits import bounded_scope
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.options import Options, Policy
 
 logger = logging.getLogger("django_idempotency")
 

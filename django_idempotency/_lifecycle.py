@@ -21,10 +21,10 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from django_idempotency import engine
+from django_idempotency import _engine as engine
+from django_idempotency._options import Policy
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
-from django_idempotency.options import Policy
 
 R = TypeVar("R")
 T = TypeVar("T")

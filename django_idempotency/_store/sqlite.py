@@ -10,8 +10,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from django_idempotency._store.base import Batch, BatchQuery, Store, first
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store.base import Batch, BatchQuery, Store, first
 
 #: SQLite caps a statement's parameters: the cleanup deletes a batch in chunks of this many.
 _CHUNK = 500

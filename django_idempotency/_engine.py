@@ -1,7 +1,7 @@
 """The claim loop and every write of an attempt, independent of HTTP.
 
 :func:`acquire` is a generator so that waiting is done by the caller: it yields the seconds to
-sleep (``time.sleep`` or ``asyncio.sleep``, see :mod:`.lifecycle`) and returns its outcome
+sleep (``time.sleep`` or ``asyncio.sleep``, see :mod:`._lifecycle`) and returns its outcome
 through ``StopIteration``. The writes (:func:`complete`, :func:`release`,
 :func:`save_recovery_point`) are logged and signalled here, whoever asks for them.
 """
@@ -21,13 +21,15 @@ from django.dispatch import Signal
 from django.http import HttpRequest
 from django.utils import timezone
 
-from django_idempotency import rules, signals, store
+from django_idempotency import _rules as rules
+from django_idempotency import _store as store
+from django_idempotency import signals
+from django_idempotency._limits import MAX_RECOVERY_POINT
+from django_idempotency._options import Policy
+from django_idempotency._store import StoredResponse
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockLost, StoreUnavailable
-from django_idempotency.limits import MAX_RECOVERY_POINT
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.options import Policy
-from django_idempotency.store import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 

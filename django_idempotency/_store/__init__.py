@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency.store.base import (
+from django_idempotency._store.base import (
     RACED,
     Batch,
     Claimed,
@@ -26,9 +26,9 @@ from django_idempotency.store.base import (
     Store,
     StoredResponse,
 )
-from django_idempotency.store.base import _prep as _prep
-from django_idempotency.store.postgresql import PostgreSQLStore
-from django_idempotency.store.sqlite import SQLiteStore
+from django_idempotency._store.base import _prep as _prep
+from django_idempotency._store.postgresql import PostgreSQLStore
+from django_idempotency._store.sqlite import SQLiteStore
 
 __all__ = [
     "RACED",

@@ -4,7 +4,7 @@ A vendor module (:mod:`.postgresql`, :mod:`.sqlite`) subclasses :class:`Store` a
 statements its database needs: the claim's insert-or-read, the lock-wait bound, the cleanup's
 batch delete, and how it reports a lock wait that timed out. Everything else (the takeover,
 the fenced writes, the stale scan) is written once here from the rules in
-:mod:`django_idempotency.rules`.
+:mod:`django_idempotency._rules`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import CharField, DateTimeField, Field, QuerySet, TextField
 from django.utils import timezone
 
-from django_idempotency import rules
+from django_idempotency import _rules as rules
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 
@@ -271,7 +271,7 @@ class Store:
     ) -> Claimed | Raced:
         """Make an expired or stale record this attempt's, if it still is one.
 
-        The ``WHERE`` repeats the test (:data:`~django_idempotency.rules.TAKEOVER`), so of
+        The ``WHERE`` repeats the test (:data:`~django_idempotency._rules.TAKEOVER`), so of
         concurrent attempts exactly one wins: the database re-checks it against the row a
         concurrent winner left. An expired record starts afresh; a stale one keeps its recovery
         point, attempt + 1.
@@ -396,7 +396,7 @@ class Store:
         stale_at: datetime | None,
     ) -> bool:
         """Run a write on the attempt's own record only: its lock token, still ``processing``
-        (and with ``stale_at``, still :data:`~django_idempotency.rules.STALE` then).
+        (and with ``stale_at``, still :data:`~django_idempotency._rules.STALE` then).
 
         Plain SQL: a queryset's ``update()`` and ``delete()`` compile on every call, and
         ``delete()`` may first ``SELECT`` the rows to send signals, which would lose the fence
@@ -444,7 +444,7 @@ class Store:
         after: datetime | None = None,
         pks: list[int] | None = None,
     ) -> Batch:
-        """Delete up to ``batch_size`` :data:`~django_idempotency.rules.DELETABLE` records in
+        """Delete up to ``batch_size`` :data:`~django_idempotency._rules.DELETABLE` records in
         one short transaction of its own.
 
         The rows are picked by primary key on the ``expires_at`` index, from ``after`` on (so a

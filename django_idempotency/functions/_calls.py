@@ -1,6 +1,6 @@
 """What both wrappers of ``idempotent_function`` share, so the sync and async paths cannot drift.
 
-A call becomes an :class:`~django_idempotency.engine.Attempt` with method ``CALL`` and the
+A call becomes an :class:`~django_idempotency._engine.Attempt` with method ``CALL`` and the
 function's name as its path; the engine claims it exactly as it claims an HTTP request. The
 result is stored as a ``200`` "response" whose body is the serialised result.
 """
@@ -20,7 +20,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections
 
-from django_idempotency import engine, lifecycle
+from django_idempotency import _engine as engine
+from django_idempotency import _lifecycle as lifecycle
+from django_idempotency._limits import bounded_scope
+from django_idempotency._options import Options, Policy
+from django_idempotency._store import StoredResponse
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import (
     IdempotencyError,
@@ -32,10 +36,7 @@ from django_idempotency.exceptions import (
 )
 from django_idempotency.functions.serializers import ResultSerializer
 from django_idempotency.keys import hash_key
-from django_idempotency.limits import bounded_scope
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.options import Options, Policy
-from django_idempotency.store import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 

@@ -9,8 +9,8 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._store.base import Batch, BatchQuery, Statements, Store, first
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store.base import Batch, BatchQuery, Statements, Store, first
 
 
 @dataclass(frozen=True)
