@@ -22,6 +22,9 @@ if _url:
     DATABASES = {"default": dj_database_url.parse(_url, conn_max_age=0)}
     # Several suites may share one server (developers, CI): each can name its own test database.
     DATABASES["default"]["TEST"] = {"NAME": os.environ.get("IDEMPOTENCY_TEST_DB") or None}
+    if os.environ.get("IDEMPOTENCY_TEST_PGBOUNCER_POOL_SIZE"):  # .ci/leg-pgbouncer
+        # A named cursor outlives the transaction PgBouncer (transaction mode) lends a server for.
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     if os.environ.get("IDEMPOTENCY_TEST_PREPARED"):  # CI runs the whole suite so as well
         DATABASES["default"]["OPTIONS"] = {**_PREPARED_STATEMENTS}
 else:

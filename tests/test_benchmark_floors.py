@@ -4,15 +4,41 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.overhead import floors_of
+from benchmarks.overhead import floors_of, summary
+
+#: What the benchmark times on the server alone, and the bare view and "django only", in ms.
+SERVER = {
+    "bare": 1.0,
+    "round trip": 0.1,
+    "indexed read": 0.15,
+    "durable commit": 0.3,
+    "django only": 0.2,
+}
 
 
 def test_floors_count_commits_and_round_trips() -> None:
-    medians = {"bare": 1.0, "round trip": 0.1, "durable commit": 0.3, "django only": 0.2}
-
-    floors = {name: floor for name, (floor, _why) in floors_of(medians).items()}
+    floors = {name: floor for name, (floor, _why) in floors_of(SERVER).items()}
 
     assert floors["two-phase first"] == pytest.approx(1.6)  # bare + 2 durable commits
     assert floors["atomic first"] == pytest.approx(1.4)  # bare + BEGIN, claim, UPDATE, COMMIT
-    assert floors["two-phase replay"] == pytest.approx(0.3)  # Django + the claim's round trip
-    assert floors["atomic replay"] == pytest.approx(0.3)
+    assert floors["two-phase replay"] == pytest.approx(0.35)  # Django and auth + a read
+    assert floors["atomic replay"] == pytest.approx(0.55)  # ... inside BEGIN and COMMIT
+
+
+def test_summary_gives_each_path_its_ratio_floor_and_goal() -> None:
+    medians = {
+        **SERVER,
+        "two-phase first": 1.8,
+        "atomic first": 1.45,
+        "two-phase replay": 0.5,
+        "atomic replay": 0.7,
+    }
+
+    line = summary("PostgreSQL 15", medians)
+
+    assert line == (
+        "summary PostgreSQL 15: two-phase first 1.80 (floor 1.60, goal 1.70 MISSED); "
+        "atomic first 1.45 (floor 1.40, goal 1.50); "
+        "two-phase replay 0.50 (floor 0.35, goal 0.85); "
+        "atomic replay 0.70 (floor 0.55, goal 1.00)"
+    )

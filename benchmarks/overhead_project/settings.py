@@ -1,6 +1,6 @@
 """Settings of the overhead benchmark's project: PostgreSQL at ``BENCH_DATABASE_URL``.
 
-No middleware beyond what the views need: the figures are the app's cost, not a stack's.
+No middleware beyond the one query of authentication: the figures are the app's cost, not a stack's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ INSTALLED_APPS = [
     "django_idempotency",
     "example_project.payments",
 ]
-MIDDLEWARE: list[str] = []
+MIDDLEWARE = ["benchmarks.overhead_project.middleware.bearer_user"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -33,7 +33,7 @@ def create_charge(request: HttpRequest) -> HttpResponse:
 
 
 def django_only(request: HttpRequest) -> HttpResponse:
-    """A constant answer: what Django's request handling costs alone, a floor for a replay."""
+    """A constant answer: Django's request handling and the auth query, a floor for a replay."""
     return JsonResponse({"id": 0}, status=201)
 
 
