@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from django_idempotency import maintenance
+from django_idempotency.durations import human
 from django_idempotency.management.commands.idempotency_cleanup import check_database
 from django_idempotency.models import IdempotencyKey
 
@@ -137,8 +138,8 @@ class Command(BaseCommand):
                 row["key_hash"][:12],
                 row["method"],
                 _shorten(row["path"]),
-                _human(row["age_seconds"]),
-                _human(row["stale_seconds"]),
+                human(row["age_seconds"]),
+                human(row["stale_seconds"]),
                 str(row["attempt"]),
                 row["action"] or "",
             ][: len(columns)]
@@ -173,13 +174,3 @@ def _row(record: IdempotencyKey, action: str | None) -> dict[str, Any]:
 def _shorten(path: str) -> str:
     return path if len(path) <= _PATH_WIDTH else path[: _PATH_WIDTH - 1] + "…"
 
-
-def _human(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds // 3600}h"
-    return f"{seconds // 86400}d"
