@@ -173,4 +173,3 @@ def _row(record: IdempotencyKey, action: str | None) -> dict[str, Any]:
 
 def _shorten(path: str) -> str:
     return path if len(path) <= _PATH_WIDTH else path[: _PATH_WIDTH - 1] + "…"
-
