@@ -348,8 +348,8 @@ def _bytes(count: int) -> str:
     if count < 1024:
         return f"{count:,} bytes"
     value = count / 1024
-    for unit in ("kB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
             break
         value /= 1024
     return f"{value:,.1f} {unit}"

@@ -342,3 +342,15 @@ def test_delete_expired_needs_the_delete_permission(records: dict[str, Idempoten
     client.force_login(user)
     act(client, "delete_expired", records["expired"])
     assert not IdempotencyKey.objects.filter(pk=records["expired"].pk).exists()
+
+
+def test_table_health_can_be_turned_off(
+    admin_client: Client, records: dict[str, IdempotencyKey], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_idempotency.admin import IdempotencyKeyAdmin
+
+    monkeypatch.setattr(IdempotencyKeyAdmin, "show_table_health", False)
+
+    content = admin_client.get(CHANGELIST).content.decode()
+    assert 'id="idempotency-stats"' not in content
+    assert 'id="result_list"' in content
