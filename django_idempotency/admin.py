@@ -21,6 +21,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import maintenance
 from django_idempotency.conf import conf
+from django_idempotency.functions.calls import METHOD as CALL
 from django_idempotency.keys import InvalidKey, hash_key, parse_key
 from django_idempotency.models import IdempotencyKey
 
@@ -77,7 +78,8 @@ class ExpiredFilter(_YesNoFilter):
 
 
 class MethodFilter(admin.SimpleListFilter):
-    """The protected methods (the ``METHODS`` setting): no ``SELECT DISTINCT`` over the table.
+    """The protected methods (the ``METHODS`` setting) and ``CALL`` (``idempotent_function``):
+    no ``SELECT DISTINCT`` over the table.
 
     A method only a view's own ``methods`` option protects is filtered by URL (``?method=PUT``)
     and then listed too, so the page shows what it filters by.
@@ -89,7 +91,7 @@ class MethodFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
         value = self.value()
         selected = {value.upper()} if value else set()
-        return [(method, method) for method in sorted(conf.METHODS | selected)]
+        return [(method, method) for method in sorted(conf.METHODS | {CALL} | selected)]
 
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]

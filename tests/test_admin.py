@@ -132,11 +132,12 @@ def methods_listed(client: Client, query: str = "") -> list[str]:
 def test_method_filter_lists_the_protected_methods(
     admin_client: Client, records: dict[str, IdempotencyKey]
 ) -> None:
-    assert methods_listed(admin_client) == ["PATCH", "POST"]
+    assert methods_listed(admin_client) == ["CALL", "PATCH", "POST"]  # CALL: function calls
     with override_settings(IDEMPOTENCY={"METHODS": ["POST", "PUT"]}):
-        assert methods_listed(admin_client) == ["POST", "PUT"]
+        assert methods_listed(admin_client) == ["CALL", "POST", "PUT"]
     # A method only a view's own option protects: filtered by URL, and listed while selected.
-    assert methods_listed(admin_client, "?method=delete") == ["DELETE", "PATCH", "POST"]
+    assert methods_listed(admin_client, "?method=delete") == ["CALL", "DELETE", "PATCH", "POST"]
+    assert listed(admin_client, "?method=delete") == set()
 
 
 def test_changelist_shows_the_tables_health(
