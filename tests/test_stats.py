@@ -101,18 +101,25 @@ def test_the_database_option() -> None:
         stats("--database", "nope")
 
 
-@pytest.mark.skipif("connection.vendor != 'sqlite'")
-def test_sqlite_without_dbstat_gives_the_file_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    # SQLite built without SQLITE_ENABLE_DBSTAT_VTAB has no dbstat table: the query fails.
+def test_when_the_size_query_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on SQLite built without SQLITE_ENABLE_DBSTAT_VTAB, where dbstat does not exist.
     monkeypatch.setattr(
         maintenance, "size_query", lambda vendor, table: ("SELECT * FROM no_dbstat", [], "x")
     )
+    IdempotencyKeyFactory()
 
     data = stats_json()
 
-    assert data["size_source"] == "page_count * page_size (the whole file)"
-    assert data["table_bytes"] > 0
+    assert data["total"] == 1
+    if connection.vendor == "sqlite":  # the whole file's size instead
+        assert data["size_source"] == "page_count * page_size (the whole file)"
+        assert data["table_bytes"] > 0
+    else:
+        assert data["size_source"] == "unknown"
+        assert data["table_bytes"] is None
     assert data["index_bytes"] is None
+    # The failed statement left the connection usable (on PostgreSQL: rolled back to a savepoint).
+    assert stats_json()["total"] == 1
 
 
 def test_size_query_for_each_database() -> None:
