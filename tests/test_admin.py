@@ -355,3 +355,26 @@ def test_table_health_can_be_turned_off(
     content = admin_client.get(CHANGELIST).content.decode()
     assert 'id="idempotency-stats"' not in content
     assert 'id="result_list"' in content
+
+
+def test_table_health_groups_thousands(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rendering is the point here, not the counting (tests/test_stats.py counts).
+    big = maintenance.Stats(
+        by_status={"processing": 1, "completed": 1_234_567, "failed": 0},
+        expired=1_000_000,
+        stale=0,
+        oldest_stale_age=None,
+        longest_stale_for=None,
+        table_bytes=300 * 2**20,
+        index_bytes=None,
+        size_source="test",
+    )
+    monkeypatch.setattr(maintenance, "stats", lambda alias: big)
+
+    content = admin_client.get(CHANGELIST).content.decode()
+
+    assert "1,234,568:" in content and "completed 1,234,567" in content
+    assert '<a href="?expired=yes">1,000,000</a>' in content
+    assert "table 300.0 MiB (test)" in content
