@@ -38,3 +38,15 @@ def parse(value: object, name: str) -> timedelta:
     if not match:
         raise ValueError(f"{name} must be a duration such as 90, 90s, 15m, 2h or 1d.")
     return timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+
+
+def human(seconds: float) -> str:
+    """``42s``, ``17m``, ``5h``, ``3d``: an age for operators, in its largest sensible unit."""
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172800:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"

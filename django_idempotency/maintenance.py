@@ -1,4 +1,5 @@
-"""The operators' actions: stale records, releasing or failing them, deleting expired ones.
+"""The operators' actions: stale records, releasing or failing them, deleting expired ones,
+and the counts of :func:`stats`.
 
 The two commands and the admin actions all go through these functions, so there is one way to
 do each thing; the statements are the store's. Every write is fenced like an attempt's own: a
@@ -11,16 +12,19 @@ deleted.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db import connections
-from django.db.models import Q, QuerySet
+from django.db import DatabaseError, connections, transaction
+from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
 from django_idempotency import _rules as rules
 from django_idempotency import _store as store
 from django_idempotency import problems
 from django_idempotency._store import Batch, StoredResponse
+from django_idempotency.durations import human
 from django_idempotency.models import IdempotencyKey
 
 __all__ = [
@@ -117,3 +121,176 @@ def _log_resolved(action: str, record: IdempotencyKey) -> None:
         record.scope,
         record.key_hash[:12],
     )
+
+
+#: ``idempotency_cleanup --batch-size``'s default.
+DEFAULT_BATCH_SIZE = 1000
+#: Expired records one ``idempotency_cleanup`` run with the defaults (no ``--sleep``) is relied on
+#: to delete in a minute: a default batch every 20 ms, the 50,000 rows per second that
+#: ``docs/scale.rst`` sets as the cleanup's floor (it measured about 300,000 on PostgreSQL on two
+#: cores, a batch's statement taking 2.6 ms at the median and 4.8 ms at p99; the floor leaves room
+#: for a busy server, SQLite or MySQL). A backlog above it means cleanup is not running, or not
+#: often enough.
+CLEANUP_ROWS_PER_MINUTE = DEFAULT_BATCH_SIZE * 50 * 60
+
+
+@dataclass(frozen=True)
+class Stats:
+    """The table's health, as ``idempotency_stats`` and the admin's list show it."""
+
+    by_status: dict[str, int]
+    #: What ``idempotency_cleanup`` would delete now.
+    expired: int
+    stale: int
+    #: Since the oldest stale record's claim, and since the longest-expired lock (seconds).
+    oldest_stale_age: float | None
+    longest_stale_for: float | None
+    #: Bytes on disk; ``None`` when the database does not say (``size_source`` says how).
+    table_bytes: int | None
+    index_bytes: int | None
+    size_source: str
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_status.values())
+
+    @property
+    def warnings(self) -> list[str]:
+        if self.expired <= CLEANUP_ROWS_PER_MINUTE:
+            return []
+        return [
+            f"{self.expired:,} expired records are more than one idempotency_cleanup run deletes "
+            f"in a minute ({CLEANUP_ROWS_PER_MINUTE:,} at the defaults): is it scheduled?"
+        ]
+
+    @property
+    def stale_ages(self) -> str:
+        """``oldest claimed 42m ago, stale for 41m``; empty when nothing is stale."""
+        if self.oldest_stale_age is None or self.longest_stale_for is None:
+            return ""
+        return (
+            f"oldest claimed {human(self.oldest_stale_age)} ago, "
+            f"stale for {human(self.longest_stale_for)}"
+        )
+
+    @property
+    def size(self) -> str:
+        if self.table_bytes is None:
+            return self.size_source
+        text = f"table {_bytes(self.table_bytes)}"
+        if self.index_bytes is not None:
+            text += f", indexes {_bytes(self.index_bytes)}"
+        return f"{text} ({self.size_source})"
+
+
+def stats(alias: str) -> Stats:
+    """Counts in one scan of the table (conditional aggregates), then its size on disk."""
+    now = timezone.now()
+    is_stale = stale(now)
+    rows = (
+        IdempotencyKey.objects.using(alias)
+        .order_by()
+        .values("status")
+        .annotate(
+            count=Count("pk"),
+            expired=Count("pk", filter=deletable(now)),
+            stale=Count("pk", filter=is_stale),
+            oldest_claim=Min("created_at", filter=is_stale),
+            oldest_unlock=Min("unlock_at", filter=is_stale),
+        )
+    )
+    by_status = dict.fromkeys(IdempotencyKey.Status.values, 0)
+    expired = stale_count = 0
+    oldest_claim: datetime | None = None
+    oldest_unlock: datetime | None = None
+    for row in rows:
+        by_status[row["status"]] = row["count"]
+        expired += row["expired"]
+        stale_count += row["stale"]
+        oldest_claim = row["oldest_claim"] or oldest_claim  # only processing rows are stale
+        oldest_unlock = row["oldest_unlock"] or oldest_unlock
+    table_bytes, index_bytes, source = table_size(alias)
+    return Stats(
+        by_status=by_status,
+        expired=expired,
+        stale=stale_count,
+        oldest_stale_age=_seconds_since(oldest_claim, now),
+        longest_stale_for=_seconds_since(oldest_unlock, now),
+        table_bytes=table_bytes,
+        index_bytes=index_bytes,
+        size_source=source,
+    )
+
+
+def _seconds_since(moment: datetime | None, now: datetime) -> float | None:
+    return None if moment is None else round((now - moment).total_seconds(), 3)
+
+
+def size_query(vendor: str, table: str) -> tuple[str, list[Any], str] | None:
+    """The statement giving ``(table bytes, index bytes)`` on ``vendor``, its parameters and its
+    name for the output; ``None`` where there is none (SQLite without ``dbstat``: see
+    :func:`table_size`)."""
+    if vendor == "postgresql":
+        # The table's bytes include its TOAST (large bodies); the indexes are counted apart.
+        return (
+            "SELECT pg_total_relation_size(t) - pg_indexes_size(t), pg_indexes_size(t) "
+            "FROM (SELECT %s::regclass AS t) AS target",
+            [f'"{table}"'],
+            "pg_total_relation_size, pg_indexes_size",
+        )
+    if vendor == "mysql":  # MySQL and MariaDB; InnoDB's figures are estimates
+        return (
+            "SELECT data_length, index_length FROM information_schema.TABLES "
+            "WHERE table_schema = DATABASE() AND table_name = %s",
+            [table],
+            "information_schema.TABLES",
+        )
+    if vendor == "sqlite":
+        # dbstat is a compile-time option of SQLite (on in most Python builds).
+        return (
+            "SELECT COALESCE(SUM(CASE WHEN name = %s THEN pgsize END), 0), "
+            "COALESCE(SUM(CASE WHEN name <> %s THEN pgsize END), 0) FROM dbstat "
+            "WHERE name IN (SELECT name FROM sqlite_master WHERE tbl_name = %s)",
+            [table, table, table],
+            "dbstat",
+        )
+    return None
+
+
+def table_size(alias: str) -> tuple[int | None, int | None, str]:
+    """``(table bytes, index bytes, how they were measured)``, ``None`` for what is unknown.
+
+    SQLite without ``dbstat`` only knows the whole file's size (``page_count * page_size``):
+    given as the table's, said so in the source, and the indexes are unknown.
+    """
+    connection = connections[alias]
+    table = IdempotencyKey._meta.db_table
+    query = size_query(connection.vendor, table)
+    with connection.cursor() as cursor:
+        if query is not None:
+            sql, params, source = query
+            try:
+                with transaction.atomic(using=alias):  # a failure must not break the caller's
+                    cursor.execute(sql, params)
+                    row = cursor.fetchone()
+            except DatabaseError:
+                row = None
+            if row is not None:
+                return int(row[0]), int(row[1]), source
+        if connection.vendor == "sqlite":
+            cursor.execute("PRAGMA page_count")
+            pages = cursor.fetchone()[0]
+            cursor.execute("PRAGMA page_size")
+            return pages * cursor.fetchone()[0], None, "page_count * page_size (the whole file)"
+    return None, None, "unknown"
+
+
+def _bytes(count: int) -> str:
+    if count < 1024:
+        return f"{count:,} bytes"
+    value = count / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{value:,.1f} {unit}"

@@ -12,6 +12,7 @@ ALLOWED_HOSTS = ["*"]
 USE_TZ = True
 TIME_ZONE = "UTC"
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"  # unlike ours: must not make a migration
 
 _url = os.environ.get("DATABASE_URL", "")
@@ -54,6 +55,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # the admin's CSS, for tests/test_admin_browser.py
     "rest_framework",
     "rest_framework.authtoken",
     "django_idempotency",

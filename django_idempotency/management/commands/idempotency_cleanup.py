@@ -25,7 +25,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument(
-            "--batch-size", type=int, default=1000, help="Records per batch (default 1000)."
+            "--batch-size",
+            type=int,
+            default=maintenance.DEFAULT_BATCH_SIZE,
+            help=f"Records per batch (default {maintenance.DEFAULT_BATCH_SIZE}).",
         )
         parser.add_argument(
             "--sleep",

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from django_idempotency import durations, maintenance
+from django_idempotency.durations import human
 from django_idempotency.management import database_alias
 from django_idempotency.models import IdempotencyKey
 
@@ -129,8 +130,8 @@ class Command(BaseCommand):
                 row["key_hash"][:12],
                 row["method"],
                 _shorten(row["path"]),
-                _human(row["age_seconds"]),
-                _human(row["stale_seconds"]),
+                human(row["age_seconds"]),
+                human(row["stale_seconds"]),
                 str(row["attempt"]),
                 row["action"] or "",
             ][: len(columns)]
@@ -164,14 +165,3 @@ def _row(record: IdempotencyKey, action: str | None) -> dict[str, Any]:
 
 def _shorten(path: str) -> str:
     return path if len(path) <= _PATH_WIDTH else path[: _PATH_WIDTH - 1] + "…"
-
-
-def _human(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    if seconds < 172800:
-        return f"{seconds // 3600}h"
-    return f"{seconds // 86400}d"

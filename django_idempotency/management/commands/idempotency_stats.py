@@ -1,0 +1,66 @@
+"""``manage.py idempotency_stats``: the table's health at a glance, or as JSON for monitoring."""
+
+from __future__ import annotations
+
+import json
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from django_idempotency import maintenance
+from django_idempotency.management.commands.idempotency_cleanup import check_database
+
+
+class Command(BaseCommand):
+    help = (
+        "Show the idempotency table's health: records by status, expired records waiting for "
+        "idempotency_cleanup, stale processing records, and the table's size. Counting reads "
+        "the whole table once."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument(
+            "--json", action="store_true", dest="as_json", help="Print one JSON object."
+        )
+        parser.add_argument(
+            "--database", help="Database alias (default: the IDEMPOTENCY DATABASE_ALIAS)."
+        )
+
+    def handle(
+        self, *args: Any, as_json: bool, database: str | None, verbosity: int, **options: Any
+    ) -> None:
+        stats = maintenance.stats(check_database(database))
+        if as_json:
+            self.stdout.write(json.dumps(as_dict(stats), indent=2))
+            return
+        if verbosity < 1:
+            return
+        stale = f"{stats.stale:,}" + (f" ({stats.stale_ages})" if stats.stale_ages else "")
+        statuses = ", ".join(f"{status} {count:,}" for status, count in stats.by_status.items())
+        for label, value in (
+            ("Records", f"{stats.total:,} ({statuses})"),
+            ("Expired, to clean up", f"{stats.expired:,}"),
+            ("Stale processing", stale),
+            ("Size", stats.size),
+        ):
+            self.stdout.write(f"{label + ':':<22}{value}")
+        for warning in stats.warnings:
+            self.stdout.write(self.style.WARNING(f"Warning: {warning}"))
+
+
+def as_dict(stats: maintenance.Stats) -> dict[str, Any]:
+    """The ``--json`` object; every key is always present (``null`` when unknown)."""
+    return {
+        "total": stats.total,
+        "by_status": stats.by_status,
+        "expired": stats.expired,
+        "stale": stats.stale,
+        "oldest_stale_age_seconds": stats.oldest_stale_age,
+        "longest_stale_for_seconds": stats.longest_stale_for,
+        "table_bytes": stats.table_bytes,
+        "index_bytes": stats.index_bytes,
+        "size_source": stats.size_source,
+        "cleanup_rows_per_minute": maintenance.CLEANUP_ROWS_PER_MINUTE,
+        "warnings": stats.warnings,
+    }

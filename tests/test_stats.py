@@ -1,0 +1,140 @@
+"""``idempotency_stats`` with ``call_command``, on SQLite and on PostgreSQL (``--json`` parsed)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.utils import timezone
+
+from django_idempotency import maintenance
+from tests.factories import IdempotencyKeyFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def stats(*args: str) -> str:
+    out = StringIO()
+    call_command("idempotency_stats", *args, stdout=out)
+    return out.getvalue()
+
+
+def stats_json() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(stats("--json"))
+    return data
+
+
+@pytest.fixture
+def table() -> None:
+    now = timezone.now()
+    IdempotencyKeyFactory.create_batch(3, completed=True)
+    IdempotencyKeyFactory.create_batch(2, completed=True, expired=True)
+    IdempotencyKeyFactory(status="failed", response_status=422, unlock_at=None, lock_token=None)
+    IdempotencyKeyFactory()  # processing, lock live
+    IdempotencyKeyFactory(expired=True)  # expired, but its lock is live: cleanup keeps it
+    IdempotencyKeyFactory(
+        created_at=now - timedelta(minutes=42), unlock_at=now - timedelta(minutes=41)
+    )
+    IdempotencyKeyFactory(stale=True, expired=True)
+
+
+def test_json(table: None) -> None:
+    data = stats_json()
+
+    assert data["total"] == 10
+    assert data["by_status"] == {"processing": 4, "completed": 5, "failed": 1}
+    assert data["expired"] == 3  # what idempotency_cleanup would delete
+    assert data["stale"] == 2
+    assert 42 * 60 <= data["oldest_stale_age_seconds"] < 43 * 60
+    assert 41 * 60 <= data["longest_stale_for_seconds"] < 42 * 60
+    assert data["warnings"] == []
+    assert data["cleanup_rows_per_minute"] == 3_000_000
+    assert data["table_bytes"] > 0 and data["index_bytes"] > 0
+    expected = {"sqlite": "dbstat", "postgresql": "pg_total_relation_size, pg_indexes_size"}
+    assert data["size_source"] == expected[connection.vendor]
+
+
+def test_json_of_an_empty_table() -> None:
+    data = stats_json()
+
+    assert data["total"] == data["expired"] == data["stale"] == 0
+    assert data["by_status"] == {"processing": 0, "completed": 0, "failed": 0}
+    assert data["oldest_stale_age_seconds"] is None
+    assert data["longest_stale_for_seconds"] is None
+
+
+def test_text(table: None) -> None:
+    lines = stats().splitlines()
+
+    assert lines[0] == "Records:              10 (processing 4, completed 5, failed 1)"
+    assert lines[1] == "Expired, to clean up: 3"
+    assert lines[2] == "Stale processing:     2 (oldest claimed 42m ago, stale for 41m)"
+    assert lines[3].startswith("Size:                 table ")
+    assert len(lines) == 4
+    assert stats("--verbosity", "0") == ""
+
+
+def test_warns_when_expired_rows_outrun_a_minute_of_cleanup(
+    table: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(maintenance, "CLEANUP_ROWS_PER_MINUTE", 2)
+
+    assert stats().splitlines()[-1] == (
+        "Warning: 3 expired records are more than one idempotency_cleanup run deletes in a "
+        "minute (2 at the defaults): is it scheduled?"
+    )
+    assert len(stats_json()["warnings"]) == 1
+    monkeypatch.setattr(maintenance, "CLEANUP_ROWS_PER_MINUTE", 3)
+    assert stats_json()["warnings"] == []
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "idempotency"])
+def test_the_database_option() -> None:
+    IdempotencyKeyFactory()
+    assert json.loads(stats("--json", "--database", "idempotency"))["total"] == 1
+    with pytest.raises(CommandError, match="Unknown database 'nope'"):
+        stats("--database", "nope")
+
+
+def test_when_the_size_query_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on SQLite built without SQLITE_ENABLE_DBSTAT_VTAB, where dbstat does not exist.
+    monkeypatch.setattr(
+        maintenance, "size_query", lambda vendor, table: ("SELECT * FROM no_dbstat", [], "x")
+    )
+    IdempotencyKeyFactory()
+
+    data = stats_json()
+
+    assert data["total"] == 1
+    if connection.vendor == "sqlite":  # the whole file's size instead
+        assert data["size_source"] == "page_count * page_size (the whole file)"
+        assert data["table_bytes"] > 0
+    else:
+        assert data["size_source"] == "unknown"
+        assert data["table_bytes"] is None
+    assert data["index_bytes"] is None
+    # The failed statement left the connection usable (on PostgreSQL: rolled back to a savepoint).
+    assert stats_json()["total"] == 1
+
+
+def test_size_query_for_each_database() -> None:
+    table = "django_idempotency_idempotencykey"
+    postgresql = maintenance.size_query("postgresql", table)
+    mysql = maintenance.size_query("mysql", table)
+    sqlite = maintenance.size_query("sqlite", table)
+
+    assert postgresql is not None and mysql is not None and sqlite is not None
+    assert "pg_total_relation_size(t) - pg_indexes_size(t)" in postgresql[0]
+    assert postgresql[1] == [f'"{table}"']  # a regclass: quoted like an identifier
+    assert mysql[0] == (
+        "SELECT data_length, index_length FROM information_schema.TABLES "
+        "WHERE table_schema = DATABASE() AND table_name = %s"
+    )
+    assert mysql[1] == [table]
+    assert "FROM dbstat" in sqlite[0]
+    assert maintenance.size_query("oracle", table) is None
