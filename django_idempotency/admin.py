@@ -21,7 +21,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import maintenance
 from django_idempotency.conf import conf
-from django_idempotency.functions.calls import METHOD as CALL
+from django_idempotency.functions._calls import METHOD as CALL
 from django_idempotency.keys import InvalidKey, hash_key, parse_key
 from django_idempotency.models import IdempotencyKey
 

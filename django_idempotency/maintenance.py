@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.models import Count, Min, Q, QuerySet
@@ -226,37 +225,6 @@ def _seconds_since(moment: datetime | None, now: datetime) -> float | None:
     return None if moment is None else round((now - moment).total_seconds(), 3)
 
 
-def size_query(vendor: str, table: str) -> tuple[str, list[Any], str] | None:
-    """The statement giving ``(table bytes, index bytes)`` on ``vendor``, its parameters and its
-    name for the output; ``None`` where there is none (SQLite without ``dbstat``: see
-    :func:`table_size`)."""
-    if vendor == "postgresql":
-        # The table's bytes include its TOAST (large bodies); the indexes are counted apart.
-        return (
-            "SELECT pg_total_relation_size(t) - pg_indexes_size(t), pg_indexes_size(t) "
-            "FROM (SELECT %s::regclass AS t) AS target",
-            [f'"{table}"'],
-            "pg_total_relation_size, pg_indexes_size",
-        )
-    if vendor == "mysql":  # MySQL and MariaDB; InnoDB's figures are estimates
-        return (
-            "SELECT data_length, index_length FROM information_schema.TABLES "
-            "WHERE table_schema = DATABASE() AND table_name = %s",
-            [table],
-            "information_schema.TABLES",
-        )
-    if vendor == "sqlite":
-        # dbstat is a compile-time option of SQLite (on in most Python builds).
-        return (
-            "SELECT COALESCE(SUM(CASE WHEN name = %s THEN pgsize END), 0), "
-            "COALESCE(SUM(CASE WHEN name <> %s THEN pgsize END), 0) FROM dbstat "
-            "WHERE name IN (SELECT name FROM sqlite_master WHERE tbl_name = %s)",
-            [table, table, table],
-            "dbstat",
-        )
-    return None
-
-
 def table_size(alias: str) -> tuple[int | None, int | None, str]:
     """``(table bytes, index bytes, how they were measured)``, ``None`` for what is unknown.
 
@@ -265,7 +233,7 @@ def table_size(alias: str) -> tuple[int | None, int | None, str]:
     """
     connection = connections[alias]
     table = IdempotencyKey._meta.db_table
-    query = size_query(connection.vendor, table)
+    query = store.for_connection(connection).size_query(table)
     with connection.cursor() as cursor:
         if query is not None:
             sql, params, source = query

@@ -12,7 +12,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
+from django_idempotency import _store as store
 from django_idempotency import maintenance
+from django_idempotency._store.base import SizeQuery
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db
@@ -104,7 +106,45 @@ def test_the_database_option() -> None:
 def test_when_the_size_query_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     # As on SQLite built without SQLITE_ENABLE_DBSTAT_VTAB, where dbstat does not exist.
     monkeypatch.setattr(
-        maintenance, "size_query", lambda vendor, table: ("SELECT * FROM no_dbstat", [], "x")
+        store.for_connection(connection),
+        "size_query",
+        lambda table: SizeQuery("SELECT * FROM no_dbstat", [], "x"),
+    )
+    IdempotencyKeyFactory()
+
+    data = stats_json()
+
+    assert data["total"] == 1
+    if connection.vendor == "sqlite":  # the whole file's size instead
+        assert data["size_source"] == "page_count * page_size (the whole file)"
+        assert data["table_bytes"] > 0
+    else:
+        assert data["size_source"] == "unknown"
+        assert data["table_bytes"] is None
+    assert data["index_bytes"] is None
+    # The failed statement left the connection usable (on PostgreSQL: rolled back to a savepoint).
+    assert stats_json()["total"] == 1
+
+
+def test_size_query_for_each_database() -> None:
+    table = "django_idempotency_idempotencykey"
+    postgresql = store.VENDORS["postgresql"].size_query(table)
+    sqlite = store.VENDORS["sqlite"].size_query(table)
+
+    assert postgresql is not None and sqlite is not None
+    assert "pg_total_relation_size(t) - pg_indexes_size(t)" in postgresql.sql
+    assert postgresql.params == [f'"{table}"']  # a regclass: quoted like an identifier
+    assert "FROM dbstat" in sqlite.sql
+    with pytest.raises(CommandError, match="Unknown database 'nope'"):
+        stats("--database", "nope")
+
+
+def test_when_the_size_query_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on SQLite built without SQLITE_ENABLE_DBSTAT_VTAB, where dbstat does not exist.
+    monkeypatch.setattr(
+        store.for_connection(connection),
+        "size_query",
+        lambda table: SizeQuery("SELECT * FROM no_dbstat", [], "x"),
     )
     IdempotencyKeyFactory()
 

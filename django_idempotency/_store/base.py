@@ -185,6 +185,14 @@ class Statements:
         return cls(table, columns, insert, select, take_over)
 
 
+class SizeQuery(NamedTuple):
+    """How a database measures the table: see :meth:`Store.size_query`."""
+
+    sql: str
+    params: list[Any]
+    source: str
+
+
 class Store:
     """Every statement the app runs against its table, each one atomic on its own.
 
@@ -491,6 +499,11 @@ class Store:
         return f"{column} IN ({', '.join(['%s'] * len(ids))})", list(ids)
 
     # Errors.
+
+    def size_query(self, table: str) -> SizeQuery | None:
+        """The statement giving ``(table bytes, index bytes)``, its parameters and its name for
+        an operator (``idempotency_stats``); ``None`` where the database has none."""
+        return None
 
     def is_lock_timeout(self, exc: BaseException) -> bool:
         """Whether a database error is a lock wait that ran out (a ``409``, not a ``503``)."""

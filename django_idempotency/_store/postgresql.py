@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency._store.base import Batch, BatchQuery, Statements, Store, first
+from django_idempotency._store.base import Batch, BatchQuery, SizeQuery, Statements, Store, first
 from django_idempotency.models import IdempotencyKey
 
 
@@ -95,3 +95,12 @@ class PostgreSQLStore(Store):
 
     def is_lock_timeout(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
+
+    def size_query(self, table: str) -> SizeQuery:
+        # The table's bytes include its TOAST (large bodies); the indexes are counted apart.
+        return SizeQuery(
+            "SELECT pg_total_relation_size(t) - pg_indexes_size(t), pg_indexes_size(t) "
+            "FROM (SELECT %s::regclass AS t) AS target",
+            [f'"{table}"'],
+            "pg_total_relation_size, pg_indexes_size",
+        )

@@ -10,7 +10,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_idempotency._store.base import Batch, BatchQuery, Store, first
+from django_idempotency._store.base import Batch, BatchQuery, SizeQuery, Store, first
 from django_idempotency.models import IdempotencyKey
 
 #: SQLite caps a statement's parameters: the cleanup deletes a batch in chunks of this many.
@@ -52,3 +52,14 @@ class SQLiteStore(Store):
 
     def is_lock_timeout(self, exc: BaseException) -> bool:
         return isinstance(exc, OperationalError) and "database is locked" in str(exc)
+
+    def size_query(self, table: str) -> SizeQuery:
+        # dbstat is a compile-time option of SQLite (on in most Python builds); without it the
+        # statement fails and maintenance.table_size falls back to the file's size.
+        return SizeQuery(
+            "SELECT COALESCE(SUM(CASE WHEN name = %s THEN pgsize END), 0), "
+            "COALESCE(SUM(CASE WHEN name <> %s THEN pgsize END), 0) FROM dbstat "
+            "WHERE name IN (SELECT name FROM sqlite_master WHERE tbl_name = %s)",
+            [table, table, table],
+            "dbstat",
+        )

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from django_idempotency import maintenance
-from django_idempotency.management.commands.idempotency_cleanup import check_database
+from django_idempotency.management import database_alias
 
 
 class Command(BaseCommand):
@@ -30,7 +30,7 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, as_json: bool, database: str | None, verbosity: int, **options: Any
     ) -> None:
-        stats = maintenance.stats(check_database(database))
+        stats = maintenance.stats(database_alias(database))
         if as_json:
             self.stdout.write(json.dumps(as_dict(stats), indent=2))
             return
