@@ -91,13 +91,18 @@ class IdempotencyMixin(_Base):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        if self._idempotency_policy is None:
+        if self._idempotency_policy is None or not self._handles(request.method):
             return
         decision = protocol.run_steps(protocol.begin(request._request, self._idempotency_policy))
         if isinstance(decision, HttpResponseBase):
             raise _Answer(decision)
         self._idempotency_claim = decision
         protocol.attach(request._request, decision)
+
+    def _handles(self, method: str | None) -> bool:
+        """Whether the view has a handler for ``method``: if not, DRF's 405 answers first."""
+        name = (method or "").lower()
+        return name in self.http_method_names and hasattr(self, name)
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, _Answer):
