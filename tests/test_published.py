@@ -123,3 +123,25 @@ def test_describe_a_function_view_for_a_site_without_drf() -> None:
     assert describe(Options.build(ttl=60))["ttl"] == 60
     with pytest.raises(TypeError, match="not a protected view"):
         describe(lambda request: None)
+
+
+def tenant_scope(request: object) -> str:
+    """Each tenant has its own keys.
+
+    Not published: only the first paragraph is.
+    """
+    return "tenant"
+
+
+@pytest.mark.parametrize(
+    ("function", "text"),
+    [
+        (tenant_scope, "Each tenant has its own keys."),
+        (lambda request: "x", "the principal named by <lambda>"),
+    ],
+)
+def test_the_scope_is_the_first_paragraph_of_the_scope_functions_docstring(
+    function: object, text: str
+) -> None:
+    with override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": function}):
+        assert describe(Options.build())["scope"] == text
