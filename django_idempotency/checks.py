@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
@@ -88,6 +90,16 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
             errors.append(_error(id_, f"IDEMPOTENCY[{name!r}] cannot be used: {exc}"))
     if not _positive_int(value["MAX_BODY_SIZE"]):
         errors.append(_error(17, "IDEMPOTENCY['MAX_BODY_SIZE'] must be a positive integer."))
+    if not _absolute_uri(value["PROBLEM_TYPE_BASE"]):
+        errors.append(
+            _error(
+                22,
+                "IDEMPOTENCY['PROBLEM_TYPE_BASE'] must be an absolute URI, not "
+                f"{value['PROBLEM_TYPE_BASE']!r}.",
+                hint="Problem slugs are appended to it to make each problem's 'type', e.g. "
+                "'https://api.example.com/docs/errors#'.",
+            )
+        )
     return errors
 
 
@@ -113,6 +125,17 @@ def _duration(value: object) -> timedelta | None:
         return durations.positive(value, "")
     except (TypeError, ValueError):
         return None
+
+
+# RFC 3986: a scheme, then no space or control character; http(s) URIs need a host.
+_ABSOLUTE_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[!-~]+")
+
+
+def _absolute_uri(value: object) -> bool:
+    if not isinstance(value, str) or not _ABSOLUTE_URI.fullmatch(value):
+        return False
+    parts = urlsplit(value)
+    return parts.scheme.lower() not in ("http", "https") or bool(parts.hostname)
 
 
 def _positive_int(value: object) -> bool:

@@ -47,6 +47,7 @@ DEFAULTS: Mapping[str, Any] = {
     "FINGERPRINT_FUNCTION": "django_idempotency.fingerprints.request_fingerprint",
     "DATABASE_ALIAS": "default",
     "MAX_BODY_SIZE": 1024 * 1024,
+    "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/problems.html#",
 }
 
 IN_PROGRESS_POLICIES = ("conflict", "wait")
@@ -134,6 +135,7 @@ class Settings:
     FINGERPRINT_FUNCTION: _Setting[FingerprintFunction] = _Setting(import_callable)
     DATABASE_ALIAS = _Setting(str)
     MAX_BODY_SIZE = _Setting(int)
+    PROBLEM_TYPE_BASE = _Setting(str)
 
 
 conf = Settings()

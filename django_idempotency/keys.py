@@ -10,6 +10,9 @@ from __future__ import annotations
 import hashlib
 
 MAX_KEY_LENGTH = 255
+#: The longest header value: a quoted key of ``MAX_KEY_LENGTH`` characters, every one escaped.
+#: It bounds the (ignored) parameters too, so the published schema can state a length.
+MAX_HEADER_LENGTH = 2 * MAX_KEY_LENGTH + 2
 
 
 class InvalidKey(ValueError):
@@ -21,6 +24,10 @@ def parse_key(value: str, *, min_length: int = 1) -> str:
     value = value.strip(" \t")
     if not value:
         raise InvalidKey("The Idempotency-Key header is empty.")
+    if len(value) > MAX_HEADER_LENGTH:
+        raise InvalidKey(
+            f"The Idempotency-Key header is longer than {MAX_HEADER_LENGTH} characters."
+        )
     if not value.isascii() or not value.isprintable():
         raise InvalidKey("The Idempotency-Key must be printable ASCII.")
     key = _parse_sf_string(value) if value.startswith('"') else value

@@ -2,23 +2,25 @@
 
 The app config imports this module only when drf-spectacular is installed. Its view extension
 gives each protected DRF view (``IdempotencyMixin``, or ``@idempotent`` on an ``@api_view``
-function or on a handler) a schema class whose operations gain the ``Idempotency-Key`` header
-parameter, the ``400``/``409``/``422`` problem responses, and the ``Idempotent-Replayed``
-response header. Whether the key is required, and which methods are protected, come from the
-view's options and ``settings.IDEMPOTENCY`` when the schema is generated.
+function or on a handler) a schema class whose operations publish the view's idempotency policy
+(:func:`document`). The policy comes from the view's options and ``settings.IDEMPOTENCY`` when
+the schema is generated.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from django.http import HttpResponse
 from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent, get_class, get_doc
 from rest_framework.views import APIView
 
+from django_idempotency import problems, published
 from django_idempotency._options import Options, Policy
 from django_idempotency.conf import conf
 from django_idempotency.keys import MAX_KEY_LENGTH
@@ -117,7 +119,13 @@ class _IdempotencySchema(AutoSchema):
 
 
 def document(operation: dict[str, Any], policy: Policy, registry: ComponentRegistry) -> None:
-    """Add the header parameter, the problem responses and the replay header to an operation."""
+    """Publish the view's idempotency policy on one of its operations.
+
+    The header parameter with the format the server accepts, every problem the app may answer,
+    the replay header on each status a replay can have, the policy as ``x-idempotency``
+    (:func:`~django_idempotency.published.policy_document`) and as a paragraph of the
+    description.
+    """
     parameters: list[dict[str, Any]] = operation.setdefault("parameters", [])
     if not any(
         p.get("in") == "header" and str(p.get("name", "")).lower() == conf.HEADER.lower()
@@ -132,18 +140,33 @@ def document(operation: dict[str, Any], policy: Policy, registry: ComponentRegis
     )
     registry.register_on_missing(component)
     responses: dict[str, Any] = operation.setdefault("responses", {})
-    for code, response in responses.items():
-        if str(code).startswith("2"):
-            response.setdefault("headers", {}).setdefault(REPLAYED_HEADER, _REPLAYED)
-    for status, description, headers in _problems(policy):
+    # Whatever the view answers itself is stored and replayed, unless its status is released.
+    replayable = {code for code in responses if _replayable(code)}
+    if "requestBody" in operation:
+        # DRF's own 400s (validation and parse errors), stored and replayed like the view's.
+        validation = responses.setdefault("400", {"description": _VALIDATION})
+        validation.setdefault("content", {}).setdefault("application/json", {"schema": {}})
+        replayable.add("400")
+    for status, description, examples, headers in _problems(policy):
         response = responses.setdefault(str(status), {"description": description})
         if not response.get("description"):
             response["description"] = description
-        response.setdefault("content", {}).setdefault(CONTENT_TYPE, {"schema": component.ref})
+        elif description not in response["description"]:
+            response["description"] += f" Or: {description}"
+        response.setdefault("content", {}).setdefault(
+            CONTENT_TYPE, {"schema": component.ref, "examples": examples}
+        )
         if headers:
             response.setdefault("headers", {}).update(headers)
+    for code in replayable:
+        responses[code].setdefault("headers", {}).setdefault(REPLAYED_HEADER, _REPLAYED)
     operation["responses"] = dict(sorted(responses.items()))
+    operation["x-idempotency"] = published.policy_document(policy)
+    paragraph = published.summary(policy)
+    operation["description"] = "\n\n".join(filter(None, [operation.get("description"), paragraph]))
 
+
+_VALIDATION = "The request is invalid (the view's own validation, in DRF's format)."
 
 _REPLAYED: dict[str, Any] = {
     "schema": {"type": "string", "enum": ["true"]},
@@ -152,11 +175,19 @@ _REPLAYED: dict[str, Any] = {
 }
 
 
+def _replayable(code: object) -> bool:
+    code = str(code).upper()
+    if code[:1] not in ("2", "3", "4"):
+        return False
+    return not code.isdigit() or int(code) not in conf.RETRYABLE_STATUSES
+
+
 def _key_parameter(policy: Policy) -> dict[str, Any]:
     description = (
-        "A unique key (a UUID) for this operation; retrying with the same key and body returns "
-        "the first response instead of running the operation again. A Structured Field string "
-        f'(`"…"`) or a bare token, at most {MAX_KEY_LENGTH} printable ASCII characters.'
+        "A unique key (a UUID) for this operation; retrying with the same key and request "
+        "returns the first response instead of running the operation again. A Structured Field "
+        f'string (`"…"`) or a bare value, {conf.MIN_KEY_LENGTH} to {MAX_KEY_LENGTH} printable '
+        f"ASCII characters. Remembered for {published.duration_text(policy.ttl)}."
     )
     if not policy.required:
         description += " Optional: without it the request is not protected."
@@ -164,27 +195,67 @@ def _key_parameter(policy: Policy) -> dict[str, Any]:
         "in": "header",
         "name": conf.HEADER,
         "required": policy.required,
-        "schema": {
-            "type": "string",
-            "minLength": max(1, conf.MIN_KEY_LENGTH),
-            "maxLength": MAX_KEY_LENGTH,
-        },
+        "schema": published.key_schema(policy),
         "description": description,
     }
 
 
-def _problems(policy: Policy) -> Iterable[tuple[int, str, dict[str, Any]]]:
-    key_problem = f"The {conf.HEADER} header is missing or invalid."
-    if not policy.required:
-        key_problem = f"The {conf.HEADER} header is invalid."
-    mismatch = f"The {conf.HEADER} was already used for a different request."
-    if conf.MISMATCH_STATUS == 400:
-        yield 400, f"{key_problem} Or: {mismatch}", {}
-    else:
-        yield 400, key_problem, {}
-        yield conf.MISMATCH_STATUS, mismatch, {}
-    retry_after = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds."}}
-    yield 409, f"A request with this {conf.HEADER} is still being processed.", retry_after
+_Problem = tuple[int, str, dict[str, Any], dict[str, Any]]
+
+
+def _problems(policy: Policy) -> list[_Problem]:
+    """Each status the app may answer on this operation: description, examples, headers."""
+    header = conf.HEADER
+    by_status: dict[int, list[tuple[str, HttpResponse]]] = {}
+
+    def add(description: str, response: HttpResponse) -> None:
+        by_status.setdefault(response.status_code, []).append((description, response))
+
+    if policy.required:
+        add(f"The {header} header is missing.", problems.missing_key(header))
+    add(
+        f"The {header} header is invalid.",
+        problems.invalid_key(f"The {header} must be printable ASCII."),
+    )
+    add(
+        f"The {header} was already used for a different request.",
+        problems.key_reuse(conf.MISMATCH_STATUS),
+    )
+    add(
+        f"A request with this {header} is still being processed.",
+        problems.in_progress(conf.RETRY_AFTER),
+    )
+    add(
+        "The first request's response cannot be replayed: it was too large to store, or an "
+        "operator marked the request as abandoned.",
+        problems.response_not_stored(),
+    )
+    add("", problems.request_abandoned())
+    add(
+        "The idempotency store is unreachable; the request was not processed.",
+        problems.unavailable(),
+    )
+    answers: list[_Problem] = []
+    for status, entries in sorted(by_status.items()):
+        description = " Or: ".join(text for text, _ in entries if text)
+        examples = {
+            response.idempotency_problem: {  # type: ignore[attr-defined]
+                "value": json.loads(response.content)
+            }
+            for _, response in entries
+        }
+        headers = _RETRY_AFTER if status == 409 else {}
+        answers.append((status, description, examples, headers))
+    return answers
+
+
+_RETRY_AFTER = {
+    "Retry-After": {
+        "schema": {"type": "integer", "minimum": 1},
+        "description": "Seconds to wait before retrying.",
+        "required": True,
+    }
+}
 
 
 def _options_of(value: object) -> Options | None:

@@ -1,4 +1,8 @@
-"""RFC 9457 problem details for the app's own error responses."""
+"""RFC 9457 problem details for the app's own error responses.
+
+Each ``type`` is ``PROBLEM_TYPE_BASE`` followed by the problem's slug, so a project can point
+its clients at its own documentation of these problems.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,20 @@ import json
 
 from django.http import HttpResponse
 
-PROBLEM_BASE = "https://django-idempotency.readthedocs.io/en/latest/problems.html#"
+from django_idempotency.conf import conf
+
 CONTENT_TYPE = "application/problem+json"
 
 
 def problem(
     status: int, slug: str, title: str, detail: str, headers: dict[str, str] | None = None
 ) -> HttpResponse:
-    body = {"type": PROBLEM_BASE + slug, "title": title, "status": status, "detail": detail}
+    body = {
+        "type": conf.PROBLEM_TYPE_BASE + slug,
+        "title": title,
+        "status": status,
+        "detail": detail,
+    }
     response = HttpResponse(
         json.dumps(body), status=status, content_type=CONTENT_TYPE, headers=headers
     )

@@ -86,12 +86,17 @@ class IdempotencyMixin(_Base):
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         adapter = self._idempotency
-        if adapter is None:
+        if adapter is None or not self._handles(request.method):
             return
         decision = lifecycle.run_steps(lifecycle.begin(adapter, adapter.policy))
         if isinstance(decision, Answer):
             raise _Answer(decision.value)
         adapter.hold(decision)
+
+    def _handles(self, method: str | None) -> bool:
+        """Whether the view has a handler for ``method``: if not, DRF's 405 answers first."""
+        name = (method or "").lower()
+        return name in self.http_method_names and hasattr(self, name)
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, _Answer):

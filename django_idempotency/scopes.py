@@ -12,9 +12,11 @@ ANONYMOUS_SCOPE = "anonymous"
 
 
 def user_scope(request: HttpRequest) -> str:
-    """The authenticated user's primary key, or one shared scope for anonymous requests.
+    """Each authenticated user has their own keys; anonymous requests share one scope.
 
-    Anonymous clients share a scope, so their keys must be unguessable (UUID4 or better).
+    The scope is the user's primary key. The first line above is published in the API's
+    schema (``x-idempotency``). Anonymous clients share a scope, so their keys must be
+    unguessable (UUID4 or better).
     """
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:

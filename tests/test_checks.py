@@ -51,11 +51,31 @@ def test_defaults_pass() -> None:
         ({"SCOPE_FUNCTION": 42}, "E015"),
         ({"FINGERPRINT_FUNCTION": "django_idempotency.nope"}, "E016"),
         ({"MAX_BODY_SIZE": 0}, "E017"),
+        ({"PROBLEM_TYPE_BASE": ""}, "E022"),
+        ({"PROBLEM_TYPE_BASE": "/docs/problems#"}, "E022"),
+        ({"PROBLEM_TYPE_BASE": "https:///problems#"}, "E022"),
+        ({"PROBLEM_TYPE_BASE": "https://api.example.com/my problems#"}, "E022"),
+        ({"PROBLEM_TYPE_BASE": 42}, "E022"),
         ({"TYPO": 1}, "W001"),
     ],
 )
 def test_each_mistake_has_its_id(config: Any, expected: str) -> None:
     assert ids(config) == [f"django_idempotency.{expected}"]
+
+
+@pytest.mark.parametrize(
+    "base",
+    ["https://api.example.com/docs/errors#", "urn:example:problems:", "tag:example.com,2026:"],
+)
+def test_problem_type_base_takes_any_absolute_uri(base: str) -> None:
+    assert ids({"PROBLEM_TYPE_BASE": base}) == []
+
+
+def test_problem_type_base_hint() -> None:
+    with override_settings(IDEMPOTENCY={"PROBLEM_TYPE_BASE": "problems#"}):
+        (error,) = check_settings()
+    assert "'problems#'" in error.msg
+    assert "https://api.example.com/docs/errors#" in (error.hint or "")
 
 
 def test_durations_accept_numbers_and_timedeltas() -> None:

@@ -148,3 +148,15 @@ def test_class_view_with_method_decorator(client: Client, post: Post, key: str) 
     assert retry.content == first.content
     assert retry["Idempotent-Replayed"] == "true"
     assert executions("class") == 1
+
+
+@pytest.mark.parametrize("key", [None, "k-405"])
+def test_a_method_the_route_does_not_handle_is_405_before_the_key(
+    post: Post, key: str | None
+) -> None:
+    # A viewset's detail route has no POST: DRF's 405 answers, not "missing key" (found by
+    # schemathesis), and nothing is stored.
+    created = post("/api/executions/", {"label": "x"}, key="create-405").json()
+    response = post(f"/api/executions/{created['id']}/", {"label": "y"}, key=key)
+    assert response.status_code == 405
+    assert IdempotencyKey.objects.count() == 1

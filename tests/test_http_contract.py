@@ -400,3 +400,13 @@ def test_replay_comes_from_the_stored_record(post: Post, key: str) -> None:
     assert executions() == 0
     IdempotencyKey.objects.update(expires_at=timezone.now())
     assert "Idempotent-Replayed" not in post("/create/", {"a": 1}, key=key)
+
+
+def test_problem_types_point_at_the_problem_type_base(post: Post) -> None:
+    with override_settings(IDEMPOTENCY={"PROBLEM_TYPE_BASE": "https://api.example.com/errors/"}):
+        response = post("/required/", key=None)
+    assert response.json()["type"] == "https://api.example.com/errors/missing-idempotency-key"
+    default = post("/required/", key=None).json()["type"]
+    assert default == (
+        "https://django-idempotency.readthedocs.io/en/latest/problems.html#missing-idempotency-key"
+    )

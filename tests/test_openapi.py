@@ -21,6 +21,8 @@ from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
 from django_idempotency.decorators import idempotent
+from django_idempotency.keys import MAX_HEADER_LENGTH
+from django_idempotency.published import key_pattern
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
 
@@ -54,6 +56,18 @@ class RequiredView(IdempotencyMixin, APIView):
 
     def get(self, request: Request) -> Response:
         return Response({})
+
+
+class PolicyView(IdempotencyMixin, APIView):
+    """Take a payment."""
+
+    serializer_class = Payment
+    idempotency_required = True
+    idempotency_ttl = 2 * 60 * 60
+
+    @extend_schema(request=Payment, responses={201: Receipt, 404: None})
+    def post(self, request: Request) -> Response:
+        return Response({}, status=201)
 
 
 class OptionalView(IdempotencyMixin, APIView):
@@ -110,6 +124,7 @@ router = SimpleRouter()
 router.register("payments", PaymentViewSet, basename="payment")
 urlpatterns = [
     path("required/", RequiredView.as_view()),
+    path("policy/", PolicyView.as_view()),
     path("optional/", OptionalView.as_view()),
     path("annotated/", AnnotatedView.as_view()),
     path("plain/", PlainView.as_view()),
@@ -140,9 +155,11 @@ def assert_protected(operation: dict[str, Any], *, required: bool, mismatch: int
     assert parameter is not None
     assert parameter["required"] is required
     assert parameter["schema"]["type"] == "string"
-    assert parameter["schema"]["maxLength"] == 255
+    assert parameter["schema"]["maxLength"] == MAX_HEADER_LENGTH
+    assert parameter["schema"]["pattern"] == key_pattern(1)
+    assert operation["x-idempotency"]["required"] is required
     responses = operation["responses"]
-    for status in {"400", "409", str(mismatch)}:
+    for status in {"400", "409", str(mismatch), "500", "503"}:
         content = responses[status]["content"][PROBLEM]
         assert content["schema"] == {"$ref": "#/components/schemas/IdempotencyProblem"}
         assert responses[status]["description"]
@@ -155,6 +172,7 @@ def assert_unprotected(operation: dict[str, Any]) -> None:
     assert key_parameter(operation) is None
     assert "409" not in operation["responses"]
     assert "422" not in operation["responses"]
+    assert "x-idempotency" not in operation
     for response in operation["responses"].values():
         assert PROBLEM not in response.get("content", {})
         assert "Idempotent-Replayed" not in response.get("headers", {})
@@ -202,7 +220,8 @@ def test_extend_schema_keeps_both_its_responses_and_ours() -> None:
 
 
 def test_the_mixin_docstring_does_not_describe_the_view() -> None:
-    assert "description" not in schema()["paths"]["/required/"]["post"]
+    description = schema()["paths"]["/required/"]["post"]["description"]
+    assert description.startswith("**Idempotency.**")
 
 
 def test_problem_component() -> None:
@@ -229,3 +248,98 @@ def test_mismatch_status_400_shares_the_400_response() -> None:
 @override_settings(IDEMPOTENCY={"ENABLED": False})
 def test_disabled_app_documents_nothing() -> None:
     assert_unprotected(schema()["paths"]["/required/"]["post"])
+
+
+BASE = "https://api.example.com/docs/errors#"
+REPLAYED = {
+    "schema": {"type": "string", "enum": ["true"]},
+    "description": "Present when this is the stored response of an earlier request with the "
+    "same idempotency key, replayed.",
+}
+
+
+def problem_types(response: dict[str, Any]) -> set[str]:
+    examples = response["content"][PROBLEM]["examples"]
+    for slug, example in examples.items():
+        assert example["value"]["type"] == BASE + slug
+    return set(examples)
+
+
+@override_settings(IDEMPOTENCY={"MIN_KEY_LENGTH": 16, "PROBLEM_TYPE_BASE": BASE})
+def test_the_published_policy_of_a_protected_operation_field_by_field() -> None:
+    operation = schema()["paths"]["/policy/"]["post"]
+
+    # The key: required, and the format the server accepts (tests/test_published.py holds the
+    # pattern to the parser).
+    (parameter,) = [p for p in operation["parameters"] if p["in"] == "header"]
+    assert parameter["name"] == NAME
+    assert parameter["required"] is True
+    assert parameter["schema"] == {
+        "type": "string",
+        "minLength": 16,
+        "maxLength": 512,
+        "pattern": key_pattern(16),
+    }
+    assert "16 to 255 printable ASCII characters" in parameter["description"]
+    assert "Remembered for 2 hours" in parameter["description"]
+
+    # The policy, for machines and for people.
+    policy = operation["x-idempotency"]
+    assert policy == {
+        "header": NAME,
+        "required": True,
+        "keyFormat": "any",
+        "keySchema": parameter["schema"],
+        "ttl": 7200,
+        "scope": "Each authenticated user has their own keys; anonymous requests share one scope.",
+        "methods": ["PATCH", "POST"],
+        "inProgress": "conflict",
+        "mismatchStatus": 422,
+        "notStored": ["408", "429", "5XX"],
+        "replayedHeader": "Idempotent-Replayed",
+        "specification": "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/",
+    }
+    description = operation["description"]
+    assert description.startswith("Take a payment.\n\n**Idempotency.** This operation requires")
+    assert "remembered for 2 hours, and scoped: each authenticated user" in description
+    assert "refused (422)" in description
+    assert "Responses 408, 429, 5XX are not remembered" in description
+
+    responses = operation["responses"]
+    assert sorted(responses) == ["201", "400", "404", "409", "422", "500", "503"]
+    # The view's own responses are stored and replayed, its 404 as much as its 201.
+    assert responses["201"]["headers"] == {"Idempotent-Replayed": REPLAYED}
+    assert responses["404"]["headers"] == {"Idempotent-Replayed": REPLAYED}
+    # 400: DRF's validation errors (stored, replayed) next to the key's problems (not stored).
+    bad = responses["400"]
+    assert set(bad["content"]) == {"application/json", PROBLEM}
+    assert bad["content"]["application/json"] == {"schema": {}}
+    assert bad["headers"] == {"Idempotent-Replayed": REPLAYED}
+    assert problem_types(bad) == {"missing-idempotency-key", "invalid-idempotency-key"}
+    assert "missing" in bad["description"] and "invalid" in bad["description"]
+    # The app's own answers: problem details only, never replayed.
+    conflict = responses["409"]
+    assert set(conflict["content"]) == {PROBLEM}
+    assert problem_types(conflict) == {"request-in-progress"}
+    assert conflict["headers"] == {
+        "Retry-After": {
+            "schema": {"type": "integer", "minimum": 1},
+            "description": "Seconds to wait before retrying.",
+            "required": True,
+        }
+    }
+    assert set(responses["422"]["content"]) == {PROBLEM}
+    assert problem_types(responses["422"]) == {"idempotency-key-reuse"}
+    assert "headers" not in responses["422"]
+    assert problem_types(responses["500"]) == {"response-not-stored", "request-abandoned"}
+    assert problem_types(responses["503"]) == {"idempotency-unavailable"}
+    assert "unreachable" in responses["503"]["description"]
+    assert "headers" not in responses["503"]
+
+
+@override_settings(IDEMPOTENCY={"RETRYABLE_STATUSES": [404, 408, 429, *range(500, 600)]})
+def test_a_released_status_is_not_documented_as_replayed() -> None:
+    responses = schema()["paths"]["/policy/"]["post"]["responses"]
+    assert "headers" not in responses["404"]
+    assert "Idempotent-Replayed" in responses["201"]["headers"]
+    assert "404, 408, 429, 5XX" in schema()["paths"]["/policy/"]["post"]["description"]

@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonR
 from django.shortcuts import get_object_or_404
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -43,6 +43,12 @@ def claim_of(request: Request | HttpRequest) -> Claim:
     return claim
 
 
+# Django answers 404 for an id its URL pattern does not match (a negative one), DRF for a
+# missing charge.
+NOT_FOUND = OpenApiResponse(description="No such charge.")
+
+
+@extend_schema_view(retrieve=extend_schema(responses={200: ChargeSerializer, 404: NOT_FOUND}))
 class ChargeViewSet(
     IdempotencyMixin,
     mixins.CreateModelMixin,
@@ -82,7 +88,7 @@ class RefundView(IdempotencyMixin, APIView):
     idempotency_required = True
     serializer_class = RefundSerializer
 
-    @extend_schema(request=RefundSerializer, responses={201: RefundSerializer})
+    @extend_schema(request=RefundSerializer, responses={201: RefundSerializer, 404: NOT_FOUND})
     def post(self, request: Request, charge_id: int) -> Response:
         charge = get_object_or_404(Charge, pk=charge_id)
         claim = claim_of(request)

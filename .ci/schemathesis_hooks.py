@@ -1,0 +1,48 @@
+"""Schemathesis hooks for .ci/leg-schemathesis: every keyed request is sent twice.
+
+The second answer must be the first one's bytes: the same status and body, with
+``Idempotent-Replayed: true`` when the first was stored (any status but the released ones, 408,
+429 and 5xx), or the same problem again when the first was one of the app's own (nothing was
+stored), or the same page when the request never reached the view (Django's 404). The
+request is sent again byte for byte: a new multipart boundary would be another body, so
+another fingerprint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+import schemathesis
+
+HEADER = "Idempotency-Key"
+REPLAYED = "idempotent-replayed"
+RELEASED = {408, 429, *range(500, 600)}
+
+_session = requests.Session()
+
+
+@schemathesis.check
+def replay_is_byte_identical(ctx: Any, response: Any, case: Any) -> None:
+    """A keyed request to a protected operation, sent again, gets the first response back."""
+    policy = case.operation.definition.raw.get("x-idempotency")
+    sent = response.request
+    if (
+        policy is None
+        or sent.method != case.operation.method.upper()  # an undeclared method's 405
+        or policy["header"] not in sent.headers
+        or response.status_code in RELEASED
+    ):
+        return None
+    replay = _session.send(sent.copy(), timeout=30)
+    first = (response.status_code, response.content)
+    again = (replay.status_code, replay.content)
+    assert again == first, f"The replay differs: first {first!r}, replay {again!r}"
+    content_type = response.headers.get("content-type", [""])[0]
+    # The app's own problems are not stored, and the example API answers JSON: anything else
+    # (Django's HTML 404 for a path no URL pattern matches) never reached the protected view.
+    if content_type.startswith("application/json"):
+        assert replay.headers.get(REPLAYED) == "true", (
+            f"The replay of a stored {response.status_code} has no Idempotent-Replayed: true"
+        )
+    return None

@@ -1,0 +1,145 @@
+"""The idempotency policy a protected operation publishes to its clients.
+
+The IETF draft (draft-ietf-httpapi-idempotency-key-header-07, "Responsibilities") says a
+resource server MUST publish its idempotency policy, including its expiry, and ("Security
+Considerations") the format of its keys. :func:`describe` gives that policy as data (the
+OpenAPI ``x-idempotency`` extension, or a page of a site without DRF) and :func:`summary` as a
+paragraph for people; neither needs DRF. Per-view key formats and scopes plug in at
+:func:`key_format` and :func:`scope_function`, which read the settings today.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Collection
+from datetime import timedelta
+from typing import Any
+
+from django_idempotency._options import Options, Policy
+from django_idempotency.conf import conf
+from django_idempotency.keys import MAX_HEADER_LENGTH, MAX_KEY_LENGTH
+from django_idempotency.responses import REPLAYED_HEADER
+
+DRAFT = "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/"
+
+# The header values keys.parse_key accepts, as an ECMA-262 pattern for OpenAPI: a Structured
+# Field string, whose escapes (\" and \\) count as one character of the key, optionally followed
+# by parameters (ignored), or a bare value of printable ASCII that does not start with a quote
+# or end with a space. tests/test_published.py holds it to parse_key.
+_SF_CHAR = r'(?:[ !#-\[\]-~]|\\["\\])'
+_PARAMETERS = r"(?: *;(?:[ -~]*[!-~])?)?"
+_BARE_FIRST, _BARE_MIDDLE, _BARE_LAST = r"[!#-~]", r"[ -~]", r"[!-~]"
+
+
+def key_pattern(min_length: int = 1) -> str:
+    """The pattern of the header values the server accepts as keys of ``min_length`` or more."""
+    quoted = f'"{_SF_CHAR}{{{min_length},{MAX_KEY_LENGTH}}}"{_PARAMETERS}'
+    if min_length <= 1:
+        bare = f"{_BARE_FIRST}(?:{_BARE_MIDDLE}{{0,{MAX_KEY_LENGTH - 2}}}{_BARE_LAST})?"
+    else:
+        bare = f"{_BARE_FIRST}{_BARE_MIDDLE}{{{min_length - 2},{MAX_KEY_LENGTH - 2}}}{_BARE_LAST}"
+    return f"^(?:{quoted}|{bare})$"
+
+
+def key_format(policy: Policy) -> str:
+    """The format of the view's keys: ``"any"`` until views and settings choose (KEY_FORMAT)."""
+    return "any"
+
+
+def key_schema(policy: Policy) -> dict[str, Any]:
+    """The JSON Schema of the header's value."""
+    return {
+        "type": "string",
+        "minLength": max(1, conf.MIN_KEY_LENGTH),
+        "maxLength": MAX_HEADER_LENGTH,
+        "pattern": key_pattern(conf.MIN_KEY_LENGTH),
+    }
+
+
+def scope_function(policy: Policy) -> Callable[..., str]:
+    """The function naming the principal a key belongs to: ``SCOPE_FUNCTION`` for now."""
+    return conf.SCOPE_FUNCTION
+
+
+def scope_text(policy: Policy) -> str:
+    """What a key is scoped to, for clients: the first line of the scope function's docstring."""
+    function = scope_function(policy)
+    doc = inspect.getdoc(function)
+    if doc:
+        return doc.split("\n\n", 1)[0].replace("\n", " ")
+    return f"the principal named by {getattr(function, '__qualname__', repr(function))}"
+
+
+def not_stored(statuses: Collection[int]) -> list[str]:
+    """``RETRYABLE_STATUSES`` as OpenAPI writes statuses, a full hundred as ``5XX``."""
+    codes = set(statuses)
+    written: list[str] = []
+    for hundred in range(100, 600, 100):
+        block = set(range(hundred, hundred + 100))
+        if block <= codes:
+            written.append(f"{hundred // 100}XX")
+            codes -= block
+    return sorted([*map(str, codes), *written])
+
+
+def describe(view_or_options: object) -> dict[str, Any]:
+    """The policy of a protected view (or of its :class:`~django_idempotency._options.Options`).
+
+    The mapping the OpenAPI schema shows as ``x-idempotency``; a site without DRF can render it
+    on its own documentation page.
+    """
+    return policy_document(_policy(view_or_options))
+
+
+def policy_document(policy: Policy) -> dict[str, Any]:
+    return {
+        "header": conf.HEADER,
+        "required": policy.required,
+        "keyFormat": key_format(policy),
+        "keySchema": key_schema(policy),
+        "ttl": int(policy.ttl.total_seconds()),
+        "scope": scope_text(policy),
+        "methods": sorted(policy.methods),
+        "inProgress": policy.in_progress,
+        "mismatchStatus": conf.MISMATCH_STATUS,
+        "notStored": not_stored(conf.RETRYABLE_STATUSES),
+        "replayedHeader": REPLAYED_HEADER,
+        "specification": DRAFT,
+    }
+
+
+def summary(policy: Policy) -> str:
+    """The policy as a paragraph of Markdown (OpenAPI descriptions are CommonMark)."""
+    header = conf.HEADER
+    key = f"requires an `{header}` header" if policy.required else f"accepts an `{header}` header"
+    scope = scope_text(policy).rstrip(".")
+    return (
+        f"**Idempotency.** This operation {key}: a unique key (a UUID) for each operation. "
+        f"Sent again with the same key and request, it returns the first response, with "
+        f"`{REPLAYED_HEADER}: true`, instead of running again. Keys are remembered for "
+        f"{duration_text(policy.ttl)}, and scoped: {scope[:1].lower()}{scope[1:]}. "
+        f"The same key with a different request is refused ({conf.MISMATCH_STATUS}); "
+        f"while the first request runs, a retry gets 409 with `Retry-After`. "
+        f"Responses {', '.join(not_stored(conf.RETRYABLE_STATUSES))} are not remembered: "
+        f"a retry runs the operation again."
+    )
+
+
+def duration_text(duration: timedelta) -> str:
+    seconds = int(duration.total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+def _policy(view_or_options: object) -> Policy:
+    if isinstance(view_or_options, Options):
+        return view_or_options.resolve()
+    options = getattr(view_or_options, "idempotency_options", None)
+    if options is None and hasattr(view_or_options, "get_idempotency_options"):
+        options = view_or_options.get_idempotency_options()
+    if not isinstance(options, Options):
+        raise TypeError(f"{view_or_options!r} is not a protected view.")
+    return options.resolve()

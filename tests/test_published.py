@@ -1,0 +1,147 @@
+"""The published policy says what the server does: the key pattern is held to the parser."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django_idempotency._options import Options
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from django_idempotency.decorators import idempotent
+from django_idempotency.keys import MAX_HEADER_LENGTH, MAX_KEY_LENGTH, InvalidKey, parse_key
+from django_idempotency.published import describe, duration_text, key_pattern, not_stored
+
+# What clients send, and what hostile ones do: printable ASCII, quotes, escapes, the
+# parameter separator, and the characters the server refuses (tabs, controls, non-ASCII).
+_CHARS = st.sampled_from([*map(chr, range(0x20, 0x7F)), "\t", "\x00", "\x7f", "é", "€"])
+_WEIGHTED = st.one_of(_CHARS, st.sampled_from(['"', "\\", ";", " ", "a"]))
+
+
+def _values(max_size: int) -> st.SearchStrategy[str]:
+    body = st.text(_WEIGHTED, max_size=max_size)
+    return st.one_of(body, body.map(lambda text: f'"{text}"'), body.map(lambda t: f'"{t}";x=1'))
+
+
+def accepted(value: str, min_length: int) -> bool:
+    try:
+        parse_key(value, min_length=min_length)
+    except InvalidKey:
+        return False
+    return True
+
+
+def matches(value: str, min_length: int) -> bool:
+    schema_ok = MAX_HEADER_LENGTH >= len(value) >= max(1, min_length)
+    return schema_ok and re.fullmatch(key_pattern(min_length), value) is not None
+
+
+EDGES = [
+    "a",
+    "a b",
+    "a,b",
+    'a"b',
+    '"a"',
+    '"a" ;x=1',
+    '"a"x',
+    '"a',
+    '""',
+    '"\\"',
+    '"\\a"',
+    '"\\\\"',
+    "a\tb",
+    "é",
+    "x" * 255,
+    "x" * 256,
+    '"' + "x" * 255 + '"',
+    '"' + "x" * 256 + '"',
+    '"' + "\\\\" * 255 + '"',
+    '"' + "\\\\" * 255 + '";x',
+]
+
+
+@pytest.mark.parametrize("value", EDGES)
+@pytest.mark.parametrize("min_length", [1, 2, 36])
+def test_edges(value: str, min_length: int) -> None:
+    assert matches(value, min_length) == accepted(value, min_length)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_values(40), min_length=st.sampled_from([1, 2, 5]))
+@example(value=" a", min_length=1)
+@example(value="a ", min_length=1)
+def test_the_pattern_accepts_what_the_server_accepts(value: str, min_length: int) -> None:
+    # The server strips surrounding spaces (HTTP servers strip them before it does), so the
+    # schema need only describe the stripped value.
+    stripped = value.strip(" \t")
+    assert matches(stripped, min_length) == accepted(value, min_length)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), min_length=st.sampled_from([1, 3, MAX_KEY_LENGTH]))
+def test_every_value_the_pattern_allows_is_a_key(data: st.DataObject, min_length: int) -> None:
+    value = data.draw(st.from_regex(key_pattern(min_length), fullmatch=True))
+    if len(value) <= MAX_HEADER_LENGTH:
+        key = parse_key(value, min_length=min_length)
+        assert min_length <= len(key) <= MAX_KEY_LENGTH
+
+
+def test_a_header_longer_than_any_quoted_key_is_refused() -> None:
+    longest = '"' + "\\\\" * MAX_KEY_LENGTH + '"'
+    assert len(longest) == MAX_HEADER_LENGTH
+    assert parse_key(longest) == "\\" * MAX_KEY_LENGTH
+    with pytest.raises(InvalidKey, match="longer than 512"):
+        parse_key(longest + ";x")
+
+
+def test_not_stored_writes_a_full_hundred_as_a_range() -> None:
+    assert not_stored({408, 429, *range(500, 600)}) == ["408", "429", "5XX"]
+    assert not_stored({500, 503}) == ["500", "503"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(86400, "1 day"), (7200, "2 hours"), (90, "90 seconds"), (60, "1 minute"), (1, "1 second")],
+)
+def test_duration_text(seconds: int, text: str) -> None:
+    assert duration_text(timedelta(seconds=seconds)) == text
+
+
+@override_settings(IDEMPOTENCY={"MISMATCH_STATUS": 400, "TTL": 600})
+def test_describe_a_function_view_for_a_site_without_drf() -> None:
+    @idempotent(required=True, methods=["POST"])
+    def view(request: object) -> None: ...
+
+    policy = describe(view)
+    assert policy["required"] is True
+    assert policy["ttl"] == 600
+    assert policy["methods"] == ["POST"]
+    assert policy["mismatchStatus"] == 400
+    assert describe(Options.build(ttl=60))["ttl"] == 60
+    with pytest.raises(TypeError, match="not a protected view"):
+        describe(lambda request: None)
+
+
+def tenant_scope(request: object) -> str:
+    """Each tenant has its own keys.
+
+    Not published: only the first paragraph is.
+    """
+    return "tenant"
+
+
+@pytest.mark.parametrize(
+    ("function", "text"),
+    [
+        (tenant_scope, "Each tenant has its own keys."),
+        (lambda request: "x", "the principal named by <lambda>"),
+    ],
+)
+def test_the_scope_is_the_first_paragraph_of_the_scope_functions_docstring(
+    function: object, text: str
+) -> None:
+    with override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": function}):
+        assert describe(Options.build())["scope"] == text
