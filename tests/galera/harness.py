@@ -338,7 +338,8 @@ class Cluster:
         timeout: float = START_TIMEOUT,
     ) -> None:
         """Wait until every node in ``nodes`` (all by default) is Synced in a primary component
-        of at least ``size`` members (by default, as many as ``nodes``)."""
+        of exactly ``size`` members (by default, as many as ``nodes``): after a kill, until the
+        survivors have evicted the dead node."""
         nodes = self.nodes if nodes is None else nodes
         wanted = len(nodes) if size is None else size
         deadline = time.monotonic() + timeout
@@ -391,7 +392,7 @@ def _synced(status: dict[str, str], size: int) -> bool:
         status.get("wsrep_local_state_comment") == "Synced"
         and status.get("wsrep_cluster_status") == "Primary"
         and status.get("wsrep_ready") == "ON"
-        and int(status.get("wsrep_cluster_size", 0)) >= size
+        and int(status.get("wsrep_cluster_size", 0)) == size
     )
 
 
