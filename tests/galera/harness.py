@@ -197,13 +197,15 @@ class Cluster:
         self._wait_gone(node, STOP_TIMEOUT)
         node.pid = None
 
-    def restart(self, node: Node) -> None:
+    def restart(self, node: Node) -> str | None:
         """Start a stopped or killed ``node`` again at the position it recovers from InnoDB, so
-        it rejoins by IST; return once the whole cluster is Synced."""
+        it rejoins by IST; once the whole cluster is Synced, return that position (``None``:
+        none recovered, the node was given a full state transfer)."""
         assert not node.running(), f"{node.name} is still running"
         position = self._recover_position(node)
         self._launch(node, start_position=position)
         self.wait_synced()
+        return position
 
     def _make_datadir(self, node: Node) -> None:
         """An empty data folder: a joiner receives everything by SST."""

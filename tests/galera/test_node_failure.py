@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from contextlib import closing
+from pathlib import Path
 
 import pytest
 
@@ -42,11 +43,12 @@ def test_a_killed_node_leaves_a_working_cluster_and_rejoins_by_ist(
 
     log_before = second.error_log.read_text(errors="replace")
     started = time.monotonic()
-    galera.restart(second)
+    position = galera.restart(second)
     print(f"{second.name} rejoined and Synced in {time.monotonic() - started:.1f} s")
     rejoin_log = second.error_log.read_text(errors="replace")[len(log_before) :]
     # By IST: the writesets it missed, from a survivor's gcache, not a copy of the data folder.
     received = re.search(r"Receiving IST: (\d+) writesets", rejoin_log)
+    assert position, (Path(galera.root) / f"{second.name}-recover.err").read_text()[-3000:]
     assert received, "\n".join(re.findall(r".*(?:IST|SST|[Pp]osition).*", rejoin_log))
     assert int(received[1]) >= WRITES
     assert "rsync IST completed on joiner" in rejoin_log
