@@ -31,8 +31,7 @@ def galera() -> Iterator[Cluster]:
 def galera_database(galera: Cluster) -> Iterator[str]:
     """A database of its own on the cluster (created through node 1, replicated to all)."""
     name = f"idem_galera_{uuid.uuid4().hex[:8]}"
-    with closing(galera.nodes[0].connect()) as conn, conn.cursor() as cursor:
-        cursor.execute(f"CREATE DATABASE {name}")
+    galera.create_database(name)
     yield name
     for node in galera.nodes:  # the first node still in the cluster drops it for all
         if node.running():

@@ -373,6 +373,18 @@ class Cluster:
             if node.error_log.exists()
         )
 
+    def create_database(self, name: str) -> None:
+        """Create it through the first node and wait until every node has it: connecting to a
+        database names it before any causal read (``wsrep_sync_wait``) could wait for it."""
+        with closing(self.nodes[0].connect()) as conn, conn.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+        for node in self.nodes:
+            with closing(node.connect()) as conn, conn.cursor() as cursor:
+                cursor.execute("SET SESSION wsrep_sync_wait = 1")
+                cursor.execute("SHOW DATABASES LIKE %s", (name,))
+                if cursor.fetchall() != ((name,),):
+                    raise ClusterError(f"database {name} missing on {node.name}")
+
     # Persistence for the command line ---------------------------------------------------------
 
     def save(self, path: Path = STATE_FILE) -> None:

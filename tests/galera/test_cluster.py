@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import closing
 from typing import Any
 
@@ -50,9 +50,10 @@ def error_code(exc: BaseException) -> int:
     return int(exc.args[0])
 
 
-def race(*steps: Callable[[threading.Barrier], str]) -> list[str | BaseException]:
+def race(cluster: Cluster, *steps: Callable[[threading.Barrier], str]) -> list[str | BaseException]:
     """Run each step in its own thread; they share a barrier. Each returns what it did, or the
-    exception it raised."""
+    exception it raised; a step still running after ``TIMEOUT`` fails the test with what every
+    node is doing."""
     barrier = threading.Barrier(len(steps))
 
     def run(step: Callable[[threading.Barrier], str]) -> str | BaseException:
@@ -61,8 +62,27 @@ def race(*steps: Callable[[threading.Barrier], str]) -> list[str | BaseException
         except Exception as exc:
             return exc
 
-    with ThreadPoolExecutor(max_workers=len(steps)) as pool:
-        return list(pool.map(run, steps, timeout=TIMEOUT))
+    pool = ThreadPoolExecutor(max_workers=len(steps))
+    try:
+        futures = [pool.submit(run, step) for step in steps]
+        hanging = wait(futures, timeout=TIMEOUT).not_done
+        if hanging:
+            raise AssertionError(f"{len(hanging)} step(s) still running:\n{activity(cluster)}")
+        return [future.result() for future in futures]
+    finally:
+        pool.shutdown(wait=False)  # a hanging step must not hang the test too
+
+
+def activity(cluster: Cluster) -> str:
+    """Every node's state and statements, for a failure message."""
+    lines = []
+    for node in cluster.nodes:
+        with closing(node.connect()) as conn, conn.cursor() as cursor:
+            cursor.execute("SHOW STATUS LIKE 'wsrep_local_state_comment'")
+            lines.append(f"{node.name}: {cursor.fetchall()}")
+            cursor.execute("SHOW FULL PROCESSLIST")
+            lines.extend(f"  {row}" for row in cursor.fetchall())
+    return "\n".join(lines)
 
 
 def test_the_cluster_has_three_synced_nodes(galera: Cluster) -> None:
@@ -104,7 +124,7 @@ def test_the_same_key_claimed_through_two_nodes_at_once(
     fails the other's COMMIT with 1213. The loser, looking again, finds the winner's row."""
     first, second, third = galera.nodes
     key = f"same-{round_}"
-    results = race(claim_step(first, claims, key), claim_step(second, claims, key))
+    results = race(galera, claim_step(first, claims, key), claim_step(second, claims, key))
 
     winners = [result for result in results if isinstance(result, str)]
     losers = [result for result in results if isinstance(result, BaseException)]
@@ -148,7 +168,7 @@ def test_a_fenced_update_raced_through_two_nodes(galera: Cluster, claims: str, r
         cursor.execute("INSERT INTO claims VALUES (%s, 'dead', 'old')", (key,))
         conn.commit()
 
-    results = race(fenced_step(first, claims, key), fenced_step(second, claims, key))
+    results = race(galera, fenced_step(first, claims, key), fenced_step(second, claims, key))
 
     winners = [result for result in results if isinstance(result, str)]
     losers = [result for result in results if isinstance(result, BaseException)]
@@ -200,7 +220,7 @@ def test_autocommit_fenced_updates_through_three_nodes_affect_one_row_in_all(
 
         return step
 
-    results = race(*(take_over(node) for node in galera.nodes))
+    results = race(galera, *(take_over(node) for node in galera.nodes))
     assert all(isinstance(result, str) for result in results), results
     affected = [int(str(result).split(":")[0]) for result in results]
     assert sum(affected) == len(keys), results
