@@ -373,17 +373,25 @@ class Cluster:
             if node.error_log.exists()
         )
 
-    def create_database(self, name: str) -> None:
+    def create_database(self, name: str, timeout: float = 30.0) -> None:
         """Create it through the first node and wait until every node has it: connecting to a
-        database names it before any causal read (``wsrep_sync_wait``) could wait for it."""
+        database names it before any causal read (``wsrep_sync_wait``) could wait for it, and
+        ``SHOW DATABASES`` does not wait for a DDL being applied (seen here)."""
         with closing(self.nodes[0].connect()) as conn, conn.cursor() as cursor:
             cursor.execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+        deadline = time.monotonic() + timeout
         for node in self.nodes:
             with closing(node.connect()) as conn, conn.cursor() as cursor:
-                cursor.execute("SET SESSION wsrep_sync_wait = 1")
-                cursor.execute("SHOW DATABASES LIKE %s", (name,))
-                if cursor.fetchall() != ((name,),):
-                    raise ClusterError(f"database {name} missing on {node.name}")
+                while True:
+                    cursor.execute(
+                        "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %s",
+                        (name,),
+                    )
+                    if cursor.fetchall() == ((1,),):
+                        break
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"database {name} missing on {node.name}")
+                    time.sleep(0.05)
 
     # Persistence for the command line ---------------------------------------------------------
 
