@@ -85,6 +85,16 @@ def activity(cluster: Cluster) -> str:
     return "\n".join(lines)
 
 
+def one_commits(results: list[str | BaseException], first: Node, second: Node) -> tuple[str, Node]:
+    """Of two raced transactions, exactly one committed and the other's commit failed with
+    1213: the winner's name and the losing node."""
+    winners = [result for result in results if isinstance(result, str)]
+    losers = [result for result in results if isinstance(result, BaseException)]
+    assert len(winners) == 1, results
+    assert [error_code(loser) for loser in losers] == [DEADLOCK]
+    return winners[0], second if winners == [first.name] else first
+
+
 def test_the_cluster_has_three_synced_nodes(galera: Cluster) -> None:
     for node in galera.nodes:
         status = node.status()
@@ -126,21 +136,16 @@ def test_the_same_key_claimed_through_two_nodes_at_once(
     key = f"same-{round_}"
     results = race(galera, claim_step(first, claims, key), claim_step(second, claims, key))
 
-    winners = [result for result in results if isinstance(result, str)]
-    losers = [result for result in results if isinstance(result, BaseException)]
-    assert len(winners) == 1, results
-    assert [error_code(loser) for loser in losers] == [DEADLOCK]
-
-    loser = second if winners == [first.name] else first
+    winner, loser = one_commits(results, first, second)
     with closing(connect(loser, claims)) as conn, conn.cursor() as cursor:
         cursor.execute("INSERT IGNORE INTO claims VALUES (%s, %s, 't')", (key, loser.name))
         assert cursor.rowcount == 0
         cursor.execute("SELECT owner FROM claims WHERE id = %s", (key,))
-        assert cursor.fetchall() == ((winners[0],),)
+        assert cursor.fetchall() == ((winner,),)
         conn.commit()
     with closing(connect(third, claims)) as conn, conn.cursor() as cursor:
         cursor.execute("SELECT owner FROM claims WHERE id = %s", (key,))
-        assert cursor.fetchall() == ((winners[0],),)
+        assert cursor.fetchall() == ((winner,),)
 
 
 def fenced_step(node: Node, database: str, key: str) -> Callable[[threading.Barrier], str]:
@@ -170,11 +175,7 @@ def test_a_fenced_update_raced_through_two_nodes(galera: Cluster, claims: str, r
 
     results = race(galera, fenced_step(first, claims, key), fenced_step(second, claims, key))
 
-    winners = [result for result in results if isinstance(result, str)]
-    losers = [result for result in results if isinstance(result, BaseException)]
-    assert len(winners) == 1, results
-    assert [error_code(loser) for loser in losers] == [DEADLOCK]
-    loser = second if winners == [first.name] else first
+    winner, loser = one_commits(results, first, second)
     with closing(connect(loser, claims)) as conn, conn.cursor() as cursor:
         # The retry of the fenced write: the token moved on, so it affects nothing.
         affected = cursor.execute(
@@ -185,7 +186,7 @@ def test_a_fenced_update_raced_through_two_nodes(galera: Cluster, claims: str, r
     for node in galera.nodes:
         with closing(connect(node, claims)) as conn, conn.cursor() as cursor:
             cursor.execute("SELECT owner, lock_token FROM claims WHERE id = %s", (key,))
-            assert cursor.fetchall() == ((winners[0], f"new-{winners[0]}"),)
+            assert cursor.fetchall() == ((winner, f"new-{winner}"),)
 
 
 def test_autocommit_fenced_updates_through_three_nodes_affect_one_row_in_all(
