@@ -31,9 +31,12 @@ ci_bare_venv() {
 # This leg's own fresh virtual environment, activated, with the project (editable) and its
 # EXTRAS ("test,lint") installed for DJANGO ("django==6.1.*"): ci_venv MINOR DJANGO EXTRAS
 ci_venv() {
+  local start=$SECONDS
   ci_bare_venv "$1" "$CI_LEG"
   python -m pip install --quiet -e ".[$3]" "$2"
   echo "$(python --version), Django $(python -m django --version), in $VIRTUAL_ENV"
+  printf '%s\t%s\t%s\n' "$CI_LEG" "venv ($(python --version), Django $(python -m django --version))" \
+    "ready in $((SECONDS - start)) s" >>"$CI_RESULTS"
 }
 
 # This run's own database name for this leg: several suites may share one server.
@@ -51,7 +54,7 @@ ci_pytest() {
   echo "-- $label"
   python -m pytest "$@" 2>&1 | tee "$log" || status=$?
   printf '%s\t%s\t%s\n' "$CI_LEG" "$label" \
-    "$(tail -n 1 "$log" | sed -E 's/^=+ //; s/ in [0-9.]+s.*$//')" >>"$CI_RESULTS"
+    "$(tail -n 1 "$log" | sed -E 's/^=+ //; s/ =+$//; s/ \([0-9:]+\)$//')" >>"$CI_RESULTS"
   if ((status != 0)); then
     echo "$label: pytest failed (exit $status)" >&2
     return "$status"
