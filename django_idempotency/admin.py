@@ -207,8 +207,11 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyKey]:
         return super().get_queryset(request).using(conf.DATABASE_ALIAS)
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 asks for one page's actions (changelist or change form) and deprecates
+        # overrides without ``action_location``; 5.2 and 6.0 have no such parameter.
+        page = {} if action_location is None else {"action_location": action_location}
+        actions = super().get_actions(request, **page)
         # Deleting a live record would let a duplicate run: only expired ones go.
         actions.pop("delete_selected", None)
         return actions

@@ -12,14 +12,21 @@ from django.test import Client
 from tests.testapp.models import Execution
 
 
+#: Suites that need a server of their own, which only their CI leg starts: elsewhere they are not
+#: selected rather than skipped (a skip on a server database fails CI).
+_OWN_LEG = {
+    "pgbouncer": "IDEMPOTENCY_TEST_PGBOUNCER_POOL_SIZE",  # .ci/leg-pgbouncer
+    "galera": "IDEMPOTENCY_GALERA",  # .ci/leg-galera
+    "galera_app": "IDEMPOTENCY_GALERA_APP",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not os.environ.get("IDEMPOTENCY_TEST_PGBOUNCER_POOL_SIZE"):
-        # Only .ci/leg-pgbouncer has a PgBouncer to test: not selected elsewhere, not skipped
-        # (a skip on PostgreSQL fails CI).
-        behind = [item for item in items if "pgbouncer" in item.keywords]
-        if behind:
-            config.hook.pytest_deselected(items=behind)
-            items[:] = [item for item in items if "pgbouncer" not in item.keywords]
+    elsewhere = {marker for marker, variable in _OWN_LEG.items() if not os.environ.get(variable)}
+    deselected = [item for item in items if elsewhere & set(item.keywords)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not elsewhere & set(item.keywords)]
     if os.environ.get("DATABASE_URL", "").startswith(("postgres", "postgresql")):
         return
     skip = pytest.mark.skip(reason="needs PostgreSQL: set DATABASE_URL")

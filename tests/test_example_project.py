@@ -8,6 +8,7 @@ The project runs in its own processes under its own settings, on a fresh SQLite 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -262,6 +263,12 @@ def test_schema_and_swagger_ui(example: Example) -> None:
     assert "201" in refund["responses"] and "422" in refund["responses"]
     docs = httpx.get(example.url + "/api/docs/", timeout=10)
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    # Offline too: every script, stylesheet and icon of the UI is served by runserver itself.
+    assets = re.findall(r'(?:src|href)="([^"]+)"', docs.text)
+    assert any(asset.endswith("swagger-ui-bundle.js") for asset in assets), assets
+    for asset in assets:
+        assert asset.startswith("/static/"), f"{asset} is not served by the example"
+        assert httpx.get(example.url + asset, timeout=10).status_code == 200, asset
 
 
 def test_check_and_createsuperuser(example: Example) -> None:

@@ -1,0 +1,61 @@
+"""``idempotent_function`` under Django's tasks framework: a task enqueued twice with one key runs
+its effect once, on the ImmediateBackend (Django's default ``TASKS``: each task runs in the
+enqueuing thread).
+
+``django.tasks`` is new in Django 6.0: on Django 5.2 this module is skipped (CI's Django 6.0 and
+6.1 legs run it, and CI allows only this skip on PostgreSQL). Two-phase mode, so the claim
+commits on its own as in a worker: ``transaction=True``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+tasks = pytest.importorskip("django.tasks", reason="needs Django 6.0+ (django.tasks)")
+
+from django_idempotency.models import IdempotencyKey  # noqa: E402
+from tests.conftest import executions  # noqa: E402
+from tests.testapp.tasks import fail_once, send_receipt, send_receipt_async  # noqa: E402
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SUCCESSFUL = tasks.TaskResultStatus.SUCCESSFUL
+FAILED = tasks.TaskResultStatus.FAILED
+
+
+@pytest.mark.parametrize("receipt_task", [send_receipt, send_receipt_async], ids=["sync", "async"])
+def test_a_task_enqueued_twice_with_one_key_runs_once(receipt_task: tasks.Task) -> None:
+    first = receipt_task.enqueue(order_id=1001, email="ada@example.com")
+    second = receipt_task.enqueue(order_id=1001, email="ada@example.com")
+
+    assert (first.status, second.status) == (SUCCESSFUL, SUCCESSFUL)
+    assert first.id != second.id  # two tasks, one effect
+    assert executions("receipt") == 1
+    assert second.return_value == first.return_value == {"receipt": first.return_value["receipt"]}
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
+
+
+def test_another_key_is_another_effect() -> None:
+    send_receipt.enqueue(order_id=1001, email="ada@example.com")
+    send_receipt.enqueue(order_id=1002, email="ada@example.com")
+    assert executions("receipt") == 2
+
+
+def test_the_same_key_with_other_arguments_fails_the_task_and_runs_nothing() -> None:
+    send_receipt.enqueue(order_id=1001, email="ada@example.com")
+    reused = send_receipt.enqueue(order_id=1001, email="grace@example.com")
+
+    assert reused.status == FAILED
+    assert reused.errors[0].exception_class.__name__ == "IdempotencyKeyMismatch"
+    assert executions("receipt") == 1
+
+
+def test_a_failed_task_releases_its_key_so_enqueuing_it_again_runs_it() -> None:
+    failed = fail_once.enqueue(order_id=7)
+    retried = fail_once.enqueue(order_id=7)
+    replayed = fail_once.enqueue(order_id=7)
+
+    assert failed.status == FAILED
+    assert failed.errors[0].exception_class is ConnectionError
+    assert (retried.status, retried.return_value) == (SUCCESSFUL, "sent")
+    assert (replayed.status, replayed.return_value) == (SUCCESSFUL, "sent")
+    assert executions("attempt") == 2

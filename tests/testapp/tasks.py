@@ -1,0 +1,32 @@
+"""Django tasks (``django.tasks``, Django 6.0+) protected by ``idempotent_function``: the example
+of docs/consumers.rst, run by tests/test_tasks.py. Only imported on Django 6.0 and later."""
+
+from __future__ import annotations
+
+from django.tasks import task
+
+from django_idempotency.functions import idempotent_function
+from tests.testapp.models import Execution
+
+
+@task()
+@idempotent_function(key="order_id", lock_timeout=300)
+def send_receipt(order_id: int, email: str) -> dict[str, int]:
+    receipt = Execution.objects.create(label="receipt", payload=email)  # sending the email
+    return {"receipt": receipt.pk}
+
+
+@task()
+@idempotent_function(key="order_id")
+async def send_receipt_async(order_id: int, email: str) -> dict[str, int]:
+    receipt = await Execution.objects.acreate(label="receipt", payload=email)
+    return {"receipt": receipt.pk}
+
+
+@task()
+@idempotent_function(key="order_id")
+def fail_once(order_id: int) -> str:
+    Execution.objects.create(label="attempt", payload=str(order_id))
+    if Execution.objects.filter(label="attempt").count() == 1:
+        raise ConnectionError("the mail server hung up")
+    return "sent"
