@@ -11,7 +11,6 @@ from django.test import Client
 
 from tests.testapp.models import Execution
 
-
 #: Suites that need a server of their own, which only their CI leg starts: elsewhere they are not
 #: selected rather than skipped (a skip on a server database fails CI).
 _OWN_LEG = {
