@@ -111,7 +111,7 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
 def _duration(value: object) -> timedelta | None:
     try:
         duration = to_timedelta(value, "")
-    except TypeError:
+    except (TypeError, ValueError):
         return None
     return duration if duration > timedelta(0) else None
 

@@ -1,37 +1,64 @@
 """The request fingerprint: what makes a retry "the same request".
 
 SHA-256 over the method, the path with its query string, the scope and the body. JSON bodies are
-canonicalised first, so key order and whitespace do not matter; other bodies count byte for byte.
+canonicalised first (:mod:`.canonical_json`), so key order and whitespace do not matter; a
+``multipart/form-data`` POST counts by its fields and files, not its random part boundary; other
+bodies count byte for byte. Large bodies are hashed in chunks (:mod:`.bodies`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 
 from django.http import HttpRequest
+
+from django_idempotency import bodies
+from django_idempotency.canonical_json import canonical_json
+
+#: The width of ``IdempotencyKey.request_hash``: a SHA-256 in hex.
+FINGERPRINT_LENGTH = 64
 
 
 def request_fingerprint(request: HttpRequest, scope: str) -> str:
     digest = hashlib.sha256()
     for part in (request.method or "", request.get_full_path(), scope):
-        digest.update(part.encode("utf-8", "surrogateescape"))
+        digest.update(part.encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
-    digest.update(canonical_body(request.content_type or "", request.body))
+    if bodies.is_form_upload(request):
+        digest.update(b"form\0")
+        bodies.feed_form(digest, request)
+        return digest.hexdigest()
+    digest.update(b"body\0")
+    body = bodies.body_chunks(request)
+    if isinstance(body, bytes):
+        digest.update(canonical_body(request.content_type or "", body))
+    else:  # larger than DATA_UPLOAD_MAX_MEMORY_SIZE: counted byte for byte
+        for chunk in body:
+            digest.update(chunk)
     return digest.hexdigest()
 
 
 def canonical_body(content_type: str, body: bytes) -> bytes:
     """The body as fingerprinted: canonical JSON for JSON media types, else the bytes."""
     if body and _is_json(content_type):
-        try:
-            document = json.loads(body)
-        except ValueError:
-            return body
-        return json.dumps(
-            document, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        ).encode("utf-8", "surrogateescape")
+        canonical = canonical_json(body)
+        return body if canonical is None else canonical
     return body
+
+
+def stored_fingerprint(value: object) -> str:
+    """What a fingerprint function returned, made to fit ``request_hash``.
+
+    Longer strings (a SHA-512 in hex, a canonical body) are hashed to SHA-256: the docs promise
+    only "a string".
+    """
+    if not isinstance(value, str):
+        raise TypeError(
+            f"IDEMPOTENCY['FINGERPRINT_FUNCTION'] must return a str, not {type(value).__name__}."
+        )
+    if len(value) <= FINGERPRINT_LENGTH:
+        return value
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _is_json(content_type: str) -> bool:

@@ -39,7 +39,7 @@ class Options:
         methods: Iterable[str] | None = None,
     ) -> Options:
         try:
-            return cls(
+            options = cls(
                 required=required,
                 ttl=_positive(ttl, "ttl"),
                 lock_timeout=_positive(lock_timeout, "lock_timeout"),
@@ -50,6 +50,9 @@ class Options:
             )
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
+        if error := ttl_under_lock(options):
+            raise ImproperlyConfigured(error)
+        return options
 
     def resolve(self) -> Policy:
         """Fill the gaps from the settings; cached until they change (``override_settings``)."""
@@ -71,12 +74,30 @@ class Policy:
         return method in self.methods and method not in SAFE_METHODS
 
 
+#: A record that expires while its owner still holds the lock is claimed afresh by a duplicate,
+#: and both run (issue 20).
+_TTL_UNDER_LOCK = (
+    "Invalid idempotency option: ttl ({}) is shorter than lock_timeout ({}); the record would "
+    "expire while its first attempt still runs."
+)
+
+
+def ttl_under_lock(policy: Policy | Options) -> str | None:
+    """The error when a view's TTL is shorter than its lock timeout, else ``None``."""
+    if policy.ttl and policy.lock_timeout and policy.ttl < policy.lock_timeout:
+        return _TTL_UNDER_LOCK.format(policy.ttl, policy.lock_timeout)
+    return None
+
+
 @derived
 def _policy(options: Options) -> Policy:
+    lock_timeout = options.lock_timeout or conf.LOCK_TIMEOUT
     return Policy(
         required=conf.REQUIRED if options.required is None else options.required,
-        ttl=options.ttl or conf.TTL,
-        lock_timeout=options.lock_timeout or conf.LOCK_TIMEOUT,
+        # The system check refuses a TTL under the lock timeout; a view it cannot see (not in
+        # the URLconf) keeps its record at least as long as it is locked.
+        ttl=max(options.ttl or conf.TTL, lock_timeout),
+        lock_timeout=lock_timeout,
         atomic=options.atomic,
         in_progress=options.in_progress or conf.IN_PROGRESS,
         wait_timeout=options.wait_timeout or conf.WAIT_TIMEOUT,

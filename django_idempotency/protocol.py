@@ -10,6 +10,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
@@ -17,6 +18,7 @@ from django_idempotency import engine, problems, responses
 from django_idempotency.claim import Claim
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
+from django_idempotency.fingerprints import stored_fingerprint
 from django_idempotency.keys import InvalidKey, hash_key, parse_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.options import Policy
@@ -29,6 +31,10 @@ Decision = HttpResponseBase | Claim | None
 
 run_steps = engine.run_steps
 arun_steps = engine.arun_steps
+
+
+def has_key(request: HttpRequest) -> bool:
+    return _wsgi_name(conf.HEADER) in request.META
 
 
 def begin(request: HttpRequest, policy: Policy) -> engine.Steps[Decision]:
@@ -44,7 +50,7 @@ def begin(request: HttpRequest, policy: Policy) -> engine.Steps[Decision]:
         key=key,
         scope=scope,
         key_hash=hash_key(key),
-        fingerprint=conf.FINGERPRINT_FUNCTION(request, scope),
+        fingerprint=stored_fingerprint(conf.FINGERPRINT_FUNCTION(request, scope)),
         method=request.method or "",
         path=request.get_full_path(),
         request=request,
@@ -118,6 +124,12 @@ def _store(request: HttpRequest, claim: Claim, response: HttpResponseBase, polic
         engine.release(
             claim, policy, request, reason=f"status {response.status_code}", raised=False
         )
+        return
+    if policy.atomic and connections[policy.alias].needs_rollback:
+        # DRF marks an ATOMIC_REQUESTS transaction for rollback when it answers an exception
+        # (a serializer's 400): the claim rolls back with the view's work, as after a crash,
+        # and a retry runs again (issue 20).
+        engine.release(claim, policy, request, reason="transaction rolled back", raised=True)
         return
     stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE)
     if stored.body is None:

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from django_idempotency import protocol
+from django_idempotency import bodies, protocol
 from django_idempotency.claim import Claim
 from django_idempotency.conf import conf
 from django_idempotency.durations import Duration
@@ -51,6 +51,11 @@ class IdempotencyMixin(_Base):
     _idempotency_policy: Policy | None = None
     _idempotency_claim: Claim | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Bad attributes fail at import, as the decorator's options do, not as a 500 (issue 20).
+        super().__init_subclass__(**kwargs)
+        cls.get_idempotency_options()
+
     @classmethod
     def get_idempotency_options(cls) -> Options:
         return Options.build(
@@ -70,8 +75,10 @@ class IdempotencyMixin(_Base):
             return super().dispatch(request, *args, **kwargs)
         self._idempotency_policy = policy
         self._idempotency_claim = None
-        # Read the body before DRF's parsers or authenticators consume the stream.
-        request.body  # noqa: B018
+        if protocol.has_key(request):
+            # Before DRF's parsers or authenticators consume the stream; without a key the
+            # request runs as if undecorated, and its body is the view's business.
+            bodies.keep_readable(request)
         return protocol.in_transaction(
             policy, lambda: self._idempotent_dispatch(request, policy, *args, **kwargs)
         )
@@ -91,13 +98,18 @@ class IdempotencyMixin(_Base):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        if self._idempotency_policy is None:
-            return
+        if self._idempotency_policy is None or not self._handles(request.method):
+            return  # dispatch() answers 405 itself, and nothing is stored
         decision = protocol.run_steps(protocol.begin(request._request, self._idempotency_policy))
         if isinstance(decision, HttpResponseBase):
             raise _Answer(decision)
         self._idempotency_claim = decision
         protocol.attach(request._request, decision)
+
+    def _handles(self, method: str | None) -> bool:
+        """Whether DRF's dispatch() finds a handler for the method (as it does, after us)."""
+        name = (method or "").lower()
+        return name in self.http_method_names and hasattr(self, name)
 
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, _Answer):
