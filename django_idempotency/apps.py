@@ -13,10 +13,11 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency import checks, conf
+        from django_idempotency import checks, conf, view_checks
 
         register(Tags.compatibility)(checks.check_settings)
         register(Tags.database)(checks.check_database)
+        register(Tags.urls)(view_checks.check_views)
         conf.connect_signals()
         if find_spec("drf_spectacular") is not None:
             # Registers the schema extension: protected views document themselves.

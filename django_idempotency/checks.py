@@ -95,6 +95,17 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
     alias = user_settings().get("DATABASE_ALIAS", DEFAULTS["DATABASE_ALIAS"])
     if alias not in settings.DATABASES:
         return [_error(18, f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is not in DATABASES.")]
+    if shared := _sqlite_shared_with_atomic_requests(alias):
+        return [
+            _error(
+                32,
+                f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is the SQLite file of "
+                f"DATABASES[{shared!r}], which has ATOMIC_REQUESTS: the request's transaction "
+                "holds the file's only write lock, so no claim or result could be written.",
+                hint="On SQLite, drop ATOMIC_REQUESTS (or use atomic=True views); a second "
+                "alias works on PostgreSQL and MySQL (docs: 'ATOMIC_REQUESTS').",
+            )
+        ]
     if settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
         return [
             _error(
@@ -106,6 +117,22 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def _sqlite_shared_with_atomic_requests(alias: str) -> str | None:
+    """Another alias of the claim's SQLite file that runs requests in a transaction."""
+    ours = settings.DATABASES[alias]
+    if not str(ours.get("ENGINE", "")).endswith("sqlite3"):
+        return None
+    for other, config in settings.DATABASES.items():
+        if (
+            other != alias
+            and config.get("ATOMIC_REQUESTS")
+            and str(config.get("ENGINE", "")).endswith("sqlite3")
+            and str(config.get("NAME")) == str(ours.get("NAME"))
+        ):
+            return other
+    return None
 
 
 def _duration(value: object) -> timedelta | None:

@@ -50,8 +50,8 @@ class Options:
             )
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
-        if error := ttl_under_lock(options):
-            raise ImproperlyConfigured(error)
+        if options.ttl and options.lock_timeout and options.ttl < options.lock_timeout:
+            raise ImproperlyConfigured(_TTL_UNDER_LOCK.format(options.ttl, options.lock_timeout))
         return options
 
     def resolve(self) -> Policy:
@@ -82,10 +82,14 @@ _TTL_UNDER_LOCK = (
 )
 
 
-def ttl_under_lock(policy: Policy | Options) -> str | None:
-    """The error when a view's TTL is shorter than its lock timeout, else ``None``."""
-    if policy.ttl and policy.lock_timeout and policy.ttl < policy.lock_timeout:
-        return _TTL_UNDER_LOCK.format(policy.ttl, policy.lock_timeout)
+def ttl_under_lock(options: Options) -> str | None:
+    """The error when a view's TTL, as resolved with the settings, is under its lock timeout."""
+    try:
+        ttl, lock_timeout = options.ttl or conf.TTL, options.lock_timeout or conf.LOCK_TIMEOUT
+    except (TypeError, ValueError):
+        return None  # bad settings: the settings checks report them
+    if ttl < lock_timeout:
+        return _TTL_UNDER_LOCK.format(ttl, lock_timeout)
     return None
 
 
