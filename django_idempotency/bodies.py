@@ -5,7 +5,8 @@ What is held in memory is what Django itself would hold (issue 20):
 - A body up to ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is read as ``request.body``, as the view would.
 - A larger body is copied in chunks into a spooled temporary file (in memory up to
   ``FILE_UPLOAD_MAX_MEMORY_SIZE``, then on disk), hashed from it in chunks, and made the
-  request's stream again: the view reads it as it would have, and ``request.body`` refuses it as it would have.
+  request's stream again: the view reads it as it would have, and ``request.body`` refuses it
+  as it would have.
 - A ``multipart/form-data`` POST is fingerprinted from ``request.POST`` and ``request.FILES``,
   parsed by Django's upload handlers (so file fields are not held whole either, and
   ``DATA_UPLOAD_MAX_MEMORY_SIZE`` does not apply to them), one file's chunks at a time. The
@@ -101,7 +102,7 @@ def _fits_in_memory(request: HttpRequest) -> bool:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         length = 0
-    stream = request._stream  # type: ignore[attr-defined]
+    stream = request._stream
     if hasattr(stream, "seekable") and stream.seekable():  # ASGI: the whole body, spooled
         length = max(length, stream.seek(0, os.SEEK_END))
         stream.seek(0)
@@ -110,11 +111,14 @@ def _fits_in_memory(request: HttpRequest) -> bool:
 
 def _spool(request: HttpRequest) -> IO[bytes]:
     """Move the unread body into a spooled file that becomes the request's stream again."""
-    spooled: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE)
+    # Closed when the request is collected, as Django's own ASGI body file is.
+    spooled: IO[bytes] = tempfile.SpooledTemporaryFile(  # noqa: SIM115
+        max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE
+    )
     while chunk := request.read(CHUNK_SIZE):
         spooled.write(chunk)
     spooled.seek(0)
-    request._stream = spooled  # type: ignore[attr-defined]
+    request._stream = spooled  # type: ignore[assignment]
     request._read_started = False  # type: ignore[attr-defined]
     request._idempotency_spool = spooled  # type: ignore[attr-defined]
     return spooled

@@ -16,7 +16,7 @@ lost.
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 

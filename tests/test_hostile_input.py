@@ -98,9 +98,11 @@ def test_bad_mixin_attribute_fails_when_the_class_is_made(value: Any) -> None:
 
 
 def test_a_bad_setting_that_slipped_past_the_checks_says_which(key: str) -> None:
-    with override_settings(IDEMPOTENCY={"TTL": timedelta.max}):
-        with pytest.raises(ImproperlyConfigured, match="TTL"):
-            send("/echo/", b"{}", key)
+    with (
+        override_settings(IDEMPOTENCY={"TTL": timedelta.max}),
+        pytest.raises(ImproperlyConfigured, match="TTL"),
+    ):
+        send("/echo/", b"{}", key)
 
 
 # --- JSON bodies -------------------------------------------------------------------------------

@@ -74,9 +74,10 @@ class RefundView(IdempotencyMixin, APIView):
     """Refund part of a charge, e.g. `{"amount": 1000}`: at most once per key.
 
     Two phases, each committed with its recovery point in one transaction: create the refund
-    row (the charge locked while what is left is checked), then ask the provider. An attempt that takes over after a crash reads the recovery
-    point and skips what the dead attempt finished; the provider call carries a derived key,
-    so even a crash between the call and its recovery point cannot refund twice.
+    row (the charge locked while what is left is checked), then ask the provider. An attempt
+    that takes over after a crash reads the recovery point and skips what the dead attempt
+    finished; the provider call carries a derived key, so even a crash between the call and its
+    recovery point cannot refund twice.
     """
 
     idempotency_required = True
