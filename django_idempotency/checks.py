@@ -122,14 +122,16 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
 def _sqlite_shared_with_atomic_requests(alias: str) -> str | None:
     """Another alias of the claim's SQLite file that runs requests in a transaction."""
     ours = settings.DATABASES[alias]
-    if not str(ours.get("ENGINE", "")).endswith("sqlite3"):
+    name = str(ours.get("NAME") or ":memory:")
+    # In-memory databases (every connection to ":memory:" is one of its own) have no file lock.
+    if not str(ours.get("ENGINE", "")).endswith("sqlite3") or "memory" in name:
         return None
     for other, config in settings.DATABASES.items():
         if (
             other != alias
             and config.get("ATOMIC_REQUESTS")
             and str(config.get("ENGINE", "")).endswith("sqlite3")
-            and str(config.get("NAME")) == str(ours.get("NAME"))
+            and str(config.get("NAME")) == name
         ):
             return other
     return None
