@@ -124,7 +124,11 @@ def _sqlite_shared_with_atomic_requests(alias: str) -> str | None:
     ours = settings.DATABASES[alias]
     name = str(ours.get("NAME") or ":memory:")
     # In-memory databases (every connection to ":memory:" is one of its own) have no file lock.
-    if not str(ours.get("ENGINE", "")).endswith("sqlite3") or "memory" in name:
+    if (
+        not str(ours.get("ENGINE", "")).endswith("sqlite3")
+        or name == ":memory:"
+        or "mode=memory" in name
+    ):
         return None
     for other, config in settings.DATABASES.items():
         if (
