@@ -208,6 +208,50 @@ def test_any_duration_settings(ttl: Any, lock_timeout: Any, wait_timeout: Any) -
         assert response.status_code == 201, response.content
 
 
+anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(),
+    st.text(max_size=20),
+    st.lists(st.one_of(st.integers(100, 700), st.text("POSTGETPATCHDELETE", max_size=6))),
+)
+other_settings = st.fixed_dictionaries(
+    {},
+    optional={
+        name: anything
+        for name in (
+            "ENABLED",
+            "HEADER",
+            "REQUIRED",
+            "METHODS",
+            "IN_PROGRESS",
+            "RETRY_AFTER",
+            "RETRYABLE_STATUSES",
+            "MISMATCH_STATUS",
+            "MIN_KEY_LENGTH",
+            "REPLAYED_HEADERS",
+            "MAX_BODY_SIZE",
+        )
+    },
+)
+
+
+@PROPERTY
+@given(config=other_settings, body=bodies)
+def test_any_other_settings(config: dict[str, Any], body: bytes) -> None:
+    with override_settings(IDEMPOTENCY=config):
+        if check_settings():
+            return
+        key = str(uuid.uuid4())
+        one = post(body, "application/json", key)
+        two = post(body, "application/json", key)
+    for response in (one, two):
+        assert_not_5xx(response)
+    if two.get("Idempotent-Replayed") == "true":
+        assert two.content == one.content
+
+
 def test_the_duration_strategy_reaches_valid_settings() -> None:
     """Not vacuous: some generated settings pass the checks and serve requests."""
     config = {"TTL": timedelta(days=365_000), "LOCK_TIMEOUT": 1e-6, "WAIT_TIMEOUT": 1}
