@@ -15,6 +15,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
 from django.conf import settings
+from django.core.checks import CheckMessage, Tags, run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.handlers.asgi import ASGIHandler
@@ -23,14 +24,17 @@ from django.http import HttpRequest
 from django.test import Client, override_settings
 from rest_framework.views import APIView
 
-from django_idempotency.checks import check_database, check_settings
 from django_idempotency.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.rest_framework import IdempotencyMixin
-from django_idempotency.view_checks import check_views
 from tests.conftest import executions, problem_slug
 
 pytestmark = [pytest.mark.urls("tests.hostile_urls"), pytest.mark.django_db]
+
+
+def checks(tag: str) -> list[CheckMessage]:
+    """The app's system check messages with ``tag``, as ``manage.py check`` finds them."""
+    return [m for m in run_checks(tags=[tag]) if (m.id or "").startswith("django_idempotency.")]
 
 
 def send(
@@ -54,10 +58,10 @@ def test_ttl_under_lock_timeout_is_refused_when_the_view_is_made() -> None:
 
 
 def test_ttl_under_the_settings_lock_timeout_fails_the_system_check() -> None:
-    messages = check_views()
+    messages = checks(Tags.urls)
     assert [(m.id, "short_ttl" in m.msg) for m in messages] == [("django_idempotency.E030", True)]
     with override_settings(IDEMPOTENCY={"LOCK_TIMEOUT": 0.1}):
-        assert check_views() == []
+        assert checks(Tags.urls) == []
 
 
 def test_ttl_under_lock_timeout_never_runs_a_key_twice(key: str) -> None:
@@ -76,7 +80,7 @@ BAD_DURATIONS = [math.nan, math.inf, -math.inf, 10**15, timedelta.max, 1e300]
 @pytest.mark.parametrize("value", BAD_DURATIONS)
 def test_bad_ttl_setting_is_a_check_error_not_a_crash(value: Any) -> None:
     with override_settings(IDEMPOTENCY={"TTL": value}):
-        assert [m.id for m in check_settings()] == ["django_idempotency.E005"]
+        assert [m.id for m in checks(Tags.compatibility)] == ["django_idempotency.E005"]
 
 
 @pytest.mark.parametrize("value", BAD_DURATIONS)
@@ -339,6 +343,6 @@ def test_sqlite_atomic_requests_with_a_second_alias_is_refused(
     # Not override_settings(DATABASES=...), which warns: only the check reads them here.
     databases = {"default": {**sqlite, "ATOMIC_REQUESTS": True}, "idempotency": sqlite}
     monkeypatch.setattr(settings, "DATABASES", databases)
-    assert [m.id for m in check_database()] == ["django_idempotency.E032"]
+    assert [m.id for m in checks(Tags.database)] == ["django_idempotency.E032"]
     databases["idempotency"] = {**sqlite, "NAME": "/tmp/other.sqlite3"}
-    assert check_database() == []
+    assert checks(Tags.database) == []

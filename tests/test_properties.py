@@ -15,12 +15,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.checks import Tags
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client, override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_idempotency.checks import check_settings
 from tests.conftest import executions
 from tests.strategies import (
     CONTENT_TYPES,
@@ -32,6 +32,7 @@ from tests.strategies import (
     spell,
     surrogate_texts,
 )
+from tests.test_hostile_input import checks
 
 pytestmark = [pytest.mark.urls("tests.hostile_urls"), pytest.mark.django_db]
 
@@ -201,7 +202,7 @@ def test_any_duration_settings(ttl: Any, lock_timeout: Any, wait_timeout: Any) -
     """The checks never crash; settings they pass never make a keyed request fail."""
     config = {"TTL": ttl, "LOCK_TIMEOUT": lock_timeout, "WAIT_TIMEOUT": wait_timeout}
     with override_settings(IDEMPOTENCY=config):
-        errors = check_settings()
+        errors = checks(Tags.compatibility)
         if errors:
             return
         response = post(b"{}", "application/json", str(uuid.uuid4()))
@@ -241,7 +242,7 @@ other_settings = st.fixed_dictionaries(
 @given(config=other_settings, body=bodies)
 def test_any_other_settings(config: dict[str, Any], body: bytes) -> None:
     with override_settings(IDEMPOTENCY=config):
-        if check_settings():
+        if checks(Tags.compatibility):
             return
         key = str(uuid.uuid4())
         one = post(body, "application/json", key)
@@ -256,7 +257,7 @@ def test_the_duration_strategy_reaches_valid_settings() -> None:
     """Not vacuous: some generated settings pass the checks and serve requests."""
     config = {"TTL": timedelta(days=365_000), "LOCK_TIMEOUT": 1e-6, "WAIT_TIMEOUT": 1}
     with override_settings(IDEMPOTENCY=config):
-        assert check_settings() == []
+        assert checks(Tags.compatibility) == []
 
 
 def test_same_document_oracle() -> None:
