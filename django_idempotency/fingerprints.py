@@ -28,13 +28,18 @@ def request_fingerprint(request: HttpRequest, scope: str) -> str:
         digest.update(b"form\0")
         bodies.feed_form(digest, request)
         return digest.hexdigest()
-    digest.update(b"body\0")
     body = bodies.body_chunks(request)
-    if isinstance(body, bytes):
-        digest.update(canonical_body(request.content_type or "", body))
-    else:  # larger than DATA_UPLOAD_MAX_MEMORY_SIZE: counted byte for byte
-        for chunk in body:
-            digest.update(chunk)
+    if isinstance(body, bytes) and body and _is_json(request.content_type or ""):
+        canonical = canonical_json(body)
+        if canonical is not None:
+            # Tagged apart from raw bodies: "[]" as text is not " []" as JSON.
+            digest.update(b"json\0")
+            digest.update(canonical)
+            return digest.hexdigest()
+    digest.update(b"body\0")
+    # Over DATA_UPLOAD_MAX_MEMORY_SIZE the body comes in chunks, and counts byte for byte.
+    for chunk in [body] if isinstance(body, bytes) else body:
+        digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -154,6 +154,12 @@ def test_json_that_reads_differently_is_another_request(
     assert executions("echo") == 1
 
 
+def test_the_same_bytes_as_json_and_as_text_are_two_requests(key: str) -> None:
+    """Found by tests/test_properties.py: text "[]" is not JSON " []", canonical or not."""
+    assert send("/echo/", b" []", key).status_code == 201
+    assert problem_slug(send("/echo/", b"[]", key, "text/plain")) == "idempotency-key-reuse"
+
+
 def test_json_key_order_and_whitespace_still_do_not_count(key: str) -> None:
     assert send("/echo/", b'{"b": [1, 2.50], "a": "\\u00e9"}', key).status_code == 201
     replay = send("/echo/", '{"a":"é",\n "b":[1,2.50]}'.encode(), key)
