@@ -12,9 +12,10 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
+from django_idempotency import _bodies as bodies
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
-from django_idempotency import bodies, problems, responses
+from django_idempotency import problems, responses
 from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import bounded_fingerprint, bounded_scope
 from django_idempotency._options import Options, Policy
@@ -86,7 +87,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
 
 
 def keep_body(request: HttpRequest) -> None:
-    """Read a keyed request's body now, and keep it readable for the view (:mod:`.bodies`).
+    """Read a keyed request's body now, and keep it readable for the view (:mod:`._bodies`).
 
     Without a key the request runs as if unprotected: its body is the view's business, and an
     upload over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` must not fail for being read (issue 20).

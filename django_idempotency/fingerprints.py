@@ -1,9 +1,9 @@
 """The request fingerprint: what makes a retry "the same request".
 
 SHA-256 over the method, the path with its query string, the scope and the body. JSON bodies are
-canonicalised first (:mod:`.canonical_json`), so key order and whitespace do not matter; a
+canonicalised first (:mod:`._canonical_json`), so key order and whitespace do not matter; a
 ``multipart/form-data`` POST counts by its fields and files, not its random part boundary; other
-bodies count byte for byte. Large bodies are hashed in chunks (:mod:`.bodies`).
+bodies count byte for byte. Large bodies are hashed in chunks (:mod:`._bodies`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import hashlib
 
 from django.http import HttpRequest
 
-from django_idempotency import bodies
-from django_idempotency.canonical_json import canonical_json
+from django_idempotency import _bodies as bodies
+from django_idempotency._canonical_json import canonical_json
 
 
 def request_fingerprint(request: HttpRequest, scope: str) -> str:

@@ -19,7 +19,7 @@ from django.test import RequestFactory, override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_idempotency.canonical_json import canonical_json
+from django_idempotency._canonical_json import canonical_json
 from django_idempotency.fingerprints import request_fingerprint
 from django_idempotency.keys import MAX_KEY_LENGTH, InvalidKey, parse_key
 from tests.strategies import CONTENT_TYPES, header_values, json_texts, same_document
