@@ -76,8 +76,8 @@ class Options:
             )
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
-        if built.ttl and built.lock_timeout and built.ttl < built.lock_timeout:
-            raise ImproperlyConfigured(_TTL_UNDER_LOCK.format(built.ttl, built.lock_timeout))
+        if built.ttl and built.lock_timeout and (error := _under(built.ttl, built.lock_timeout)):
+            raise ImproperlyConfigured(error)
         return built
 
     def resolve(self) -> Policy:
@@ -100,23 +100,23 @@ class Policy:
         return method in self.methods and method not in SAFE_METHODS
 
 
-#: A record that expires while its owner still holds the lock is claimed afresh by a duplicate,
-#: and both run (issue 20).
-_TTL_UNDER_LOCK = (
-    "Invalid idempotency option: ttl ({}) is shorter than lock_timeout ({}); the record would "
-    "expire while its first attempt still runs."
-)
-
-
 def ttl_under_lock(options: Options) -> str | None:
     """The error when a view's TTL, as resolved with the settings, is under its lock timeout."""
     try:
-        ttl, lock_timeout = options.ttl or conf.TTL, options.lock_timeout or conf.LOCK_TIMEOUT
+        return _under(options.ttl or conf.TTL, options.lock_timeout or conf.LOCK_TIMEOUT)
     except ImproperlyConfigured:
         return None  # bad settings: the settings checks report them
-    if ttl < lock_timeout:
-        return _TTL_UNDER_LOCK.format(ttl, lock_timeout)
-    return None
+
+
+def _under(ttl: timedelta, lock_timeout: timedelta) -> str | None:
+    """A record that expires while its owner still holds the lock is claimed afresh by a
+    duplicate, and both run (issue 20)."""
+    if ttl >= lock_timeout:
+        return None
+    return (
+        f"Invalid idempotency option: ttl ({ttl}) is shorter than lock_timeout ({lock_timeout}); "
+        "the record would expire while its first attempt still runs."
+    )
 
 
 @derived
