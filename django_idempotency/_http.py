@@ -8,14 +8,16 @@ import logging
 from functools import cache
 from typing import Any
 
+from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
+from django_idempotency import _bodies as bodies
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import problems, responses
 from django_idempotency._lifecycle import Answer
-from django_idempotency._limits import bounded_scope
+from django_idempotency._limits import bounded_fingerprint, bounded_scope
 from django_idempotency._options import Options, Policy
 from django_idempotency.claim import Claim
 from django_idempotency.conf import conf
@@ -55,7 +57,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             key=key,
             scope=scope,
             key_hash=hash_key(key),
-            fingerprint=conf.FINGERPRINT_FUNCTION(request, scope),
+            fingerprint=bounded_fingerprint(conf.FINGERPRINT_FUNCTION(request, scope)),
             method=request.method or "",
             path=request.get_full_path(),
             request=request,
@@ -82,6 +84,16 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
 
     def finish(self, claim: Claim, result: HttpResponseBase, policy: Policy) -> HttpResponseBase:
         return finish(self.request, claim, result, policy)
+
+
+def keep_body(request: HttpRequest) -> None:
+    """Read a keyed request's body now, and keep it readable for the view (:mod:`._bodies`).
+
+    Without a key the request runs as if unprotected: its body is the view's business, and an
+    upload over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` must not fail for being read (issue 20).
+    """
+    if _wsgi_name(conf.HEADER) in request.META:
+        bodies.keep_readable(request)
 
 
 def begin(request: HttpRequest, policy: Policy) -> engine.Steps[Decision]:
@@ -148,6 +160,12 @@ def _store(request: HttpRequest, claim: Claim, response: HttpResponseBase, polic
         engine.release(
             claim, policy, request, reason=f"status {response.status_code}", raised=False
         )
+        return
+    if policy.atomic and connections[policy.alias].needs_rollback:
+        # DRF marks an ATOMIC_REQUESTS transaction for rollback when it answers an exception
+        # (a serializer's 400): the claim rolls back with the view's work, as after a crash,
+        # and a retry runs again (issue 20).
+        engine.release(claim, policy, request, reason="transaction rolled back", raised=True)
         return
     stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE)
     if stored.body is None:

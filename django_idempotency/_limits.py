@@ -18,6 +18,9 @@ def _max_length(name: str) -> int:
 
 #: The longest scope the record holds; a longer one is stored as its hash (:func:`bounded_scope`).
 MAX_SCOPE = _max_length("scope")
+#: The longest fingerprint the record holds (a SHA-256 in hex); a longer one is hashed
+#: (:func:`bounded_fingerprint`).
+MAX_FINGERPRINT = _max_length("request_hash")
 #: The longest recovery point name (``Claim.set_recovery_point``).
 MAX_RECOVERY_POINT = _max_length("recovery_point")
 
@@ -30,3 +33,13 @@ def sha256_hex(text: str) -> str:
 def bounded_scope(scope: str) -> str:
     """The scope as stored: itself, or ``sha256:<hex>`` when it is longer than the column."""
     return scope if len(scope) <= MAX_SCOPE else "sha256:" + sha256_hex(scope)
+
+
+def bounded_fingerprint(value: object) -> str:
+    """What ``FINGERPRINT_FUNCTION`` returned, as stored: itself, or its SHA-256 when longer
+    than the column (a SHA-512 in hex): the docs promise only "a string" (issue 20)."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"IDEMPOTENCY['FINGERPRINT_FUNCTION'] must return a str, not {type(value).__name__}."
+        )
+    return value if len(value) <= MAX_FINGERPRINT else sha256_hex(value)

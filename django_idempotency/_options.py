@@ -65,7 +65,7 @@ class Options:
         for name in options.keys() - accepted:
             raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
         try:
-            return cls(
+            built = cls(
                 required=options.get("required"),
                 ttl=_positive(options.get("ttl"), "ttl"),
                 lock_timeout=_positive(options.get("lock_timeout"), "lock_timeout"),
@@ -76,6 +76,9 @@ class Options:
             )
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
+        if built.ttl and built.lock_timeout and (error := _under(built.ttl, built.lock_timeout)):
+            raise ImproperlyConfigured(error)
+        return built
 
     def resolve(self) -> Policy:
         """Fill the gaps from the settings; cached until they change (``override_settings``)."""
@@ -97,12 +100,34 @@ class Policy:
         return method in self.methods and method not in SAFE_METHODS
 
 
+def ttl_under_lock(options: Options) -> str | None:
+    """The error when a view's TTL, as resolved with the settings, is under its lock timeout."""
+    try:
+        return _under(options.ttl or conf.TTL, options.lock_timeout or conf.LOCK_TIMEOUT)
+    except ImproperlyConfigured:
+        return None  # bad settings: the settings checks report them
+
+
+def _under(ttl: timedelta, lock_timeout: timedelta) -> str | None:
+    """A record that expires while its owner still holds the lock is claimed afresh by a
+    duplicate, and both run (issue 20)."""
+    if ttl >= lock_timeout:
+        return None
+    return (
+        f"Invalid idempotency option: ttl ({ttl}) is shorter than lock_timeout ({lock_timeout}); "
+        "the record would expire while its first attempt still runs."
+    )
+
+
 @derived
 def _policy(options: Options) -> Policy:
+    lock_timeout = options.lock_timeout or conf.LOCK_TIMEOUT
     return Policy(
         required=conf.REQUIRED if options.required is None else options.required,
-        ttl=options.ttl or conf.TTL,
-        lock_timeout=options.lock_timeout or conf.LOCK_TIMEOUT,
+        # The system check refuses a TTL under the lock timeout; a view it cannot see (not in
+        # the URLconf) keeps its record at least as long as it is locked.
+        ttl=max(options.ttl or conf.TTL, lock_timeout),
+        lock_timeout=lock_timeout,
         atomic=options.atomic,
         in_progress=options.in_progress or conf.IN_PROGRESS,
         wait_timeout=options.wait_timeout or conf.WAIT_TIMEOUT,

@@ -18,6 +18,7 @@ class IdempotencyConfig(AppConfig):
 
         register(Tags.compatibility)(checks.check_settings)
         register(Tags.database)(checks.check_database)
+        register(Tags.urls)(checks.check_views)
         connect_signals()
         if find_spec("drf_spectacular") is not None:
             # Registers the schema extension: protected views document themselves.

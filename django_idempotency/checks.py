@@ -1,18 +1,20 @@
-"""System checks for ``settings.IDEMPOTENCY``: one id per mistake, each with a hint."""
+"""System checks for ``settings.IDEMPOTENCY`` and the protected views the URLconf reaches: one
+id per mistake, each with a hint."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
+from django.urls import URLPattern, URLResolver, get_resolver
 
 from django_idempotency import durations
-from django_idempotency._options import SAFE_METHODS
+from django_idempotency._options import SAFE_METHODS, Options, ttl_under_lock
 from django_idempotency.conf import DEFAULTS, IN_PROGRESS_POLICIES, import_callable, user_settings
 from django_idempotency.keys import MAX_KEY_LENGTH
 from django_idempotency.responses import NEVER_STORED
@@ -107,6 +109,17 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
     alias = user_settings().get("DATABASE_ALIAS", DEFAULTS["DATABASE_ALIAS"])
     if alias not in settings.DATABASES:
         return [_error(18, f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is not in DATABASES.")]
+    if shared := _sqlite_shared_with_atomic_requests(alias):
+        return [
+            _error(
+                32,
+                f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is the SQLite file of "
+                f"DATABASES[{shared!r}], which has ATOMIC_REQUESTS: the request's transaction "
+                "holds the file's only write lock, so no claim or result could be written.",
+                hint="On SQLite, drop ATOMIC_REQUESTS (or use atomic=True views); a second "
+                "alias works on PostgreSQL and MySQL (docs: 'ATOMIC_REQUESTS').",
+            )
+        ]
     if settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
         return [
             _error(
@@ -118,6 +131,76 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+def check_views(**kwargs: Any) -> list[CheckMessage]:
+    """A view's TTL under its lock timeout lets a duplicate take over a record whose owner still
+    runs, and both execute (issue 20). Options given together are refused when the decorator or
+    the class is made; this covers one given and the other from the settings."""
+    errors: list[CheckMessage] = []
+    seen: set[str] = set()
+    for name, found in _protected_views():
+        if name in seen:
+            continue
+        seen.add(name)
+        options = found() if callable(found) else found
+        if error := ttl_under_lock(options):
+            errors.append(
+                _error(
+                    33,
+                    f"{name}: {error}",
+                    hint="Give the view a ttl at least as long as its lock_timeout "
+                    "(docs: 'Settings').",
+                )
+            )
+    return errors
+
+
+def _protected_views() -> Iterator[tuple[str, Any]]:
+    """(name, Options or a callable building them) for every protected view in the URLconf."""
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:  # a broken URLconf is reported by Django's own checks
+        return
+    for callback in _callbacks(patterns):
+        options = getattr(callback, "idempotency_options", None)
+        view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+        if options is None and view_class is not None:
+            options = getattr(view_class, "get_idempotency_options", None)
+            options = options or getattr(view_class.dispatch, "idempotency_options", None)
+        if isinstance(options, Options) or callable(options):
+            name = getattr(view_class or callback, "__qualname__", repr(callback))
+            yield f"{getattr(view_class or callback, '__module__', '')}.{name}", options
+
+
+def _callbacks(patterns: Any) -> Iterator[Any]:
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            yield from _callbacks(pattern.url_patterns)
+        elif isinstance(pattern, URLPattern):
+            yield pattern.callback
+
+
+def _sqlite_shared_with_atomic_requests(alias: str) -> str | None:
+    """Another alias of the claim's SQLite file that runs requests in a transaction."""
+    ours = settings.DATABASES[alias]
+    name = str(ours.get("NAME") or ":memory:")
+    # In-memory databases (every connection to ":memory:" is one of its own) have no file lock.
+    if (
+        not str(ours.get("ENGINE", "")).endswith("sqlite3")
+        or name == ":memory:"
+        or "mode=memory" in name
+    ):
+        return None
+    for other, config in settings.DATABASES.items():
+        if (
+            other != alias
+            and config.get("ATOMIC_REQUESTS")
+            and str(config.get("ENGINE", "")).endswith("sqlite3")
+            and str(config.get("NAME")) == name
+        ):
+            return other
+    return None
 
 
 def _duration(value: object) -> timedelta | None:

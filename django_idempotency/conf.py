@@ -15,6 +15,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
@@ -104,7 +105,13 @@ class _Setting(Generic[T]):
 
 
 def _duration(name: str) -> Callable[[Any], timedelta]:
-    return lambda value: to_timedelta(value, name)
+    def convert(value: Any) -> timedelta:
+        try:
+            return to_timedelta(value, f"IDEMPOTENCY[{name!r}]")
+        except (TypeError, ValueError) as exc:  # the system checks say so first
+            raise ImproperlyConfigured(str(exc)) from exc
+
+    return convert
 
 
 def _upper_set(values: Any) -> frozenset[str]:

@@ -2,7 +2,8 @@
 
 The IETF draft (draft-ietf-httpapi-idempotency-key-header) makes the value a Structured Field
 string (RFC 8941 section 3.3.3): ``"8e03978e-..."``. Many clients send the bare value, so a bare
-printable-ASCII value is accepted too; ``abc`` and ``"abc"`` spell the same key.
+printable-ASCII value is accepted too; ``abc`` and ``"abc"`` spell the same key. A bare value
+cannot contain ``,``: that is how a list of values, or two header lines joined, arrives.
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ def parse_key(value: str, *, min_length: int = 1) -> str:
         )
     if not value.isascii() or not value.isprintable():
         raise InvalidKey("The Idempotency-Key must be printable ASCII.")
-    key = _parse_sf_string(value) if value.startswith('"') else value
+    if value.startswith('"'):
+        key = _parse_sf_string(value)
+    elif "," in value:
+        # Two header lines reach the view joined by "," (WSGI servers, Django's ASGI handler),
+        # as does a list sent on one line: never one merged key (issue 20).
+        raise InvalidKey("The Idempotency-Key header has more than one value.")
+    else:
+        key = value
     if not key:
         raise InvalidKey("The Idempotency-Key header is empty.")
     if len(key) > MAX_KEY_LENGTH:
@@ -54,6 +62,8 @@ def _parse_sf_string(value: str) -> str:
             rest = value[index + 1 :].lstrip(" \t")
             # Parameters (";name=value") are allowed on any Structured Field item; none are
             # defined for this header, so they are ignored.
+            if rest.startswith(","):
+                raise InvalidKey("The Idempotency-Key header has more than one value.")
             if rest and not rest.startswith(";"):
                 raise InvalidKey("Unexpected characters after the quoted Idempotency-Key.")
             return "".join(chars)

@@ -24,11 +24,12 @@ DRAFT = "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-hea
 
 # The header values keys.parse_key accepts, as an ECMA-262 pattern for OpenAPI: a Structured
 # Field string, whose escapes (\" and \\) count as one character of the key, optionally followed
-# by parameters (ignored), or a bare value of printable ASCII that does not start with a quote
-# or end with a space. tests/test_published.py holds it to parse_key.
+# by parameters (ignored), or a bare value of printable ASCII without a comma (two values, issue
+# 20) that does not start with a quote or end with a space. tests/test_published.py holds it to
+# parse_key.
 _SF_CHAR = r'(?:[ !#-\[\]-~]|\\["\\])'
 _PARAMETERS = r"(?: *;(?:[ -~]*[!-~])?)?"
-_BARE_FIRST, _BARE_MIDDLE, _BARE_LAST = r"[!#-~]", r"[ -~]", r"[!-~]"
+_BARE_FIRST, _BARE_MIDDLE, _BARE_LAST = r"[!#-+\--~]", r"[ -+\--~]", r"[!-+\--~]"
 
 
 def key_pattern(min_length: int = 1) -> str:

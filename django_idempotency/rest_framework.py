@@ -65,6 +65,11 @@ class IdempotencyMixin(_Base):
 
     _idempotency: _DispatchAdapter | None = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Bad attributes fail at import, as the decorator's options do, not as a 500 (issue 20).
+        super().__init_subclass__(**kwargs)
+        cls.get_idempotency_options()
+
     @classmethod
     def get_idempotency_options(cls) -> Options:
         given = {name: getattr(cls, f"idempotency_{name}") for name in _OPTION_NAMES}
@@ -76,7 +81,7 @@ class IdempotencyMixin(_Base):
             return super().dispatch(request, *args, **kwargs)
         self._idempotency = _DispatchAdapter(request, policy)
         # Read the body before DRF's parsers or authenticators consume the stream.
-        request.body  # noqa: B018
+        protocol.keep_body(request)
         return lifecycle.run(
             self._idempotency,
             policy,
@@ -87,7 +92,7 @@ class IdempotencyMixin(_Base):
         super().initial(request, *args, **kwargs)
         adapter = self._idempotency
         if adapter is None or not self._handles(request.method):
-            return
+            return  # unprotected, or DRF's 405 answers untouched and nothing is stored
         decision = lifecycle.run_steps(lifecycle.begin(adapter, adapter.policy))
         if isinstance(decision, Answer):
             raise _Answer(decision.value)

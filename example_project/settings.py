@@ -18,9 +18,12 @@ SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-insecure-devel
 DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]", "testserver"]
 
+# conn_max_age=0: runserver (and any server with a thread per request) would keep one idle
+# connection per thread it ever ran. Under gunicorn's sync workers a longer CONN_MAX_AGE is
+# fine (one connection per worker); under threads or ASGI use a pool (docs: quickstart).
 DATABASES = {
     "default": dj_database_url.config(
-        default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=60
+        default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=0
     )
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

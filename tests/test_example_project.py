@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,17 +49,16 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Example]:
-    database = tmp_path_factory.mktemp("example") / "db.sqlite3"
+@contextmanager
+def serve(database_url: str, log: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """``manage.py runserver`` of the example project on ``database_url``: its URL and env."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "example_project.settings",
-        "DATABASE_URL": f"sqlite:///{database}",
+        "DATABASE_URL": database_url,
         "PYTHONUNBUFFERED": "1",
     }
     port = _free_port()
-    log = tmp_path_factory.mktemp("example-log") / "runserver.log"
     with log.open("wb") as out:
         server = subprocess.Popen(
             [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
@@ -79,10 +79,18 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Example]:
                 break
             except httpx.TransportError:
                 time.sleep(0.1)
-        yield Example(url, database, env)
+        yield url, env
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Example]:
+    database = tmp_path_factory.mktemp("example") / "db.sqlite3"
+    log = tmp_path_factory.mktemp("example-log") / "runserver.log"
+    with serve(f"sqlite:///{database}", log) as (url, env):
+        yield Example(url, database, env)
 
 
 def test_runserver_migrated_the_fresh_database_itself(example: Example) -> None:

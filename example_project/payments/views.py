@@ -80,9 +80,10 @@ class RefundView(IdempotencyMixin, APIView):
     """Refund part of a charge, e.g. `{"amount": 1000}`: at most once per key.
 
     Two phases, each committed with its recovery point in one transaction: create the refund
-    row, then ask the provider. An attempt that takes over after a crash reads the recovery
-    point and skips what the dead attempt finished; the provider call carries a derived key,
-    so even a crash between the call and its recovery point cannot refund twice.
+    row (the charge locked while what is left is checked), then ask the provider. An attempt
+    that takes over after a crash reads the recovery point and skips what the dead attempt
+    finished; the provider call carries a derived key, so even a crash between the call and its
+    recovery point cannot refund twice.
     """
 
     idempotency_required = True
@@ -93,9 +94,13 @@ class RefundView(IdempotencyMixin, APIView):
         charge = get_object_or_404(Charge, pk=charge_id)
         claim = claim_of(request)
         if claim.recovery_point == "":
-            serializer = RefundSerializer(data=request.data, context={"charge": charge})
-            serializer.is_valid(raise_exception=True)
             with transaction.atomic():
+                # The charge's row lock makes concurrent refunds of one charge (each with its own
+                # key) check what is left one after the other: without it two could both see
+                # the whole amount left, and refund it twice.
+                charge = Charge.objects.select_for_update().get(pk=charge.pk)
+                serializer = RefundSerializer(data=request.data, context={"charge": charge})
+                serializer.is_valid(raise_exception=True)
                 refund = serializer.save(charge=charge)
                 claim.set_recovery_point("refund_created", {"refund": refund.pk})
         refund = Refund.objects.get(pk=claim.recovery_data["refund"])

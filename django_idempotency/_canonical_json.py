@@ -1,0 +1,73 @@
+"""Canonical JSON for the fingerprint: key order and whitespace do not count, nothing else is
+lost.
+
+- Numbers count as spelled: ``0.1`` and ``0.10000000000000000001`` are two requests (a view
+  reading ``Decimal`` amounts tells them apart), and so are ``1``, ``1.0`` and ``1e0`` (an
+  integer field refuses ``1.0``). Nothing goes through ``float``.
+- Strings are written with ASCII escapes, so a lone surrogate (``"\\ud83d"``) is text like any
+  other, and canonical output is always valid JSON: it can never equal the raw bytes of some
+  other, invalid body.
+- Duplicate object keys are kept, in order: ``{"a": 1, "a": 2}`` is not ``{"a": 2}``.
+- The output is written without recursion. A document nested deeper than Python's parser
+  recursion allows is not canonicalised: :func:`canonical_json` returns ``None`` and its bytes
+  count as sent (issue 20).
+"""
+
+from __future__ import annotations
+
+import json
+from json.encoder import encode_basestring_ascii
+from typing import Any
+
+
+class _Raw(str):
+    """Text written out as it is: punctuation, and numbers as the client spelled them."""
+
+
+class _Object(list[tuple[str, Any]]):
+    """An object's members in the order sent; sorted (stably) when written."""
+
+
+_TRUE, _FALSE, _NULL = _Raw("true"), _Raw("false"), _Raw("null")
+
+
+def canonical_json(body: bytes) -> bytes | None:
+    """The canonical form of a JSON body, or ``None`` when it is not JSON that can be read."""
+    try:
+        document = json.loads(
+            body,
+            parse_float=_Raw,
+            parse_int=_Raw,
+            parse_constant=_Raw,
+            object_pairs_hook=_Object,
+        )
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    return _write(document).encode("ascii")
+
+
+def _write(document: Any) -> str:
+    out: list[str] = []
+    pending: list[Any] = [document]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, _Raw):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(encode_basestring_ascii(item))
+        elif item is True or item is False or item is None:
+            out.append(_TRUE if item is True else _FALSE if item is False else _NULL)
+        elif isinstance(item, _Object):
+            tokens: list[Any] = [_Raw("{")]
+            for index, (name, value) in enumerate(sorted(item, key=lambda pair: pair[0])):
+                tokens += [_Raw(",")] if index else []
+                tokens += [name, _Raw(":"), value]
+            tokens.append(_Raw("}"))
+            pending.extend(reversed(tokens))
+        else:  # an array
+            tokens = [_Raw("[")]
+            for index, value in enumerate(item):
+                tokens += [_Raw(","), value] if index else [value]
+            tokens.append(_Raw("]"))
+            pending.extend(reversed(tokens))
+    return "".join(out)
