@@ -159,7 +159,10 @@ def _outcome(
 
     ``claimed`` is logged and signalled but not counted: the attempt's end is.
     """
-    facts = telemetry.log_facts(outcome, attempt.key_hash, attempt.scope, claim)
+    if claim is None:
+        facts = telemetry.log_facts(outcome, attempt.key_hash, attempt.scope)
+    else:
+        facts = telemetry.claim_facts(outcome, claim)
     logger.log(level, message, *args, exc_info=exc_info, extra=facts)
     if signal is not None:
         if claim is not None:
@@ -341,7 +344,7 @@ def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
         "Idempotency record %s: recovery point %r.",
         claim.pk,
         name,
-        extra=telemetry.log_facts("recovery_point", claim.key_hash, claim.scope, claim),
+        extra=telemetry.claim_facts("recovery_point", claim),
     )
 
 

@@ -177,7 +177,7 @@ def _store(
             "it was not stored, and replays will answer 500 response-not-stored.",
             claim.pk,
             conf.MAX_BODY_SIZE,
-            extra=telemetry.log_facts("body_not_stored", claim.key_hash, claim.scope, claim),
+            extra=telemetry.claim_facts("body_not_stored", claim),
         )
     engine.complete(claim, stored, policy, attempt)
 

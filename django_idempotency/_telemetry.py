@@ -10,6 +10,7 @@ calls. Attributes are low-cardinality on purpose: the outcome, the method, the o
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -83,16 +84,25 @@ def record_wait(seconds: float, attributes: dict[str, str]) -> None:
 
 
 def log_facts(
-    outcome: str, key_hash: str = "", scope: str = "", claim: Claim | None = None
+    outcome: str,
+    key_hash: str = "",
+    scope: str = "",
+    attempt: int | None = None,
+    lock_token: uuid.UUID | None = None,
 ) -> dict[str, Any]:
     """The ``extra`` of a log line: what a JSON formatter shows (docs: "Observability")."""
     return {
         "idempotency_outcome": outcome,
         "idempotency_key_hash": key_hash[:12],
         "idempotency_scope_hash": sha256_hex(scope)[:12] if scope else "",
-        "idempotency_attempt": claim.attempt if claim else None,
-        "idempotency_lock_token": str(claim.lock_token)[:8] if claim else "",
+        "idempotency_attempt": attempt,
+        "idempotency_lock_token": str(lock_token)[:8] if lock_token else "",
     }
+
+
+def claim_facts(outcome: str, claim: Claim) -> dict[str, Any]:
+    """:func:`log_facts` of a line about a claim."""
+    return log_facts(outcome, claim.key_hash, claim.scope, claim.attempt, claim.lock_token)
 
 
 class Span:

@@ -8,6 +8,7 @@ the global providers, real requests through the test client on a real database.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import subprocess
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
+from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency import _lifecycle as lifecycle
@@ -385,3 +388,30 @@ print("ok")
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_every_log_line_of_the_app_carries_the_fields(
+    post: Post, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    fields = {
+        "idempotency_outcome",
+        "idempotency_key_hash",
+        "idempotency_scope_hash",
+        "idempotency_attempt",
+        "idempotency_lock_token",
+    }
+    with caplog.at_level(logging.DEBUG, logger="django_idempotency"):
+        post("/create/", {"a": 1}, key=key)
+        post("/create/", {"a": 1}, key=key)
+        with override_settings(IDEMPOTENCY={"MAX_BODY_SIZE": 10}):
+            post("/large/", {"a": 1}, key=key + "-large")
+        post("/status/500/", {"a": 1}, key=key + "-500")
+        post("/create/", key="é")
+        live_again(key, stale=True)
+        call_command("idempotency_recover", "--release", stdout=io.StringIO())
+    ours = [r for r in caplog.records if r.name == "django_idempotency"]
+    outcomes = [r.idempotency_outcome for r in ours]  # type: ignore[attr-defined]
+    assert {"claimed", "executed", "replayed", "body_not_stored", "released"} <= set(outcomes)
+    assert {"invalid_key", "recovered"} <= set(outcomes)
+    for record in ours:
+        assert fields <= set(vars(record)), record.getMessage()
