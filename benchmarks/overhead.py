@@ -324,13 +324,7 @@ def latency(rounds: int, database: str) -> None:
                 partial(timed, "two-phase replay", PATHS["two-phase"], keys["two-phase"]),
                 partial(timed, "atomic replay", PATHS["atomic"], keys["atomic"]),
             ]
-            random.shuffle(firsts)
-            random.shuffle(replays)
-            for operation in [*firsts, *replays]:
-                operation()
-            if index == warmup - 1:
-                for values in samples.values():
-                    values.clear()
+            one_round(firsts, replays, samples if index == warmup - 1 else None)
         cursor.execute("DROP TABLE bench_baseline")
     elapsed = time.monotonic() - started
 
@@ -424,13 +418,7 @@ def telemetry_cost(rounds: int) -> None:
             partial(timed, "replay, off", off, False),
             partial(timed, "replay, SDK", on, True),
         ]
-        random.shuffle(firsts)
-        random.shuffle(replays)
-        for operation in [*firsts, *replays]:
-            operation()
-        if index == warmup - 1:
-            for values in samples.values():
-                values.clear()
+        one_round(firsts, replays, samples if index == warmup - 1 else None)
     telemetry.ENABLED = True
     tracer_provider.shutdown()
     medians = {name: statistics.median(values) for name, values in samples.items()}
@@ -445,6 +433,21 @@ def telemetry_cost(rounds: int) -> None:
             line += f"  {medians[name] - off:+.3f} ms ({medians[name] / off - 1:+.1%})"
         print(line)
     print()
+
+
+def one_round(
+    firsts: list[Callable[[], None]],
+    replays: list[Callable[[], None]],
+    warmed_up: dict[str, list[float]] | None,
+) -> None:
+    """The first executions in random order, then their replays in random order, so the
+    machine's noise falls on every path alike; ``warmed_up``: the samples to forget after it."""
+    random.shuffle(firsts)
+    random.shuffle(replays)
+    for operation in [*firsts, *replays]:
+        operation()
+    for values in (warmed_up or {}).values():
+        values.clear()
 
 
 def summary(database: str, medians: dict[str, float]) -> str:
