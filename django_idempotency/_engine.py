@@ -130,8 +130,9 @@ def refused(attempt: Attempt, policy: Policy, exc: StoreUnavailable | LockWaitTi
         attempt,
         policy,
         logging.ERROR,
-        "Idempotency store %r unavailable; nothing was run.",
+        "Idempotency store %r unavailable; the %s was not run.",
         policy.alias,
+        "function" if attempt.request is None else "view",
         exc_info=True,
     )
     return "unavailable"
