@@ -15,7 +15,11 @@ two-phase mode and protected in atomic mode. In one process, through Django's WS
    least its ratio could be on this server), its distance to it and its goal, and a summary
    line for the database;
 3. serves the same views under gunicorn (4 sync workers) and prints the requests per second a
-   concurrent client (httpx) gets from each.
+   concurrent client (httpx) gets from each;
+4. with ``--telemetry`` (needs ``opentelemetry-sdk``), times a two-phase first execution and
+   a replay with OpenTelemetry's SDK recording every metric and span into no-op exporters,
+   interleaved with the same requests with the app's telemetry off (the code path it takes
+   when ``opentelemetry-api`` is not installed).
 
 It creates its own database (``bench_overhead``) on the server given and drops it at the end.
 Run it from the repository root::
@@ -74,6 +78,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="gunicorn workers")
     parser.add_argument("--no-gunicorn", action="store_true", help="skip the throughput part")
     parser.add_argument(
+        "--telemetry",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also time what OpenTelemetry's SDK costs, in this many rounds",
+    )
+    parser.add_argument(
         "--prepared-statements",
         action="store_true",
         help="connect with server-side binding and prepared statements (psycopg's threshold, 5)",
@@ -129,6 +140,8 @@ def run(args: argparse.Namespace, bench_url: str) -> None:
     statements()
     kind = "prepared statements" if args.prepared_statements else "Django's default connection"
     latency(args.rounds, f"PostgreSQL {version.split()[1]}, {kind}")
+    if args.telemetry:
+        telemetry_cost(args.telemetry)
     if not args.no_gunicorn:
         throughput(args, bench_url)
 
@@ -311,13 +324,7 @@ def latency(rounds: int, database: str) -> None:
                 partial(timed, "two-phase replay", PATHS["two-phase"], keys["two-phase"]),
                 partial(timed, "atomic replay", PATHS["atomic"], keys["atomic"]),
             ]
-            random.shuffle(firsts)
-            random.shuffle(replays)
-            for operation in [*firsts, *replays]:
-                operation()
-            if index == warmup - 1:
-                for values in samples.values():
-                    values.clear()
+            one_round(firsts, replays, samples if index == warmup - 1 else None)
         cursor.execute("DROP TABLE bench_baseline")
     elapsed = time.monotonic() - started
 
@@ -351,6 +358,96 @@ def latency(rounds: int, database: str) -> None:
     print()
     print(summary(database, medians))
     print()
+
+
+def telemetry_cost(rounds: int) -> None:
+    """First executions and replays with the SDK's metrics and spans, and without any."""
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        MetricExporter,
+        MetricExportResult,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    from django_idempotency import _telemetry as telemetry
+
+    class NoMetrics(MetricExporter):
+        def export(self, metrics_data: Any, timeout_millis: float = 0, **kwargs: Any) -> Any:
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 0) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 0, **kwargs: Any) -> None:
+            pass
+
+    class NoSpans(SpanExporter):
+        def export(self, spans: Any) -> Any:
+            return SpanExportResult.SUCCESS
+
+    reader = PeriodicExportingMetricReader(NoMetrics(), export_interval_millis=1000)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(BatchSpanProcessor(NoSpans()))
+    trace.set_tracer_provider(tracer_provider)
+    assert telemetry.ENABLED, "opentelemetry-api is not installed"
+
+    names = ["first, off", "first, SDK", "replay, off", "replay, SDK"]
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    clock = time.perf_counter_ns
+
+    def timed(name: str, key: str, enabled: bool) -> None:
+        telemetry.ENABLED = enabled
+        start = clock()
+        status = wsgi_call(PATHS["two-phase"], key)
+        samples[name].append((clock() - start) / 1e6)
+        assert status == 201, f"{name}: {status}"
+
+    warmup = 100
+    for index in range(warmup + rounds):
+        off, on = str(uuid.uuid4()), str(uuid.uuid4())
+        firsts = [partial(timed, "first, off", off, False), partial(timed, "first, SDK", on, True)]
+        replays = [
+            partial(timed, "replay, off", off, False),
+            partial(timed, "replay, SDK", on, True),
+        ]
+        one_round(firsts, replays, samples if index == warmup - 1 else None)
+    telemetry.ENABLED = True
+    tracer_provider.shutdown()
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    print(f"## OpenTelemetry, two-phase, {rounds} interleaved rounds")
+    print()
+    print(f"{'path':<14} {'median ms':>10} {'p90 ms':>8}  SDK costs")
+    for name in names:
+        p90 = statistics.quantiles(samples[name], n=10)[-1]
+        line = f"{name:<14} {medians[name]:>10.3f} {p90:>8.3f}"
+        if name.endswith("SDK"):
+            off = medians[name.replace("SDK", "off")]
+            line += f"  {medians[name] - off:+.3f} ms ({medians[name] / off - 1:+.1%})"
+        print(line)
+    print()
+
+
+def one_round(
+    firsts: list[Callable[[], None]],
+    replays: list[Callable[[], None]],
+    warmed_up: dict[str, list[float]] | None,
+) -> None:
+    """The first executions in random order, then their replays in random order, so the
+    machine's noise falls on every path alike; ``warmed_up``: the samples to forget after it."""
+    random.shuffle(firsts)
+    random.shuffle(replays)
+    for operation in [*firsts, *replays]:
+        operation()
+    for values in (warmed_up or {}).values():
+        values.clear()
 
 
 def summary(database: str, medians: dict[str, float]) -> str:

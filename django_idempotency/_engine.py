@@ -23,12 +23,13 @@ from django.utils import timezone
 
 from django_idempotency import _rules as rules
 from django_idempotency import _store as store
+from django_idempotency import _telemetry as telemetry
 from django_idempotency import signals
 from django_idempotency._limits import MAX_RECOVERY_POINT
 from django_idempotency._options import Policy
 from django_idempotency._store import StoredResponse
 from django_idempotency.claim import Claim
-from django_idempotency.exceptions import LockLost, StoreUnavailable
+from django_idempotency.exceptions import LockLost, LockWaitTimeout, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
@@ -52,10 +53,16 @@ class Attempt:
     method: str
     path: str
     request: HttpRequest | None = None
+    #: What metrics and spans name the call by: the URL route, or the function's name.
+    operation: str = ""
 
     def context(self) -> dict[str, Any]:
         """The keyword arguments every signal gets."""
         return {"request": self.request, "scope": self.scope, "key_hash": self.key_hash}
+
+    def attributes(self, policy: Policy) -> dict[str, str]:
+        """The low-cardinality attributes of its metrics and spans (never key or scope)."""
+        return telemetry.labels(self.method, self.operation, policy.atomic)
 
 
 class Kind(str, Enum):
@@ -72,6 +79,9 @@ class Found:
 
     kind: Kind
     record: IdempotencyKey
+    #: Its ``idempotency.outcome``: ``replayed``, ``waited`` (replayed after a wait),
+    #: ``mismatch`` or ``conflict``.
+    outcome: str
 
 
 def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
@@ -84,19 +94,90 @@ def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
     which lifts it for free.) Raises :class:`~.exceptions.StoreUnavailable` and
     :class:`~.exceptions.LockWaitTimeout`.
     """
-    if not policy.atomic:
-        return (yield from _claim(attempt, policy))
-    previous = store.limit_lock_wait(policy.alias, policy.wait_timeout)
-    outcome = yield from _claim(attempt, policy)
-    if isinstance(outcome, Claim) or store.in_nested_transaction(policy.alias):
-        store.restore_lock_wait(policy.alias, previous)
-    return outcome
+    with telemetry.span("idempotency.claim", attempt.attributes(policy), duration=True) as span:
+        try:
+            if not policy.atomic:
+                outcome = yield from _claim(attempt, policy)
+            else:
+                previous = store.limit_lock_wait(policy.alias, policy.wait_timeout)
+                outcome = yield from _claim(attempt, policy)
+                if isinstance(outcome, Claim) or store.in_nested_transaction(policy.alias):
+                    store.restore_lock_wait(policy.alias, previous)
+        except (StoreUnavailable, LockWaitTimeout) as exc:
+            span.finish(refused(attempt, policy, exc))
+            raise
+        if isinstance(outcome, Claim):
+            span.finish("takeover" if outcome.is_takeover else "claimed", outcome.attempt)
+        else:
+            span.finish(outcome.outcome)
+        return outcome
+
+
+def refused(attempt: Attempt, policy: Policy, exc: StoreUnavailable | LockWaitTimeout) -> str:
+    """Report a claim the store refused; returns the outcome (``unavailable``, ``conflict``)."""
+    if isinstance(exc, LockWaitTimeout):
+        _outcome(
+            "conflict",
+            attempt,
+            policy,
+            logging.INFO,
+            "Idempotency key %s: an uncommitted claim held it past wait_timeout.",
+            attempt.key_hash[:12],
+        )
+        return "conflict"
+    _outcome(
+        "unavailable",
+        attempt,
+        policy,
+        logging.ERROR,
+        "Idempotency store %r unavailable; the %s was not run.",
+        policy.alias,
+        "function" if attempt.request is None else "view",
+        exc_info=True,
+    )
+    return "unavailable"
+
+
+def key_refused(outcome: str, attributes: dict[str, str], reason: str) -> None:
+    """Report a request refused for its key (``missing_key``, ``invalid_key``)."""
+    logger.info("Idempotency key refused: %s", reason, extra=telemetry.log_facts(outcome))
+    telemetry.count(outcome, attributes)
+
+
+def _outcome(
+    outcome: str,
+    attempt: Attempt,
+    policy: Policy,
+    level: int,
+    message: str,
+    *args: Any,
+    claim: Claim | None = None,
+    signal: Signal | None = None,
+    exc_info: bool = False,
+    **sent: Any,
+) -> None:
+    """Log, signal and count one outcome: from one place, so the three cannot drift.
+
+    ``claimed`` is logged and signalled but not counted: the attempt's end is.
+    """
+    if claim is None:
+        facts = telemetry.log_facts(outcome, attempt.key_hash, attempt.scope)
+    else:
+        facts = telemetry.claim_facts(outcome, claim)
+    logger.log(level, message, *args, exc_info=exc_info, extra=facts)
+    if signal is not None:
+        if claim is not None:
+            sent["claim"] = claim
+        signal.send(IdempotencyKey, **attempt.context(), **sent)
+    if outcome in telemetry.OUTCOMES:
+        telemetry.count(outcome, attempt.attributes(policy))
 
 
 def _claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
     deadline = time.monotonic() + policy.wait_timeout.total_seconds()
     delay = _FIRST_WAIT
     record: IdempotencyKey | None = None
+    waited = False
     for _ in range(_CLAIM_ATTEMPTS):
         outcome = store.claim(
             policy.alias,
@@ -124,23 +205,26 @@ def _claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
                 lock_timeout=policy.lock_timeout,
                 save_progress=save_recovery_point,
             )
-            _announce_claim(claim, attempt)
+            _announce_claim(claim, attempt, policy)
             return claim
         record = outcome.record
         if record.request_hash != attempt.fingerprint:
-            return _found(Kind.MISMATCH, record, attempt)
+            return _found(Kind.MISMATCH, record, attempt, policy)
         if record.status != IdempotencyKey.Status.PROCESSING:
-            return _found(Kind.REPLAY, record, attempt)
+            return _found(Kind.REPLAY, record, attempt, policy, waited=waited)
         if policy.in_progress != "wait" or time.monotonic() >= deadline:
             break
+        waited = True
+        started = time.monotonic()
         while True:
             yield min(delay, max(0.0, deadline - time.monotonic()))
             delay = min(delay * 2, _MAX_WAIT)
             if time.monotonic() >= deadline or _settled(policy.alias, attempt):
                 break
+        telemetry.record_wait(time.monotonic() - started, attempt.attributes(policy))
     if record is None:
         record = IdempotencyKey(scope=attempt.scope, key_hash=attempt.key_hash)
-    return _found(Kind.IN_PROGRESS, record, attempt)
+    return _found(Kind.IN_PROGRESS, record, attempt, policy)
 
 
 def _settled(alias: str, attempt: Attempt) -> bool:
@@ -153,18 +237,31 @@ def _settled(alias: str, attempt: Attempt) -> bool:
     )
 
 
-def _announce_claim(claim: Claim, attempt: Attempt) -> None:
+def _announce_claim(claim: Claim, attempt: Attempt, policy: Policy) -> None:
     if claim.is_takeover:
-        logger.warning(
+        _outcome(
+            "takeover",
+            attempt,
+            policy,
+            logging.WARNING,
             "Took over stale idempotency record %s (attempt %s, recovery point %r).",
             claim.pk,
             claim.attempt,
             claim.recovery_point,
+            claim=claim,
+            signal=signals.key_taken_over,
         )
-        signals.key_taken_over.send(IdempotencyKey, claim=claim, **attempt.context())
     else:
-        logger.debug("Claimed idempotency record %s.", claim.pk)
-        signals.key_claimed.send(IdempotencyKey, claim=claim, **attempt.context())
+        _outcome(
+            "claimed",
+            attempt,
+            policy,
+            logging.DEBUG,
+            "Claimed idempotency record %s.",
+            claim.pk,
+            claim=claim,
+            signal=signals.key_claimed,
+        )
 
 
 _FOUND_SIGNALS = {
@@ -172,42 +269,68 @@ _FOUND_SIGNALS = {
     Kind.MISMATCH: signals.fingerprint_mismatch,
     Kind.IN_PROGRESS: signals.request_in_progress,
 }
+_FOUND_OUTCOMES = {Kind.REPLAY: "replayed", Kind.MISMATCH: "mismatch", Kind.IN_PROGRESS: "conflict"}
 
 
-def _found(kind: Kind, record: IdempotencyKey, attempt: Attempt) -> Found:
-    logger.log(
+def _found(
+    kind: Kind, record: IdempotencyKey, attempt: Attempt, policy: Policy, *, waited: bool = False
+) -> Found:
+    outcome = "waited" if waited and kind is Kind.REPLAY else _FOUND_OUTCOMES[kind]
+    _outcome(
+        outcome,
+        attempt,
+        policy,
         logging.DEBUG if kind is Kind.REPLAY else logging.INFO,
         "Idempotency key %s: %s.",
         attempt.key_hash[:12],
         kind.replace("_", " "),
+        signal=_FOUND_SIGNALS[kind],
+        record=record,
     )
-    _FOUND_SIGNALS[kind].send(IdempotencyKey, record=record, **attempt.context())
-    return Found(kind, record)
+    return Found(kind, record, outcome)
 
 
-def complete(
-    claim: Claim, stored: StoredResponse, policy: Policy, request: HttpRequest | None
-) -> None:
+def complete(claim: Claim, stored: StoredResponse, policy: Policy, attempt: Attempt) -> None:
     """Store an attempt's final result, fenced by its lock token.
 
     In two-phase mode a database error is logged, not raised: the record stays ``processing``
     and is taken over once ``unlock_at`` passes (docs: "The crash window").
     """
-    try:
-        stored_ok = store.store_response(policy.alias, claim.pk, claim.lock_token, stored)
-    except DatabaseError:
-        if policy.atomic:
-            raise
-        logger.exception("Could not store the result of idempotency record %s.", claim.pk)
-        return
-    if not stored_ok:
-        logger.error(
-            "Idempotency record %s: attempt %s finished after its lock was taken over; its "
-            "result was refused. Raise lock_timeout above the longest run.",
-            claim.pk,
-            claim.attempt,
-        )
-        _send_for_claim(signals.late_result_refused, claim, request, response=stored)
+    with telemetry.span("idempotency.store", attempt.attributes(policy)) as span:
+        try:
+            stored_ok = store.store_response(policy.alias, claim.pk, claim.lock_token, stored)
+        except DatabaseError:
+            if policy.atomic:
+                raise
+            outcome = "unavailable"
+            _outcome(
+                outcome,
+                attempt,
+                policy,
+                logging.ERROR,
+                "Could not store the result of idempotency record %s.",
+                claim.pk,
+                claim=claim,
+                exc_info=True,
+            )
+        else:
+            outcome = "executed" if stored_ok else "late_result_refused"
+            _outcome(
+                outcome,
+                attempt,
+                policy,
+                logging.DEBUG if stored_ok else logging.ERROR,
+                "Stored the result of idempotency record %s (attempt %s)."
+                if stored_ok
+                else "Idempotency record %s: attempt %s finished after its lock was taken over; "
+                "its result was refused. Raise lock_timeout above the longest run.",
+                claim.pk,
+                claim.attempt,
+                claim=claim,
+                signal=None if stored_ok else signals.late_result_refused,
+                response=stored,
+            )
+        span.finish(outcome, claim.attempt)
 
 
 def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
@@ -218,46 +341,57 @@ def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
         claim.alias, claim.pk, claim.lock_token, name, data, claim.lock_timeout
     ):
         raise LockLost(f"The lock on idempotency record {claim.pk} was taken over.")
-    logger.debug("Idempotency record %s: recovery point %r.", claim.pk, name)
+    logger.debug(
+        "Idempotency record %s: recovery point %r.",
+        claim.pk,
+        name,
+        extra=telemetry.claim_facts("recovery_point", claim),
+    )
 
 
-def release(
-    claim: Claim, policy: Policy, request: HttpRequest | None, *, reason: str, raised: bool
-) -> None:
+def release(claim: Claim, policy: Policy, attempt: Attempt, *, reason: str, raised: bool) -> None:
     """Release the claim so a retry runs again.
 
     In atomic mode an exception (``raised``) rolls the claim back with the transaction; only a
     retryable status needs the row deleted, and that deletion commits with the view's work.
     """
-    if policy.atomic:
-        if not raised:
-            store.release(policy.alias, claim.pk, claim.lock_token)
-    else:
+    with telemetry.span("idempotency.release", attempt.attributes(policy)) as span:
         try:
-            store.release(policy.alias, claim.pk, claim.lock_token)
+            if not (policy.atomic and raised):
+                store.release(policy.alias, claim.pk, claim.lock_token)
         except DatabaseError:
-            logger.exception("Could not release idempotency record %s.", claim.pk)
+            if policy.atomic:
+                raise
+            span.finish("unavailable", claim.attempt)
+            _outcome(
+                "unavailable",
+                attempt,
+                policy,
+                logging.ERROR,
+                "Could not release idempotency record %s.",
+                claim.pk,
+                claim=claim,
+                exc_info=True,
+            )
             return
-    logger.info("Released idempotency record %s (%s).", claim.pk, reason)
-    _send_for_claim(signals.key_released, claim, request, reason=reason)
+        span.finish("released", claim.attempt)
+        _outcome(
+            "released",
+            attempt,
+            policy,
+            logging.INFO,
+            "Released idempotency record %s (%s).",
+            claim.pk,
+            reason,
+            claim=claim,
+            signal=signals.key_released,
+            reason=reason,
+        )
 
 
-def abort(claim: Claim, policy: Policy, request: HttpRequest | None, *, reason: str) -> None:
+def abort(claim: Claim, policy: Policy, attempt: Attempt, *, reason: str) -> None:
     """The protected code raised: release the claim so a retry runs it again."""
-    release(claim, policy, request, reason=reason, raised=True)
-
-
-def _send_for_claim(
-    signal: Signal, claim: Claim, request: HttpRequest | None, **extra: Any
-) -> None:
-    signal.send(
-        IdempotencyKey,
-        claim=claim,
-        request=request,
-        scope=claim.scope,
-        key_hash=claim.key_hash,
-        **extra,
-    )
+    release(claim, policy, attempt, reason=reason, raised=True)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from django.http.request import HttpHeaders
 from django_idempotency import _bodies as bodies
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
+from django_idempotency import _telemetry as telemetry
 from django_idempotency import problems, responses
 from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import bounded_fingerprint, bounded_scope
@@ -47,10 +48,14 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         request = self.request
         header = request.META.get(_wsgi_name(conf.HEADER))
         if header is None:
-            return Answer(problems.missing_key(conf.HEADER)) if policy.required else None
+            if not policy.required:
+                return None
+            self._key_refused("missing_key", policy, f"no {conf.HEADER} header")
+            return Answer(problems.missing_key(conf.HEADER))
         try:
             key = parse_key(header, min_length=conf.MIN_KEY_LENGTH)
         except InvalidKey as exc:
+            self._key_refused("invalid_key", policy, str(exc))
             return Answer(problems.invalid_key(str(exc)))
         scope = _scope(request)
         return engine.Attempt(
@@ -61,7 +66,13 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             method=request.method or "",
             path=request.get_full_path(),
             request=request,
+            operation=_operation(request),
         )
+
+    def _key_refused(self, outcome: str, policy: Policy, reason: str) -> None:
+        method = self.request.method or ""
+        attributes = telemetry.labels(method, _operation(self.request), policy.atomic)
+        engine.key_refused(outcome, attributes, reason)
 
     def hold(self, claim: Claim | None) -> None:
         self.claim = claim
@@ -79,11 +90,11 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     ) -> Answer[HttpResponseBase]:
         if isinstance(exc, LockWaitTimeout):
             return Answer(problems.in_progress(conf.RETRY_AFTER))
-        logger.exception("Idempotency store %r unavailable; the view was not run.", policy.alias)
         return Answer(problems.unavailable())
 
     def finish(self, claim: Claim, result: HttpResponseBase, policy: Policy) -> HttpResponseBase:
-        return finish(self.request, claim, result, policy)
+        assert self.subject is not None
+        return finish(self.subject, claim, result, policy)
 
 
 def keep_body(request: HttpRequest) -> None:
@@ -119,6 +130,14 @@ def _wsgi_name(header: str) -> str:
     return HttpHeaders.to_wsgi_name(header)
 
 
+def _operation(request: HttpRequest) -> str:
+    """The view's URL route (``orders/<int:pk>/``) or name: one value per view, not per URL."""
+    match = request.resolver_match
+    if match is None:
+        return ""
+    return match.route or match.view_name
+
+
 def _scope(request: HttpRequest) -> str:
     return bounded_scope(conf.SCOPE_FUNCTION(request))
 
@@ -132,7 +151,7 @@ def _replay(record: IdempotencyKey) -> HttpResponseBase:
 
 
 def finish(
-    request: HttpRequest, claim: Claim, response: HttpResponseBase, policy: Policy
+    attempt: engine.Attempt, claim: Claim, response: HttpResponseBase, policy: Policy
 ) -> HttpResponseBase:
     """Store the view's response (or release the claim) and return the response."""
     try:
@@ -144,28 +163,30 @@ def finish(
                     "put @idempotent above @api_view, or use IdempotencyMixin."
                 )
             responses.add_post_render_callback(
-                response, lambda rendered: _store(request, claim, rendered, policy)
+                response, lambda rendered: _store(attempt, claim, rendered, policy)
             )
             return response
         responses.render(response)
     except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-        abort(request, claim, policy, reason="unreplayable response")
+        abort(attempt, claim, policy, reason="unreplayable response")
         raise
-    _store(request, claim, response, policy)
+    _store(attempt, claim, response, policy)
     return response
 
 
-def _store(request: HttpRequest, claim: Claim, response: HttpResponseBase, policy: Policy) -> None:
+def _store(
+    attempt: engine.Attempt, claim: Claim, response: HttpResponseBase, policy: Policy
+) -> None:
     if response.status_code in conf.RETRYABLE_STATUSES:
         engine.release(
-            claim, policy, request, reason=f"status {response.status_code}", raised=False
+            claim, policy, attempt, reason=f"status {response.status_code}", raised=False
         )
         return
     if policy.atomic and connections[policy.alias].needs_rollback:
         # DRF marks an ATOMIC_REQUESTS transaction for rollback when it answers an exception
         # (a serializer's 400): the claim rolls back with the view's work, as after a crash,
         # and a retry runs again (issue 20).
-        engine.release(claim, policy, request, reason="transaction rolled back", raised=True)
+        engine.release(claim, policy, attempt, reason="transaction rolled back", raised=True)
         return
     stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE)
     if stored.body is None:
@@ -174,13 +195,14 @@ def _store(request: HttpRequest, claim: Claim, response: HttpResponseBase, polic
             "it was not stored, and replays will answer 500 response-not-stored.",
             claim.pk,
             conf.MAX_BODY_SIZE,
+            extra=telemetry.claim_facts("body_not_stored", claim),
         )
-    engine.complete(claim, stored, policy, request)
+    engine.complete(claim, stored, policy, attempt)
 
 
-def abort(request: HttpRequest, claim: Claim, policy: Policy, *, reason: str) -> None:
+def abort(attempt: engine.Attempt, claim: Claim, policy: Policy, *, reason: str) -> None:
     """The view raised: release the claim so the client's retry runs it again."""
-    engine.abort(claim, policy, request, reason=reason)
+    engine.abort(claim, policy, attempt, reason=reason)
 
 
 def http_request(request: Any) -> HttpRequest:

@@ -19,7 +19,6 @@ from typing import Any, Generic, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest
 
 from django_idempotency import _engine as engine
 from django_idempotency._options import Policy
@@ -48,14 +47,14 @@ Step = float | _Run
 class Adapter(Generic[R]):
     """What one entry point adds to the lifecycle; one instance per protected call."""
 
-    #: The request the signals report (``None`` for a function call).
-    request: HttpRequest | None = None
     #: Whether the claim is made inside the protected code (DRF claims after authentication,
     #: in ``initial()``) rather than before it; :attr:`claim` is then read after it ran.
     claims_inside = False
 
     def __init__(self) -> None:
         self.claim: Claim | None = None
+        #: The attempt :func:`begin` claimed for (what the engine's reports are about).
+        self.subject: engine.Attempt | None = None
 
     def attempt(self, policy: Policy) -> engine.Attempt | Answer[R] | None:
         """The attempt to claim, an answer without one (a bad key), or ``None``: run the
@@ -98,6 +97,7 @@ def begin(adapter: Adapter[R], policy: Policy) -> engine.Steps[Answer[R] | Claim
     attempt = adapter.attempt(policy)
     if not isinstance(attempt, engine.Attempt):
         return attempt
+    adapter.subject = attempt
     try:
         outcome = yield from engine.acquire(attempt, policy)
     except LockWaitTimeout as exc:
@@ -122,7 +122,8 @@ def steps(adapter: Adapter[R], policy: Policy) -> Generator[Step, Any, R]:
         result = yield RUN
     except Exception:  # a dying process (SystemExit...) is a crash: recovered later
         if adapter.claim is not None:
-            engine.abort(adapter.claim, policy, adapter.request, reason="exception")
+            assert adapter.subject is not None
+            engine.abort(adapter.claim, policy, adapter.subject, reason="exception")
         raise
     if adapter.claim is None:
         return result  # type: ignore[no-any-return]
@@ -141,6 +142,10 @@ def run(adapter: Adapter[R], policy: Policy, call: Callable[[Claim | None], R]) 
         with engine.atomic_attempt(policy):
             return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
     except (StoreUnavailable, LockWaitTimeout) as exc:
+        if adapter.subject is None:  # the store's database refused the connection
+            attempt = adapter.attempt(policy)
+            if isinstance(attempt, engine.Attempt):
+                engine.refused(attempt, policy, exc)
         return adapter.refused(exc, policy).value
 
 

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from django_idempotency import _rules as rules
 from django_idempotency import _store as store
+from django_idempotency import _telemetry as telemetry
 from django_idempotency import problems
 from django_idempotency._store import Batch, StoredResponse
 from django_idempotency.durations import human
@@ -119,6 +120,9 @@ def _log_resolved(action: str, record: IdempotencyKey) -> None:
         record.pk,
         record.scope,
         record.key_hash[:12],
+        extra=telemetry.log_facts(
+            "recovered", record.key_hash, record.scope, record.attempt, record.lock_token
+        ),
     )
 
 

@@ -15,6 +15,7 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 from django_idempotency import _http as protocol
+from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import _store as store
 from django_idempotency import signals
 from django_idempotency._options import Options
@@ -33,9 +34,10 @@ def claim_for(key: str, body: bytes = b"{}") -> tuple[Any, Claim]:
     request = RequestFactory().post(
         "/create/", body, content_type="application/json", headers={"Idempotency-Key": key}
     )
-    decision = protocol.run_steps(protocol.begin(request, POLICY))
+    adapter = protocol.HttpAdapter(request)
+    decision = protocol.run_steps(lifecycle.begin(adapter, POLICY))
     assert isinstance(decision, Claim)
-    return request, decision
+    return adapter.subject, decision
 
 
 def expire_lock() -> None:
@@ -86,11 +88,11 @@ def test_takeover_sees_the_recovery_point_and_fences_the_old_owner(key: str) -> 
 
 
 def test_late_owner_result_is_refused(key: str, received: dict[str, Any]) -> None:
-    request, old = claim_for(key)
+    attempt, old = claim_for(key)
     expire_lock()
-    new_request, new = claim_for(key)
-    protocol.finish(new_request, new, HttpResponse(b"new owner", status=201), POLICY)
-    late = protocol.finish(request, old, HttpResponse(b"late owner", status=201), POLICY)
+    new_attempt, new = claim_for(key)
+    protocol.finish(new_attempt, new, HttpResponse(b"new owner", status=201), POLICY)
+    late = protocol.finish(attempt, old, HttpResponse(b"late owner", status=201), POLICY)
     assert late.content == b"late owner"  # its own client still gets its answer
     row = IdempotencyKey.objects.get()
     assert bytes(row.response_body) == b"new owner"
@@ -101,10 +103,10 @@ def test_late_owner_result_is_refused(key: str, received: dict[str, Any]) -> Non
 
 
 def test_late_owner_cannot_release_the_new_owners_record(key: str) -> None:
-    request, old = claim_for(key)
+    attempt, old = claim_for(key)
     expire_lock()
     claim_for(key)
-    protocol.abort(request, old, POLICY, reason="exception")
+    protocol.abort(attempt, old, POLICY, reason="exception")
     assert IdempotencyKey.objects.get().attempt == 2
 
 

@@ -127,6 +127,7 @@ class Spec:
             fingerprint=self._fingerprint(scope, payload),
             method=METHOD,
             path=self.name,
+            operation=self.name,
         )
 
     def call_kwargs(self, kwargs: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
@@ -249,7 +250,7 @@ class CallAdapter(lifecycle.Adapter[Any]):
         raise IdempotencyInProgress(_in_progress_message(self.spec, self._attempt)) from exc
 
     def finish(self, claim: Claim, result: Any, policy: Policy) -> Any:
-        return finish(self.spec, claim, result, policy)
+        return finish(self.spec, self._attempt, claim, result, policy)
 
 
 def _in_progress_message(spec: Spec, attempt: engine.Attempt) -> str:
@@ -270,7 +271,7 @@ def _stored_result(spec: Spec, record: IdempotencyKey) -> Any:
     return spec.serializer.loads(bytes(record.response_body))
 
 
-def finish(spec: Spec, claim: Claim, result: Any, policy: Policy) -> Any:
+def finish(spec: Spec, attempt: engine.Attempt, claim: Claim, result: Any, policy: Policy) -> Any:
     """Store the result, fenced by the claim's lock token, and return it as later calls will."""
     try:
         body = spec.serializer.dumps(result)
@@ -278,10 +279,10 @@ def finish(spec: Spec, claim: Claim, result: Any, policy: Policy) -> Any:
     except Exception:
         # Its effects may have happened, but nothing can be replayed: release so a fixed
         # deployment's retry runs it (atomic mode rolls the effects back with the claim).
-        engine.abort(claim, policy, None, reason="unserialisable result")
+        engine.abort(claim, policy, attempt, reason="unserialisable result")
         raise
     stored = StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body)
-    engine.complete(claim, stored, policy, None)
+    engine.complete(claim, stored, policy, attempt)
     return value
 
 

@@ -1,0 +1,150 @@
+"""OpenTelemetry metrics and spans, and the facts every log line carries.
+
+OpenTelemetry is optional (the ``otel`` extra): without ``opentelemetry-api`` nothing is
+imported and every function here returns at once. With it, the instruments come from the
+global providers, so an application that never configures an SDK pays only the API's no-op
+calls. Attributes are low-cardinality on purpose: the outcome, the method, the operation
+(the URL route, or the function's name) and the mode; never the key or the scope.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from django_idempotency._limits import sha256_hex
+
+if TYPE_CHECKING:
+    from django_idempotency.claim import Claim
+
+try:
+    from opentelemetry import metrics, trace
+except ImportError:  # the otel extra is not installed
+    metrics = trace = None  # type: ignore[assignment]
+
+NAME = "django_idempotency"
+
+#: Every value of the ``idempotency.outcome`` attribute of ``idempotency.requests``.
+OUTCOMES = frozenset(
+    {
+        "executed",
+        "replayed",
+        "conflict",
+        "waited",
+        "mismatch",
+        "invalid_key",
+        "missing_key",
+        "released",
+        "takeover",
+        "late_result_refused",
+        "unavailable",
+    }
+)
+
+if metrics is not None and trace is not None:
+    _meter = metrics.get_meter(NAME)
+    _tracer: Any = trace.get_tracer(NAME)
+    _requests: Any = _meter.create_counter(
+        "idempotency.requests", unit="{request}", description="Protected calls by outcome."
+    )
+    _claim_duration: Any = _meter.create_histogram(
+        "idempotency.claim.duration", unit="s", description="Time to claim a key or find it live."
+    )
+    _wait_duration: Any = _meter.create_histogram(
+        "idempotency.wait.duration",
+        unit="s",
+        description="Time a wait-mode retry waited for the attempt in flight.",
+    )
+    ENABLED = True
+else:
+    ENABLED = False
+
+
+def labels(method: str, operation: str, atomic: bool) -> dict[str, str]:
+    """The attributes every instrument and span gets."""
+    return {
+        "idempotency.method": method,
+        "idempotency.operation": operation,
+        "idempotency.mode": "atomic" if atomic else "two_phase",
+    }
+
+
+def count(outcome: str, attributes: dict[str, str]) -> None:
+    """Count one outcome (one of :data:`OUTCOMES`) in ``idempotency.requests``."""
+    if ENABLED:
+        _requests.add(1, {**attributes, "idempotency.outcome": outcome})
+
+
+def record_wait(seconds: float, attributes: dict[str, str]) -> None:
+    if ENABLED:
+        _wait_duration.record(seconds, attributes)
+
+
+def log_facts(
+    outcome: str,
+    key_hash: str = "",
+    scope: str = "",
+    attempt: int | None = None,
+    lock_token: uuid.UUID | None = None,
+) -> dict[str, Any]:
+    """The ``extra`` of a log line: what a JSON formatter shows (docs: "Observability")."""
+    return {
+        "idempotency_outcome": outcome,
+        "idempotency_key_hash": key_hash[:12],
+        "idempotency_scope_hash": sha256_hex(scope)[:12] if scope else "",
+        "idempotency_attempt": attempt,
+        "idempotency_lock_token": str(lock_token)[:8] if lock_token else "",
+    }
+
+
+def claim_facts(outcome: str, claim: Claim) -> dict[str, Any]:
+    """:func:`log_facts` of a line about a claim."""
+    return log_facts(outcome, claim.key_hash, claim.scope, claim.attempt, claim.lock_token)
+
+
+class Span:
+    """One span of the app (or nothing without OpenTelemetry); see :func:`span`."""
+
+    def __init__(self, otel_span: Any) -> None:
+        self._span = otel_span
+        self.outcome = ""
+
+    def finish(self, outcome: str, attempt: int | None = None) -> None:
+        """Set the span's outcome and the attempt number."""
+        self.outcome = outcome
+        if self._span is not None:
+            self._span.set_attribute("idempotency.outcome", outcome)
+            if attempt is not None:
+                self._span.set_attribute("idempotency.attempt", attempt)
+
+
+@contextmanager
+def span(name: str, attributes: dict[str, str], *, duration: bool = False) -> Iterator[Span]:
+    """A child of the current span (the request's, under Django's instrumentation).
+
+    It is not made current: the engine's generators yield inside it and may resume in another
+    thread, where a context attached here could not be detached. ``duration`` records it in
+    ``idempotency.claim.duration``.
+    """
+    if not ENABLED:
+        yield Span(None)
+        return
+    started = time.monotonic()
+    otel_span = _tracer.start_span(name, attributes=attributes)
+    result = Span(otel_span)
+    try:
+        yield result
+    except BaseException as exc:
+        otel_span.record_exception(exc)
+        otel_span.set_status(trace.StatusCode.ERROR, type(exc).__name__)
+        raise
+    finally:
+        otel_span.end()
+        if duration:
+            _claim_duration.record(
+                time.monotonic() - started,
+                {**attributes, "idempotency.outcome": result.outcome or "error"},
+            )
