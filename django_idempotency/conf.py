@@ -35,7 +35,7 @@ DEFAULTS: Mapping[str, Any] = {
     "REQUIRED": False,
     "METHODS": ("POST", "PATCH"),
     "TTL": timedelta(hours=24),
-    "LOCK_TIMEOUT": timedelta(seconds=60),
+    "LOCK_TIMEOUT": timedelta(seconds=30),
     "IN_PROGRESS": "conflict",
     "WAIT_TIMEOUT": timedelta(seconds=10),
     "RETRY_AFTER": 1,
@@ -47,6 +47,7 @@ DEFAULTS: Mapping[str, Any] = {
     "FINGERPRINT_FUNCTION": "django_idempotency.fingerprints.request_fingerprint",
     "DATABASE_ALIAS": "default",
     "MAX_BODY_SIZE": 1024 * 1024,
+    "HEARTBEAT": True,
 }
 
 IN_PROGRESS_POLICIES = ("conflict", "wait")
@@ -134,6 +135,7 @@ class Settings:
     FINGERPRINT_FUNCTION: _Setting[FingerprintFunction] = _Setting(import_callable)
     DATABASE_ALIAS = _Setting(str)
     MAX_BODY_SIZE = _Setting(int)
+    HEARTBEAT = _Setting(bool)
 
 
 conf = Settings()

@@ -106,9 +106,10 @@ def derived(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"attempt": claim.attempt, "payment_key": payment_key}, status=201)
 
 
-@idempotent(lock_timeout=1)
+@idempotent(lock_timeout=1, heartbeat=False)
 def late(request: HttpRequest) -> HttpResponse:
-    """Slower than its lock_timeout when asked (``X-Sleep``): its retry takes it over."""
+    """Slower than its lock_timeout when asked (``X-Sleep``), and not renewed: its retry takes
+    it over."""
     _sleep(request)
     return _answer(request, "late")
 
