@@ -1,4 +1,5 @@
-"""Lock renewal in one process, against the real database (SQLite and PostgreSQL).
+"""Lock renewal in one process, against the real database (SQLite and PostgreSQL): views, DRF
+handlers and ``idempotent_function``, sync and async.
 
 The renewer is a real thread on its own connection; the attempts are real calls of
 ``idempotent_function`` (sync, and async on an event loop). ``lock_timeout`` is 0.6 s, so a lock
@@ -22,13 +23,19 @@ from asgiref.sync import async_to_sync
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
+from django.http import HttpRequest, HttpResponse
+from django.test import RequestFactory
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from django_idempotency import _heartbeat as heartbeat
 from django_idempotency import signals
 from django_idempotency.claim import Claim
+from django_idempotency.decorators import idempotent
 from django_idempotency.exceptions import IdempotencyInProgress, LockLost
 from django_idempotency.functions import idempotent_function
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.rest_framework import IdempotencyMixin
 from tests.conftest import executions, on_postgresql
 from tests.testapp.models import Execution
 
@@ -279,3 +286,66 @@ def test_renewal_survives_losing_its_connection(
     assert len(renewals.backend_pids) >= 2  # it reconnected
     assert executions("slow") == 1
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
+
+
+class SlowAPIView(IdempotencyMixin, APIView):
+    idempotency_lock_timeout = LOCK
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    def post(self, request: Any) -> Response:
+        time.sleep(float(request.headers.get("X-Sleep", 0)))
+        Execution.objects.create(label="drf")
+        return Response({"ok": True}, status=201)
+
+
+class UnrenewedAPIView(SlowAPIView):
+    idempotency_heartbeat = False
+
+
+@idempotent(lock_timeout=LOCK)
+def slow_view(request: HttpRequest) -> HttpResponse:
+    time.sleep(float(request.headers.get("X-Sleep", 0)))
+    Execution.objects.create(label="drf")
+    return HttpResponse(status=201)
+
+
+@pytest.mark.parametrize(
+    ("view", "renewed"),
+    [
+        (SlowAPIView.as_view(), True),
+        (UnrenewedAPIView.as_view(), False),
+        (slow_view, True),
+    ],
+    ids=["drf", "drf-heartbeat-off", "view"],
+)
+def test_a_slow_view_keeps_its_key_while_renewed(
+    renewals: Renewals, view: Callable[..., Any], renewed: bool
+) -> None:
+    factory = RequestFactory()
+    key = str(uuid.uuid4())
+
+    def send(sleep: float = 0.0) -> Any:
+        request = factory.post(
+            "/",
+            {},
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=key,
+            HTTP_X_SLEEP=str(sleep),
+        )
+        response = view(request)
+        if hasattr(response, "render"):
+            response.render()
+        return response
+
+    first = in_thread(lambda: send(3 * LOCK))
+    wait_until(lambda: IdempotencyKey.objects.exists(), "the first request never claimed")
+    time.sleep(2 * LOCK)
+    retry = send()
+    assert first().status_code == 201
+    if renewed:
+        assert retry.status_code == 409
+        assert executions("drf") == 1
+    else:
+        assert retry.status_code == 201  # taken over: the view ran twice
+        assert executions("drf") == 2
