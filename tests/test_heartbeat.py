@@ -30,6 +30,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import _heartbeat as heartbeat
 from django_idempotency import signals
+from django_idempotency._options import Options
 from django_idempotency.claim import Claim
 from django_idempotency.decorators import idempotent
 from django_idempotency.exceptions import IdempotencyInProgress, LockLost
@@ -349,3 +350,14 @@ def test_a_slow_view_keeps_its_key_while_renewed(
     else:
         assert retry.status_code == 201  # taken over: the view ran twice
         assert executions("drf") == 2
+
+
+def test_the_policy_takes_heartbeat_from_the_option_then_the_setting(
+    settings: Any,
+) -> None:
+    assert Options.build().resolve().heartbeat is True
+    settings.IDEMPOTENCY = {"HEARTBEAT": False}
+    assert Options.build().resolve().heartbeat is False
+    assert Options.build(heartbeat=True).resolve().heartbeat is True
+    assert SlowAPIView.get_idempotency_options().heartbeat is None
+    assert UnrenewedAPIView.get_idempotency_options().heartbeat is False
