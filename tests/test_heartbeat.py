@@ -361,3 +361,29 @@ def test_the_policy_takes_heartbeat_from_the_option_then_the_setting(
     assert Options.build(heartbeat=True).resolve().heartbeat is True
     assert SlowAPIView.get_idempotency_options().heartbeat is None
     assert UnrenewedAPIView.get_idempotency_options().heartbeat is False
+
+
+def test_renewal_stops_when_the_attempt_raises_or_is_cancelled(renewals: Renewals) -> None:
+    @idempotent_function(key="message_id", lock_timeout=LOCK)
+    def failing(message_id: str) -> None:
+        time.sleep(2 * INTERVAL)
+        assert heartbeat.renewer.live() == 1
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        failing(str(uuid.uuid4()))
+    assert heartbeat.renewer.live() == 0
+    assert not IdempotencyKey.objects.exists()  # released
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(slow_async(str(uuid.uuid4()), 60))
+        while heartbeat.renewer.live() == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(2 * INTERVAL)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async_to_sync(cancelled)()
+    wait_until(lambda: heartbeat.renewer.live() == 0, "a cancelled attempt is still renewed")
+    assert renewals.updates() >= 1

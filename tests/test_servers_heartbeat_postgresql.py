@@ -24,13 +24,12 @@ from typing import Any
 import httpx
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import connection
 from django.db.backends.signals import connection_created
 
 from django_idempotency import _heartbeat as heartbeat
 from django_idempotency.exceptions import IdempotencyInProgress
 from django_idempotency.functions import idempotent_function
-from tests.conftest import executions
+from tests.conftest import executions, worker_environment
 from tests.servers import harness
 from tests.test_servers_postgresql import (
     asgi,
@@ -178,9 +177,6 @@ def job_lost_receiver(**kwargs: Any) -> None:
 
 def spawn(code: str, *args: str) -> subprocess.Popen[str]:
     """A worker process on the pytest-django test database, logging to its stderr."""
-    settings = connection.settings_dict
-    url = f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url}
     setup = (
         "import django, logging, sys; django.setup(); "
         "logging.getLogger('django_idempotency').addHandler(logging.StreamHandler()); "
@@ -188,7 +184,7 @@ def spawn(code: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", setup + code, *args],
         cwd=ROOT,
-        env=env,
+        env=worker_environment(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
