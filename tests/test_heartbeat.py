@@ -105,6 +105,7 @@ def renewals(monkeypatch: pytest.MonkeyPatch) -> Iterator[Renewals]:
                 seen.backend_pids.append(cursor.fetchone()[0])
         connection.execute_wrappers.append(count)
 
+    backends = server_connections()
     connection_created.connect(created, dispatch_uid="test-heartbeat")
     try:
         yield seen
@@ -112,6 +113,7 @@ def renewals(monkeypatch: pytest.MonkeyPatch) -> Iterator[Renewals]:
         connection_created.disconnect(dispatch_uid="test-heartbeat")
     assert heartbeat.renewer.live() == 0
     wait_until(lambda: not renewer_threads(), "the renewer thread never exited")
+    wait_until(lambda: server_connections() <= backends, "a connection leaked")
     # (Django never closes an in-memory SQLite database's connection: it would lose the data.)
     open_ = [c for c in seen.connections if c.connection is not None and not in_memory(c)]
     assert open_ == []
@@ -119,6 +121,15 @@ def renewals(monkeypatch: pytest.MonkeyPatch) -> Iterator[Renewals]:
 
 def in_memory(connection: BaseDatabaseWrapper) -> bool:
     return bool(getattr(connection, "is_in_memory_db", lambda: False)())
+
+
+def server_connections() -> int:
+    """The server's connections to this database (PostgreSQL; 0 elsewhere)."""
+    if not on_postgresql():
+        return 0
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
 
 
 def renewer_threads() -> list[threading.Thread]:
