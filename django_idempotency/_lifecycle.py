@@ -21,6 +21,7 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency import _engine as engine
+from django_idempotency import _heartbeat as heartbeat
 from django_idempotency._options import Policy
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
@@ -107,6 +108,7 @@ def begin(adapter: Adapter[R], policy: Policy) -> engine.Steps[Answer[R] | Claim
     except StoreUnavailable as exc:
         return adapter.refused(exc, policy)
     if isinstance(outcome, Claim):
+        heartbeat.start(outcome, policy, attempt.request)
         return outcome
     return adapter.found(outcome)
 
@@ -119,7 +121,10 @@ def steps(adapter: Adapter[R], policy: Policy) -> Generator[Step, Any, R]:
             return decision.value
         adapter.hold(decision)
     try:
-        result = yield RUN
+        try:
+            result = yield RUN
+        finally:  # before the final write, and when abandoned (a cancelled task, a dying process)
+            heartbeat.stop(adapter.claim)
     except Exception:  # a dying process (SystemExit...) is a crash: recovered later
         if adapter.claim is not None:
             assert adapter.subject is not None

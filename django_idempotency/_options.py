@@ -27,6 +27,7 @@ class CallOptions(TypedDict, total=False):
     atomic: bool
     in_progress: str | None
     wait_timeout: Duration | None
+    heartbeat: bool | None
 
 
 class ViewOptions(CallOptions, total=False):
@@ -52,6 +53,7 @@ class Options:
     in_progress: str | None = None
     wait_timeout: timedelta | None = None
     methods: frozenset[str] | None = None
+    heartbeat: bool | None = None
 
     @classmethod
     def build(
@@ -73,6 +75,7 @@ class Options:
                 in_progress=_in_progress(options.get("in_progress")),
                 wait_timeout=_positive(options.get("wait_timeout"), "wait_timeout"),
                 methods=_methods(options.get("methods")),
+                heartbeat=_flag(options.get("heartbeat"), "heartbeat"),
             )
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
@@ -95,6 +98,8 @@ class Policy:
     wait_timeout: timedelta
     methods: frozenset[str]
     alias: str
+    #: Whether a committed claim's lock is renewed while the attempt runs (:mod:`._heartbeat`).
+    heartbeat: bool = True
 
     def protects(self, method: str | None) -> bool:
         return method in self.methods and method not in SAFE_METHODS
@@ -133,11 +138,18 @@ def _policy(options: Options) -> Policy:
         wait_timeout=options.wait_timeout or conf.WAIT_TIMEOUT,
         methods=options.methods or conf.METHODS,
         alias=conf.DATABASE_ALIAS,
+        heartbeat=conf.HEARTBEAT if options.heartbeat is None else options.heartbeat,
     )
 
 
 def _positive(value: Duration | None, name: str) -> timedelta | None:
     return None if value is None else durations.positive(value, name)
+
+
+def _flag(value: bool | None, name: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}.")
+    return value
 
 
 def _in_progress(value: str | None) -> str | None:

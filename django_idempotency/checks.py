@@ -40,7 +40,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
         if name not in DEFAULTS
     ]
     value = {**DEFAULTS, **raw}
-    for name in ("ENABLED", "REQUIRED"):
+    for name in ("ENABLED", "REQUIRED", "HEARTBEAT"):
         if not isinstance(value[name], bool):
             errors.append(_error(2, f"IDEMPOTENCY[{name!r}] must be True or False."))
     header = value["HEADER"]

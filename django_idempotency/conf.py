@@ -36,7 +36,7 @@ DEFAULTS: Mapping[str, Any] = {
     "REQUIRED": False,
     "METHODS": ("POST", "PATCH"),
     "TTL": timedelta(hours=24),
-    "LOCK_TIMEOUT": timedelta(seconds=60),
+    "LOCK_TIMEOUT": timedelta(seconds=30),
     "IN_PROGRESS": "conflict",
     "WAIT_TIMEOUT": timedelta(seconds=10),
     "RETRY_AFTER": 1,
@@ -49,6 +49,7 @@ DEFAULTS: Mapping[str, Any] = {
     "DATABASE_ALIAS": "default",
     "MAX_BODY_SIZE": 1024 * 1024,
     "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/problems.html#",
+    "HEARTBEAT": True,
 }
 
 IN_PROGRESS_POLICIES = ("conflict", "wait")
@@ -143,6 +144,7 @@ class Settings:
     DATABASE_ALIAS = _Setting(str)
     MAX_BODY_SIZE = _Setting(int)
     PROBLEM_TYPE_BASE = _Setting(str)
+    HEARTBEAT = _Setting(bool)
 
 
 conf = Settings()

@@ -34,10 +34,10 @@ def idempotent(
     """Protect a view with the ``Idempotency-Key`` header: its side effects run once per key.
 
     Usable bare (``@idempotent``) or with options, which override ``settings.IDEMPOTENCY``:
-    ``required``, ``ttl``, ``lock_timeout``, ``atomic``, ``in_progress``, ``wait_timeout`` and
-    ``methods`` (see :doc:`/settings`). Works on function views, on ``View.dispatch`` through
-    ``method_decorator``, and on ``async def`` views (``atomic=True`` needs a sync view:
-    Django transactions are sync).
+    ``required``, ``ttl``, ``lock_timeout``, ``atomic``, ``in_progress``, ``wait_timeout``,
+    ``methods`` and ``heartbeat`` (see :doc:`/settings`). Works on function views, on
+    ``View.dispatch`` through ``method_decorator``, and on ``async def`` views
+    (``atomic=True`` needs a sync view: Django transactions are sync).
     """
     built = Options.build(VIEW_OPTIONS, "idempotent", **options)
 

@@ -62,6 +62,7 @@ class IdempotencyMixin(_Base):
     idempotency_in_progress: str | None = None
     idempotency_wait_timeout: Duration | None = None
     idempotency_methods: Iterable[str] | None = None
+    idempotency_heartbeat: bool | None = None
 
     _idempotency: _DispatchAdapter | None = None
 

@@ -24,3 +24,8 @@ key_released = Signal()
 #: An attempt that lost its lock finished late; its result was not stored (``claim``, and
 #: ``response``: the refused :class:`~django_idempotency.responses.StoredResponse`).
 late_result_refused = Signal()
+#: Lock renewal found the attempt's record no longer its own while it ran: taken over after
+#: its lock expired (the process was frozen, or the database unreachable, for longer than
+#: ``lock_timeout``) or released by an operator (``claim``). Sent from the renewer's thread;
+#: the attempt's recovery points and derived keys raise ``LockLost`` from then on.
+lock_lost = Signal()

@@ -58,6 +58,13 @@ def executions(label: str | None = None) -> int:
     return (queryset.filter(label=label) if label else queryset).count()
 
 
+def worker_environment() -> dict[str, str]:
+    """The environment of a worker process using this run's PostgreSQL test database."""
+    settings = connection.settings_dict
+    url = f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url}
+
+
 def on_postgresql() -> bool:
     return connection.vendor == "postgresql"
 

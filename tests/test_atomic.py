@@ -74,6 +74,7 @@ def test_atomic_needs_a_sync_view() -> None:
         ({"in_progress": "queue"}, "in_progress must be one of"),
         ({"methods": "POST"}, "methods must be a list"),
         ({"methods": ["GET"]}, "safe methods cannot be protected"),
+        ({"heartbeat": "off"}, "heartbeat must be True or False"),
     ],
 )
 def test_bad_options_fail_at_decoration(options: dict[str, Any], message: str) -> None:

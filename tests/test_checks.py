@@ -28,6 +28,7 @@ def test_defaults_pass() -> None:
         ([("TTL", 1)], "E001"),
         ({"ENABLED": "yes"}, "E002"),
         ({"REQUIRED": 1}, "E002"),
+        ({"HEARTBEAT": "yes"}, "E002"),
         ({"HEADER": ""}, "E003"),
         ({"HEADER": "Idempotency Key"}, "E003"),
         ({"METHODS": "POST"}, "E004"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from django_idempotency.claim import Claim
 from django_idempotency.exceptions import IdempotencyInProgress
 from django_idempotency.functions import idempotent_function
 from django_idempotency.models import IdempotencyKey
-from tests.conftest import executions
+from tests.conftest import executions, worker_environment
 from tests.testapp.models import Execution
 
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
@@ -145,15 +144,14 @@ def test_atomic_inside_a_transaction_does_not_leak_the_lock_wait_limit() -> None
 
 def spawn_worker(order_id: str) -> subprocess.Popen[bytes]:
     """A real worker process on the pytest-django test database, parked after "charge"."""
-    settings = connection.settings_dict
-    url = f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url}
     code = (
         "import django, sys; django.setup(); "
         "from tests.test_functions_postgresql import fulfil; "
         "fulfil(sys.argv[1], hang_after='charge')"
     )
-    return subprocess.Popen([sys.executable, "-c", code, order_id], cwd=ROOT, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, order_id], cwd=ROOT, env=worker_environment()
+    )
 
 
 def test_killed_handler_is_taken_over_after_its_lock_expires_and_resumes() -> None:

@@ -9,6 +9,7 @@ store of a database alias; the engine and the maintenance module call nothing el
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -47,6 +48,7 @@ __all__ = [
     "limit_lock_wait",
     "peek_status",
     "release",
+    "renew",
     "restore_lock_wait",
     "save_recovery_point",
     "store_response",
@@ -97,6 +99,12 @@ def save_recovery_point(
 def release(alias: str, pk: int, token: uuid.UUID, *, stale_at: datetime | None = None) -> bool:
     connection = connections[alias]
     return for_connection(connection).release(connection, pk, token, stale_at=stale_at)
+
+
+def renew(alias: str, leases: Sequence[tuple[int, uuid.UUID]], lock_timeout: timedelta) -> set[int]:
+    """:meth:`.Store.renew` on this thread's connection to ``alias``."""
+    connection = connections[alias]
+    return for_connection(connection).renew(connection, leases, lock_timeout)
 
 
 def limit_lock_wait(alias: str, timeout: timedelta) -> str | None:

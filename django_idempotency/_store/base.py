@@ -10,7 +10,7 @@ the fenced writes, the stale scan) is written once here from the rules in
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -365,6 +365,37 @@ class Store:
             unlock_at=now + lock_timeout,
             updated_at=now,
         )
+
+    def renew(
+        self,
+        connection: BaseDatabaseWrapper,
+        leases: Sequence[tuple[int, uuid.UUID]],
+        lock_timeout: timedelta,
+    ) -> set[int]:
+        """Push ``unlock_at`` of many attempts' records forward in one fenced statement
+        (:mod:`django_idempotency._heartbeat`); returns the primary keys still held.
+
+        Every record's own lock token must still be on it (tokens are fresh for every claim,
+        so ``lock_token IN (...)`` cannot match one record with another's token), and it must
+        still be ``processing``. When fewer rows match than were asked for (rare: a lock was
+        lost), one ``SELECT`` says which: portable, where ``UPDATE ... RETURNING`` is not.
+        """
+        q = connection.ops.quote_name
+        table = q(IdempotencyKey._meta.db_table)
+        marks = ", ".join(["%s"] * len(leases))
+        where = f"{q('id')} IN ({marks}) AND {q('lock_token')} IN ({marks}) AND {q('status')} = %s"
+        params: list[Any] = [pk for pk, _ in leases]
+        params += [_prep("lock_token", token, connection) for _, token in leases]
+        params.append(PROCESSING)
+        unlock_at = _prep("unlock_at", timezone.now() + lock_timeout, connection)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET {q('unlock_at')} = %s WHERE {where}", [unlock_at, *params]
+            )
+            if cursor.rowcount == len(leases):
+                return {pk for pk, _ in leases}
+            cursor.execute(f"SELECT {q('id')} FROM {table} WHERE {where}", params)
+            return {row[0] for row in cursor.fetchall()}
 
     def release(
         self,

@@ -41,7 +41,8 @@ def idempotent_function(
     per ``name`` (default: the function's dotted path). ``payload`` (a callable of the
     arguments) says what must match for a repeat to count as the same call; by default all the
     arguments. ``serializer`` stores results that are not plain JSON. ``ttl``,
-    ``lock_timeout``, ``atomic``, ``in_progress`` and ``wait_timeout`` are as for views.
+    ``lock_timeout``, ``atomic``, ``in_progress``, ``wait_timeout`` and ``heartbeat`` are as for
+    views.
 
     A call while another holds the key raises
     :class:`~django_idempotency.exceptions.IdempotencyInProgress`; another payload under a used

@@ -19,4 +19,7 @@ urlpatterns = [
     path("atomic-short/", views.atomic_short),
     path("refusing/", views.refusing),
     path("lose-db/", views.lose_db),
+    path("renewed/", views.renewed),
+    path("renewed-wait/", views.renewed_wait),
+    path("renewed-async/", views.renewed_async),
 ]

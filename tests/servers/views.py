@@ -106,9 +106,10 @@ def derived(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"attempt": claim.attempt, "payment_key": payment_key}, status=201)
 
 
-@idempotent(lock_timeout=1)
+@idempotent(lock_timeout=1, heartbeat=False)
 def late(request: HttpRequest) -> HttpResponse:
-    """Slower than its lock_timeout when asked (``X-Sleep``): its retry takes it over."""
+    """Slower than its lock_timeout when asked (``X-Sleep``), and not renewed: its retry takes
+    it over."""
     _sleep(request)
     return _answer(request, "late")
 
@@ -179,3 +180,37 @@ def lose_db(request: HttpRequest) -> HttpResponse:
     _record("lose-db", f"{backend}:{claim.attempt}")
     _sleep(request)
     return JsonResponse({"attempt": claim.attempt}, status=201)
+
+
+# Lock renewal (tests/test_servers_heartbeat_postgresql.py): lock_timeout is 1 s, renewed every
+# third of a second while the view runs.
+
+
+@idempotent(lock_timeout=1)
+def renewed(request: HttpRequest) -> HttpResponse:
+    """Records its worker's pid first (the test freezes or kills it), then sleeps; says whether
+    it learned that its lock was lost meanwhile."""
+    claim = request.idempotency  # type: ignore[attr-defined]
+    _record("renewed-start", f"{os.getpid()}:{claim.attempt}")
+    _sleep(request)
+    return _answer(request, "renewed", lock_lost=claim.lock_lost)
+
+
+@idempotent(lock_timeout=1, in_progress="wait", wait_timeout=10)
+def renewed_wait(request: HttpRequest) -> HttpResponse:
+    _sleep(request)
+    return _answer(request, "renewed-wait")
+
+
+@idempotent(lock_timeout=1)
+async def renewed_async(request: HttpRequest) -> HttpResponse:
+    await asyncio.sleep(float(request.headers.get("X-Sleep", 0)))
+    execution = await Execution.objects.acreate(label="renewed-async")
+    return JsonResponse({"id": execution.pk}, status=201)
+
+
+def _record_lost(sender: type[IdempotencyKey], claim: Any, **kwargs: Any) -> None:
+    _record("lock-lost", claim.attempt)
+
+
+signals.lock_lost.connect(_record_lost, dispatch_uid="servers-lock-lost")

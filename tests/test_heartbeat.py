@@ -1,0 +1,400 @@
+"""Lock renewal in one process, against the real database (SQLite and PostgreSQL): views, DRF
+handlers and ``idempotent_function``, sync and async.
+
+The renewer is a real thread on its own connection; the attempts are real calls of
+``idempotent_function`` (sync, and async on an event loop). ``lock_timeout`` is 0.6 s, so a lock
+is renewed every 0.2 s and a test lasts about a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+from django.http import HttpRequest, HttpResponse
+from django.test import RequestFactory
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency import _heartbeat as heartbeat
+from django_idempotency import signals
+from django_idempotency._options import Options
+from django_idempotency.claim import Claim
+from django_idempotency.decorators import idempotent
+from django_idempotency.exceptions import IdempotencyInProgress, LockLost
+from django_idempotency.functions import idempotent_function
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.rest_framework import IdempotencyMixin
+from tests.conftest import executions, on_postgresql
+from tests.testapp.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LOCK = 0.6
+INTERVAL = LOCK / heartbeat.RENEWALS_PER_LOCK_TIMEOUT
+
+
+@idempotent_function(
+    key="message_id", payload=lambda message_id, *_, **__: message_id, lock_timeout=LOCK
+)
+def slow(message_id: str, seconds: float = 0.0, *, idempotency: Claim) -> int:
+    time.sleep(seconds)
+    Execution.objects.create(label="slow")
+    return idempotency.attempt
+
+
+@idempotent_function(
+    key="message_id",
+    payload=lambda message_id, *_, **__: message_id,
+    lock_timeout=LOCK,
+    heartbeat=False,
+)
+def slow_unrenewed(message_id: str, seconds: float = 0.0, *, idempotency: Claim) -> int:
+    time.sleep(seconds)
+    Execution.objects.create(label="slow")
+    return idempotency.attempt
+
+
+@idempotent_function(key="message_id", lock_timeout=LOCK)
+async def slow_async(message_id: str, seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return message_id
+
+
+@dataclass
+class Renewals:
+    """The renewer thread's connections and the statements it sent through them."""
+
+    connections: list[BaseDatabaseWrapper] = field(default_factory=list)
+    statements: list[str] = field(default_factory=list)
+    backend_pids: list[int] = field(default_factory=list)
+
+    def updates(self) -> int:
+        return sum(sql.startswith("UPDATE") for sql in self.statements)
+
+
+@pytest.fixture
+def renewals(monkeypatch: pytest.MonkeyPatch) -> Iterator[Renewals]:
+    """Counts the renewer's statements; afterwards, checks it stopped and closed its connection."""
+    monkeypatch.setattr(heartbeat, "LINGER", 0.2)
+    seen = Renewals()
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.statements.append(sql)
+        return execute(sql, params, many, context)
+
+    def created(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+        if threading.current_thread().name != heartbeat.THREAD_NAME:
+            return
+        seen.connections.append(connection)
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                seen.backend_pids.append(cursor.fetchone()[0])
+        connection.execute_wrappers.append(count)
+
+    backends = server_connections()
+    connection_created.connect(created, dispatch_uid="test-heartbeat")
+    try:
+        yield seen
+    finally:
+        connection_created.disconnect(dispatch_uid="test-heartbeat")
+    assert heartbeat.renewer.live() == 0
+    wait_until(lambda: not renewer_threads(), "the renewer thread never exited")
+    wait_until(lambda: server_connections() <= backends, "a connection leaked")
+    # (Django never closes an in-memory SQLite database's connection: it would lose the data.)
+    open_ = [c for c in seen.connections if c.connection is not None and not in_memory(c)]
+    assert open_ == []
+
+
+def in_memory(connection: BaseDatabaseWrapper) -> bool:
+    return bool(getattr(connection, "is_in_memory_db", lambda: False)())
+
+
+def server_connections() -> int:
+    """The server's connections to this database (PostgreSQL; 0 elsewhere)."""
+    if not on_postgresql():
+        return 0
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
+def renewer_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == heartbeat.THREAD_NAME]
+
+
+def wait_until(condition: Callable[[], bool], message: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.02)
+
+
+def in_thread(call: Callable[[], Any]) -> Callable[[], Any]:
+    """Run ``call`` in a thread (closing its connections after); returns its join."""
+    pool = ThreadPoolExecutor(max_workers=1)
+
+    def run() -> Any:
+        try:
+            return call()
+        finally:
+            connections.close_all()
+
+    future = pool.submit(run)
+    pool.shutdown(wait=False)
+    return lambda: future.result(timeout=30)
+
+
+@pytest.mark.parametrize("renewed", [True, False])
+def test_an_attempt_slower_than_its_lock_timeout_keeps_its_key_while_renewed(
+    renewals: Renewals, renewed: bool
+) -> None:
+    """Retries every 0.2 s for 3x lock_timeout: none runs while the lock is renewed, and the
+    control without renewal is taken over (so this test can fail)."""
+    key = str(uuid.uuid4())
+    protected = slow if renewed else slow_unrenewed
+    first = in_thread(lambda: protected(key, 3 * LOCK))
+    wait_until(lambda: IdempotencyKey.objects.exists(), "the first attempt never claimed")
+    retries: list[Any] = []
+    deadline = time.monotonic() + 2.5 * LOCK
+    while time.monotonic() < deadline:
+        time.sleep(INTERVAL)
+        try:
+            retries.append(protected(key))
+        except IdempotencyInProgress as exc:
+            retries.append(exc)
+    if renewed:
+        assert all(isinstance(retry, IdempotencyInProgress) for retry in retries), retries
+        assert first() == 1
+        assert executions("slow") == 1
+        assert protected(key) == 1  # the stored result
+        assert renewals.updates() >= 3
+    else:
+        assert 2 in retries  # taken over after lock_timeout: the view ran twice
+        first()
+        assert executions("slow") == 2
+        assert renewals.updates() == 0
+
+
+def test_an_async_attempt_is_renewed_too(renewals: Renewals) -> None:
+    key = str(uuid.uuid4())
+    done = in_thread(lambda: async_to_sync(slow_async)(key, 3 * LOCK))
+    wait_until(lambda: IdempotencyKey.objects.exists(), "the attempt never claimed")
+    claimed = IdempotencyKey.objects.get()
+    assert claimed.unlock_at is not None
+    time.sleep(2 * LOCK)
+    renewed = IdempotencyKey.objects.get()
+    assert renewed.status == IdempotencyKey.Status.PROCESSING
+    assert renewed.unlock_at is not None and renewed.unlock_at > claimed.unlock_at
+    assert done() == key
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
+
+
+def test_a_hundred_attempts_cost_one_statement_per_interval(renewals: Renewals) -> None:
+    """100 concurrent long attempts of one process (async, on one event loop)."""
+
+    async def hundred() -> list[str]:
+        return await asyncio.gather(*(slow_async(str(uuid.uuid4()), 4 * LOCK) for _ in range(100)))
+
+    started = time.monotonic()
+    results = async_to_sync(hundred)()
+    elapsed = time.monotonic() - started
+    assert len(set(results)) == 100
+    updates = renewals.updates()
+    print(f"\n100 attempts for {elapsed:.2f}s: {updates} renewal statements, {INTERVAL:.2f}s apart")
+    assert 3 <= updates <= elapsed / INTERVAL + 1
+    assert IdempotencyKey.objects.filter(status=IdempotencyKey.Status.COMPLETED).count() == 100
+
+
+def test_a_lost_lock_is_reported_and_the_late_result_refused(
+    renewals: Renewals, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator releases the record while the attempt runs: the next renewal finds it gone."""
+    lost: list[Claim] = []
+    refused: list[Claim] = []
+    signals.lock_lost.connect(lambda claim, **_: lost.append(claim), weak=False, dispatch_uid="t1")
+    signals.late_result_refused.connect(
+        lambda claim, **_: refused.append(claim), weak=False, dispatch_uid="t2"
+    )
+    raised: list[Exception] = []
+
+    @idempotent_function(key="message_id", lock_timeout=LOCK)
+    def watchful(message_id: str, *, idempotency: Claim) -> str:
+        deadline = time.monotonic() + 10 * LOCK
+        while not idempotency.lock_lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for step in (
+            lambda: idempotency.derived_key("payment"),
+            lambda: idempotency.set_recovery_point("x"),
+        ):
+            try:
+                step()
+            except LockLost as exc:
+                raised.append(exc)
+        return "late"
+
+    try:
+        with caplog.at_level(logging.INFO, logger="django_idempotency"):
+            done = in_thread(lambda: watchful(str(uuid.uuid4())))
+            wait_until(lambda: IdempotencyKey.objects.exists(), "the attempt never claimed")
+            IdempotencyKey.objects.all().delete()  # what idempotency_recover --release does
+            assert done() == "late"
+    finally:
+        signals.lock_lost.disconnect(dispatch_uid="t1")
+        signals.late_result_refused.disconnect(dispatch_uid="t2")
+    assert len(lost) == 1 and lost[0].lock_lost
+    assert refused == lost
+    assert len(raised) == 2
+    assert "lost its lock" in caplog.text
+    assert not IdempotencyKey.objects.exists()
+
+
+@idempotent_function(key="message_id", lock_timeout=LOCK, atomic=True)
+def slow_atomic(message_id: str) -> bool:
+    time.sleep(2 * INTERVAL)
+    return heartbeat.renewer.running()
+
+
+def test_nothing_is_renewed_in_atomic_mode_nor_in_a_callers_transaction(
+    renewals: Renewals,
+) -> None:
+    """Their claim is invisible until it commits: no thread, no statement."""
+    assert slow_atomic(str(uuid.uuid4())) is False
+    with transaction.atomic():
+        assert slow(str(uuid.uuid4()), 2 * INTERVAL) == 1
+        assert not heartbeat.renewer.running()
+    assert slow_unrenewed(str(uuid.uuid4()), 2 * INTERVAL) == 1
+    assert not renewer_threads()
+    assert renewals.statements == []
+
+
+def test_renewal_survives_losing_its_connection(
+    renewals: Renewals, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The renewer's backend is terminated: it reconnects and retries; the attempt is unharmed."""
+    if not on_postgresql():
+        pytest.skip("terminates a PostgreSQL backend")
+    key = str(uuid.uuid4())
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        done = in_thread(lambda: slow(key, 5 * LOCK))
+        wait_until(lambda: bool(renewals.backend_pids), "the renewer never connected")
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [renewals.backend_pids[0]])
+        assert done() == 1
+    assert "Could not renew idempotency locks" in caplog.text
+    assert len(renewals.backend_pids) >= 2  # it reconnected
+    assert executions("slow") == 1
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
+
+
+class SlowAPIView(IdempotencyMixin, APIView):
+    idempotency_lock_timeout = LOCK
+    authentication_classes: list[Any] = []
+    permission_classes: list[Any] = []
+
+    def post(self, request: Any) -> Response:
+        time.sleep(float(request.headers.get("X-Sleep", 0)))
+        Execution.objects.create(label="drf")
+        return Response({"ok": True}, status=201)
+
+
+class UnrenewedAPIView(SlowAPIView):
+    idempotency_heartbeat = False
+
+
+@idempotent(lock_timeout=LOCK)
+def slow_view(request: HttpRequest) -> HttpResponse:
+    time.sleep(float(request.headers.get("X-Sleep", 0)))
+    Execution.objects.create(label="drf")
+    return HttpResponse(status=201)
+
+
+@pytest.mark.parametrize(
+    ("view", "renewed"),
+    [
+        (SlowAPIView.as_view(), True),
+        (UnrenewedAPIView.as_view(), False),
+        (slow_view, True),
+    ],
+    ids=["drf", "drf-heartbeat-off", "view"],
+)
+def test_a_slow_view_keeps_its_key_while_renewed(
+    renewals: Renewals, view: Callable[..., Any], renewed: bool
+) -> None:
+    factory = RequestFactory()
+    key = str(uuid.uuid4())
+
+    def send(sleep: float = 0.0) -> Any:
+        request = factory.post(
+            "/",
+            {},
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=key,
+            HTTP_X_SLEEP=str(sleep),
+        )
+        response = view(request)
+        if hasattr(response, "render"):
+            response.render()
+        return response
+
+    first = in_thread(lambda: send(3 * LOCK))
+    wait_until(lambda: IdempotencyKey.objects.exists(), "the first request never claimed")
+    time.sleep(2 * LOCK)
+    retry = send()
+    assert first().status_code == 201
+    if renewed:
+        assert retry.status_code == 409
+        assert executions("drf") == 1
+    else:
+        assert retry.status_code == 201  # taken over: the view ran twice
+        assert executions("drf") == 2
+
+
+def test_the_policy_takes_heartbeat_from_the_option_then_the_setting(
+    settings: Any,
+) -> None:
+    assert Options.build().resolve().heartbeat is True
+    settings.IDEMPOTENCY = {"HEARTBEAT": False}
+    assert Options.build().resolve().heartbeat is False
+    assert Options.build(heartbeat=True).resolve().heartbeat is True
+    assert SlowAPIView.get_idempotency_options().heartbeat is None
+    assert UnrenewedAPIView.get_idempotency_options().heartbeat is False
+
+
+def test_renewal_stops_when_the_attempt_raises_or_is_cancelled(renewals: Renewals) -> None:
+    @idempotent_function(key="message_id", lock_timeout=LOCK)
+    def failing(message_id: str) -> None:
+        time.sleep(2 * INTERVAL)
+        assert heartbeat.renewer.live() == 1
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        failing(str(uuid.uuid4()))
+    assert heartbeat.renewer.live() == 0
+    assert not IdempotencyKey.objects.exists()  # released
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(slow_async(str(uuid.uuid4()), 60))
+        while heartbeat.renewer.live() == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(2 * INTERVAL)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async_to_sync(cancelled)()
+    wait_until(lambda: heartbeat.renewer.live() == 0, "a cancelled attempt is still renewed")
+    assert renewals.updates() >= 1
