@@ -16,13 +16,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_idempotency import problems, store
+from django_idempotency import mysql, problems, store
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import StoredResponse
 from django_idempotency.store import _prep
@@ -31,6 +31,8 @@ logger = logging.getLogger("django_idempotency")
 
 PROCESSING = IdempotencyKey.Status.PROCESSING
 FAILED = IdempotencyKey.Status.FAILED
+_DEADLOCK_RETRIES = 5
+_EXPIRES_INDEX = next(i.name for i in IdempotencyKey._meta.indexes if i.fields == ["expires_at"])
 
 
 def stale(cutoff: datetime) -> Q:
@@ -122,7 +124,23 @@ def delete_expired_batch(
     ``FOR UPDATE SKIP LOCKED``: two runs at once share the rows instead of waiting for each
     other, and a row a claim is rewriting right now is left for the next run. ``pks`` restricts
     the batch to those records (the admin's selection).
+
+    On MySQL two runs' locks on the secondary indexes can still deadlock: InnoDB rolls the
+    victim's batch back whole, and it is run again.
     """
+    retries = _DEADLOCK_RETRIES
+    while True:
+        try:
+            return _delete_expired_batch(alias, now, batch_size, after, pks)
+        except OperationalError as exc:
+            if not retries or mysql.error_code(exc) != mysql.DEADLOCK:
+                raise
+            retries -= 1
+
+
+def _delete_expired_batch(
+    alias: str, now: datetime, batch_size: int, after: datetime | None, pks: list[int] | None
+) -> Batch:
     connection = connections[alias]
     q = connection.ops.quote_name
     table = q(IdempotencyKey._meta.db_table)
@@ -138,7 +156,8 @@ def delete_expired_batch(
         in_pks, in_params = _in_ids(connection, pks)
         where += f" AND {in_pks}"
         where_params += in_params
-    select = f"SELECT {q('id')}, {q('expires_at')} FROM {table} WHERE {where} "
+    hint = mysql.force_index(q(_EXPIRES_INDEX)) if connection.vendor == mysql.VENDOR else ""
+    select = f"SELECT {q('id')}, {q('expires_at')} FROM {table}{hint} WHERE {where} "
     select += f"ORDER BY {q('expires_at')} LIMIT %s"
     if connection.features.has_select_for_update_skip_locked:
         select += " FOR UPDATE SKIP LOCKED"
@@ -165,9 +184,12 @@ def delete_expired_batch(
         ids = [row[0] for row in rows]
         for start in range(0, len(ids), 500):  # SQLite caps a statement's parameters
             in_ids, in_params = _in_ids(connection, ids[start : start + 500])
-            cursor.execute(
-                f"DELETE FROM {table} WHERE {in_ids} AND {where}", [*in_params, *where_params]
-            )
+            if connection.vendor == mysql.VENDOR:  # the rows are locked: no second look
+                cursor.execute(mysql.delete_locked_sql(table, q("id"), in_ids), in_params)
+            else:
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE {in_ids} AND {where}", [*in_params, *where_params]
+                )
             deleted += cursor.rowcount
     last = max(row[1] for row in rows)
     if isinstance(last, str):  # SQLite may hand back the stored text

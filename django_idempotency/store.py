@@ -17,11 +17,12 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 from weakref import WeakKeyDictionary
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, IntegrityError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import CharField, DateTimeField, Field, TextField
 from django.utils import timezone
 
+from django_idempotency import mysql
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.responses import StoredResponse
@@ -125,7 +126,20 @@ def claim(
     prepare = _preparers(connection)
     params = [prepare[name](values[name]) for name in _CLAIM_PARAMS]
     with _guard():
-        found = _insert_or_load(alias, params, scope, key_hash)
+        if connection.vendor == mysql.VENDOR:
+            try:
+                pk = _insert_mysql(alias, params)
+                if pk is not None:
+                    return Claimed(pk, token, 1, "", None)
+                found = _first(alias, _sql(connection).select, [scope, key_hash])
+            except OperationalError as exc:
+                # Outside a transaction the deadlock's victim was this statement alone: claim
+                # again. Inside one, the whole transaction is gone: _guard's 409.
+                if mysql.error_code(exc) == mysql.DEADLOCK and not connection.in_atomic_block:
+                    return None
+                raise
+        else:
+            found = _insert_or_load(alias, params, scope, key_hash)
         if found is None:
             return None
         if found.lock_token == token:  # our fresh token: the row is the one we inserted
@@ -154,6 +168,26 @@ def _insert_or_load(
     return inserted or _first(alias, sql.select, [scope, key_hash])
 
 
+def _insert_mysql(alias: str, params: list[Any]) -> int | None:
+    """Insert a new record and return its id; ``None`` when the key's record is in place.
+
+    A plain ``INSERT``, its duplicate-key error caught: InnoDB undoes the failed statement
+    alone, so no savepoint is needed even inside a transaction, and a new key costs one
+    statement (``lastrowid`` is all it reads back). ``ON DUPLICATE KEY UPDATE`` would lock the
+    live record exclusively on every replay, and with ``CLIENT_FOUND_ROWS`` its row count does
+    not tell an insert from a duplicate.
+    """
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        try:
+            cursor.execute(_sql(connection).insert, params)
+        except IntegrityError as exc:
+            if mysql.error_code(exc) == mysql.DUPLICATE_KEY:
+                return None
+            raise
+        return int(cursor.lastrowid)
+
+
 def _take_over(
     alias: str, pk: int, params: list[Any], now: datetime, request_hash: str, token: uuid.UUID
 ) -> Claimed | None:
@@ -171,7 +205,16 @@ def _take_over(
     values += [db_now, db_now, db_now]  # expired? for recovery_point, recovery_data, attempt
     values += [db_now, fresh["created_at"], db_now, fresh["expires_at"]]
     values += [pk, db_now, PROCESSING, db_now, request_hash]
-    record = _first(alias, _sql(connection).take_over, values)
+    sql = _sql(connection)
+    if connection.vendor == mysql.VENDOR:  # no RETURNING: the row count, then our token's row
+        with connection.cursor() as cursor:
+            cursor.execute(sql.take_over, values)
+            if not cursor.rowcount:
+                return None
+        values = [pk, _prep("lock_token", token, connection)]
+        record = _first(alias, sql.select_owned, values)
+    else:
+        record = _first(alias, sql.take_over, values)
     return None if record is None else _claimed(record, token)
 
 
@@ -183,17 +226,22 @@ class _Sql:
     select: str
     insert_or_select: str
     take_over: str
+    #: The record under an attempt's lock token (MySQL's read after its takeover).
+    select_owned: str
 
     @classmethod
     def build(cls, connection: BaseDatabaseWrapper) -> _Sql:
         q = connection.ops.quote_name
         table = q(IdempotencyKey._meta.db_table)
         columns = ", ".join(q(column) for column in _COLUMNS)
+        # MySQL and MariaDB: no ON CONFLICT, and no RETURNING (see mysql.py).
+        returning = "" if connection.vendor == mysql.VENDOR else f" RETURNING {columns}"
         insert = (
             f"INSERT INTO {table} ({', '.join(q(name) for name in _INSERT_COLUMNS)}) "
-            f"VALUES ({', '.join(_CLAIM_LITERALS.get(name, '%s') for name in _INSERT_COLUMNS)}) "
-            f"ON CONFLICT ({q('scope')}, {q('key_hash')}) DO NOTHING RETURNING {columns}"
+            f"VALUES ({', '.join(_CLAIM_LITERALS.get(name, '%s') for name in _INSERT_COLUMNS)})"
         )
+        if returning:
+            insert += f" ON CONFLICT ({q('scope')}, {q('key_hash')}) DO NOTHING{returning}"
         select = f"SELECT {columns} FROM {table} WHERE {q('scope')} = %s AND {q('key_hash')} = %s"
         expired = f"{q('expires_at')} <= %s"
 
@@ -201,6 +249,8 @@ class _Sql:
             otherwise = otherwise or q(name)
             return f"{q(name)} = CASE WHEN {expired} THEN {then} ELSE {otherwise} END"
 
+        # MySQL assigns from left to right, later expressions reading the new values: the
+        # CASEs test expires_at, so it is assigned last.
         assignments = [
             *(f"{q(name)} = {_CLAIM_LITERALS.get(name, '%s')}" for name in _TAKEOVER_FRESH),
             f"{q('response_status')} = NULL",
@@ -214,7 +264,7 @@ class _Sql:
         take_over = (
             f"UPDATE {table} SET {', '.join(assignments)} "
             f"WHERE {q('id')} = %s AND ({expired} OR ({q('status')} = %s "
-            f"AND {q('unlock_at')} <= %s AND {q('request_hash')} = %s)) RETURNING {columns}"
+            f"AND {q('unlock_at')} <= %s AND {q('request_hash')} = %s)){returning}"
         )
         return cls(
             insert=insert,
@@ -222,6 +272,8 @@ class _Sql:
             insert_or_select=f"WITH inserted AS ({insert}) SELECT * FROM inserted "
             f"UNION ALL {select}",
             take_over=take_over,
+            select_owned=f"SELECT {columns} FROM {table} WHERE {q('id')} = %s "
+            f"AND {q('lock_token')} = %s",
         )
 
 
@@ -430,8 +482,13 @@ def limit_lock_wait(alias: str, timeout: timedelta) -> str | None:
     Returns the ``lock_timeout`` it replaced, for :func:`restore_lock_wait` (``None`` where
     there is nothing to restore: SQLite). The ``OFFSET 0`` subquery is read before the outer
     ``set_config`` runs, so the old value is read before it is replaced, in one round trip.
+    MySQL keeps the old value in the session (:mod:`.mysql`).
     """
     connection = connections[alias]
+    if connection.vendor == mysql.VENDOR:
+        with _guard(), connection.cursor() as cursor:
+            cursor.execute(mysql.limit_lock_wait_sql(timeout))
+        return mysql.RESTORE_LOCK_WAIT
     if connection.vendor != "postgresql":
         return None
     milliseconds = max(1, int(timeout.total_seconds() * 1000))
@@ -450,7 +507,16 @@ def restore_lock_wait(alias: str, previous: str | None) -> None:
     if previous is None:
         return
     with _guard(), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+        if previous == mysql.RESTORE_LOCK_WAIT:
+            cursor.execute(previous)
+        else:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+
+
+def lock_wait_outlives_transaction(alias: str) -> bool:
+    """Whether :func:`limit_lock_wait` lasts past the transaction (a session setting), and so
+    must be restored whatever the claim's outcome."""
+    return connections[alias].vendor == mysql.VENDOR
 
 
 def in_nested_transaction(alias: str) -> bool:
@@ -460,19 +526,24 @@ def in_nested_transaction(alias: str) -> bool:
 
 @contextmanager
 def _guard() -> Iterator[None]:
-    """Translate the store's database errors into the app's own exceptions."""
+    """Translate the store's database errors into the app's own exceptions.
+
+    Any error but a lock wait is the store being unavailable (a ``503``), never a raw ``500``:
+    a lost connection, and a statement the server refuses alike.
+    """
     try:
         yield
     except DatabaseError as exc:
         if is_lock_timeout(exc):
             raise LockWaitTimeout(str(exc)) from exc
-        if isinstance(exc, (OperationalError, InterfaceError)):
-            raise StoreUnavailable(str(exc)) from exc
-        raise
+        raise StoreUnavailable(str(exc)) from exc
 
 
 def is_lock_timeout(exc: BaseException) -> bool:
+    """A lock wait that ran out, or (MySQL) a deadlock whose victim was this transaction."""
     cause = exc.__cause__
     if getattr(cause, "sqlstate", None) == "55P03":  # PostgreSQL lock_not_available
+        return True
+    if mysql.error_code(exc) in (mysql.LOCK_WAIT_TIMEOUT, mysql.DEADLOCK):
         return True
     return isinstance(exc, OperationalError) and "database is locked" in str(exc)

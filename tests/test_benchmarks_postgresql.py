@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.postgresql
+pytestmark = pytest.mark.server_db
 
 ROOT = Path(__file__).resolve().parents[1]
 

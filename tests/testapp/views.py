@@ -108,8 +108,10 @@ def atomic(request: HttpRequest) -> HttpResponse:
 @idempotent(atomic=True, wait_timeout=5)
 def atomic_lock_timeout(request: HttpRequest) -> HttpResponse:
     """Reports the lock_timeout the view runs with: the claim's wait limit must not leak."""
+    from tests.conftest import LOCK_WAIT
+
     with connection.cursor() as cursor:
-        cursor.execute("SHOW lock_timeout")
+        cursor.execute(LOCK_WAIT[connection.vendor][1])
         (value,) = cursor.fetchone()
     return JsonResponse({"lock_timeout": value}, status=201)
 
