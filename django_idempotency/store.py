@@ -123,9 +123,9 @@ def claim(
         "unlock_at": now + lock_timeout,
         "expires_at": now + ttl,
     }
-    prepare = _preparers(connection)
-    params = [prepare[name](values[name]) for name in _CLAIM_PARAMS]
-    with _guard():
+    with _guard():  # preparing a value may connect (MariaDB's UUID type depends on its version)
+        prepare = _preparers(connection)
+        params = [prepare[name](values[name]) for name in _CLAIM_PARAMS]
         if connection.vendor == mysql.VENDOR:
             try:
                 pk = _insert_mysql(alias, params)

@@ -68,22 +68,6 @@ def on_postgresql() -> bool:
     return connection.vendor == "postgresql"
 
 
-#: Per server vendor: how a transaction sets its bound on lock waits (atomic mode's
-#: wait_timeout sets it for the claim), how it reads it back, and two values to set.
-LOCK_WAIT = {
-    "postgresql": (
-        "SELECT set_config('lock_timeout', %s, true)",
-        "SHOW lock_timeout",
-        ["0", "7s"],
-    ),
-    "mysql": (
-        "SET SESSION innodb_lock_wait_timeout = CAST(%s AS UNSIGNED)",
-        "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR)",
-        ["50", "7"],
-    ),
-}
-
-
 def problem_slug(response: Any) -> str:
     """The slug of an RFC 9457 problem response's ``type``."""
     assert response["Content-Type"] == "application/problem+json"

@@ -12,7 +12,8 @@ from django.http import HttpRequest, HttpResponse
 
 from django_idempotency.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
-from tests.conftest import LOCK_WAIT, executions
+from tests.conftest import executions
+from tests.vendors import LOCK_WAIT
 
 pytestmark = pytest.mark.django_db
 

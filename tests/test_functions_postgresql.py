@@ -25,8 +25,9 @@ from django_idempotency.claim import Claim
 from django_idempotency.exceptions import IdempotencyInProgress
 from django_idempotency.functions import idempotent_function
 from django_idempotency.models import IdempotencyKey
-from tests.conftest import LOCK_WAIT, executions
+from tests.conftest import executions
 from tests.testapp.models import Execution
+from tests.vendors import LOCK_WAIT
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 

@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from django_idempotency.decorators import idempotent
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
+from tests.vendors import LOCK_WAIT
 
 
 def _run(request: HttpRequest, label: str) -> Execution:
@@ -108,8 +109,6 @@ def atomic(request: HttpRequest) -> HttpResponse:
 @idempotent(atomic=True, wait_timeout=5)
 def atomic_lock_timeout(request: HttpRequest) -> HttpResponse:
     """Reports the lock_timeout the view runs with: the claim's wait limit must not leak."""
-    from tests.conftest import LOCK_WAIT
-
     with connection.cursor() as cursor:
         cursor.execute(LOCK_WAIT[connection.vendor][1])
         (value,) = cursor.fetchone()
