@@ -8,6 +8,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
+from django.core.exceptions import ImproperlyConfigured
+from django.db.utils import load_backend
 
 from django_idempotency.conf import DEFAULTS, IN_PROGRESS_POLICIES, _resolve, user_settings
 from django_idempotency.durations import to_timedelta
@@ -95,7 +97,32 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
     alias = user_settings().get("DATABASE_ALIAS", DEFAULTS["DATABASE_ALIAS"])
     if alias not in settings.DATABASES:
         return [_error(18, f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is not in DATABASES.")]
-    if settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
+    database = settings.DATABASES[alias]
+    vendor = _vendor(database.get("ENGINE", ""))
+    if vendor not in SUPPORTED_VENDORS:
+        return [
+            _error(
+                30,
+                f"DATABASES[{alias!r}] uses {database.get('ENGINE')!r}, a database backend "
+                "django-idempotency does not support.",
+                hint=f"Supported: {', '.join(SUPPORTED_VENDORS.values())} (docs: "
+                "'Installation'). Point IDEMPOTENCY['DATABASE_ALIAS'] at one of them.",
+            )
+        ]
+    isolation = (database.get("OPTIONS") or {}).get("isolation_level")
+    if vendor == "mysql" and isolation not in (None, "read committed"):
+        return [
+            _error(
+                31,
+                f"DATABASES[{alias!r}] sets isolation_level {isolation!r}: on MySQL and "
+                "MariaDB a claim in atomic mode must read the rows other attempts committed "
+                "after its transaction's snapshot.",
+                hint="Use Django's default, 'read committed', or point "
+                "IDEMPOTENCY['DATABASE_ALIAS'] at a second alias that does (docs: "
+                "'Installation').",
+            )
+        ]
+    if database.get("ATOMIC_REQUESTS"):
         return [
             _error(
                 19,
@@ -106,6 +133,19 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+#: The vendors the store has statements for, by Django's ``vendor`` name.
+SUPPORTED_VENDORS = {"postgresql": "PostgreSQL", "mysql": "MySQL/MariaDB", "sqlite": "SQLite"}
+
+
+def _vendor(engine: str) -> str:
+    """The backend's vendor (a third-party PostGIS backend is ``postgresql``), or the engine's
+    last name when the backend cannot be loaded (Oracle without its driver)."""
+    try:
+        return str(load_backend(engine).DatabaseWrapper.vendor)
+    except (ImportError, ImproperlyConfigured):
+        return engine.rsplit(".", 1)[-1]
 
 
 def _duration(value: object) -> timedelta | None:

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -51,11 +50,10 @@ class IdempotencyKey(models.Model):
         ]
         indexes = [
             models.Index(fields=["expires_at"], name="django_idempotency_expires"),
-            models.Index(
-                fields=["unlock_at"],
-                name="django_idempotency_stale",
-                condition=Q(status="processing"),
-            ),
+            # The stale scan's (status processing, unlock_at passed). Not a partial index,
+            # which MySQL and MariaDB lack (models.W037): a record leaves processing with its
+            # unlock_at set to NULL, so the range unlock_at <= cutoff holds processing records only.
+            models.Index(fields=["unlock_at"], name="django_idempotency_stale"),
         ]
 
     def __str__(self) -> str:
