@@ -253,3 +253,37 @@ def test_the_engine_claims_again_and_replays_a_record_committed_while_it_waited(
     assert (response.status_code, response.content) == (201, b'{"id": 1}')
     assert response["Idempotent-Replayed"] == "true"
     assert executions("create") == 0
+
+
+def test_claims_waiting_on_an_insert_that_rolls_back_never_raise() -> None:
+    """Four claims wait on one uncommitted insert of their key, which then rolls back.
+
+    On InnoDB each waiter holds a shared lock on the duplicate and wants an exclusive one once it
+    is gone: they deadlock (1213), and the victims' claims say "claim again" (``None``) rather
+    than raise. Exactly one owns the key.
+    """
+    key = str(uuid.uuid4())
+    waiting, inserted, release = 4, threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyKeyFactory(key=key)
+                inserted.set()
+                assert release.wait(timeout=30)
+                transaction.set_rollback(True)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=waiting + 1) as pool:
+        holder = pool.submit(hold)
+        assert inserted.wait(timeout=30)
+        claims = [pool.submit(claim_in_thread(key)) for _ in range(waiting)]
+        time.sleep(1)  # the claims are waiting on the insert
+        release.set()
+        holder.result(timeout=30)
+        results = [claim.result(timeout=30) for claim in claims]
+    assert sum(isinstance(result, store.Claimed) for result in results) == 1
+    assert all(
+        isinstance(result, (store.Claimed, IdempotencyKey)) or result is None for result in results
+    )
