@@ -34,6 +34,7 @@ def run(*command: str) -> str:
     return done.stdout
 
 
+@pytest.mark.postgresql  # benchmarks/overhead.py drives PostgreSQL only so far
 @pytest.mark.parametrize(
     ("flags", "options"),
     [([], "Connection OPTIONS: none"), (["--prepared-statements"], "'prepare_threshold': 5")],
