@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dj_database_url
 
+from benchmarks.databases import create_database, drop_database, is_mysql
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -67,25 +69,6 @@ def setup_django(url: str) -> None:
         LOGGING_CONFIG=None,
     )
     django.setup()
-
-
-def admin_execute(url: str, sql: str) -> None:
-    if url.startswith("mysql"):
-        import MySQLdb
-
-        parts = dj_database_url.parse(url)
-        conn = MySQLdb.connect(
-            host=parts["HOST"], port=int(parts["PORT"] or 3306), user=parts["USER"]
-        )
-        try:
-            conn.cursor().execute(sql)
-        finally:
-            conn.close()
-        return
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql)
 
 
 FILL_SQL = """
@@ -244,14 +227,10 @@ def main() -> None:
     args = parse_args()
     admin_url = args.url
     bench_url = dj_database_url.parse(admin_url)
-    mysql = admin_url.startswith("mysql")
+    mysql = is_mysql(admin_url)
     scheme = "mysql" if mysql else "postgres"
     bench = f"{scheme}://{bench_url['USER']}@{bench_url['HOST']}:{bench_url['PORT']}/{args.name}"
-    name = f"`{args.name}`" if mysql else f'"{args.name}"'
-    admin_execute(admin_url, f"DROP DATABASE IF EXISTS {name}")
-    admin_execute(
-        admin_url, f"CREATE DATABASE {name}" + (" CHARACTER SET utf8mb4" if mysql else "")
-    )
+    create_database(admin_url, args.name)
     try:
         setup_django(bench)
         from django.core.management import call_command
@@ -321,9 +300,7 @@ def main() -> None:
             print(f"expired rows left: {cursor.fetchone()[0]}")
         connections.close_all()
     finally:
-        admin_execute(
-            admin_url, f"DROP DATABASE IF EXISTS {name}" + ("" if mysql else " WITH (FORCE)")
-        )
+        drop_database(admin_url, args.name)
 
 
 if __name__ == "__main__":
