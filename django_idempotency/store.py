@@ -1,7 +1,8 @@
 """Every statement the app runs against its table, each one atomic on its own.
 
 The claim inserts with ``INSERT ... ON CONFLICT DO NOTHING`` and reads the record in place in
-the same statement on PostgreSQL; an expired or stale record is taken over by an ``UPDATE``
+the same statement on PostgreSQL (MySQL and MariaDB: a plain ``INSERT`` and its duplicate-key
+error, then a read; :mod:`.mysql`); an expired or stale record is taken over by an ``UPDATE``
 whose ``WHERE`` re-checks that it still is one. Every decision is made by one atomic statement,
 never by a check in Python followed by a write. Later writes of an attempt are fenced by its
 ``lock_token``.
@@ -103,7 +104,8 @@ def claim(
 ) -> Claimed | IdempotencyKey | None:
     """Claim the key, or return the record that holds it.
 
-    A new key costs one statement and so does a live key's record (the replay's only one). An
+    A new key costs one statement and so does a live key's record (the replay's only one; two
+    on MySQL, :func:`_insert_or_load_mysql`). An
     expired record, or a stale ``processing`` one with the same fingerprint, is taken over by
     one more, fenced ``UPDATE``. ``None`` means a concurrent attempt got there between our
     statements (or released the record): claim again.
@@ -127,21 +129,11 @@ def claim(
         prepare = _preparers(connection)
         params = [prepare[name](values[name]) for name in _CLAIM_PARAMS]
         if connection.vendor == mysql.VENDOR:
-            try:
-                pk = _insert_mysql(alias, params)
-                if pk is not None:
-                    return Claimed(pk, token, 1, "", None)
-                found = _first(alias, _sql(connection).select, [scope, key_hash])
-            except OperationalError as exc:
-                # Outside a transaction the deadlock's victim was this statement alone: claim
-                # again. Inside one, the whole transaction is gone: _guard's 409.
-                if mysql.error_code(exc) == mysql.DEADLOCK and not connection.in_atomic_block:
-                    return None
-                raise
+            found = _insert_or_load_mysql(alias, params, scope, key_hash, token)
         else:
             found = _insert_or_load(alias, params, scope, key_hash)
-        if found is None:
-            return None
+        if found is None or isinstance(found, Claimed):
+            return found
         if found.lock_token == token:  # our fresh token: the row is the one we inserted
             return _claimed(found, token)
         if found.is_expired or (found.is_stale and found.request_hash == request_hash):
@@ -168,24 +160,36 @@ def _insert_or_load(
     return inserted or _first(alias, sql.select, [scope, key_hash])
 
 
-def _insert_mysql(alias: str, params: list[Any]) -> int | None:
-    """Insert a new record and return its id; ``None`` when the key's record is in place.
+def _insert_or_load_mysql(
+    alias: str, params: list[Any], scope: str, key_hash: str, token: uuid.UUID
+) -> Claimed | IdempotencyKey | None:
+    """MySQL's :func:`_insert_or_load`: a new key is claimed outright, else the record is read.
 
     A plain ``INSERT``, its duplicate-key error caught: InnoDB undoes the failed statement
     alone, so no savepoint is needed even inside a transaction, and a new key costs one
     statement (``lastrowid`` is all it reads back). ``ON DUPLICATE KEY UPDATE`` would lock the
     live record exclusively on every replay, and with ``CLIENT_FOUND_ROWS`` its row count does
-    not tell an insert from a duplicate.
+    not tell an insert from a duplicate. A key in place costs a ``SELECT`` more.
+
+    A deadlock outside a transaction made this statement alone its victim: ``None``, claim
+    again. Inside one, InnoDB rolled the whole transaction back: it is raised (``409``).
     """
     connection = connections[alias]
-    with connection.cursor() as cursor:
-        try:
-            cursor.execute(_sql(connection).insert, params)
-        except IntegrityError as exc:
-            if mysql.error_code(exc) == mysql.DUPLICATE_KEY:
-                return None
-            raise
-        return int(cursor.lastrowid)
+    sql = _sql(connection)
+    try:
+        with connection.cursor() as cursor:
+            try:
+                cursor.execute(sql.insert, params)
+            except IntegrityError as exc:
+                if mysql.error_code(exc) != mysql.DUPLICATE_KEY:
+                    raise
+            else:
+                return Claimed(int(cursor.lastrowid), token, 1, "", None)
+        return _first(alias, sql.select, [scope, key_hash])
+    except OperationalError as exc:
+        if mysql.error_code(exc) == mysql.DEADLOCK and not connection.in_atomic_block:
+            return None
+        raise
 
 
 def _take_over(
