@@ -87,8 +87,15 @@ def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
     if not policy.atomic:
         return (yield from _claim(attempt, policy))
     previous = store.limit_lock_wait(policy.alias, policy.wait_timeout)
-    outcome = yield from _claim(attempt, policy)
-    if isinstance(outcome, Claim) or store.in_nested_transaction(policy.alias):
+    # A session setting (MySQL) outlives the transaction: it is put back whatever happens.
+    always = store.lock_wait_outlives_transaction(policy.alias)
+    try:
+        outcome = yield from _claim(attempt, policy)
+    except BaseException:
+        if always:
+            store.restore_lock_wait(policy.alias, previous)
+        raise
+    if always or isinstance(outcome, Claim) or store.in_nested_transaction(policy.alias):
         store.restore_lock_wait(policy.alias, previous)
     return outcome
 

@@ -7,10 +7,10 @@ from datetime import timedelta
 
 import pytest
 from django.test import override_settings
-from django_idempotency._options import Options
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from django_idempotency._options import Options
 from django_idempotency.decorators import idempotent
 from django_idempotency.keys import MAX_HEADER_LENGTH, MAX_KEY_LENGTH, InvalidKey, parse_key
 from django_idempotency.published import describe, duration_text, key_pattern, not_stored
