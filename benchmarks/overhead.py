@@ -134,7 +134,14 @@ def run(args: argparse.Namespace, bench_url: str) -> None:
     print()
     statements()
     kind = "prepared statements" if args.prepared_statements else "Django's default connection"
-    latency(args.rounds, f"PostgreSQL {version.split()[1]}, {kind}")
+    # PostgreSQL's version() is a sentence ("PostgreSQL 15.4 (Debian ...) on ..."), MySQL's a
+    # number ("8.0.36") and MariaDB's one with its name ("10.11.6-MariaDB-0+deb12u1").
+    if is_mysql(bench_url):
+        number = version.split("-")[0]
+        server = f"MariaDB {number}" if "MariaDB" in version else f"MySQL {number}"
+    else:
+        server = f"PostgreSQL {version.split()[1]}"
+    latency(args.rounds, f"{server}, {kind}")
     if not args.no_gunicorn:
         throughput(args, bench_url)
 

@@ -232,9 +232,9 @@ def test_a_claim_that_waited_on_a_concurrent_insert_sees_nothing_and_says_so() -
 def test_a_claim_that_waited_on_a_concurrent_insert_reads_the_committed_record() -> None:
     key = str(uuid.uuid4())
     found = commit_a_record_while_a_claim_waits(key, claim_in_thread(key))
-    assert isinstance(found, IdempotencyKey)
-    assert found.status == IdempotencyKey.Status.COMPLETED
-    assert found.pk == IdempotencyKey.objects.get().pk
+    assert isinstance(found, store.Held)
+    assert found.record.status == IdempotencyKey.Status.COMPLETED
+    assert found.record.pk == IdempotencyKey.objects.get().pk
 
 
 def test_the_engine_claims_again_and_replays_a_record_committed_while_it_waited() -> None:
@@ -259,7 +259,7 @@ def test_claims_waiting_on_an_insert_that_rolls_back_never_raise() -> None:
     """Four claims wait on one uncommitted insert of their key, which then rolls back.
 
     On InnoDB each waiter holds a shared lock on the duplicate and wants an exclusive one once it
-    is gone: they deadlock (1213), and the victims' claims say "claim again" (``None``) rather
+    is gone: they deadlock (1213), and the victims' claims say "claim again" (``RACED``) rather
     than raise. Exactly one owns the key.
     """
     key = str(uuid.uuid4())
@@ -284,6 +284,4 @@ def test_claims_waiting_on_an_insert_that_rolls_back_never_raise() -> None:
         holder.result(timeout=30)
         results = [claim.result(timeout=30) for claim in claims]
     assert sum(isinstance(result, store.Claimed) for result in results) == 1
-    assert all(
-        isinstance(result, (store.Claimed, IdempotencyKey)) or result is None for result in results
-    )
+    assert all(isinstance(result, (store.Claimed, store.Held, store.Raced)) for result in results)

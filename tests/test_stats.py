@@ -57,7 +57,11 @@ def test_json(table: None) -> None:
     assert data["warnings"] == []
     assert data["cleanup_rows_per_minute"] == 3_000_000
     assert data["table_bytes"] > 0 and data["index_bytes"] > 0
-    expected = {"sqlite": "dbstat", "postgresql": "pg_total_relation_size, pg_indexes_size"}
+    expected = {
+        "sqlite": "dbstat",
+        "postgresql": "pg_total_relation_size, pg_indexes_size",
+        "mysql": "information_schema.TABLES",
+    }
     assert data["size_source"] == expected[connection.vendor]
 
 
