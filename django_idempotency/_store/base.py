@@ -556,6 +556,11 @@ class Store:
         an operator (``idempotency_stats``); ``None`` where the database has none."""
         return None
 
+    def database_size(self, connection: BaseDatabaseWrapper) -> tuple[int, str] | None:
+        """The whole database's bytes and how they were measured, when :meth:`size_query` has
+        no answer; ``None`` where the database has none either."""
+        return None
+
     def is_lock_timeout(self, exc: BaseException) -> bool:
         """Whether a database error is a lock wait that ran out (a ``409``, not a ``503``)."""
         return False

@@ -52,6 +52,15 @@ class SQLiteStore(Store):
     def is_lock_timeout(self, exc: BaseException) -> bool:
         return isinstance(exc, OperationalError) and "database is locked" in str(exc)
 
+    def database_size(self, connection: BaseDatabaseWrapper) -> tuple[int, str]:
+        """SQLite without ``dbstat`` only knows the whole file's size: given as the table's,
+        said so in the source, and the indexes are unknown."""
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA page_count")
+            pages = cursor.fetchone()[0]
+            cursor.execute("PRAGMA page_size")
+            return pages * cursor.fetchone()[0], "page_count * page_size (the whole file)"
+
     def size_query(self, table: str) -> SizeQuery:
         # dbstat is a compile-time option of SQLite (on in most Python builds); without it the
         # statement fails and maintenance.table_size falls back to the file's size.
