@@ -9,6 +9,8 @@ a duplicate-key error and affected-row counts (Django connects with ``CLIENT_FOU
 from __future__ import annotations
 
 import math
+import random
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -168,13 +170,16 @@ class MySQLStore(Store):
     def delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
         """The rows locked with ``FOR UPDATE SKIP LOCKED`` (two runs share them), then deleted
         by id; a deadlock between two runs rolls the victim's batch back whole, and it is run
-        again."""
-        for retries_left in range(_DEADLOCK_RETRIES, -1, -1):
+        again, after a random pause."""
+        for retry in range(_DEADLOCK_RETRIES + 1):
             try:
                 return self._delete_batch(connection, batch)
             except OperationalError as exc:
-                if not retries_left or error_code(exc) != DEADLOCK:
+                if retry == _DEADLOCK_RETRIES or error_code(exc) != DEADLOCK:
                     raise
+            # A random pause, growing: two runs that keep picking the same rows (on a Galera
+            # cluster SKIP LOCKED does not see another node's locks) fall out of step.
+            time.sleep(random.uniform(0, 0.01 * 2**retry))
         raise AssertionError("unreachable")
 
     def _delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
