@@ -198,13 +198,16 @@ def complete(
     """Store an attempt's final result, fenced by its lock token.
 
     In two-phase mode a database error is logged, not raised: the record stays ``processing``
-    and is taken over once ``unlock_at`` passes (docs: "The crash window").
+    and is taken over once ``unlock_at`` passes (docs: "The crash window"). In atomic mode it
+    is raised as :class:`~.exceptions.LockWaitTimeout` (a deadlock: on a Galera cluster another
+    node's claim of the key aborted this transaction) or :class:`~.exceptions.StoreUnavailable`.
     """
     try:
         stored_ok = store.store_response(policy.alias, claim.pk, claim.lock_token, stored)
     except DatabaseError:
-        if policy.atomic:
-            raise
+        if policy.atomic:  # the transaction is lost with it: nothing of the attempt is kept
+            with store.guard(policy.alias):
+                raise
         logger.exception("Could not store the result of idempotency record %s.", claim.pk)
         return
     if not stored_ok:
@@ -273,11 +276,23 @@ def atomic_attempt(policy: Policy) -> Iterator[None]:
 
     It connects first, so that an unreachable store raises
     :class:`~.exceptions.StoreUnavailable` (a ``503``, or a consumer's redelivery) rather than a
-    raw database error from inside the block.
+    raw database error from inside the block; so does a commit that fails, or
+    :class:`~.exceptions.LockWaitTimeout` for a deadlock.
     """
     try:
         connections[policy.alias].ensure_connection()
     except DatabaseError as exc:
         raise StoreUnavailable(str(exc)) from exc
-    with transaction.atomic(using=policy.alias):
-        yield
+    committing = False
+    try:
+        with transaction.atomic(using=policy.alias):
+            yield
+            committing = True
+    except DatabaseError:
+        if not committing:
+            raise
+        # The commit failed (on a Galera cluster: another node's claim of the key passed its
+        # certification first, a deadlock error). Nothing of the attempt was kept: a 409 the
+        # client may retry, or a 503, not a raw database error.
+        with store.guard(policy.alias):
+            raise

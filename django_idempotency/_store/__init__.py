@@ -9,6 +9,7 @@ store of a database alias; the engine and the maintenance module call nothing el
 from __future__ import annotations
 
 import uuid
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "StoredResponse",
     "claim",
     "for_connection",
+    "guard",
     "in_nested_transaction",
     "limit_lock_wait",
     "lock_wait_outlives_transaction",
@@ -123,6 +125,11 @@ def restore_lock_wait(alias: str, previous: str | None) -> None:
 def lock_wait_outlives_transaction(alias: str) -> bool:
     """:attr:`.Store.lock_wait_outlives_transaction` of the database ``alias``."""
     return for_connection(connections[alias]).lock_wait_outlives_transaction
+
+
+def guard(alias: str) -> AbstractContextManager[None]:
+    """:meth:`.Store.guard` of the database ``alias``: its errors as the app's own."""
+    return for_connection(connections[alias]).guard()
 
 
 def in_nested_transaction(alias: str) -> bool:
