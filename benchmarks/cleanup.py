@@ -1,7 +1,7 @@
 """Benchmark: ``idempotency_cleanup`` on a million expired rows, and claims running meanwhile.
 
-A script, not a test: it prints figures and asserts nothing. It creates its own PostgreSQL
-database (``bench_cleanup`` by default), drops it at the end, and reports:
+A script, not a test: it prints figures and asserts nothing. It creates its own PostgreSQL or
+MySQL/MariaDB database (``bench_cleanup`` by default), drops it at the end, and reports:
 
 * the claim's latency with 10,000 rows in the table and with 1,000,000 (goal: flat);
 * cleanup rows per second (goal: at least 50,000) and its longest single statement;
@@ -14,6 +14,7 @@ The claim stream runs in a process of its own (an app server), sequentially, one
 claim of a fresh key after another.
 
     python benchmarks/cleanup.py --url postgres://postgres@127.0.0.1:5432/test
+    python benchmarks/cleanup.py --url mysql://root@127.0.0.1:3306/test
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dj_database_url
-import psycopg
+
+from benchmarks.databases import create_database, drop_database, is_mysql
 
 
 def parse_args() -> argparse.Namespace:
@@ -69,11 +71,6 @@ def setup_django(url: str) -> None:
     django.setup()
 
 
-def admin_execute(url: str, sql: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql)
-
-
 FILL_SQL = """
 INSERT INTO django_idempotency_idempotencykey
     (scope, key_hash, method, path, request_hash, status, response_status, response_headers,
@@ -89,12 +86,44 @@ FROM (
 ) AS rows
 """
 
+#: The same rows on MySQL/MariaDB: numbers from six cross-joined digit tables (no
+#: generate_series), times in UTC as Django stores them.
+_DIGITS = (
+    "(SELECT 0 AS d UNION ALL " + " UNION ALL ".join(f"SELECT {n}" for n in range(1, 10)) + ")"
+)
+FILL_SQL_MYSQL = f"""
+INSERT INTO django_idempotency_idempotencykey
+    (scope, key_hash, method, path, request_hash, status, response_status, response_headers,
+     response_body, recovery_point, lock_token, attempt, created_at, updated_at, unlock_at,
+     expires_at)
+SELECT CONCAT('user:', i MOD 5000), SHA2(CONCAT('bench-', i), 256), 'POST',
+       '/orders/', SHA2(CONCAT('body-', i), 256), 'completed', 201,
+       '[["Content-Type", "application/json"]]', CONCAT('{{"id": ', i, '}}'),
+       '', NULL, 1, e - INTERVAL 24 HOUR, e - INTERVAL 24 HOUR, NULL, e
+FROM (
+    SELECT i, UTC_TIMESTAMP(6) - INTERVAL 20 HOUR + INTERVAL (i * 50000) MICROSECOND AS e
+    FROM (
+        SELECT %s + d0.d + 10 * d1.d + 100 * d2.d + 1000 * d3.d + 10000 * d4.d
+            + 100000 * d5.d AS i
+        FROM {_DIGITS} AS d0, {_DIGITS} AS d1, {_DIGITS} AS d2, {_DIGITS} AS d3,
+            {_DIGITS} AS d4, {_DIGITS} AS d5
+    ) AS numbers
+    WHERE i <= %s
+) AS rows_
+"""
+
 
 def fill(first: int, last: int) -> float:
     from django.db import connection
 
     started = time.perf_counter()
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":  # at most a million rows a statement
+            for start in range(first, last + 1, 1_000_000):
+                cursor.execute(FILL_SQL_MYSQL, [start, min(last, start + 999_999)])
+            cursor.execute("ANALYZE TABLE django_idempotency_idempotencykey")
+            cursor.fetchall()
+            return time.perf_counter() - started
         cursor.execute(FILL_SQL, [first, last])
         cursor.execute("VACUUM ANALYZE django_idempotency_idempotencykey")
         cursor.execute("CHECKPOINT")  # the fill's writes are flushed before anything is timed
@@ -198,9 +227,10 @@ def main() -> None:
     args = parse_args()
     admin_url = args.url
     bench_url = dj_database_url.parse(admin_url)
-    bench = f"postgres://{bench_url['USER']}@{bench_url['HOST']}:{bench_url['PORT']}/{args.name}"
-    admin_execute(admin_url, f'DROP DATABASE IF EXISTS "{args.name}"')
-    admin_execute(admin_url, f'CREATE DATABASE "{args.name}"')
+    mysql = is_mysql(admin_url)
+    scheme = "mysql" if mysql else "postgres"
+    bench = f"{scheme}://{bench_url['USER']}@{bench_url['HOST']}:{bench_url['PORT']}/{args.name}"
+    create_database(admin_url, args.name)
     try:
         setup_django(bench)
         from django.core.management import call_command
@@ -208,10 +238,10 @@ def main() -> None:
 
         call_command("migrate", verbosity=0)
         with connection.cursor() as cursor:
-            cursor.execute("SHOW server_version")
+            cursor.execute("SELECT VERSION()" if mysql else "SHOW server_version")
             version = cursor.fetchone()[0]
         print(
-            f"PostgreSQL {version}, {os.cpu_count()} CPUs; "
+            f"{'MySQL/MariaDB' if mysql else 'PostgreSQL'} {version}, {os.cpu_count()} CPUs; "
             f"idempotency_cleanup --batch-size {args.batch_size} --sleep {args.sleep}"
         )
 
@@ -264,12 +294,13 @@ def main() -> None:
         print(f"longest single statement: {longest[0] * 1000:.1f} ms ({longest[1]})")
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM django_idempotency_idempotencykey WHERE expires_at <= now()"
+                "SELECT count(*) FROM django_idempotency_idempotencykey WHERE expires_at <= "
+                + ("UTC_TIMESTAMP(6)" if mysql else "now()")
             )
             print(f"expired rows left: {cursor.fetchone()[0]}")
         connections.close_all()
     finally:
-        admin_execute(admin_url, f'DROP DATABASE IF EXISTS "{args.name}" WITH (FORCE)')
+        drop_database(admin_url, args.name)
 
 
 if __name__ == "__main__":

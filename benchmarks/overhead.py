@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What the protection costs, on PostgreSQL.
+"""What the protection costs, on PostgreSQL or MySQL/MariaDB.
 
 One view (``benchmarks/overhead_project/``: authenticate the user by one query, parse a JSON
 body, insert a row, render it as JSON; keys scoped per user) is served bare, protected in
@@ -25,6 +25,7 @@ It creates its own database (``bench_overhead``) on the server given and drops i
 Run it from the repository root::
 
     .venv/bin/python benchmarks/overhead.py --server postgres://postgres@127.0.0.1:5432/postgres
+    .venv/bin/python benchmarks/overhead.py --server mysql://root@127.0.0.1:3306/test
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.databases import create_database, drop_database, is_mysql  # noqa: E402
+
 USER = "bench"  # every request authenticates as this user (overhead_project/middleware.py)
 BODY = b'{"amount": 4200, "currency": "usd", "description": "benchmark"}'
 PATHS = {
@@ -68,7 +71,8 @@ def main() -> None:
     parser.add_argument(
         "--server",
         default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
-        help="a PostgreSQL URL whose server gets the benchmark database (default: DATABASE_URL)",
+        help="a PostgreSQL or MySQL URL whose server gets the benchmark database "
+        "(default: DATABASE_URL)",
     )
     parser.add_argument("--database", default="bench_overhead", help="created, then dropped")
     parser.add_argument("--rounds", type=int, default=2000, help="latency rounds (default 2000)")
@@ -96,8 +100,10 @@ def main() -> None:
         parser.error("--database must be a plain identifier")
 
     server = urlsplit(args.server)
-    if not server.scheme.startswith("postgres"):
-        parser.error("--server must be a postgres:// URL")
+    if not server.scheme.startswith(("postgres", "mysql")):
+        parser.error("--server must be a postgres:// or mysql:// URL")
+    if args.prepared_statements and is_mysql(args.server):
+        parser.error("--prepared-statements is for PostgreSQL (psycopg)")
     bench_url = urlunsplit(server._replace(path=f"/{args.database}"))
     create_database(args.server, args.database)
     try:
@@ -139,7 +145,14 @@ def run(args: argparse.Namespace, bench_url: str) -> None:
     print()
     statements()
     kind = "prepared statements" if args.prepared_statements else "Django's default connection"
-    latency(args.rounds, f"PostgreSQL {version.split()[1]}, {kind}")
+    # PostgreSQL's version() is a sentence ("PostgreSQL 15.4 (Debian ...) on ..."), MySQL's a
+    # number ("8.0.36") and MariaDB's one with its name ("10.11.6-MariaDB-0+deb12u1").
+    if is_mysql(bench_url):
+        number = version.split("-")[0]
+        server = f"MariaDB {number}" if "MariaDB" in version else f"MySQL {number}"
+    else:
+        server = f"PostgreSQL {version.split()[1]}"
+    latency(args.rounds, f"{server}, {kind}")
     if args.telemetry:
         telemetry_cost(args.telemetry)
     if not args.no_gunicorn:
@@ -306,7 +319,8 @@ def latency(rounds: int, database: str) -> None:
     warmup = 200
     started = time.monotonic()
     with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE bench_baseline (id bigserial PRIMARY KEY, n integer)")
+        serial = "bigint AUTO_INCREMENT" if connection.vendor == "mysql" else "bigserial"
+        cursor.execute(f"CREATE TABLE bench_baseline (id {serial} PRIMARY KEY, n integer)")
         for index in range(warmup + rounds):
             keys = {"two-phase": str(uuid.uuid4()), "atomic": str(uuid.uuid4())}
             firsts = [
@@ -583,21 +597,6 @@ def free_port() -> int:
 
 
 # --- the database ------------------------------------------------------------------------------
-
-
-def create_database(server: str, name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(server, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        connection.execute(f'CREATE DATABASE "{name}"')
-
-
-def drop_database(server: str, name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(server, autocommit=True) as connection:
-        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -99,10 +99,7 @@ def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
             if not policy.atomic:
                 outcome = yield from _claim(attempt, policy)
             else:
-                previous = store.limit_lock_wait(policy.alias, policy.wait_timeout)
-                outcome = yield from _claim(attempt, policy)
-                if isinstance(outcome, Claim) or store.in_nested_transaction(policy.alias):
-                    store.restore_lock_wait(policy.alias, previous)
+                outcome = yield from _bounded_claim(attempt, policy)
         except (StoreUnavailable, LockWaitTimeout) as exc:
             span.finish(refused(attempt, policy, exc))
             raise
@@ -111,6 +108,22 @@ def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
         else:
             span.finish(outcome.outcome)
         return outcome
+
+
+def _bounded_claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
+    """Atomic mode's claim, its lock wait bounded by ``wait_timeout`` (see :func:`acquire`)."""
+    previous = store.limit_lock_wait(policy.alias, policy.wait_timeout)
+    # A session setting (MySQL) outlives the transaction: it is put back whatever happens.
+    always = store.lock_wait_outlives_transaction(policy.alias)
+    try:
+        outcome = yield from _claim(attempt, policy)
+    except BaseException:
+        if always:
+            store.restore_lock_wait(policy.alias, previous)
+        raise
+    if always or isinstance(outcome, Claim) or store.in_nested_transaction(policy.alias):
+        store.restore_lock_wait(policy.alias, previous)
+    return outcome
 
 
 def refused(attempt: Attempt, policy: Policy, exc: StoreUnavailable | LockWaitTimeout) -> str:
@@ -294,14 +307,17 @@ def complete(claim: Claim, stored: StoredResponse, policy: Policy, attempt: Atte
     """Store an attempt's final result, fenced by its lock token.
 
     In two-phase mode a database error is logged, not raised: the record stays ``processing``
-    and is taken over once ``unlock_at`` passes (docs: "The crash window").
+    and is taken over once ``unlock_at`` passes (docs: "The crash window"). In atomic mode it
+    is raised as :class:`~.exceptions.LockWaitTimeout` (a deadlock: on a Galera cluster another
+    node's claim of the key aborted this transaction) or :class:`~.exceptions.StoreUnavailable`.
     """
     with telemetry.span("idempotency.store", attempt.attributes(policy)) as span:
         try:
             stored_ok = store.store_response(policy.alias, claim.pk, claim.lock_token, stored)
         except DatabaseError:
-            if policy.atomic:
-                raise
+            if policy.atomic:  # the transaction is lost with it: nothing of the attempt is kept
+                with store.guard(policy.alias):
+                    raise
             outcome = "unavailable"
             _outcome(
                 outcome,
@@ -400,11 +416,23 @@ def atomic_attempt(policy: Policy) -> Iterator[None]:
 
     It connects first, so that an unreachable store raises
     :class:`~.exceptions.StoreUnavailable` (a ``503``, or a consumer's redelivery) rather than a
-    raw database error from inside the block.
+    raw database error from inside the block; so does a commit that fails, or
+    :class:`~.exceptions.LockWaitTimeout` for a deadlock.
     """
     try:
         connections[policy.alias].ensure_connection()
     except DatabaseError as exc:
         raise StoreUnavailable(str(exc)) from exc
-    with transaction.atomic(using=policy.alias):
-        yield
+    committing = False
+    try:
+        with transaction.atomic(using=policy.alias):
+            yield
+            committing = True
+    except DatabaseError:
+        if not committing:
+            raise
+        # The commit failed (on a Galera cluster: another node's claim of the key passed its
+        # certification first, a deadlock error). Nothing of the attempt was kept: a 409 the
+        # client may retry, or a 503, not a raw database error.
+        with store.guard(policy.alias):
+            raise

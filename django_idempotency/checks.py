@@ -11,10 +11,13 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
+from django.core.exceptions import ImproperlyConfigured
+from django.db.utils import load_backend
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from django_idempotency import durations
 from django_idempotency._options import SAFE_METHODS, Options, ttl_under_lock
+from django_idempotency._store import VENDORS
 from django_idempotency.conf import DEFAULTS, IN_PROGRESS_POLICIES, import_callable, user_settings
 from django_idempotency.keys import MAX_KEY_LENGTH
 from django_idempotency.responses import NEVER_STORED
@@ -109,6 +112,31 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
     alias = user_settings().get("DATABASE_ALIAS", DEFAULTS["DATABASE_ALIAS"])
     if alias not in settings.DATABASES:
         return [_error(18, f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is not in DATABASES.")]
+    database = settings.DATABASES[alias]
+    store = VENDORS.get(_vendor(database.get("ENGINE", "")))
+    if store is None:
+        return [
+            _error(
+                30,
+                f"DATABASES[{alias!r}] uses {database.get('ENGINE')!r}, a database backend "
+                "django-idempotency does not support.",
+                hint=f"Supported: {', '.join(store.name for store in VENDORS.values())} (docs: "
+                "'Installation'). Point IDEMPOTENCY['DATABASE_ALIAS'] at one of them.",
+            )
+        ]
+    isolation = (database.get("OPTIONS") or {}).get("isolation_level")
+    if store.isolation_level and isolation not in (None, store.isolation_level):
+        return [
+            _error(
+                31,
+                f"DATABASES[{alias!r}] sets isolation_level {isolation!r}: on {store.name} "
+                "a claim in atomic mode must read the rows other attempts committed "
+                "after its transaction's snapshot.",
+                hint=f"Use Django's default, {store.isolation_level!r}, or point "
+                "IDEMPOTENCY['DATABASE_ALIAS'] at a second alias that does (docs: "
+                "'Installation').",
+            )
+        ]
     if shared := _sqlite_shared_with_atomic_requests(alias):
         return [
             _error(
@@ -120,7 +148,7 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
                 "alias works on PostgreSQL and MySQL (docs: 'ATOMIC_REQUESTS').",
             )
         ]
-    if settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
+    if database.get("ATOMIC_REQUESTS"):
         return [
             _error(
                 19,
@@ -201,6 +229,15 @@ def _sqlite_shared_with_atomic_requests(alias: str) -> str | None:
         ):
             return other
     return None
+
+
+def _vendor(engine: str) -> str:
+    """The backend's vendor (a third-party PostGIS backend is ``postgresql``), or the engine's
+    last name when the backend cannot be loaded (Oracle without its driver)."""
+    try:
+        return str(load_backend(engine).DatabaseWrapper.vendor)
+    except (ImportError, ImproperlyConfigured):
+        return engine.rsplit(".", 1)[-1]
 
 
 def _duration(value: object) -> timedelta | None:

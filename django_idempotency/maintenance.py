@@ -237,7 +237,8 @@ def table_size(alias: str) -> tuple[int | None, int | None, str]:
     """
     connection = connections[alias]
     table = IdempotencyKey._meta.db_table
-    query = store.for_connection(connection).size_query(table)
+    vendor_store = store.for_connection(connection)
+    query = vendor_store.size_query(table)
     with connection.cursor() as cursor:
         if query is not None:
             sql, params, source = query
@@ -249,12 +250,10 @@ def table_size(alias: str) -> tuple[int | None, int | None, str]:
                 row = None
             if row is not None:
                 return int(row[0]), int(row[1]), source
-        if connection.vendor == "sqlite":
-            cursor.execute("PRAGMA page_count")
-            pages = cursor.fetchone()[0]
-            cursor.execute("PRAGMA page_size")
-            return pages * cursor.fetchone()[0], None, "page_count * page_size (the whole file)"
-    return None, None, "unknown"
+    whole = vendor_store.database_size(connection)
+    if whole is None:
+        return None, None, "unknown"
+    return whole[0], None, whole[1]
 
 
 def _bytes(count: int) -> str:

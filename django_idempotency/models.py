@@ -1,11 +1,8 @@
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
-
-from django_idempotency import _rules as rules
 
 
 class IdempotencyKey(models.Model):
@@ -18,7 +15,7 @@ class IdempotencyKey(models.Model):
     """
 
     class Status(models.TextChoices):
-        PROCESSING = rules.PROCESSING, _("processing")
+        PROCESSING = "processing", _("processing")
         COMPLETED = "completed", _("completed")
         FAILED = "failed", _("failed")
 
@@ -53,11 +50,10 @@ class IdempotencyKey(models.Model):
         ]
         indexes = [
             models.Index(fields=["expires_at"], name="django_idempotency_expires"),
-            models.Index(
-                fields=["unlock_at"],
-                name="django_idempotency_stale",
-                condition=Q(status=rules.PROCESSING),
-            ),
+            # The stale scan's (status processing, unlock_at passed). Not a partial index,
+            # which MySQL and MariaDB lack (models.W037): a record leaves processing with its
+            # unlock_at set to NULL, so the range unlock_at <= cutoff holds processing records only.
+            models.Index(fields=["unlock_at"], name="django_idempotency_stale"),
         ]
 
     def __str__(self) -> str:
@@ -65,8 +61,12 @@ class IdempotencyKey(models.Model):
 
     @property
     def is_expired(self) -> bool:
-        return rules.EXPIRED.holds(self, timezone.now())
+        return self.expires_at <= timezone.now()
 
     @property
     def is_stale(self) -> bool:
-        return rules.STALE.holds(self, timezone.now())
+        return (
+            self.status == self.Status.PROCESSING
+            and self.unlock_at is not None
+            and self.unlock_at <= timezone.now()
+        )

@@ -17,7 +17,7 @@ from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 
 pytestmark = [
-    pytest.mark.postgresql,
+    pytest.mark.server_db,
     pytest.mark.django_db(transaction=True, databases=["default", "idempotency"]),
 ]
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
@@ -100,6 +101,42 @@ def test_atomic_requests_on_the_claim_alias_is_an_error() -> None:
             assert check_database() == []
 
 
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "django.db.backends.oracle",  # its driver is not even installed
+        "django.db.backends.dummy",  # stands for a third-party backend, vendor "dummy"
+    ],
+)
+def test_an_unsupported_backend_is_an_error(engine: str) -> None:
+    databases = {**settings.DATABASES, "default": {**settings.DATABASES["default"]}}
+    databases["default"]["ENGINE"] = engine
+    with override_settings(DATABASES=databases):
+        (message,) = check_database()
+    assert message.id == "django_idempotency.E030"
+    assert engine in message.msg
+    assert "PostgreSQL, MySQL/MariaDB, SQLite" in (message.hint or "")
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+@pytest.mark.parametrize(
+    ("isolation", "expected"),
+    [
+        (None, []),
+        ("read committed", []),
+        ("repeatable read", ["django_idempotency.E031"]),
+        ("serializable", ["django_idempotency.E031"]),
+    ],
+)
+def test_mysql_needs_read_committed(isolation: str | None, expected: list[str]) -> None:
+    databases = {**settings.DATABASES, "default": {**settings.DATABASES["default"]}}
+    databases["default"]["ENGINE"] = "django.db.backends.mysql"
+    databases["default"]["OPTIONS"] = {"isolation_level": isolation} if isolation else {}
+    with override_settings(DATABASES=databases):
+        assert [m.id for m in check_database()] == expected
+
+
 # Django 6.1's run_checks() hands every check all database aliases, so model checks (JSONField's
 # support check) open a connection even when no database check is asked for.
 @pytest.mark.django_db(databases="__all__")
@@ -109,3 +146,11 @@ def test_checks_are_registered() -> None:
         pytest.raises(SystemCheckError, match=r"django_idempotency\.E005"),
     ):
         call_command("check")
+
+
+@pytest.mark.django_db
+def test_check_is_clean_on_this_database() -> None:
+    """No warning on any supported backend: MariaDB warned of the partial index (models.W037)."""
+    out = StringIO()
+    call_command("check", databases=["default"], stdout=out, stderr=out)
+    assert out.getvalue().strip() == "System check identified no issues (0 silenced)."

@@ -198,3 +198,20 @@ def test_a_claim_writes_the_fields_defaults_for_a_new_or_an_expired_record(key: 
     _, again = claim_for(key)
     assert again.attempt == 1
     assert stored() == {**fresh, "response_status": None, "recovery_data": None}
+
+
+def test_a_record_leaves_processing_without_an_unlock_at(post: Post, key: str) -> None:
+    """The stale scan's plain index on unlock_at (models.py) counts on it."""
+    assert post("/create/", {"a": 1}, key=key).status_code == 201
+    record = IdempotencyKey.objects.get()
+    assert (record.status, record.unlock_at) == (IdempotencyKey.Status.COMPLETED, None)
+
+
+def test_the_claims_times_keep_their_microseconds(key: str) -> None:
+    """DATETIME(6) on MySQL: a time truncated to the second would fall before ``before``."""
+    before = timezone.now()
+    claim_for(key)
+    after = timezone.now()
+    record = IdempotencyKey.objects.get()
+    assert before <= record.created_at <= after
+    assert record.unlock_at == record.created_at + POLICY.lock_timeout

@@ -18,7 +18,7 @@ from django_idempotency import _store as store
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
-pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
 
 def make_expired(count: int) -> None:
@@ -44,7 +44,7 @@ def deleted_by(output: str) -> int:
 
 
 def test_two_cleanups_at_once_share_the_work() -> None:
-    assert connection.vendor == "postgresql"
+    assert connection.vendor != "sqlite"
     make_expired(3000)
     barrier = threading.Barrier(2)
 

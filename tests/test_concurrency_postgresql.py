@@ -1,4 +1,4 @@
-"""Real threads against the real PostgreSQL: the claim is race-free."""
+"""Real threads against a real server (PostgreSQL, MariaDB): the claim is race-free."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory
 
-pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
 
 def storm(count: int, path: str, key: str | Callable[[int], str], body: Any = None) -> list[Any]:
@@ -55,7 +55,7 @@ def outcome(response: Any) -> str:
 
 
 def test_twenty_identical_requests_execute_once() -> None:
-    assert connection.vendor == "postgresql"
+    assert connection.vendor != "sqlite"
     key = str(uuid.uuid4())
     responses = storm(20, "/create/?sleep=0.3", key)
     counts = Counter(outcome(response) for response in responses)
@@ -152,9 +152,10 @@ def test_expired_record_is_replaced_by_exactly_one_of_twenty() -> None:
 def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> Any:
     """Insert the key's record in an open transaction, let ``claim`` block on it, then commit.
 
-    The claim's ``INSERT`` waits for the uncommitted row; once it commits, ``ON CONFLICT DO
-    NOTHING`` skips, and the statement's ``SELECT`` half, which reads the snapshot taken before
-    the commit, does not see the row either.
+    The claim's ``INSERT`` waits for the uncommitted row. On PostgreSQL, once it commits,
+    ``ON CONFLICT DO NOTHING`` skips, and the statement's ``SELECT`` half, which reads the
+    snapshot taken before the commit, does not see the row either. On MySQL the ``INSERT``
+    fails on the duplicate and the next statement reads the committed row.
     """
     body = {"amount": 4200}
     request = RequestFactory().post("/create/", body, content_type="application/json")
@@ -175,6 +176,9 @@ def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> A
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE wait_event_type = 'Lock' AND query LIKE 'WITH inserted AS%%'"
+                if connection.vendor == "postgresql"
+                else "SELECT count(*) FROM information_schema.processlist "
+                "WHERE command = 'Query' AND info LIKE 'INSERT INTO%%'"
             )
             return int(cursor.fetchone()[0])
 
@@ -201,25 +205,36 @@ def in_thread(call: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
+def claim_in_thread(key: str) -> Callable[[], Any]:
+    return in_thread(
+        lambda: store.claim(
+            "default",
+            scope="anonymous",
+            key_hash=hash_key(key),
+            method="POST",
+            path="/create/",
+            request_hash="f" * 64,
+            ttl=timedelta(hours=1),
+            lock_timeout=timedelta(minutes=1),
+        )
+    )
+
+
+@pytest.mark.postgresql
 def test_a_claim_that_waited_on_a_concurrent_insert_sees_nothing_and_says_so() -> None:
     key = str(uuid.uuid4())
-    found = commit_a_record_while_a_claim_waits(
-        key,
-        in_thread(
-            lambda: store.claim(
-                "default",
-                scope="anonymous",
-                key_hash=hash_key(key),
-                method="POST",
-                path="/create/",
-                request_hash="f" * 64,
-                ttl=timedelta(hours=1),
-                lock_timeout=timedelta(minutes=1),
-            )
-        ),
-    )
+    found = commit_a_record_while_a_claim_waits(key, claim_in_thread(key))
     assert found is store.RACED
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
+
+
+@pytest.mark.mysql
+def test_a_claim_that_waited_on_a_concurrent_insert_reads_the_committed_record() -> None:
+    key = str(uuid.uuid4())
+    found = commit_a_record_while_a_claim_waits(key, claim_in_thread(key))
+    assert isinstance(found, store.Held)
+    assert found.record.status == IdempotencyKey.Status.COMPLETED
+    assert found.record.pk == IdempotencyKey.objects.get().pk
 
 
 def test_the_engine_claims_again_and_replays_a_record_committed_while_it_waited() -> None:
@@ -238,3 +253,35 @@ def test_the_engine_claims_again_and_replays_a_record_committed_while_it_waited(
     assert (response.status_code, response.content) == (201, b'{"id": 1}')
     assert response["Idempotent-Replayed"] == "true"
     assert executions("create") == 0
+
+
+def test_claims_waiting_on_an_insert_that_rolls_back_never_raise() -> None:
+    """Four claims wait on one uncommitted insert of their key, which then rolls back.
+
+    On InnoDB each waiter holds a shared lock on the duplicate and wants an exclusive one once it
+    is gone: they deadlock (1213), and the victims' claims say "claim again" (``RACED``) rather
+    than raise. Exactly one owns the key.
+    """
+    key = str(uuid.uuid4())
+    waiting, inserted, release = 4, threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyKeyFactory(key=key)
+                inserted.set()
+                assert release.wait(timeout=30)
+                transaction.set_rollback(True)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=waiting + 1) as pool:
+        holder = pool.submit(hold)
+        assert inserted.wait(timeout=30)
+        claims = [pool.submit(claim_in_thread(key)) for _ in range(waiting)]
+        time.sleep(1)  # the claims are waiting on the insert
+        release.set()
+        holder.result(timeout=30)
+        results = [claim.result(timeout=30) for claim in claims]
+    assert sum(isinstance(result, store.Claimed) for result in results) == 1
+    assert all(isinstance(result, (store.Claimed, store.Held, store.Raced)) for result in results)

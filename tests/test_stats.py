@@ -57,7 +57,11 @@ def test_json(table: None) -> None:
     assert data["warnings"] == []
     assert data["cleanup_rows_per_minute"] == 3_000_000
     assert data["table_bytes"] > 0 and data["index_bytes"] > 0
-    expected = {"sqlite": "dbstat", "postgresql": "pg_total_relation_size, pg_indexes_size"}
+    expected = {
+        "sqlite": "dbstat",
+        "postgresql": "pg_total_relation_size, pg_indexes_size",
+        "mysql": "information_schema.TABLES",
+    }
     assert data["size_source"] == expected[connection.vendor]
 
 
@@ -129,9 +133,15 @@ def test_when_the_size_query_fails(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_size_query_for_each_database() -> None:
     table = "django_idempotency_idempotencykey"
     postgresql = store.VENDORS["postgresql"].size_query(table)
+    mysql = store.VENDORS["mysql"].size_query(table)
     sqlite = store.VENDORS["sqlite"].size_query(table)
 
-    assert postgresql is not None and sqlite is not None
+    assert postgresql is not None and mysql is not None and sqlite is not None
     assert "pg_total_relation_size(t) - pg_indexes_size(t)" in postgresql.sql
     assert postgresql.params == [f'"{table}"']  # a regclass: quoted like an identifier
+    assert mysql.sql == (
+        "SELECT data_length, index_length FROM information_schema.TABLES "
+        "WHERE table_schema = DATABASE() AND table_name = %s"
+    )
+    assert (mysql.params, mysql.source) == ([table], "information_schema.TABLES")
     assert "FROM dbstat" in sqlite.sql

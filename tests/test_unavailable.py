@@ -10,6 +10,7 @@ from django.db import connections
 from django.test import override_settings
 
 from tests.conftest import executions, problem_slug
+from tests.vendors import BACKEND_ID, TERMINATE
 
 pytestmark = pytest.mark.django_db(databases=["default", "unreachable"])
 
@@ -18,14 +19,14 @@ Post = Callable[..., Any]
 
 @pytest.fixture
 def unreachable_store() -> Iterator[None]:
-    """Point the alias at a server that refuses connections (PostgreSQL) or a file that cannot
-    be opened (SQLite), and make it the idempotency store."""
+    """Point the alias at a server that refuses connections (PostgreSQL, MySQL) or a file that
+    cannot be opened (SQLite), and make it the idempotency store."""
     connection = connections["unreachable"]
     # Detached, not closed (a SQLite test mirror shares the in-memory database's connection),
     # and put back as it was.
     state = dict(connection.__dict__)
     connection.connection = None
-    if connection.vendor == "postgresql":
+    if connection.vendor != "sqlite":
         changes = {"HOST": "127.0.0.1", "PORT": "1", "OPTIONS": {"connect_timeout": 2}}
     else:
         changes = {"NAME": "/nonexistent-directory/idempotency.sqlite3"}
@@ -50,3 +51,36 @@ def test_unreachable_store_is_503_and_the_view_does_not_run(
 
 def test_requests_without_a_key_do_not_touch_the_store(post: Post, unreachable_store: None) -> None:
     assert post("/create/", key=None).status_code == 201
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True, databases=["default", "idempotency"])
+def test_a_store_connection_the_server_ended_is_503(post: Post, key: str) -> None:
+    """The server goes away under a live connection (a restart, a failover, a killed session)."""
+    store_connection = connections["idempotency"]
+    vendor = store_connection.vendor
+    try:
+        with store_connection.cursor() as cursor:
+            cursor.execute(BACKEND_ID[vendor])
+            (backend,) = cursor.fetchone()
+        with connections["default"].cursor() as cursor:
+            cursor.execute(TERMINATE[vendor], [backend])
+        with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": "idempotency"}):
+            response = post("/create/", {"a": 1}, key=key)
+    finally:
+        store_connection.close()
+    assert response.status_code == 503
+    assert problem_slug(response) == "idempotency-unavailable"
+    assert executions() == 0
+
+
+def test_a_database_without_a_store_is_503(
+    post: Post, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Check E030 refuses it at start-up; a request that reaches it anyway is a 503, not the
+    statements of another database."""
+    monkeypatch.setattr(connections["default"], "vendor", "oracle")
+    response = post("/create/", {"a": 1}, key=key)
+    assert response.status_code == 503
+    assert problem_slug(response) == "idempotency-unavailable"
+    assert executions() == 0

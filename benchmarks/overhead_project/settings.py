@@ -1,4 +1,4 @@
-"""Settings of the overhead benchmark's project: PostgreSQL at ``BENCH_DATABASE_URL``.
+"""Settings of the overhead benchmark's project: the database at ``BENCH_DATABASE_URL``.
 
 No middleware beyond the one query of authentication: the figures are the app's cost, not a stack's.
 """
@@ -36,6 +36,8 @@ LOGGING = {
         "django_idempotency": {"handlers": ["null"], "level": "WARNING", "propagate": False}
     },
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
+    DATABASES["default"]["OPTIONS"] = {"charset": "utf8mb4"}
 if os.environ.get("BENCH_PREPARED_STATEMENTS"):
     # overhead.py --prepared-statements: what docs/performance.rst recommends.
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 5}

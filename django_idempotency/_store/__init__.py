@@ -1,8 +1,8 @@
 """The store: every statement the app runs against its table.
 
 :class:`~.base.Store` is the interface and what every database shares; each vendor's
-statements live in a module of their own (:mod:`.postgresql`, :mod:`.sqlite`), so another
-database is one more module and one line in :data:`VENDORS`. The functions below pick the
+statements live in a module of their own (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`),
+so another database is one more module and one line in :data:`VENDORS`. The functions below pick the
 store of a database alias; the engine and the maintenance module call nothing else.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,8 +29,10 @@ from django_idempotency._store.base import (
     StoredResponse,
 )
 from django_idempotency._store.base import _prep as _prep
+from django_idempotency._store.mysql import MySQLStore
 from django_idempotency._store.postgresql import PostgreSQLStore
 from django_idempotency._store.sqlite import SQLiteStore
+from django_idempotency.exceptions import StoreUnavailable
 
 __all__ = [
     "RACED",
@@ -44,8 +47,10 @@ __all__ = [
     "StoredResponse",
     "claim",
     "for_connection",
+    "guard",
     "in_nested_transaction",
     "limit_lock_wait",
+    "lock_wait_outlives_transaction",
     "peek_status",
     "release",
     "renew",
@@ -54,12 +59,20 @@ __all__ = [
     "store_response",
 ]
 
-#: The store of each ``connection.vendor``; any other vendor gets SQLite's portable statements.
-VENDORS: dict[str, Store] = {store.vendor: store for store in (PostgreSQLStore(), SQLiteStore())}
+#: The store of each supported ``connection.vendor`` (check E030 refuses any other).
+VENDORS: dict[str, Store] = {
+    store.vendor: store for store in (PostgreSQLStore(), MySQLStore(), SQLiteStore())
+}
 
 
 def for_connection(connection: BaseDatabaseWrapper) -> Store:
-    return VENDORS.get(connection.vendor) or VENDORS["sqlite"]
+    """The store of the connection's database; an unsupported one is unavailable (a ``503``)."""
+    try:
+        return VENDORS[connection.vendor]
+    except KeyError:
+        raise StoreUnavailable(
+            f"Database {connection.alias!r} ({connection.vendor}) is not supported."
+        ) from None
 
 
 def claim(alias: str, **attempt: Any) -> ClaimOutcome:
@@ -115,6 +128,16 @@ def limit_lock_wait(alias: str, timeout: timedelta) -> str | None:
 def restore_lock_wait(alias: str, previous: str | None) -> None:
     connection = connections[alias]
     for_connection(connection).restore_lock_wait(connection, previous)
+
+
+def lock_wait_outlives_transaction(alias: str) -> bool:
+    """:attr:`.Store.lock_wait_outlives_transaction` of the database ``alias``."""
+    return for_connection(connections[alias]).lock_wait_outlives_transaction
+
+
+def guard(alias: str) -> AbstractContextManager[None]:
+    """:meth:`.Store.guard` of the database ``alias``: its errors as the app's own."""
+    return for_connection(connections[alias]).guard()
 
 
 def in_nested_transaction(alias: str) -> bool:

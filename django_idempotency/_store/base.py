@@ -17,10 +17,12 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar, cast
 from weakref import WeakKeyDictionary
 
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.conf import settings
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import CharField, DateTimeField, Field, QuerySet, TextField
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from django_idempotency import _rules as rules
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
@@ -153,13 +155,29 @@ class Statements:
 
     @classmethod
     def build(cls, connection: BaseDatabaseWrapper) -> Statements:
+        """The statements with ``ON CONFLICT DO NOTHING`` and ``RETURNING``: the claim reads
+        back the row it wrote in the statement that wrote it."""
+        plain = cls.plain(connection)
+        q = connection.ops.quote_name
+        on_conflict = f" ON CONFLICT ({q('scope')}, {q('key_hash')}) DO NOTHING"
+        returning = f" RETURNING {plain.columns}"
+        return cls(
+            plain.table,
+            plain.columns,
+            plain.insert + on_conflict + returning,
+            plain.select,
+            plain.take_over + returning,
+        )
+
+    @classmethod
+    def plain(cls, connection: BaseDatabaseWrapper) -> Statements:
+        """The statements in SQL every database takes: a plain ``INSERT`` and ``UPDATE``."""
         q = connection.ops.quote_name
         table = q(IdempotencyKey._meta.db_table)
         columns = ", ".join(q(column) for column in _COLUMNS)
         insert = (
             f"INSERT INTO {table} ({', '.join(q(name) for name in _INSERT_COLUMNS)}) "
-            f"VALUES ({', '.join(_CLAIM_LITERALS.get(name, '%s') for name in _INSERT_COLUMNS)}) "
-            f"ON CONFLICT ({q('scope')}, {q('key_hash')}) DO NOTHING RETURNING {columns}"
+            f"VALUES ({', '.join(_CLAIM_LITERALS.get(name, '%s') for name in _INSERT_COLUMNS)})"
         )
         select = f"SELECT {columns} FROM {table} WHERE {q('scope')} = %s AND {q('key_hash')} = %s"
         expired = rules.EXPIRED.where(q)
@@ -168,6 +186,8 @@ class Statements:
             otherwise = otherwise or q(name)
             return f"{q(name)} = CASE WHEN {expired} THEN {then} ELSE {otherwise} END"
 
+        # MySQL assigns from left to right, later expressions reading the new values: the
+        # CASEs test expires_at, so it is assigned last.
         assignments = [
             *(f"{q(name)} = {_CLAIM_LITERALS.get(name, '%s')}" for name in _TAKEOVER_FRESH),
             f"{q('response_status')} = NULL",
@@ -180,9 +200,9 @@ class Statements:
         ]
         take_over = (
             f"UPDATE {table} SET {', '.join(assignments)} "
-            f"WHERE {q('id')} = %s AND {rules.TAKEOVER.where(q)} RETURNING {columns}"
+            f"WHERE {q('id')} = %s AND {rules.TAKEOVER.where(q)}"
         )
-        return cls(table, columns, insert, select, take_over)
+        return Statements(table, columns, insert, select, take_over)
 
 
 class SizeQuery(NamedTuple):
@@ -202,8 +222,11 @@ class Store:
     writes of an attempt are fenced by its ``lock_token``. One instance per database vendor.
     """
 
-    #: ``connection.vendor`` of the databases this class serves.
+    #: ``connection.vendor`` of the databases this class serves, and their name for people.
     vendor = ""
+    name = ""
+    #: The only ``isolation_level`` option a claim in atomic mode works under (``None``: any).
+    isolation_level: str | None = None
 
     def __init__(self) -> None:
         self._statements: Statements | None = None
@@ -250,12 +273,14 @@ class Store:
             "unlock_at": now + lock_timeout,
             "expires_at": now + ttl,
         }
-        prepare = _preparers(connection)
-        params = [prepare[name](values[name]) for name in CLAIM_PARAMS]
-        with self.guard():
-            found = self.insert_or_load(connection, params, scope, key_hash)
+        with self.guard():  # preparing a value may connect (MariaDB's UUID type: its version)
+            prepare = _preparers(connection)
+            params = [prepare[name](values[name]) for name in CLAIM_PARAMS]
+            found = self.insert_or_load(connection, params, scope, key_hash, token)
             if found is None:
                 return RACED
+            if isinstance(found, Claimed):
+                return found
             if found.lock_token == token:  # our fresh token: the row is the one we inserted
                 return _claimed(found, token)
             if rules.TAKEOVER.holds(found, now, request_hash):
@@ -263,9 +288,18 @@ class Store:
             return Held(found)
 
     def insert_or_load(
-        self, connection: BaseDatabaseWrapper, params: list[Any], scope: str, key_hash: str
-    ) -> IdempotencyKey | None:
-        """Insert a new record, or read the one in place; ``None`` when neither is visible."""
+        self,
+        connection: BaseDatabaseWrapper,
+        params: list[Any],
+        scope: str,
+        key_hash: str,
+        token: uuid.UUID,
+    ) -> Claimed | IdempotencyKey | None:
+        """Insert a new record, or read the one in place; ``None`` when neither is visible.
+
+        The inserted record carries ``token``; a store that knows it inserted without reading
+        the row back returns the :class:`Claimed` outright.
+        """
         raise NotImplementedError
 
     def take_over(
@@ -284,15 +318,25 @@ class Store:
         concurrent winner left. An expired record starts afresh; a stale one keeps its recovery
         point, attempt + 1.
         """
+        values = self.take_over_params(connection, pk, params, now, request_hash)
+        record = first(connection, self.statements(connection).take_over, values)
+        return RACED if record is None else _claimed(record, token)
+
+    def take_over_params(
+        self,
+        connection: BaseDatabaseWrapper,
+        pk: int,
+        params: list[Any],
+        now: datetime,
+        request_hash: str,
+    ) -> list[Any]:
+        """The values of :attr:`Statements.take_over`'s placeholders, in order."""
         fresh = dict(zip(CLAIM_PARAMS, params, strict=True))
         db_now = _prep("updated_at", now, connection)
-        # In the order of the placeholders of Statements.take_over.
         values = [fresh[name] for name in _TAKEOVER_FRESH if name not in _CLAIM_LITERALS]
         values += [db_now, db_now, db_now]  # expired? for recovery_point, recovery_data, attempt
         values += [db_now, fresh["created_at"], db_now, fresh["expires_at"]]
-        values += [pk, *rules.TAKEOVER.args(db_now, request_hash)]
-        record = first(connection, self.statements(connection).take_over, values)
-        return RACED if record is None else _claimed(record, token)
+        return [*values, pk, *rules.TAKEOVER.args(db_now, request_hash)]
 
     def peek_status(
         self, connection: BaseDatabaseWrapper, scope: str, key_hash: str
@@ -314,6 +358,10 @@ class Store:
 
     def restore_lock_wait(self, connection: BaseDatabaseWrapper, previous: str | None) -> None:
         """Put back what :meth:`limit_lock_wait` replaced, before the caller's own code runs."""
+
+    #: Whether :meth:`limit_lock_wait` lasts past the transaction (a session setting), and so
+    #: is put back whatever the claim's outcome.
+    lock_wait_outlives_transaction = False
 
     # The writes of an attempt, fenced by its lock token.
 
@@ -519,10 +567,13 @@ class Store:
             in_pks, in_params = self.in_ids(connection, pks)
             where += f" AND {in_pks}"
             params += in_params
-        table = q(IdempotencyKey._meta.db_table)
-        select = f"SELECT {q('id')}, {q('expires_at')} FROM {table} WHERE {where} "
-        select += f"ORDER BY {q('expires_at')} LIMIT %s"
+        select = f"SELECT {q('id')}, {q('expires_at')} FROM {self.batch_from(connection)} "
+        select += f"WHERE {where} ORDER BY {q('expires_at')} LIMIT %s"
         return BatchQuery(where, params, select, size)
+
+    def batch_from(self, connection: BaseDatabaseWrapper) -> str:
+        """What the batch's ``SELECT`` reads ``FROM``: the table (and a database's hints)."""
+        return connection.ops.quote_name(IdempotencyKey._meta.db_table)
 
     def in_ids(self, connection: BaseDatabaseWrapper, ids: list[int]) -> tuple[str, list[Any]]:
         """``id`` is one of ``ids``, and its parameters."""
@@ -536,21 +587,28 @@ class Store:
         an operator (``idempotency_stats``); ``None`` where the database has none."""
         return None
 
+    def database_size(self, connection: BaseDatabaseWrapper) -> tuple[int, str] | None:
+        """The whole database's bytes and how they were measured, when :meth:`size_query` has
+        no answer; ``None`` where the database has none either."""
+        return None
+
     def is_lock_timeout(self, exc: BaseException) -> bool:
         """Whether a database error is a lock wait that ran out (a ``409``, not a ``503``)."""
         return False
 
     @contextmanager
     def guard(self) -> Iterator[None]:
-        """Translate the store's database errors into the app's own exceptions."""
+        """Translate the store's database errors into the app's own exceptions.
+
+        Any error but a lock wait is the store being unavailable (a ``503``), never a raw
+        ``500``: a lost connection and a statement the server refuses alike.
+        """
         try:
             yield
         except DatabaseError as exc:
             if self.is_lock_timeout(exc):
                 raise LockWaitTimeout(str(exc)) from exc
-            if isinstance(exc, (OperationalError, InterfaceError)):
-                raise StoreUnavailable(str(exc)) from exc
-            raise
+            raise StoreUnavailable(str(exc)) from exc
 
 
 Build = Callable[[BaseDatabaseWrapper], T]
@@ -607,6 +665,16 @@ def first(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Idemp
             value = convert(value, expression, connection)
         values.append(value)
     return IdempotencyKey.from_db(connection.alias, _ATTNAMES, values)
+
+
+def aware(connection: BaseDatabaseWrapper, value: Any) -> datetime:
+    """A time a cursor read raw, as the ORM would load it: SQLite may hand back the stored
+    text, and SQLite and MySQL a naive time in the connection's time zone."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if settings.USE_TZ and timezone.is_naive(value):
+        value = timezone.make_aware(value, connection.timezone)
+    return cast(datetime, value)
 
 
 def _prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -21,6 +22,7 @@ class PostgreSQLStatements(Statements):
 
 class PostgreSQLStore(Store):
     vendor = "postgresql"
+    name = "PostgreSQL"
 
     def build_statements(self, connection: BaseDatabaseWrapper) -> PostgreSQLStatements:
         built = Statements.build(connection)
@@ -31,7 +33,12 @@ class PostgreSQLStore(Store):
         )
 
     def insert_or_load(
-        self, connection: BaseDatabaseWrapper, params: list[Any], scope: str, key_hash: str
+        self,
+        connection: BaseDatabaseWrapper,
+        params: list[Any],
+        scope: str,
+        key_hash: str,
+        token: uuid.UUID,
     ) -> IdempotencyKey | None:
         """Both in one statement: a data-modifying CTE inserts with ``ON CONFLICT DO NOTHING``
         (which writes nothing on a conflict, so a replay commits no transaction and waits for no

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from django.conf import settings
 from django.db import OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
-from django_idempotency._store.base import Batch, BatchQuery, SizeQuery, Store, first
+from django_idempotency._store.base import Batch, BatchQuery, SizeQuery, Store, aware, first
 from django_idempotency.models import IdempotencyKey
 
 #: SQLite caps a statement's parameters: the cleanup deletes a batch in chunks of this many.
@@ -19,9 +17,15 @@ _CHUNK = 500
 
 class SQLiteStore(Store):
     vendor = "sqlite"
+    name = "SQLite"
 
     def insert_or_load(
-        self, connection: BaseDatabaseWrapper, params: list[Any], scope: str, key_hash: str
+        self,
+        connection: BaseDatabaseWrapper,
+        params: list[Any],
+        scope: str,
+        key_hash: str,
+        token: uuid.UUID,
     ) -> IdempotencyKey | None:
         statements = self.statements(connection)
         inserted = first(connection, statements.insert, params)
@@ -43,15 +47,19 @@ class SQLiteStore(Store):
                     [*in_params, *batch.params],
                 )
                 deleted += cursor.rowcount
-        last = max(row[1] for row in rows)
-        if isinstance(last, str):  # SQLite may hand back the stored text
-            last = parse_datetime(last)
-        if settings.USE_TZ and timezone.is_naive(last):  # ... or a naive one, in its time zone
-            last = timezone.make_aware(last, connection.timezone)
-        return Batch(deleted, last)
+        return Batch(deleted, aware(connection, max(row[1] for row in rows)))
 
     def is_lock_timeout(self, exc: BaseException) -> bool:
         return isinstance(exc, OperationalError) and "database is locked" in str(exc)
+
+    def database_size(self, connection: BaseDatabaseWrapper) -> tuple[int, str]:
+        """SQLite without ``dbstat`` only knows the whole file's size: given as the table's,
+        said so in the source, and the indexes are unknown."""
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA page_count")
+            pages = cursor.fetchone()[0]
+            cursor.execute("PRAGMA page_size")
+            return pages * cursor.fetchone()[0], "page_count * page_size (the whole file)"
 
     def size_query(self, table: str) -> SizeQuery:
         # dbstat is a compile-time option of SQLite (on in most Python builds); without it the

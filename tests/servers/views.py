@@ -21,6 +21,7 @@ from django_idempotency import signals
 from django_idempotency.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
 from tests.testapp.models import Execution
+from tests.vendors import BACKEND_ID
 
 STEPS = ("reserve", "charge", "ship")
 
@@ -175,7 +176,7 @@ def lose_db(request: HttpRequest) -> HttpResponse:
     """Records its backend's pid, then sleeps: the test terminates that backend meanwhile."""
     claim = request.idempotency  # type: ignore[attr-defined]
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
+        cursor.execute(BACKEND_ID[connection.vendor])
         (backend,) = cursor.fetchone()
     _record("lose-db", f"{backend}:{claim.attempt}")
     _sleep(request)

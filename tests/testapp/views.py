@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from django_idempotency.decorators import idempotent
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
+from tests.vendors import LOCK_WAIT
 
 
 def _run(request: HttpRequest, label: str) -> Execution:
@@ -109,7 +110,7 @@ def atomic(request: HttpRequest) -> HttpResponse:
 def atomic_lock_timeout(request: HttpRequest) -> HttpResponse:
     """Reports the lock_timeout the view runs with: the claim's wait limit must not leak."""
     with connection.cursor() as cursor:
-        cursor.execute("SHOW lock_timeout")
+        cursor.execute(LOCK_WAIT[connection.vendor][1])
         (value,) = cursor.fetchone()
     return JsonResponse({"lock_timeout": value}, status=201)
 

@@ -1,0 +1,230 @@
+"""MySQL and MariaDB (Django's ``mysql`` vendor): no ``RETURNING``, a session lock wait.
+
+One set of statements serves both servers: MariaDB has ``RETURNING`` on ``INSERT`` and
+``DELETE`` but not on ``UPDATE``, MySQL none at all, so neither uses it. The claim decides from
+a duplicate-key error and affected-row counts (Django connects with ``CLIENT_FOUND_ROWS``: an
+``UPDATE`` counts the rows it matched) and from the lock token.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, OperationalError, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency._store.base import (
+    RACED,
+    Batch,
+    BatchQuery,
+    Claimed,
+    Raced,
+    SizeQuery,
+    Statements,
+    Store,
+    _claimed,
+    _prep,
+    aware,
+    first,
+)
+from django_idempotency.models import IdempotencyKey
+
+#: ``ER_DUP_ENTRY``: the claim's ``INSERT`` met the key's record. Only this error means so:
+#: ``INSERT IGNORE`` would swallow others too (a value too long, a bad date).
+DUPLICATE_KEY = 1062
+#: ``ER_LOCK_WAIT_TIMEOUT``: waited ``innodb_lock_wait_timeout`` for another transaction's row.
+LOCK_WAIT_TIMEOUT = 1205
+#: ``ER_LOCK_DEADLOCK``: InnoDB rolled back the whole transaction to break a deadlock, which
+#: concurrent inserts of the same key can make (each holds a shared lock on the duplicate, and
+#: each wants an exclusive one once its holder rolls back or deletes it).
+DEADLOCK = 1213
+
+#: Where :meth:`MySQLStore.limit_lock_wait` keeps the session's own limit.
+_PREVIOUS = "@django_idempotency_lock_wait"
+#: Puts back the limit the session had. ``innodb_lock_wait_timeout`` is a session variable,
+#: not a transaction's: unlike PostgreSQL's ``SET LOCAL`` it outlives the transaction, so it is
+#: always put back.
+RESTORE_LOCK_WAIT = f"SET SESSION innodb_lock_wait_timeout = {_PREVIOUS}"
+#: Two cleanups' locks on the secondary indexes can deadlock: the victim's batch is run again.
+_DEADLOCK_RETRIES = 5
+_EXPIRES_INDEX = next(i.name for i in IdempotencyKey._meta.indexes if i.fields == ["expires_at"])
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The server's error number behind a Django database error (``None`` for another)."""
+    cause = exc.__cause__ if isinstance(exc, DatabaseError) else exc
+    args = getattr(cause, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+@dataclass(frozen=True)
+class MySQLStatements(Statements):
+    #: The record under an attempt's lock token: the read after a takeover.
+    select_owned: str
+
+
+class MySQLStore(Store):
+    vendor = "mysql"
+    name = "MySQL/MariaDB"
+    # A claim in atomic mode must read the rows other attempts committed after its
+    # transaction's snapshot.
+    isolation_level = "read committed"
+    lock_wait_outlives_transaction = True
+
+    def build_statements(self, connection: BaseDatabaseWrapper) -> MySQLStatements:
+        plain = Statements.plain(connection)
+        q = connection.ops.quote_name
+        return MySQLStatements(
+            **vars(plain),
+            select_owned=f"SELECT {plain.columns} FROM {plain.table} WHERE {q('id')} = %s "
+            f"AND {q('lock_token')} = %s",
+        )
+
+    def insert_or_load(
+        self,
+        connection: BaseDatabaseWrapper,
+        params: list[Any],
+        scope: str,
+        key_hash: str,
+        token: uuid.UUID,
+    ) -> Claimed | IdempotencyKey | None:
+        """A new key is claimed outright, else the record is read.
+
+        A plain ``INSERT``, its duplicate-key error caught: InnoDB undoes the failed statement
+        alone, so no savepoint is needed even inside a transaction, and a new key costs one
+        statement (``lastrowid`` is all it reads back). ``ON DUPLICATE KEY UPDATE`` would lock
+        the live record exclusively on every replay, and with ``CLIENT_FOUND_ROWS`` its row
+        count does not tell an insert from a duplicate. A key in place costs a ``SELECT`` more.
+
+        A deadlock outside a transaction made this statement alone its victim: ``None``, claim
+        again. Inside one, InnoDB rolled the whole transaction back: it is raised (``409``).
+        """
+        statements = self.statements(connection)
+        try:
+            with connection.cursor() as cursor:
+                try:
+                    cursor.execute(statements.insert, params)
+                except IntegrityError as exc:
+                    if error_code(exc) != DUPLICATE_KEY:
+                        raise
+                else:
+                    return Claimed(int(cursor.lastrowid), token, 1, "", None)
+            return first(connection, statements.select, [scope, key_hash])
+        except OperationalError as exc:
+            if error_code(exc) == DEADLOCK and not connection.in_atomic_block:
+                return None
+            raise
+
+    def take_over(
+        self,
+        connection: BaseDatabaseWrapper,
+        pk: int,
+        params: list[Any],
+        now: datetime,
+        request_hash: str,
+        token: uuid.UUID,
+    ) -> Claimed | Raced:
+        """No ``RETURNING``: the row count says whether it took over, then its token's row."""
+        statements = self.statements(connection)
+        assert isinstance(statements, MySQLStatements)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                statements.take_over,
+                self.take_over_params(connection, pk, params, now, request_hash),
+            )
+            if not cursor.rowcount:
+                return RACED
+        owned = [pk, _prep("lock_token", token, connection)]
+        record = first(connection, statements.select_owned, owned)
+        return RACED if record is None else _claimed(record, token)
+
+    def limit_lock_wait(self, connection: BaseDatabaseWrapper, timeout: timedelta) -> str | None:
+        """Keep the session's lock wait limit aside and set ``timeout``, in one round trip.
+
+        The limit is whole seconds, at least one: a wait limit below a second waits a second.
+        """
+        with self.guard(), connection.cursor() as cursor:
+            cursor.execute(limit_lock_wait_sql(timeout))
+        return RESTORE_LOCK_WAIT
+
+    def restore_lock_wait(self, connection: BaseDatabaseWrapper, previous: str | None) -> None:
+        if previous is None:
+            return
+        with self.guard(), connection.cursor() as cursor:
+            cursor.execute(RESTORE_LOCK_WAIT)
+
+    def batch_from(self, connection: BaseDatabaseWrapper) -> str:
+        """The batch must walk ``expires_at``: when most rows match (a backlog of expired
+        records) the optimizer prefers a full scan and a sort, which reads, and with ``FOR
+        UPDATE`` locks, every matching row for a batch of a few: a second cleanup then finds
+        them all locked and skips the lot."""
+        q = connection.ops.quote_name
+        return f"{super().batch_from(connection)} FORCE INDEX ({q(_EXPIRES_INDEX)})"
+
+    def delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
+        """The rows locked with ``FOR UPDATE SKIP LOCKED`` (two runs share them), then deleted
+        by id; a deadlock between two runs rolls the victim's batch back whole, and it is run
+        again, after a random pause."""
+        for retry in range(_DEADLOCK_RETRIES + 1):
+            try:
+                return self._delete_batch(connection, batch)
+            except OperationalError as exc:
+                if retry == _DEADLOCK_RETRIES or error_code(exc) != DEADLOCK:
+                    raise
+            # A random pause, growing: two runs that keep picking the same rows (on a Galera
+            # cluster SKIP LOCKED does not see another node's locks) fall out of step.
+            time.sleep(random.uniform(0, 0.01 * 2**retry))
+        raise AssertionError("unreachable")
+
+    def _delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
+        q = connection.ops.quote_name
+        table = q(IdempotencyKey._meta.db_table)
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(f"{batch.select} FOR UPDATE SKIP LOCKED", [*batch.params, batch.size])
+            rows = cursor.fetchall()
+            if not rows:
+                return Batch(0, None)
+            in_ids, in_params = self.in_ids(connection, [row[0] for row in rows])
+            cursor.execute(delete_locked_sql(table, q("id"), in_ids), in_params)
+            deleted = cursor.rowcount
+        return Batch(deleted, aware(connection, max(row[1] for row in rows)))
+
+    def is_lock_timeout(self, exc: BaseException) -> bool:
+        """A lock wait that ran out, or a deadlock whose victim was this transaction."""
+        return error_code(exc) in (LOCK_WAIT_TIMEOUT, DEADLOCK)
+
+    def size_query(self, table: str) -> SizeQuery:
+        return SizeQuery(
+            "SELECT data_length, index_length FROM information_schema.TABLES "
+            "WHERE table_schema = DATABASE() AND table_name = %s",
+            [table],
+            "information_schema.TABLES",
+        )
+
+
+def limit_lock_wait_sql(timeout: timedelta) -> str:
+    """Keep the session's limit in :data:`_PREVIOUS` and set ``timeout`` (whole seconds)."""
+    seconds = max(1, math.ceil(timeout.total_seconds()))
+    return (
+        f"SET {_PREVIOUS} = @@SESSION.innodb_lock_wait_timeout, "
+        f"SESSION innodb_lock_wait_timeout = {seconds}"
+    )
+
+
+def delete_locked_sql(table: str, id_column: str, in_ids: str) -> str:
+    """Delete the rows a batch locked, by id, without waiting on anyone else's row.
+
+    A plain ``DELETE ... WHERE id IN (...)`` may scan the whole table when it is small, and a
+    scanning ``DELETE`` waits on every row another transaction holds. Here a non-locking read
+    picks the ids and the join reaches each row by its primary key.
+    """
+    return (
+        f"DELETE {table} FROM (SELECT {id_column} FROM {table} WHERE {in_ids}) AS batch "
+        f"STRAIGHT_JOIN {table} ON {table}.{id_column} = batch.{id_column}"
+    )
