@@ -204,7 +204,7 @@ class PostgreSQLStore(Store):
         replaced, in one round trip.
         """
         milliseconds = f"{max(1, int(timeout.total_seconds() * 1000))}ms"
-        if self.has_function(connection):
+        if connection.atomic_blocks and self.has_function(connection):
             _LOCK_WAIT[connection] = (connection.atomic_blocks[-1], milliseconds)
             return _IN_THE_CLAIM
         with self.guard(), connection.cursor() as cursor:
