@@ -17,6 +17,7 @@ from django.test import Client, RequestFactory
 from django.utils import timezone
 
 from django_idempotency import _store as store
+from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
 from django_idempotency.fingerprints import request_fingerprint
 from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey
@@ -153,9 +154,11 @@ def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> A
     """Insert the key's record in an open transaction, let ``claim`` block on it, then commit.
 
     The claim's ``INSERT`` waits for the uncommitted row. On PostgreSQL, once it commits,
-    ``ON CONFLICT DO NOTHING`` skips, and the statement's ``SELECT`` half, which reads the
-    snapshot taken before the commit, does not see the row either. On MySQL the ``INSERT``
-    fails on the duplicate and the next statement reads the committed row.
+    ``ON CONFLICT DO NOTHING`` skips: the one-statement claim's ``SELECT`` half reads the
+    snapshot taken before the commit and does not see the row either, while the claim
+    function's ``SELECT`` is a statement of its own, with a snapshot taken after, and sees it.
+    On MySQL the ``INSERT`` fails on the duplicate and the next statement reads the committed
+    row.
     """
     body = {"amount": 4200}
     request = RequestFactory().post("/create/", body, content_type="application/json")
@@ -175,10 +178,16 @@ def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> A
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND query LIKE 'WITH inserted AS%%'"
+                "WHERE wait_event_type = 'Lock' "
+                "AND (query LIKE 'WITH inserted AS%%' OR query LIKE %s)"
                 if connection.vendor == "postgresql"
                 else "SELECT count(*) FROM information_schema.processlist "
-                "WHERE command = 'Query' AND info LIKE 'INSERT INTO%%'"
+                "WHERE command = 'Query' AND info LIKE %s",
+                [
+                    f"%%FROM {CLAIM_FUNCTION}(%%"
+                    if connection.vendor == "postgresql"
+                    else "INSERT INTO%%"
+                ],
             )
             return int(cursor.fetchone()[0])
 
@@ -221,10 +230,19 @@ def claim_in_thread(key: str) -> Callable[[], Any]:
 
 
 @pytest.mark.postgresql
-def test_a_claim_that_waited_on_a_concurrent_insert_sees_nothing_and_says_so() -> None:
+@pytest.mark.parametrize("function", [True, False], ids=["claim-function", "statements"])
+def test_a_claim_that_waited_on_a_concurrent_insert_finds_it_or_says_so(
+    function: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not function:  # as without the migration that creates the function
+        monkeypatch.setattr(PostgreSQLStore, "has_function", lambda self, connection: False)
     key = str(uuid.uuid4())
     found = commit_a_record_while_a_claim_waits(key, claim_in_thread(key))
-    assert found is store.RACED
+    if function:
+        assert isinstance(found, store.Held)
+        assert found.record.status == IdempotencyKey.Status.COMPLETED
+    else:
+        assert found is store.RACED
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
 
 

@@ -1,23 +1,152 @@
-"""PostgreSQL: the claim in one statement, a bounded lock wait, a cleanup that skips locked rows."""
+"""PostgreSQL: the claim in one call of a function, a bounded lock wait inside it, a cleanup that
+skips locked rows.
+
+The function (``django_idempotency_claim``, created by the migration
+``0003_postgresql_claim_function``) inserts the record, or reads it and takes it over when it is
+expired or stale, and bounds the lock wait of atomic mode, in one statement: PL/pgSQL keeps its
+statements' plans for the life of the server connection, where a statement sent as Django sends
+it (no server-side binding) is parsed and planned on every request. Nothing is prepared by name
+and nothing is set for the session, so it is safe behind a transaction-mode pooler. Without the
+function (a table made by ``--nomigrations``), the claim falls back to plain statements.
+"""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
+from weakref import WeakKeyDictionary
 
-from django.db import transaction
+from django.db import ProgrammingError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency._store.base import Batch, BatchQuery, SizeQuery, Statements, Store, first
+from django_idempotency import _rules as rules
+from django_idempotency._store.base import (
+    _CLAIM_LITERALS,
+    _TAKEOVER_FRESH,
+    CLAIM_PARAMS,
+    Batch,
+    BatchQuery,
+    SizeQuery,
+    Statements,
+    Store,
+    first,
+)
+from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
+
+#: The claim function's name and its arguments' types: the claim's parameters (in the order of
+#: :data:`~django_idempotency._store.base.CLAIM_PARAMS`), then the lock wait's bound.
+CLAIM_FUNCTION = "django_idempotency_claim"
+_ARGUMENT_TYPES = {"lock_token": "uuid", "created_at": "timestamptz", "updated_at": "timestamptz"}
+_ARGUMENT_TYPES |= {"unlock_at": "timestamptz", "expires_at": "timestamptz"}
+_ARGUMENTS = [(f"p_{name}", _ARGUMENT_TYPES.get(name, "text")) for name in CLAIM_PARAMS]
+_ARGUMENTS.append(("p_lock_timeout", "text"))
+CLAIM_FUNCTION_SIGNATURE = f"{CLAIM_FUNCTION}({', '.join(kind for _, kind in _ARGUMENTS)})"
+
+#: What :meth:`PostgreSQLStore.limit_lock_wait` returns when the claim function bounds the wait.
+_IN_THE_CLAIM = "(bounded by the claim function)"
 
 
 @dataclass(frozen=True)
 class PostgreSQLStatements(Statements):
     #: The insert and, on a conflict, the read of the row in place, in one statement.
     insert_or_select: str
+    #: The same (and the takeover, and the lock wait's bound) in one call of the claim function.
+    call: str
+
+
+class _Quoting:
+    """What :meth:`Statements.build` reads of a connection: PostgreSQL's quoting of names."""
+
+    class ops:  # the attribute of a connection
+        @staticmethod
+        def quote_name(name: str) -> str:
+            return f'"{name}"'
+
+
+def claim_function_sql() -> str:
+    """``CREATE OR REPLACE FUNCTION``: the claim's statements (:class:`Statements`), run inside
+    the database.
+
+    Each of its statements takes a snapshot of its own (the function is ``VOLATILE``), as the
+    statements sent one by one do: the takeover's ``UPDATE`` re-checks the rule against the row
+    a concurrent winner left, and nothing found means ``None`` (claim again). The caller's
+    ``lock_timeout`` is restored before it returns; a lock wait that ran out aborts the
+    transaction (or the savepoint), which undoes the function's own ``set_config`` too.
+
+    The migration that creates it carries a copy of this text; a test checks they agree, so a
+    change to the table or the rules comes with a migration that replaces the function.
+    """
+    connection = cast(BaseDatabaseWrapper, _Quoting)
+    q = _Quoting.ops.quote_name
+    built = Statements.build(connection)
+    argument = {name: f"p_{name}" for name in CLAIM_PARAMS}
+    now = {"now": "p_updated_at", "request_hash": "p_request_hash", "processing": "p_processing"}
+    insert = _fill(built.insert, [argument[name] for name in CLAIM_PARAMS])
+    # In the order of the placeholders of Statements.take_over, as Store.take_over sends them.
+    take_over = [argument[name] for name in _TAKEOVER_FRESH if name not in _CLAIM_LITERALS]
+    take_over += ["p_updated_at"] * 3 + ["p_updated_at", "p_created_at"]
+    take_over += ["p_updated_at", "p_expires_at", "found_row.id"]
+    take_over += [now[name] for name in rules.TAKEOVER.params]
+    takeover_rule = rules.TAKEOVER.where(lambda column: f"found_row.{q(column)}")
+    holds = _fill(takeover_rule, [now[name] for name in rules.TAKEOVER.params])
+    arguments = ",\n    ".join(f"{name} {kind}" for name, kind in _ARGUMENTS)
+    return f"""CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION}(
+    {arguments}
+) RETURNS SETOF {built.table} LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    p_processing CONSTANT text := '{rules.PROCESSING}';
+    previous text;
+    found_row {built.table};
+    claimed boolean;
+BEGIN
+    IF p_lock_timeout IS NOT NULL THEN
+        previous := current_setting('lock_timeout');
+        PERFORM set_config('lock_timeout', p_lock_timeout, true);
+    END IF;
+    {_returning_into(insert)};
+    claimed := FOUND;
+    IF NOT claimed THEN
+        {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
+        claimed := FOUND;
+        IF claimed AND {holds} THEN
+            {_returning_into(_fill(built.take_over, take_over))};
+            claimed := FOUND;
+        END IF;
+    END IF;
+    IF p_lock_timeout IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', previous, true);
+    END IF;
+    IF claimed THEN
+        RETURN NEXT found_row;
+    END IF;
+END
+$claim$"""
+
+
+def _fill(sql: str, names: list[str]) -> str:
+    """``sql`` with its ``%s`` placeholders replaced by ``names``, in order."""
+    parts = sql.split("%s")
+    assert len(parts) == len(names) + 1, (sql, names)
+    return "".join(part + name for part, name in zip(parts, [*names, ""], strict=True))
+
+
+def _returning_into(sql: str) -> str:
+    """A statement of :class:`Statements` reading the whole row into ``found_row``."""
+    if " RETURNING " in sql:
+        return sql[: sql.index(" RETURNING ")] + " RETURNING * INTO found_row"
+    columns = sql[len("SELECT ") : sql.index(" FROM ")]
+    return sql.replace(f"SELECT {columns} ", "SELECT * INTO found_row ", 1)
+
+
+#: Whether the claim function is there, per database (checked once per process): without the
+#: migration (``--nomigrations``) the claim runs as plain statements.
+_HAS_FUNCTION: dict[tuple[Any, ...], bool] = {}
+
+#: The lock wait's bound a claim passes to the function: (the atomic block it holds for, value).
+_LOCK_WAIT: WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, str]] = WeakKeyDictionary()
 
 
 class PostgreSQLStore(Store):
@@ -26,10 +155,12 @@ class PostgreSQLStore(Store):
 
     def build_statements(self, connection: BaseDatabaseWrapper) -> PostgreSQLStatements:
         built = Statements.build(connection)
+        placeholders = ", ".join(["%s"] * len(_ARGUMENTS))
         return PostgreSQLStatements(
             **vars(built),
             insert_or_select=f"WITH inserted AS ({built.insert}) SELECT * FROM inserted "
             f"UNION ALL {built.select}",
+            call=f"SELECT {built.columns} FROM {CLAIM_FUNCTION}({placeholders})",
         )
 
     def insert_or_load(
@@ -40,34 +171,63 @@ class PostgreSQLStore(Store):
         key_hash: str,
         token: uuid.UUID,
     ) -> IdempotencyKey | None:
-        """Both in one statement: a data-modifying CTE inserts with ``ON CONFLICT DO NOTHING``
-        (which writes nothing on a conflict, so a replay commits no transaction and waits for no
-        disk flush), and the outer ``SELECT`` reads the existing row.
+        """One call of the claim function, which takes an expired or stale record over too.
 
-        Both see the statement's snapshot, so a row committed by a concurrent attempt after it
-        began is seen by neither: ``None``, and the caller claims again.
+        Without the function, one statement: a data-modifying CTE inserts with ``ON CONFLICT DO
+        NOTHING`` (which writes nothing on a conflict, so a replay commits no transaction and
+        waits for no disk flush), and the outer ``SELECT`` reads the existing row. Both see the
+        statement's snapshot, so a row committed by a concurrent attempt after it began is seen
+        by neither: ``None``, and the caller claims again.
         """
         statements = self.statements(connection)
         assert isinstance(statements, PostgreSQLStatements)
+        if self.has_function(connection):
+            try:
+                return first(connection, statements.call, [*params, _bound(connection)])
+            except ProgrammingError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != "42883":  # undefined_function
+                    raise
+                # Dropped since (the migration unapplied): plain statements from now on.
+                _HAS_FUNCTION[_database(connection)] = False
+                if connection.in_atomic_block:  # the transaction is lost: a retry claims anew
+                    raise StoreUnavailable(str(exc)) from exc
         return first(connection, statements.insert_or_select, [*params, scope, key_hash])
 
-    def limit_lock_wait(self, connection: BaseDatabaseWrapper, timeout: timedelta) -> str | None:
-        """Set ``lock_timeout`` for the transaction and return the value it replaced.
+    def has_function(self, connection: BaseDatabaseWrapper) -> bool:
+        database = _database(connection)
+        present = _HAS_FUNCTION.get(database)
+        if present is None:
+            with self.guard(), connection.cursor() as cursor:
+                cursor.execute("SELECT to_regprocedure(%s) IS NOT NULL", [CLAIM_FUNCTION_SIGNATURE])
+                present = _HAS_FUNCTION[database] = bool(cursor.fetchone()[0])
+        return present
 
-        The ``OFFSET 0`` subquery is read before the outer ``set_config`` runs, so the old value
-        is read before it is replaced, in one round trip.
+    def limit_lock_wait(self, connection: BaseDatabaseWrapper, timeout: timedelta) -> str | None:
+        """Bound the lock wait of the claims of this atomic block.
+
+        With the claim function, nothing is sent: the function sets ``lock_timeout`` for its own
+        statements and restores the caller's before it returns. Otherwise ``lock_timeout`` is
+        set for the transaction and the value it replaced returned; the ``OFFSET 0`` subquery
+        is read before the outer ``set_config`` runs, so the old value is read before it is
+        replaced, in one round trip.
         """
-        milliseconds = max(1, int(timeout.total_seconds() * 1000))
+        milliseconds = f"{max(1, int(timeout.total_seconds() * 1000))}ms"
+        if connection.atomic_blocks and self.has_function(connection):
+            _LOCK_WAIT[connection] = (connection.atomic_blocks[-1], milliseconds)
+            return _IN_THE_CLAIM
         with self.guard(), connection.cursor() as cursor:
             cursor.execute(
                 "SELECT before.previous, set_config('lock_timeout', %s, true) "
                 "FROM (SELECT current_setting('lock_timeout') AS previous OFFSET 0) AS before",
-                [f"{milliseconds}ms"],
+                [milliseconds],
             )
             row = cursor.fetchone()
         return str(row[0]) if row else None
 
     def restore_lock_wait(self, connection: BaseDatabaseWrapper, previous: str | None) -> None:
+        if previous is _IN_THE_CLAIM:
+            _LOCK_WAIT.pop(connection, None)
+            return
         if previous is None:
             return
         with self.guard(), connection.cursor() as cursor:
@@ -111,3 +271,15 @@ class PostgreSQLStore(Store):
             [f'"{table}"'],
             "pg_total_relation_size, pg_indexes_size",
         )
+
+
+def _database(connection: BaseDatabaseWrapper) -> tuple[Any, ...]:
+    settings = connection.settings_dict
+    return (connection.alias, settings["NAME"], settings["HOST"], settings["PORT"])
+
+
+def _bound(connection: BaseDatabaseWrapper) -> str | None:
+    """The lock wait's bound set for the innermost atomic block, if it is still the one."""
+    bound = _LOCK_WAIT.get(connection)
+    blocks = connection.atomic_blocks
+    return bound[1] if bound is not None and blocks and blocks[-1] is bound[0] else None

@@ -1,0 +1,246 @@
+"""The PostgreSQL claim function: in step with the code, the same outcomes as the statements it
+replaces, a bounded lock wait that is still a ``LockWaitTimeout``, and a fallback without it."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from django_idempotency import _store as store
+from django_idempotency._store import base, postgresql
+from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
+from django_idempotency.exceptions import LockWaitTimeout
+from django_idempotency.keys import hash_key
+from django_idempotency.models import IdempotencyKey
+from tests.factories import IdempotencyKeyFactory
+
+pytestmark = [pytest.mark.postgresql]
+
+MIGRATION = importlib.import_module("django_idempotency.migrations.0003_postgresql_claim_function")
+FINGERPRINT = "f" * 64
+
+
+def test_the_migration_creates_the_function_the_code_writes() -> None:
+    """Change the table or the rules, and this fails until a migration replaces the function."""
+    assert postgresql.claim_function_sql() == MIGRATION.CREATE
+
+
+def test_the_function_writes_every_column_the_model_has() -> None:
+    """A new field must be written by the claim (and so by the function) or be one of these,
+    which a claim leaves empty."""
+    written = set(base._INSERT_COLUMNS)
+    assert set(base._COLUMNS) - written == {
+        "id",
+        "response_status",
+        "response_body",
+        "recovery_data",
+    }
+
+
+@pytest.mark.django_db
+def test_the_database_has_the_migrations_function() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = %s", [CLAIM_FUNCTION])
+        sources = [row[0] for row in cursor.fetchall()]
+    assert sources == [MIGRATION.CREATE.split("$claim$")[1]]
+
+
+def claim(key: str, request_hash: str = FINGERPRINT) -> store.ClaimOutcome:
+    return store.claim(
+        "default",
+        scope="anonymous",
+        key_hash=hash_key(key),
+        method="POST",
+        path="/create/",
+        request_hash=request_hash,
+        ttl=timedelta(hours=1),
+        lock_timeout=timedelta(minutes=1),
+    )
+
+
+def without_function(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(PostgreSQLStore, "has_function", lambda self, connection: False)
+
+
+#: A record in place before the claim, and whether the claim takes it over.
+RECORDS: dict[str, tuple[dict[str, Any], bool]] = {
+    "completed": ({"completed": True}, False),
+    "processing": ({}, False),
+    "expired": ({"completed": True, "expired": True}, True),
+    "stale, same request": ({"stale": True, "recovery_point": "charge", "attempt": 2}, True),
+    "stale, another request": ({"stale": True, "request_hash": "0" * 64}, False),
+}
+
+
+def outcome_of(outcome: store.ClaimOutcome) -> tuple[Any, ...]:
+    """What a caller sees of a claim, and the record it leaves."""
+    if isinstance(outcome, store.Claimed):
+        record = IdempotencyKey.objects.get(pk=outcome.pk)
+        seen: tuple[Any, ...] = ("claimed", outcome.attempt, outcome.recovery_point)
+    else:
+        assert isinstance(outcome, store.Held)
+        record, seen = outcome.record, ("held",)
+    stored = IdempotencyKey.objects.get(pk=record.pk)
+    fields = ("status", "attempt", "recovery_point", "recovery_data", "request_hash")
+    fields += ("response_status", "response_headers", "method", "path")
+    return (*seen, *(getattr(stored, name) for name in fields))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("record", list(RECORDS))
+def test_the_function_decides_as_the_statements_do_in_one_round_trip(
+    record: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    factory, taken_over = RECORDS[record]
+    assert PostgreSQLStore().has_function(connection)  # checked once per process: not counted
+    results, counts = [], []
+    for function in (True, False):
+        if not function:
+            without_function(monkeypatch)
+        key = str(uuid.uuid4())
+        IdempotencyKeyFactory(key=key, **{"request_hash": FINGERPRINT, **factory})
+        with CaptureQueriesContext(connection) as queries:
+            outcome = claim(key)
+        results.append(outcome_of(outcome))
+        counts.append(len(queries))
+    assert results[0] == results[1]
+    assert results[0][0] == ("claimed" if taken_over else "held")
+    # The function takes a record over in the same call; the statements need a second one.
+    assert counts == [1, 2 if taken_over else 1]
+
+
+@pytest.mark.django_db
+def test_a_new_key_is_claimed_alike_with_and_without_the_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = claim(str(uuid.uuid4()))
+    without_function(monkeypatch)
+    second = claim(str(uuid.uuid4()))
+    assert (
+        outcome_of(first)
+        == outcome_of(second)
+        == ("claimed", 1, "", "processing", 1, "", None, FINGERPRINT, None, [], "POST", "/create/")
+    )
+
+
+@pytest.fixture
+def uncommitted_record() -> Iterator[str]:
+    """A key whose record another connection inserted and has not committed."""
+    key = str(uuid.uuid4())
+    inserted, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyKeyFactory(key=key, request_hash=FINGERPRINT)
+                inserted.set()
+                assert release.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inserted.wait(timeout=30)
+        yield key
+    finally:
+        release.set()
+        holder.join(timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_wait_that_runs_out_in_the_function_is_a_lock_wait_timeout(
+    uncommitted_record: str,
+) -> None:
+    """Inside the function, and the caller's ``lock_timeout`` is back once the claim returns."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '7s'")
+        with transaction.atomic():
+            previous = store.limit_lock_wait("default", timedelta(milliseconds=200))
+            with CaptureQueriesContext(connection) as queries, pytest.raises(LockWaitTimeout):
+                claim(uncommitted_record)
+            assert [query["sql"] for query in queries] == [queries[0]["sql"]]
+            assert f"FROM {CLAIM_FUNCTION}(" in queries[0]["sql"]
+            transaction.set_rollback(True)
+        store.restore_lock_wait("default", previous)
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone() == ("7s",)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_function_restores_the_callers_lock_timeout_when_it_claims() -> None:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '7s'")
+        store.limit_lock_wait("default", timedelta(seconds=2))
+        assert isinstance(claim(str(uuid.uuid4())), store.Claimed)
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone() == ("7s",)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_two_phase_claim_inside_an_atomic_view_does_not_inherit_its_bound(
+    uncommitted_record: str,
+) -> None:
+    """The bound holds for the atomic block it was set in, not for code inside it after the
+    claim restored it (a two-phase ``idempotent_function`` called by an atomic view)."""
+    with transaction.atomic():
+        previous = store.limit_lock_wait("default", timedelta(milliseconds=1))
+        store.restore_lock_wait("default", previous)
+        assert postgresql._bound(connections["default"]) is None
+    with transaction.atomic():
+        store.limit_lock_wait("default", timedelta(milliseconds=1))
+    with transaction.atomic():  # another block: the bound of the one before is gone with it
+        assert postgresql._bound(connections["default"]) is None
+
+
+@pytest.mark.django_db
+def test_without_the_function_the_app_claims_with_statements(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A table made by ``--nomigrations``: the check (once per process and database) finds no
+    function, and the claim falls back. (``DROP FUNCTION`` is undone with the test's
+    transaction.)"""
+    monkeypatch.setattr(postgresql, "_HAS_FUNCTION", {})
+    with connection.cursor() as cursor:
+        cursor.execute(MIGRATION.DROP)
+    client, key = Client(), str(uuid.uuid4())
+    with CaptureQueriesContext(connection) as queries:
+        first = client.post(
+            "/create/", {}, content_type="application/json", headers={"Idempotency-Key": key}
+        )
+        replay = client.post(
+            "/create/", {}, content_type="application/json", headers={"Idempotency-Key": key}
+        )
+    assert (first.status_code, replay.status_code) == (201, 201)
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert not any(f"FROM {CLAIM_FUNCTION}(" in query["sql"] for query in queries)
+    assert sum("to_regprocedure" in query["sql"] for query in queries) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_function_dropped_after_the_check_falls_back_without_a_500(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(postgresql, "_HAS_FUNCTION", {})
+    client = Client()
+    post = lambda key: client.post(  # noqa: E731
+        "/create/", {}, content_type="application/json", headers={"Idempotency-Key": key}
+    )
+    assert post(str(uuid.uuid4())).status_code == 201  # checked: the function is there
+    with connection.cursor() as cursor:
+        cursor.execute(MIGRATION.DROP)
+    try:
+        assert post(str(uuid.uuid4())).status_code == 201
+        assert post(str(uuid.uuid4())).status_code == 201
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(MIGRATION.CREATE)
