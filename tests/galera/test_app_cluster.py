@@ -222,6 +222,7 @@ def test_distinct_keys_through_three_nodes_never_conflict(
     responses = responses_only(
         spread_storm(STORM, servers, "/slow/", lambda index: f"{prefix}-{index}", X_Sleep="0.1")
     )
+    print(f"\n[galera distinct keys] {dict(Counter(r.status_code for r in responses))}")
     assert [response.status_code for response in responses] == [201] * STORM
     assert not any(r.headers.get("Idempotent-Replayed") for r in responses)
     assert executions(galera, app_database, "slow") == before + STORM
@@ -243,6 +244,7 @@ def test_a_killed_owner_is_taken_over_through_another_node(
     # A burst of retries through the other two nodes: exactly one takes the record over.
     responses = responses_only(spread_storm(8, servers[1:], "/crash/", lambda _: key))
     counts = Counter(outcome(response) for response in responses)
+    print(f"\n[galera takeover burst] {dict(counts)}")
     assert counts["executed"] == 1, counts
     taker = next(r for r in responses if outcome(r) == "executed")
     assert taker.json()["attempt"] == 2
@@ -292,6 +294,11 @@ def test_a_node_killed_during_a_storm(
     assert all(outcome(response) == "409" for response in before_kill), before_kill
     galera.kill(doomed)
     after_kill = spread_storm(STORM // 2, servers, "/slow/", lambda _: key)
+    print(
+        f"\n[galera node killed] before the kill {dict(Counter(map(outcome, before_kill)))}, "
+        "after: "
+        + str(dict(Counter(getattr(r, "status_code", type(r).__name__) for r in after_kill)))
+    )
     for index, result in enumerate(after_kill):
         assert isinstance(result, httpx.Response), result
         if index % 3 == 2:  # through the dead node
