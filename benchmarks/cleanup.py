@@ -130,6 +130,22 @@ def fill(first: int, last: int) -> float:
     return time.perf_counter() - started
 
 
+def claim(alias: str, key_hash: str, scope: str) -> Any:
+    """One claim of ``key_hash`` through the database ``alias``, as a ``POST`` would make it."""
+    from django_idempotency import _store as store
+
+    return store.claim(
+        alias,
+        scope=scope,
+        key_hash=key_hash,
+        method="POST",
+        path="/orders/",
+        request_hash=key_hash,
+        ttl=timedelta(hours=24),
+        lock_timeout=timedelta(minutes=1),
+    )
+
+
 def claim_stream(count: int | None, stop: Any, results: Any) -> None:
     """In a child process: claim fresh keys one after another, timing each claim."""
     from django.db import connections
@@ -141,16 +157,7 @@ def claim_stream(count: int | None, stop: Any, results: Any) -> None:
     while (count is None and not stop.is_set()) or (count is not None and len(latencies) < count):
         key_hash = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
         started = time.perf_counter()
-        claimed = store.claim(
-            "default",
-            scope="bench:stream",
-            key_hash=key_hash,
-            method="POST",
-            path="/orders/",
-            request_hash=key_hash,
-            ttl=timedelta(hours=24),
-            lock_timeout=timedelta(minutes=1),
-        )
+        claimed = claim("default", key_hash, "bench:stream")
         latencies.append(time.perf_counter() - started)
         assert isinstance(claimed, store.Claimed)
     connections.close_all()

@@ -37,7 +37,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dj_database_url
 
 from benchmarks.cleanup import FILL_SQL_MYSQL, p99, summary
+from benchmarks.cleanup import claim as cleanup_claim
 from benchmarks.databases import create_database, drop_database
 
 NODES = ("node1", "node2", "node3")
@@ -122,18 +122,7 @@ def wait_for_database(alias: str, timeout: float = 30.0) -> None:
 
 
 def claim(alias: str, key_hash: str, scope: str = "bench:galera") -> Any:
-    from django_idempotency import _store as store
-
-    return store.claim(
-        alias,
-        scope=scope,
-        key_hash=key_hash,
-        method="POST",
-        path="/orders/",
-        request_hash=key_hash,
-        ttl=timedelta(hours=24),
-        lock_timeout=timedelta(minutes=1),
-    )
+    return cleanup_claim(alias, key_hash, scope)
 
 
 def fresh_hash() -> str:
