@@ -8,6 +8,7 @@ a duplicate-key error and affected-row counts (Django connects with ``CLIENT_FOU
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -34,6 +35,8 @@ from django_idempotency._store.base import (
     first,
 )
 from django_idempotency.models import IdempotencyKey
+
+logger = logging.getLogger("django_idempotency")
 
 #: ``ER_DUP_ENTRY``: the claim's ``INSERT`` met the key's record. Only this error means so:
 #: ``INSERT IGNORE`` would swallow others too (a value too long, a bad date).
@@ -170,17 +173,29 @@ class MySQLStore(Store):
     def delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
         """The rows locked with ``FOR UPDATE SKIP LOCKED`` (two runs share them), then deleted
         by id; a deadlock between two runs rolls the victim's batch back whole, and it is run
-        again, after a random pause."""
+        again, after a random pause.
+
+        A batch still deadlocked after its retries ends this run as an empty one would: another
+        run is deleting the same rows (on a Galera cluster ``SKIP LOCKED`` does not see another
+        node's locks, so two runs through two nodes keep picking them), and the rows left are
+        that run's, or the next one's. Nothing was deleted by the victim, nothing is lost.
+        """
         for retry in range(_DEADLOCK_RETRIES + 1):
             try:
                 return self._delete_batch(connection, batch)
             except OperationalError as exc:
-                if retry == _DEADLOCK_RETRIES or error_code(exc) != DEADLOCK:
+                if error_code(exc) != DEADLOCK:
                     raise
-            # A random pause, growing: two runs that keep picking the same rows (on a Galera
-            # cluster SKIP LOCKED does not see another node's locks) fall out of step.
-            time.sleep(random.uniform(0, 0.01 * 2**retry))
-        raise AssertionError("unreachable")
+            if retry < _DEADLOCK_RETRIES:
+                # A random pause, growing: two runs that keep picking the same rows fall out
+                # of step.
+                time.sleep(random.uniform(0, 0.01 * 2**retry))
+        logger.warning(
+            "Cleanup batch deadlocked %s times with another writer of the same rows (another "
+            "cleanup run?); this run stops here and leaves them to it.",
+            _DEADLOCK_RETRIES + 1,
+        )
+        return Batch(0, None)
 
     def _delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
         q = connection.ops.quote_name

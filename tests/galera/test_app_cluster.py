@@ -41,7 +41,7 @@ from tests.test_servers_postgresql import (
 pytestmark = pytest.mark.galera_app
 
 STORM = 36  # twelve through each node
-EXPIRED_ROWS = 5000
+EXPIRED_ROWS = 60_000  # enough for the two runs to overlap on the same rows
 
 
 @pytest.fixture(scope="module")
