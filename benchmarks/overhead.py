@@ -236,6 +236,50 @@ def tracing() -> Iterator[Trace]:
         connection._commit = original_commit  # type: ignore[method-assign]
 
 
+@dataclass
+class Captured:
+    """The app's own claim and result write, as one request sent them (SQL and parameters)."""
+
+    claim: tuple[str, list[Any]]
+    write: tuple[str, list[Any]]
+
+
+def capture(path: str) -> Captured | None:
+    """The claim function's call and the fenced result ``UPDATE`` of a first execution on
+    ``path``; ``None`` where the claim is not one statement (MySQL/MariaDB: no function)."""
+    from django.db import connection
+
+    sent: list[tuple[str, list[Any]]] = []
+
+    def record(execute: Callable[..., Any], sql: str, params: Any, *args: Any) -> Any:
+        sent.append((sql, list(params or [])))
+        return execute(sql, params, *args)
+
+    with connection.execute_wrapper(record):
+        assert wsgi_call(path, str(uuid.uuid4())) == 201
+    claims = [one for one in sent if "django_idempotency_claim(" in one[0]]
+    writes = [one for one in sent if one[0].startswith("UPDATE") and "idempotencykey" in one[0]]
+    if len(claims) != 1 or len(writes) != 1:
+        return None
+    return Captured(claims[0], writes[0])
+
+
+def send_claim(cursor: Any, captured: Captured, key_hash: str) -> tuple[int, Any]:
+    """The captured claim for ``key_hash`` with a fresh lock token; the record's id and token."""
+    sql, params = captured.claim
+    token = uuid.uuid4()
+    # The claim's parameters: scope, key_hash, method, path, request_hash, lock_token, ...
+    cursor.execute(sql, [params[0], key_hash, *params[2:5], token, *params[6:]])
+    return int(cursor.fetchone()[0]), token
+
+
+def send_write(cursor: Any, captured: Captured, pk: int, token: Any) -> None:
+    """The captured result write, fenced by the record ``pk`` and its lock ``token``."""
+    sql, params = captured.write
+    cursor.execute(sql, [*params[:-3], pk, token, params[-1]])
+    assert cursor.rowcount == 1, "the result write matched no record"
+
+
 def traced(path: str, key: str | None, expected: int) -> Trace:
     with tracing() as trace:
         status = wsgi_call(path, key)
@@ -273,6 +317,14 @@ def show(label: str, trace: Trace, bare: Trace, *, replay: bool = False) -> None
         print(f"    {sql[:110]}{'...' if len(sql) > 110 else ''}")
 
 
+#: The app's own statements of each path, timed alone (PostgreSQL): see statement_floors_of.
+STATEMENTS = (
+    "claim + write",
+    "BEGIN, claim, write, COMMIT",
+    "claim, live key",
+    "BEGIN, claim, COMMIT",
+)
+
 #: The issue's goals for each path's ratio over the bare view (median latency).
 GOALS = {
     "two-phase first": 1.70,
@@ -297,6 +349,10 @@ def latency(rounds: int, database: str) -> None:
         "django only",
     ]
     server = ["round trip", "indexed read", "durable commit"]
+    captured = {mode: capture(PATHS[mode]) for mode in ("two-phase", "atomic")}
+    two_phase, atomic = captured["two-phase"], captured["atomic"]
+    if two_phase is not None and atomic is not None:
+        server += [*STATEMENTS]
     samples: dict[str, list[float]] = {name: [] for name in [*operations, *server]}
     clock = time.perf_counter_ns
 
@@ -305,6 +361,39 @@ def latency(rounds: int, database: str) -> None:
         status = wsgi_call(path, key)
         samples[name].append((clock() - start) / 1e6)
         assert status == 201, f"{name}: {status}"
+
+    def timed_statements(name: str, call: Callable[[], None]) -> None:
+        start = clock()
+        call()
+        samples[name].append((clock() - start) / 1e6)
+
+    def app_statements(cursor: Any, keys: dict[str, str]) -> list[Callable[[], None]]:
+        """The app's own statements of each path, sent alone, in the same rounds."""
+        from django.db import transaction
+
+        assert two_phase is not None and atomic is not None
+
+        def two_phase_first() -> None:
+            pk, token = send_claim(cursor, two_phase, keys["two-phase statements"])
+            send_write(cursor, two_phase, pk, token)
+
+        def atomic_first() -> None:
+            with transaction.atomic():
+                pk, token = send_claim(cursor, atomic, keys["atomic statements"])
+                send_write(cursor, atomic, pk, token)
+
+        def replay() -> None:
+            send_claim(cursor, two_phase, keys["two-phase statements"])
+
+        def atomic_replay() -> None:
+            with transaction.atomic():
+                send_claim(cursor, atomic, keys["atomic statements"])
+
+        calls = [two_phase_first, atomic_first, replay, atomic_replay]
+        return [
+            partial(timed_statements, name, call)
+            for name, call in zip(STATEMENTS, calls, strict=True)
+        ]
 
     def timed_sql(cursor: Any, name: str, sql: str, params: list[Any] | None = None) -> None:
         start = clock()
@@ -339,6 +428,13 @@ def latency(rounds: int, database: str) -> None:
                 partial(timed, "two-phase replay", PATHS["two-phase"], keys["two-phase"]),
                 partial(timed, "atomic replay", PATHS["atomic"], keys["atomic"]),
             ]
+            if "claim + write" in server:
+                keys |= {
+                    f"{mode} statements": uuid.uuid4().hex * 2 for mode in ("two-phase", "atomic")
+                }
+                statements_ = app_statements(cursor, keys)
+                firsts += statements_[:2]
+                replays += statements_[2:]
             one_round(firsts, replays, samples if index == warmup - 1 else None)
         cursor.execute("DROP TABLE bench_baseline")
     elapsed = time.monotonic() - started
@@ -371,6 +467,19 @@ def latency(rounds: int, database: str) -> None:
     for name, (floor, why) in floors.items():
         print(f"  {name:<18} {floor / bare:.2f}  {why}")
     print()
+    statement_floors = statement_floors_of(medians)
+    if statement_floors:
+        print("The app's own statements, sent alone through Django's cursor in the same rounds")
+        print("(the claim function's call and the fenced result write, as a request sends them):")
+        for name in STATEMENTS:
+            print(f"  {name:<30} {medians[name]:.3f} ms")
+        print()
+        print("Floors with those statements: the least each ratio can be with no Python of the")
+        print("app at all, and what the app's Python (and Django's cursor work for it) adds:")
+        for name, (floor, why) in statement_floors.items():
+            python = medians[name] - floor
+            print(f"  {name:<18} {floor / bare:.2f}  app Python {python:+.3f} ms  ({why})")
+        print()
     print(summary(database, medians))
     print()
 
@@ -493,6 +602,34 @@ def floors_of(medians: dict[str, float]) -> dict[str, tuple[float, str]]:
         "atomic first": (bare + 4 * trip, "bare + 2 statements + BEGIN/COMMIT (4 round trips)"),
         "two-phase replay": (replay, "django only (with its auth query) + 1 indexed read"),
         "atomic replay": (replay + 2 * trip, "django only + BEGIN/COMMIT + 1 indexed read"),
+    }
+
+
+def statement_floors_of(medians: dict[str, float]) -> dict[str, tuple[float, str]]:
+    """Each path's latency with the app's own statements but none of its Python, in ms.
+
+    A two-phase first execution is the bare view plus the claim and the result write, each
+    committed. An atomic one runs the view's ``INSERT`` inside the app's transaction, so the
+    bare view's own durable commit becomes the transaction's: the transaction's time less a
+    durable commit's flush (a durable commit less a round trip). A replay is Django's handling
+    and the claim of a live key, in atomic mode inside ``BEGIN`` and ``COMMIT``. Empty where
+    the statements were not timed (MySQL/MariaDB).
+    """
+    if not all(name in medians for name in STATEMENTS):
+        return {}
+    bare, django = medians["bare"], medians["django only"]
+    flush = medians["durable commit"] - medians["round trip"]
+    return {
+        "two-phase first": (bare + medians["claim + write"], "bare + claim + write"),
+        "atomic first": (
+            bare + medians["BEGIN, claim, write, COMMIT"] - flush,
+            "bare + BEGIN, claim, write, COMMIT - one flush",
+        ),
+        "two-phase replay": (django + medians["claim, live key"], "django only + claim"),
+        "atomic replay": (
+            django + medians["BEGIN, claim, COMMIT"],
+            "django only + BEGIN, claim, COMMIT",
+        ),
     }
 
 

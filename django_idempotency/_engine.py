@@ -173,11 +173,12 @@ def _outcome(
 
     ``claimed`` is logged and signalled but not counted: the attempt's end is.
     """
-    if claim is None:
-        facts = telemetry.log_facts(outcome, attempt.key_hash, attempt.scope)
-    else:
-        facts = telemetry.claim_facts(outcome, claim)
-    logger.log(level, message, *args, exc_info=exc_info, extra=facts)
+    if logger.isEnabledFor(level):  # the facts hash the scope: not for a line not logged
+        if claim is None:
+            facts = telemetry.log_facts(outcome, attempt.key_hash, attempt.scope)
+        else:
+            facts = telemetry.claim_facts(outcome, claim)
+        logger.log(level, message, *args, exc_info=exc_info, extra=facts)
     if signal is not None:
         if claim is not None:
             sent["claim"] = claim

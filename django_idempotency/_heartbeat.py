@@ -82,28 +82,41 @@ class Renewer:
         self._due: dict[Group, float] = {}
         self._failures: dict[Group, int] = {}
         self._thread: threading.Thread | None = None
+        #: Whether the thread holds a connection it opened to renew (closed once idle).
+        self._connected = False
 
     def start(self, claim: Claim, policy: Policy, request: HttpRequest | None) -> None:
         """Renew ``claim``'s lock until :meth:`stop`, if the policy asks and it is committed."""
         if not policy.heartbeat or connections[claim.alias].in_atomic_block:
             return
         lease = _Lease(claim, request)
+        group = lease.group
         with self._cond:
             self._leases[id(claim)] = lease
-            self._due.setdefault(lease.group, time.monotonic() + interval(claim.lock_timeout))
             if self._thread is None:
+                self._due[group] = time.monotonic() + interval(claim.lock_timeout)
                 self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
                 self._thread.start()
-            else:
+            elif group not in self._due:
+                self._due[group] = time.monotonic() + interval(claim.lock_timeout)
                 self._cond.notify()
+            # Otherwise the thread already wakes at the group's next renewal, no later than
+            # this attempt's first is due: waking it now would cost every request a thread
+            # switch (renewing early is harmless; late is what loses a lock).
 
     def stop(self, claim: Claim | None) -> None:
         """Stop renewing ``claim``'s lock (at once; nothing if it was not renewed)."""
         if claim is None:
             return
         with self._cond:
-            if self._leases.pop(id(claim), None) is not None and not self._leases:
+            if (
+                self._leases.pop(id(claim), None) is not None
+                and not self._leases
+                and self._connected
+            ):
                 self._cond.notify()  # close the connection now
+            # A thread that never connected (every attempt was shorter than an interval)
+            # finds out at its next wake-up: no thread switch per request.
 
     def live(self) -> int:
         """How many attempts are being renewed."""
@@ -118,11 +131,16 @@ class Renewer:
         try:
             while (work := self._next()) is not None:
                 if not work:
-                    _close_connections()
+                    self._disconnect()
                 for group, leases in work:
                     self._renew(group, leases)
         finally:
-            _close_connections()
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        with self._cond:
+            self._connected = False
+        _close_connections()
 
     def _next(self) -> list[tuple[Group, list[_Lease]]] | None:
         """The groups due for renewal; ``[]``: close the connection; ``None``: exit."""
@@ -162,6 +180,8 @@ class Renewer:
     def _renew(self, group: Group, leases: list[_Lease]) -> None:
         alias, lock_timeout = group
         held: set[int] = set()
+        with self._cond:
+            self._connected = True
         try:
             for start in range(0, len(leases), BATCH):
                 batch = leases[start : start + BATCH]
@@ -198,7 +218,7 @@ class Renewer:
             wait,
             exc,
         )
-        _close_connections()
+        self._disconnect()
 
 
 def _close_connections() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.overhead import floors_of, summary
+from benchmarks.overhead import STATEMENTS, floors_of, statement_floors_of, summary
 
 #: What the benchmark times on the server alone, and the bare view and "django only", in ms.
 SERVER = {
@@ -42,3 +42,27 @@ def test_summary_gives_each_path_its_ratio_floor_and_goal() -> None:
         "two-phase replay 0.50 (floor 0.35, goal 0.85); "
         "atomic replay 0.70 (floor 0.55, goal 1.00)"
     )
+
+
+def test_statement_floors_add_the_apps_own_statements_timed_alone() -> None:
+    medians = {
+        **SERVER,
+        "claim + write": 0.9,
+        "BEGIN, claim, write, COMMIT": 1.0,
+        "claim, live key": 0.3,
+        "BEGIN, claim, COMMIT": 0.5,
+    }
+
+    floors = {name: floor for name, (floor, _why) in statement_floors_of(medians).items()}
+
+    assert floors["two-phase first"] == pytest.approx(1.9)  # bare + claim + write
+    # The view's INSERT commits with the app's transaction: one durable flush (0.3 - 0.1) less.
+    assert floors["atomic first"] == pytest.approx(1.8)
+    assert floors["two-phase replay"] == pytest.approx(0.5)  # Django and auth + the claim
+    assert floors["atomic replay"] == pytest.approx(0.7)
+
+
+def test_no_statement_floors_where_the_statements_were_not_timed() -> None:
+    """MySQL/MariaDB: the claim is not one statement to send alone."""
+    assert set(STATEMENTS) - set(SERVER) == set(STATEMENTS)
+    assert statement_floors_of(SERVER) == {}

@@ -66,6 +66,12 @@ def test_overhead_benchmark_runs(flags: list[str], options: str) -> None:
     for path, goal in (("two-phase first", "1.70"), ("atomic replay", "1.00")):
         row = rf"{path} +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+ +[+-][\d.]+  <= {goal} (met|MISSED)"
         assert re.search(row, output), path
+    if connection.vendor == "postgresql":  # the claim function's call, timed alone
+        assert re.search(r"^  claim \+ write +[\d.]+ ms$", output, re.M)
+        row = r"^  two-phase first +[\d.]+  app Python [+-][\d.]+ ms  \(bare \+ claim \+ write\)$"
+        assert re.search(row, output, re.M)
+    else:
+        assert "The app's own statements" not in output
     summary = r"^summary (PostgreSQL|MariaDB|MySQL) [\d.]+, .*; atomic replay [\d.]+ \(floor"
     assert re.search(summary, output, re.M)
 

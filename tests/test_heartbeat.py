@@ -404,3 +404,36 @@ def test_renewal_stops_when_the_attempt_raises_or_is_cancelled(renewals: Renewal
     async_to_sync(cancelled)()
     wait_until(lambda: heartbeat.renewer.live() == 0, "a cancelled attempt is still renewed")
     assert renewals.updates() >= 1
+
+
+class CountingCondition(threading.Condition):
+    """The renewer's condition, counting how often an attempt wakes its thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_short_attempts_do_not_wake_the_renewer_thread(
+    renewals: Renewals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server answering one fast request after another pays no thread switch per request:
+    once the thread waits for the group's renewal, a new attempt of the group is renewed by
+    that wake-up (no later than its own first renewal), and the last one to end leaves the
+    thread, which opened no connection, asleep."""
+    condition = CountingCondition()
+    monkeypatch.setattr(heartbeat.renewer, "_cond", condition)
+    assert slow(str(uuid.uuid4())) == 1  # starts the thread for this alias and lock_timeout
+    assert heartbeat.renewer.running()
+    for _ in range(20):
+        assert slow(str(uuid.uuid4())) == 1
+    assert condition.notified == 0
+    assert renewals.statements == []
+    # A group the thread does not wait for yet is due sooner than its wake-up: woken.
+    fast = idempotent_function(key="message_id", lock_timeout=LOCK / 2)(slow.__wrapped__)
+    assert fast(str(uuid.uuid4())) == 1
+    assert condition.notified == 1
