@@ -7,7 +7,7 @@ import re
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
-from rest_framework import serializers, viewsets
+from rest_framework import viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,6 +15,7 @@ from django_idempotency.decorators import idempotent
 from django_idempotency.fingerprints import json_fingerprint
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
+from tests.testapp.views import ExecutionSerializer
 
 ORDER_KEY = re.compile(r"order-[0-9]{1,10}")
 #: Leaves out a client timestamp and a nonce: the volatile parts of the tests' bodies.
@@ -88,17 +89,11 @@ class DrfVolatile(IdempotencyMixin, APIView):
         return Response({"ok": True}, status=201)
 
 
-class Note(serializers.ModelSerializer[Execution]):
-    class Meta:
-        model = Execution
-        fields = ["id", "label", "payload"]
-
-
 class VolatileViewSet(IdempotencyMixin, viewsets.ModelViewSet):  # type: ignore[type-arg]
     """A plain function as the class attribute: read from the class, it is never bound."""
 
     queryset = Execution.objects.all()
-    serializer_class = Note
+    serializer_class = ExecutionSerializer
     idempotency_fingerprint = VOLATILE
     idempotency_scope = tenant_scope
     idempotency_key_format = ORDER_KEY
