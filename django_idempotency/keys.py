@@ -88,6 +88,7 @@ class KeyFormat:
 
 
 ANY = KeyFormat("any")
+UUID = KeyFormat("uuid", UUID_PATTERN)
 
 
 def key_format(value: object) -> KeyFormat:
@@ -105,7 +106,7 @@ def key_format(value: object) -> KeyFormat:
     if value == "any":
         return ANY
     if value == "uuid":
-        return KeyFormat("uuid", UUID_PATTERN)
+        return UUID
     raise ValueError(
         f"key_format must be 'any', 'uuid' or a compiled regular expression "
         f"(re.compile(...)), not {value!r}."

@@ -162,14 +162,19 @@ def test_key_format_is_a_setting_a_views_option_overrides(post: Post) -> None:
     assert post("/create/", key="abd").status_code == 201
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/policy/scope-raises/", "/policy/async-scope-raises/", "/policy/class-scope-raises/"],
+    ids=["function", "async", "class"],
+)
 def test_a_scope_function_that_raises_stops_the_request(
-    post: Post, caplog: pytest.LogCaptureFixture
+    post: Post, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:
     with (
         caplog.at_level(logging.ERROR, "django_idempotency"),
         pytest.raises(LookupError, match="no tenant header") as raised,
     ):
-        post("/policy/scope-raises/", key="k1")
+        post(path, key="k1")
     assert executions() == 0
     assert not IdempotencyKey.objects.exists()
     (logged,) = [r for r in caplog.records if r.name == "django_idempotency"]
@@ -178,7 +183,7 @@ def test_a_scope_function_that_raises_stops_the_request(
     assert "tests.testapp.policy_views.broken_scope" in message
     assert "the view's scope option" in message
     assert "raised LookupError: no tenant header" in message
-    assert "POST /policy/scope-raises/" in message
+    assert f"POST {path} request was refused before its view ran" in message
     if sys.version_info >= (3, 11):
         assert raised.value.__notes__ == [message]
 

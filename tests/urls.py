@@ -41,6 +41,8 @@ urlpatterns = [
     path("policy/volatile/", policy_views.volatile),
     path("policy/async-volatile/", policy_views.async_volatile),
     path("policy/scope-raises/", policy_views.scope_raises),
+    path("policy/async-scope-raises/", policy_views.async_scope_raises),
+    path("policy/class-scope-raises/", policy_views.ClassScopeRaises.as_view()),
     path("policy/fingerprint-not-a-str/", policy_views.fingerprint_not_a_str),
     path("policy/class-volatile/", policy_views.ClassVolatile.as_view()),
     path("policy/drf-volatile/", policy_views.DrfVolatile.as_view()),

@@ -66,6 +66,18 @@ def scope_raises(request: HttpRequest) -> HttpResponse:
     return _created(request, "scope-raises")
 
 
+@idempotent(scope=broken_scope)
+async def async_scope_raises(request: HttpRequest) -> HttpResponse:
+    await Execution.objects.acreate(label="async-scope-raises")
+    return HttpResponse(status=201)
+
+
+@method_decorator(idempotent(scope=broken_scope), name="dispatch")
+class ClassScopeRaises(View):
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _created(request, "class-scope-raises")
+
+
 @idempotent(fingerprint=not_a_str_fingerprint)
 def fingerprint_not_a_str(request: HttpRequest) -> HttpResponse:
     return _created(request, "fingerprint-not-a-str")
