@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import IO, Protocol
 
 from django.conf import settings
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 from django.http.request import RawPostDataException
 
 CHUNK_SIZE = 64 * 1024
@@ -67,23 +67,33 @@ def body_chunks(request: HttpRequest) -> bytes | Iterable[bytes]:
     return _reread(_spool(request))
 
 
-def feed_form(digest: Digest, request: HttpRequest) -> None:
-    """Feed a parsed ``multipart/form-data`` body: fields and files by name, files by content.
+def feed_form(digest: Digest, request: HttpRequest, exclude: Collection[str] = ()) -> None:
+    """Feed a parsed ``multipart/form-data`` body: fields and files by name, files by content;
+    those named in ``exclude`` left out.
 
     A small body is read first, so that ``request.body`` stays readable as before.
     """
     if not request._read_started and _fits_in_memory(request):  # type: ignore[attr-defined]
         request.body  # noqa: B018
-    for name, values in sorted(request.POST.lists()):
-        for value in values:
-            _feed_text(digest, b"F", name, value)
+    feed_fields(digest, request.POST, exclude)
     for name, uploads in sorted(request.FILES.lists()):
+        if name in exclude:
+            continue
         for upload in uploads:
             _feed_text(digest, b"U", name, upload.name or "", upload.content_type or "")
             digest.update((upload.size or 0).to_bytes(8, "big"))
             for chunk in upload.chunks(CHUNK_SIZE):
                 digest.update(chunk)
             upload.seek(0)
+
+
+def feed_fields(digest: Digest, fields: QueryDict, exclude: Collection[str] = ()) -> None:
+    """Feed form fields by name, in name order, those named in ``exclude`` left out."""
+    for name, values in sorted(fields.lists()):
+        if name in exclude:
+            continue
+        for value in values:
+            _feed_text(digest, b"F", name, value)
 
 
 def _feed_text(digest: Digest, tag: bytes, *texts: str) -> None:

@@ -8,6 +8,9 @@ lost.
   other, and canonical output is always valid JSON: it can never equal the raw bytes of some
   other, invalid body.
 - Duplicate object keys are kept, in order: ``{"a": 1, "a": 2}`` is not ``{"a": 2}``.
+- Parts of the document can be left out, named by JSON Pointers (RFC 6901) already split into
+  tokens: an object's member is dropped (present or absent, it does not count), an array's
+  element is written as ``?``, which no JSON value is, so the array's length still counts.
 - The output is written without recursion. A document nested deeper than Python's parser
   recursion allows is not canonicalised: :func:`canonical_json` returns ``None`` and its bytes
   count as sent (issue 20).
@@ -16,8 +19,12 @@ lost.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from json.encoder import encode_basestring_ascii
 from typing import Any
+
+#: A JSON Pointer's reference tokens, unescaped: ``"/a/0"`` is ``("a", "0")``.
+Pointer = tuple[str, ...]
 
 
 class _Raw(str):
@@ -29,10 +36,12 @@ class _Object(list[tuple[str, Any]]):
 
 
 _TRUE, _FALSE, _NULL = _Raw("true"), _Raw("false"), _Raw("null")
+_EXCLUDED = _Raw("?")
 
 
-def canonical_json(body: bytes) -> bytes | None:
-    """The canonical form of a JSON body, or ``None`` when it is not JSON that can be read."""
+def canonical_json(body: bytes, exclude: Collection[Pointer] = ()) -> bytes | None:
+    """The canonical form of a JSON body, or ``None`` when it is not JSON that can be read;
+    without the parts ``exclude`` points at."""
     try:
         document = json.loads(
             body,
@@ -43,7 +52,38 @@ def canonical_json(body: bytes) -> bytes | None:
         )
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
+    for pointer in exclude:
+        _exclude(document, pointer)
     return _write(document).encode("ascii")
+
+
+def _exclude(document: Any, pointer: Pointer) -> None:
+    """Leave out what ``pointer`` names; each of an object's duplicate members is followed."""
+    nodes = [document]
+    for token in pointer[:-1]:
+        nodes = [child for node in nodes for child in _children(node, token)]
+    last = pointer[-1]
+    for node in nodes:
+        if isinstance(node, _Object):
+            node[:] = [(name, value) for name, value in node if name != last]
+        elif isinstance(node, list) and (index := _index(node, last)) is not None:
+            node[index] = _EXCLUDED
+
+
+def _children(node: Any, token: str) -> list[Any]:
+    if isinstance(node, _Object):
+        return [value for name, value in node if name == token]
+    if isinstance(node, list) and (index := _index(node, token)) is not None:
+        return [node[index]]
+    return []
+
+
+def _index(array: list[Any], token: str) -> int | None:
+    """The array index a token names (RFC 6901: digits, no leading zero), if within bounds."""
+    if not token.isdigit() or not token.isascii() or (token != "0" and token[0] == "0"):
+        return None
+    index = int(token)
+    return index if index < len(array) else None
 
 
 def _write(document: Any) -> str:

@@ -5,6 +5,8 @@ async: :class:`HttpAdapter` is what :mod:`._lifecycle` needs to know of HTTP.
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -54,15 +56,18 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             return Answer(problems.missing_key(conf.HEADER))
         try:
             key = parse_key(header, min_length=conf.MIN_KEY_LENGTH)
+            policy.key_format.check(key)
         except InvalidKey as exc:
             self._key_refused("invalid_key", policy, str(exc))
             return Answer(problems.invalid_key(str(exc)))
-        scope = _scope(request)
+        scope = bounded_scope(_call(policy.scope, "scope", request))
         return engine.Attempt(
             key=key,
             scope=scope,
             key_hash=hash_key(key),
-            fingerprint=bounded_fingerprint(conf.FINGERPRINT_FUNCTION(request, scope)),
+            fingerprint=bounded_fingerprint(
+                _call(policy.fingerprint, "fingerprint", request, scope)
+            ),
             method=request.method or "",
             path=request.get_full_path(),
             request=request,
@@ -138,8 +143,41 @@ def _operation(request: HttpRequest) -> str:
     return match.route or match.view_name
 
 
-def _scope(request: HttpRequest) -> str:
-    return bounded_scope(conf.SCOPE_FUNCTION(request))
+def _call(function: Callable[..., object], option: str, request: HttpRequest, *args: str) -> str:
+    """The view's scope or fingerprint, from its function or the setting's.
+
+    One that raises, or returns anything but a ``str``, is a bug in the project: the exception
+    propagates (its type kept: a database error stays one), with a note and an ERROR log naming
+    the function, before anything is claimed or the view runs (issue 18).
+    """
+    try:
+        value = function(request, *args)
+    except Exception as exc:
+        note = _failed(function, option, request, f"raised {type(exc).__name__}: {exc}")
+        if sys.version_info >= (3, 11):  # shown under the traceback, by Django's too
+            exc.add_note(note)
+        raise
+    if isinstance(value, str):
+        return value
+    raise TypeError(
+        _failed(function, option, request, f"returned {type(value).__name__}, not a str")
+    )
+
+
+def _failed(function: Callable[..., object], option: str, request: HttpRequest, what: str) -> str:
+    setting = f"{option.upper()}_FUNCTION"
+    where = (
+        f"IDEMPOTENCY[{setting!r}]"
+        if function is getattr(conf, setting)
+        else f"the view's {option} option"
+    )
+    name = getattr(function, "__qualname__", None) or repr(function)
+    message = (
+        f"The {option} function {getattr(function, '__module__', '')}.{name} ({where}) {what}; "
+        f"the {request.method} {request.path} request was refused before its view ran."
+    )
+    logger.error(message, extra=telemetry.log_facts("policy_function_failed"))
+    return message
 
 
 def _replay(record: IdempotencyKey) -> HttpResponseBase:

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import inspect
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypedDict
+from functools import cache
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency import durations
-from django_idempotency.conf import IN_PROGRESS_POLICIES, conf, derived
+from django_idempotency.conf import (
+    IN_PROGRESS_POLICIES,
+    FingerprintFunction,
+    ScopeFunction,
+    conf,
+    derived,
+)
 from django_idempotency.durations import Duration
+from django_idempotency.keys import ANY, KeyFormat, key_format
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
@@ -28,13 +38,17 @@ class CallOptions(TypedDict, total=False):
     in_progress: str | None
     wait_timeout: Duration | None
     heartbeat: bool | None
+    key_format: str | re.Pattern[str] | None
 
 
 class ViewOptions(CallOptions, total=False):
-    """... and those of a view: whether a key is required, and which methods it protects."""
+    """... and those of a view: whether a key is required, which methods it protects, and the
+    functions of the request that replace ``SCOPE_FUNCTION`` and ``FINGERPRINT_FUNCTION``."""
 
     required: bool | None
     methods: Iterable[str] | None
+    scope: ScopeFunction | None
+    fingerprint: FingerprintFunction | None
 
 
 #: The names each kind of entry point accepts.
@@ -54,6 +68,9 @@ class Options:
     wait_timeout: timedelta | None = None
     methods: frozenset[str] | None = None
     heartbeat: bool | None = None
+    key_format: KeyFormat | None = None
+    scope: ScopeFunction | None = None
+    fingerprint: FingerprintFunction | None = None
 
     @classmethod
     def build(
@@ -76,6 +93,11 @@ class Options:
                 wait_timeout=_positive(options.get("wait_timeout"), "wait_timeout"),
                 methods=_methods(options.get("methods")),
                 heartbeat=_flag(options.get("heartbeat"), "heartbeat"),
+                key_format=_key_format(options.get("key_format")),
+                scope=_function(options.get("scope"), "scope", SCOPE_ARGUMENTS),
+                fingerprint=_function(
+                    options.get("fingerprint"), "fingerprint", FINGERPRINT_ARGUMENTS
+                ),
             )
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
@@ -98,8 +120,15 @@ class Policy:
     wait_timeout: timedelta
     methods: frozenset[str]
     alias: str
+    #: Whose key it is (``SCOPE_FUNCTION``, or the view's ``scope``); resolved here, once, so a
+    #: request reads one attribute whichever it is.
+    scope: ScopeFunction
+    #: What makes a retry the same request (``FINGERPRINT_FUNCTION``, or ``fingerprint``).
+    fingerprint: FingerprintFunction
     #: Whether a committed claim's lock is renewed while the attempt runs (:mod:`._heartbeat`).
     heartbeat: bool = True
+    #: What a key must look like (``KEY_FORMAT``, or the view's ``key_format``).
+    key_format: KeyFormat = ANY
 
     def protects(self, method: str | None) -> bool:
         return method in self.methods and method not in SAFE_METHODS
@@ -139,6 +168,9 @@ def _policy(options: Options) -> Policy:
         methods=options.methods or conf.METHODS,
         alias=conf.DATABASE_ALIAS,
         heartbeat=conf.HEARTBEAT if options.heartbeat is None else options.heartbeat,
+        key_format=options.key_format or conf.KEY_FORMAT,
+        scope=options.scope or conf.SCOPE_FUNCTION,
+        fingerprint=options.fingerprint or conf.FINGERPRINT_FUNCTION,
     )
 
 
@@ -150,6 +182,48 @@ def _flag(value: bool | None, name: str) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, not {value!r}.")
     return value
+
+
+def _key_format(value: object) -> KeyFormat | None:
+    return None if value is None else key_format(value)
+
+
+#: The arguments each function of the request is called with.
+SCOPE_ARGUMENTS = ("request",)
+FINGERPRINT_ARGUMENTS = ("request", "scope")
+
+
+def _function(value: Any, name: str, arguments: tuple[str, ...]) -> Any:
+    if value is None:
+        return None
+    if error := signature_error(value, arguments):
+        raise TypeError(f"{name} {error}")
+    return value
+
+
+@cache
+def signature_error(function: Callable[..., Any], arguments: tuple[str, ...]) -> str | None:
+    """Why ``function`` cannot be called with ``arguments`` positionally, or ``None``.
+
+    Checked when the view is decorated (and by the system checks for the settings), so a
+    ``def scope(self, request)`` fails at import rather than on the first request. Cached: the
+    DRF mixin builds its options on every request.
+    """
+    if not callable(function):
+        return f"must be a callable taking ({', '.join(arguments)}), not {function!r}."
+    wanted = f"f({', '.join(arguments)})"
+    try:
+        signature = inspect.signature(function)
+    except ValueError:  # no signature to read (some builtins): trust it
+        return None
+    if next(iter(signature.parameters), None) in ("self", "cls"):
+        # A method written in a view class: it is read from the class, and called unbound.
+        return f"{function!r} is called as {wanted}, without self: use a staticmethod."
+    try:
+        signature.bind(*arguments)
+    except TypeError:
+        return f"{function!r} cannot be called as {wanted}."
+    return None
 
 
 def _in_progress(value: str | None) -> str | None:

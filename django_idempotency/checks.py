@@ -16,10 +16,17 @@ from django.db.utils import load_backend
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from django_idempotency import durations
-from django_idempotency._options import SAFE_METHODS, Options, ttl_under_lock
+from django_idempotency._options import (
+    FINGERPRINT_ARGUMENTS,
+    SAFE_METHODS,
+    SCOPE_ARGUMENTS,
+    Options,
+    signature_error,
+    ttl_under_lock,
+)
 from django_idempotency._store import VENDORS
 from django_idempotency.conf import DEFAULTS, IN_PROGRESS_POLICIES, import_callable, user_settings
-from django_idempotency.keys import MAX_KEY_LENGTH
+from django_idempotency.keys import MAX_KEY_LENGTH, key_format
 from django_idempotency.responses import NEVER_STORED
 
 DOCS = "See https://django-idempotency.readthedocs.io/en/latest/settings.html"
@@ -88,11 +95,35 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
             )
         )
     errors += _check_headers(value["REPLAYED_HEADERS"])
-    for id_, name in ((15, "SCOPE_FUNCTION"), (16, "FINGERPRINT_FUNCTION")):
+    for id_, signature_id, name, arguments in (
+        (15, 24, "SCOPE_FUNCTION", SCOPE_ARGUMENTS),
+        (16, 25, "FINGERPRINT_FUNCTION", FINGERPRINT_ARGUMENTS),
+    ):
         try:
-            import_callable(value[name])
+            function = import_callable(value[name])
         except (ImportError, TypeError, ValueError) as exc:
             errors.append(_error(id_, f"IDEMPOTENCY[{name!r}] cannot be used: {exc}"))
+            continue
+        if signature := signature_error(function, arguments):
+            # What it returns is checked on each request (a TypeError naming it).
+            errors.append(
+                _error(
+                    signature_id,
+                    f"IDEMPOTENCY[{name!r}] {signature}",
+                    hint=f"It is called as f({', '.join(arguments)}) and returns a str.",
+                )
+            )
+    try:
+        key_format(value["KEY_FORMAT"])
+    except (TypeError, ValueError) as exc:
+        errors.append(
+            _error(
+                23,
+                f"IDEMPOTENCY['KEY_FORMAT']: {exc}",
+                hint="A string is a name ('any' or 'uuid'), never a pattern: give a pattern "
+                "as re.compile(r'...').",
+            )
+        )
     if not _positive_int(value["MAX_BODY_SIZE"]):
         errors.append(_error(17, "IDEMPOTENCY['MAX_BODY_SIZE'] must be a positive integer."))
     if not _absolute_uri(value["PROBLEM_TYPE_BASE"]):

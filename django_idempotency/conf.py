@@ -20,6 +20,7 @@ from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from django_idempotency.durations import to_timedelta
+from django_idempotency.keys import KeyFormat, key_format
 
 if TYPE_CHECKING:
     from django.http import HttpRequest
@@ -50,6 +51,7 @@ DEFAULTS: Mapping[str, Any] = {
     "MAX_BODY_SIZE": 1024 * 1024,
     "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/problems.html#",
     "HEARTBEAT": True,
+    "KEY_FORMAT": "any",
 }
 
 IN_PROGRESS_POLICIES = ("conflict", "wait")
@@ -115,6 +117,13 @@ def _duration(name: str) -> Callable[[Any], timedelta]:
     return convert
 
 
+def _key_format(value: Any) -> KeyFormat:
+    try:
+        return key_format(value)
+    except (TypeError, ValueError) as exc:  # the system checks say so first
+        raise ImproperlyConfigured(f"IDEMPOTENCY['KEY_FORMAT']: {exc}") from exc
+
+
 def _upper_set(values: Any) -> frozenset[str]:
     return frozenset(str(value).upper() for value in values)
 
@@ -145,6 +154,7 @@ class Settings:
     MAX_BODY_SIZE = _Setting(int)
     PROBLEM_TYPE_BASE = _Setting(str)
     HEARTBEAT = _Setting(bool)
+    KEY_FORMAT = _Setting(_key_format)
 
 
 conf = Settings()

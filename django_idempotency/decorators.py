@@ -35,7 +35,10 @@ def idempotent(
 
     Usable bare (``@idempotent``) or with options, which override ``settings.IDEMPOTENCY``:
     ``required``, ``ttl``, ``lock_timeout``, ``atomic``, ``in_progress``, ``wait_timeout``,
-    ``methods`` and ``heartbeat`` (see :doc:`/settings`). Works on function views, on
+    ``methods`` and ``heartbeat`` (see :doc:`/settings`), and ``scope`` (a function of the
+    request), ``fingerprint`` (a function of the request and the scope) and ``key_format``
+    (``"any"``, ``"uuid"`` or a compiled regular expression), which replace ``SCOPE_FUNCTION``,
+    ``FINGERPRINT_FUNCTION`` and ``KEY_FORMAT`` for this view. Works on function views, on
     ``View.dispatch`` through ``method_decorator``, and on ``async def`` views
     (``atomic=True`` needs a sync view: Django transactions are sync).
     """

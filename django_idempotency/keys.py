@@ -9,6 +9,8 @@ cannot contain ``,``: that is how a list of values, or two header lines joined, 
 from __future__ import annotations
 
 import hashlib
+import re
+from dataclasses import dataclass
 
 MAX_KEY_LENGTH = 255
 #: The longest header value: a quoted key of ``MAX_KEY_LENGTH`` characters, every one escaped.
@@ -46,6 +48,69 @@ def parse_key(value: str, *, min_length: int = 1) -> str:
     if len(key) < min_length:
         raise InvalidKey(f"The Idempotency-Key is shorter than {min_length} characters.")
     return key
+
+
+#: A UUID as RFC 9562 writes it: 8-4-4-4-12 hexadecimal digits, any version. Either case is
+#: accepted (RFC 9562 section 4: "case insensitive on input"); the key is still the text sent,
+#: so a client retries with the same spelling, as it would anyway.
+UUID_PATTERN = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+KEY_FORMATS = ("any", "uuid")
+
+
+@dataclass(frozen=True)
+class KeyFormat:
+    """What a key must look like once parsed (``KEY_FORMAT``, the ``key_format`` option).
+
+    It restricts the key, not its spelling: ``"8e03978e-..."`` and its bare form are the same
+    key, and both are accepted.
+    """
+
+    #: ``"any"``, ``"uuid"`` or ``"pattern"`` (a compiled regular expression of your own).
+    name: str
+    #: What the key must match in full; ``None`` for ``"any"``.
+    pattern: re.Pattern[str] | None = None
+
+    @property
+    def description(self) -> str:
+        """The format in words, for the ``400`` problem and the published policy."""
+        if self.pattern is None:
+            return "any key"
+        if self.name == "uuid":
+            return "a UUID (8-4-4-4-12 hexadecimal digits)"
+        return f"a key matching the regular expression {self.pattern.pattern}"
+
+    def check(self, key: str, subject: str = "The Idempotency-Key") -> None:
+        """Raise :class:`InvalidKey`, naming the expected format, when ``key`` does not match."""
+        if self.pattern is not None and self.pattern.fullmatch(key) is None:
+            raise InvalidKey(f"{subject} must be {self.description}.")
+
+
+ANY = KeyFormat("any")
+UUID = KeyFormat("uuid", UUID_PATTERN)
+
+
+def key_format(value: object) -> KeyFormat:
+    """The :class:`KeyFormat` of a ``KEY_FORMAT`` value; ``TypeError``/``ValueError`` if bad.
+
+    A string is a name, never a regular expression: a typo (``"uuid4"``) must not silently
+    become a pattern that matches only itself.
+    """
+    if isinstance(value, KeyFormat):
+        return value
+    if isinstance(value, re.Pattern):
+        if not isinstance(value.pattern, str):
+            raise TypeError("a key_format pattern must be compiled from a str, not bytes.")
+        return KeyFormat("pattern", value)
+    if value == "any":
+        return ANY
+    if value == "uuid":
+        return UUID
+    raise ValueError(
+        f"key_format must be 'any', 'uuid' or a compiled regular expression "
+        f"(re.compile(...)), not {value!r}."
+    )
 
 
 def _parse_sf_string(value: str) -> str:

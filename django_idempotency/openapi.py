@@ -187,7 +187,8 @@ def _key_parameter(policy: Policy) -> dict[str, Any]:
         "A unique key (a UUID) for this operation; retrying with the same key and request "
         "returns the first response instead of running the operation again. A Structured Field "
         f'string (`"…"`) or a bare value, {conf.MIN_KEY_LENGTH} to {MAX_KEY_LENGTH} printable '
-        f"ASCII characters. Remembered for {published.duration_text(policy.ttl)}."
+        f"ASCII characters{published.format_text(policy)}. Remembered for "
+        f"{published.duration_text(policy.ttl)}."
     )
     if not policy.required:
         description += " Optional: without it the request is not protected."

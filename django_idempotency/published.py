@@ -4,20 +4,21 @@ The IETF draft (draft-ietf-httpapi-idempotency-key-header-07, "Responsibilities"
 resource server MUST publish its idempotency policy, including its expiry, and ("Security
 Considerations") the format of its keys. :func:`describe` gives that policy as data (the
 OpenAPI ``x-idempotency`` extension, or a page of a site without DRF) and :func:`summary` as a
-paragraph for people; neither needs DRF. Per-view key formats and scopes plug in at
-:func:`key_format` and :func:`scope_function`, which read the settings today.
+paragraph for people; neither needs DRF. Key formats and scopes are each view's own
+(``key_format``, ``scope``), as resolved with the settings into its policy.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
 from django_idempotency._options import Options, Policy
 from django_idempotency.conf import conf
-from django_idempotency.keys import MAX_HEADER_LENGTH, MAX_KEY_LENGTH
+from django_idempotency.keys import ANY, MAX_HEADER_LENGTH, MAX_KEY_LENGTH, KeyFormat
 from django_idempotency.responses import REPLAYED_HEADER
 
 DRAFT = "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/"
@@ -32,8 +33,13 @@ _PARAMETERS = r"(?: *;(?:[ -~]*[!-~])?)?"
 _BARE_FIRST, _BARE_MIDDLE, _BARE_LAST = r"[!#-+\--~]", r"[ -+\--~]", r"[!-+\--~]"
 
 
-def key_pattern(min_length: int = 1) -> str:
-    """The pattern of the header values the server accepts as keys of ``min_length`` or more."""
+def key_pattern(min_length: int = 1, key_format: KeyFormat = ANY) -> str:
+    """The pattern of the header values the server accepts as keys of ``min_length`` or more,
+    and of ``key_format``."""
+    if key_format.pattern is not None:
+        key = ecma_pattern(key_format.pattern)
+        # Bare or quoted; the length limits stay in the schema's minLength and maxLength.
+        return f'^(?:"(?:{key})"{_PARAMETERS}|(?:{key}))$'
     quoted = f'"{_SF_CHAR}{{{min_length},{MAX_KEY_LENGTH}}}"{_PARAMETERS}'
     if min_length <= 1:
         bare = f"{_BARE_FIRST}(?:{_BARE_MIDDLE}{{0,{MAX_KEY_LENGTH - 2}}}{_BARE_LAST})?"
@@ -42,9 +48,33 @@ def key_pattern(min_length: int = 1) -> str:
     return f"^(?:{quoted}|{bare})$"
 
 
+# Python's spellings of what ECMA-262 (the dialect of OpenAPI's "pattern") writes otherwise.
+_TO_ECMA = ((re.compile(r"\(\?P<"), "(?<"), (re.compile(r"\(\?P=(\w+)\)"), r"\\k<\1>"))
+
+
+def ecma_pattern(pattern: re.Pattern[str]) -> str:
+    """A ``key_format`` regular expression as OpenAPI's ECMA-262 dialect writes it.
+
+    Named groups are respelled; what ECMA-262 cannot say (flags such as ``re.IGNORECASE``,
+    ``\\A``/``\\Z``, possessive quantifiers) is published as written, and
+    ``docs/openapi.rst`` says so: keep a published pattern to the common subset.
+    """
+    text = pattern.pattern
+    for python, ecma in _TO_ECMA:
+        text = python.sub(ecma, text)
+    return text
+
+
 def key_format(policy: Policy) -> str:
-    """The format of the view's keys: ``"any"`` until views and settings choose (KEY_FORMAT)."""
-    return "any"
+    """The format of the view's keys: ``"any"``, ``"uuid"`` or ``"pattern"`` (in the schema)."""
+    return policy.key_format.name
+
+
+def format_text(policy: Policy) -> str:
+    """The key's format in words, after the spelling rules (``""`` when any key goes)."""
+    if policy.key_format.pattern is None:
+        return ""
+    return f"; the key must be {policy.key_format.description}"
 
 
 def key_schema(policy: Policy) -> dict[str, Any]:
@@ -53,13 +83,13 @@ def key_schema(policy: Policy) -> dict[str, Any]:
         "type": "string",
         "minLength": max(1, conf.MIN_KEY_LENGTH),
         "maxLength": MAX_HEADER_LENGTH,
-        "pattern": key_pattern(conf.MIN_KEY_LENGTH),
+        "pattern": key_pattern(conf.MIN_KEY_LENGTH, policy.key_format),
     }
 
 
 def scope_function(policy: Policy) -> Callable[..., str]:
-    """The function naming the principal a key belongs to: ``SCOPE_FUNCTION`` for now."""
-    return conf.SCOPE_FUNCTION
+    """The function naming the principal a key belongs to: the view's, or ``SCOPE_FUNCTION``."""
+    return policy.scope
 
 
 def scope_text(policy: Policy) -> str:
@@ -114,8 +144,9 @@ def summary(policy: Policy) -> str:
     header = conf.HEADER
     key = f"requires an `{header}` header" if policy.required else f"accepts an `{header}` header"
     scope = scope_text(policy).rstrip(".")
+    unique = "a UUID" if policy.key_format.name != "pattern" else policy.key_format.description
     return (
-        f"**Idempotency.** This operation {key}: a unique key (a UUID) for each operation. "
+        f"**Idempotency.** This operation {key}: a unique key ({unique}) for each operation. "
         f"Sent again with the same key and request, it returns the first response, with "
         f"`{REPLAYED_HEADER}: true`, instead of running again. Keys are remembered for "
         f"{duration_text(policy.ttl)}, and scoped: {scope[:1].lower()}{scope[1:]}. "

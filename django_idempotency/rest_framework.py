@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, cast
 
 from django.http import HttpRequest, HttpResponseBase
@@ -12,6 +13,7 @@ from django_idempotency import _http as protocol
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency._lifecycle import Answer
 from django_idempotency._options import VIEW_OPTIONS, Options, Policy, ViewOptions
+from django_idempotency.conf import FingerprintFunction, ScopeFunction
 from django_idempotency.durations import Duration
 
 if TYPE_CHECKING:
@@ -63,6 +65,10 @@ class IdempotencyMixin(_Base):
     idempotency_wait_timeout: Duration | None = None
     idempotency_methods: Iterable[str] | None = None
     idempotency_heartbeat: bool | None = None
+    idempotency_key_format: str | re.Pattern[str] | None = None
+    #: Functions, not methods: read from the class, they are called without ``self``.
+    idempotency_scope: ScopeFunction | None = None
+    idempotency_fingerprint: FingerprintFunction | None = None
 
     _idempotency: _DispatchAdapter | None = None
 
@@ -73,6 +79,8 @@ class IdempotencyMixin(_Base):
 
     @classmethod
     def get_idempotency_options(cls) -> Options:
+        # Read from the class, a function attribute is the function itself (a staticmethod's
+        # too), never a method bound to the view.
         given = {name: getattr(cls, f"idempotency_{name}") for name in _OPTION_NAMES}
         return Options.build(VIEW_OPTIONS, cls.__name__, **cast(ViewOptions, given))
 

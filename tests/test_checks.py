@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -21,6 +22,20 @@ def ids(config: Any) -> list[str]:
 def test_defaults_pass() -> None:
     assert ids({}) == []
     assert check_database() == []
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"KEY_FORMAT": "any"},
+        {"KEY_FORMAT": "uuid"},
+        {"KEY_FORMAT": re.compile(r"[a-z]{8,}")},
+        {"SCOPE_FUNCTION": lambda request, *rest: "s"},
+        {"FINGERPRINT_FUNCTION": "django_idempotency.fingerprints.request_fingerprint"},
+    ],
+)
+def test_good_values_pass(config: Any) -> None:
+    assert ids(config) == []
 
 
 @pytest.mark.parametrize(
@@ -52,6 +67,13 @@ def test_defaults_pass() -> None:
         ({"SCOPE_FUNCTION": "nowhere.scope"}, "E015"),
         ({"SCOPE_FUNCTION": 42}, "E015"),
         ({"FINGERPRINT_FUNCTION": "django_idempotency.nope"}, "E016"),
+        ({"SCOPE_FUNCTION": lambda: "x"}, "E024"),
+        ({"SCOPE_FUNCTION": "tests.testapp.policy_views.method_scope"}, "E024"),
+        ({"FINGERPRINT_FUNCTION": "django_idempotency.scopes.user_scope"}, "E025"),
+        ({"KEY_FORMAT": "uuid4"}, "E023"),
+        ({"KEY_FORMAT": "^[0-9]+$"}, "E023"),
+        ({"KEY_FORMAT": None}, "E023"),
+        ({"KEY_FORMAT": re.compile(b"[0-9]+")}, "E023"),
         ({"MAX_BODY_SIZE": 0}, "E017"),
         ({"PROBLEM_TYPE_BASE": ""}, "E022"),
         ({"PROBLEM_TYPE_BASE": "/docs/problems#"}, "E022"),

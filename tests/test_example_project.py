@@ -260,6 +260,25 @@ def test_refund_resumes_after_a_crash_and_never_refunds_twice(example: Example) 
     assert example.post(path, {"amount": 250}, key).headers["Idempotent-Replayed"] == "true"
 
 
+def test_charges_take_uuid_keys_and_ignore_sent_at(example: Example) -> None:
+    key = str(uuid.uuid4())
+    body = {"amount": 700, "currency": "usd"}
+    first = example.post("/api/charges/", {**body, "sent_at": "2026-01-01T10:00:00Z"}, key)
+    assert first.status_code == 201
+    retry = example.post("/api/charges/", {**body, "sent_at": "2026-01-01T10:00:05Z"}, key)
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    refused = example.post("/api/charges/", body, "charge-1")
+    assert refused.status_code == 400
+    assert refused.json()["type"].endswith("#invalid-idempotency-key")
+    assert "UUID" in refused.json()["detail"]
+    schema = httpx.get(example.url + "/api/schema/?format=json", timeout=10).json()
+    operation = schema["paths"]["/api/charges/"]["post"]
+    assert operation["x-idempotency"]["keyFormat"] == "uuid"
+    (parameter,) = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
+    assert "[0-9a-fA-F]{8}-" in parameter["schema"]["pattern"]
+
+
 def test_schema_and_swagger_ui(example: Example) -> None:
     schema = httpx.get(example.url + "/api/schema/?format=json", timeout=10)
     assert schema.status_code == 200

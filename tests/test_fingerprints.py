@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-from django.test import RequestFactory
+from typing import Any
 
-from django_idempotency.fingerprints import canonical_body, request_fingerprint
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import RequestFactory, override_settings
+
+from django_idempotency.fingerprints import canonical_body, json_fingerprint, request_fingerprint
 
 factory = RequestFactory()
 
@@ -41,3 +45,131 @@ def test_path_query_string_method_and_scope_count() -> None:
         factory.post("/x/", b"{}", content_type="application/json"), "other"
     )
     assert other_scope != base
+
+
+# json_fingerprint (issue 18)
+
+VOLATILE = json_fingerprint(exclude=["/sent_at", "/meta/nonce", "/items/1", "/a~1b/~0c"])
+
+
+def volatile(body: bytes, content_type: str = "application/json", method: str = "post") -> str:
+    request = getattr(factory, method)("/x/", body, content_type=content_type)
+    return VOLATILE(request, "scope")
+
+
+def test_json_fingerprint_leaves_out_the_pointed_parts() -> None:
+    base = volatile(b'{"n": 1, "sent_at": "10:00", "meta": {"nonce": "a", "v": 1}}')
+    assert volatile(b'{"meta": {"v": 1, "nonce": "b"}, "sent_at": "11:00", "n": 1}') == base
+    assert volatile(b'{"n": 1, "meta": {"v": 1}}') == base  # absent counts as present
+    assert volatile(b'{"n": 2, "sent_at": "10:00", "meta": {"nonce": "a", "v": 1}}') != base
+    assert volatile(b'{"n": 1, "meta": {"nonce": "a", "v": 2}}') != base
+    # Duplicate members are each left out.
+    assert volatile(b'{"n": 1, "sent_at": 1, "sent_at": 2, "meta": {"v": 1}}') == base
+    # ~1 is "/", ~0 is "~".
+    assert volatile(b'{"a/b": {"~c": 1, "d": 1}}') == volatile(b'{"a/b": {"~c": 2, "d": 1}}')
+    assert volatile(b'{"a/b": {"~c": 1, "d": 1}}') != volatile(b'{"a/b": {"~c": 1, "d": 2}}')
+
+
+def test_json_fingerprint_keeps_an_array_elements_place() -> None:
+    assert volatile(b'{"items": [1, 2, 3]}') == volatile(b'{"items": [1, 9, 3]}')
+    assert volatile(b'{"items": [1, 2, 3]}') != volatile(b'{"items": [1, 2]}')
+    assert volatile(b'{"items": [1, 2, 3]}') != volatile(b'{"items": [2, 2, 3]}')
+    # An index out of range: nothing to leave out. On an object "1" names a member (RFC 6901).
+    assert volatile(b'{"items": [1]}') != volatile(b'{"items": [2]}')
+    assert volatile(b'{"items": {"1": 1}}') == volatile(b'{"items": {"1": 2}}')
+    # "01" is not an index (RFC 6901): only "1" is.
+    leading = json_fingerprint(exclude=["/items/01"])
+    request = factory.post("/x/", b'{"items": [1, 2]}', content_type="application/json")
+    other = factory.post("/x/", b'{"items": [1, 3]}', content_type="application/json")
+    assert leading(request, "s") != leading(other, "s")
+
+
+def test_json_fingerprint_is_the_default_where_nothing_is_left_out() -> None:
+    for body, content_type in [
+        (b'{"n": 1, "meta": {"v": 1}}', "application/json"),
+        (b'{"n": 1.10}', "application/problem+json"),
+        (b"{not json", "application/json"),
+        (b"sent_at=1", "text/plain"),
+        (b"[" * 100_000 + b"]" * 100_000, "application/json"),  # too deep: counted as bytes
+    ]:
+        request = factory.post("/x/", body, content_type=content_type)
+        again = factory.post("/x/", body, content_type=content_type)
+        assert VOLATILE(request, "scope") == request_fingerprint(again, "scope")
+
+
+def test_json_fingerprint_keeps_the_defaults_guarantees() -> None:
+    base = volatile(b'{"n": 1.0}')
+    assert volatile(b'{"n": 1}') != base  # numbers as spelled, never through float
+    assert volatile(b'{"n": 1.0}', method="put") != base
+    assert VOLATILE(factory.post("/y/", b'{"n": 1.0}', content_type="application/json"), "scope")
+    assert (
+        VOLATILE(factory.post("/x/", b'{"n": 1.0}', content_type="application/json"), "other")
+        != base
+    )
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=10)
+def test_json_fingerprint_counts_a_large_body_byte_for_byte() -> None:
+    body = b'{"n": 1, "sent_at": "10:00"}'
+    assert volatile(body) == request_fingerprint(
+        factory.post("/x/", body, content_type="application/json"), "scope"
+    )
+
+
+def test_json_fingerprint_leaves_out_form_fields() -> None:
+    form = "application/x-www-form-urlencoded"
+    base = volatile(b"n=1&sent_at=10%3A00", form)
+    assert volatile(b"sent_at=11%3A00&n=1", form) == base
+    assert volatile(b"n=1", form) == base
+    assert volatile(b"n=2&sent_at=10%3A00", form) != base
+    # A pointer of more than one token names no form field.
+    assert volatile(b"n=1&meta=x", form) != base
+    assert volatile(b"n=1&meta=x", form, method="patch") == volatile(b"meta=x&n=1", form, "patch")
+
+
+def test_json_fingerprint_leaves_out_multipart_fields_and_files() -> None:
+    def multipart(**data: Any) -> str:
+        return VOLATILE(factory.post("/x/", data), "scope")
+
+    base = multipart(n="1", sent_at="10:00")
+    assert multipart(n="1", sent_at="11:00") == base
+    assert multipart(n="1") == base
+    assert multipart(n="2", sent_at="10:00") != base
+    upload = SimpleUploadedFile("a.txt", b"one")
+    assert multipart(n="1", sent_at=upload) == base
+    assert multipart(n="1", f=SimpleUploadedFile("a.txt", b"one")) != base
+
+
+@pytest.mark.parametrize(
+    ("exclude", "error"),
+    [
+        (["sent_at"], "starts with '/'"),
+        ([""], "starts with '/'"),
+        (["/a~2"], "'~' must be '~0' or '~1'"),
+        (["/a~"], "'~' must be '~0' or '~1'"),
+        ([1], "is not a JSON Pointer"),
+    ],
+)
+def test_json_fingerprint_refuses_bad_pointers_when_built(exclude: list[Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        json_fingerprint(exclude=exclude)
+
+
+def test_json_fingerprint_refuses_a_string_and_says_what_it_is() -> None:
+    with pytest.raises(TypeError, match="not a string"):
+        json_fingerprint(exclude="/sent_at")
+    assert repr(json_fingerprint(exclude=["/a"])) == "json_fingerprint(exclude=['/a'])"
+    assert json_fingerprint(exclude=["/a"]) == json_fingerprint(exclude=("/a",))
+
+
+@override_settings(IDEMPOTENCY={"FINGERPRINT_FUNCTION": VOLATILE})
+def test_json_fingerprint_as_the_setting(client: Any, db: None) -> None:
+    headers = {"Idempotency-Key": "k"}
+    first = client.post(
+        "/create/", {"sent_at": 1}, content_type="application/json", headers=headers
+    )
+    again = client.post(
+        "/create/", {"sent_at": 2}, content_type="application/json", headers=headers
+    )
+    assert first.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"

@@ -21,10 +21,11 @@ from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
 from django_idempotency.decorators import idempotent
-from django_idempotency.keys import MAX_HEADER_LENGTH
+from django_idempotency.keys import MAX_HEADER_LENGTH, key_format
 from django_idempotency.published import key_pattern
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
+from tests.testapp.policy_views import ORDER_KEY, tenant_scope
 
 PROBLEM = "application/problem+json"
 SPECTACULAR = {
@@ -118,6 +119,26 @@ def decorated_inside(request: Request) -> Response:
     return Response({}, status=201)
 
 
+class TenantPolicyView(IdempotencyMixin, APIView):
+    """Take a tenant's payment."""
+
+    serializer_class = Payment
+    idempotency_required = True
+    idempotency_key_format = "uuid"
+    idempotency_scope = tenant_scope
+
+    @extend_schema(request=Payment, responses={201: Receipt})
+    def post(self, request: Request) -> Response:
+        return Response({}, status=201)
+
+
+@idempotent(key_format=ORDER_KEY, scope=tenant_scope)
+@extend_schema(request=Payment, responses={201: Receipt})
+@api_view(["POST"])
+def decorated_with_a_pattern(request: Request) -> Response:
+    return Response({}, status=201)
+
+
 _spectacular.disable()
 
 router = SimpleRouter()
@@ -130,6 +151,8 @@ urlpatterns = [
     path("plain/", PlainView.as_view()),
     path("outside/", decorated_outside),
     path("inside/", decorated_inside),
+    path("tenant-policy/", TenantPolicyView.as_view()),
+    path("pattern/", decorated_with_a_pattern),
     *router.urls,
 ]
 
@@ -343,3 +366,38 @@ def test_a_released_status_is_not_documented_as_replayed() -> None:
     assert "headers" not in responses["404"]
     assert "Idempotent-Replayed" in responses["201"]["headers"]
     assert "404, 408, 429, 5XX" in schema()["paths"]["/policy/"]["post"]["description"]
+
+
+@override_settings(IDEMPOTENCY={"MIN_KEY_LENGTH": 16})
+def test_the_published_policy_shows_a_views_own_key_format_and_scope() -> None:
+    paths = schema()["paths"]
+    operation = paths["/tenant-policy/"]["post"]
+    (parameter,) = [p for p in operation["parameters"] if p["in"] == "header"]
+    assert parameter["schema"] == {
+        "type": "string",
+        "minLength": 16,
+        "maxLength": 512,
+        "pattern": key_pattern(16, key_format("uuid")),
+    }
+    assert parameter["schema"]["pattern"] == (
+        '^(?:"(?:[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"'
+        "(?: *;(?:[ -~]*[!-~])?)?|(?:[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}"
+        "-[0-9a-fA-F]{12}))$"
+    )
+    assert "the key must be a UUID (8-4-4-4-12 hexadecimal digits)" in parameter["description"]
+    policy = operation["x-idempotency"]
+    assert policy["keyFormat"] == "uuid"
+    assert policy["keySchema"] == parameter["schema"]
+    assert policy["scope"] == "Each tenant has its own keys."
+    assert "scoped: each tenant has its own keys." in operation["description"]
+
+    operation = paths["/pattern/"]["post"]
+    (parameter,) = [p for p in operation["parameters"] if p["in"] == "header"]
+    assert parameter["schema"]["pattern"] == (
+        '^(?:"(?:order-[0-9]{1,10})"(?: *;(?:[ -~]*[!-~])?)?|(?:order-[0-9]{1,10}))$'
+    )
+    assert "regular expression order-[0-9]{1,10}" in parameter["description"]
+    assert operation["x-idempotency"]["keyFormat"] == "pattern"
+    assert operation["x-idempotency"]["scope"] == "Each tenant has its own keys."
+    # Other views keep the settings' format and scope.
+    assert paths["/policy/"]["post"]["x-idempotency"]["keyFormat"] == "any"

@@ -12,8 +12,20 @@ from hypothesis import strategies as st
 
 from django_idempotency._options import Options
 from django_idempotency.decorators import idempotent
-from django_idempotency.keys import MAX_HEADER_LENGTH, MAX_KEY_LENGTH, InvalidKey, parse_key
-from django_idempotency.published import describe, duration_text, key_pattern, not_stored
+from django_idempotency.keys import (
+    MAX_HEADER_LENGTH,
+    MAX_KEY_LENGTH,
+    InvalidKey,
+    key_format,
+    parse_key,
+)
+from django_idempotency.published import (
+    describe,
+    duration_text,
+    ecma_pattern,
+    key_pattern,
+    not_stored,
+)
 
 # What clients send, and what hostile ones do: printable ASCII, quotes, escapes, the
 # parameter separator, and the characters the server refuses (tabs, controls, non-ASCII).
@@ -145,3 +157,63 @@ def test_the_scope_is_the_first_paragraph_of_the_scope_functions_docstring(
 ) -> None:
     with override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": function}):
         assert describe(Options.build())["scope"] == text
+
+
+UUID = key_format("uuid")
+_UUIDS = st.uuids().map(str)
+_UUID_VALUES = st.one_of(
+    _UUIDS,
+    _UUIDS.map(str.upper),
+    _UUIDS.map(lambda u: f'"{u}"'),
+    _UUIDS.map(lambda u: f'"{u}";v=1'),
+    _UUIDS.map(lambda u: u[:-1]),
+    _UUIDS.map(lambda u: u.replace("-", "")),
+    _UUIDS.map(lambda u: f"{{{u}}}"),
+    _UUIDS.map(lambda u: f"{u}x"),
+    _values(40),
+)
+
+
+def accepted_as_uuid(value: str) -> bool:
+    try:
+        UUID.check(parse_key(value))
+    except InvalidKey:
+        return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_UUID_VALUES)
+def test_the_uuid_pattern_accepts_what_the_server_accepts(value: str) -> None:
+    stripped = value.strip(" \t")
+    published = re.fullmatch(key_pattern(1, UUID), stripped) is not None
+    assert published == accepted_as_uuid(value)
+
+
+def test_a_pattern_is_published_in_ecma_262_spelling() -> None:
+    pattern = re.compile(r"(?P<kind>order|refund)-(?P=kind)-[0-9]+")
+    assert ecma_pattern(pattern) == r"(?<kind>order|refund)-\k<kind>-[0-9]+"
+    published = key_pattern(1, key_format(re.compile(r"order-[0-9]+")))
+    assert published == r'^(?:"(?:order-[0-9]+)"(?: *;(?:[ -~]*[!-~])?)?|(?:order-[0-9]+))$'
+    for value in ("order-1", '"order-1"', '"order-1";a=b'):
+        assert re.fullmatch(published, value)
+        assert accepted(value, 1)
+    assert not re.fullmatch(published, "order-")
+
+
+def test_describe_a_views_own_key_format_and_scope() -> None:
+    @idempotent(key_format="uuid", scope=tenant_scope)
+    def view(request: object) -> None: ...
+
+    policy = describe(view)
+    assert policy["keyFormat"] == "uuid"
+    assert policy["keySchema"]["pattern"] == key_pattern(1, UUID)
+    assert policy["scope"] == "Each tenant has its own keys."
+    pattern = describe(Options.build(key_format=re.compile("[a-z]{8}")))
+    assert pattern["keyFormat"] == "pattern"
+    assert (
+        pattern["keySchema"]["pattern"]
+        == '^(?:"(?:[a-z]{8})"(?: *;(?:[ -~]*[!-~])?)?|(?:[a-z]{8}))$'
+    )
+    with override_settings(IDEMPOTENCY={"KEY_FORMAT": "uuid"}):
+        assert describe(Options.build())["keyFormat"] == "uuid"

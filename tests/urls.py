@@ -4,10 +4,11 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from tests.testapp import views
+from tests.testapp import policy_views, views
 
 router = SimpleRouter()
 router.register("executions", views.ExecutionViewSet)
+router.register("volatile-notes", policy_views.VolatileViewSet, basename="volatile-note")
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -35,4 +36,14 @@ urlpatterns = [
     path("misdecorated-apiview/", views.MisdecoratedApiView.as_view()),
     path("api-view-inner/", views.api_view_inner),
     path("api/", include(router.urls)),
+    path("policy/uuid/", policy_views.uuid_keys),
+    path("policy/order/", policy_views.order_keys),
+    path("policy/volatile/", policy_views.volatile),
+    path("policy/async-volatile/", policy_views.async_volatile),
+    path("policy/scope-raises/", policy_views.scope_raises),
+    path("policy/async-scope-raises/", policy_views.async_scope_raises),
+    path("policy/class-scope-raises/", policy_views.ClassScopeRaises.as_view()),
+    path("policy/fingerprint-not-a-str/", policy_views.fingerprint_not_a_str),
+    path("policy/class-volatile/", policy_views.ClassVolatile.as_view()),
+    path("policy/drf-volatile/", policy_views.DrfVolatile.as_view()),
 ]

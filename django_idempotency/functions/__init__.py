@@ -29,6 +29,7 @@ def idempotent_function(
     key: str | Callable[..., Any],
     scope: str | Callable[..., Any] | None = None,
     payload: Callable[..., Any] | None = None,
+    fingerprint: Callable[..., str] | None = None,
     name: str | None = None,
     serializer: ResultSerializer | None = None,
     **options: Unpack[CallOptions],
@@ -40,9 +41,14 @@ def idempotent_function(
     callable of the arguments) partitions the keys further, e.g. per tenant; keys are always
     per ``name`` (default: the function's dotted path). ``payload`` (a callable of the
     arguments) says what must match for a repeat to count as the same call; by default all the
-    arguments. ``serializer`` stores results that are not plain JSON. ``ttl``,
-    ``lock_timeout``, ``atomic``, ``in_progress``, ``wait_timeout`` and ``heartbeat`` are as for
-    views.
+    arguments. ``fingerprint`` (a callable of the arguments returning a ``str``) replaces
+    ``payload`` when what identifies the call is already a string (a message's hash or
+    signature); it is hashed with the name and the scope, as the payload is. ``key_format``
+    (``"uuid"`` or a compiled regular expression) refuses other keys with
+    :class:`~django_idempotency.keys.InvalidKey`, a ``ValueError``; the ``KEY_FORMAT`` setting
+    is the header's and does not apply. ``serializer`` stores results that are not plain JSON.
+    ``ttl``, ``lock_timeout``, ``atomic``, ``in_progress``, ``wait_timeout`` and ``heartbeat``
+    are as for views.
 
     A call while another holds the key raises
     :class:`~django_idempotency.exceptions.IdempotencyInProgress`; another payload under a used
@@ -58,6 +64,7 @@ def idempotent_function(
             key=key,
             scope=scope,
             payload=payload,
+            fingerprint=fingerprint,
             serializer=JSONSerializer() if serializer is None else serializer,
             name=name,
             options=built,

@@ -57,6 +57,7 @@ class Spec:
     key: str | Callable[..., Any]
     scope: str | Callable[..., Any] | None
     payload: Callable[..., Any] | None
+    fingerprint: Callable[..., Any] | None
     serializer: ResultSerializer
     options: Options
     takes_claim: bool
@@ -71,6 +72,7 @@ class Spec:
         payload: Callable[..., Any] | None,
         serializer: ResultSerializer,
         name: str | None,
+        fingerprint: Callable[..., Any] | None = None,
         options: Options,
     ) -> Spec:
         """Validate the decorator's arguments against the function; ``ImproperlyConfigured``."""
@@ -95,6 +97,13 @@ class Spec:
             raise ImproperlyConfigured(f"{label}: scope must be a string or a callable.")
         if payload is not None and not callable(payload):
             raise ImproperlyConfigured(f"{label}: payload must be a callable.")
+        if fingerprint is not None and not callable(fingerprint):
+            raise ImproperlyConfigured(f"{label}: fingerprint must be a callable.")
+        if fingerprint is not None and payload is not None:
+            raise ImproperlyConfigured(
+                f"{label}: give payload (what must match, as data) or fingerprint (it, already "
+                "reduced to a str), not both."
+            )
         if not isinstance(serializer, ResultSerializer):
             raise ImproperlyConfigured(
                 f"{label}: serializer needs dumps(value) -> bytes, loads(bytes) and content_type."
@@ -107,6 +116,7 @@ class Spec:
             key=key,
             scope=scope,
             payload=payload,
+            fingerprint=fingerprint,
             serializer=serializer,
             options=options,
             takes_claim=takes_claim,
@@ -119,12 +129,16 @@ class Spec:
         raw_key = self.key(*args, **kwargs) if callable(self.key) else bound.arguments[self.key]
         key = self._key(raw_key)
         scope = self._scope(args, kwargs)
-        payload = self.payload(*args, **kwargs) if self.payload else _arguments(bound)
+        if self.fingerprint is not None:
+            fingerprint = self._own_fingerprint(scope, self.fingerprint(*args, **kwargs))
+        else:
+            payload = self.payload(*args, **kwargs) if self.payload else _arguments(bound)
+            fingerprint = self._fingerprint(scope, payload)
         return engine.Attempt(
             key=key,
             scope=scope,
             key_hash=hash_key(key),
-            fingerprint=self._fingerprint(scope, payload),
+            fingerprint=fingerprint,
             method=METHOD,
             path=self.name,
             operation=self.name,
@@ -143,6 +157,8 @@ class Spec:
                 f"{self.name}: the idempotency key must be a str, int or UUID, not "
                 f"{type(value).__name__}."
             )
+        if self.options.key_format is not None:  # KEY_FORMAT is the header's, not a message's
+            self.options.key_format.check(value, f"{self.name}: the idempotency key")
         return value
 
     def _scope(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
@@ -168,11 +184,24 @@ class Spec:
                 f"{self.name}: the call's payload is not JSON-serialisable ({exc}); pass "
                 "payload= a callable returning what identifies the call (e.g. the message body)."
             ) from exc
-        digest = hashlib.sha256()
-        for part in (METHOD, self.name, scope, document):
-            digest.update(part.encode("utf-8", "surrogatepass"))
-            digest.update(b"\0")
-        return digest.hexdigest()
+        return _digest(METHOD, self.name, scope, document)
+
+    def _own_fingerprint(self, scope: str, value: object) -> str:
+        """The ``fingerprint`` callable's str, bound to the function's name and the scope as
+        the default is (five parts: never the digest of a payload's four)."""
+        if not isinstance(value, str):
+            raise TypeError(
+                f"{self.name}: fingerprint() must return a str, not {type(value).__name__}."
+            )
+        return _digest(METHOD, self.name, scope, "fingerprint", value)
+
+
+def _digest(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()
 
 
 def _check_claim_parameter(label: str, parameters: list[inspect.Parameter]) -> bool:

@@ -1,6 +1,7 @@
 """The example API: one view of each kind the app protects.
 
-- ``ChargeViewSet``: a DRF viewset with ``IdempotencyMixin``; the key is required.
+- ``ChargeViewSet``: a DRF viewset with ``IdempotencyMixin``; the key is required, a UUID, and a
+  client's ``sent_at`` timestamp does not count in the fingerprint.
 - ``RefundView``: a DRF view that records recovery points, so a retry that takes over from a
   crashed attempt resumes where it stopped, and that hands the payment provider a derived key.
 - ``create_payout``: a plain Django function view with ``@idempotent`` (key optional).
@@ -25,6 +26,7 @@ from rest_framework.views import APIView
 
 from django_idempotency.claim import Claim
 from django_idempotency.decorators import idempotent
+from django_idempotency.fingerprints import json_fingerprint
 from django_idempotency.rest_framework import IdempotencyMixin
 from example_project.payments import provider
 from example_project.payments.models import CURRENCIES, Charge, Payout, Receipt, Refund
@@ -59,12 +61,16 @@ class ChargeViewSet(
     """Charge a card, e.g. `{"amount": 4200, "currency": "usd"}`: at most once per key.
 
     The provider is called with a key derived from the `Idempotency-Key`, so even a retry
-    that takes over from a crashed attempt cannot charge the card twice.
+    that takes over from a crashed attempt cannot charge the card twice. The key is a UUID;
+    a `sent_at` the client adds to the body (when it sent this attempt) is ignored, so a
+    retry stamped later is still the same request.
     """
 
     queryset = Charge.objects.order_by("-id")
     serializer_class = ChargeSerializer
     idempotency_required = True
+    idempotency_key_format = "uuid"
+    idempotency_fingerprint = json_fingerprint(exclude=["/sent_at"])
 
     def perform_create(self, serializer: ChargeSerializer) -> None:
         data = serializer.validated_data
