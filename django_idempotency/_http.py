@@ -55,7 +55,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             self._key_refused("missing_key", policy, f"no {conf.HEADER} header")
             return Answer(problems.missing_key(conf.HEADER))
         try:
-            key = parse_key(header, min_length=conf.MIN_KEY_LENGTH)
+            key = parse_key(header, min_length=conf.MIN_KEY_LENGTH, bare=conf.BARE_KEYS)
             policy.key_format.check(key)
         except InvalidKey as exc:
             self._key_refused("invalid_key", policy, str(exc))

@@ -124,6 +124,15 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
                 "as re.compile(r'...').",
             )
         )
+    if not isinstance(value["BARE_KEYS"], bool):
+        errors.append(
+            _error(
+                34,
+                f"IDEMPOTENCY['BARE_KEYS'] must be True or False, not {value['BARE_KEYS']!r}.",
+                hint="True (the default) accepts a key sent bare or quoted; False, only quoted "
+                '("your-key"), as the draft spells it.',
+            )
+        )
     if not _positive_int(value["MAX_BODY_SIZE"]):
         errors.append(_error(17, "IDEMPOTENCY['MAX_BODY_SIZE'] must be a positive integer."))
     if not _absolute_uri(value["PROBLEM_TYPE_BASE"]):

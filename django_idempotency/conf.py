@@ -52,6 +52,7 @@ DEFAULTS: Mapping[str, Any] = {
     "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/problems.html#",
     "HEARTBEAT": True,
     "KEY_FORMAT": "any",
+    "BARE_KEYS": True,
 }
 
 IN_PROGRESS_POLICIES = ("conflict", "wait")
@@ -155,6 +156,7 @@ class Settings:
     PROBLEM_TYPE_BASE = _Setting(str)
     HEARTBEAT = _Setting(bool)
     KEY_FORMAT = _Setting(_key_format)
+    BARE_KEYS = _Setting(bool)
 
 
 conf = Settings()

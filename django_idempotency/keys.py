@@ -2,8 +2,9 @@
 
 The IETF draft (draft-ietf-httpapi-idempotency-key-header) makes the value a Structured Field
 string (RFC 8941 section 3.3.3): ``"8e03978e-..."``. Many clients send the bare value, so a bare
-printable-ASCII value is accepted too; ``abc`` and ``"abc"`` spell the same key. A bare value
-cannot contain ``,``: that is how a list of values, or two header lines joined, arrives.
+printable-ASCII value is accepted too (``BARE_KEYS``, on by default); ``abc`` and ``"abc"`` spell
+the same key. A bare value cannot contain ``,``: that is how a list of values, or two header
+lines joined, arrives.
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ class InvalidKey(ValueError):
     """The header value is not a usable key; the message is safe to show to the client."""
 
 
-def parse_key(value: str, *, min_length: int = 1) -> str:
-    """Return the key spelled by a header value, or raise :class:`InvalidKey`."""
+#: The detail of a bare key refused (``BARE_KEYS = False``).
+BARE_KEY_REFUSED = (
+    'The Idempotency-Key must be sent quoted, as a Structured Field string: "your-key".'
+)
+
+
+def parse_key(value: str, *, min_length: int = 1, bare: bool = True) -> str:
+    """Return the key spelled by a header value, or raise :class:`InvalidKey`.
+
+    ``bare=False`` accepts only the draft's spelling, a Structured Field string.
+    """
     value = value.strip(" \t")
     if not value:
         raise InvalidKey("The Idempotency-Key header is empty.")
@@ -35,6 +45,8 @@ def parse_key(value: str, *, min_length: int = 1) -> str:
         raise InvalidKey("The Idempotency-Key must be printable ASCII.")
     if value.startswith('"'):
         key = _parse_sf_string(value)
+    elif not bare:
+        raise InvalidKey(BARE_KEY_REFUSED)
     elif "," in value:
         # Two header lines reach the view joined by "," (WSGI servers, Django's ASGI handler),
         # as does a list sent on one line: never one merged key (issue 20).
@@ -64,7 +76,7 @@ class KeyFormat:
     """What a key must look like once parsed (``KEY_FORMAT``, the ``key_format`` option).
 
     It restricts the key, not its spelling: ``"8e03978e-..."`` and its bare form are the same
-    key, and both are accepted.
+    key, and both are accepted unless ``BARE_KEYS`` refuses the bare spelling.
     """
 
     #: ``"any"``, ``"uuid"`` or ``"pattern"`` (a compiled regular expression of your own).

@@ -32,6 +32,8 @@ def test_defaults_pass() -> None:
         {"KEY_FORMAT": re.compile(r"[a-z]{8,}")},
         {"SCOPE_FUNCTION": lambda request, *rest: "s"},
         {"FINGERPRINT_FUNCTION": "django_idempotency.fingerprints.request_fingerprint"},
+        {"BARE_KEYS": False},
+        {"BARE_KEYS": True},
     ],
 )
 def test_good_values_pass(config: Any) -> None:
@@ -74,6 +76,9 @@ def test_good_values_pass(config: Any) -> None:
         ({"KEY_FORMAT": "^[0-9]+$"}, "E023"),
         ({"KEY_FORMAT": None}, "E023"),
         ({"KEY_FORMAT": re.compile(b"[0-9]+")}, "E023"),
+        ({"BARE_KEYS": "no"}, "E034"),
+        ({"BARE_KEYS": 0}, "E034"),
+        ({"BARE_KEYS": None}, "E034"),
         ({"MAX_BODY_SIZE": 0}, "E017"),
         ({"PROBLEM_TYPE_BASE": ""}, "E022"),
         ({"PROBLEM_TYPE_BASE": "/docs/problems#"}, "E022"),

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency.keys import MAX_KEY_LENGTH, InvalidKey, hash_key, parse_key
+from django_idempotency.keys import (
+    BARE_KEY_REFUSED,
+    MAX_KEY_LENGTH,
+    InvalidKey,
+    hash_key,
+    parse_key,
+)
 
 
 @pytest.mark.parametrize(
@@ -55,3 +61,27 @@ def test_any_text_is_parsed_or_refused_cleanly(value: str) -> None:
         return
     assert 1 <= len(key) <= MAX_KEY_LENGTH
     assert all(char in string.printable for char in key)
+
+
+@pytest.mark.parametrize(
+    ("header", "key"),
+    [('"abc"', "abc"), ('  "abc" ', "abc"), ('"abc";v=1', "abc"), (r'"a\"b"', 'a"b')],
+)
+def test_quoted_keys_are_accepted_without_bare_keys(header: str, key: str) -> None:
+    assert parse_key(header, bare=False) == key
+
+
+@pytest.mark.parametrize("header", ["abc", "a,b", "order 42", "x" * MAX_KEY_LENGTH, 'a"b"'])
+def test_bare_values_are_refused_without_bare_keys(header: str) -> None:
+    with pytest.raises(InvalidKey) as refused:
+        parse_key(header, bare=False)
+    assert str(refused.value) == BARE_KEY_REFUSED
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [("", "empty"), ('""', "empty"), ("caf\u00e9", "printable ASCII"), ('"abc', "closing quote")],
+)
+def test_other_mistakes_keep_their_own_detail_without_bare_keys(header: str, message: str) -> None:
+    with pytest.raises(InvalidKey, match=message):
+        parse_key(header, bare=False)
