@@ -183,10 +183,11 @@ def _replayable(code: object) -> bool:
 
 
 def _key_parameter(policy: Policy) -> dict[str, Any]:
+    spelling = "or a bare value" if conf.BARE_KEYS else "(quoted: a bare value is refused)"
     description = (
         "A unique key (a UUID) for this operation; retrying with the same key and request "
         "returns the first response instead of running the operation again. A Structured Field "
-        f'string (`"…"`) or a bare value, {conf.MIN_KEY_LENGTH} to {MAX_KEY_LENGTH} printable '
+        f'string (`"…"`) {spelling}, {conf.MIN_KEY_LENGTH} to {MAX_KEY_LENGTH} printable '
         f"ASCII characters{published.format_text(policy)}. Remembered for "
         f"{published.duration_text(policy.ttl)}."
     )

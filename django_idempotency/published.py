@@ -25,27 +25,32 @@ DRAFT = "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-hea
 
 # The header values keys.parse_key accepts, as an ECMA-262 pattern for OpenAPI: a Structured
 # Field string, whose escapes (\" and \\) count as one character of the key, optionally followed
-# by parameters (ignored), or a bare value of printable ASCII without a comma (two values, issue
-# 20) that does not start with a quote or end with a space. tests/test_published.py holds it to
-# parse_key.
+# by parameters (ignored), or (unless BARE_KEYS is off) a bare value of printable ASCII without a
+# comma (two values, issue 20) that does not start with a quote or end with a space.
+# tests/test_published.py holds it to parse_key, with bare keys accepted and refused.
 _SF_CHAR = r'(?:[ !#-\[\]-~]|\\["\\])'
 _PARAMETERS = r"(?: *;(?:[ -~]*[!-~])?)?"
 _BARE_FIRST, _BARE_MIDDLE, _BARE_LAST = r"[!#-+\--~]", r"[ -+\--~]", r"[!-+\--~]"
 
 
-def key_pattern(min_length: int = 1, key_format: KeyFormat = ANY) -> str:
+def key_pattern(min_length: int = 1, key_format: KeyFormat = ANY, *, bare: bool = True) -> str:
     """The pattern of the header values the server accepts as keys of ``min_length`` or more,
-    and of ``key_format``."""
+    and of ``key_format``; quoted only when ``bare`` is false (``BARE_KEYS``)."""
     if key_format.pattern is not None:
         key = ecma_pattern(key_format.pattern)
-        # Bare or quoted; the length limits stay in the schema's minLength and maxLength.
-        return f'^(?:"(?:{key})"{_PARAMETERS}|(?:{key}))$'
+        # The length limits stay in the schema's minLength and maxLength.
+        quoted = f'"(?:{key})"{_PARAMETERS}'
+        return f"^(?:{quoted}|(?:{key}))$" if bare else f"^{quoted}$"
     quoted = f'"{_SF_CHAR}{{{min_length},{MAX_KEY_LENGTH}}}"{_PARAMETERS}'
+    if not bare:
+        return f"^{quoted}$"
     if min_length <= 1:
-        bare = f"{_BARE_FIRST}(?:{_BARE_MIDDLE}{{0,{MAX_KEY_LENGTH - 2}}}{_BARE_LAST})?"
+        unquoted = f"{_BARE_FIRST}(?:{_BARE_MIDDLE}{{0,{MAX_KEY_LENGTH - 2}}}{_BARE_LAST})?"
     else:
-        bare = f"{_BARE_FIRST}{_BARE_MIDDLE}{{{min_length - 2},{MAX_KEY_LENGTH - 2}}}{_BARE_LAST}"
-    return f"^(?:{quoted}|{bare})$"
+        unquoted = (
+            f"{_BARE_FIRST}{_BARE_MIDDLE}{{{min_length - 2},{MAX_KEY_LENGTH - 2}}}{_BARE_LAST}"
+        )
+    return f"^(?:{quoted}|{unquoted})$"
 
 
 # Python's spellings of what ECMA-262 (the dialect of OpenAPI's "pattern") writes otherwise.
@@ -79,11 +84,13 @@ def format_text(policy: Policy) -> str:
 
 def key_schema(policy: Policy) -> dict[str, Any]:
     """The JSON Schema of the header's value."""
+    bare = conf.BARE_KEYS
     return {
         "type": "string",
-        "minLength": max(1, conf.MIN_KEY_LENGTH),
+        # A quoted key is two characters longer than the key.
+        "minLength": max(1, conf.MIN_KEY_LENGTH) + (0 if bare else 2),
         "maxLength": MAX_HEADER_LENGTH,
-        "pattern": key_pattern(conf.MIN_KEY_LENGTH, policy.key_format),
+        "pattern": key_pattern(conf.MIN_KEY_LENGTH, policy.key_format, bare=bare),
     }
 
 
@@ -128,6 +135,7 @@ def policy_document(policy: Policy) -> dict[str, Any]:
         "required": policy.required,
         "keyFormat": key_format(policy),
         "keySchema": key_schema(policy),
+        "bareKeys": conf.BARE_KEYS,
         "ttl": int(policy.ttl.total_seconds()),
         "scope": scope_text(policy),
         "methods": sorted(policy.methods),

@@ -313,6 +313,7 @@ def test_the_published_policy_of_a_protected_operation_field_by_field() -> None:
         "required": True,
         "keyFormat": "any",
         "keySchema": parameter["schema"],
+        "bareKeys": True,
         "ttl": 7200,
         "scope": "Each authenticated user has their own keys; anonymous requests share one scope.",
         "methods": ["PATCH", "POST"],
@@ -358,6 +359,25 @@ def test_the_published_policy_of_a_protected_operation_field_by_field() -> None:
     assert problem_types(responses["503"]) == {"idempotency-unavailable"}
     assert "unreachable" in responses["503"]["description"]
     assert "headers" not in responses["503"]
+
+
+@override_settings(IDEMPOTENCY={"MIN_KEY_LENGTH": 16, "BARE_KEYS": False})
+def test_without_bare_keys_the_schema_publishes_only_the_quoted_spelling() -> None:
+    paths = schema()["paths"]
+    operation = paths["/policy/"]["post"]
+    (parameter,) = [p for p in operation["parameters"] if p["in"] == "header"]
+    assert parameter["schema"] == {
+        "type": "string",
+        "minLength": 18,  # the quotes and 16 characters
+        "maxLength": 512,
+        "pattern": key_pattern(16, bare=False),
+    }
+    assert "(quoted: a bare value is refused), 16 to 255" in parameter["description"]
+    assert "or a bare value" not in parameter["description"]
+    assert operation["x-idempotency"]["bareKeys"] is False
+    assert operation["x-idempotency"]["keySchema"] == parameter["schema"]
+    (uuid,) = [p for p in paths["/tenant-policy/"]["post"]["parameters"] if p["in"] == "header"]
+    assert uuid["schema"]["pattern"] == key_pattern(16, key_format("uuid"), bare=False)
 
 
 @override_settings(IDEMPOTENCY={"RETRYABLE_STATUSES": [404, 408, 429, *range(500, 600)]})

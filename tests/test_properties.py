@@ -233,6 +233,7 @@ other_settings = st.fixed_dictionaries(
             "MIN_KEY_LENGTH",
             "REPLAYED_HEADERS",
             "MAX_BODY_SIZE",
+            "BARE_KEYS",
         )
     },
 )

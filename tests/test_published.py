@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from functools import cache
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -24,6 +26,7 @@ from django_idempotency.published import (
     duration_text,
     ecma_pattern,
     key_pattern,
+    key_schema,
     not_stored,
 )
 
@@ -38,17 +41,26 @@ def _values(max_size: int) -> st.SearchStrategy[str]:
     return st.one_of(body, body.map(lambda text: f'"{text}"'), body.map(lambda t: f'"{t}";x=1'))
 
 
-def accepted(value: str, min_length: int) -> bool:
+def accepted(value: str, min_length: int, bare: bool = True) -> bool:
     try:
-        parse_key(value, min_length=min_length)
+        parse_key(value, min_length=min_length, bare=bare)
     except InvalidKey:
         return False
     return True
 
 
-def matches(value: str, min_length: int) -> bool:
-    schema_ok = MAX_HEADER_LENGTH >= len(value) >= max(1, min_length)
-    return schema_ok and re.fullmatch(key_pattern(min_length), value) is not None
+@cache
+def published_schema(min_length: int, bare: bool) -> dict[str, Any]:
+    """The header's schema as published with these settings (``BARE_KEYS`` is ``bare``)."""
+    with override_settings(IDEMPOTENCY={"MIN_KEY_LENGTH": min_length, "BARE_KEYS": bare}):
+        return key_schema(Options.build().resolve())
+
+
+def matches(value: str, min_length: int, bare: bool = True) -> bool:
+    schema = published_schema(min_length, bare)
+    assert schema["maxLength"] == MAX_HEADER_LENGTH
+    schema_ok = schema["maxLength"] >= len(value) >= schema["minLength"]
+    return schema_ok and re.fullmatch(schema["pattern"], value) is not None
 
 
 EDGES = [
@@ -77,28 +89,49 @@ EDGES = [
 
 @pytest.mark.parametrize("value", EDGES)
 @pytest.mark.parametrize("min_length", [1, 2, 36])
-def test_edges(value: str, min_length: int) -> None:
-    assert matches(value, min_length) == accepted(value, min_length)
+@pytest.mark.parametrize("bare", [True, False], ids=["bare-keys", "quoted-only"])
+def test_edges(value: str, min_length: int, bare: bool) -> None:
+    assert matches(value, min_length, bare) == accepted(value, min_length, bare)
 
 
 @settings(max_examples=400, deadline=None)
-@given(value=_values(40), min_length=st.sampled_from([1, 2, 5]))
-@example(value=" a", min_length=1)
-@example(value="a ", min_length=1)
-def test_the_pattern_accepts_what_the_server_accepts(value: str, min_length: int) -> None:
+@given(value=_values(40), min_length=st.sampled_from([1, 2, 5]), bare=st.booleans())
+@example(value=" a", min_length=1, bare=True)
+@example(value="a ", min_length=1, bare=True)
+@example(value='"a"', min_length=1, bare=False)
+@example(value="a", min_length=1, bare=False)
+def test_the_pattern_accepts_what_the_server_accepts(
+    value: str, min_length: int, bare: bool
+) -> None:
     # The server strips surrounding spaces (HTTP servers strip them before it does), so the
     # schema need only describe the stripped value.
     stripped = value.strip(" \t")
-    assert matches(stripped, min_length) == accepted(value, min_length)
+    assert matches(stripped, min_length, bare) == accepted(value, min_length, bare)
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), min_length=st.sampled_from([1, 3, MAX_KEY_LENGTH]))
-def test_every_value_the_pattern_allows_is_a_key(data: st.DataObject, min_length: int) -> None:
-    value = data.draw(st.from_regex(key_pattern(min_length), fullmatch=True))
+@given(data=st.data(), min_length=st.sampled_from([1, 3, MAX_KEY_LENGTH]), bare=st.booleans())
+def test_every_value_the_pattern_allows_is_a_key(
+    data: st.DataObject, min_length: int, bare: bool
+) -> None:
+    value = data.draw(st.from_regex(key_pattern(min_length, bare=bare), fullmatch=True))
     if len(value) <= MAX_HEADER_LENGTH:
-        key = parse_key(value, min_length=min_length)
+        key = parse_key(value, min_length=min_length, bare=bare)
         assert min_length <= len(key) <= MAX_KEY_LENGTH
+        assert bare or len(value) >= published_schema(min_length, bare)["minLength"]
+
+
+@pytest.mark.parametrize("min_length", [1, 2, 36])
+def test_without_bare_keys_only_the_quoted_alternative_is_published(min_length: int) -> None:
+    schema = published_schema(min_length, False)
+    assert schema["pattern"] == key_pattern(min_length, bare=False)
+    assert schema["pattern"].startswith('^"')
+    key = "k" * min_length
+    assert re.fullmatch(schema["pattern"], f'"{key}"')
+    assert not re.fullmatch(schema["pattern"], key)
+    assert re.fullmatch(published_schema(min_length, True)["pattern"], key)
+    assert schema["minLength"] == min_length + 2
+    assert published_schema(min_length, True)["minLength"] == min_length
 
 
 def test_a_header_longer_than_any_quoted_key_is_refused() -> None:
@@ -174,20 +207,20 @@ _UUID_VALUES = st.one_of(
 )
 
 
-def accepted_as_uuid(value: str) -> bool:
+def accepted_as_uuid(value: str, bare: bool = True) -> bool:
     try:
-        UUID.check(parse_key(value))
+        UUID.check(parse_key(value, bare=bare))
     except InvalidKey:
         return False
     return True
 
 
 @settings(max_examples=300, deadline=None)
-@given(value=_UUID_VALUES)
-def test_the_uuid_pattern_accepts_what_the_server_accepts(value: str) -> None:
+@given(value=_UUID_VALUES, bare=st.booleans())
+def test_the_uuid_pattern_accepts_what_the_server_accepts(value: str, bare: bool) -> None:
     stripped = value.strip(" \t")
-    published = re.fullmatch(key_pattern(1, UUID), stripped) is not None
-    assert published == accepted_as_uuid(value)
+    published = re.fullmatch(key_pattern(1, UUID, bare=bare), stripped) is not None
+    assert published == accepted_as_uuid(value, bare)
 
 
 def test_a_pattern_is_published_in_ecma_262_spelling() -> None:
@@ -199,6 +232,10 @@ def test_a_pattern_is_published_in_ecma_262_spelling() -> None:
         assert re.fullmatch(published, value)
         assert accepted(value, 1)
     assert not re.fullmatch(published, "order-")
+    quoted = key_pattern(1, key_format(re.compile(r"order-[0-9]+")), bare=False)
+    assert quoted == r'^"(?:order-[0-9]+)"(?: *;(?:[ -~]*[!-~])?)?$'
+    for value in ('"order-1"', '"order-1";a=b', "order-1"):
+        assert (re.fullmatch(quoted, value) is not None) == accepted(value, 1, bare=False)
 
 
 def test_describe_a_views_own_key_format_and_scope() -> None:
@@ -217,3 +254,12 @@ def test_describe_a_views_own_key_format_and_scope() -> None:
     )
     with override_settings(IDEMPOTENCY={"KEY_FORMAT": "uuid"}):
         assert describe(Options.build())["keyFormat"] == "uuid"
+
+
+def test_describe_states_whether_bare_keys_are_accepted() -> None:
+    assert describe(Options.build())["bareKeys"] is True
+    with override_settings(IDEMPOTENCY={"BARE_KEYS": False, "KEY_FORMAT": "uuid"}):
+        policy = describe(Options.build())
+    assert policy["bareKeys"] is False
+    assert policy["keySchema"]["pattern"] == key_pattern(1, UUID, bare=False)
+    assert policy["keySchema"]["minLength"] == 3
