@@ -52,6 +52,8 @@ DEFAULTS: Mapping[str, Any] = {
     "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/latest/problems.html#",
     "HEARTBEAT": True,
     "KEY_FORMAT": "any",
+    # Named for what it governs, as KEY_FORMAT and MIN_KEY_LENGTH are; True accepts them, as
+    # True switches ENABLED and HEARTBEAT on. Off: only the draft's quoted spelling (issue 18).
     "BARE_KEYS": True,
 }
 
