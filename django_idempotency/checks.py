@@ -50,7 +50,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
         if name not in DEFAULTS
     ]
     value = {**DEFAULTS, **raw}
-    for name in ("ENABLED", "REQUIRED", "HEARTBEAT"):
+    for name in ("ENABLED", "REQUIRED", "HEARTBEAT", "BARE_KEYS"):
         if not isinstance(value[name], bool):
             errors.append(_error(2, f"IDEMPOTENCY[{name!r}] must be True or False."))
     header = value["HEADER"]
@@ -122,15 +122,6 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
                 f"IDEMPOTENCY['KEY_FORMAT']: {exc}",
                 hint="A string is a name ('any' or 'uuid'), never a pattern: give a pattern "
                 "as re.compile(r'...').",
-            )
-        )
-    if not isinstance(value["BARE_KEYS"], bool):
-        errors.append(
-            _error(
-                34,
-                f"IDEMPOTENCY['BARE_KEYS'] must be True or False, not {value['BARE_KEYS']!r}.",
-                hint="True (the default) accepts a key sent bare or quoted; False, only quoted "
-                '("your-key"), as the draft spells it.',
             )
         )
     if not _positive_int(value["MAX_BODY_SIZE"]):
