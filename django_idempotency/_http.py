@@ -17,6 +17,7 @@ from django.http.request import HttpHeaders
 from django_idempotency import _bodies as bodies
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
+from django_idempotency import _storing as storing
 from django_idempotency import _telemetry as telemetry
 from django_idempotency import problems, responses
 from django_idempotency._lifecycle import Answer
@@ -226,7 +227,12 @@ def _store(
         # and a retry runs again (issue 20).
         engine.release(claim, policy, attempt, reason="transaction rolled back", raised=True)
         return
-    stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE)
+    storage = storing.storage(response)
+    if storage is not None and not storage.stored:
+        engine.release(claim, policy, attempt, reason=storing.NO_STORE_REASON, raised=False)
+        return
+    ttl = None if storage is None else storage.ttl
+    stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE, ttl)
     if stored.body is None:
         logger.error(
             "Idempotency record %s: the response body is over MAX_BODY_SIZE (%s bytes); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from datetime import timedelta
 from typing import Any
 
 from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
@@ -54,7 +55,12 @@ def render(response: HttpResponseBase) -> None:
         response.render()  # type: ignore[attr-defined]
 
 
-def capture(response: HttpResponseBase, allowed: Collection[str], max_body: int) -> StoredResponse:
+def capture(
+    response: HttpResponseBase,
+    allowed: Collection[str],
+    max_body: int,
+    ttl: timedelta | None = None,
+) -> StoredResponse:
     assert isinstance(response, HttpResponse)
     headers = [
         [name, value]
@@ -62,7 +68,8 @@ def capture(response: HttpResponseBase, allowed: Collection[str], max_body: int)
         if name.lower() in allowed and name.lower() not in NEVER_STORED
     ]
     body = response.content
-    return StoredResponse(response.status_code, headers, body if len(body) <= max_body else None)
+    kept = body if len(body) <= max_body else None
+    return StoredResponse(response.status_code, headers, kept, ttl)
 
 
 def replay(status: int, headers: list[list[str]], body: bytes) -> HttpResponse:

@@ -86,6 +86,9 @@ class StoredResponse:
     status: int
     headers: list[list[str]]
     body: bytes | None  # None: the body was over MAX_BODY_SIZE and was not kept
+    #: Its own TTL (``store_for()``), counted from when it is stored; ``None``: ``expires_at``
+    #: stays as the claim set it.
+    ttl: timedelta | None = None
 
 
 @dataclass(frozen=True)
@@ -377,8 +380,11 @@ class Store:
         """Store the final response; ``False`` when the lock was lost (the result is refused).
 
         With ``stale_at`` (an operator failing a stuck record) only while the lock is still
-        expired at that time.
+        expired at that time. A result with its own ``ttl`` sets ``expires_at`` in the same
+        statement; any other leaves it out, so the default costs nothing more.
         """
+        now = timezone.now()
+        expiry = {} if stored.ttl is None else {"expires_at": now + stored.ttl}
         return self._fenced_update(
             connection,
             pk,
@@ -389,7 +395,8 @@ class Store:
             response_headers=stored.headers,
             response_body=stored.body,
             unlock_at=None,
-            updated_at=timezone.now(),
+            updated_at=now,
+            **expiry,
         )
 
     def save_recovery_point(

@@ -11,6 +11,7 @@ from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_idempotency import _lifecycle as lifecycle
+from django_idempotency import _storing as storing
 from django_idempotency._options import CALL_OPTIONS, CallOptions, Options
 from django_idempotency.conf import conf
 from django_idempotency.functions import _calls as calls
@@ -82,7 +83,7 @@ def idempotent_function(
 def _sync_wrapper(func: Callable[..., Any], spec: calls.Spec) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not conf.ENABLED:
-            return func(*args, **spec.call_kwargs(kwargs, None))
+            return storing.plain(func(*args, **spec.call_kwargs(kwargs, None)))
         return lifecycle.run(
             calls.CallAdapter(spec, args, kwargs),
             calls.policy_for(spec),
@@ -95,7 +96,7 @@ def _sync_wrapper(func: Callable[..., Any], spec: calls.Spec) -> Callable[..., A
 def _async_wrapper(func: Callable[..., Any], spec: calls.Spec) -> Callable[..., Any]:
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not conf.ENABLED:
-            return await func(*args, **spec.call_kwargs(kwargs, None))
+            return storing.plain(await func(*args, **spec.call_kwargs(kwargs, None)))
         return await lifecycle.arun(
             calls.CallAdapter(spec, args, kwargs),
             spec.options.resolve(),  # always two-phase: no transaction spans an await

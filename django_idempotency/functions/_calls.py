@@ -22,6 +22,7 @@ from django.db import connections
 
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
+from django_idempotency import _storing as storing
 from django_idempotency._limits import bounded_scope
 from django_idempotency._options import Options, Policy
 from django_idempotency._store import StoredResponse
@@ -301,7 +302,14 @@ def _stored_result(spec: Spec, record: IdempotencyKey) -> Any:
 
 
 def finish(spec: Spec, attempt: engine.Attempt, claim: Claim, result: Any, policy: Policy) -> Any:
-    """Store the result, fenced by the claim's lock token, and return it as later calls will."""
+    """Store the result, fenced by the claim's lock token, and return it as later calls will.
+
+    A result marked by ``no_store()`` releases the key instead and is returned as it is.
+    """
+    result, storage = storing.unwrap(result)
+    if storage is not None and not storage.stored:
+        engine.release(claim, policy, attempt, reason=storing.NO_STORE_REASON, raised=False)
+        return result
     try:
         body = spec.serializer.dumps(result)
         value = spec.serializer.loads(body)
@@ -310,7 +318,8 @@ def finish(spec: Spec, attempt: engine.Attempt, claim: Claim, result: Any, polic
         # deployment's retry runs it (atomic mode rolls the effects back with the claim).
         engine.abort(claim, policy, attempt, reason="unserialisable result")
         raise
-    stored = StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body)
+    ttl = None if storage is None else storage.ttl
+    stored = StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body, ttl)
     engine.complete(claim, stored, policy, attempt)
     return value
 
