@@ -48,7 +48,10 @@ def test_an_unmarked_response_is_stored_and_replayed(post: Post, key: str, path:
     retry = post(path, key=key)
     assert first.json() == retry.json() == {"runs": 1}
     assert retry["Idempotent-Replayed"] == "true"
-    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
+    row = IdempotencyKey.objects.get()
+    assert row.status == IdempotencyKey.Status.COMPLETED
+    # Storing left expires_at as the claim set it: claim time plus the default TTL.
+    assert row.expires_at == row.created_at + timedelta(hours=24)
 
 
 @pytest.mark.parametrize("path", VIEWS)
@@ -98,6 +101,24 @@ def test_after_a_store_for_ttl_shorter_than_the_lock_the_key_is_absent(
     retry = post(f"{path}?store=0.3", key=key)
     assert (first.json(), retry.json()) == ({"runs": 1}, {"runs": 2})
     assert "Idempotent-Replayed" not in retry
+
+
+def test_a_retryable_status_is_released_whatever_its_mark(post: Post, key: str) -> None:
+    first = post("/function/?status=503&store=60", key=key)
+    retry = post("/function/?status=503&store=60", key=key)
+    assert (first.json(), retry.json()) == ({"runs": 1}, {"runs": 2})
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_store_for_keeps_a_deterministic_4xx_for_its_ttl(post: Post, key: str) -> None:
+    before = timezone.now()
+    post("/function/?status=409&store=30", key=key)
+    retry = post("/function/?status=409&store=30", key=key)
+    assert retry["Idempotent-Replayed"] == "true"
+    row = IdempotencyKey.objects.get()
+    assert row.status == IdempotencyKey.Status.FAILED
+    ttl = timedelta(seconds=30)
+    assert before + ttl <= row.expires_at <= timezone.now() + ttl
 
 
 def test_a_response_without_a_key_passes_through_marked(post: Post) -> None:

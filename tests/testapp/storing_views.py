@@ -42,7 +42,8 @@ def _run(label: str) -> dict[str, Any]:
 
 @idempotent
 def function_view(request: HttpRequest) -> HttpResponse:
-    return _storing(request, JsonResponse(_run("function"), status=201))
+    status = int(request.GET.get("status", 201))
+    return _storing(request, JsonResponse(_run("function"), status=status))
 
 
 @idempotent
