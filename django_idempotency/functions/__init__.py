@@ -55,7 +55,9 @@ def idempotent_function(
     :class:`~django_idempotency.exceptions.IdempotencyInProgress`; another payload under a used
     key raises :class:`~django_idempotency.exceptions.IdempotencyKeyMismatch`; an exception
     releases the key and propagates. A parameter named ``idempotency`` receives the
-    :class:`~django_idempotency.claim.Claim` (recovery points, derived keys).
+    :class:`~django_idempotency.claim.Claim` (recovery points, derived keys). The function may
+    return ``no_store(result)`` or ``store_for(result, ttl)`` (from ``django_idempotency``);
+    its caller gets the plain result.
     """
     built = Options.build(CALL_OPTIONS, "idempotent_function", **options)
 
