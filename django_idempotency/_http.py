@@ -216,16 +216,17 @@ def finish(
 def _store(
     attempt: engine.Attempt, claim: Claim, response: HttpResponseBase, policy: Policy
 ) -> None:
+    if policy.atomic and connections[policy.alias].needs_rollback:
+        # DRF marks an ATOMIC_REQUESTS transaction for rollback when it answers an exception
+        # (a serializer's 400, an APIException's 503): the claim rolls back with the view's
+        # work, as after a crash, and a retry runs again (issue 20). First: no statement may
+        # run in that transaction, not even a retryable status's release.
+        engine.release(claim, policy, attempt, reason="transaction rolled back", raised=True)
+        return
     if response.status_code in conf.RETRYABLE_STATUSES:
         engine.release(
             claim, policy, attempt, reason=f"status {response.status_code}", raised=False
         )
-        return
-    if policy.atomic and connections[policy.alias].needs_rollback:
-        # DRF marks an ATOMIC_REQUESTS transaction for rollback when it answers an exception
-        # (a serializer's 400): the claim rolls back with the view's work, as after a crash,
-        # and a retry runs again (issue 20).
-        engine.release(claim, policy, attempt, reason="transaction rolled back", raised=True)
         return
     storage = storing.storage(response)
     if storage is not None and not storage.stored:

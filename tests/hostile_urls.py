@@ -12,6 +12,7 @@ urlpatterns = [
     path("stream/", views.stream),
     path("short-ttl/", views.short_ttl),
     path("drf-atomic-validating/", views.DrfAtomicValidatingView.as_view()),
+    path("drf-atomic-unavailable/", views.DrfAtomicUnavailableView.as_view()),
     path("drf-upload/", views.DrfUploadView.as_view()),
     path("drf-post-only/", views.DrfPostOnlyView.as_view()),
     path("drf-get-only/", views.DrfGetOnlyView.as_view()),

@@ -327,6 +327,19 @@ def test_drf_atomic_400_under_atomic_requests(atomic_requests: None, key: str) -
     assert send("/drf-atomic-validating/", b'{"name": "x"}', key)["Idempotent-Replayed"] == "true"
 
 
+def test_drf_atomic_5xx_under_atomic_requests(atomic_requests: None, key: str) -> None:
+    """A retryable status in a transaction DRF marked for rollback: released with it, never a
+    query in the broken transaction (a TransactionManagementError, a 500 of ours)."""
+    response = send("/drf-atomic-unavailable/", b'{"fail": true}', key)
+    assert response.status_code == 503
+    assert response.json() == {"detail": "downstream down"}
+    assert IdempotencyKey.objects.count() == 0
+    assert executions() == 0  # rolled back with the request's transaction
+    retried = send("/drf-atomic-unavailable/", b'{"fail": true}', key)
+    assert retried.status_code == 503
+    assert "Idempotent-Replayed" not in retried
+
+
 def test_drf_method_not_allowed_is_untouched(key: str) -> None:
     assert send("/drf-get-only/", b"{}", key=None).status_code == 405
     with_key = send("/drf-get-only/", b"{}", key)

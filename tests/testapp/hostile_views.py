@@ -9,7 +9,7 @@ import time
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client
 from django.views.decorators.csrf import csrf_protect
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -84,6 +84,22 @@ class DrfAtomicValidatingView(IdempotencyMixin, APIView):
         serializer = NameSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         return Response(serializer.data, status=201)
+
+
+class Unavailable(exceptions.APIException):
+    status_code = 503
+
+
+class DrfAtomicUnavailableView(IdempotencyMixin, APIView):
+    """Answers DRF's 503 for an ``APIException`` (DRF marks the transaction for rollback)."""
+
+    idempotency_atomic = True
+
+    def post(self, request: Request) -> Response:
+        _record("drf-atomic-unavailable")
+        if request.data.get("fail"):
+            raise Unavailable("downstream down")
+        return Response({"ok": True}, status=201)
 
 
 class DrfUploadView(IdempotencyMixin, APIView):
