@@ -424,16 +424,24 @@ def test_short_attempts_do_not_wake_the_renewer_thread(
     """A server answering one fast request after another pays no thread switch per request:
     once the thread waits for the group's renewal, a new attempt of the group is renewed by
     that wake-up (no later than its own first renewal), and the last one to end leaves the
-    thread, which opened no connection, asleep."""
+    thread, which opened no connection, asleep.
+
+    A lock_timeout of 30 s (renewals every 10 s): the attempts all end long before the first
+    renewal, however slow the machine."""
     condition = CountingCondition()
     monkeypatch.setattr(heartbeat.renewer, "_cond", condition)
-    assert slow(str(uuid.uuid4())) == 1  # starts the thread for this alias and lock_timeout
+    quick = idempotent_function(key="message_id", lock_timeout=30)(slow.__wrapped__)
+    assert quick(str(uuid.uuid4())) == 1  # starts the thread for this alias and lock_timeout
     assert heartbeat.renewer.running()
     for _ in range(20):
-        assert slow(str(uuid.uuid4())) == 1
+        assert quick(str(uuid.uuid4())) == 1
     assert condition.notified == 0
     assert renewals.statements == []
-    # A group the thread does not wait for yet is due sooner than its wake-up: woken.
-    fast = idempotent_function(key="message_id", lock_timeout=LOCK / 2)(slow.__wrapped__)
-    assert fast(str(uuid.uuid4())) == 1
+    # A group the thread does not wait for yet may be due sooner than its wake-up: woken.
+    sooner = idempotent_function(key="message_id", lock_timeout=20)(slow.__wrapped__)
+    assert sooner(str(uuid.uuid4())) == 1
     assert condition.notified == 1
+    # Left alone, the idle thread would sleep until the group's renewal (10 s) before it
+    # lingers and exits; wake it so the fixture sees it go.
+    with condition:
+        condition.notify()
