@@ -196,6 +196,13 @@ FINGERPRINT_ARGUMENTS = ("request", "scope")
 def _function(value: Any, name: str, arguments: tuple[str, ...]) -> Any:
     if value is None:
         return None
+    try:
+        hash(value)  # a view's options are cached with it (Options.resolve)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be hashable, and {type(value).__name__} is not: a dataclass needs "
+            "frozen=True (or eq=False), a class defining __eq__ needs __hash__."
+        ) from None
     if error := signature_error(value, arguments):
         raise TypeError(f"{name} {error}")
     return value

@@ -51,8 +51,9 @@ def json_fingerprint(exclude: Iterable[str]) -> FingerprintFunction:
     bodies (URL-encoded or multipart) a one-token pointer names a field: ``"/sent_at"`` leaves
     out the ``sent_at`` field (and file). Everything else is as :func:`request_fingerprint`
     (method, path and query, scope, canonical JSON; a body too large to hold in memory, or not
-    JSON or a form, counts byte for byte); a body without the excluded parts fingerprints as
-    it does there. Use it as a view's ``fingerprint=`` or as ``FINGERPRINT_FUNCTION``; a bad
+    JSON or a form, counts byte for byte); a JSON or multipart body without the excluded parts
+    fingerprints as it does there (a URL-encoded one counts by fields, in name order, when a
+    pointer names a field). Use it as a view's ``fingerprint=`` or as ``FINGERPRINT_FUNCTION``; a bad
     pointer is a ``ValueError`` here, when the view is defined.
     """
     if isinstance(exclude, str):

@@ -125,6 +125,8 @@ def test_json_fingerprint_leaves_out_form_fields() -> None:
     # A pointer of more than one token names no form field.
     assert volatile(b"n=1&meta=x", form) != base
     assert volatile(b"n=1&meta=x", form, method="patch") == volatile(b"meta=x&n=1", form, "patch")
+    # By field, in name order (the default counts a URL-encoded body's bytes).
+    assert volatile(b"b=2&a=1", form) == volatile(b"a=1&b=2", form)
 
 
 def test_json_fingerprint_leaves_out_multipart_fields_and_files() -> None:

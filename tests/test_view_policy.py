@@ -8,6 +8,7 @@ import re
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -225,6 +226,16 @@ def test_drf_a_scope_function_that_raises_stops_the_request() -> None:
     assert not IdempotencyKey.objects.exists()
 
 
+@dataclass
+class UnhashableScope:
+    """A callable dataclass: it defines __eq__, and so is unhashable."""
+
+    prefix: str
+
+    def __call__(self, request: HttpRequest) -> str:
+        return self.prefix
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -237,6 +248,7 @@ def test_drf_a_scope_function_that_raises_stops_the_request() -> None:
         ({"scope": method_scope}, "without self: use a staticmethod"),
         ({"fingerprint": tenant_scope}, "cannot be called as f\\(request, scope\\)"),
         ({"fingerprint": 42}, "fingerprint must be a callable"),
+        ({"scope": UnhashableScope("t")}, "scope must be hashable, and UnhashableScope is not"),
     ],
 )
 def test_bad_options_fail_when_the_view_is_defined(options: dict[str, Any], message: str) -> None:
