@@ -53,8 +53,8 @@ def json_fingerprint(exclude: Iterable[str]) -> FingerprintFunction:
     (method, path and query, scope, canonical JSON; a body too large to hold in memory, or not
     JSON or a form, counts byte for byte); a JSON or multipart body without the excluded parts
     fingerprints as it does there (a URL-encoded one counts by fields, in name order, when a
-    pointer names a field). Use it as a view's ``fingerprint=`` or as ``FINGERPRINT_FUNCTION``; a bad
-    pointer is a ``ValueError`` here, when the view is defined.
+    pointer names a field). Use it as a view's ``fingerprint=`` or as ``FINGERPRINT_FUNCTION``;
+    a bad pointer is a ``ValueError`` here, when the view is defined.
     """
     if isinstance(exclude, str):
         raise TypeError("exclude must be a list of JSON Pointers, not a string.")
