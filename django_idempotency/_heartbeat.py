@@ -2,7 +2,9 @@
 
 With renewal, ``lock_timeout`` means "time since the owner last showed it was alive" rather
 than "the longest a run may take". Every process has one renewer thread, started with the
-first attempt it renews and ended shortly after the last one finishes. Every
+first attempt it renews and ended after the last one finishes: at once if it had opened a
+connection, else at its next scheduled renewal (waking it as each request starts and ends
+would cost every request a thread switch), then ``LINGER`` later. Every
 ``lock_timeout / 3`` it renews all live attempts of the process that share a database alias and
 a ``lock_timeout`` in one fenced ``UPDATE`` (:meth:`._store.base.Store.renew`); a
 per-attempt thread would send one statement per attempt instead. The thread has its own
