@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency import durations
-from django_idempotency.conf import (
+from django_idempotency import _durations as durations
+from django_idempotency._conf import (
     IN_PROGRESS_POLICIES,
     FingerprintFunction,
     ScopeFunction,
     conf,
     derived,
 )
-from django_idempotency.durations import Duration
-from django_idempotency.keys import ANY, KeyFormat, key_format
+from django_idempotency._durations import Duration
+from django_idempotency._keys import ANY, KeyFormat, key_format
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 

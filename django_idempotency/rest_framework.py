@@ -11,10 +11,10 @@ from rest_framework.response import Response
 
 from django_idempotency import _http as protocol
 from django_idempotency import _lifecycle as lifecycle
+from django_idempotency._conf import FingerprintFunction, ScopeFunction
+from django_idempotency._durations import Duration
 from django_idempotency._lifecycle import Answer
 from django_idempotency._options import VIEW_OPTIONS, Options, Policy, ViewOptions
-from django_idempotency.conf import FingerprintFunction, ScopeFunction
-from django_idempotency.durations import Duration
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -22,7 +22,7 @@ fingerprint_mismatch = Signal()
 #: (``claim``, ``reason``).
 key_released = Signal()
 #: An attempt that lost its lock finished late; its result was not stored (``claim``, and
-#: ``response``: the refused :class:`~django_idempotency.responses.StoredResponse`).
+#: ``response``: the refused :class:`~django_idempotency._responses.StoredResponse`).
 late_result_refused = Signal()
 #: Lock renewal found the attempt's record no longer its own while it ran: taken over after
 #: its lock expired (the process was frozen, or the database unreachable, for longer than

@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from django_idempotency.checks import check_database, check_settings
+from django_idempotency._checks import check_database, check_settings
 
 
 def ids(config: Any) -> list[str]:

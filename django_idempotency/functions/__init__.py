@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import _storing as storing
+from django_idempotency._conf import conf
 from django_idempotency._options import CALL_OPTIONS, CallOptions, Options
-from django_idempotency.conf import conf
 from django_idempotency.functions import _calls as calls
-from django_idempotency.functions.serializers import JSONSerializer, ResultSerializer
+from django_idempotency.functions._serializers import JSONSerializer, ResultSerializer
 
 __all__ = ["JSONSerializer", "ResultSerializer", "idempotent_function"]
 

@@ -23,6 +23,7 @@ from django.db import connections
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import _storing as storing
+from django_idempotency._keys import hash_key
 from django_idempotency._limits import bounded_scope
 from django_idempotency._options import Options, Policy
 from django_idempotency._store import StoredResponse
@@ -35,8 +36,7 @@ from django_idempotency.exceptions import (
     LockWaitTimeout,
     StoreUnavailable,
 )
-from django_idempotency.functions.serializers import ResultSerializer
-from django_idempotency.keys import hash_key
+from django_idempotency.functions._serializers import ResultSerializer
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")

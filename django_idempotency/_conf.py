@@ -1,7 +1,7 @@
 """Settings, read from ``settings.IDEMPOTENCY`` so ``override_settings`` just works.
 
 Nothing is ever written into ``django.conf.settings``; values are validated by the system checks
-in :mod:`django_idempotency.checks`. Every value, and everything :func:`derived` from them, is
+in :mod:`django_idempotency._checks`. Every value, and everything :func:`derived` from them, is
 computed once and cached until the ``setting_changed`` signal says ``IDEMPOTENCY`` changed
 (``override_settings`` and pytest-django's ``settings`` fixture send it): a protected request
 reads about ten of them, and a cached read costs nothing next to a parse.
@@ -19,8 +19,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
-from django_idempotency.durations import to_timedelta
-from django_idempotency.keys import KeyFormat, key_format
+from django_idempotency._durations import to_timedelta
+from django_idempotency._keys import KeyFormat, key_format
 
 if TYPE_CHECKING:
     from django.http import HttpRequest

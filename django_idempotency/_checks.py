@@ -15,7 +15,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.utils import load_backend
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from django_idempotency import durations
+from django_idempotency import _durations as durations
+from django_idempotency._conf import DEFAULTS, IN_PROGRESS_POLICIES, import_callable, user_settings
+from django_idempotency._keys import MAX_KEY_LENGTH, key_format
 from django_idempotency._options import (
     FINGERPRINT_ARGUMENTS,
     SAFE_METHODS,
@@ -24,10 +26,8 @@ from django_idempotency._options import (
     signature_error,
     ttl_under_lock,
 )
+from django_idempotency._responses import NEVER_STORED
 from django_idempotency._store import VENDORS
-from django_idempotency.conf import DEFAULTS, IN_PROGRESS_POLICIES, import_callable, user_settings
-from django_idempotency.keys import MAX_KEY_LENGTH, key_format
-from django_idempotency.responses import NEVER_STORED
 
 DOCS = "See https://django-idempotency.readthedocs.io/en/latest/settings.html"
 

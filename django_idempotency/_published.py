@@ -16,10 +16,10 @@ from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
+from django_idempotency._conf import conf
+from django_idempotency._keys import ANY, MAX_HEADER_LENGTH, MAX_KEY_LENGTH, KeyFormat
 from django_idempotency._options import Options, Policy
-from django_idempotency.conf import conf
-from django_idempotency.keys import ANY, MAX_HEADER_LENGTH, MAX_KEY_LENGTH, KeyFormat
-from django_idempotency.responses import REPLAYED_HEADER
+from django_idempotency._responses import REPLAYED_HEADER
 
 DRAFT = "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/"
 
