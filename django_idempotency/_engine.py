@@ -224,7 +224,7 @@ def _claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
         record = outcome.record
         if record.request_hash != attempt.fingerprint:
             return _found(Kind.MISMATCH, record, attempt, policy)
-        if record.status != IdempotencyKey.Status.PROCESSING:
+        if record.status != rules.PROCESSING:
             return _found(Kind.REPLAY, record, attempt, policy, waited=waited)
         if policy.in_progress != "wait" or time.monotonic() >= deadline:
             break
@@ -245,9 +245,7 @@ def _settled(alias: str, attempt: Attempt) -> bool:
     """Whether a waiter's key stopped being live in flight (finished, released or stale)."""
     lock = store.peek_status(alias, attempt.scope, attempt.key_hash)
     return (
-        lock is None
-        or lock.status != IdempotencyKey.Status.PROCESSING
-        or rules.STALE.holds(lock, timezone.now())
+        lock is None or lock.status != rules.PROCESSING or rules.STALE.holds(lock, timezone.now())
     )
 
 

@@ -20,6 +20,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import _maintenance as maintenance
+from django_idempotency import _rules as rules
 from django_idempotency._conf import conf
 from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency.functions._calls import METHOD as CALL
@@ -74,7 +75,7 @@ class ExpiredFilter(_YesNoFilter):
     parameter_name = "expired"
 
     def condition(self) -> Q:
-        return Q(expires_at__lte=timezone.now())
+        return rules.EXPIRED.filter(timezone.now())
 
 
 class MethodFilter(admin.SimpleListFilter):

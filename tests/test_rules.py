@@ -59,3 +59,15 @@ def test_a_rule_selects_the_same_records_in_sql_as_q_and_in_python(name: str) ->
         in_sql = {row[0] for row in cursor.fetchall()}
     assert in_python == in_q == in_sql
     assert 0 < len(in_python) < len(records)  # the rule tells records apart
+
+
+def test_the_models_flags_are_the_rules() -> None:
+    """``is_stale`` and ``is_expired`` (the admin's columns) ask the rules, at this moment."""
+    now = timezone.now()
+    for status in IdempotencyKey.Status.values:
+        for moment in (None, now - timedelta(minutes=1), now + timedelta(minutes=1)):
+            record = IdempotencyKey(
+                status=status, unlock_at=moment, expires_at=moment or now + timedelta(minutes=1)
+            )
+            assert record.is_stale is rules.STALE.holds(record, timezone.now())
+            assert record.is_expired is rules.EXPIRED.holds(record, timezone.now())

@@ -28,7 +28,6 @@ from django_idempotency import _rules as rules
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 
-PROCESSING = IdempotencyKey.Status.PROCESSING
 COMPLETED = IdempotencyKey.Status.COMPLETED
 FAILED = IdempotencyKey.Status.FAILED
 T = TypeVar("T")
@@ -53,7 +52,7 @@ _INSERT_COLUMNS = (
 #: What every claim writes alike, as SQL literals in its statements rather than parameters:
 #: a parameter costs its adaptation on every request (``[]`` a JSON encoding), a literal none.
 _CLAIM_LITERALS = {
-    "status": f"'{PROCESSING.value}'",
+    "status": f"'{rules.PROCESSING}'",
     "response_headers": "'[]'",
     "recovery_point": "''",
     "attempt": "1",
@@ -441,7 +440,7 @@ class Store:
         where = f"{q('id')} IN ({marks}) AND {q('lock_token')} IN ({marks}) AND {q('status')} = %s"
         params: list[Any] = [pk for pk, _ in leases]
         params += [_prep("lock_token", token, connection) for _, token in leases]
-        params.append(PROCESSING)
+        params.append(rules.PROCESSING)
         unlock_at = _prep("unlock_at", timezone.now() + lock_timeout, connection)
         with connection.cursor() as cursor:
             cursor.execute(
@@ -502,7 +501,7 @@ class Store:
         params = [*params, pk, _prep("lock_token", token, connection)]
         if stale_at is None:
             sql += f" AND {q('status')} = %s"
-            params.append(PROCESSING)
+            params.append(rules.PROCESSING)
         else:
             sql += f" AND {rules.STALE.where(q)}"
             params += rules.STALE.args(_prep("unlock_at", stale_at, connection))
