@@ -202,16 +202,22 @@ def test_unavailable(post: Post, key: str, path: str, unreachable_store: None) -
 def test_late_result_refused(key: str) -> None:
     from django.http import HttpResponse
 
-    from django_idempotency import _http as protocol
-    from tests.test_claim import POLICY, claim_for, expire_lock
+    from tests.test_claim import expire_lock, protected, send
 
-    attempt, old = claim_for(key)
-    expire_lock()
-    new_attempt, new = claim_for(key)
-    protocol.finish(new_attempt, new, HttpResponse(b"new", status=201), POLICY)
+    attempts: list[object] = []
+
+    def body(claim: object) -> HttpResponse:
+        attempts.append(claim)
+        if len(attempts) == 1:  # a retry takes over, and finishes, before this attempt does
+            expire_lock()
+            send(view, key)
+            return HttpResponse(b"late", status=201)
+        return HttpResponse(b"new", status=201)
+
+    view = protected(body)
     with Outcomes() as outcomes:
-        protocol.finish(attempt, old, HttpResponse(b"late", status=201), POLICY)
-    assert outcomes.added == {"late_result_refused": 1}
+        send(view, key)
+    assert outcomes.added == {"takeover": 1, "executed": 1, "late_result_refused": 1}
 
 
 def test_functions_count_the_same_outcomes(key: str) -> None:
