@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
-from django.test import Client, RequestFactory
+from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
 
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
@@ -23,6 +23,7 @@ from django_idempotency.models import IdempotencyKey
 from tests import factories
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory
+from tests.test_unavailable import CALLS, COUNTED
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
@@ -102,6 +103,16 @@ def test_waiting_is_bounded_by_wait_timeout(path: str, label: str) -> None:
     assert sorted(outcome(r) for r in responses) == ["409", "executed"]
     assert time.monotonic() - started < 5
     assert executions(label) == 1
+
+
+@pytest.mark.parametrize("path", ["/atomic-short-wait/", "/wait-short/"])
+def test_a_claim_refused_after_its_wait_ran_the_scope_and_fingerprint_once(path: str) -> None:
+    """In atomic mode the wait ends in a ``LockWaitTimeout`` that ends the transaction too."""
+    CALLS.clear()
+    with override_settings(IDEMPOTENCY=COUNTED):
+        responses = storm(2, path + "?sleep=1.5", str(uuid.uuid4()))
+    assert sorted(outcome(r) for r in responses) == ["409", "executed"]
+    assert CALLS == {"scope": 2, "fingerprint": 2}
 
 
 def test_atomic_duplicates_wait_for_the_commit_and_replay() -> None:
