@@ -118,19 +118,25 @@ def test_takeover_sees_the_recovery_point_and_fences_the_old_owner(key: str) -> 
     assert IdempotencyKey.objects.get().recovery_point == "reserved"
 
 
-def test_late_owner_result_is_refused(key: str, received: dict[str, Any]) -> None:
-    claims: list[Claim] = []
+def late_owner(key: str, claims: list[Claim]) -> View:
+    """A view whose first attempt is taken over, and finished, by a retry before it returns:
+    its result comes late."""
 
     def body(claim: Claim) -> HttpResponse:
         claims.append(claim)
-        if len(claims) == 1:  # a retry takes over, and finishes, before this attempt does
+        if len(claims) == 1:
             expire_lock()
             send(view, key)
             return HttpResponse(b"late owner", status=201)
         return HttpResponse(b"new owner", status=201)
 
     view = protected(body)
-    late = send(view, key)
+    return view
+
+
+def test_late_owner_result_is_refused(key: str, received: dict[str, Any]) -> None:
+    claims: list[Claim] = []
+    late = send(late_owner(key, claims), key)
     assert late.content == b"late owner"  # its own client still gets its answer
     row = IdempotencyKey.objects.get()
     assert bytes(row.response_body) == b"new owner"

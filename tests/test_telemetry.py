@@ -200,23 +200,10 @@ def test_unavailable(post: Post, key: str, path: str, unreachable_store: None) -
 
 
 def test_late_result_refused(key: str) -> None:
-    from django.http import HttpResponse
+    from tests.test_claim import late_owner, send
 
-    from tests.test_claim import expire_lock, protected, send
-
-    attempts: list[object] = []
-
-    def body(claim: object) -> HttpResponse:
-        attempts.append(claim)
-        if len(attempts) == 1:  # a retry takes over, and finishes, before this attempt does
-            expire_lock()
-            send(view, key)
-            return HttpResponse(b"late", status=201)
-        return HttpResponse(b"new", status=201)
-
-    view = protected(body)
     with Outcomes() as outcomes:
-        send(view, key)
+        send(late_owner(key, []), key)
     assert outcomes.added == {"takeover": 1, "executed": 1, "late_result_refused": 1}
 
 

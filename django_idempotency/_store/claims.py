@@ -76,7 +76,7 @@ class Claims(BoundStore):
             if found is None:
                 return None
             if isinstance(found, int):  # inserted, not read back: a first attempt
-                return self._claim(identity, found, token, 1, "", None, lock_timeout)
+                return self._claim(identity, token, lock_timeout, found)
             if found.lock_token != token:  # not the row we inserted: another call's record
                 if not rules.TAKEOVER.holds(found, now, identity.fingerprint):
                     return found
@@ -84,35 +84,26 @@ class Claims(BoundStore):
                 found = self.take_over(connection, found.pk, again, token)
                 if found is None:
                     return None
-            return self._claim(
-                identity,
-                found.pk,
-                token,
-                found.attempt,
-                found.recovery_point,
-                found.recovery_data,
-                lock_timeout,
-            )
+            return self._claim(identity, token, lock_timeout, found.pk, found)
 
     def _claim(
         self,
         identity: Identity,
-        pk: int,
         token: uuid.UUID,
-        attempt: int,
-        recovery_point: str,
-        recovery_data: Any,
         lock_timeout: timedelta,
+        pk: int,
+        record: IdempotencyKey | None = None,
     ) -> Claim:
+        """The claim on record ``pk``, as ``record`` reads (``None``: a first attempt's)."""
         return Claim(
             key=identity.key,
             scope=identity.scope,
             key_hash=identity.key_hash,
             pk=pk,
             lock_token=token,
-            attempt=attempt,
-            recovery_point=recovery_point,
-            recovery_data=recovery_data,
+            attempt=1 if record is None else record.attempt,
+            recovery_point="" if record is None else record.recovery_point,
+            recovery_data=None if record is None else record.recovery_data,
             lock_timeout=lock_timeout,
             store=cast(RecordStore, self),  # a Store: its FencedWrites save recovery points
         )
