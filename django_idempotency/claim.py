@@ -20,8 +20,6 @@ _DERIVED_NAMESPACE = uuid.UUID("5b0c3c52-7e4b-4a43-9d0c-2a7c1c0f6d11")
 class RecordStore(Protocol):
     """Where a claim's record is kept: what :class:`Claim` needs of the store that made it."""
 
-    alias: str
-
     def save_recovery_point(
         self, pk: int, token: uuid.UUID, name: str, data: Any, lock_timeout: timedelta
     ) -> bool: ...
@@ -43,17 +41,13 @@ class Claim:
     attempt: int
     recovery_point: str
     recovery_data: Any
+    alias: str = field(repr=False)
     lock_timeout: timedelta = field(repr=False)
-    #: The store that made the claim (bound to its database alias): recovery points go there.
+    #: The store that made the claim (bound to ``alias``): recovery points go there.
     store: RecordStore = field(repr=False, compare=False)
     #: Set (from the renewer's thread) when a renewal found the record no longer this
     #: attempt's: taken over after its lock expired, or released by an operator.
     lock_lost: bool = field(default=False, repr=False, compare=False)
-
-    @property
-    def alias(self) -> str:
-        """The database alias of the record."""
-        return self.store.alias
 
     @property
     def is_takeover(self) -> bool:

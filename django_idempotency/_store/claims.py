@@ -104,6 +104,7 @@ class Claims(BoundStore):
             attempt=1 if record is None else record.attempt,
             recovery_point="" if record is None else record.recovery_point,
             recovery_data=None if record is None else record.recovery_data,
+            alias=self.alias,
             lock_timeout=lock_timeout,
             store=cast(RecordStore, self),  # a Store: its FencedWrites save recovery points
         )
