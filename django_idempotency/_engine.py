@@ -288,7 +288,9 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
     store = using(policy.alias)
     with telemetry.span("idempotency.store", identity.attributes(policy.atomic)) as span:
         try:
-            stored_ok = store.store_response(claim.pk, claim.lock_token, stored)
+            stored_ok = _fenced_write(
+                policy, store, lambda: store.store_response(claim.pk, claim.lock_token, stored)
+            )
         except DatabaseError:
             if policy.atomic:  # the transaction is lost with it: nothing of the attempt is kept
                 with store.guard():
@@ -324,6 +326,30 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
         span.finish(outcome, claim.attempt)
 
 
+def _fenced_write(policy: Policy, store: Store, write: Callable[[], T]) -> T:
+    """Run an owner's fenced write, again while it fails only because another writer holds a
+    lock it needs (a SQLite writer, a cleanup batch, an operator's transaction): giving the
+    result up would leave the record to be taken over and the view run twice (issue 32).
+
+    Tried until the lock could lapse (``lock_timeout``; renewal has stopped by now), after
+    which a retry may own the key and the fence decides. In atomic mode, or inside a caller's
+    transaction, the error has spoiled the transaction: it is raised at once.
+    """
+    if policy.atomic or connections[policy.alias].in_atomic_block:
+        return write()
+    deadline = time.monotonic() + policy.lock_timeout.total_seconds()
+    delay = _FIRST_WAIT
+    while True:
+        try:
+            return write()
+        except DatabaseError as exc:
+            if not store.is_contention(exc) or time.monotonic() + delay >= deadline:
+                raise
+        logger.info("Idempotency store %r busy; writing again in %.2gs.", policy.alias, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, _MAX_WAIT)
+
+
 def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, raised: bool) -> None:
     """Release the claim so a retry runs again.
 
@@ -333,7 +359,8 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
     with telemetry.span("idempotency.release", identity.attributes(policy.atomic)) as span:
         try:
             if not (policy.atomic and raised):
-                using(policy.alias).release(claim.pk, claim.lock_token)
+                store = using(policy.alias)
+                _fenced_write(policy, store, lambda: store.release(claim.pk, claim.lock_token))
         except DatabaseError:
             if policy.atomic:
                 raise
