@@ -296,7 +296,10 @@ def test_renewal_survives_losing_its_connection(
     key = str(uuid.uuid4())
     with caplog.at_level(logging.WARNING, logger="django_idempotency"):
         done = in_thread(lambda: slow(key, 5 * LOCK))
-        wait_until(lambda: bool(renewals.backend_pids), "the renewer never connected")
+        # After a renewal, not at the first connection: on MariaDB the renewer's first
+        # preparation of a UUID reads the server's version through a temporary connection,
+        # closed before the renewal opens the one to terminate.
+        wait_until(lambda: renewals.updates() >= 1, "the renewer never renewed")
         with connections["default"].cursor() as cursor:
             cursor.execute(TERMINATE[cursor.db.vendor], [renewals.backend_pids[-1]])
         assert done() == 1
