@@ -12,6 +12,8 @@ from django_idempotency import _http as protocol
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency._options import VIEW_OPTIONS, Options, ViewOptions
 
+__all__ = ["idempotent"]
+
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
