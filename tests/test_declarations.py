@@ -95,6 +95,24 @@ def test_a_value_the_setting_s_check_refuses_the_option_refuses(option: Any) -> 
     assert str(refused.value) == f"Invalid idempotency option: {option.name}{said}"
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"atomic": "yes"}, "atomic must be True or False, not 'yes'"),
+        ({"required": 1}, "required must be True or False, not 1"),
+        ({"methods": []}, "methods must be a non-empty list of HTTP methods"),
+    ],
+)
+def test_values_once_taken_by_their_truth_are_refused(options: Any, message: str) -> None:
+    """As their settings are (E002, E004), and as ``heartbeat`` always was."""
+    with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+        Options.build(**options)
+    with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+        type(
+            "View", (IdempotencyMixin, APIView), {f"idempotency_{k}": v for k, v in options.items()}
+        )
+
+
 def test_check_ids_read_in_source_order() -> None:
     declared = [check.id for setting in SETTINGS for check in setting.checks[:1]]
     assert declared == sorted(declared)
