@@ -20,7 +20,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django_idempotency import _durations as durations
 from django_idempotency._conf import DEFAULTS, DOCS, SETTINGS, Setting, Settings, user_settings
 from django_idempotency._options import Options, ttl_error, ttl_under_lock
-from django_idempotency._store import VENDORS, Store
+from django_idempotency._store import VENDORS
 
 
 def _error(id_: int, msg: str, hint: str = DOCS) -> Error:
@@ -112,7 +112,7 @@ def e019_atomic_requests(alias: str) -> Error | None:
 
 def e030_backend(alias: str) -> Error | None:
     database = settings.DATABASES[alias]
-    if _store(database) is not None:
+    if _vendor(database.get("ENGINE", "")) in VENDORS:
         return None
     return _error(
         30,
@@ -125,7 +125,7 @@ def e030_backend(alias: str) -> Error | None:
 
 def e031_isolation(alias: str) -> Error | None:
     database = settings.DATABASES[alias]
-    store = _store(database)
+    store = VENDORS.get(_vendor(database.get("ENGINE", "")))
     isolation = (database.get("OPTIONS") or {}).get("isolation_level")
     if store is None or not store.isolation_level or isolation in (None, store.isolation_level):
         return None
@@ -225,11 +225,6 @@ def _sqlite_shared_with_atomic_requests(alias: str) -> str | None:
         ):
             return other
     return None
-
-
-def _store(database: Mapping[str, Any]) -> Store | None:
-    """The store of a database's vendor; ``None`` for a backend we do not support."""
-    return VENDORS.get(_vendor(database.get("ENGINE", "")))
 
 
 def _vendor(engine: str) -> str:
