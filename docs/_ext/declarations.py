@@ -44,12 +44,12 @@ def _literal(value: object) -> str:
 
 
 def _duration(value: timedelta) -> str:
-    seconds = int(value.total_seconds())
-    for unit, size in (("hour", 3600), ("minute", 60)):
+    seconds = value.total_seconds()
+    for unit, size in (("hour", 3600), ("minute", 60), ("second", 1)):
         if seconds % size == 0:
-            count = seconds // size
+            count = int(seconds // size)
             return f"{count} {unit}{'s' if count != 1 else ''}"
-    return f"{seconds} seconds"
+    return f"{seconds:g} seconds"
 
 
 def checks(setting: Setting[Any]) -> str:
