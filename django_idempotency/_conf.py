@@ -132,9 +132,6 @@ class Setting(Generic[T]):
     def __get__(self, instance: object, owner: type | None = None) -> T | Setting[T]:
         if instance is None:
             return self
-        return self.read()
-
-    def read(self) -> T:
         return cast(T, _value(self.name, self.convert))
 
     @property
