@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -314,7 +314,10 @@ def complete(claim: Claim, stored: StoredResponse, policy: Policy, attempt: Atte
     """
     with telemetry.span("idempotency.store", attempt.attributes(policy)) as span:
         try:
-            stored_ok = store.store_response(policy.alias, claim.pk, claim.lock_token, stored)
+            stored_ok = _fenced_write(
+                policy,
+                lambda: store.store_response(policy.alias, claim.pk, claim.lock_token, stored),
+            )
         except DatabaseError:
             if policy.atomic:  # the transaction is lost with it: nothing of the attempt is kept
                 with store.guard(policy.alias):
@@ -350,6 +353,30 @@ def complete(claim: Claim, stored: StoredResponse, policy: Policy, attempt: Atte
         span.finish(outcome, claim.attempt)
 
 
+def _fenced_write(policy: Policy, write: Callable[[], T]) -> T:
+    """Run an owner's fenced write, again while it fails only because another writer holds a
+    lock it needs (a SQLite writer, a cleanup batch, an operator's transaction): giving the
+    result up would leave the record to be taken over and the view run twice (issue 32).
+
+    Tried until the lock could lapse (``lock_timeout``; renewal has stopped by now), after
+    which a retry may own the key and the fence decides. In atomic mode, or inside a caller's
+    transaction, the error has spoiled the transaction: it is raised at once.
+    """
+    if policy.atomic or connections[policy.alias].in_atomic_block:
+        return write()
+    deadline = time.monotonic() + policy.lock_timeout.total_seconds()
+    delay = _FIRST_WAIT
+    while True:
+        try:
+            return write()
+        except DatabaseError as exc:
+            if not store.is_contention(policy.alias, exc) or time.monotonic() + delay >= deadline:
+                raise
+        logger.info("Idempotency store %r busy; writing again in %.2gs.", policy.alias, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, _MAX_WAIT)
+
+
 def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
     """Record an attempt's progress and renew its lock (:meth:`.Claim.set_recovery_point`)."""
     if len(name) > MAX_RECOVERY_POINT:
@@ -375,7 +402,9 @@ def release(claim: Claim, policy: Policy, attempt: Attempt, *, reason: str, rais
     with telemetry.span("idempotency.release", attempt.attributes(policy)) as span:
         try:
             if not (policy.atomic and raised):
-                store.release(policy.alias, claim.pk, claim.lock_token)
+                _fenced_write(
+                    policy, lambda: store.release(policy.alias, claim.pk, claim.lock_token)
+                )
         except DatabaseError:
             if policy.atomic:
                 raise

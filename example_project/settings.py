@@ -87,9 +87,13 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Example payments API",
     "DESCRIPTION": (
         "Charges and refunds made safe to retry with the Idempotency-Key header "
-        "(django-idempotency's example project)."
+        "(django-idempotency's example project). Request bodies are JSON or forms; "
+        "read-only fields and fields the API does not know are ignored."
     ),
     "VERSION": "1.0.0",
+    # Request bodies get components of their own (ChargeRequest...) without the read-only
+    # fields, which a request may carry and the API ignores (issue 32).
+    "COMPONENT_SPLIT_REQUEST": True,
     # /api/docs/ works offline: the UI's JavaScript and CSS come from drf-spectacular-sidecar
     # through staticfiles.
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -4,6 +4,7 @@ is set (``postgres://...`` or ``mysql://...``)."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import dj_database_url
 
@@ -35,10 +36,23 @@ if _url:
         DATABASES["default"]["OPTIONS"] = {"charset": "utf8mb4"}
         DATABASES["default"]["TEST"].update(CHARSET="utf8mb4", COLLATION="utf8mb4_unicode_ci")
 else:
+    # The test database is a file, not Django's default in-memory one: the threads of a test
+    # (the renewer, a storm, a waiter) then share it through SQLite's own locks and busy wait,
+    # as a deployed SQLite database is shared. An in-memory test database is shared through
+    # SQLite's "shared cache", whose table locks fail at once ("database table is locked")
+    # instead of waiting: a test's poll or claim failed whenever another thread was writing
+    # (issue 32). One file per pytest process, so that runs side by side never share one.
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": ":memory:",
+            "TEST": {
+                "NAME": os.path.join(
+                    tempfile.gettempdir(), f"django-idempotency-tests-{os.getpid()}.sqlite3"
+                )
+            },
+            # Nothing waits for a disk flush: a test database need not survive a power cut.
+            "OPTIONS": {"init_command": "PRAGMA synchronous=OFF"},
         }
     }
 

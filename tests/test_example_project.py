@@ -145,6 +145,55 @@ def test_bad_charges_are_400_not_500(example: Example, body: Any) -> None:
     assert response.status_code == 400, response.text
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        # What DRF would coerce and the schema refuses (issue 32, found by the fuzzing leg).
+        {"amount": 4200, "currency": "usd", "description": -8.591042993220958e122},
+        {"amount": 4200, "currency": "usd", "description": True},
+        {"amount": "4200", "currency": "usd"},
+        {"amount": 4200.0, "currency": "usd"},
+        {"amount": True, "currency": "usd"},
+    ],
+)
+def test_json_values_must_have_the_schemas_types(example: Example, body: Any) -> None:
+    before = example.rows("SELECT count(*) FROM payments_charge")
+    response = example.post("/api/charges/", body, str(uuid.uuid4()))
+    assert response.status_code == 400, response.text
+    (field,) = set(response.json())
+    assert response.json()[field] == [
+        f"Must be a JSON {'string' if field == 'description' else 'integer'}."
+    ]
+    assert example.rows("SELECT count(*) FROM payments_charge") == before
+
+
+def test_form_bodies_take_each_field_once(example: Example) -> None:
+    def form(content: bytes) -> httpx.Response:
+        headers = {
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Idempotency-Key": str(uuid.uuid4()),
+        }
+        return httpx.post(example.url + "/api/charges/", content=content, headers=headers)
+
+    once = form(b"amount=4200&currency=usd&description=tea")
+    assert once.status_code == 201, once.text  # a form's values are text: "4200" is the integer
+    assert once.json()["amount"] == 4200 and once.json()["description"] == "tea"
+    twice = form(b"amount=4200&amount=1&currency=usd")
+    assert twice.status_code == 400, twice.text
+    assert twice.json() == {"amount": ["Give this field once."]}
+
+
+def test_read_only_fields_in_a_request_are_ignored_as_the_schema_says(example: Example) -> None:
+    body = {"amount": 4200, "currency": "usd", "provider_id": "mine", "id": 7, "created": "x"}
+    response = example.post("/api/charges/", body, str(uuid.uuid4()))
+    assert response.status_code == 201, response.text
+    assert response.json()["provider_id"].startswith("ch_")
+    schema = httpx.get(example.url + "/api/schema/?format=json", timeout=10).json()
+    request = schema["components"]["schemas"]["ChargeRequest"]["properties"]
+    assert {"amount", "currency", "description"} == set(request)
+    assert "ignored" in schema["info"]["description"]
+
+
 def test_malformed_json_is_400(example: Example) -> None:
     response = httpx.post(
         example.url + "/api/charges/",

@@ -1,13 +1,17 @@
 """Fuzz targets for the key parser and the fingerprint (issue 20), with hypothesis.
 
-In the normal suite each target runs one bounded round. ``.ci/fuzz`` runs them again and again
-for ``IDEMPOTENCY_FUZZ_SECONDS`` (fresh random examples each round): a time-bounded fuzz in CI.
+In the normal suite each target runs one bounded round. ``.ci/fuzz`` runs them again and again:
+``IDEMPOTENCY_FUZZ_ROUNDS`` rounds, and more until ``IDEMPOTENCY_FUZZ_SECONDS`` have passed. Round
+``n`` draws from the seed ``IDEMPOTENCY_FUZZ_SEED + n``: CI sets the seed and a number of rounds,
+so every run tries the same examples and a failure is reproducible (issue 32); a developer's
+wider run leaves the seed out for a random one, printed with any failure.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import string
 import time
 from collections.abc import Callable
@@ -16,7 +20,7 @@ from typing import Any
 import pytest
 from django.http.multipartparser import MultiPartParserError
 from django.test import RequestFactory, override_settings
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from django_idempotency._canonical_json import canonical_json
@@ -25,6 +29,9 @@ from django_idempotency.fingerprints import request_fingerprint
 from tests.strategies import CONTENT_TYPES, header_values, json_texts, same_document
 
 SECONDS = float(os.environ.get("IDEMPOTENCY_FUZZ_SECONDS", "0"))
+ROUNDS = int(os.environ.get("IDEMPOTENCY_FUZZ_ROUNDS", "1"))
+#: Unset: hypothesis draws as the profile says (derandomized in CI, see tests/conftest.py).
+_SEED = os.environ.get("IDEMPOTENCY_FUZZ_SEED", "")
 ROUND = settings(
     max_examples=int(os.environ.get("IDEMPOTENCY_FUZZ_EXAMPLES", "100")),
     deadline=None,
@@ -34,11 +41,20 @@ ROUND = settings(
 
 
 def fuzz(target: Callable[[], None]) -> None:
-    """One round, or rounds until the time budget is spent."""
+    """``ROUNDS`` rounds, then more until the time budget is spent, each from its own seed."""
+    base = random.getrandbits(64) if _SEED in ("", "random") else int(_SEED)
     deadline = time.monotonic() + SECONDS
-    target()
-    while time.monotonic() < deadline:
-        target()
+    done = 0
+    while done < ROUNDS or time.monotonic() < deadline:
+        try:
+            (seed(base + done)(target) if _SEED else target)()
+        except BaseException:
+            print(
+                f"\nFuzz round {done} of {target.__name__} failed (seed {base + done}). The same "
+                f"examples again: IDEMPOTENCY_FUZZ_SEED={base + done} pytest tests/test_fuzz.py"
+            )
+            raise
+        done += 1
 
 
 @ROUND

@@ -49,6 +49,7 @@ __all__ = [
     "for_connection",
     "guard",
     "in_nested_transaction",
+    "is_contention",
     "limit_lock_wait",
     "lock_wait_outlives_transaction",
     "peek_status",
@@ -143,3 +144,8 @@ def guard(alias: str) -> AbstractContextManager[None]:
 def in_nested_transaction(alias: str) -> bool:
     """Whether the innermost atomic block is a savepoint inside a caller's transaction."""
     return len(connections[alias].atomic_blocks) > 1
+
+
+def is_contention(alias: str, exc: BaseException) -> bool:
+    """:meth:`.Store.is_contention` of the database ``alias``."""
+    return for_connection(connections[alias]).is_contention(exc)

@@ -603,6 +603,12 @@ class Store:
         """Whether a database error is a lock wait that ran out (a ``409``, not a ``503``)."""
         return False
 
+    def is_contention(self, exc: BaseException) -> bool:
+        """Whether a write failed only because another writer held a lock it needed (a lock
+        wait that ran out, a deadlock's victim): the same statement may succeed when tried
+        again. An owner's fenced write is (:func:`django_idempotency._engine.complete`)."""
+        return self.is_lock_timeout(exc)
+
     @contextmanager
     def guard(self) -> Iterator[None]:
         """Translate the store's database errors into the app's own exceptions.

@@ -263,6 +263,10 @@ class PostgreSQLStore(Store):
     def is_lock_timeout(self, exc: BaseException) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
 
+    def is_contention(self, exc: BaseException) -> bool:
+        # lock_not_available, deadlock_detected, serialization_failure
+        return getattr(exc.__cause__, "sqlstate", None) in ("55P03", "40P01", "40001")
+
     def size_query(self, table: str) -> SizeQuery:
         # The table's bytes include its TOAST (large bodies); the indexes are counted apart.
         return SizeQuery(

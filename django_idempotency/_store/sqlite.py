@@ -52,6 +52,12 @@ class SQLiteStore(Store):
     def is_lock_timeout(self, exc: BaseException) -> bool:
         return isinstance(exc, OperationalError) and "database is locked" in str(exc)
 
+    def is_contention(self, exc: BaseException) -> bool:
+        """``database is locked`` (busy past the wait) and ``database table is locked``: a
+        shared-cache database (an in-memory one shared by threads, as Django's test database
+        is) reports another connection's table lock at once, without a busy wait."""
+        return isinstance(exc, OperationalError) and "is locked" in str(exc)
+
     def database_size(self, connection: BaseDatabaseWrapper) -> tuple[int, str]:
         """SQLite without ``dbstat`` only knows the whole file's size: given as the table's,
         said so in the source, and the indexes are unknown."""
