@@ -337,7 +337,7 @@ GOALS = {
 def latency(rounds: int, database: str) -> None:
     from django.db import connection
 
-    from django_idempotency.keys import hash_key
+    from django_idempotency._keys import hash_key
     from django_idempotency.models import IdempotencyKey
 
     operations = [

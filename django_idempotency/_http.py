@@ -17,16 +17,17 @@ from django.http.request import HttpHeaders
 from django_idempotency import _bodies as bodies
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
+from django_idempotency import _problems as problems
+from django_idempotency import _responses as responses
 from django_idempotency import _storing as storing
 from django_idempotency import _telemetry as telemetry
-from django_idempotency import problems, responses
+from django_idempotency._conf import conf
+from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import bounded_fingerprint, bounded_scope
 from django_idempotency._options import Options, Policy
 from django_idempotency.claim import Claim
-from django_idempotency.conf import conf
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
-from django_idempotency.keys import InvalidKey, hash_key, parse_key
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")

@@ -17,8 +17,8 @@ from typing import Any, Generic, TypeVar, cast
 
 from django.http import HttpResponseBase
 
-from django_idempotency import durations
-from django_idempotency.durations import Duration
+from django_idempotency import _durations as durations
+from django_idempotency._durations import Duration
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """A read-only admin for support and operators: look a key up, read its stored response, and
 release stale locks, mark them failed or delete expired records (the same statements as the
-commands, from :mod:`django_idempotency.maintenance`)."""
+commands, from :mod:`django_idempotency._maintenance`)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import maintenance
-from django_idempotency.conf import conf
+from django_idempotency import _maintenance as maintenance
+from django_idempotency._conf import conf
+from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency.functions._calls import METHOD as CALL
-from django_idempotency.keys import InvalidKey, hash_key, parse_key
 from django_idempotency.models import IdempotencyKey
+
+__all__ = ["IdempotencyKeyAdmin"]
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise as StrOrPromise

@@ -5,6 +5,8 @@ from importlib.util import find_spec
 from django.apps import AppConfig
 from django.core.checks import Tags, register
 
+__all__ = ["IdempotencyConfig"]
+
 
 class IdempotencyConfig(AppConfig):
     name = "django_idempotency"
@@ -13,8 +15,8 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency import checks
-        from django_idempotency.conf import connect_signals
+        from django_idempotency import _checks as checks
+        from django_idempotency._conf import connect_signals
 
         register(Tags.compatibility)(checks.check_settings)
         register(Tags.database)(checks.check_database)
@@ -22,4 +24,4 @@ class IdempotencyConfig(AppConfig):
         connect_signals()
         if find_spec("drf_spectacular") is not None:
             # Registers the schema extension: protected views document themselves.
-            from django_idempotency import openapi  # noqa: F401
+            from django_idempotency import _openapi as openapi  # noqa: F401

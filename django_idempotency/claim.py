@@ -10,6 +10,8 @@ from typing import Any
 
 from django_idempotency.exceptions import LockLost
 
+__all__ = ["Claim"]
+
 _DERIVED_NAMESPACE = uuid.UUID("5b0c3c52-7e4b-4a43-9d0c-2a7c1c0f6d11")
 
 
@@ -43,7 +45,7 @@ class Claim:
         return self.attempt > 1
 
     def check_held(self) -> None:
-        """Raise :class:`~django_idempotency.exceptions.LockLost` if the attempt is known to
+        """Raise :class:`~django_idempotency.LockLost` if the attempt is known to
         have lost its record (:attr:`lock_lost`)."""
         if self.lock_lost:
             raise LockLost(
@@ -55,7 +57,7 @@ class Claim:
         """Record that the view got as far as ``name`` (with JSON ``data``) and renew the lock.
 
         In two-phase mode this commits at once, so a retry that takes over after a crash
-        resumes from here. Raises :class:`~django_idempotency.exceptions.LockLost` when another
+        resumes from here. Raises :class:`~django_idempotency.LockLost` when another
         attempt has taken the record over: stop, the new owner is doing the work.
         """
         self.check_held()
@@ -68,7 +70,7 @@ class Claim:
 
         It depends only on the scope, the key and ``purpose``, so a retried or taken-over attempt
         hands the payment provider the same key and cannot charge twice downstream. Raises
-        :class:`~django_idempotency.exceptions.LockLost` once lock renewal found the record
+        :class:`~django_idempotency.LockLost` once lock renewal found the record
         taken: the new owner makes the downstream call.
         """
         self.check_held()

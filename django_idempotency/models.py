@@ -4,6 +4,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+__all__ = ["IdempotencyKey"]
+
 
 class IdempotencyKey(models.Model):
     """One idempotency key of one scope: its claim, its lock and its stored response.

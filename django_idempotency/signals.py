@@ -1,12 +1,23 @@
 """Signals sent by the app, all with ``sender=IdempotencyKey``.
 
 Every signal gets ``request`` (the ``HttpRequest``), ``scope`` and ``key_hash``; those about a
-claim also get ``claim`` (the :class:`~django_idempotency.claim.Claim`).
+claim also get ``claim`` (the :class:`~django_idempotency.Claim`).
 """
 
 from __future__ import annotations
 
 from django.dispatch import Signal
+
+__all__ = [
+    "fingerprint_mismatch",
+    "key_claimed",
+    "key_released",
+    "key_taken_over",
+    "late_result_refused",
+    "lock_lost",
+    "request_in_progress",
+    "response_replayed",
+]
 
 #: A key was claimed for its first attempt (``claim``).
 key_claimed = Signal()
@@ -22,7 +33,7 @@ fingerprint_mismatch = Signal()
 #: (``claim``, ``reason``).
 key_released = Signal()
 #: An attempt that lost its lock finished late; its result was not stored (``claim``, and
-#: ``response``: the refused :class:`~django_idempotency.responses.StoredResponse`).
+#: ``response``: the refused :class:`~django_idempotency._responses.StoredResponse`).
 late_result_refused = Signal()
 #: Lock renewal found the attempt's record no longer its own while it ran: taken over after
 #: its lock expired (the process was frozen, or the database unreachable, for longer than

@@ -8,7 +8,7 @@ from datetime import timedelta
 import factory
 from django.utils import timezone
 
-from django_idempotency.keys import hash_key
+from django_idempotency._keys import hash_key
 from django_idempotency.models import IdempotencyKey
 
 

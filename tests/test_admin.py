@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from django_idempotency import maintenance
+from django_idempotency import _maintenance as maintenance
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 

@@ -12,7 +12,7 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 from django.test import override_settings
 
-from django_idempotency.checks import check_database, check_settings
+from django_idempotency._checks import check_database, check_settings
 
 
 def ids(config: Any) -> list[str]:

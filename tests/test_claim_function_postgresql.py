@@ -16,10 +16,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from django_idempotency import _store as store
+from django_idempotency._keys import hash_key
 from django_idempotency._store import base, postgresql
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
 from django_idempotency.exceptions import LockWaitTimeout
-from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_idempotency import maintenance
+from django_idempotency import _maintenance as maintenance
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 

@@ -17,9 +17,9 @@ from django.test import Client, RequestFactory
 from django.utils import timezone
 
 from django_idempotency import _store as store
+from django_idempotency._keys import hash_key
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
 from django_idempotency.fingerprints import request_fingerprint
-from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 from django.test import override_settings
 
+from django_idempotency._conf import conf
 from django_idempotency._options import Options
-from django_idempotency.conf import conf
 from django_idempotency.scopes import user_scope
 
 

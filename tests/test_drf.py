@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from django_idempotency.keys import hash_key
+from django_idempotency._keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions, problem_slug
 

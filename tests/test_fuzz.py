@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from django_idempotency._canonical_json import canonical_json
+from django_idempotency._keys import MAX_KEY_LENGTH, InvalidKey, parse_key
 from django_idempotency.fingerprints import request_fingerprint
-from django_idempotency.keys import MAX_KEY_LENGTH, InvalidKey, parse_key
 from tests.strategies import CONTENT_TYPES, header_values, json_texts, same_document
 
 SECONDS = float(os.environ.get("IDEMPOTENCY_FUZZ_SECONDS", "0"))

@@ -14,8 +14,8 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from django_idempotency._keys import hash_key
 from django_idempotency.fingerprints import request_fingerprint
-from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions, problem_slug
 from tests.factories import IdempotencyKeyFactory

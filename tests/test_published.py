@@ -12,16 +12,15 @@ from django.test import override_settings
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from django_idempotency._options import Options
-from django_idempotency.decorators import idempotent
-from django_idempotency.keys import (
+from django_idempotency._keys import (
     MAX_HEADER_LENGTH,
     MAX_KEY_LENGTH,
     InvalidKey,
     key_format,
     parse_key,
 )
-from django_idempotency.published import (
+from django_idempotency._options import Options
+from django_idempotency._published import (
     describe,
     duration_text,
     ecma_pattern,
@@ -29,6 +28,7 @@ from django_idempotency.published import (
     key_schema,
     not_stored,
 )
+from django_idempotency.decorators import idempotent
 
 # What clients send, and what hostile ones do: printable ASCII, quotes, escapes, the
 # parameter separator, and the characters the server refuses (tabs, controls, non-ASCII).

@@ -12,8 +12,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
-from django_idempotency import maintenance
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions, problem_slug
 from tests.factories import IdempotencyKeyFactory

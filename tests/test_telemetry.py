@@ -28,9 +28,9 @@ from django.utils import timezone
 
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import _telemetry as telemetry
+from django_idempotency._keys import hash_key
 from django_idempotency.exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
 from django_idempotency.functions import idempotent_function
-from django_idempotency.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 from tests.test_unavailable import unreachable_store  # noqa: F401  (a fixture)

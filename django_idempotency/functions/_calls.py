@@ -23,6 +23,7 @@ from django.db import connections
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import _storing as storing
+from django_idempotency._keys import hash_key
 from django_idempotency._limits import bounded_scope
 from django_idempotency._options import Options, Policy
 from django_idempotency._store import StoredResponse
@@ -35,8 +36,7 @@ from django_idempotency.exceptions import (
     LockWaitTimeout,
     StoreUnavailable,
 )
-from django_idempotency.functions.serializers import ResultSerializer
-from django_idempotency.keys import hash_key
+from django_idempotency.functions._serializers import ResultSerializer
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
@@ -158,8 +158,9 @@ class Spec:
                 f"{self.name}: the idempotency key must be a str, int or UUID, not "
                 f"{type(value).__name__}."
             )
-        if self.options.key_format is not None:  # KEY_FORMAT is the header's, not a message's
-            self.options.key_format.check(value, f"{self.name}: the idempotency key")
+        key_format = self.options.get("key_format")
+        if key_format is not None:  # KEY_FORMAT is the header's, not a message's
+            key_format.check(value, f"{self.name}: the idempotency key")
         return value
 
     def _scope(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:

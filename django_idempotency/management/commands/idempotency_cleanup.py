@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from django_idempotency import maintenance
+from django_idempotency import _maintenance as maintenance
 from django_idempotency.management import database_alias
 
 # At the default verbosity a progress line at most this often (seconds); every batch at -v 2.

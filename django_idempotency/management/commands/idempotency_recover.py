@@ -10,8 +10,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from django_idempotency import durations, maintenance
-from django_idempotency.durations import human
+from django_idempotency import _durations as durations
+from django_idempotency import _maintenance as maintenance
+from django_idempotency._durations import human
 from django_idempotency.management import database_alias
 from django_idempotency.models import IdempotencyKey
 

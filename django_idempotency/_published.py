@@ -16,10 +16,10 @@ from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
+from django_idempotency._conf import conf
+from django_idempotency._keys import ANY, MAX_HEADER_LENGTH, MAX_KEY_LENGTH, KeyFormat
 from django_idempotency._options import Options, Policy
-from django_idempotency.conf import conf
-from django_idempotency.keys import ANY, MAX_HEADER_LENGTH, MAX_KEY_LENGTH, KeyFormat
-from django_idempotency.responses import REPLAYED_HEADER
+from django_idempotency._responses import REPLAYED_HEADER
 
 DRAFT = "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/"
 
@@ -121,7 +121,7 @@ def not_stored(statuses: Collection[int]) -> list[str]:
 
 
 def describe(view_or_options: object) -> dict[str, Any]:
-    """The policy of a protected view (or of its :class:`~django_idempotency._options.Options`).
+    """The policy of a protected view: decorated with ``@idempotent``, or with the DRF mixin.
 
     The mapping the OpenAPI schema shows as ``x-idempotency``; a site without DRF can render it
     on its own documentation page.

@@ -19,12 +19,12 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
+from django_idempotency import _problems as problems
 from django_idempotency import _rules as rules
 from django_idempotency import _store as store
 from django_idempotency import _telemetry as telemetry
-from django_idempotency import problems
+from django_idempotency._durations import human
 from django_idempotency._store import Batch, StoredResponse
-from django_idempotency.durations import human
 from django_idempotency.models import IdempotencyKey
 
 __all__ = [

@@ -20,12 +20,13 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent, get_class, get_doc
 from rest_framework.views import APIView
 
-from django_idempotency import problems, published
+from django_idempotency import _problems as problems
+from django_idempotency import _published as published
+from django_idempotency._conf import conf
+from django_idempotency._keys import MAX_KEY_LENGTH
 from django_idempotency._options import Options, Policy
-from django_idempotency.conf import conf
-from django_idempotency.keys import MAX_KEY_LENGTH
-from django_idempotency.problems import CONTENT_TYPE
-from django_idempotency.responses import REPLAYED_HEADER
+from django_idempotency._problems import CONTENT_TYPE
+from django_idempotency._responses import REPLAYED_HEADER
 from django_idempotency.rest_framework import IdempotencyMixin
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def document(operation: dict[str, Any], policy: Policy, registry: ComponentRegis
 
     The header parameter with the format the server accepts, every problem the app may answer,
     the replay header on each status a replay can have, the policy as ``x-idempotency``
-    (:func:`~django_idempotency.published.policy_document`) and as a paragraph of the
+    (:func:`~django_idempotency._published.policy_document`) and as a paragraph of the
     description.
     """
     parameters: list[dict[str, Any]] = operation.setdefault("parameters", [])

@@ -10,7 +10,7 @@ import json
 
 from django.http import HttpResponse
 
-from django_idempotency.conf import conf
+from django_idempotency._conf import conf
 
 CONTENT_TYPE = "application/problem+json"
 
