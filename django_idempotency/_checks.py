@@ -1,13 +1,15 @@
-"""System checks for ``settings.IDEMPOTENCY`` and the protected views the URLconf reaches: one
-id per mistake, each with a hint."""
+"""System checks of ``settings.IDEMPOTENCY``, of its database and of the protected views the
+URLconf reaches: one id per kind of mistake, each with a hint.
+
+The checks of one value (E002 to E017, E020 to E025) are declared with their setting in
+:mod:`._conf` and run here in its order, which is that of their ids; those that look at more
+than one value, the database or the views follow, one function each, in the order of their ids.
+"""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
-from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
@@ -16,20 +18,9 @@ from django.db.utils import load_backend
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from django_idempotency import _durations as durations
-from django_idempotency._conf import DEFAULTS, IN_PROGRESS_POLICIES, import_callable, user_settings
-from django_idempotency._keys import MAX_KEY_LENGTH, key_format
-from django_idempotency._options import (
-    FINGERPRINT_ARGUMENTS,
-    SAFE_METHODS,
-    SCOPE_ARGUMENTS,
-    Options,
-    signature_error,
-    ttl_under_lock,
-)
-from django_idempotency._responses import NEVER_STORED
+from django_idempotency._conf import DEFAULTS, DOCS, SETTINGS, Setting, Settings, user_settings
+from django_idempotency._options import Options, ttl_error, ttl_under_lock
 from django_idempotency._store import VENDORS
-
-DOCS = "See https://django-idempotency.readthedocs.io/en/latest/settings.html"
 
 
 def _error(id_: int, msg: str, hint: str = DOCS) -> Error:
@@ -39,160 +30,134 @@ def _error(id_: int, msg: str, hint: str = DOCS) -> Error:
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
     raw = getattr(settings, "IDEMPOTENCY", {})
     if not isinstance(raw, Mapping):
-        return [_error(1, f"IDEMPOTENCY must be a dict, not {type(raw).__name__}.")]
-    errors: list[CheckMessage] = [
-        Warning(
-            f"IDEMPOTENCY has an unknown key {name!r}.",
-            hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
-            id="django_idempotency.W001",
-        )
-        for name in raw
-        if name not in DEFAULTS
-    ]
-    value = {**DEFAULTS, **raw}
-    for name in ("ENABLED", "REQUIRED", "HEARTBEAT", "BARE_KEYS"):
-        if not isinstance(value[name], bool):
-            errors.append(_error(2, f"IDEMPOTENCY[{name!r}] must be True or False."))
-    header = value["HEADER"]
-    if not isinstance(header, str) or not header or not header.isascii() or " " in header:
-        errors.append(_error(3, "IDEMPOTENCY['HEADER'] must be a non-empty header name."))
-    errors += _check_methods(value["METHODS"])
-    durations = {name: _duration(value[name]) for name in ("TTL", "LOCK_TIMEOUT", "WAIT_TIMEOUT")}
-    for id_, name in ((5, "TTL"), (6, "LOCK_TIMEOUT"), (7, "WAIT_TIMEOUT")):
-        if durations[name] is None:
-            errors.append(
-                _error(id_, f"IDEMPOTENCY[{name!r}] must be a positive timedelta or seconds.")
-            )
-    ttl, lock = durations["TTL"], durations["LOCK_TIMEOUT"]
-    if ttl is not None and lock is not None and lock > ttl:
-        errors.append(
-            _error(
-                8,
-                "IDEMPOTENCY['LOCK_TIMEOUT'] is longer than its 'TTL'.",
-                hint="A record would expire while still locked; make the TTL longer.",
-            )
-        )
-    if value["IN_PROGRESS"] not in IN_PROGRESS_POLICIES:
-        errors.append(
-            _error(9, f"IDEMPOTENCY['IN_PROGRESS'] must be one of {IN_PROGRESS_POLICIES}.")
-        )
-    if not _positive_int(value["RETRY_AFTER"]):
-        errors.append(_error(10, "IDEMPOTENCY['RETRY_AFTER'] must be a positive integer."))
-    statuses = value["RETRYABLE_STATUSES"]
-    if isinstance(statuses, str) or not all(
-        isinstance(code, int) and 100 <= code <= 599 for code in _iterable(statuses)
-    ):
-        errors.append(
-            _error(11, "IDEMPOTENCY['RETRYABLE_STATUSES'] must be a collection of HTTP statuses.")
-        )
-    if value["MISMATCH_STATUS"] not in (400, 422):
-        errors.append(_error(12, "IDEMPOTENCY['MISMATCH_STATUS'] must be 422 or 400."))
-    min_length = value["MIN_KEY_LENGTH"]
-    if not _positive_int(min_length) or min_length > MAX_KEY_LENGTH:
-        errors.append(
-            _error(
-                13, f"IDEMPOTENCY['MIN_KEY_LENGTH'] must be an integer from 1 to {MAX_KEY_LENGTH}."
-            )
-        )
-    errors += _check_headers(value["REPLAYED_HEADERS"])
-    for id_, signature_id, name, arguments in (
-        (15, 24, "SCOPE_FUNCTION", SCOPE_ARGUMENTS),
-        (16, 25, "FINGERPRINT_FUNCTION", FINGERPRINT_ARGUMENTS),
-    ):
-        try:
-            function = import_callable(value[name])
-        except (ImportError, TypeError, ValueError) as exc:
-            errors.append(_error(id_, f"IDEMPOTENCY[{name!r}] cannot be used: {exc}"))
-            continue
-        if signature := signature_error(function, arguments):
-            # What it returns is checked on each request (a TypeError naming it).
-            errors.append(
-                _error(
-                    signature_id,
-                    f"IDEMPOTENCY[{name!r}] {signature}",
-                    hint=f"It is called as f({', '.join(arguments)}) and returns a str.",
-                )
-            )
-    try:
-        key_format(value["KEY_FORMAT"])
-    except (TypeError, ValueError) as exc:
-        errors.append(
-            _error(
-                23,
-                f"IDEMPOTENCY['KEY_FORMAT']: {exc}",
-                hint="A string is a name ('any' or 'uuid'), never a pattern: give a pattern "
-                "as re.compile(r'...').",
-            )
-        )
-    if not _positive_int(value["MAX_BODY_SIZE"]):
-        errors.append(_error(17, "IDEMPOTENCY['MAX_BODY_SIZE'] must be a positive integer."))
-    if not _absolute_uri(value["PROBLEM_TYPE_BASE"]):
-        errors.append(
-            _error(
-                22,
-                "IDEMPOTENCY['PROBLEM_TYPE_BASE'] must be an absolute URI, not "
-                f"{value['PROBLEM_TYPE_BASE']!r}.",
-                hint="Problem slugs are appended to it to make each problem's 'type', e.g. "
-                "'https://api.example.com/docs/errors#'.",
-            )
-        )
+        return [e001_not_a_dict(raw)]
+    errors: list[CheckMessage] = list(w001_unknown_keys(raw))
+    for setting in SETTINGS:
+        errors += _declared(setting, raw.get(setting.name, setting.default))
+    errors += e008_lock_outlives_ttl(raw)
     return errors
 
 
 def check_database(**kwargs: Any) -> list[CheckMessage]:
+    """The first mistake about the database ``DATABASE_ALIAS`` names, the most basic first."""
     alias = user_settings().get("DATABASE_ALIAS", DEFAULTS["DATABASE_ALIAS"])
-    if alias not in settings.DATABASES:
-        return [_error(18, f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is not in DATABASES.")]
-    database = settings.DATABASES[alias]
-    store = VENDORS.get(_vendor(database.get("ENGINE", "")))
-    if store is None:
-        return [
-            _error(
-                30,
-                f"DATABASES[{alias!r}] uses {database.get('ENGINE')!r}, a database backend "
-                "django-idempotency does not support.",
-                hint=f"Supported: {', '.join(store.name for store in VENDORS.values())} (docs: "
-                "'Installation'). Point IDEMPOTENCY['DATABASE_ALIAS'] at one of them.",
+    for check in (
+        e018_unknown_alias,
+        e030_backend,
+        e031_isolation,
+        e032_sqlite_shared,
+        e019_atomic_requests,
+    ):
+        if error := check(alias):
+            return [error]
+    return []
+
+
+def _declared(setting: Setting[Any], value: object) -> list[CheckMessage]:
+    """The first of a setting's declared checks that its value fails."""
+    for check in setting.checks:
+        try:
+            value = check.test(value, setting.label)
+        except (TypeError, ValueError) as exc:
+            return [_error(check.id, str(exc), check.hint)]
+    return []
+
+
+def e001_not_a_dict(raw: object) -> Error:
+    return _error(1, f"IDEMPOTENCY must be a dict, not {type(raw).__name__}.")
+
+
+def w001_unknown_keys(raw: Mapping[str, Any]) -> Iterator[CheckMessage]:
+    for name in raw:
+        if name not in DEFAULTS:
+            yield Warning(
+                f"IDEMPOTENCY has an unknown key {name!r}.",
+                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+                id="django_idempotency.W001",
             )
-        ]
-    isolation = (database.get("OPTIONS") or {}).get("isolation_level")
-    if store.isolation_level and isolation not in (None, store.isolation_level):
+
+
+def e008_lock_outlives_ttl(raw: Mapping[str, Any]) -> list[CheckMessage]:
+    try:
+        ttl, lock = (
+            durations.positive(raw.get(setting.name, setting.default), setting.label)
+            for setting in (Settings.TTL, Settings.LOCK_TIMEOUT)
+        )
+    except (TypeError, ValueError):
+        return []  # E005, E006
+    if error := ttl_error(ttl, lock, (Settings.TTL.label, Settings.LOCK_TIMEOUT.label)):
         return [
-            _error(
-                31,
-                f"DATABASES[{alias!r}] sets isolation_level {isolation!r}: on {store.name} "
-                "a claim in atomic mode must read the rows other attempts committed "
-                "after its transaction's snapshot.",
-                hint=f"Use Django's default, {store.isolation_level!r}, or point "
-                "IDEMPOTENCY['DATABASE_ALIAS'] at a second alias that does (docs: "
-                "'Installation').",
-            )
-        ]
-    if shared := _sqlite_shared_with_atomic_requests(alias):
-        return [
-            _error(
-                32,
-                f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is the SQLite file of "
-                f"DATABASES[{shared!r}], which has ATOMIC_REQUESTS: the request's transaction "
-                "holds the file's only write lock, so no claim or result could be written.",
-                hint="On SQLite, drop ATOMIC_REQUESTS (or use atomic=True views); a second "
-                "alias works on PostgreSQL and MySQL (docs: 'ATOMIC_REQUESTS').",
-            )
-        ]
-    if database.get("ATOMIC_REQUESTS"):
-        return [
-            _error(
-                19,
-                f"DATABASES[{alias!r}] has ATOMIC_REQUESTS, so two-phase claims would commit only "
-                "with the view, and duplicates would not see them while it runs.",
-                hint="Point IDEMPOTENCY['DATABASE_ALIAS'] at a second alias for the same "
-                "database without ATOMIC_REQUESTS (docs: 'ATOMIC_REQUESTS').",
-            )
+            _error(8, error, hint="A record would expire while still locked; make the TTL longer.")
         ]
     return []
 
 
+def e018_unknown_alias(alias: str) -> Error | None:
+    if alias in settings.DATABASES:
+        return None
+    return _error(18, f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is not in DATABASES.")
+
+
+def e019_atomic_requests(alias: str) -> Error | None:
+    if not settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
+        return None
+    return _error(
+        19,
+        f"DATABASES[{alias!r}] has ATOMIC_REQUESTS, so two-phase claims would commit only "
+        "with the view, and duplicates would not see them while it runs.",
+        hint="Point IDEMPOTENCY['DATABASE_ALIAS'] at a second alias for the same "
+        "database without ATOMIC_REQUESTS (docs: 'ATOMIC_REQUESTS').",
+    )
+
+
+def e030_backend(alias: str) -> Error | None:
+    database = settings.DATABASES[alias]
+    if _vendor(database.get("ENGINE", "")) in VENDORS:
+        return None
+    return _error(
+        30,
+        f"DATABASES[{alias!r}] uses {database.get('ENGINE')!r}, a database backend "
+        "django-idempotency does not support.",
+        hint=f"Supported: {', '.join(store.name for store in VENDORS.values())} (docs: "
+        "'Installation'). Point IDEMPOTENCY['DATABASE_ALIAS'] at one of them.",
+    )
+
+
+def e031_isolation(alias: str) -> Error | None:
+    database = settings.DATABASES[alias]
+    store = VENDORS.get(_vendor(database.get("ENGINE", "")))
+    isolation = (database.get("OPTIONS") or {}).get("isolation_level")
+    if store is None or not store.isolation_level or isolation in (None, store.isolation_level):
+        return None
+    return _error(
+        31,
+        f"DATABASES[{alias!r}] sets isolation_level {isolation!r}: on {store.name} "
+        "a claim in atomic mode must read the rows other attempts committed "
+        "after its transaction's snapshot.",
+        hint=f"Use Django's default, {store.isolation_level!r}, or point "
+        "IDEMPOTENCY['DATABASE_ALIAS'] at a second alias that does (docs: "
+        "'Installation').",
+    )
+
+
+def e032_sqlite_shared(alias: str) -> Error | None:
+    if not (shared := _sqlite_shared_with_atomic_requests(alias)):
+        return None
+    return _error(
+        32,
+        f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is the SQLite file of "
+        f"DATABASES[{shared!r}], which has ATOMIC_REQUESTS: the request's transaction "
+        "holds the file's only write lock, so no claim or result could be written.",
+        hint="On SQLite, drop ATOMIC_REQUESTS (or use atomic=True views); a second "
+        "alias works on PostgreSQL and MySQL (docs: 'ATOMIC_REQUESTS').",
+    )
+
+
 def check_views(**kwargs: Any) -> list[CheckMessage]:
+    return e033_view_ttl_under_lock()
+
+
+def e033_view_ttl_under_lock() -> list[CheckMessage]:
     """A view's TTL under its lock timeout lets a duplicate take over a record whose owner still
     runs, and both execute (issue 20). Options given together are refused when the decorator or
     the class is made; this covers one given and the other from the settings."""
@@ -269,63 +234,3 @@ def _vendor(engine: str) -> str:
         return str(load_backend(engine).DatabaseWrapper.vendor)
     except (ImportError, ImproperlyConfigured):
         return engine.rsplit(".", 1)[-1]
-
-
-def _duration(value: object) -> timedelta | None:
-    try:
-        return durations.positive(value, "")
-    except (TypeError, ValueError):
-        return None
-
-
-# RFC 3986: a scheme, then no space or control character; http(s) URIs need a host.
-_ABSOLUTE_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[!-~]+")
-
-
-def _absolute_uri(value: object) -> bool:
-    if not isinstance(value, str) or not _ABSOLUTE_URI.fullmatch(value):
-        return False
-    parts = urlsplit(value)
-    return parts.scheme.lower() not in ("http", "https") or bool(parts.hostname)
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _iterable(value: object) -> list[Any]:
-    try:
-        return list(value)  # type: ignore[call-overload,no-any-return]
-    except TypeError:
-        return [None]
-
-
-def _check_methods(methods: object) -> list[CheckMessage]:
-    items = _iterable(methods)
-    if isinstance(methods, str) or not items or not all(isinstance(m, str) for m in items):
-        return [_error(4, "IDEMPOTENCY['METHODS'] must be a non-empty list of HTTP methods.")]
-    if safe := {m.upper() for m in items} & SAFE_METHODS:
-        return [
-            _error(
-                20,
-                f"IDEMPOTENCY['METHODS'] lists safe methods {sorted(safe)}.",
-                hint="Safe methods are never protected; list POST, PATCH, PUT or DELETE.",
-            )
-        ]
-    return []
-
-
-def _check_headers(headers: object) -> list[CheckMessage]:
-    items = _iterable(headers)
-    if isinstance(headers, str) or not all(isinstance(h, str) for h in items):
-        return [_error(14, "IDEMPOTENCY['REPLAYED_HEADERS'] must be a list of header names.")]
-    if forbidden := {h.lower() for h in items} & NEVER_STORED:
-        return [
-            _error(
-                21,
-                f"IDEMPOTENCY['REPLAYED_HEADERS'] lists {sorted(forbidden)}, which are never "
-                "stored.",
-                hint="Cookies belong to one client and hop-by-hop headers to one connection.",
-            )
-        ]
-    return []

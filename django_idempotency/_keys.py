@@ -103,8 +103,9 @@ ANY = KeyFormat("any")
 UUID = KeyFormat("uuid", UUID_PATTERN)
 
 
-def key_format(value: object) -> KeyFormat:
-    """The :class:`KeyFormat` of a ``KEY_FORMAT`` value; ``TypeError``/``ValueError`` if bad.
+def key_format(value: object, name: str = "key_format") -> KeyFormat:
+    """The :class:`KeyFormat` of a ``KEY_FORMAT`` value; ``TypeError``/``ValueError`` (naming
+    the value ``name``) if bad.
 
     A string is a name, never a regular expression: a typo (``"uuid4"``) must not silently
     become a pattern that matches only itself.
@@ -113,14 +114,14 @@ def key_format(value: object) -> KeyFormat:
         return value
     if isinstance(value, re.Pattern):
         if not isinstance(value.pattern, str):
-            raise TypeError("a key_format pattern must be compiled from a str, not bytes.")
+            raise TypeError(f"{name} must be a pattern compiled from a str, not bytes.")
         return KeyFormat("pattern", value)
     if value == "any":
         return ANY
     if value == "uuid":
         return UUID
     raise ValueError(
-        f"key_format must be 'any', 'uuid' or a compiled regular expression "
+        f"{name} must be 'any', 'uuid' or a compiled regular expression "
         f"(re.compile(...)), not {value!r}."
     )
 

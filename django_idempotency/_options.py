@@ -1,29 +1,24 @@
-"""Per-view options, and the policy they make together with the settings."""
+"""Per-view options, and the policy they make together with the settings.
+
+Which options there are, and what each may be, is declared with the settings (:mod:`._conf`);
+the two ``TypedDict`` below type them for the decorators' callers, and
+``tests/test_declarations.py`` holds them to the declarations.
+"""
 
 from __future__ import annotations
 
-import inspect
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import cache
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency import _durations as durations
-from django_idempotency._conf import (
-    IN_PROGRESS_POLICIES,
-    FingerprintFunction,
-    ScopeFunction,
-    conf,
-    derived,
-)
+from django_idempotency._conf import OPTIONS, FingerprintFunction, ScopeFunction, conf, derived
 from django_idempotency._durations import Duration
-from django_idempotency._keys import ANY, KeyFormat, key_format
-
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+from django_idempotency._keys import ANY, KeyFormat
+from django_idempotency._values import SAFE_METHODS
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack: Python 3.11
@@ -51,26 +46,19 @@ class ViewOptions(CallOptions, total=False):
     fingerprint: FingerprintFunction | None
 
 
-#: The names each kind of entry point accepts.
-CALL_OPTIONS = frozenset(CallOptions.__optional_keys__)
-VIEW_OPTIONS = frozenset(ViewOptions.__optional_keys__)
+#: The names each kind of entry point accepts (:data:`._conf.OPTIONS`).
+VIEW_OPTIONS = frozenset(option.name for option in OPTIONS)
+CALL_OPTIONS = frozenset(option.name for option in OPTIONS if option.function)
+_OPTIONS = {option.name: option for option in OPTIONS}
 
 
 @dataclass(frozen=True)
 class Options:
-    """What one view asks for; ``None`` means "as the settings say". Validated when built."""
+    """What one view asks for, validated when built: the options it was given (not ``None``);
+    the others are as the settings say."""
 
-    required: bool | None = None
-    ttl: timedelta | None = None
-    lock_timeout: timedelta | None = None
-    atomic: bool = False
-    in_progress: str | None = None
-    wait_timeout: timedelta | None = None
-    methods: frozenset[str] | None = None
-    heartbeat: bool | None = None
-    key_format: KeyFormat | None = None
-    scope: ScopeFunction | None = None
-    fingerprint: FingerprintFunction | None = None
+    #: (name, value) in name order, so equal options are equal.
+    given: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def build(
@@ -84,26 +72,28 @@ class Options:
         for name in options.keys() - accepted:
             raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
         try:
-            built = cls(
-                required=options.get("required"),
-                ttl=_positive(options.get("ttl"), "ttl"),
-                lock_timeout=_positive(options.get("lock_timeout"), "lock_timeout"),
-                atomic=bool(options.get("atomic", False)),
-                in_progress=_in_progress(options.get("in_progress")),
-                wait_timeout=_positive(options.get("wait_timeout"), "wait_timeout"),
-                methods=_methods(options.get("methods")),
-                heartbeat=_flag(options.get("heartbeat"), "heartbeat"),
-                key_format=_key_format(options.get("key_format")),
-                scope=_function(options.get("scope"), "scope", SCOPE_ARGUMENTS),
-                fingerprint=_function(
-                    options.get("fingerprint"), "fingerprint", FINGERPRINT_ARGUMENTS
-                ),
-            )
+            given = {
+                name: _OPTIONS[name].clean(value)
+                for name, value in options.items()
+                if value is not None
+            }
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
-        if built.ttl and built.lock_timeout and (error := _under(built.ttl, built.lock_timeout)):
-            raise ImproperlyConfigured(error)
-        return built
+        if error := ttl_error(given.get("ttl"), given.get("lock_timeout")):
+            raise ImproperlyConfigured(f"Invalid idempotency option: {error}")
+        return cls(tuple(sorted(given.items())))  # names differ: values are never compared
+
+    def get(self, name: str) -> Any:
+        """The value given for option ``name``; ``None``: as the settings say."""
+        for given, value in self.given:
+            if given == name:
+                return value
+        return None
+
+    @property
+    def atomic(self) -> bool:
+        """Known when the view is decorated: an atomic view needs a sync wrapper."""
+        return bool(self.get("atomic"))
 
     def resolve(self) -> Policy:
         """Fill the gaps from the settings; cached until they change (``override_settings``)."""
@@ -134,117 +124,46 @@ class Policy:
         return method in self.methods and method not in SAFE_METHODS
 
 
+def ttl_error(
+    ttl: timedelta | None,
+    lock_timeout: timedelta | None,
+    names: tuple[str, str] = ("ttl", "lock_timeout"),
+) -> str | None:
+    """The rule that a record outlives its lock, checked where each pair is known: a view's
+    options given together (when it is built), the settings (E008), a view's option against
+    the other's setting (E033), and every policy (:func:`_policy`).
+
+    A record that expires while its owner still holds the lock is claimed afresh by a
+    duplicate, and both run (issue 20).
+    """
+    if ttl is None or lock_timeout is None or ttl >= lock_timeout:
+        return None
+    return (
+        f"{names[0]} ({ttl}) is shorter than {names[1]} ({lock_timeout}); the record would "
+        "expire while its first attempt still runs."
+    )
+
+
 def ttl_under_lock(options: Options) -> str | None:
     """The error when a view's TTL, as resolved with the settings, is under its lock timeout."""
     try:
-        return _under(options.ttl or conf.TTL, options.lock_timeout or conf.LOCK_TIMEOUT)
+        return ttl_error(
+            options.get("ttl") or conf.TTL, options.get("lock_timeout") or conf.LOCK_TIMEOUT
+        )
     except ImproperlyConfigured:
         return None  # bad settings: the settings checks report them
 
 
-def _under(ttl: timedelta, lock_timeout: timedelta) -> str | None:
-    """A record that expires while its owner still holds the lock is claimed afresh by a
-    duplicate, and both run (issue 20)."""
-    if ttl >= lock_timeout:
-        return None
-    return (
-        f"Invalid idempotency option: ttl ({ttl}) is shorter than lock_timeout ({lock_timeout}); "
-        "the record would expire while its first attempt still runs."
-    )
-
-
 @derived
 def _policy(options: Options) -> Policy:
-    lock_timeout = options.lock_timeout or conf.LOCK_TIMEOUT
-    return Policy(
-        required=conf.REQUIRED if options.required is None else options.required,
-        # The system check refuses a TTL under the lock timeout; a view it cannot see (not in
-        # the URLconf) keeps its record at least as long as it is locked.
-        ttl=max(options.ttl or conf.TTL, lock_timeout),
-        lock_timeout=lock_timeout,
-        atomic=options.atomic,
-        in_progress=options.in_progress or conf.IN_PROGRESS,
-        wait_timeout=options.wait_timeout or conf.WAIT_TIMEOUT,
-        methods=options.methods or conf.METHODS,
-        alias=conf.DATABASE_ALIAS,
-        heartbeat=conf.HEARTBEAT if options.heartbeat is None else options.heartbeat,
-        key_format=options.key_format or conf.KEY_FORMAT,
-        scope=options.scope or conf.SCOPE_FUNCTION,
-        fingerprint=options.fingerprint or conf.FINGERPRINT_FUNCTION,
-    )
-
-
-def _positive(value: Duration | None, name: str) -> timedelta | None:
-    return None if value is None else durations.positive(value, name)
-
-
-def _flag(value: bool | None, name: str) -> bool | None:
-    if value is not None and not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {value!r}.")
-    return value
-
-
-def _key_format(value: object) -> KeyFormat | None:
-    return None if value is None else key_format(value)
-
-
-#: The arguments each function of the request is called with.
-SCOPE_ARGUMENTS = ("request",)
-FINGERPRINT_ARGUMENTS = ("request", "scope")
-
-
-def _function(value: Any, name: str, arguments: tuple[str, ...]) -> Any:
-    if value is None:
-        return None
-    try:
-        hash(value)  # a view's options are cached with it (Options.resolve)
-    except TypeError:
-        raise TypeError(
-            f"{name} must be hashable, and {type(value).__name__} is not: a dataclass needs "
-            "frozen=True (or eq=False), a class defining __eq__ needs __hash__."
-        ) from None
-    if error := signature_error(value, arguments):
-        raise TypeError(f"{name} {error}")
-    return value
-
-
-@cache
-def signature_error(function: Callable[..., Any], arguments: tuple[str, ...]) -> str | None:
-    """Why ``function`` cannot be called with ``arguments`` positionally, or ``None``.
-
-    Checked when the view is decorated (and by the system checks for the settings), so a
-    ``def scope(self, request)`` fails at import rather than on the first request. Cached: the
-    DRF mixin builds its options on every request.
-    """
-    if not callable(function):
-        return f"must be a callable taking ({', '.join(arguments)}), not {function!r}."
-    wanted = f"f({', '.join(arguments)})"
-    try:
-        signature = inspect.signature(function)
-    except ValueError:  # no signature to read (some builtins): trust it
-        return None
-    if next(iter(signature.parameters), None) in ("self", "cls"):
-        # A method written in a view class: it is read from the class, and called unbound.
-        return f"{function!r} is called as {wanted}, without self: use a staticmethod."
-    try:
-        signature.bind(*arguments)
-    except TypeError:
-        return f"{function!r} cannot be called as {wanted}."
-    return None
-
-
-def _in_progress(value: str | None) -> str | None:
-    if value is not None and value not in IN_PROGRESS_POLICIES:
-        raise ValueError(f"in_progress must be one of {IN_PROGRESS_POLICIES}, not {value!r}.")
-    return value
-
-
-def _methods(value: Iterable[str] | None) -> frozenset[str] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        raise TypeError("methods must be a list of HTTP methods, not a string.")
-    methods = frozenset(str(method).upper() for method in value)
-    if safe := methods & SAFE_METHODS:
-        raise ValueError(f"safe methods cannot be protected: {sorted(safe)}.")
-    return methods
+    values = {
+        name: option.fallback() if (value := options.get(name)) is None else value
+        for name, option in _OPTIONS.items()
+    }
+    if ttl_error(values["ttl"], values["lock_timeout"]):
+        # Kept, though checks refuse it where they can see it: a view outside the URLconf, an
+        # idempotent_function (whose options meet the settings only when it is called) and
+        # settings changed at run time meet no check, and their record must still outlive
+        # its lock. Keeping it that long, not refusing the request, keeps them working.
+        values["ttl"] = values["lock_timeout"]
+    return Policy(alias=conf.DATABASE_ALIAS, **values)

@@ -121,7 +121,7 @@ def not_stored(statuses: Collection[int]) -> list[str]:
 
 
 def describe(view_or_options: object) -> dict[str, Any]:
-    """The policy of a protected view (or of its :class:`~django_idempotency._options.Options`).
+    """The policy of a protected view: decorated with ``@idempotent``, or with the DRF mixin.
 
     The mapping the OpenAPI schema shows as ``x-idempotency``; a site without DRF can render it
     on its own documentation page.

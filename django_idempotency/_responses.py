@@ -10,26 +10,10 @@ from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.http.response import FileResponse
 
 from django_idempotency._store.writes import StoredResponse as StoredResponse
+from django_idempotency._values import NEVER_STORED
 from django_idempotency.exceptions import UnreplayableResponse
 
 REPLAYED_HEADER = "Idempotent-Replayed"
-
-# Never stored, whatever the allow-list says: cookies belong to one client's session, and
-# hop-by-hop headers to one connection.
-NEVER_STORED = frozenset(
-    {
-        "set-cookie",
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-    }
-)
 
 
 def check_replayable(response: HttpResponseBase) -> None:

@@ -27,6 +27,8 @@ from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency.functions._calls import METHOD as CALL
 from django_idempotency.models import IdempotencyKey
 
+__all__ = ["IdempotencyKeyAdmin"]
+
 if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise as StrOrPromise
 

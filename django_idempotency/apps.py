@@ -5,6 +5,8 @@ from importlib.util import find_spec
 from django.apps import AppConfig
 from django.core.checks import Tags, register
 
+__all__ = ["IdempotencyConfig"]
+
 
 class IdempotencyConfig(AppConfig):
     name = "django_idempotency"

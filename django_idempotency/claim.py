@@ -12,6 +12,8 @@ from django_idempotency import _telemetry as telemetry
 from django_idempotency._limits import MAX_RECOVERY_POINT
 from django_idempotency.exceptions import LockLost
 
+__all__ = ["Claim"]
+
 logger = logging.getLogger("django_idempotency")
 
 _DERIVED_NAMESPACE = uuid.UUID("5b0c3c52-7e4b-4a43-9d0c-2a7c1c0f6d11")
@@ -54,7 +56,7 @@ class Claim:
         return self.attempt > 1
 
     def check_held(self) -> None:
-        """Raise :class:`~django_idempotency.exceptions.LockLost` if the attempt is known to
+        """Raise :class:`~django_idempotency.LockLost` if the attempt is known to
         have lost its record (:attr:`lock_lost`)."""
         if self.lock_lost:
             raise LockLost(
@@ -66,7 +68,7 @@ class Claim:
         """Record that the view got as far as ``name`` (with JSON ``data``) and renew the lock.
 
         In two-phase mode this commits at once, so a retry that takes over after a crash
-        resumes from here. Raises :class:`~django_idempotency.exceptions.LockLost` when another
+        resumes from here. Raises :class:`~django_idempotency.LockLost` when another
         attempt has taken the record over: stop, the new owner is doing the work.
         """
         self.check_held()
@@ -90,7 +92,7 @@ class Claim:
 
         It depends only on the scope, the key and ``purpose``, so a retried or taken-over attempt
         hands the payment provider the same key and cannot charge twice downstream. Raises
-        :class:`~django_idempotency.exceptions.LockLost` once lock renewal found the record
+        :class:`~django_idempotency.LockLost` once lock renewal found the record
         taken: the new owner makes the downstream call.
         """
         self.check_held()

@@ -10,6 +10,8 @@ from django_idempotency import _http as protocol
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency._options import VIEW_OPTIONS, Options, ViewOptions
 
+__all__ = ["idempotent"]
+
 ViewFunc = TypeVar("ViewFunc", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
@@ -31,14 +33,10 @@ def idempotent(
 ) -> ViewFunc | Callable[[ViewFunc], ViewFunc]:
     """Protect a view with the ``Idempotency-Key`` header: its side effects run once per key.
 
-    Usable bare (``@idempotent``) or with options, which override ``settings.IDEMPOTENCY``:
-    ``required``, ``ttl``, ``lock_timeout``, ``atomic``, ``in_progress``, ``wait_timeout``,
-    ``methods`` and ``heartbeat`` (see :doc:`/settings`), and ``scope`` (a function of the
-    request), ``fingerprint`` (a function of the request and the scope) and ``key_format``
-    (``"any"``, ``"uuid"`` or a compiled regular expression), which replace ``SCOPE_FUNCTION``,
-    ``FINGERPRINT_FUNCTION`` and ``KEY_FORMAT`` for this view. Works on function views, on
-    ``View.dispatch`` through ``method_decorator``, and on ``async def`` views
-    (``atomic=True`` needs a sync view: Django transactions are sync).
+    Usable bare (``@idempotent``) or with options (:ref:`view-options`), which override
+    ``settings.IDEMPOTENCY`` for this view; a bad one is ``ImproperlyConfigured`` here. Works on
+    function views, on ``View.dispatch`` through ``method_decorator``, and on ``async def``
+    views (``atomic=True`` needs a sync view: Django transactions are sync).
     """
     built = Options.build(VIEW_OPTIONS, "idempotent", **options)
 

@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
+__all__ = [
+    "IdempotencyError",
+    "IdempotencyFailed",
+    "IdempotencyInProgress",
+    "IdempotencyKeyMismatch",
+    "LockLost",
+    "LockWaitTimeout",
+    "StoreUnavailable",
+    "UnreplayableResponse",
+]
+
 
 class IdempotencyError(Exception):
     """Base class of the app's exceptions."""

@@ -20,6 +20,8 @@ from django_idempotency import _bodies as bodies
 from django_idempotency._canonical_json import Pointer, canonical_json
 from django_idempotency._conf import FingerprintFunction
 
+__all__ = ["json_fingerprint", "request_fingerprint"]
+
 
 def request_fingerprint(request: HttpRequest, scope: str) -> str:
     """The default ``FINGERPRINT_FUNCTION``."""

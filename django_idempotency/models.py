@@ -6,6 +6,8 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import _rules as rules
 
+__all__ = ["IdempotencyKey"]
+
 
 class IdempotencyKey(models.Model):
     """One idempotency key of one scope: its claim, its lock and its stored response.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any, cast
 
 from django.http import HttpRequest, HttpResponseBase
@@ -11,14 +10,11 @@ from rest_framework.response import Response
 
 from django_idempotency import _http as protocol
 from django_idempotency import _lifecycle as lifecycle
-from django_idempotency._conf import FingerprintFunction, ScopeFunction
-from django_idempotency._durations import Duration
+from django_idempotency._conf import OPTIONS
 from django_idempotency._lifecycle import Answer
 from django_idempotency._options import VIEW_OPTIONS, Options, Policy, ViewOptions
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from rest_framework.views import APIView
 
     _Base = APIView
@@ -32,11 +28,6 @@ class _Answer(Exception):
     def __init__(self, response: HttpResponseBase) -> None:
         super().__init__(response.status_code)
         self.response = response
-
-
-#: Each option of :class:`~django_idempotency._options.ViewOptions` is a class attribute
-#: ``idempotency_<name>``.
-_OPTION_NAMES = sorted(VIEW_OPTIONS)
 
 
 class _DispatchAdapter(protocol.HttpAdapter):
@@ -57,21 +48,11 @@ class IdempotencyMixin(_Base):
 
     The key is claimed after DRF's authentication, permissions and throttling (so the scope is
     the authenticated principal and refused requests use no key), and the response is stored
-    once DRF has rendered it. Class attributes override ``settings.IDEMPOTENCY``.
+    once DRF has rendered it. Each view option is a class attribute ``idempotency_<name>``
+    (``None``: as ``settings.IDEMPOTENCY`` says); ``idempotency_scope`` and
+    ``idempotency_fingerprint`` are functions, not methods: read from the class, they are
+    called without ``self``.
     """
-
-    idempotency_required: bool | None = None
-    idempotency_ttl: Duration | None = None
-    idempotency_lock_timeout: Duration | None = None
-    idempotency_atomic: bool = False
-    idempotency_in_progress: str | None = None
-    idempotency_wait_timeout: Duration | None = None
-    idempotency_methods: Iterable[str] | None = None
-    idempotency_heartbeat: bool | None = None
-    idempotency_key_format: str | re.Pattern[str] | None = None
-    #: Functions, not methods: read from the class, they are called without ``self``.
-    idempotency_scope: ScopeFunction | None = None
-    idempotency_fingerprint: FingerprintFunction | None = None
 
     _idempotency: _DispatchAdapter | None = None
 
@@ -84,7 +65,7 @@ class IdempotencyMixin(_Base):
     def get_idempotency_options(cls) -> Options:
         # Read from the class, a function attribute is the function itself (a staticmethod's
         # too), never a method bound to the view.
-        given = {name: getattr(cls, f"idempotency_{name}") for name in _OPTION_NAMES}
+        given = {name: getattr(cls, attribute) for name, attribute in _ATTRIBUTES}
         return Options.build(VIEW_OPTIONS, cls.__name__, **cast(ViewOptions, given))
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -115,5 +96,10 @@ class IdempotencyMixin(_Base):
             return exc.response  # type: ignore[return-value]
         return super().handle_exception(exc)
 
+
+# One attribute per view option, declared with the settings (._conf).
+_ATTRIBUTES = [(option.name, option.attribute) for option in OPTIONS]
+for _option in OPTIONS:
+    setattr(IdempotencyMixin, _option.attribute, _option.default)
 
 __all__ = ["IdempotencyMixin"]

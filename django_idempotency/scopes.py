@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
+__all__ = ["user_scope"]
+
 ANONYMOUS_SCOPE = "anonymous"
 
 

@@ -1,12 +1,23 @@
 """Signals sent by the app, all with ``sender=IdempotencyKey``.
 
 Every signal gets ``request`` (the ``HttpRequest``), ``scope`` and ``key_hash``; those about a
-claim also get ``claim`` (the :class:`~django_idempotency.claim.Claim`).
+claim also get ``claim`` (the :class:`~django_idempotency.Claim`).
 """
 
 from __future__ import annotations
 
 from django.dispatch import Signal
+
+__all__ = [
+    "fingerprint_mismatch",
+    "key_claimed",
+    "key_released",
+    "key_taken_over",
+    "late_result_refused",
+    "lock_lost",
+    "request_in_progress",
+    "response_replayed",
+]
 
 #: A key was claimed for its first attempt (``claim``).
 key_claimed = Signal()

@@ -9,6 +9,7 @@ import django
 from django.conf import settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 # Just enough for autodoc to import the app: the docs extra installs Sphinx, furo and DRF (for
 # IdempotencyMixin), not the test suite's dependencies.
 settings.configure(
@@ -22,7 +23,8 @@ author = "django-idempotency developers"
 copyright = "2026, django-idempotency developers"
 
 # No intersphinx: CI has no network beyond the package index, and -W would fail on a fetch.
-extensions = ["sphinx.ext.autodoc"]
+# declarations: the settings' and options' tables and entries, from django_idempotency._conf.
+extensions = ["sphinx.ext.autodoc", "declarations"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"

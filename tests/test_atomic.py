@@ -73,8 +73,8 @@ def test_atomic_needs_a_sync_view() -> None:
         ({"ttl": 0}, "ttl must be positive"),
         ({"lock_timeout": "60"}, "lock_timeout must be a timedelta"),
         ({"in_progress": "queue"}, "in_progress must be one of"),
-        ({"methods": "POST"}, "methods must be a list"),
-        ({"methods": ["GET"]}, "safe methods cannot be protected"),
+        ({"methods": "POST"}, "methods must be a non-empty list"),
+        ({"methods": ["GET"]}, "lists safe methods"),
         ({"heartbeat": "off"}, "heartbeat must be True or False"),
     ],
 )

@@ -46,14 +46,13 @@ def idempotent_function(
     (``"uuid"`` or a compiled regular expression) refuses other keys with
     :class:`~django_idempotency.keys.InvalidKey`, a ``ValueError``; the ``KEY_FORMAT`` setting
     is the header's and does not apply. ``serializer`` stores results that are not plain JSON.
-    ``ttl``, ``lock_timeout``, ``atomic``, ``in_progress``, ``wait_timeout`` and ``heartbeat``
-    are as for views.
+    The other options are those of views marked for functions (:ref:`view-options`).
 
     A call while another holds the key raises
-    :class:`~django_idempotency.exceptions.IdempotencyInProgress`; another payload under a used
-    key raises :class:`~django_idempotency.exceptions.IdempotencyKeyMismatch`; an exception
+    :class:`~django_idempotency.IdempotencyInProgress`; another payload under a used
+    key raises :class:`~django_idempotency.IdempotencyKeyMismatch`; an exception
     releases the key and propagates. A parameter named ``idempotency`` receives the
-    :class:`~django_idempotency.claim.Claim` (recovery points, derived keys). The function may
+    :class:`~django_idempotency.Claim` (recovery points, derived keys). The function may
     return ``no_store(result)`` or ``store_for(result, ttl)`` (from ``django_idempotency``);
     its caller gets the plain result.
     """

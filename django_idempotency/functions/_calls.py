@@ -162,8 +162,9 @@ class Spec:
                 f"{self.name}: the idempotency key must be a str, int or UUID, not "
                 f"{type(value).__name__}."
             )
-        if self.options.key_format is not None:  # KEY_FORMAT is the header's, not a message's
-            self.options.key_format.check(value, f"{self.name}: the idempotency key")
+        key_format = self.options.get("key_format")
+        if key_format is not None:  # KEY_FORMAT is the header's, not a message's
+            key_format.check(value, f"{self.name}: the idempotency key")
         return value
 
     def _scope(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:

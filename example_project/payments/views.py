@@ -24,9 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency.claim import Claim
-from django_idempotency.decorators import idempotent
-from django_idempotency.fingerprints import json_fingerprint
+from django_idempotency import Claim, idempotent, json_fingerprint
 from django_idempotency.rest_framework import IdempotencyMixin
 from example_project.payments import provider
 from example_project.payments.models import CURRENCIES, Charge, Payout, Receipt, Refund
