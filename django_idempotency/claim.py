@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
-from django_idempotency import _telemetry as telemetry
-from django_idempotency._limits import MAX_RECOVERY_POINT
 from django_idempotency.exceptions import LockLost
 
 __all__ = ["Claim"]
@@ -71,6 +69,11 @@ class Claim:
         resumes from here. Raises :class:`~django_idempotency.LockLost` when another
         attempt has taken the record over: stop, the new owner is doing the work.
         """
+        # Imported here: Claim is a name of the package, importable before Django is set up
+        # (a type hint's import), and these read the model's fields.
+        from django_idempotency import _telemetry as telemetry
+        from django_idempotency._limits import MAX_RECOVERY_POINT
+
         self.check_held()
         if len(name) > MAX_RECOVERY_POINT:
             raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")

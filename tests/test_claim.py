@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 from django.utils import timezone
 
+import django_idempotency
 from django_idempotency import signals
 from django_idempotency._store.rows import prep
 from django_idempotency.claim import Claim
@@ -179,6 +184,27 @@ def test_derived_key_is_stable_across_attempts_and_distinct_per_purpose(key: str
     assert first.derived_key("charge") == second.derived_key("charge")
     assert first.derived_key("charge") != first.derived_key("refund")
     assert other.derived_key("charge") != first.derived_key("charge")
+
+
+def test_the_claim_imports_without_settings_or_models() -> None:
+    """``from django_idempotency import Claim`` (a type hint's import) works before Django is
+    set up, as the package's other names do: the claim reaches the store and the models only
+    when it records progress."""
+    code = (
+        "import json, sys\n"
+        "from django_idempotency import Claim\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith("
+        "('django_idempotency.', 'django.db')))))\n"
+    )
+    env = {"PATH": "", "PYTHONPATH": str(Path(django_idempotency.__file__).parent.parent)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [
+        "django_idempotency.claim",
+        "django_idempotency.exceptions",
+    ]
 
 
 def test_request_idempotency_is_the_claim_or_none(key: str) -> None:
