@@ -133,16 +133,18 @@ def fill(first: int, last: int) -> float:
 def claim(alias: str, key_hash: str, scope: str) -> Any:
     """One claim of ``key_hash`` through the database ``alias``, as a ``POST`` would make it."""
     from django_idempotency import _store as store
+    from django_idempotency._identity import Identity
 
-    return store.claim(
-        alias,
+    identity = Identity(
+        key="",
         scope=scope,
         key_hash=key_hash,
+        fingerprint=key_hash,
         method="POST",
         path="/orders/",
-        request_hash=key_hash,
-        ttl=timedelta(hours=24),
-        lock_timeout=timedelta(minutes=1),
+    )
+    return store.using(alias).claim(
+        identity, ttl=timedelta(hours=24), lock_timeout=timedelta(minutes=1)
     )
 
 
@@ -150,7 +152,7 @@ def claim_stream(count: int | None, stop: Any, results: Any) -> None:
     """In a child process: claim fresh keys one after another, timing each claim."""
     from django.db import connections
 
-    from django_idempotency import _store as store
+    from django_idempotency.claim import Claim
 
     connections.close_all()  # never share the parent's socket
     latencies: list[float] = []
@@ -159,7 +161,7 @@ def claim_stream(count: int | None, stop: Any, results: Any) -> None:
         started = time.perf_counter()
         claimed = claim("default", key_hash, "bench:stream")
         latencies.append(time.perf_counter() - started)
-        assert isinstance(claimed, store.Claimed)
+        assert isinstance(claimed, Claim)
     connections.close_all()
     results.put(latencies)
 

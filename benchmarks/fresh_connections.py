@@ -36,7 +36,7 @@ def main() -> None:
     from django_idempotency._store.postgresql import PostgreSQLStatements, PostgreSQLStore
 
     connection.ensure_connection()
-    statements = PostgreSQLStore().statements(connection)
+    statements = PostgreSQLStore("default").statements(connection)
     assert isinstance(statements, PostgreSQLStatements)
     url = os.environ["DATABASE_URL"]
 

@@ -132,12 +132,13 @@ def fresh_hash() -> str:
 def completed_key(alias: str) -> str:
     """A key claimed and completed through ``alias``: claiming it again is a replay."""
     from django_idempotency import _store as store
+    from django_idempotency.claim import Claim
 
     key_hash = fresh_hash()
     claimed = claim(alias, key_hash)
-    assert isinstance(claimed, store.Claimed), claimed
+    assert isinstance(claimed, Claim), claimed
     stored = store.StoredResponse(201, [["Content-Type", "application/json"]], b'{"id": 1}')
-    assert store.store_response(alias, claimed.pk, claimed.lock_token, stored)
+    assert store.using(alias).store_response(claimed.pk, claimed.lock_token, stored)
     return key_hash
 
 
@@ -148,7 +149,8 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def latency(targets: list[str], rounds: int) -> None:
-    from django_idempotency import _store as store
+    from django_idempotency.claim import Claim
+    from django_idempotency.models import IdempotencyKey
 
     replayed = {alias: completed_key(alias) for alias in targets}
     samples: dict[str, dict[str, list[float]]] = {a: {"claim": [], "replay": []} for a in targets}
@@ -157,11 +159,11 @@ def latency(targets: list[str], rounds: int) -> None:
         shift = round_ % len(targets)
         for alias in targets[shift:] + targets[:shift]:
             elapsed, outcome = timed(lambda: claim(alias, fresh_hash()))  # noqa: B023
-            assert isinstance(outcome, store.Claimed), outcome
+            assert isinstance(outcome, Claim), outcome
             if round_ >= warmup:
                 samples[alias]["claim"].append(elapsed)
             elapsed, outcome = timed(lambda: claim(alias, replayed[alias]))  # noqa: B023
-            assert isinstance(outcome, store.Held) and outcome.record.status == "completed"
+            assert isinstance(outcome, IdempotencyKey) and outcome.status == "completed"
             if round_ >= warmup:
                 samples[alias]["replay"].append(elapsed)
     print(f"latency: {rounds} rounds, each target once a round in a rotating order")
@@ -354,10 +356,10 @@ def cleanup_figures(args: argparse.Namespace) -> None:
             f"{outcome['deadlocks']} deadlocks (1213) met"
             + (f"; FAILED: {outcome['error']}" if outcome["error"] else "")
         )
-    from django_idempotency import _store as store
+    from django_idempotency.models import IdempotencyKey
 
     held = claim("node2", live)
-    assert isinstance(held, store.Held) and held.record.status == "completed", held
+    assert isinstance(held, IdempotencyKey) and held.status == "completed", held
     print(f"  expired rows left: {left}; the live record is still there")
     if any(outcome["error"] for outcome in outcomes):
         print("  (the rows a failed run left are deleted by the next run)")

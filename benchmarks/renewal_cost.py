@@ -75,11 +75,11 @@ def run(url: str, attempts: int, rounds: int) -> None:
     lock_timeout = timedelta(seconds=30)
 
     def shared() -> None:
-        assert len(store.renew("default", leases, lock_timeout)) == attempts
+        assert len(store.using("default").renew(leases, lock_timeout)) == attempts
 
     def per_attempt() -> None:
         for lease in leases:
-            assert store.renew("default", [lease], lock_timeout)
+            assert store.using("default").renew([lease], lock_timeout)
 
     ways: list[tuple[str, Callable[[], None]]] = [
         ("one statement for all (shared renewer)", shared),

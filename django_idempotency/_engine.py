@@ -2,8 +2,9 @@
 
 :func:`acquire` is a generator so that waiting is done by the caller: it yields the seconds to
 sleep (``time.sleep`` or ``asyncio.sleep``, see :mod:`._lifecycle`) and returns its outcome
-through ``StopIteration``. The writes (:func:`complete`, :func:`release`,
-:func:`save_recovery_point`) are logged and signalled here, whoever asks for them.
+through ``StopIteration``. The writes (:func:`conclude`, :func:`complete`, :func:`release`) are
+logged and signalled here, whoever asks for them; a recovery point is the claim's own
+(:meth:`.Claim.set_recovery_point`).
 """
 
 from __future__ import annotations
@@ -13,60 +14,38 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import Enum
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
 from django.dispatch import Signal
-from django.http import HttpRequest
 from django.utils import timezone
 
 from django_idempotency import _rules as rules
-from django_idempotency import _store as store
+from django_idempotency import _storing as storing
 from django_idempotency import _telemetry as telemetry
 from django_idempotency import signals
-from django_idempotency._limits import MAX_RECOVERY_POINT
+from django_idempotency._identity import Identity
 from django_idempotency._options import Policy
-from django_idempotency._store import StoredResponse
+from django_idempotency._store import Store, StoredResponse, using
 from django_idempotency.claim import Claim
-from django_idempotency.exceptions import LockLost, LockWaitTimeout, StoreUnavailable
+from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
 
 _FIRST_WAIT = 0.02
 _MAX_WAIT = 0.25
-_CLAIM_ATTEMPTS = 5
+#: Claims in a row that may meet a concurrent claim or release before the key counts as busy.
+_CLAIM_TRIES = 5
 
 T = TypeVar("T")
 Steps = Generator[float, None, T]
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """One protected call: whose key, which key, and the request it stands for."""
-
-    key: str
-    scope: str
-    key_hash: str
-    fingerprint: str
-    method: str
-    path: str
-    request: HttpRequest | None = None
-    #: What metrics and spans name the call by: the URL route, or the function's name.
-    operation: str = ""
-
-    def context(self) -> dict[str, Any]:
-        """The keyword arguments every signal gets."""
-        return {"request": self.request, "scope": self.scope, "key_hash": self.key_hash}
-
-    def attributes(self, policy: Policy) -> dict[str, str]:
-        """The low-cardinality attributes of its metrics and spans (never key or scope)."""
-        return telemetry.labels(self.method, self.operation, policy.atomic)
-
-
 class Kind(str, Enum):
-    """Why a live key is not this attempt's."""
+    """Why a live key is not this call's."""
 
     REPLAY = "replay"
     MISMATCH = "mismatch"
@@ -75,7 +54,7 @@ class Kind(str, Enum):
 
 @dataclass(frozen=True)
 class Found:
-    """The key is live under another attempt: its stored result, a mismatch, or in flight."""
+    """The key is live under another call: its stored result, a mismatch, or in flight."""
 
     kind: Kind
     record: IdempotencyKey
@@ -84,24 +63,25 @@ class Found:
     outcome: str
 
 
-def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
+def acquire(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
     """Claim the key, or say why not; waits (by yielding) when the policy is ``"wait"``.
 
-    In atomic mode the claim may wait on a concurrent attempt's uncommitted row, for at most
+    In atomic mode the claim may wait on a concurrent call's uncommitted row, for at most
     ``wait_timeout``; that limit is lifted again before any code of the caller's runs in the
     same transaction: the view or function that now owns the key, or, when the atomic block is
     a savepoint, the rest of the caller's transaction. (Otherwise the transaction ends at once,
     which lifts it for free.) Raises :class:`~.exceptions.StoreUnavailable` and
     :class:`~.exceptions.LockWaitTimeout`.
     """
-    with telemetry.span("idempotency.claim", attempt.attributes(policy), duration=True) as span:
+    attributes = identity.attributes(policy.atomic)
+    with telemetry.span("idempotency.claim", attributes, duration=True) as span:
         try:
             if not policy.atomic:
-                outcome = yield from _claim(attempt, policy)
+                outcome = yield from _claim(identity, policy, using(policy.alias))
             else:
-                outcome = yield from _bounded_claim(attempt, policy)
+                outcome = yield from _bounded_claim(identity, policy)
         except (StoreUnavailable, LockWaitTimeout) as exc:
-            span.finish(refused(attempt, policy, exc))
+            span.finish(refused(identity, policy, exc))
             raise
         if isinstance(outcome, Claim):
             span.finish("takeover" if outcome.is_takeover else "claimed", outcome.attempt)
@@ -110,42 +90,43 @@ def acquire(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
         return outcome
 
 
-def _bounded_claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
+def _bounded_claim(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
     """Atomic mode's claim, its lock wait bounded by ``wait_timeout`` (see :func:`acquire`)."""
-    previous = store.limit_lock_wait(policy.alias, policy.wait_timeout)
+    store = using(policy.alias)
+    previous = store.limit_lock_wait(policy.wait_timeout)
     # A session setting (MySQL) outlives the transaction: it is put back whatever happens.
-    always = store.lock_wait_outlives_transaction(policy.alias)
+    always = store.lock_wait_outlives_transaction
     try:
-        outcome = yield from _claim(attempt, policy)
+        outcome = yield from _claim(identity, policy, store)
     except BaseException:
         if always:
-            store.restore_lock_wait(policy.alias, previous)
+            store.restore_lock_wait(previous)
         raise
-    if always or isinstance(outcome, Claim) or store.in_nested_transaction(policy.alias):
-        store.restore_lock_wait(policy.alias, previous)
+    if always or isinstance(outcome, Claim) or store.in_nested_transaction():
+        store.restore_lock_wait(previous)
     return outcome
 
 
-def refused(attempt: Attempt, policy: Policy, exc: StoreUnavailable | LockWaitTimeout) -> str:
+def refused(identity: Identity, policy: Policy, exc: StoreUnavailable | LockWaitTimeout) -> str:
     """Report a claim the store refused; returns the outcome (``unavailable``, ``conflict``)."""
     if isinstance(exc, LockWaitTimeout):
         _outcome(
             "conflict",
-            attempt,
+            identity,
             policy,
             logging.INFO,
             "Idempotency key %s: an uncommitted claim held it past wait_timeout.",
-            attempt.key_hash[:12],
+            identity.key_hash[:12],
         )
         return "conflict"
     _outcome(
         "unavailable",
-        attempt,
+        identity,
         policy,
         logging.ERROR,
         "Idempotency store %r unavailable; the %s was not run.",
         policy.alias,
-        "function" if attempt.request is None else "view",
+        "function" if identity.request is None else "view",
         exc_info=True,
     )
     return "unavailable"
@@ -159,7 +140,7 @@ def key_refused(outcome: str, attributes: dict[str, str], reason: str) -> None:
 
 def _outcome(
     outcome: str,
-    attempt: Attempt,
+    identity: Identity,
     policy: Policy,
     level: int,
     message: str,
@@ -175,57 +156,35 @@ def _outcome(
     """
     if logger.isEnabledFor(level):  # the facts hash the scope: not for a line not logged
         if claim is None:
-            facts = telemetry.log_facts(outcome, attempt.key_hash, attempt.scope)
+            facts = telemetry.log_facts(outcome, identity.key_hash, identity.scope)
         else:
             facts = telemetry.claim_facts(outcome, claim)
         logger.log(level, message, *args, exc_info=exc_info, extra=facts)
     if signal is not None:
         if claim is not None:
             sent["claim"] = claim
-        signal.send(IdempotencyKey, **attempt.context(), **sent)
+        signal.send(IdempotencyKey, **identity.context(), **sent)
     if outcome in telemetry.OUTCOMES:
-        telemetry.count(outcome, attempt.attributes(policy))
+        telemetry.count(outcome, identity.attributes(policy.atomic))
 
 
-def _claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
+def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Found]:
     deadline = time.monotonic() + policy.wait_timeout.total_seconds()
     delay = _FIRST_WAIT
     record: IdempotencyKey | None = None
     waited = False
-    for _ in range(_CLAIM_ATTEMPTS):
-        outcome = store.claim(
-            policy.alias,
-            scope=attempt.scope,
-            key_hash=attempt.key_hash,
-            method=attempt.method,
-            path=attempt.path,
-            request_hash=attempt.fingerprint,
-            ttl=policy.ttl,
-            lock_timeout=policy.lock_timeout,
-        )
-        if isinstance(outcome, store.Raced):
-            continue  # raced with another attempt's claim or release: claim again
-        if isinstance(outcome, store.Claimed):
-            claim = Claim(
-                key=attempt.key,
-                scope=attempt.scope,
-                key_hash=attempt.key_hash,
-                pk=outcome.pk,
-                lock_token=outcome.lock_token,
-                attempt=outcome.attempt,
-                recovery_point=outcome.recovery_point,
-                recovery_data=outcome.recovery_data,
-                alias=policy.alias,
-                lock_timeout=policy.lock_timeout,
-                save_progress=save_recovery_point,
-            )
-            _announce_claim(claim, attempt, policy)
-            return claim
-        record = outcome.record
-        if record.request_hash != attempt.fingerprint:
-            return _found(Kind.MISMATCH, record, attempt, policy)
-        if record.status != IdempotencyKey.Status.PROCESSING:
-            return _found(Kind.REPLAY, record, attempt, policy, waited=waited)
+    for _ in range(_CLAIM_TRIES):
+        outcome = store.claim(identity, ttl=policy.ttl, lock_timeout=policy.lock_timeout)
+        if outcome is None:
+            continue  # raced with another call's claim or release: claim again
+        if isinstance(outcome, Claim):
+            _announce_claim(outcome, identity, policy)
+            return outcome
+        record = outcome
+        if record.request_hash != identity.fingerprint:
+            return _found(Kind.MISMATCH, record, identity, policy)
+        if record.status != rules.PROCESSING:
+            return _found(Kind.REPLAY, record, identity, policy, waited=waited)
         if policy.in_progress != "wait" or time.monotonic() >= deadline:
             break
         waited = True
@@ -233,29 +192,27 @@ def _claim(attempt: Attempt, policy: Policy) -> Steps[Claim | Found]:
         while True:
             yield min(delay, max(0.0, deadline - time.monotonic()))
             delay = min(delay * 2, _MAX_WAIT)
-            if time.monotonic() >= deadline or _settled(policy.alias, attempt):
+            if time.monotonic() >= deadline or _settled(store, identity):
                 break
-        telemetry.record_wait(time.monotonic() - started, attempt.attributes(policy))
+        telemetry.record_wait(time.monotonic() - started, identity.attributes(policy.atomic))
     if record is None:
-        record = IdempotencyKey(scope=attempt.scope, key_hash=attempt.key_hash)
-    return _found(Kind.IN_PROGRESS, record, attempt, policy)
+        record = IdempotencyKey(scope=identity.scope, key_hash=identity.key_hash)
+    return _found(Kind.IN_PROGRESS, record, identity, policy)
 
 
-def _settled(alias: str, attempt: Attempt) -> bool:
+def _settled(store: Store, identity: Identity) -> bool:
     """Whether a waiter's key stopped being live in flight (finished, released or stale)."""
-    lock = store.peek_status(alias, attempt.scope, attempt.key_hash)
+    lock = store.peek_status(identity.scope, identity.key_hash)
     return (
-        lock is None
-        or lock.status != IdempotencyKey.Status.PROCESSING
-        or rules.STALE.holds(lock, timezone.now())
+        lock is None or lock.status != rules.PROCESSING or rules.STALE.holds(lock, timezone.now())
     )
 
 
-def _announce_claim(claim: Claim, attempt: Attempt, policy: Policy) -> None:
+def _announce_claim(claim: Claim, identity: Identity, policy: Policy) -> None:
     if claim.is_takeover:
         _outcome(
             "takeover",
-            attempt,
+            identity,
             policy,
             logging.WARNING,
             "Took over stale idempotency record %s (attempt %s, recovery point %r).",
@@ -268,7 +225,7 @@ def _announce_claim(claim: Claim, attempt: Attempt, policy: Policy) -> None:
     else:
         _outcome(
             "claimed",
-            attempt,
+            identity,
             policy,
             logging.DEBUG,
             "Claimed idempotency record %s.",
@@ -287,16 +244,16 @@ _FOUND_OUTCOMES = {Kind.REPLAY: "replayed", Kind.MISMATCH: "mismatch", Kind.IN_P
 
 
 def _found(
-    kind: Kind, record: IdempotencyKey, attempt: Attempt, policy: Policy, *, waited: bool = False
+    kind: Kind, record: IdempotencyKey, identity: Identity, policy: Policy, *, waited: bool = False
 ) -> Found:
     outcome = "waited" if waited and kind is Kind.REPLAY else _FOUND_OUTCOMES[kind]
     _outcome(
         outcome,
-        attempt,
+        identity,
         policy,
         logging.DEBUG if kind is Kind.REPLAY else logging.INFO,
         "Idempotency key %s: %s.",
-        attempt.key_hash[:12],
+        identity.key_hash[:12],
         kind.replace("_", " "),
         signal=_FOUND_SIGNALS[kind],
         record=record,
@@ -304,7 +261,23 @@ def _found(
     return Found(kind, record, outcome)
 
 
-def complete(claim: Claim, stored: StoredResponse, policy: Policy, attempt: Attempt) -> None:
+def conclude(
+    claim: Claim,
+    identity: Identity,
+    policy: Policy,
+    mark: storing.Storage | None,
+    capture: Callable[[timedelta | None], StoredResponse],
+) -> None:
+    """The end of an attempt whose code returned, for every entry point: a result marked by
+    ``no_store()`` releases the key; any other is stored, ``capture(ttl)`` making it what the
+    record keeps with the TTL of ``store_for()`` (``None``: the claim's)."""
+    if mark is not None and not mark.stored:
+        release(claim, identity, policy, reason=storing.NO_STORE_REASON, raised=False)
+        return
+    complete(claim, identity, policy, capture(None if mark is None else mark.ttl))
+
+
+def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredResponse) -> None:
     """Store an attempt's final result, fenced by its lock token.
 
     In two-phase mode a database error is logged, not raised: the record stays ``processing``
@@ -312,20 +285,20 @@ def complete(claim: Claim, stored: StoredResponse, policy: Policy, attempt: Atte
     is raised as :class:`~.exceptions.LockWaitTimeout` (a deadlock: on a Galera cluster another
     node's claim of the key aborted this transaction) or :class:`~.exceptions.StoreUnavailable`.
     """
-    with telemetry.span("idempotency.store", attempt.attributes(policy)) as span:
+    store = using(policy.alias)
+    with telemetry.span("idempotency.store", identity.attributes(policy.atomic)) as span:
         try:
             stored_ok = _fenced_write(
-                policy,
-                lambda: store.store_response(policy.alias, claim.pk, claim.lock_token, stored),
+                policy, store, lambda: store.store_response(claim.pk, claim.lock_token, stored)
             )
         except DatabaseError:
             if policy.atomic:  # the transaction is lost with it: nothing of the attempt is kept
-                with store.guard(policy.alias):
+                with store.guard():
                     raise
             outcome = "unavailable"
             _outcome(
                 outcome,
-                attempt,
+                identity,
                 policy,
                 logging.ERROR,
                 "Could not store the result of idempotency record %s.",
@@ -337,7 +310,7 @@ def complete(claim: Claim, stored: StoredResponse, policy: Policy, attempt: Atte
             outcome = "executed" if stored_ok else "late_result_refused"
             _outcome(
                 outcome,
-                attempt,
+                identity,
                 policy,
                 logging.DEBUG if stored_ok else logging.ERROR,
                 "Stored the result of idempotency record %s (attempt %s)."
@@ -353,7 +326,7 @@ def complete(claim: Claim, stored: StoredResponse, policy: Policy, attempt: Atte
         span.finish(outcome, claim.attempt)
 
 
-def _fenced_write(policy: Policy, write: Callable[[], T]) -> T:
+def _fenced_write(policy: Policy, store: Store, write: Callable[[], T]) -> T:
     """Run an owner's fenced write, again while it fails only because another writer holds a
     lock it needs (a SQLite writer, a cleanup batch, an operator's transaction): giving the
     result up would leave the record to be taken over and the view run twice (issue 32).
@@ -370,48 +343,31 @@ def _fenced_write(policy: Policy, write: Callable[[], T]) -> T:
         try:
             return write()
         except DatabaseError as exc:
-            if not store.is_contention(policy.alias, exc) or time.monotonic() + delay >= deadline:
+            if not store.is_contention(exc) or time.monotonic() + delay >= deadline:
                 raise
         logger.info("Idempotency store %r busy; writing again in %.2gs.", policy.alias, delay)
         time.sleep(delay)
         delay = min(delay * 2, _MAX_WAIT)
 
 
-def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
-    """Record an attempt's progress and renew its lock (:meth:`.Claim.set_recovery_point`)."""
-    if len(name) > MAX_RECOVERY_POINT:
-        raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
-    if not store.save_recovery_point(
-        claim.alias, claim.pk, claim.lock_token, name, data, claim.lock_timeout
-    ):
-        raise LockLost(f"The lock on idempotency record {claim.pk} was taken over.")
-    logger.debug(
-        "Idempotency record %s: recovery point %r.",
-        claim.pk,
-        name,
-        extra=telemetry.claim_facts("recovery_point", claim),
-    )
-
-
-def release(claim: Claim, policy: Policy, attempt: Attempt, *, reason: str, raised: bool) -> None:
+def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, raised: bool) -> None:
     """Release the claim so a retry runs again.
 
     In atomic mode an exception (``raised``) rolls the claim back with the transaction; only a
     retryable status needs the row deleted, and that deletion commits with the view's work.
     """
-    with telemetry.span("idempotency.release", attempt.attributes(policy)) as span:
+    with telemetry.span("idempotency.release", identity.attributes(policy.atomic)) as span:
         try:
             if not (policy.atomic and raised):
-                _fenced_write(
-                    policy, lambda: store.release(policy.alias, claim.pk, claim.lock_token)
-                )
+                store = using(policy.alias)
+                _fenced_write(policy, store, lambda: store.release(claim.pk, claim.lock_token))
         except DatabaseError:
             if policy.atomic:
                 raise
             span.finish("unavailable", claim.attempt)
             _outcome(
                 "unavailable",
-                attempt,
+                identity,
                 policy,
                 logging.ERROR,
                 "Could not release idempotency record %s.",
@@ -423,7 +379,7 @@ def release(claim: Claim, policy: Policy, attempt: Attempt, *, reason: str, rais
         span.finish("released", claim.attempt)
         _outcome(
             "released",
-            attempt,
+            identity,
             policy,
             logging.INFO,
             "Released idempotency record %s (%s).",
@@ -433,11 +389,6 @@ def release(claim: Claim, policy: Policy, attempt: Attempt, *, reason: str, rais
             signal=signals.key_released,
             reason=reason,
         )
-
-
-def abort(claim: Claim, policy: Policy, attempt: Attempt, *, reason: str) -> None:
-    """The protected code raised: release the claim so a retry runs it again."""
-    release(claim, policy, attempt, reason=reason, raised=True)
 
 
 @contextmanager
@@ -464,5 +415,5 @@ def atomic_attempt(policy: Policy) -> Iterator[None]:
         # The commit failed (on a Galera cluster: another node's claim of the key passed its
         # certification first, a deadlock error). Nothing of the attempt was kept: a 409 the
         # client may retry, or a 503, not a raw database error.
-        with store.guard(policy.alias):
+        with using(policy.alias).guard():
             raise

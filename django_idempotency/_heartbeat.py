@@ -6,7 +6,7 @@ first attempt it renews and ended after the last one finishes: at once if it had
 connection, else at its next scheduled renewal (waking it as each request starts and ends
 would cost every request a thread switch), then ``LINGER`` later. Every
 ``lock_timeout / 3`` it renews all live attempts of the process that share a database alias and
-a ``lock_timeout`` in one fenced ``UPDATE`` (:meth:`._store.base.Store.renew`); a
+a ``lock_timeout`` in one fenced ``UPDATE`` (:meth:`._store.writes.FencedWrites.renew`); a
 per-attempt thread would send one statement per attempt instead. The thread has its own
 connection (Django's connections are per thread), so renewal commits at once whatever
 transaction the attempt's own code is in; the connection is closed as soon as nothing is left
@@ -188,7 +188,7 @@ class Renewer:
             for start in range(0, len(leases), BATCH):
                 batch = leases[start : start + BATCH]
                 pairs = [(lease.claim.pk, lease.claim.lock_token) for lease in batch]
-                held |= store.renew(alias, pairs, lock_timeout)
+                held |= store.using(alias).renew(pairs, lock_timeout)
         except Exception as exc:  # never let a database error end the thread
             self._retry(group, exc)
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from functools import cache
 from typing import Any
 
@@ -22,33 +23,38 @@ from django_idempotency import _responses as responses
 from django_idempotency import _storing as storing
 from django_idempotency import _telemetry as telemetry
 from django_idempotency._conf import conf
+from django_idempotency._identity import Identity
 from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import bounded_fingerprint, bounded_scope
 from django_idempotency._options import Options, Policy
+from django_idempotency._store import StoredResponse
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
 
-#: What :func:`begin` decides: answer with this response, run the view owning this claim, or
-#: (``None``) run the view unprotected because the request has no key.
-Decision = HttpResponseBase | Claim | None
-
-run_steps = lifecycle.run_steps
-
 
 class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
-    """A protected request: the key from its header, the answers as HTTP responses."""
+    """A protected request: its policy from its view's options, the key from its header, the
+    answers as HTTP responses."""
 
-    request: HttpRequest
-
-    def __init__(self, request: HttpRequest) -> None:
+    def __init__(self, request: HttpRequest, options: Options) -> None:
         super().__init__()
         self.request = request
+        self.options = options
 
-    def attempt(self, policy: Policy) -> engine.Attempt | Answer[HttpResponseBase] | None:
+    def resolve(self, *, asynchronous: bool) -> Policy | None:
+        """The view's policy for this request; ``None`` (and no claim on the request) when the
+        app is off or the method is not protected."""
+        policy = self.options.resolve()
+        if conf.ENABLED and policy.protects(self.request.method):
+            return policy
+        attach(self.request, None)
+        return None
+
+    def identify(self, policy: Policy) -> Identity | Answer[HttpResponseBase] | None:
         request = self.request
         header = request.META.get(_wsgi_name(conf.HEADER))
         if header is None:
@@ -63,7 +69,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             self._key_refused("invalid_key", policy, str(exc))
             return Answer(problems.invalid_key(str(exc)))
         scope = bounded_scope(_call(policy.scope, "scope", request))
-        return engine.Attempt(
+        return Identity(
             key=key,
             scope=scope,
             key_hash=hash_key(key),
@@ -100,8 +106,39 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         return Answer(problems.unavailable())
 
     def finish(self, claim: Claim, result: HttpResponseBase, policy: Policy) -> HttpResponseBase:
-        assert self.subject is not None
-        return finish(self.subject, claim, result, policy)
+        """Store the view's response (or release the claim) and return the response."""
+        identity = self.identity
+        assert identity is not None
+        try:
+            responses.check_replayable(result)
+            if responses.needs_deferred_render(result):
+                if policy.atomic:
+                    raise UnreplayableResponse(
+                        "An atomic idempotent view returned a DRF Response that is not rendered "
+                        "yet; put @idempotent above @api_view, or use IdempotencyMixin."
+                    )
+                responses.add_post_render_callback(
+                    result, lambda rendered: _conclude(identity, claim, rendered, policy)
+                )
+                return result
+            responses.render(result)
+        except Exception:  # a dying process (SystemExit...) is a crash: recovered later
+            engine.release(claim, identity, policy, reason="unreplayable response", raised=True)
+            raise
+        _conclude(identity, claim, result, policy)
+        return result
+
+
+def view_adapter(
+    options: Options,
+) -> Callable[[tuple[Any, ...], dict[str, Any]], HttpAdapter]:
+    """What :func:`._lifecycle.wrap` makes for each call of a decorated view."""
+
+    def adapter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpAdapter:
+        request = args[0] if args else kwargs.get("request")
+        return HttpAdapter(http_request(request), options)
+
+    return adapter
 
 
 def keep_body(request: HttpRequest) -> None:
@@ -112,22 +149,6 @@ def keep_body(request: HttpRequest) -> None:
     """
     if _wsgi_name(conf.HEADER) in request.META:
         bodies.keep_readable(request)
-
-
-def begin(request: HttpRequest, policy: Policy) -> engine.Steps[Decision]:
-    """Claim the request's key, or the response to answer with instead."""
-    adapter = HttpAdapter(request)
-    decision = yield from lifecycle.begin(adapter, policy)
-    return decision.value if isinstance(decision, Answer) else decision
-
-
-def protecting(options: Options, request: HttpRequest) -> Policy | None:
-    """The policy of a request its view protects; ``None`` (and no claim) when it does not."""
-    policy = options.resolve()
-    if conf.ENABLED and policy.protects(request.method):
-        return policy
-    attach(request, None)
-    return None
 
 
 @cache
@@ -190,50 +211,28 @@ def _replay(record: IdempotencyKey) -> HttpResponseBase:
     )
 
 
-def finish(
-    attempt: engine.Attempt, claim: Claim, response: HttpResponseBase, policy: Policy
-) -> HttpResponseBase:
-    """Store the view's response (or release the claim) and return the response."""
-    try:
-        responses.check_replayable(response)
-        if responses.needs_deferred_render(response):
-            if policy.atomic:
-                raise UnreplayableResponse(
-                    "An atomic idempotent view returned a DRF Response that is not rendered yet; "
-                    "put @idempotent above @api_view, or use IdempotencyMixin."
-                )
-            responses.add_post_render_callback(
-                response, lambda rendered: _store(attempt, claim, rendered, policy)
-            )
-            return response
-        responses.render(response)
-    except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-        abort(attempt, claim, policy, reason="unreplayable response")
-        raise
-    _store(attempt, claim, response, policy)
-    return response
-
-
-def _store(
-    attempt: engine.Attempt, claim: Claim, response: HttpResponseBase, policy: Policy
-) -> None:
+def _conclude(identity: Identity, claim: Claim, response: HttpResponseBase, policy: Policy) -> None:
     if policy.atomic and connections[policy.alias].needs_rollback:
         # DRF marks an ATOMIC_REQUESTS transaction for rollback when it answers an exception
         # (a serializer's 400, an APIException's 503): the claim rolls back with the view's
         # work, as after a crash, and a retry runs again (issue 20). First: no statement may
         # run in that transaction, not even a retryable status's release.
-        engine.release(claim, policy, attempt, reason="transaction rolled back", raised=True)
+        engine.release(claim, identity, policy, reason="transaction rolled back", raised=True)
         return
     if response.status_code in conf.RETRYABLE_STATUSES:
-        engine.release(
-            claim, policy, attempt, reason=f"status {response.status_code}", raised=False
-        )
+        reason = f"status {response.status_code}"
+        engine.release(claim, identity, policy, reason=reason, raised=False)
         return
-    storage = storing.storage(response)
-    if storage is not None and not storage.stored:
-        engine.release(claim, policy, attempt, reason=storing.NO_STORE_REASON, raised=False)
-        return
-    ttl = None if storage is None else storage.ttl
+    engine.conclude(
+        claim,
+        identity,
+        policy,
+        storing.storage(response),
+        lambda ttl: _capture(claim, response, ttl),
+    )
+
+
+def _capture(claim: Claim, response: HttpResponseBase, ttl: timedelta | None) -> StoredResponse:
     stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE, ttl)
     if stored.body is None:
         logger.error(
@@ -243,12 +242,7 @@ def _store(
             conf.MAX_BODY_SIZE,
             extra=telemetry.claim_facts("body_not_stored", claim),
         )
-    engine.complete(claim, stored, policy, attempt)
-
-
-def abort(attempt: engine.Attempt, claim: Claim, policy: Policy, *, reason: str) -> None:
-    """The view raised: release the claim so the client's retry runs it again."""
-    engine.abort(claim, policy, attempt, reason=reason)
+    return stored
 
 
 def http_request(request: Any) -> HttpRequest:

@@ -2,11 +2,13 @@
 
 Claim (or answer without running), run the protected code, then store its result or release
 the claim: :func:`steps` is that state machine as a generator, and :func:`run` and
-:func:`arun` drive it, sync and async. It yields the seconds a waiting claim sleeps and
+:func:`arun` drive it, sync and async; :func:`wrap` makes the one wrapper of a decorated view or
+function, sync or async as it is. The generator yields the seconds a waiting claim sleeps and
 :data:`RUN` when the protected code is due; the driver runs it (a call, or an ``await``) and
 sends its result back, or throws its exception in. An :class:`Adapter` supplies only what
-differs between the view decorator, the DRF mixin and ``idempotent_function``: where the key
-comes from, and how a found record, a result or a refusal becomes what the caller gets.
+differs between the view decorator, the DRF mixin and ``idempotent_function``: its policy,
+where the key comes from, and how a found record, a result or a refusal becomes what the caller
+gets.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency import _engine as engine
 from django_idempotency import _heartbeat as heartbeat
+from django_idempotency._identity import Identity
 from django_idempotency._options import Policy
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
@@ -43,6 +46,7 @@ class _Run:
 
 RUN = _Run()
 Step = float | _Run
+_UNKNOWN: Any = object()
 
 
 class Adapter(Generic[R]):
@@ -53,21 +57,35 @@ class Adapter(Generic[R]):
     claims_inside = False
 
     def __init__(self) -> None:
+        #: Set by :func:`run` or :func:`arun` (``None``: the call runs unprotected).
+        self.policy: Policy | None = None
         self.claim: Claim | None = None
-        #: The attempt :func:`begin` claimed for (what the engine's reports are about).
-        self.subject: engine.Attempt | None = None
+        #: The identity a claim was asked for (what the engine's reports are about).
+        self.identity: Identity | None = None
+        self._identified: Identity | Answer[R] | None = _UNKNOWN
 
-    def attempt(self, policy: Policy) -> engine.Attempt | Answer[R] | None:
-        """The attempt to claim, an answer without one (a bad key), or ``None``: run the
-        protected code unprotected."""
+    def resolve(self, *, asynchronous: bool) -> Policy | None:
+        """The policy of this call; ``None``: run the protected code as if undecorated."""
         raise NotImplementedError
+
+    def identify(self, policy: Policy) -> Identity | Answer[R] | None:
+        """The call's identity, an answer without one (a bad key), or ``None``: run the
+        protected code unprotected. Called through :meth:`identified`, once per call."""
+        raise NotImplementedError
+
+    def identified(self, policy: Policy) -> Identity | Answer[R] | None:
+        """:meth:`identify`, computed once: the scope and fingerprint functions are the
+        project's, run once per call whatever happens to the claim."""
+        if self._identified is _UNKNOWN:
+            self._identified = self.identify(policy)
+        return self._identified
 
     def hold(self, claim: Claim | None) -> None:
         """Keep the claim the protected code runs with (``None``: it runs without one)."""
         self.claim = claim
 
     def found(self, found: engine.Found) -> Answer[R]:
-        """The answer when another attempt's record holds the key (or raise)."""
+        """The answer when another call's record holds the key (or raise)."""
         raise NotImplementedError
 
     def refused(self, exc: StoreUnavailable | LockWaitTimeout, policy: Policy) -> Answer[R]:
@@ -80,27 +98,54 @@ class Adapter(Generic[R]):
         caller gets."""
         raise NotImplementedError
 
+    def arguments(self, kwargs: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
+        """The keyword arguments the protected code is called with."""
+        return kwargs
 
-def is_async(func: Callable[..., Any], label: str, kind: str, *, atomic: bool) -> bool:
-    """Whether ``func`` is driven by :func:`arun`; atomic mode needs a sync ``kind``."""
+    def unprotected(self, result: Any) -> R:
+        """What the caller gets from protected code run without a policy."""
+        return result  # type: ignore[no-any-return]
+
+
+def wrap(
+    func: Callable[..., Any],
+    adapter: Callable[[tuple[Any, ...], dict[str, Any]], Adapter[Any]],
+    *,
+    label: str,
+    kind: str,
+    atomic: bool,
+) -> Callable[..., Any]:
+    """The wrapper of a decorated view or function: ``async def`` for a coroutine function,
+    ``def`` otherwise, both driving the same lifecycle with an ``adapter(args, kwargs)`` made
+    for each call. Atomic mode needs a sync ``kind``."""
     if not iscoroutinefunction(func):
-        return False
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            call = adapter(args, kwargs)
+            return run(call, lambda claim: func(*args, **call.arguments(kwargs, claim)))
+
+        return wrapper
     if atomic:
         raise ImproperlyConfigured(
             f"{label}: atomic=True needs a sync {kind}; Django's transactions cannot span an "
             f"async {kind}."
         )
-    return True
+
+    async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+        call = adapter(args, kwargs)
+        return await arun(call, lambda claim: func(*args, **call.arguments(kwargs, claim)))
+
+    return async_wrapper
 
 
 def begin(adapter: Adapter[R], policy: Policy) -> engine.Steps[Answer[R] | Claim | None]:
-    """Claim the adapter's attempt, or say what to answer instead."""
-    attempt = adapter.attempt(policy)
-    if not isinstance(attempt, engine.Attempt):
-        return attempt
-    adapter.subject = attempt
+    """Claim the adapter's identity, or say what to answer instead."""
+    identity = adapter.identified(policy)
+    if not isinstance(identity, Identity):
+        return identity
+    adapter.identity = identity
     try:
-        outcome = yield from engine.acquire(attempt, policy)
+        outcome = yield from engine.acquire(identity, policy)
     except LockWaitTimeout as exc:
         if policy.atomic:
             raise  # the transaction is broken: run() answers outside it
@@ -108,7 +153,7 @@ def begin(adapter: Adapter[R], policy: Policy) -> engine.Steps[Answer[R] | Claim
     except StoreUnavailable as exc:
         return adapter.refused(exc, policy)
     if isinstance(outcome, Claim):
-        heartbeat.start(outcome, policy, attempt.request)
+        heartbeat.start(outcome, policy, identity.request)
         return outcome
     return adapter.found(outcome)
 
@@ -127,30 +172,33 @@ def steps(adapter: Adapter[R], policy: Policy) -> Generator[Step, Any, R]:
             heartbeat.stop(adapter.claim)
     except Exception:  # a dying process (SystemExit...) is a crash: recovered later
         if adapter.claim is not None:
-            assert adapter.subject is not None
-            engine.abort(adapter.claim, policy, adapter.subject, reason="exception")
+            assert adapter.identity is not None
+            engine.release(adapter.claim, adapter.identity, policy, reason="exception", raised=True)
         raise
     if adapter.claim is None:
         return result  # type: ignore[no-any-return]
     return adapter.finish(adapter.claim, result, policy)
 
 
-def run(adapter: Adapter[R], policy: Policy, call: Callable[[Claim | None], R]) -> R:
+def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
     """Drive the lifecycle synchronously; atomic mode runs it in one transaction.
 
-    In atomic mode a duplicate's claim waits on the first attempt's uncommitted row, at most
+    In atomic mode a duplicate's claim waits on the first call's uncommitted row, at most
     ``wait_timeout``, and a crash rolls everything back and leaves no record behind.
     """
+    policy = adapter.policy = adapter.resolve(asynchronous=False)
+    if policy is None:
+        return adapter.unprotected(call(None))
     if not policy.atomic:
         return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
     try:
         with engine.atomic_attempt(policy):
             return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
     except (StoreUnavailable, LockWaitTimeout) as exc:
-        if adapter.subject is None:  # the store's database refused the connection
-            attempt = adapter.attempt(policy)
-            if isinstance(attempt, engine.Attempt):
-                engine.refused(attempt, policy, exc)
+        if adapter.identity is None:  # the store's database refused the connection
+            identity = adapter.identified(policy)
+            if isinstance(identity, Identity):
+                engine.refused(identity, policy, exc)
         return adapter.refused(exc, policy).value
 
 
@@ -174,11 +222,12 @@ def run_steps(lifecycle: Generator[Step, Any, T], call: Callable[[], Any] | None
             thrown = exc
 
 
-async def arun(
-    adapter: Adapter[R], policy: Policy, call: Callable[[Claim | None], Awaitable[R]]
-) -> R:
+async def arun(adapter: Adapter[R], call: Callable[[Claim | None], Awaitable[R]]) -> R:
     """Drive it from async code: database work in a thread, sleeping and the protected
     coroutine on the event loop. Always two-phase: no transaction spans an ``await``."""
+    policy = adapter.policy = adapter.resolve(asynchronous=True)
+    if policy is None:
+        return adapter.unprotected(await call(None))
     lifecycle = steps(adapter, policy)
     advance = sync_to_async(_advance)
     sent: Any = None

@@ -1,8 +1,8 @@
-"""The operators' actions: stale records, releasing or failing them, deleting expired ones,
-and the counts of :func:`stats`.
+"""The operators' actions: releasing or failing stale records, and the counts of :func:`stats`.
 
-The two commands and the admin actions all go through these functions, so there is one way to
-do each thing; the statements are the store's. Every write is fenced like an attempt's own: a
+The two commands and the admin actions all go through these functions, and read and delete
+through the store's queries (:class:`~django_idempotency._store.maintenance.Maintenance`), so
+there is one way to do each thing. Every write is fenced like an attempt's own: a
 record is only released or failed while it is still ``processing`` under the same
 ``lock_token`` and its lock is still expired, so a record that a retry has just taken over (or
 that its owner renewed) is left alone; and an expired record whose lock is still live is never
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.db import DatabaseError, connections, transaction
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from django_idempotency import _problems as problems
@@ -24,59 +23,12 @@ from django_idempotency import _rules as rules
 from django_idempotency import _store as store
 from django_idempotency import _telemetry as telemetry
 from django_idempotency._durations import human
-from django_idempotency._store import Batch, StoredResponse
+from django_idempotency._store import StoredResponse
 from django_idempotency.models import IdempotencyKey
 
-__all__ = [
-    "Batch",
-    "deletable",
-    "delete_expired_batch",
-    "expired_records",
-    "mark_failed",
-    "release",
-    "stale",
-    "stale_records",
-]
+__all__ = ["Stats", "mark_failed", "release", "stats"]
 
 logger = logging.getLogger("django_idempotency")
-
-
-def stale(cutoff: datetime) -> Q:
-    """:data:`~django_idempotency._rules.STALE` by ``cutoff``, for a queryset."""
-    return rules.STALE.filter(cutoff)
-
-
-def deletable(now: datetime) -> Q:
-    """:data:`~django_idempotency._rules.DELETABLE` at ``now``, for a queryset."""
-    return rules.DELETABLE.filter(now)
-
-
-def stale_records(alias: str, *, older_than: timedelta = timedelta(0)) -> QuerySet[IdempotencyKey]:
-    """Records stuck in ``processing`` whose lock expired at least ``older_than`` ago."""
-    connection = connections[alias]
-    return store.for_connection(connection).stale_records(connection, older_than=older_than)
-
-
-def expired_records(alias: str, *, now: datetime | None = None) -> QuerySet[IdempotencyKey]:
-    """The records :func:`delete_expired_batch` would delete."""
-    connection = connections[alias]
-    return store.for_connection(connection).expired_records(connection, now=now or timezone.now())
-
-
-def delete_expired_batch(
-    alias: str,
-    *,
-    now: datetime,
-    batch_size: int,
-    after: datetime | None = None,
-    pks: list[int] | None = None,
-) -> Batch:
-    """Delete up to ``batch_size`` expired records in one short transaction of its own
-    (:meth:`.Store.delete_expired_batch`)."""
-    connection = connections[alias]
-    return store.for_connection(connection).delete_expired_batch(
-        connection, now=now, batch_size=batch_size, after=after, pks=pks
-    )
 
 
 def release(alias: str, record: IdempotencyKey) -> bool:
@@ -84,8 +36,8 @@ def release(alias: str, record: IdempotencyKey) -> bool:
 
     ``False`` when the record is gone, was taken over, or its lock was renewed meanwhile.
     """
-    released = record.lock_token is not None and store.release(
-        alias, record.pk, record.lock_token, stale_at=timezone.now()
+    released = record.lock_token is not None and store.using(alias).release(
+        record.pk, record.lock_token, stale_at=timezone.now()
     )
     if released:
         _log_resolved("Released", record)
@@ -105,8 +57,8 @@ def mark_failed(alias: str, record: IdempotencyKey) -> bool:
 
     ``False`` when the record is gone, was taken over, or its lock was renewed meanwhile.
     """
-    failed = record.lock_token is not None and store.store_response(
-        alias, record.pk, record.lock_token, _abandoned_response(), stale_at=timezone.now()
+    failed = record.lock_token is not None and store.using(alias).store_response(
+        record.pk, record.lock_token, _abandoned_response(), stale_at=timezone.now()
     )
     if failed:
         _log_resolved("Marked as failed", record)
@@ -189,14 +141,14 @@ class Stats:
 def stats(alias: str) -> Stats:
     """Counts in one scan of the table (conditional aggregates), then its size on disk."""
     now = timezone.now()
-    is_stale = stale(now)
+    is_stale = rules.STALE.filter(now)
     rows = (
         IdempotencyKey.objects.using(alias)
         .order_by()
         .values("status")
         .annotate(
             count=Count("pk"),
-            expired=Count("pk", filter=deletable(now)),
+            expired=Count("pk", filter=rules.DELETABLE.filter(now)),
             stale=Count("pk", filter=is_stale),
             oldest_claim=Min("created_at", filter=is_stale),
             oldest_unlock=Min("unlock_at", filter=is_stale),
@@ -212,7 +164,7 @@ def stats(alias: str) -> Stats:
         stale_count += row["stale"]
         oldest_claim = row["oldest_claim"] or oldest_claim  # only processing rows are stale
         oldest_unlock = row["oldest_unlock"] or oldest_unlock
-    table_bytes, index_bytes, source = table_size(alias)
+    table_bytes, index_bytes, source = store.using(alias).table_size()
     return Stats(
         by_status=by_status,
         expired=expired,
@@ -227,33 +179,6 @@ def stats(alias: str) -> Stats:
 
 def _seconds_since(moment: datetime | None, now: datetime) -> float | None:
     return None if moment is None else round((now - moment).total_seconds(), 3)
-
-
-def table_size(alias: str) -> tuple[int | None, int | None, str]:
-    """``(table bytes, index bytes, how they were measured)``, ``None`` for what is unknown.
-
-    SQLite without ``dbstat`` only knows the whole file's size (``page_count * page_size``):
-    given as the table's, said so in the source, and the indexes are unknown.
-    """
-    connection = connections[alias]
-    table = IdempotencyKey._meta.db_table
-    vendor_store = store.for_connection(connection)
-    query = vendor_store.size_query(table)
-    with connection.cursor() as cursor:
-        if query is not None:
-            sql, params, source = query
-            try:
-                with transaction.atomic(using=alias):  # a failure must not break the caller's
-                    cursor.execute(sql, params)
-                    row = cursor.fetchone()
-            except DatabaseError:
-                row = None
-            if row is not None:
-                return int(row[0]), int(row[1]), source
-    whole = vendor_store.database_size(connection)
-    if whole is None:
-        return None, None, "unknown"
-    return whole[0], None, whole[1]
 
 
 def _bytes(count: int) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.http.response import FileResponse
 
-from django_idempotency._store.base import StoredResponse as StoredResponse
+from django_idempotency._store.writes import StoredResponse as StoredResponse
 from django_idempotency._values import NEVER_STORED
 from django_idempotency.exceptions import UnreplayableResponse
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from django.db.models import Q
 
-#: The status of a record whose attempt is still running (``IdempotencyKey.Status.PROCESSING``).
+#: The status of a record whose attempt is still running: ``IdempotencyKey.Status.PROCESSING``
+#: is this value, and the claim's SQL writes it.
 PROCESSING = "processing"
 
 

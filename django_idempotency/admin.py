@@ -20,6 +20,8 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import _maintenance as maintenance
+from django_idempotency import _rules as rules
+from django_idempotency import _store as store
 from django_idempotency._conf import conf
 from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency.functions._calls import METHOD as CALL
@@ -68,7 +70,7 @@ class StaleFilter(_YesNoFilter):
     parameter_name = "stale"
 
     def condition(self) -> Q:
-        return maintenance.stale(timezone.now())
+        return rules.STALE.filter(timezone.now())
 
 
 class ExpiredFilter(_YesNoFilter):
@@ -76,7 +78,7 @@ class ExpiredFilter(_YesNoFilter):
     parameter_name = "expired"
 
     def condition(self) -> Q:
-        return Q(expires_at__lte=timezone.now())
+        return rules.EXPIRED.filter(timezone.now())
 
 
 class MethodFilter(admin.SimpleListFilter):
@@ -301,7 +303,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         alias = queryset.db
         now = timezone.now()
         selected = queryset.count()
-        stale = queryset.filter(maintenance.stale(now))
+        stale = queryset.filter(rules.STALE.filter(now))
         count = sum(act(alias, record) for record in list(stale))
         level = messages.SUCCESS if count else messages.WARNING
         self.message_user(
@@ -313,16 +315,14 @@ class IdempotencyKeyAdmin(_ModelAdmin):
 
     @admin.action(description=_("Delete selected expired records"), permissions=["delete"])
     def delete_expired(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
-        alias = queryset.db
+        expired = store.using(queryset.db)
         now = timezone.now()
-        pks = list(queryset.filter(maintenance.deletable(now)).values_list("pk", flat=True))
+        pks = list(queryset.filter(rules.DELETABLE.filter(now)).values_list("pk", flat=True))
         selected = queryset.count()
         deleted = 0
         for start in range(0, len(pks), DELETE_BATCH_SIZE):
             chunk = pks[start : start + DELETE_BATCH_SIZE]
-            batch = maintenance.delete_expired_batch(
-                alias, now=now, batch_size=len(chunk), pks=chunk
-            )
+            batch = expired.delete_expired_batch(now=now, batch_size=len(chunk), pks=chunk)
             deleted += batch.deleted
         level = messages.SUCCESS if deleted else messages.WARNING
         self.message_user(

@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from django_idempotency.exceptions import LockLost
 
 __all__ = ["Claim"]
 
+logger = logging.getLogger("django_idempotency")
+
 _DERIVED_NAMESPACE = uuid.UUID("5b0c3c52-7e4b-4a43-9d0c-2a7c1c0f6d11")
+
+
+class RecordStore(Protocol):
+    """Where a claim's record is kept: what :class:`Claim` needs of the store that made it."""
+
+    def save_recovery_point(
+        self, pk: int, token: uuid.UUID, name: str, data: Any, lock_timeout: timedelta
+    ) -> bool: ...
 
 
 @dataclass
 class Claim:
-    """The attempt that owns a record.
+    """An attempt's ownership of a record: made by the claim, fenced by ``lock_token``.
 
     ``attempt`` is 1 for the first attempt and grows with each takeover of a stale record;
     ``recovery_point`` and ``recovery_data`` are where the previous attempt got to.
@@ -33,9 +43,8 @@ class Claim:
     recovery_data: Any
     alias: str = field(repr=False)
     lock_timeout: timedelta = field(repr=False)
-    #: The engine's write of a recovery point (logged, fenced), given by the engine that
-    #: claimed the record: the claim sits below it.
-    save_progress: Callable[[Claim, str, Any], None] = field(repr=False, compare=False)
+    #: The store that made the claim (bound to ``alias``): recovery points go there.
+    store: RecordStore = field(repr=False, compare=False)
     #: Set (from the renewer's thread) when a renewal found the record no longer this
     #: attempt's: taken over after its lock expired, or released by an operator.
     lock_lost: bool = field(default=False, repr=False, compare=False)
@@ -60,8 +69,24 @@ class Claim:
         resumes from here. Raises :class:`~django_idempotency.LockLost` when another
         attempt has taken the record over: stop, the new owner is doing the work.
         """
+        # Imported here: Claim is a name of the package, importable before Django is set up
+        # (a type hint's import), and these read the model's fields.
+        from django_idempotency import _telemetry as telemetry
+        from django_idempotency._limits import MAX_RECOVERY_POINT
+
         self.check_held()
-        self.save_progress(self, name, data)
+        if len(name) > MAX_RECOVERY_POINT:
+            raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
+        if not self.store.save_recovery_point(
+            self.pk, self.lock_token, name, data, self.lock_timeout
+        ):
+            raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
+        logger.debug(
+            "Idempotency record %s: recovery point %r.",
+            self.pk,
+            name,
+            extra=telemetry.claim_facts("recovery_point", self),
+        )
         self.recovery_point = name
         self.recovery_data = data
 

@@ -6,8 +6,6 @@ from collections.abc import Callable
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from django.http import HttpResponseBase
-
 from django_idempotency import _http as protocol
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency._options import VIEW_OPTIONS, Options, ViewOptions
@@ -43,35 +41,14 @@ def idempotent(
     built = Options.build(VIEW_OPTIONS, "idempotent", **options)
 
     def decorate(view: ViewFunc) -> ViewFunc:
-        asynchronous = lifecycle.is_async(view, view.__qualname__, "view", atomic=built.atomic)
-        wrapper = (_async_wrapper if asynchronous else _sync_wrapper)(view, built)
+        wrapper = lifecycle.wrap(
+            view,
+            protocol.view_adapter(built),
+            label=view.__qualname__,
+            kind="view",
+            atomic=built.atomic,
+        )
         wrapper.idempotency_options = built  # type: ignore[attr-defined]
         return wraps(view)(wrapper)  # type: ignore[return-value]
 
     return decorate if view is None else decorate(view)
-
-
-def _sync_wrapper(view: Callable[..., HttpResponseBase], options: Options) -> Callable[..., Any]:
-    def wrapper(request: Any, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        http_request = protocol.http_request(request)
-        policy = protocol.protecting(options, http_request)
-        if policy is None:
-            return view(request, *args, **kwargs)
-        return lifecycle.run(
-            protocol.HttpAdapter(http_request), policy, lambda _: view(request, *args, **kwargs)
-        )
-
-    return wrapper
-
-
-def _async_wrapper(view: Callable[..., Any], options: Options) -> Callable[..., Any]:
-    async def wrapper(request: Any, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        http_request = protocol.http_request(request)
-        policy = protocol.protecting(options, http_request)
-        if policy is None:
-            return await view(request, *args, **kwargs)  # type: ignore[no-any-return]
-        return await lifecycle.arun(
-            protocol.HttpAdapter(http_request), policy, lambda _: view(request, *args, **kwargs)
-        )
-
-    return wrapper

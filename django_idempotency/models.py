@@ -4,6 +4,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency import _rules as rules
+
 __all__ = ["IdempotencyKey"]
 
 
@@ -17,7 +19,7 @@ class IdempotencyKey(models.Model):
     """
 
     class Status(models.TextChoices):
-        PROCESSING = "processing", _("processing")
+        PROCESSING = rules.PROCESSING, _("processing")
         COMPLETED = "completed", _("completed")
         FAILED = "failed", _("failed")
 
@@ -63,12 +65,10 @@ class IdempotencyKey(models.Model):
 
     @property
     def is_expired(self) -> bool:
-        return self.expires_at <= timezone.now()
+        """:data:`~django_idempotency._rules.EXPIRED` now."""
+        return rules.EXPIRED.holds(self, timezone.now())
 
     @property
     def is_stale(self) -> bool:
-        return (
-            self.status == self.Status.PROCESSING
-            and self.unlock_at is not None
-            and self.unlock_at <= timezone.now()
-        )
+        """:data:`~django_idempotency._rules.STALE` now."""
+        return rules.STALE.holds(self, timezone.now())

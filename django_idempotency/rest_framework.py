@@ -35,9 +35,12 @@ class _DispatchAdapter(protocol.HttpAdapter):
 
     claims_inside = True
 
-    def __init__(self, request: HttpRequest, policy: Policy) -> None:
-        super().__init__(request)
-        self.policy = policy
+    def resolve(self, *, asynchronous: bool) -> Policy | None:
+        policy = super().resolve(asynchronous=asynchronous)
+        if policy is not None:
+            # Read the body before DRF's parsers or authenticators consume the stream.
+            protocol.keep_body(self.request)
+        return policy
 
 
 class IdempotencyMixin(_Base):
@@ -66,22 +69,16 @@ class IdempotencyMixin(_Base):
         return Options.build(VIEW_OPTIONS, cls.__name__, **cast(ViewOptions, given))
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        policy = protocol.protecting(self.get_idempotency_options(), request)
-        if policy is None:
-            return super().dispatch(request, *args, **kwargs)
-        self._idempotency = _DispatchAdapter(request, policy)
-        # Read the body before DRF's parsers or authenticators consume the stream.
-        protocol.keep_body(request)
+        self._idempotency = _DispatchAdapter(request, self.get_idempotency_options())
         return lifecycle.run(
             self._idempotency,
-            policy,
             lambda _: super(IdempotencyMixin, self).dispatch(request, *args, **kwargs),
         )
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         adapter = self._idempotency
-        if adapter is None or not self._handles(request.method):
+        if adapter is None or adapter.policy is None or not self._handles(request.method):
             return  # unprotected, or DRF's 405 answers untouched and nothing is stored
         decision = lifecycle.run_steps(lifecycle.begin(adapter, adapter.policy))
         if isinstance(decision, Answer):

@@ -8,6 +8,8 @@ from datetime import timedelta
 import factory
 from django.utils import timezone
 
+from django_idempotency import _store as store
+from django_idempotency._identity import Identity
 from django_idempotency._keys import hash_key
 from django_idempotency.models import IdempotencyKey
 
@@ -42,3 +44,27 @@ class IdempotencyKeyFactory(factory.django.DjangoModelFactory):
     lock_token = factory.LazyFunction(uuid.uuid4)
     unlock_at = factory.LazyFunction(lambda: timezone.now() + timedelta(minutes=1))
     expires_at = factory.LazyFunction(lambda: timezone.now() + timedelta(hours=24))
+
+
+def claim(
+    key: str = "",
+    *,
+    key_hash: str | None = None,
+    scope: str = "anonymous",
+    method: str = "POST",
+    path: str = "/create/",
+    fingerprint: str = "f" * 64,
+    alias: str = "default",
+    ttl: timedelta = timedelta(hours=1),
+    lock_timeout: timedelta = timedelta(minutes=1),
+) -> store.ClaimOutcome:
+    """A claim made straight through the store, as the engine makes it."""
+    identity = Identity(
+        key=key,
+        scope=scope,
+        key_hash=hash_key(key) if key_hash is None else key_hash,
+        fingerprint=fingerprint,
+        method=method,
+        path=path,
+    )
+    return store.using(alias).claim(identity, ttl=ttl, lock_timeout=lock_timeout)

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connections
 from django.dispatch import Signal
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 from django.utils import timezone
 
-from django_idempotency import _http as protocol
-from django_idempotency import _lifecycle as lifecycle
-from django_idempotency import _store as store
+import django_idempotency
 from django_idempotency import signals
-from django_idempotency._options import Options
+from django_idempotency._store.rows import prep
 from django_idempotency.claim import Claim
+from django_idempotency.decorators import idempotent
 from django_idempotency.exceptions import LockLost
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
@@ -27,17 +30,37 @@ from tests.conftest import executions
 pytestmark = pytest.mark.django_db
 
 Post = Callable[..., Any]
-POLICY = Options.build(lock_timeout=60).resolve()
+LOCK_TIMEOUT = timedelta(seconds=60)
+View = Callable[[HttpRequest], HttpResponse]
 
 
-def claim_for(key: str, body: bytes = b"{}") -> tuple[Any, Claim]:
-    request = RequestFactory().post(
-        "/create/", body, content_type="application/json", headers={"Idempotency-Key": key}
+def protected(body: Callable[[Claim], HttpResponse | None]) -> View:
+    """A view protected as in production, running ``body`` with its claim (a 201 if it returns
+    ``None``); called directly, as the test client would through the URLconf."""
+
+    @idempotent(lock_timeout=LOCK_TIMEOUT)
+    def view(request: HttpRequest) -> HttpResponse:
+        return body(request.idempotency) or HttpResponse(status=201)  # type: ignore[attr-defined]
+
+    return view
+
+
+def send(view: View, key: str) -> HttpResponse:
+    return view(
+        RequestFactory().post(
+            "/create/", b"{}", content_type="application/json", headers={"Idempotency-Key": key}
+        )
     )
-    adapter = protocol.HttpAdapter(request)
-    decision = protocol.run_steps(lifecycle.begin(adapter, POLICY))
-    assert isinstance(decision, Claim)
-    return adapter.subject, decision
+
+
+def crash(claims: list[Claim]) -> Callable[[Claim], None]:
+    """A body that keeps its claim and dies (a killed worker): its record stays ``processing``."""
+
+    def body(claim: Claim) -> None:
+        claims.append(claim)
+        raise KeyboardInterrupt
+
+    return body
 
 
 def expire_lock() -> None:
@@ -65,59 +88,123 @@ def received() -> Iterator[dict[str, list[dict[str, Any]]]]:
 
 
 def test_recovery_point_is_committed_and_renews_the_lock(key: str) -> None:
-    _, claim = claim_for(key)
-    before = IdempotencyKey.objects.get().unlock_at
-    claim.set_recovery_point("charged", {"charge": "ch_1"})
-    row = IdempotencyKey.objects.get()
-    assert (row.recovery_point, row.recovery_data) == ("charged", {"charge": "ch_1"})
-    assert row.unlock_at is not None and before is not None and row.unlock_at >= before
-    assert (claim.recovery_point, claim.recovery_data) == ("charged", {"charge": "ch_1"})
+    def body(claim: Claim) -> None:
+        before = IdempotencyKey.objects.get().unlock_at
+        claim.set_recovery_point("charged", {"charge": "ch_1"})
+        row = IdempotencyKey.objects.get()
+        assert (row.recovery_point, row.recovery_data) == ("charged", {"charge": "ch_1"})
+        assert row.unlock_at is not None and before is not None and row.unlock_at >= before
+        assert (claim.recovery_point, claim.recovery_data) == ("charged", {"charge": "ch_1"})
+        seen.append(claim)
+
+    seen: list[Claim] = []
+    assert send(protected(body), key).status_code == 201
+    assert len(seen) == 1
 
 
 def test_takeover_sees_the_recovery_point_and_fences_the_old_owner(key: str) -> None:
-    _, old = claim_for(key)
-    old.set_recovery_point("reserved", {"n": 1})
-    expire_lock()
-    _, new = claim_for(key)
+    claims: list[Claim] = []
+
+    def body(claim: Claim) -> None:
+        claims.append(claim)
+        if len(claims) == 1:  # the first attempt: a retry takes over while it still runs
+            claim.set_recovery_point("reserved", {"n": 1})
+            expire_lock()
+            send(view, key)
+            with pytest.raises(LockLost):
+                claim.set_recovery_point("charged")
+
+    view = protected(body)
+    send(view, key)
+    old, new = claims
     assert new.attempt == 2 and new.is_takeover
     assert (new.recovery_point, new.recovery_data) == ("reserved", {"n": 1})
     assert new.lock_token != old.lock_token
-    with pytest.raises(LockLost):
-        old.set_recovery_point("charged")
     assert IdempotencyKey.objects.get().recovery_point == "reserved"
 
 
+def late_owner(key: str, claims: list[Claim]) -> View:
+    """A view whose first attempt is taken over, and finished, by a retry before it returns:
+    its result comes late."""
+
+    def body(claim: Claim) -> HttpResponse:
+        claims.append(claim)
+        if len(claims) == 1:
+            expire_lock()
+            send(view, key)
+            return HttpResponse(b"late owner", status=201)
+        return HttpResponse(b"new owner", status=201)
+
+    view = protected(body)
+    return view
+
+
 def test_late_owner_result_is_refused(key: str, received: dict[str, Any]) -> None:
-    attempt, old = claim_for(key)
-    expire_lock()
-    new_attempt, new = claim_for(key)
-    protocol.finish(new_attempt, new, HttpResponse(b"new owner", status=201), POLICY)
-    late = protocol.finish(attempt, old, HttpResponse(b"late owner", status=201), POLICY)
+    claims: list[Claim] = []
+    late = send(late_owner(key, claims), key)
     assert late.content == b"late owner"  # its own client still gets its answer
     row = IdempotencyKey.objects.get()
     assert bytes(row.response_body) == b"new owner"
     assert row.status == IdempotencyKey.Status.COMPLETED
+    old, new = claims
     (refused,) = received["late_result_refused"]
     assert refused["claim"] is old
     assert received["key_taken_over"][0]["claim"] is new
 
 
 def test_late_owner_cannot_release_the_new_owners_record(key: str) -> None:
-    attempt, old = claim_for(key)
-    expire_lock()
-    claim_for(key)
-    protocol.abort(attempt, old, POLICY, reason="exception")
-    assert IdempotencyKey.objects.get().attempt == 2
+    claims: list[Claim] = []
+
+    def body(claim: Claim) -> None:
+        claims.append(claim)
+        if len(claims) == 1:  # a retry takes over and dies: its record stays processing
+            expire_lock()
+            with pytest.raises(KeyboardInterrupt):
+                send(view, key)
+            raise RuntimeError("the first attempt fails after all")
+        raise KeyboardInterrupt
+
+    view = protected(body)
+    with pytest.raises(RuntimeError):
+        send(view, key)
+    record = IdempotencyKey.objects.get()
+    assert (record.attempt, record.status) == (2, IdempotencyKey.Status.PROCESSING)
+    assert record.lock_token == claims[1].lock_token
 
 
 def test_derived_key_is_stable_across_attempts_and_distinct_per_purpose(key: str) -> None:
-    _, first = claim_for(key)
-    expire_lock()
-    _, second = claim_for(key)
+    claims: list[Claim] = []
+    view = protected(crash(claims))
+    for sent in (key, key, key + "-other"):
+        with pytest.raises(KeyboardInterrupt):
+            send(view, sent)
+        expire_lock()
+    first, second, other = claims
+    assert second.is_takeover
     assert first.derived_key("charge") == second.derived_key("charge")
     assert first.derived_key("charge") != first.derived_key("refund")
-    _, other = claim_for(key + "-other")
     assert other.derived_key("charge") != first.derived_key("charge")
+
+
+def test_the_claim_imports_without_settings_or_models() -> None:
+    """``from django_idempotency import Claim`` (a type hint's import) works before Django is
+    set up, as the package's other names do: the claim reaches the store and the models only
+    when it records progress."""
+    code = (
+        "import json, sys\n"
+        "from django_idempotency import Claim\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith("
+        "('django_idempotency.', 'django.db')))))\n"
+    )
+    env = {"PATH": "", "PYTHONPATH": str(Path(django_idempotency.__file__).parent.parent)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [
+        "django_idempotency.claim",
+        "django_idempotency.exceptions",
+    ]
 
 
 def test_request_idempotency_is_the_claim_or_none(key: str) -> None:
@@ -165,7 +252,7 @@ def test_the_store_prepares_its_values_as_the_fields_would() -> None:
         for value in samples.get(field.get_internal_type(), []):
             for sent in (value, None):
                 expected = field.get_db_prep_save(sent, connection)
-                assert store._prep(field.name, sent, connection) == expected, field.name
+                assert prep(field.name, sent, connection) == expected, field.name
                 checked += 1
     assert checked >= 30  # every column but the JSON and binary ones
 
@@ -180,13 +267,16 @@ def test_a_claim_writes_the_fields_defaults_for_a_new_or_an_expired_record(key: 
     def stored() -> dict[str, Any]:
         return IdempotencyKey.objects.values(*fresh, "response_status", "recovery_data").get()
 
-    request, claim = claim_for(key)
-    assert stored() == {**fresh, "response_status": None, "recovery_data": None}
+    seen: list[dict[str, Any]] = []
 
-    claim.set_recovery_point("charged", {"charge": "ch_1"})
-    protocol.finish(
-        request, claim, HttpResponse(b"done", status=201, headers={"ETag": "1"}), POLICY
-    )
+    def body(claim: Claim) -> HttpResponse:
+        seen.append(stored())
+        if len(seen) == 1:  # the first record's progress, gone when it expires
+            claim.set_recovery_point("charged", {"charge": "ch_1"})
+        return HttpResponse(b"done", status=201, headers={"ETag": "1"})
+
+    view = protected(body)
+    send(view, key)
     IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
     row = stored()
     assert (row["status"], row["recovery_point"], row["response_status"]) == (
@@ -194,10 +284,9 @@ def test_a_claim_writes_the_fields_defaults_for_a_new_or_an_expired_record(key: 
         "charged",
         201,
     )
-
-    _, again = claim_for(key)
-    assert again.attempt == 1
-    assert stored() == {**fresh, "response_status": None, "recovery_data": None}
+    send(view, key)
+    assert seen == [{**fresh, "response_status": None, "recovery_data": None}] * 2
+    assert IdempotencyKey.objects.get().attempt == 1
 
 
 def test_a_record_leaves_processing_without_an_unlock_at(post: Post, key: str) -> None:
@@ -209,9 +298,9 @@ def test_a_record_leaves_processing_without_an_unlock_at(post: Post, key: str) -
 
 def test_the_claims_times_keep_their_microseconds(key: str) -> None:
     """DATETIME(6) on MySQL: a time truncated to the second would fall before ``before``."""
+    records: list[IdempotencyKey] = []
     before = timezone.now()
-    claim_for(key)
-    after = timezone.now()
-    record = IdempotencyKey.objects.get()
-    assert before <= record.created_at <= after
-    assert record.unlock_at == record.created_at + POLICY.lock_timeout
+    send(protected(lambda claim: records.append(IdempotencyKey.objects.get())), key)
+    (record,) = records
+    assert before <= record.created_at <= timezone.now()
+    assert record.unlock_at == record.created_at + LOCK_TIMEOUT

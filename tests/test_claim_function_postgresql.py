@@ -16,11 +16,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from django_idempotency import _store as store
-from django_idempotency._keys import hash_key
-from django_idempotency._store import base, postgresql
+from django_idempotency._store import postgresql, rows, statements
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
+from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout
 from django_idempotency.models import IdempotencyKey
+from tests import factories
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = [pytest.mark.postgresql]
@@ -37,8 +38,8 @@ def test_the_migration_creates_the_function_the_code_writes() -> None:
 def test_the_function_writes_every_column_the_model_has() -> None:
     """A new field must be written by the claim (and so by the function) or be one of these,
     which a claim leaves empty."""
-    written = set(base._INSERT_COLUMNS)
-    assert set(base._COLUMNS) - written == {
+    written = set(statements._INSERT_COLUMNS)
+    assert set(rows.COLUMNS) - written == {
         "id",
         "response_status",
         "response_body",
@@ -55,16 +56,7 @@ def test_the_database_has_the_migrations_function() -> None:
 
 
 def claim(key: str, request_hash: str = FINGERPRINT) -> store.ClaimOutcome:
-    return store.claim(
-        "default",
-        scope="anonymous",
-        key_hash=hash_key(key),
-        method="POST",
-        path="/create/",
-        request_hash=request_hash,
-        ttl=timedelta(hours=1),
-        lock_timeout=timedelta(minutes=1),
-    )
+    return factories.claim(key, fingerprint=request_hash)
 
 
 def without_function(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,12 +75,12 @@ RECORDS: dict[str, tuple[dict[str, Any], bool]] = {
 
 def outcome_of(outcome: store.ClaimOutcome) -> tuple[Any, ...]:
     """What a caller sees of a claim, and the record it leaves."""
-    if isinstance(outcome, store.Claimed):
+    if isinstance(outcome, Claim):
         record = IdempotencyKey.objects.get(pk=outcome.pk)
         seen: tuple[Any, ...] = ("claimed", outcome.attempt, outcome.recovery_point)
     else:
-        assert isinstance(outcome, store.Held)
-        record, seen = outcome.record, ("held",)
+        assert isinstance(outcome, IdempotencyKey)
+        record, seen = outcome, ("held",)
     stored = IdempotencyKey.objects.get(pk=record.pk)
     fields = ("status", "attempt", "recovery_point", "recovery_data", "request_hash")
     fields += ("response_status", "response_headers", "method", "path")
@@ -101,7 +93,8 @@ def test_the_function_decides_as_the_statements_do_in_one_round_trip(
     record: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     factory, taken_over = RECORDS[record]
-    assert PostgreSQLStore().has_function(connection)  # checked once per process: not counted
+    # Checked once per process: not counted.
+    assert PostgreSQLStore("default").has_function(connection)
     results, counts = [], []
     for function in (True, False):
         if not function:
@@ -165,13 +158,13 @@ def test_a_lock_wait_that_runs_out_in_the_function_is_a_lock_wait_timeout(
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL lock_timeout = '7s'")
         with transaction.atomic():
-            previous = store.limit_lock_wait("default", timedelta(milliseconds=200))
+            previous = store.using("default").limit_lock_wait(timedelta(milliseconds=200))
             with CaptureQueriesContext(connection) as queries, pytest.raises(LockWaitTimeout):
                 claim(uncommitted_record)
             assert [query["sql"] for query in queries] == [queries[0]["sql"]]
             assert f"FROM {CLAIM_FUNCTION}(" in queries[0]["sql"]
             transaction.set_rollback(True)
-        store.restore_lock_wait("default", previous)
+        store.using("default").restore_lock_wait(previous)
         cursor.execute("SHOW lock_timeout")
         assert cursor.fetchone() == ("7s",)
 
@@ -180,8 +173,8 @@ def test_a_lock_wait_that_runs_out_in_the_function_is_a_lock_wait_timeout(
 def test_the_function_restores_the_callers_lock_timeout_when_it_claims() -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL lock_timeout = '7s'")
-        store.limit_lock_wait("default", timedelta(seconds=2))
-        assert isinstance(claim(str(uuid.uuid4())), store.Claimed)
+        store.using("default").limit_lock_wait(timedelta(seconds=2))
+        assert isinstance(claim(str(uuid.uuid4())), Claim)
         cursor.execute("SHOW lock_timeout")
         assert cursor.fetchone() == ("7s",)
 
@@ -193,11 +186,11 @@ def test_a_two_phase_claim_inside_an_atomic_view_does_not_inherit_its_bound(
     """The bound holds for the atomic block it was set in, not for code inside it after the
     claim restored it (a two-phase ``idempotent_function`` called by an atomic view)."""
     with transaction.atomic():
-        previous = store.limit_lock_wait("default", timedelta(milliseconds=1))
-        store.restore_lock_wait("default", previous)
+        previous = store.using("default").limit_lock_wait(timedelta(milliseconds=1))
+        store.using("default").restore_lock_wait(previous)
         assert postgresql._bound(connections["default"]) is None
     with transaction.atomic():
-        store.limit_lock_wait("default", timedelta(milliseconds=1))
+        store.using("default").limit_lock_wait(timedelta(milliseconds=1))
     with transaction.atomic():  # another block: the bound of the one before is gone with it
         assert postgresql._bound(connections["default"]) is None
 

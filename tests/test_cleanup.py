@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_idempotency import _maintenance as maintenance
+from django_idempotency import _store as store
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
@@ -195,9 +195,9 @@ def test_expired_records_matches_what_a_batch_deletes() -> None:
     IdempotencyKeyFactory(expired=True)
     IdempotencyKeyFactory(completed=True)
     now = timezone.now()
-    assert maintenance.expired_records("default", now=now).count() == 4
+    assert store.using("default").expired_records(now=now).count() == 4
 
-    batch = maintenance.delete_expired_batch("default", now=now, batch_size=100)
+    batch = store.using("default").delete_expired_batch(now=now, batch_size=100)
 
     assert batch.deleted == 4
     assert batch.last_expires_at is not None and batch.last_expires_at <= now

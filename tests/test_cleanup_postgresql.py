@@ -14,8 +14,9 @@ from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_idempotency import _store as store
+from django_idempotency.claim import Claim
 from django_idempotency.models import IdempotencyKey
+from tests import factories
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
@@ -99,20 +100,11 @@ def test_claims_during_a_cleanup_are_never_lost() -> None:
     barrier = threading.Barrier(2)
 
     def claim(key: str) -> bool:
-        """As the engine does: ``RACED`` means a concurrent change (the cleanup's), claim again."""
+        """As the engine does: ``None`` means a concurrent change (the cleanup's), claim again."""
         for _ in range(5):
-            found = store.claim(
-                "default",
-                scope="anonymous",
-                key_hash=IdempotencyKeyFactory.build(key=key).key_hash,
-                method="POST",
-                path="/create/",
-                request_hash="f" * 64,
-                ttl=timedelta(hours=1),
-                lock_timeout=timedelta(minutes=1),
-            )
-            if found is not store.RACED:
-                return isinstance(found, store.Claimed)
+            found = factories.claim(key)
+            if found is not None:
+                return isinstance(found, Claim)
         return False
 
     def claim_all() -> list[bool]:

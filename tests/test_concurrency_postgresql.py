@@ -13,16 +13,17 @@ from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
-from django.test import Client, RequestFactory
+from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
 
-from django_idempotency import _store as store
-from django_idempotency._keys import hash_key
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
+from django_idempotency.claim import Claim
 from django_idempotency.fingerprints import request_fingerprint
 from django_idempotency.models import IdempotencyKey
+from tests import factories
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory
+from tests.test_unavailable import CALLS, COUNTED
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
@@ -102,6 +103,16 @@ def test_waiting_is_bounded_by_wait_timeout(path: str, label: str) -> None:
     assert sorted(outcome(r) for r in responses) == ["409", "executed"]
     assert time.monotonic() - started < 5
     assert executions(label) == 1
+
+
+@pytest.mark.parametrize("path", ["/atomic-short-wait/", "/wait-short/"])
+def test_a_claim_refused_after_its_wait_ran_the_scope_and_fingerprint_once(path: str) -> None:
+    """In atomic mode the wait ends in a ``LockWaitTimeout`` that ends the transaction too."""
+    CALLS.clear()
+    with override_settings(IDEMPOTENCY=COUNTED):
+        responses = storm(2, path + "?sleep=1.5", str(uuid.uuid4()))
+    assert sorted(outcome(r) for r in responses) == ["409", "executed"]
+    assert CALLS == {"scope": 2, "fingerprint": 2}
 
 
 def test_atomic_duplicates_wait_for_the_commit_and_replay() -> None:
@@ -215,18 +226,7 @@ def in_thread(call: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def claim_in_thread(key: str) -> Callable[[], Any]:
-    return in_thread(
-        lambda: store.claim(
-            "default",
-            scope="anonymous",
-            key_hash=hash_key(key),
-            method="POST",
-            path="/create/",
-            request_hash="f" * 64,
-            ttl=timedelta(hours=1),
-            lock_timeout=timedelta(minutes=1),
-        )
-    )
+    return in_thread(lambda: factories.claim(key))
 
 
 @pytest.mark.postgresql
@@ -239,10 +239,10 @@ def test_a_claim_that_waited_on_a_concurrent_insert_finds_it_or_says_so(
     key = str(uuid.uuid4())
     found = commit_a_record_while_a_claim_waits(key, claim_in_thread(key))
     if function:
-        assert isinstance(found, store.Held)
-        assert found.record.status == IdempotencyKey.Status.COMPLETED
+        assert isinstance(found, IdempotencyKey)
+        assert found.status == IdempotencyKey.Status.COMPLETED
     else:
-        assert found is store.RACED
+        assert found is None
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
 
 
@@ -250,9 +250,9 @@ def test_a_claim_that_waited_on_a_concurrent_insert_finds_it_or_says_so(
 def test_a_claim_that_waited_on_a_concurrent_insert_reads_the_committed_record() -> None:
     key = str(uuid.uuid4())
     found = commit_a_record_while_a_claim_waits(key, claim_in_thread(key))
-    assert isinstance(found, store.Held)
-    assert found.record.status == IdempotencyKey.Status.COMPLETED
-    assert found.record.pk == IdempotencyKey.objects.get().pk
+    assert isinstance(found, IdempotencyKey)
+    assert found.status == IdempotencyKey.Status.COMPLETED
+    assert found.pk == IdempotencyKey.objects.get().pk
 
 
 def test_the_engine_claims_again_and_replays_a_record_committed_while_it_waited() -> None:
@@ -277,7 +277,7 @@ def test_claims_waiting_on_an_insert_that_rolls_back_never_raise() -> None:
     """Four claims wait on one uncommitted insert of their key, which then rolls back.
 
     On InnoDB each waiter holds a shared lock on the duplicate and wants an exclusive one once it
-    is gone: they deadlock (1213), and the victims' claims say "claim again" (``RACED``) rather
+    is gone: they deadlock (1213), and the victims' claims say "claim again" (``None``) rather
     than raise. Exactly one owns the key.
     """
     key = str(uuid.uuid4())
@@ -301,5 +301,5 @@ def test_claims_waiting_on_an_insert_that_rolls_back_never_raise() -> None:
         release.set()
         holder.result(timeout=30)
         results = [claim.result(timeout=30) for claim in claims]
-    assert sum(isinstance(result, store.Claimed) for result in results) == 1
-    assert all(isinstance(result, (store.Claimed, store.Held, store.Raced)) for result in results)
+    assert sum(isinstance(result, Claim) for result in results) == 1
+    assert all(result is None or isinstance(result, (Claim, IdempotencyKey)) for result in results)

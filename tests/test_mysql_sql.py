@@ -19,7 +19,7 @@ from django_idempotency._store import mysql
 CONNECTION = DatabaseWrapper(
     {"ENGINE": "django.db.backends.mysql", "NAME": "unused", "TIME_ZONE": None}, "sql"
 )
-STORE = mysql.MySQLStore()
+STORE = mysql.MySQLStore("default")
 SQL = STORE.build_statements(CONNECTION)
 
 

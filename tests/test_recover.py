@@ -14,7 +14,9 @@ from django.utils import timezone
 
 from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
+from django_idempotency.claim import Claim
 from django_idempotency.models import IdempotencyKey
+from tests import factories
 from tests.conftest import executions, problem_slug
 from tests.factories import IdempotencyKeyFactory
 
@@ -174,23 +176,20 @@ def test_quiet_at_verbosity_0() -> None:
 
 
 def take_over(record: IdempotencyKey) -> None:
-    claimed = store.claim(
-        "default",
-        scope=record.scope,
+    claimed = factories.claim(
         key_hash=record.key_hash,
+        scope=record.scope,
         method=record.method,
         path=record.path,
-        request_hash=record.request_hash,
-        ttl=timedelta(hours=1),
-        lock_timeout=timedelta(minutes=1),
+        fingerprint=record.request_hash,
     )
-    assert isinstance(claimed, store.Claimed) and claimed.attempt == 2
+    assert isinstance(claimed, Claim) and claimed.attempt == 2
 
 
 @pytest.mark.parametrize("act", [maintenance.release, maintenance.mark_failed])
 def test_a_record_taken_over_meanwhile_is_left_alone(act: Callable[..., bool]) -> None:
     record = stale()
-    listed = list(maintenance.stale_records("default"))
+    listed = list(store.using("default").stale_records())
     take_over(record)
 
     assert act("default", listed[0]) is False
@@ -204,8 +203,8 @@ def test_a_record_taken_over_meanwhile_is_left_alone(act: Callable[..., bool]) -
 def test_a_lock_renewed_by_its_owner_is_left_alone(act: Callable[..., bool]) -> None:
     record = stale()
     assert record.lock_token is not None
-    store.save_recovery_point(
-        "default", record.pk, record.lock_token, "charged", None, timedelta(minutes=1)
+    store.using("default").save_recovery_point(
+        record.pk, record.lock_token, "charged", None, timedelta(minutes=1)
     )
 
     assert act("default", record) is False

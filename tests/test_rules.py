@@ -15,7 +15,7 @@ from django.db import connections
 from django.utils import timezone
 
 from django_idempotency import _rules as rules
-from django_idempotency._store.base import _prep
+from django_idempotency._store.rows import prep
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
@@ -54,8 +54,20 @@ def test_a_rule_selects_the_same_records_in_sql_as_q_and_in_python(name: str) ->
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {q('id')} FROM {q(IdempotencyKey._meta.db_table)} WHERE {rule.where(q)}",
-            rule.args(_prep("expires_at", now, connection), "same"),
+            rule.args(prep("expires_at", now, connection), "same"),
         )
         in_sql = {row[0] for row in cursor.fetchall()}
     assert in_python == in_q == in_sql
     assert 0 < len(in_python) < len(records)  # the rule tells records apart
+
+
+def test_the_models_flags_are_the_rules() -> None:
+    """``is_stale`` and ``is_expired`` (the admin's columns) ask the rules, at this moment."""
+    now = timezone.now()
+    for status in IdempotencyKey.Status.values:
+        for moment in (None, now - timedelta(minutes=1), now + timedelta(minutes=1)):
+            record = IdempotencyKey(
+                status=status, unlock_at=moment, expires_at=moment or now + timedelta(minutes=1)
+            )
+            assert record.is_stale is rules.STALE.holds(record, timezone.now())
+            assert record.is_expired is rules.EXPIRED.holds(record, timezone.now())

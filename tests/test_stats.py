@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
-from django_idempotency._store.base import SizeQuery
+from django_idempotency._store.maintenance import SizeQuery
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db
@@ -110,7 +110,7 @@ def test_the_database_option() -> None:
 def test_when_the_size_query_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     # As on SQLite built without SQLITE_ENABLE_DBSTAT_VTAB, where dbstat does not exist.
     monkeypatch.setattr(
-        store.for_connection(connection),
+        store.using("default"),
         "size_query",
         lambda table: SizeQuery("SELECT * FROM no_dbstat", [], "x"),
     )
@@ -132,9 +132,9 @@ def test_when_the_size_query_fails(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_size_query_for_each_database() -> None:
     table = "django_idempotency_idempotencykey"
-    postgresql = store.VENDORS["postgresql"].size_query(table)
-    mysql = store.VENDORS["mysql"].size_query(table)
-    sqlite = store.VENDORS["sqlite"].size_query(table)
+    postgresql = store.VENDORS["postgresql"]("default").size_query(table)
+    mysql = store.VENDORS["mysql"]("default").size_query(table)
+    sqlite = store.VENDORS["sqlite"]("default").size_query(table)
 
     assert postgresql is not None and mysql is not None and sqlite is not None
     assert "pg_total_relation_size(t) - pg_indexes_size(t)" in postgresql.sql

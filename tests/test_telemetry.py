@@ -200,18 +200,11 @@ def test_unavailable(post: Post, key: str, path: str, unreachable_store: None) -
 
 
 def test_late_result_refused(key: str) -> None:
-    from django.http import HttpResponse
+    from tests.test_claim import late_owner, send
 
-    from django_idempotency import _http as protocol
-    from tests.test_claim import POLICY, claim_for, expire_lock
-
-    attempt, old = claim_for(key)
-    expire_lock()
-    new_attempt, new = claim_for(key)
-    protocol.finish(new_attempt, new, HttpResponse(b"new", status=201), POLICY)
     with Outcomes() as outcomes:
-        protocol.finish(attempt, old, HttpResponse(b"late", status=201), POLICY)
-    assert outcomes.added == {"late_result_refused": 1}
+        send(late_owner(key, []), key)
+    assert outcomes.added == {"takeover": 1, "executed": 1, "late_result_refused": 1}
 
 
 def test_functions_count_the_same_outcomes(key: str) -> None:

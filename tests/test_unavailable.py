@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.db import connections
+from django.http import HttpRequest
 from django.test import override_settings
 
 from tests.conftest import executions, problem_slug
@@ -47,6 +50,39 @@ def test_unreachable_store_is_503_and_the_view_does_not_run(
     assert response.status_code == 503
     assert problem_slug(response) == "idempotency-unavailable"
     assert executions() == 0
+
+
+#: Calls of the project's scope and fingerprint functions (issue 27: once per request).
+CALLS: Counter[str] = Counter()
+_CALLS_LOCK = threading.Lock()
+
+
+def counted_scope(request: HttpRequest) -> str:
+    with _CALLS_LOCK:
+        CALLS["scope"] += 1
+    return "anonymous"
+
+
+def counted_fingerprint(request: HttpRequest, scope: str) -> str:
+    with _CALLS_LOCK:
+        CALLS["fingerprint"] += 1
+    return "f" * 64
+
+
+COUNTED = {
+    "SCOPE_FUNCTION": "tests.test_unavailable.counted_scope",
+    "FINGERPRINT_FUNCTION": "tests.test_unavailable.counted_fingerprint",
+}
+
+
+@pytest.mark.parametrize("path", ["/create/", "/async/", "/atomic/", "/drf/", "/drf-atomic/"])
+def test_a_refused_claim_runs_the_scope_and_fingerprint_once(
+    post: Post, key: str, path: str, unreachable_store: None
+) -> None:
+    CALLS.clear()
+    with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": "unreachable", **COUNTED}):
+        assert post(path, {"a": 1}, key=key).status_code == 503
+    assert CALLS == {"scope": 1, "fingerprint": 1}
 
 
 def test_requests_without_a_key_do_not_touch_the_store(post: Post, unreachable_store: None) -> None:

@@ -14,26 +14,16 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency._store.base import (
-    RACED,
-    Batch,
-    BatchQuery,
-    Claimed,
-    Raced,
-    SizeQuery,
-    Statements,
-    Store,
-    _claimed,
-    _prep,
-    aware,
-    first,
-)
+from django_idempotency._store.base import Store
+from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
+from django_idempotency._store.rows import aware, first, prep
+from django_idempotency._store.statements import Statements
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
@@ -68,7 +58,7 @@ def error_code(exc: BaseException) -> int | None:
 
 @dataclass(frozen=True)
 class MySQLStatements(Statements):
-    #: The record under an attempt's lock token: the read after a takeover.
+    #: The record under a claim's lock token: the read after a takeover.
     select_owned: str
 
 
@@ -96,8 +86,8 @@ class MySQLStore(Store):
         scope: str,
         key_hash: str,
         token: uuid.UUID,
-    ) -> Claimed | IdempotencyKey | None:
-        """A new key is claimed outright, else the record is read.
+    ) -> int | IdempotencyKey | None:
+        """A new key is claimed outright (its primary key), else the record is read.
 
         A plain ``INSERT``, its duplicate-key error caught: InnoDB undoes the failed statement
         alone, so no savepoint is needed even inside a transaction, and a new key costs one
@@ -117,7 +107,7 @@ class MySQLStore(Store):
                     if error_code(exc) != DUPLICATE_KEY:
                         raise
                 else:
-                    return Claimed(int(cursor.lastrowid), token, 1, "", None)
+                    return int(cursor.lastrowid)
             return first(connection, statements.select, [scope, key_hash])
         except OperationalError as exc:
             if error_code(exc) == DEADLOCK and not connection.in_atomic_block:
@@ -125,41 +115,31 @@ class MySQLStore(Store):
             raise
 
     def take_over(
-        self,
-        connection: BaseDatabaseWrapper,
-        pk: int,
-        params: list[Any],
-        now: datetime,
-        request_hash: str,
-        token: uuid.UUID,
-    ) -> Claimed | Raced:
+        self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: uuid.UUID
+    ) -> IdempotencyKey | None:
         """No ``RETURNING``: the row count says whether it took over, then its token's row."""
         statements = self.statements(connection)
         assert isinstance(statements, MySQLStatements)
         with connection.cursor() as cursor:
-            cursor.execute(
-                statements.take_over,
-                self.take_over_params(connection, pk, params, now, request_hash),
-            )
+            cursor.execute(statements.take_over, values)
             if not cursor.rowcount:
-                return RACED
-        owned = [pk, _prep("lock_token", token, connection)]
-        record = first(connection, statements.select_owned, owned)
-        return RACED if record is None else _claimed(record, token)
+                return None
+        owned = [pk, prep("lock_token", token, connection)]
+        return first(connection, statements.select_owned, owned)
 
-    def limit_lock_wait(self, connection: BaseDatabaseWrapper, timeout: timedelta) -> str | None:
+    def limit_lock_wait(self, timeout: timedelta) -> str | None:
         """Keep the session's lock wait limit aside and set ``timeout``, in one round trip.
 
         The limit is whole seconds, at least one: a wait limit below a second waits a second.
         """
-        with self.guard(), connection.cursor() as cursor:
+        with self.guard(), self.connection.cursor() as cursor:
             cursor.execute(limit_lock_wait_sql(timeout))
         return RESTORE_LOCK_WAIT
 
-    def restore_lock_wait(self, connection: BaseDatabaseWrapper, previous: str | None) -> None:
+    def restore_lock_wait(self, previous: str | None) -> None:
         if previous is None:
             return
-        with self.guard(), connection.cursor() as cursor:
+        with self.guard(), self.connection.cursor() as cursor:
             cursor.execute(RESTORE_LOCK_WAIT)
 
     def batch_from(self, connection: BaseDatabaseWrapper) -> str:

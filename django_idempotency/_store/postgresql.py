@@ -22,22 +22,20 @@ from django.db import ProgrammingError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency import _rules as rules
-from django_idempotency._store.base import (
-    _CLAIM_LITERALS,
-    _TAKEOVER_FRESH,
+from django_idempotency._store.base import Store
+from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
+from django_idempotency._store.rows import first
+from django_idempotency._store.statements import (
+    CLAIM_LITERALS,
     CLAIM_PARAMS,
-    Batch,
-    BatchQuery,
-    SizeQuery,
+    TAKEOVER_FRESH,
     Statements,
-    Store,
-    first,
 )
 from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 
 #: The claim function's name and its arguments' types: the claim's parameters (in the order of
-#: :data:`~django_idempotency._store.base.CLAIM_PARAMS`), then the lock wait's bound.
+#: :data:`~django_idempotency._store.statements.CLAIM_PARAMS`), then the lock wait's bound.
 CLAIM_FUNCTION = "django_idempotency_claim"
 _ARGUMENT_TYPES = {"lock_token": "uuid", "created_at": "timestamptz", "updated_at": "timestamptz"}
 _ARGUMENT_TYPES |= {"unlock_at": "timestamptz", "expires_at": "timestamptz"}
@@ -86,7 +84,7 @@ def claim_function_sql() -> str:
     now = {"now": "p_updated_at", "request_hash": "p_request_hash", "processing": "p_processing"}
     insert = _fill(built.insert, [argument[name] for name in CLAIM_PARAMS])
     # In the order of the placeholders of Statements.take_over, as Store.take_over sends them.
-    take_over = [argument[name] for name in _TAKEOVER_FRESH if name not in _CLAIM_LITERALS]
+    take_over = [argument[name] for name in TAKEOVER_FRESH if name not in CLAIM_LITERALS]
     take_over += ["p_updated_at"] * 3 + ["p_updated_at", "p_created_at"]
     take_over += ["p_updated_at", "p_expires_at", "found_row.id"]
     take_over += [now[name] for name in rules.TAKEOVER.params]
@@ -202,7 +200,7 @@ class PostgreSQLStore(Store):
                 present = _HAS_FUNCTION[database] = bool(cursor.fetchone()[0])
         return present
 
-    def limit_lock_wait(self, connection: BaseDatabaseWrapper, timeout: timedelta) -> str | None:
+    def limit_lock_wait(self, timeout: timedelta) -> str | None:
         """Bound the lock wait of the claims of this atomic block.
 
         With the claim function, nothing is sent: the function sets ``lock_timeout`` for its own
@@ -211,6 +209,7 @@ class PostgreSQLStore(Store):
         is read before the outer ``set_config`` runs, so the old value is read before it is
         replaced, in one round trip.
         """
+        connection = self.connection
         milliseconds = f"{max(1, int(timeout.total_seconds() * 1000))}ms"
         if connection.atomic_blocks and self.has_function(connection):
             _LOCK_WAIT[connection] = (connection.atomic_blocks[-1], milliseconds)
@@ -224,13 +223,13 @@ class PostgreSQLStore(Store):
             row = cursor.fetchone()
         return str(row[0]) if row else None
 
-    def restore_lock_wait(self, connection: BaseDatabaseWrapper, previous: str | None) -> None:
+    def restore_lock_wait(self, previous: str | None) -> None:
         if previous is _IN_THE_CLAIM:
-            _LOCK_WAIT.pop(connection, None)
+            _LOCK_WAIT.pop(self.connection, None)
             return
         if previous is None:
             return
-        with self.guard(), connection.cursor() as cursor:
+        with self.guard(), self.connection.cursor() as cursor:
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
 
     def delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:

@@ -8,7 +8,9 @@ from typing import Any
 from django.db import OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency._store.base import Batch, BatchQuery, SizeQuery, Store, aware, first
+from django_idempotency._store.base import Store
+from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
+from django_idempotency._store.rows import aware, first
 from django_idempotency.models import IdempotencyKey
 
 #: SQLite caps a statement's parameters: the cleanup deletes a batch in chunks of this many.

@@ -7,12 +7,10 @@ or a provider's event id instead of a header. See ``docs/consumers.rst``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import wraps
+from functools import partial, wraps
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_idempotency import _lifecycle as lifecycle
-from django_idempotency import _storing as storing
-from django_idempotency._conf import conf
 from django_idempotency._options import CALL_OPTIONS, CallOptions, Options
 from django_idempotency.functions import _calls as calls
 from django_idempotency.functions._serializers import JSONSerializer, ResultSerializer
@@ -71,37 +69,17 @@ def idempotent_function(
             name=name,
             options=built,
         )
-        asynchronous = lifecycle.is_async(func, spec.name, "function", atomic=built.atomic)
-        wrapper = (_async_wrapper if asynchronous else _sync_wrapper)(func, spec)
-        wrapped = wraps(func)(wrapper)
+        wrapped = wraps(func)(
+            lifecycle.wrap(
+                func,
+                partial(calls.CallAdapter, spec),
+                label=spec.name,
+                kind="function",
+                atomic=built.atomic,
+            )
+        )
         wrapped.__signature__ = spec.signature  # type: ignore[attr-defined]
         wrapped.idempotency_spec = spec  # type: ignore[attr-defined]
         return wrapped  # type: ignore[return-value]
 
     return decorate
-
-
-def _sync_wrapper(func: Callable[..., Any], spec: calls.Spec) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not conf.ENABLED:
-            return storing.plain(func(*args, **spec.call_kwargs(kwargs, None)))
-        return lifecycle.run(
-            calls.CallAdapter(spec, args, kwargs),
-            calls.policy_for(spec),
-            lambda claim: func(*args, **spec.call_kwargs(kwargs, claim)),
-        )
-
-    return wrapper
-
-
-def _async_wrapper(func: Callable[..., Any], spec: calls.Spec) -> Callable[..., Any]:
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not conf.ENABLED:
-            return storing.plain(await func(*args, **spec.call_kwargs(kwargs, None)))
-        return await lifecycle.arun(
-            calls.CallAdapter(spec, args, kwargs),
-            spec.options.resolve(),  # always two-phase: no transaction spans an await
-            lambda claim: func(*args, **spec.call_kwargs(kwargs, claim)),
-        )
-
-    return wrapper

@@ -1,6 +1,6 @@
-"""What both wrappers of ``idempotent_function`` share, so the sync and async paths cannot drift.
+"""``idempotent_function``'s side of the lifecycle: :class:`CallAdapter`.
 
-A call becomes an :class:`~django_idempotency._engine.Attempt` with method ``CALL`` and the
+A call becomes an :class:`~django_idempotency._identity.Identity` with method ``CALL`` and the
 function's name as its path; the engine claims it exactly as it claims an HTTP request. The
 result is stored as a ``200`` "response" whose body is the serialised result.
 """
@@ -14,6 +14,8 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -23,6 +25,8 @@ from django.db import connections
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import _storing as storing
+from django_idempotency._conf import conf
+from django_idempotency._identity import Identity
 from django_idempotency._keys import hash_key
 from django_idempotency._limits import bounded_scope
 from django_idempotency._options import Options, Policy
@@ -123,7 +127,7 @@ class Spec:
             takes_claim=takes_claim,
         )
 
-    def attempt(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> engine.Attempt:
+    def identify(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Identity:
         """The call as the engine sees it. Raises ``TypeError``/``ValueError`` on bad input."""
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -135,7 +139,7 @@ class Spec:
         else:
             payload = self.payload(*args, **kwargs) if self.payload else _arguments(bound)
             fingerprint = self._fingerprint(scope, payload)
-        return engine.Attempt(
+        return Identity(
             key=key,
             scope=scope,
             key_hash=hash_key(key),
@@ -245,26 +249,52 @@ class CallAdapter(lifecycle.Adapter[Any]):
     """One call of a decorated function: its key from the arguments, its answers the stored
     result or an exception."""
 
-    def __init__(self, spec: Spec, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         super().__init__()
         self.spec = spec
-        self._attempt = spec.attempt(args, kwargs)  # bad arguments fail before any claim
+        self.args = args
+        self.kwargs = kwargs
+        #: The function's result, then what later calls get for it (:meth:`finish`).
+        self.result: Any = None
 
-    def attempt(self, policy: Policy) -> engine.Attempt:
-        return self._attempt
+    def resolve(self, *, asynchronous: bool) -> Policy | None:
+        """The policy of one call: atomic when asked, or when the claim cannot commit on its
+        own (``None``: the app is off).
+
+        Inside a transaction on the store's database the claim commits with the caller's
+        transaction whatever the mode, so a sync call runs as in atomic mode, in a savepoint.
+        An async call is always two-phase: no transaction spans an ``await``.
+        """
+        if not conf.ENABLED:
+            return None
+        policy = self.spec.options.resolve()
+        if not (asynchronous or policy.atomic) and connections[policy.alias].in_atomic_block:
+            policy = replace(policy, atomic=True)
+        self.identified(policy)  # bad arguments fail before any claim, or any connection
+        return policy
+
+    def identify(self, policy: Policy) -> Identity:
+        return self.spec.identify(self.args, self.kwargs)
+
+    def arguments(self, kwargs: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
+        return self.spec.call_kwargs(kwargs, claim)
+
+    def unprotected(self, result: Any) -> Any:
+        return storing.plain(result)
 
     def found(self, found: engine.Found) -> lifecycle.Answer[Any]:
         """The stored result; raises :class:`IdempotencyInProgress`,
         :class:`IdempotencyKeyMismatch` and :class:`IdempotencyFailed`."""
-        spec, attempt = self.spec, self._attempt
+        spec, identity = self.spec, self.identity
+        assert identity is not None
         if found.kind is engine.Kind.MISMATCH:
             raise IdempotencyKeyMismatch(
-                f"{spec.name}: key {attempt.key_hash[:12]}… was used before by a call with "
+                f"{spec.name}: key {identity.key_hash[:12]}… was used before by a call with "
                 "another payload, or by another function of the same name; nothing ran."
             )
         if found.kind is engine.Kind.IN_PROGRESS:
             raise IdempotencyInProgress(
-                _in_progress_message(spec, attempt), unlock_at=found.record.unlock_at
+                _in_progress_message(spec, identity), unlock_at=found.record.unlock_at
             )
         return lifecycle.Answer(_stored_result(spec, found.record))
 
@@ -278,15 +308,38 @@ class CallAdapter(lifecycle.Adapter[Any]):
                 f"Waited {policy.wait_timeout.total_seconds():g}s for another call's uncommitted "
                 "claim of the same key; retry later."
             ) from exc
-        raise IdempotencyInProgress(_in_progress_message(self.spec, self._attempt)) from exc
+        identity = self.identified(policy)
+        assert isinstance(identity, Identity)
+        raise IdempotencyInProgress(_in_progress_message(self.spec, identity)) from exc
 
     def finish(self, claim: Claim, result: Any, policy: Policy) -> Any:
-        return finish(self.spec, self._attempt, claim, result, policy)
+        """Store the result, fenced by the claim's lock token, and return it as later calls
+        will; a result marked by ``no_store()`` releases the key and is returned as it is."""
+        identity = self.identity
+        assert identity is not None
+        result, mark = storing.unwrap(result)
+        self.result = result
+        engine.conclude(claim, identity, policy, mark, partial(self._serialized, claim, policy))
+        return self.result
+
+    def _serialized(self, claim: Claim, policy: Policy, ttl: timedelta | None) -> StoredResponse:
+        """The result as the record keeps it; :attr:`result` becomes what later calls get."""
+        spec, identity = self.spec, self.identity
+        assert identity is not None
+        try:
+            body = spec.serializer.dumps(self.result)
+            self.result = spec.serializer.loads(body)
+        except Exception:
+            # Its effects may have happened, but nothing can be replayed: release so a fixed
+            # deployment's retry runs it (atomic mode rolls the effects back with the claim).
+            engine.release(claim, identity, policy, reason="unserialisable result", raised=True)
+            raise
+        return StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body, ttl)
 
 
-def _in_progress_message(spec: Spec, attempt: engine.Attempt) -> str:
+def _in_progress_message(spec: Spec, identity: Identity) -> str:
     return (
-        f"{spec.name}: key {attempt.key_hash[:12]}… is held by a call still in flight; retry "
+        f"{spec.name}: key {identity.key_hash[:12]}… is held by a call still in flight; retry "
         "later (redeliver the message)."
     )
 
@@ -300,38 +353,3 @@ def _stored_result(spec: Spec, record: IdempotencyKey) -> Any:
     if record.response_body is None:
         raise IdempotencyError(f"{spec.name}: record {record.pk} has no stored result.")
     return spec.serializer.loads(bytes(record.response_body))
-
-
-def finish(spec: Spec, attempt: engine.Attempt, claim: Claim, result: Any, policy: Policy) -> Any:
-    """Store the result, fenced by the claim's lock token, and return it as later calls will.
-
-    A result marked by ``no_store()`` releases the key instead and is returned as it is.
-    """
-    result, storage = storing.unwrap(result)
-    if storage is not None and not storage.stored:
-        engine.release(claim, policy, attempt, reason=storing.NO_STORE_REASON, raised=False)
-        return result
-    try:
-        body = spec.serializer.dumps(result)
-        value = spec.serializer.loads(body)
-    except Exception:
-        # Its effects may have happened, but nothing can be replayed: release so a fixed
-        # deployment's retry runs it (atomic mode rolls the effects back with the claim).
-        engine.abort(claim, policy, attempt, reason="unserialisable result")
-        raise
-    ttl = None if storage is None else storage.ttl
-    stored = StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body, ttl)
-    engine.complete(claim, stored, policy, attempt)
-    return value
-
-
-def policy_for(spec: Spec) -> Policy:
-    """The policy of one call: atomic when asked, or when the claim cannot commit on its own.
-
-    Inside a transaction on the store's database the claim commits with the caller's
-    transaction whatever the mode, so the call runs as in atomic mode, in a savepoint.
-    """
-    policy = spec.options.resolve()
-    if not policy.atomic and connections[policy.alias].in_atomic_block:
-        return replace(policy, atomic=True)
-    return policy

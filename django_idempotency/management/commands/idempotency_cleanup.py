@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from django_idempotency import _maintenance as maintenance
+from django_idempotency import _store as store
 from django_idempotency.management import database_alias
 
 # At the default verbosity a progress line at most this often (seconds); every batch at -v 2.
@@ -82,6 +83,7 @@ class Command(BaseCommand):
             self._dry_run(alias, now, batch_size, limit, max_batches, verbosity)
             return
 
+        expired = store.using(alias)
         started = time.monotonic()
         last_progress = started
         deleted = batches = 0
@@ -98,7 +100,7 @@ class Command(BaseCommand):
                 stopped_by = "--max-runtime"
                 break
             size = batch_size if limit is None else min(batch_size, limit - deleted)
-            batch = maintenance.delete_expired_batch(alias, now=now, batch_size=size, after=after)
+            batch = expired.delete_expired_batch(now=now, batch_size=size, after=after)
             if batch.deleted:
                 batches += 1
                 deleted += batch.deleted
@@ -137,7 +139,7 @@ class Command(BaseCommand):
         max_batches: int | None,
         verbosity: int,
     ) -> None:
-        total = maintenance.expired_records(alias, now=now).count()
+        total = store.using(alias).expired_records(now=now).count()
         count = total
         if limit is not None:
             count = min(count, limit)

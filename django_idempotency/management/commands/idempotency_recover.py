@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from django_idempotency import _durations as durations
 from django_idempotency import _maintenance as maintenance
+from django_idempotency import _store as store
 from django_idempotency._durations import human
 from django_idempotency.management import database_alias
 from django_idempotency.models import IdempotencyKey
@@ -84,7 +85,7 @@ class Command(BaseCommand):
             raise CommandError(f"--limit must be positive, not {limit}.")
         margin = parse_duration(older_than)
         alias = database_alias(database)
-        records = maintenance.stale_records(alias, older_than=margin)
+        records = store.using(alias).stale_records(older_than=margin)
         if limit is not None:
             records = records[:limit]
         verb = "release" if release else "fail" if fail else ""

@@ -1,0 +1,80 @@
+"""What every part of a store shares: the database alias it is bound to, the vendor's
+statements, and how its errors become the app's own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency._store.statements import Statements
+from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
+
+
+class BoundStore:
+    """A store bound to one database alias.
+
+    It keeps the alias, never a connection: Django's connections are per thread, and one store
+    serves every thread (the request's, the lock renewer's, an async view's). Each statement
+    runs on :attr:`connection`, the calling thread's own.
+    """
+
+    #: ``connection.vendor`` of the databases this class serves, and their name for people.
+    vendor = ""
+    name = ""
+    #: The only ``isolation_level`` option a claim in atomic mode works under (``None``: any).
+    isolation_level: str | None = None
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._statements: Statements | None = None
+
+    @property
+    def connection(self) -> BaseDatabaseWrapper:
+        """This thread's connection to the alias; an alias now on another database is
+        unavailable (a ``503``), never given this vendor's statements."""
+        connection = connections[self.alias]
+        if connection.vendor != self.vendor:
+            raise unsupported(connection)
+        return connection
+
+    def statements(self, connection: BaseDatabaseWrapper) -> Statements:
+        if self._statements is None:
+            self._statements = self.build_statements(connection)
+        return self._statements
+
+    def build_statements(self, connection: BaseDatabaseWrapper) -> Statements:
+        return Statements.build(connection)
+
+    def is_lock_timeout(self, exc: BaseException) -> bool:
+        """Whether a database error is a lock wait that ran out (a ``409``, not a ``503``)."""
+        return False
+
+    def is_contention(self, exc: BaseException) -> bool:
+        """Whether a write failed only because another writer held a lock it needed (a lock
+        wait that ran out, a deadlock's victim): the same statement may succeed when tried
+        again. An owner's fenced write is (:func:`django_idempotency._engine.complete`)."""
+        return self.is_lock_timeout(exc)
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Translate the store's database errors into the app's own exceptions.
+
+        Any error but a lock wait is the store being unavailable (a ``503``), never a raw
+        ``500``: a lost connection and a statement the server refuses alike.
+        """
+        try:
+            yield
+        except DatabaseError as exc:
+            if self.is_lock_timeout(exc):
+                raise LockWaitTimeout(str(exc)) from exc
+            raise StoreUnavailable(str(exc)) from exc
+
+
+def unsupported(connection: BaseDatabaseWrapper) -> StoreUnavailable:
+    """The error of a database no store serves (check E030 refuses it at start-up)."""
+    return StoreUnavailable(
+        f"Database {connection.alias!r} ({connection.vendor}) is not supported."
+    )

@@ -1,0 +1,174 @@
+"""The claim: one atomic statement decides whether a call owns its key.
+
+The claim inserts with ``INSERT ... ON CONFLICT DO NOTHING`` (or the vendor's equivalent); an
+expired or stale record is taken over by an ``UPDATE`` whose ``WHERE`` re-checks that it still
+is one. Every decision is made by a statement, never by a check in Python followed by a write.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from django_idempotency import _rules as rules
+from django_idempotency._store.bound import BoundStore
+from django_idempotency._store.rows import first, prep, preparers
+from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
+from django_idempotency.claim import Claim, RecordStore
+from django_idempotency.models import IdempotencyKey
+
+if TYPE_CHECKING:
+    from django_idempotency._identity import Identity
+
+#: What :meth:`Claims.claim` returns: the claim, the record of another call that holds the key,
+#: or ``None`` when a concurrent claim or release came between two statements (claim again).
+ClaimOutcome = Claim | IdempotencyKey | None
+
+
+class Lock(NamedTuple):
+    """What a waiter polls: the record's status and when its lock expires."""
+
+    status: str
+    unlock_at: datetime | None
+
+
+class Claims(BoundStore):
+    """The claim and what bounds its wait; a vendor writes :meth:`insert_or_load` (and may
+    write :meth:`take_over` and the lock-wait bound)."""
+
+    #: Whether :meth:`limit_lock_wait` lasts past the transaction (a session setting), and so
+    #: is put back whatever the claim's outcome.
+    lock_wait_outlives_transaction = False
+
+    def claim(self, identity: Identity, *, ttl: timedelta, lock_timeout: timedelta) -> ClaimOutcome:
+        """Claim the call's key, or return the record that holds it.
+
+        A new key costs one statement and so does a live key's record (the replay's only one).
+        An expired record, or a stale ``processing`` one with the same fingerprint, is taken
+        over by one more, fenced ``UPDATE``.
+        """
+        now = timezone.now()
+        token = uuid.uuid4()
+        values = {
+            "scope": identity.scope,
+            "key_hash": identity.key_hash,
+            "method": identity.method,
+            "path": identity.path,
+            "request_hash": identity.fingerprint,
+            "lock_token": token,
+            "created_at": now,
+            "updated_at": now,
+            "unlock_at": now + lock_timeout,
+            "expires_at": now + ttl,
+        }
+        with self.guard():  # preparing a value may connect (MariaDB's UUID type: its version)
+            connection = self.connection
+            prepare = preparers(connection)
+            params = [prepare[name](values[name]) for name in CLAIM_PARAMS]
+            found = self.insert_or_load(
+                connection, params, identity.scope, identity.key_hash, token
+            )
+            if found is None:
+                return None
+            if isinstance(found, int):  # inserted, not read back: a first attempt
+                return self._claim(identity, token, lock_timeout, found)
+            if found.lock_token != token:  # not the row we inserted: another call's record
+                if not rules.TAKEOVER.holds(found, now, identity.fingerprint):
+                    return found
+                again = take_over_params(connection, found.pk, params, now, identity.fingerprint)
+                found = self.take_over(connection, found.pk, again, token)
+                if found is None:
+                    return None
+            return self._claim(identity, token, lock_timeout, found.pk, found)
+
+    def _claim(
+        self,
+        identity: Identity,
+        token: uuid.UUID,
+        lock_timeout: timedelta,
+        pk: int,
+        record: IdempotencyKey | None = None,
+    ) -> Claim:
+        """The claim on record ``pk``, as ``record`` reads (``None``: a first attempt's)."""
+        return Claim(
+            key=identity.key,
+            scope=identity.scope,
+            key_hash=identity.key_hash,
+            pk=pk,
+            lock_token=token,
+            attempt=1 if record is None else record.attempt,
+            recovery_point="" if record is None else record.recovery_point,
+            recovery_data=None if record is None else record.recovery_data,
+            alias=self.alias,
+            lock_timeout=lock_timeout,
+            store=cast(RecordStore, self),  # a Store: its FencedWrites save recovery points
+        )
+
+    def insert_or_load(
+        self,
+        connection: BaseDatabaseWrapper,
+        params: list[Any],
+        scope: str,
+        key_hash: str,
+        token: uuid.UUID,
+    ) -> int | IdempotencyKey | None:
+        """Insert a new record, or read the one in place; ``None`` when neither is visible.
+
+        The inserted record carries ``token``; a store that knows it inserted without reading
+        the row back returns its primary key.
+        """
+        raise NotImplementedError
+
+    def take_over(
+        self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: uuid.UUID
+    ) -> IdempotencyKey | None:
+        """Make an expired or stale record this call's, if it still is one: the record as
+        taken over, or ``None``. ``values`` are :func:`take_over_params`.
+
+        The ``WHERE`` repeats the test (:data:`~django_idempotency._rules.TAKEOVER`), so of
+        concurrent calls exactly one wins: the database re-checks it against the row a
+        concurrent winner left. An expired record starts afresh; a stale one keeps its recovery
+        point, attempt + 1.
+        """
+        return first(connection, self.statements(connection).take_over, values)
+
+    def peek_status(self, scope: str, key_hash: str) -> Lock | None:
+        """The cheap poll of a waiter: status and ``unlock_at`` only."""
+        with self.guard():
+            row = (
+                IdempotencyKey.objects.using(self.connection.alias)
+                .filter(scope=scope, key_hash=key_hash)
+                .values_list("status", "unlock_at")
+                .first()
+            )
+        return None if row is None else Lock(*row)
+
+    def limit_lock_wait(self, timeout: timedelta) -> str | None:
+        """Bound how long the claim waits for another transaction's uncommitted row (atomic
+        mode); returns what :meth:`restore_lock_wait` puts back, ``None`` for nothing."""
+        return None
+
+    def restore_lock_wait(self, previous: str | None) -> None:
+        """Put back what :meth:`limit_lock_wait` replaced, before the caller's own code runs."""
+
+    def in_nested_transaction(self) -> bool:
+        """Whether the innermost atomic block is a savepoint inside a caller's transaction."""
+        return len(connections[self.alias].atomic_blocks) > 1
+
+
+def take_over_params(
+    connection: BaseDatabaseWrapper, pk: int, params: list[Any], now: datetime, request_hash: str
+) -> list[Any]:
+    """The values of :attr:`.Statements.take_over`'s placeholders, in order, from the claim's
+    own (``params``)."""
+    fresh = dict(zip(CLAIM_PARAMS, params, strict=True))
+    db_now = prep("updated_at", now, connection)
+    values = [fresh[name] for name in TAKEOVER_FRESH if name not in CLAIM_LITERALS]
+    values += [db_now, db_now, db_now]  # expired? for recovery_point, recovery_data, attempt
+    values += [db_now, fresh["created_at"], db_now, fresh["expires_at"]]
+    return [*values, pk, *rules.TAKEOVER.args(db_now, request_hash)]

@@ -1,0 +1,162 @@
+"""The writes of a claim after it is made, each fenced by its lock token: the result, a
+recovery point, the lock's renewal, the release (and an operator's, of a stale record)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from django_idempotency import _rules as rules
+from django_idempotency._store.bound import BoundStore
+from django_idempotency._store.rows import prep
+from django_idempotency.models import IdempotencyKey
+
+COMPLETED = IdempotencyKey.Status.COMPLETED
+FAILED = IdempotencyKey.Status.FAILED
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A final result as the record keeps it (a view's response, a function's result)."""
+
+    status: int
+    headers: list[list[str]]
+    body: bytes | None  # None: the body was over MAX_BODY_SIZE and was not kept
+    #: Its own TTL (``store_for()``), counted from when it is stored; ``None``: ``expires_at``
+    #: stays as the claim set it.
+    ttl: timedelta | None = None
+
+
+class FencedWrites(BoundStore):
+    """Every write on a claimed record: only while it is still ``processing`` under the
+    claim's own lock token, so an owner whose lock was taken over changes nothing."""
+
+    def store_response(
+        self,
+        pk: int,
+        token: uuid.UUID,
+        stored: StoredResponse,
+        *,
+        stale_at: datetime | None = None,
+    ) -> bool:
+        """Store the final response; ``False`` when the lock was lost (the result is refused).
+
+        With ``stale_at`` (an operator failing a stuck record) only while the lock is still
+        expired at that time. A result with its own ``ttl`` sets ``expires_at`` in the same
+        statement; any other leaves it out, so the default costs nothing more.
+        """
+        now = timezone.now()
+        expiry = {} if stored.ttl is None else {"expires_at": now + stored.ttl}
+        return self._fenced_update(
+            self.connection,
+            pk,
+            token,
+            stale_at,
+            status=COMPLETED if stored.status < 400 else FAILED,
+            response_status=stored.status,
+            response_headers=stored.headers,
+            response_body=stored.body,
+            unlock_at=None,
+            updated_at=now,
+            **expiry,
+        )
+
+    def save_recovery_point(
+        self, pk: int, token: uuid.UUID, name: str, data: Any, lock_timeout: timedelta
+    ) -> bool:
+        """Record progress and renew the lock: an attempt that makes progress is alive."""
+        now = timezone.now()
+        return self._fenced_update(
+            self.connection,
+            pk,
+            token,
+            None,
+            recovery_point=name,
+            recovery_data=data,
+            unlock_at=now + lock_timeout,
+            updated_at=now,
+        )
+
+    def renew(self, leases: Sequence[tuple[int, uuid.UUID]], lock_timeout: timedelta) -> set[int]:
+        """Push ``unlock_at`` of many claims' records forward in one fenced statement
+        (:mod:`django_idempotency._heartbeat`); returns the primary keys still held.
+
+        Every record's own lock token must still be on it (tokens are fresh for every claim,
+        so ``lock_token IN (...)`` cannot match one record with another's token), and it must
+        still be ``processing``. When fewer rows match than were asked for (rare: a lock was
+        lost), one ``SELECT`` says which: portable, where ``UPDATE ... RETURNING`` is not.
+        """
+        connection = self.connection
+        q = connection.ops.quote_name
+        table = q(IdempotencyKey._meta.db_table)
+        marks = ", ".join(["%s"] * len(leases))
+        where = f"{q('id')} IN ({marks}) AND {q('lock_token')} IN ({marks}) AND {q('status')} = %s"
+        params: list[Any] = [pk for pk, _ in leases]
+        params += [prep("lock_token", token, connection) for _, token in leases]
+        params.append(rules.PROCESSING)
+        unlock_at = prep("unlock_at", timezone.now() + lock_timeout, connection)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET {q('unlock_at')} = %s WHERE {where}", [unlock_at, *params]
+            )
+            if cursor.rowcount == len(leases):
+                return {pk for pk, _ in leases}
+            cursor.execute(f"SELECT {q('id')} FROM {table} WHERE {where}", params)
+            return {row[0] for row in cursor.fetchall()}
+
+    def release(self, pk: int, token: uuid.UUID, *, stale_at: datetime | None = None) -> bool:
+        """Delete the claim's record so a retry claims afresh; ``False`` if the lock was lost.
+
+        With ``stale_at`` (an operator releasing a stuck record) only while the lock is still
+        expired at that time.
+        """
+        return self._fenced(self.connection, "DELETE FROM {table}", [], pk, token, stale_at)
+
+    def _fenced_update(
+        self,
+        connection: BaseDatabaseWrapper,
+        pk: int,
+        token: uuid.UUID,
+        stale_at: datetime | None,
+        **changes: Any,
+    ) -> bool:
+        q = connection.ops.quote_name
+        sets = ", ".join(f"{q(name)} = %s" for name in changes)
+        values = [prep(name, value, connection) for name, value in changes.items()]
+        return self._fenced(connection, f"UPDATE {{table}} SET {sets}", values, pk, token, stale_at)
+
+    def _fenced(
+        self,
+        connection: BaseDatabaseWrapper,
+        statement: str,
+        params: list[Any],
+        pk: int,
+        token: uuid.UUID,
+        stale_at: datetime | None,
+    ) -> bool:
+        """Run a write on the claim's own record only: its lock token, still ``processing``
+        (and with ``stale_at``, still :data:`~django_idempotency._rules.STALE` then).
+
+        Plain SQL: a queryset's ``update()`` and ``delete()`` compile on every call, and
+        ``delete()`` may first ``SELECT`` the rows to send signals, which would lose the fence
+        between the two statements.
+        """
+        q = connection.ops.quote_name
+        sql = statement.format(table=q(IdempotencyKey._meta.db_table))
+        sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s"
+        params = [*params, pk, prep("lock_token", token, connection)]
+        if stale_at is None:
+            sql += f" AND {q('status')} = %s"
+            params.append(rules.PROCESSING)
+        else:
+            sql += f" AND {rules.STALE.where(q)}"
+            params += rules.STALE.args(prep("unlock_at", stale_at, connection))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return bool(cursor.rowcount)
