@@ -92,19 +92,25 @@ class MySQLStore(Store):
         key_hash: str,
         token: uuid.UUID,
     ) -> int | IdempotencyKey | None:
-        """A new key is claimed outright (its primary key), else the record is read.
+        """The record is read first; a new key is then claimed outright (its primary key).
 
-        A plain ``INSERT``, its duplicate-key error caught: InnoDB undoes the failed statement
-        alone, so no savepoint is needed even inside a transaction, and a new key costs one
-        statement (``lastrowid`` is all it reads back). ``ON DUPLICATE KEY UPDATE`` would lock
-        the live record exclusively on every replay, and with ``CLIENT_FOUND_ROWS`` its row
-        count does not tell an insert from a duplicate. A key in place costs a ``SELECT`` more.
+        The read writes nothing and takes no lock, so a replay costs one statement and is
+        served while the server refuses writes (``read_only``, a read-only transaction). A
+        plain ``INSERT`` follows only when no record was there, its duplicate-key error caught
+        (a concurrent attempt inserted the key in between: the record is read again): InnoDB
+        undoes the failed statement alone, so no savepoint is needed even inside a
+        transaction, and ``lastrowid`` is all it reads back. ``ON DUPLICATE KEY UPDATE``
+        would lock the live record exclusively, and with ``CLIENT_FOUND_ROWS`` its row count
+        does not tell an insert from a duplicate.
 
         A deadlock outside a transaction made this statement alone its victim: ``None``, claim
         again. Inside one, InnoDB rolled the whole transaction back: it is raised (``409``).
         """
         statements = self.statements(connection)
         try:
+            found = first(connection, statements.select, [scope, key_hash])
+            if found is not None:
+                return found
             with connection.cursor() as cursor:
                 try:
                     cursor.execute(statements.insert, params)

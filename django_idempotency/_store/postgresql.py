@@ -2,12 +2,15 @@
 skips locked rows.
 
 The function (``django_idempotency_claim``, created by the migration
-``0003_postgresql_claim_function``) inserts the record, or reads it and takes it over when it is
-expired or stale, and bounds the lock wait of atomic mode, in one statement: PL/pgSQL keeps its
-statements' plans for the life of the server connection, where a statement sent as Django sends
-it (no server-side binding) is parsed and planned on every request. Nothing is prepared by name
+``0003_postgresql_claim_function`` and replaced by ``0004_claim_reads_first``) reads the key's
+record first, and only when there is none inserts it, or takes it over when it is expired or
+stale, bounding the lock wait of atomic mode, in one statement: a replay writes nothing, so it
+is served while the database refuses writes. PL/pgSQL keeps its statements' plans for the life
+of the server connection, where a statement sent as Django sends it (no server-side binding) is
+parsed and planned on every request. Nothing is prepared by name
 and nothing is set for the session, so it is safe behind a transaction-mode pooler. Without the
-function (a table made by ``--nomigrations``), the claim falls back to plain statements.
+function (a table made by ``--nomigrations``), the claim falls back to plain statements, which
+insert first.
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ def claim_function_sql() -> str:
     """``CREATE OR REPLACE FUNCTION``: the claim's statements (:class:`Statements`), run inside
     the database.
 
+    It reads before it writes: a live record of the key (a replay, a mismatch, an attempt in
+    flight) is answered by the ``SELECT`` alone, which writes nothing and waits on no lock, so
+    replays are served while the database refuses writes (a read-only transaction, a standby
+    during a failover). Only a missing key is inserted, and an expired or stale record taken
+    over; the lock wait's bound is set for those writes alone.
+
     Each of its statements takes a snapshot of its own (the function is ``VOLATILE``), as the
     statements sent one by one do: the takeover's ``UPDATE`` re-checks the rule against the row
     a concurrent winner left, and nothing found means ``None`` (claim again). The caller's
@@ -103,23 +112,31 @@ DECLARE
     previous text;
     found_row {built.table};
     claimed boolean;
+    inserted boolean := false;
 BEGIN
-    IF p_lock_timeout IS NOT NULL THEN
-        previous := current_setting('lock_timeout');
-        PERFORM set_config('lock_timeout', p_lock_timeout, true);
-    END IF;
-    {_returning_into(insert)};
+    {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
     claimed := FOUND;
-    IF NOT claimed THEN
-        {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
-        claimed := FOUND;
-        IF claimed AND {holds} THEN
+    IF NOT claimed OR {holds} THEN
+        IF p_lock_timeout IS NOT NULL THEN
+            previous := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', p_lock_timeout, true);
+        END IF;
+        IF NOT claimed THEN
+            {_returning_into(insert)};
+            inserted := FOUND;
+            claimed := FOUND;
+            IF NOT claimed THEN
+                {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
+                claimed := FOUND;
+            END IF;
+        END IF;
+        IF claimed AND NOT inserted AND {holds} THEN
             {_returning_into(_fill(built.take_over, take_over))};
             claimed := FOUND;
         END IF;
-    END IF;
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', previous, true);
+        IF p_lock_timeout IS NOT NULL THEN
+            PERFORM set_config('lock_timeout', previous, true);
+        END IF;
     END IF;
     IF claimed THEN
         RETURN NEXT found_row;

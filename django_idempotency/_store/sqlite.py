@@ -31,7 +31,16 @@ class SQLiteStore(Store):
         key_hash: str,
         token: uuid.UUID,
     ) -> IdempotencyKey | None:
+        """Outside a transaction the record is read first, so a replay writes nothing (and
+        takes no write lock: another process's write does not hold it up in WAL mode); a new
+        key is inserted next. Inside one, the ``INSERT`` comes first: a transaction that has
+        read cannot wait for the write lock (SQLite answers ``database is locked`` at once
+        rather than risk a deadlock), while one that writes first waits its busy timeout."""
         statements = self.statements(connection)
+        if not connection.in_atomic_block:
+            found = first(connection, statements.select, [scope, key_hash])
+            if found is not None:
+                return found
         inserted = first(connection, statements.insert, params)
         return inserted or first(connection, statements.select, [scope, key_hash])
 
