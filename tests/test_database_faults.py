@@ -201,7 +201,7 @@ def test_replays_are_served_during_a_read_only_spell(store: own_servers.Server) 
         store.set_read_only(False)
     assert (replay.status_code, replay.content) == (201, first.content)
     assert refused.status_code == 503 and refused["Retry-After"]
-    assert EFFECTS == {key: 1}  # the new key's view did not run
+    assert {key: 1} == EFFECTS  # the new key's view did not run
     assert post("/two-phase/", f"{key}-new").status_code == 201
 
 
