@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, override_settings
 from django.urls import path
 
-from django_idempotency import idempotent
+from django_idempotency import idempotent, idempotent_function
 from django_idempotency._keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests import own_servers
@@ -54,12 +54,26 @@ def _scope_from_the_store(request: HttpRequest) -> str:
     return "reader"
 
 
+async def _async_effect(request: HttpRequest) -> HttpResponse:
+    return _effect(request)  # the fault blocks the loop: this test's only request
+
+
+@idempotent_function(key="message_id", lock_timeout=20)
+def handle(message_id: str) -> str:
+    EFFECTS[message_id] += 1
+    for fault in FAULT:
+        fault()
+    return f"handled {message_id}"
+
+
 two_phase = idempotent(lock_timeout=20)(_effect)
+asynchronous = idempotent(lock_timeout=20)(_async_effect)
 atomic = idempotent(atomic=True, lock_timeout=20)(_effect)
 scoped = idempotent(lock_timeout=20, scope=_scope_from_the_store)(_effect)
 
 urlpatterns = [
     path("two-phase/", two_phase),
+    path("async/", asynchronous),
     path("atomic/", atomic),
     path("scoped/", scoped),
 ]
@@ -114,24 +128,37 @@ def record(key: str) -> IdempotencyKey | None:
     return IdempotencyKey.objects.using(ALIAS).filter(key_hash=hash_key(key)).first()
 
 
-def _assert_stored_once(key: str, first: Any) -> None:
+def _assert_stored_once(key: str, first: Any, view: str = "/two-phase/") -> None:
     """The first client got the view's response; the record holds it; a retry replays it."""
     assert first.status_code == 201, first.content
     assert EFFECTS[key] == 1
     held = record(key)
     assert held is not None and held.status == IdempotencyKey.Status.COMPLETED
-    again = post("/two-phase/", key)
+    again = post(view, key)
     assert (again.status_code, again.content) == (201, first.content)
     assert again["Idempotent-Replayed"] == "true"
     assert EFFECTS[key] == 1
 
 
-def test_a_restart_between_the_view_and_its_result_write(store: own_servers.Server) -> None:
+@pytest.mark.parametrize("view", ["/two-phase/", "/async/"])
+def test_a_restart_between_the_view_and_its_result_write(
+    store: own_servers.Server, view: str
+) -> None:
     """``pg_ctl restart -m fast`` (MariaDB: stopped and started): the request's connection is
     dead when the result is written; the owner writes it on a new connection."""
     key = str(uuid.uuid4())
     FAULT.append(store.restart)
-    _assert_stored_once(key, post("/two-phase/", key))
+    _assert_stored_once(key, post(view, key), view)
+
+
+def test_a_restart_between_a_function_and_its_result_write(store: own_servers.Server) -> None:
+    message_id = str(uuid.uuid4())
+    FAULT.append(store.restart)
+    assert handle(message_id) == f"handled {message_id}"
+    FAULT.clear()
+    request_boundary()
+    assert handle(message_id) == f"handled {message_id}"  # the stored result
+    assert EFFECTS[message_id] == 1
 
 
 def test_an_outage_shorter_than_the_lock_is_outlasted(store: own_servers.Server) -> None:
