@@ -182,6 +182,7 @@ class Renewer:
     def _renew(self, group: Group, leases: list[_Lease]) -> None:
         alias, lock_timeout = group
         held: set[int] = set()
+        since = time.monotonic()
         with self._cond:
             self._connected = True
         try:
@@ -203,6 +204,9 @@ class Renewer:
             ]
             for lease in lost:
                 del self._leases[id(lease.claim)]
+        for lease in leases:
+            if lease.claim.pk in held:
+                lease.claim.held_for(since)
         for lease in lost:
             _announce_lost(lease)
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from functools import cache
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
@@ -28,7 +28,7 @@ from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import bounded_fingerprint, bounded_scope
 from django_idempotency._options import Options, Policy
-from django_idempotency._store import StoredResponse
+from django_idempotency._store import StoredResponse, using
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
 from django_idempotency.models import IdempotencyKey
@@ -68,14 +68,17 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         except InvalidKey as exc:
             self._key_refused("invalid_key", policy, str(exc))
             return Answer(problems.invalid_key(str(exc)))
-        scope = bounded_scope(_call(policy.scope, "scope", request))
+        try:
+            scope = bounded_scope(_call(policy, policy.scope, "scope", request))
+            fingerprint = _call(policy, policy.fingerprint, "fingerprint", request, scope)
+        except StoreUnavailable as exc:
+            engine.identity_unavailable(self._attributes(policy), policy, exc)
+            return Answer(problems.unavailable())
         return Identity(
             key=key,
             scope=scope,
             key_hash=hash_key(key),
-            fingerprint=bounded_fingerprint(
-                _call(policy.fingerprint, "fingerprint", request, scope)
-            ),
+            fingerprint=bounded_fingerprint(fingerprint),
             method=request.method or "",
             path=request.get_full_path(),
             request=request,
@@ -83,9 +86,11 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         )
 
     def _key_refused(self, outcome: str, policy: Policy, reason: str) -> None:
+        engine.key_refused(outcome, self._attributes(policy), reason)
+
+    def _attributes(self, policy: Policy) -> dict[str, str]:
         method = self.request.method or ""
-        attributes = telemetry.labels(method, _operation(self.request), policy.atomic)
-        engine.key_refused(outcome, attributes, reason)
+        return telemetry.labels(method, _operation(self.request), policy.atomic)
 
     def hold(self, claim: Claim | None) -> None:
         self.claim = claim
@@ -166,25 +171,45 @@ def _operation(request: HttpRequest) -> str:
     return match.route or match.view_name
 
 
-def _call(function: Callable[..., object], option: str, request: HttpRequest, *args: str) -> str:
+def _call(
+    policy: Policy,
+    function: Callable[..., object],
+    option: str,
+    request: HttpRequest,
+    *args: str,
+) -> str:
     """The view's scope or fingerprint, from its function or the setting's.
 
     One that raises, or returns anything but a ``str``, is a bug in the project: the exception
     propagates (its type kept: a database error stays one), with a note and an ERROR log naming
-    the function, before anything is claimed or the view runs (issue 18).
+    the function, before anything is claimed or the view runs (issue 18). A database fault
+    (the default scope reads ``request.user``, a query while the database is down) is no bug:
+    :class:`~.exceptions.StoreUnavailable`, a ``503`` (issue 25).
     """
     try:
         value = function(request, *args)
+    except DatabaseError as exc:
+        if using(policy.alias).is_transient(exc):
+            raise StoreUnavailable(f"The {option} function met a database fault: {exc}") from exc
+        _note(exc, function, option, request)
+        raise
     except Exception as exc:
-        note = _failed(function, option, request, f"raised {type(exc).__name__}: {exc}")
-        if sys.version_info >= (3, 11):  # shown under the traceback, by Django's too
-            exc.add_note(note)
+        _note(exc, function, option, request)
         raise
     if isinstance(value, str):
         return value
     raise TypeError(
         _failed(function, option, request, f"returned {type(value).__name__}, not a str")
     )
+
+
+def _note(
+    exc: Exception, function: Callable[..., object], option: str, request: HttpRequest
+) -> None:
+    """Note and log the function's own exception as the project's bug."""
+    note = _failed(function, option, request, f"raised {type(exc).__name__}: {exc}")
+    if sys.version_info >= (3, 11):  # shown under the traceback, by Django's too
+        exc.add_note(note)
 
 
 def _failed(function: Callable[..., object], option: str, request: HttpRequest, what: str) -> str:

@@ -247,7 +247,7 @@ def _problems(policy: Policy) -> list[_Problem]:
             }
             for _, response in entries
         }
-        headers = _RETRY_AFTER if status == 409 else {}
+        headers = _RETRY_AFTER if status in (409, 503) else {}
         answers.append((status, description, examples, headers))
     return answers
 

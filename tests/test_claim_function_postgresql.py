@@ -26,7 +26,9 @@ from tests.factories import IdempotencyKeyFactory
 
 pytestmark = [pytest.mark.postgresql]
 
-MIGRATION = importlib.import_module("django_idempotency.migrations.0003_postgresql_claim_function")
+#: The migration that creates the function (0003), and the latest that replaced it.
+CREATED = importlib.import_module("django_idempotency.migrations.0003_postgresql_claim_function")
+MIGRATION = importlib.import_module("django_idempotency.migrations.0004_claim_reads_first")
 FINGERPRINT = "f" * 64
 
 
@@ -204,7 +206,7 @@ def test_without_the_function_the_app_claims_with_statements(
     transaction.)"""
     monkeypatch.setattr(postgresql, "_HAS_FUNCTION", {})
     with connection.cursor() as cursor:
-        cursor.execute(MIGRATION.DROP)
+        cursor.execute(CREATED.DROP)
     client, key = Client(), str(uuid.uuid4())
     with CaptureQueriesContext(connection) as queries:
         first = client.post(
@@ -230,7 +232,7 @@ def test_a_function_dropped_after_the_check_falls_back_without_a_500(
     )
     assert post(str(uuid.uuid4())).status_code == 201  # checked: the function is there
     with connection.cursor() as cursor:
-        cursor.execute(MIGRATION.DROP)
+        cursor.execute(CREATED.DROP)
     try:
         assert post(str(uuid.uuid4())).status_code == 201
         assert post(str(uuid.uuid4())).status_code == 201

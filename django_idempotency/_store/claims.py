@@ -7,6 +7,7 @@ is one. Every decision is made by a statement, never by a check in Python follow
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -52,6 +53,7 @@ class Claims(BoundStore):
         An expired record, or a stale ``processing`` one with the same fingerprint, is taken
         over by one more, fenced ``UPDATE``.
         """
+        started = time.monotonic()  # before now: the lock is surely held until lock_timeout later
         now = timezone.now()
         token = uuid.uuid4()
         values = {
@@ -76,7 +78,7 @@ class Claims(BoundStore):
             if found is None:
                 return None
             if isinstance(found, int):  # inserted, not read back: a first attempt
-                return self._claim(identity, token, lock_timeout, found)
+                return self._claim(identity, token, lock_timeout, started, found)
             if found.lock_token != token:  # not the row we inserted: another call's record
                 if not rules.TAKEOVER.holds(found, now, identity.fingerprint):
                     return found
@@ -84,13 +86,14 @@ class Claims(BoundStore):
                 found = self.take_over(connection, found.pk, again, token)
                 if found is None:
                     return None
-            return self._claim(identity, token, lock_timeout, found.pk, found)
+            return self._claim(identity, token, lock_timeout, started, found.pk, found)
 
     def _claim(
         self,
         identity: Identity,
         token: uuid.UUID,
         lock_timeout: timedelta,
+        started: float,
         pk: int,
         record: IdempotencyKey | None = None,
     ) -> Claim:
@@ -107,6 +110,7 @@ class Claims(BoundStore):
             alias=self.alias,
             lock_timeout=lock_timeout,
             store=cast(RecordStore, self),  # a Store: its FencedWrites save recovery points
+            held_until=started + lock_timeout.total_seconds(),
         )
 
     def insert_or_load(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, OperationalError, transaction
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._store.base import Store
@@ -37,6 +37,11 @@ LOCK_WAIT_TIMEOUT = 1205
 #: concurrent inserts of the same key can make (each holds a shared lock on the duplicate, and
 #: each wants an exclusive one once its holder rolls back or deletes it).
 DEADLOCK = 1213
+#: A fault (:meth:`MySQLStore.is_fault`): the server went away (2006), the connection was lost
+#: (2013, 2055) or refused (2002, 2003, 1040 too many connections), killed (1927) or timed out
+#: (4031), the server is shutting down (1053), or it refuses writes for now: ``read_only``
+#: (1290, 1836) or a read-only transaction (1792).
+FAULTS = frozenset({1040, 1053, 1290, 1792, 1836, 1927, 2002, 2003, 2006, 2013, 2055, 4031})
 
 #: Where :meth:`MySQLStore.limit_lock_wait` keeps the session's own limit.
 _PREVIOUS = "@django_idempotency_lock_wait"
@@ -87,19 +92,25 @@ class MySQLStore(Store):
         key_hash: str,
         token: uuid.UUID,
     ) -> int | IdempotencyKey | None:
-        """A new key is claimed outright (its primary key), else the record is read.
+        """The record is read first; a new key is then claimed outright (its primary key).
 
-        A plain ``INSERT``, its duplicate-key error caught: InnoDB undoes the failed statement
-        alone, so no savepoint is needed even inside a transaction, and a new key costs one
-        statement (``lastrowid`` is all it reads back). ``ON DUPLICATE KEY UPDATE`` would lock
-        the live record exclusively on every replay, and with ``CLIENT_FOUND_ROWS`` its row
-        count does not tell an insert from a duplicate. A key in place costs a ``SELECT`` more.
+        The read writes nothing and takes no lock, so a replay costs one statement and is
+        served while the server refuses writes (``read_only``, a read-only transaction). A
+        plain ``INSERT`` follows only when no record was there, its duplicate-key error caught
+        (a concurrent attempt inserted the key in between: the record is read again): InnoDB
+        undoes the failed statement alone, so no savepoint is needed even inside a
+        transaction, and ``lastrowid`` is all it reads back. ``ON DUPLICATE KEY UPDATE``
+        would lock the live record exclusively, and with ``CLIENT_FOUND_ROWS`` its row count
+        does not tell an insert from a duplicate.
 
         A deadlock outside a transaction made this statement alone its victim: ``None``, claim
         again. Inside one, InnoDB rolled the whole transaction back: it is raised (``409``).
         """
         statements = self.statements(connection)
         try:
+            found = first(connection, statements.select, [scope, key_hash])
+            if found is not None:
+                return found
             with connection.cursor() as cursor:
                 try:
                     cursor.execute(statements.insert, params)
@@ -193,6 +204,10 @@ class MySQLStore(Store):
     def is_lock_timeout(self, exc: BaseException) -> bool:
         """A lock wait that ran out, or a deadlock whose victim was this transaction."""
         return error_code(exc) in (LOCK_WAIT_TIMEOUT, DEADLOCK)
+
+    def is_fault(self, exc: BaseException) -> bool:
+        """A code of :data:`FAULTS`, or an ``InterfaceError`` (a connection already closed)."""
+        return isinstance(exc, InterfaceError) or error_code(exc) in FAULTS
 
     def size_query(self, table: str) -> SizeQuery:
         return SizeQuery(

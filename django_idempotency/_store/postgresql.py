@@ -2,12 +2,15 @@
 skips locked rows.
 
 The function (``django_idempotency_claim``, created by the migration
-``0003_postgresql_claim_function``) inserts the record, or reads it and takes it over when it is
-expired or stale, and bounds the lock wait of atomic mode, in one statement: PL/pgSQL keeps its
-statements' plans for the life of the server connection, where a statement sent as Django sends
-it (no server-side binding) is parsed and planned on every request. Nothing is prepared by name
+``0003_postgresql_claim_function`` and replaced by ``0004_claim_reads_first``) reads the key's
+record first, and only when there is none inserts it, or takes it over when it is expired or
+stale, bounding the lock wait of atomic mode, in one statement: a replay writes nothing, so it
+is served while the database refuses writes. PL/pgSQL keeps its statements' plans for the life
+of the server connection, where a statement sent as Django sends it (no server-side binding) is
+parsed and planned on every request. Nothing is prepared by name
 and nothing is set for the session, so it is safe behind a transaction-mode pooler. Without the
-function (a table made by ``--nomigrations``), the claim falls back to plain statements.
+function (a table made by ``--nomigrations``), the claim falls back to plain statements, which
+insert first.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from datetime import timedelta
 from typing import Any, cast
 from weakref import WeakKeyDictionary
 
-from django.db import ProgrammingError, transaction
+from django.db import InterfaceError, OperationalError, ProgrammingError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency import _rules as rules
@@ -42,6 +45,10 @@ _ARGUMENT_TYPES |= {"unlock_at": "timestamptz", "expires_at": "timestamptz"}
 _ARGUMENTS = [(f"p_{name}", _ARGUMENT_TYPES.get(name, "text")) for name in CLAIM_PARAMS]
 _ARGUMENTS.append(("p_lock_timeout", "text"))
 CLAIM_FUNCTION_SIGNATURE = f"{CLAIM_FUNCTION}({', '.join(kind for _, kind in _ARGUMENTS)})"
+
+#: SQLSTATE classes of a fault (:meth:`PostgreSQLStore.is_fault`), and a read-only refusal.
+_FAULT_CLASSES = ("08", "53", "57", "58")
+_READ_ONLY = "25006"
 
 #: What :meth:`PostgreSQLStore.limit_lock_wait` returns when the claim function bounds the wait.
 _IN_THE_CLAIM = "(bounded by the claim function)"
@@ -67,6 +74,12 @@ class _Quoting:
 def claim_function_sql() -> str:
     """``CREATE OR REPLACE FUNCTION``: the claim's statements (:class:`Statements`), run inside
     the database.
+
+    It reads before it writes: a live record of the key (a replay, a mismatch, an attempt in
+    flight) is answered by the ``SELECT`` alone, which writes nothing and waits on no lock, so
+    replays are served while the database refuses writes (a read-only transaction, a standby
+    during a failover). Only a missing key is inserted, and an expired or stale record taken
+    over; the lock wait's bound is set for those writes alone.
 
     Each of its statements takes a snapshot of its own (the function is ``VOLATILE``), as the
     statements sent one by one do: the takeover's ``UPDATE`` re-checks the rule against the row
@@ -99,23 +112,31 @@ DECLARE
     previous text;
     found_row {built.table};
     claimed boolean;
+    inserted boolean := false;
 BEGIN
-    IF p_lock_timeout IS NOT NULL THEN
-        previous := current_setting('lock_timeout');
-        PERFORM set_config('lock_timeout', p_lock_timeout, true);
-    END IF;
-    {_returning_into(insert)};
+    {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
     claimed := FOUND;
-    IF NOT claimed THEN
-        {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
-        claimed := FOUND;
-        IF claimed AND {holds} THEN
+    IF NOT claimed OR {holds} THEN
+        IF p_lock_timeout IS NOT NULL THEN
+            previous := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', p_lock_timeout, true);
+        END IF;
+        IF NOT claimed THEN
+            {_returning_into(insert)};
+            inserted := FOUND;
+            claimed := FOUND;
+            IF NOT claimed THEN
+                {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
+                claimed := FOUND;
+            END IF;
+        END IF;
+        IF claimed AND NOT inserted AND {holds} THEN
             {_returning_into(_fill(built.take_over, take_over))};
             claimed := FOUND;
         END IF;
-    END IF;
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', previous, true);
+        IF p_lock_timeout IS NOT NULL THEN
+            PERFORM set_config('lock_timeout', previous, true);
+        END IF;
     END IF;
     IF claimed THEN
         RETURN NEXT found_row;
@@ -265,6 +286,22 @@ class PostgreSQLStore(Store):
     def is_contention(self, exc: BaseException) -> bool:
         # lock_not_available, deadlock_detected, serialization_failure
         return getattr(exc.__cause__, "sqlstate", None) in ("55P03", "40P01", "40001")
+
+    def is_fault(self, exc: BaseException) -> bool:
+        """A lost or refused connection (an ``InterfaceError``, or an ``OperationalError``
+        without a SQLSTATE), or a SQLSTATE of the connection's or the server's state:
+        ``08`` connection exceptions, ``57`` operator intervention (``57P01`` admin shutdown,
+        ``57P02`` crash shutdown, ``57P03`` cannot connect now), ``53`` insufficient resources,
+        ``58`` system errors, and ``25006`` (a read-only transaction: a standby, or
+        ``default_transaction_read_only``)."""
+        if isinstance(exc, InterfaceError):
+            return True
+        if self.is_contention(exc):
+            return False
+        state = getattr(exc.__cause__, "sqlstate", None)
+        if state is None:
+            return isinstance(exc, OperationalError)
+        return state[:2] in _FAULT_CLASSES or state == _READ_ONLY
 
     def size_query(self, table: str) -> SizeQuery:
         # The table's bytes include its TOAST (large bodies); the indexes are counted apart.
