@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
+
 from tests.faults.databases import free_port, track, untrack
 from tests.servers import harness
 
@@ -24,11 +26,16 @@ class App(harness.Server):
     """A started :class:`tests.servers.harness.Server` whose folder holds the views' files."""
 
     folder: Path
+    #: The cookies of a logged-in client (``/log-in/``).
+    session: dict[str, str]
 
     def start(self) -> None:
         super().start()
         assert self.process is not None
         track(self.process.pid, "gunicorn")
+        response = httpx.post(f"{self.url}/log-in/", timeout=30)
+        response.raise_for_status()
+        self.session = dict(response.cookies)
 
     def stop(self) -> None:
         super().stop()

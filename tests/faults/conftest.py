@@ -1,9 +1,9 @@
 """The fault suite's fixtures: its own database servers, a proxy, and the app served on them.
 
-Every server is started once per test module and ended by its pid when the module is done,
-failed or not (and at exit, whatever happened: :mod:`tests.faults.databases`). The ports come
-from ``IDEMPOTENCY_FAULT_PORTS``; the suite runs only with ``IDEMPOTENCY_FAULTS=1`` (CI's
-``.ci/leg-faults``), and is not selected otherwise.
+Every database server (and proxy) is started once per session, the app processes once per test
+module; each is ended by its pid when done, failed or not (and at exit, whatever happened:
+:mod:`tests.faults.databases`). The ports come from ``IDEMPOTENCY_FAULT_PORTS``; the suite runs
+only with ``IDEMPOTENCY_FAULTS=1`` (CI's ``.ci/leg-faults``), and is not selected otherwise.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def serving(request: pytest.FixtureRequest, app: apps.App) -> Iterator[apps.App]
         app.discard_log()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def postgresql() -> Iterator[PostgresCluster]:
     cluster = PostgresCluster()
     try:
@@ -46,7 +46,7 @@ def postgresql() -> Iterator[PostgresCluster]:
         cluster.destroy()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mariadb() -> Iterator[MariaDBServer]:
     server = MariaDBServer()
     try:
@@ -60,7 +60,7 @@ def mariadb() -> Iterator[MariaDBServer]:
         server.destroy()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sqlite() -> Iterator[SQLiteFile]:
     database = SQLiteFile()
     try:
@@ -78,12 +78,12 @@ def _proxy(upstream: int) -> Iterator[FaultProxy]:
         proxy.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def postgresql_proxy(postgresql: PostgresCluster) -> Iterator[FaultProxy]:
     yield from _proxy(postgresql.port)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mariadb_proxy(mariadb: MariaDBServer) -> Iterator[FaultProxy]:
     yield from _proxy(mariadb.port)
 
@@ -117,16 +117,16 @@ def sqlite_app(request: pytest.FixtureRequest, sqlite: SQLiteFile) -> Iterator[A
     yield from serving(request, apps.app(sqlite.url()))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def postgresql_store(postgresql: PostgresCluster) -> Store:
     return Store(postgresql.execute)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mariadb_store(mariadb: MariaDBServer) -> Store:
     return Store(mariadb.execute)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sqlite_store(sqlite: SQLiteFile) -> Store:
     return Store(sqlite.execute, marker="?")

@@ -1,5 +1,6 @@
 """Print the fault suite's figures (``IDEMPOTENCY_FAULT_FIGURES``, one JSON object per
-scenario) as the table ``docs/failure-modes.rst`` shows: ``python -m tests.faults.figures FILE``.
+scenario): ``python -m tests.faults.figures FILE`` as one table, ``--rst`` as the tables of
+``docs/failure-modes.rst`` (one per fault).
 """
 
 from __future__ import annotations
@@ -42,15 +43,49 @@ def table(figures: list[dict[str, object]]) -> str:
     )
 
 
+def _answers_rst(counts: object) -> str:
+    assert isinstance(counts, dict)
+    return ", ".join(f"``{key}``: {value}" for key, value in sorted(counts.items()))
+
+
+def rst(figures: list[dict[str, object]]) -> str:
+    """A ``list-table`` per fault, a row per database and mode."""
+    out: list[str] = []
+    for fault in dict.fromkeys(str(f["fault"]) for f in figures):
+        out += [
+            f".. list-table:: {fault}",
+            "   :header-rows: 1",
+            "",
+            "   * - database, mode (lock)",
+            "     - keys by executions",
+            "     - answers",
+            "     - new key served after",
+            "     - last key settled after",
+        ]
+        for f in (f for f in figures if f["fault"] == fault):
+            executions = _counts(f["executions"], "x").replace("x:", " run(s):")
+            out += [
+                f"   * - {f['database']}, {f['mode']} ({f['lock']} s)",
+                f"     - {executions}",
+                f"     - {_answers_rst(f['answers'])}",
+                f"     - {_seconds(f['recovered_after'])}",
+                f"     - {_seconds(f['settled_after'])}",
+            ]
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
+    as_rst = "--rst" in argv
+    argv = [arg for arg in argv if arg != "--rst"]
     if len(argv) != 1:
-        print("usage: python -m tests.faults.figures FILE", file=sys.stderr)
+        print("usage: python -m tests.faults.figures [--rst] FILE", file=sys.stderr)
         return 2
     path = Path(argv[0])
     if not path.exists():
         print(f"no figures recorded ({path} missing)")
         return 0
-    print(table(rows(path)))
+    print(rst(rows(path)) if as_rst else table(rows(path)))
     return 0
 
 

@@ -15,6 +15,7 @@ import re
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 #: The result write of a two-phase view: the only statement that sets ``response_body``.
@@ -102,21 +103,38 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                # The server is down: refuse as it would (a reset, not a hang).
-                _reset(client)
-                continue
+            # Connecting upstream in a thread of its own: a slow server must not hold the
+            # accept loop (nor an error end it).
+            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self.upstream, timeout=5)
+        except OSError:
+            # The server is down: refuse as it would (a reset, not a hang).
+            _reset(client)
+            return
+        pair = _Pair(client, server)
+        try:
             server.settimeout(None)
             for sock in (client, server):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            pair = _Pair(client, server)
-            with self._lock:
-                self._pairs = [p for p in self._pairs if not p.closed]
-                self._pairs.append(pair)
-            threading.Thread(target=self._upstream, args=(pair,), daemon=True).start()
-            threading.Thread(target=self._downstream, args=(pair,), daemon=True).start()
+        except OSError:
+            self._close(pair)
+            return
+        with self._lock:
+            self._pairs = [p for p in self._pairs if not p.closed]
+            self._pairs.append(pair)
+        threading.Thread(target=self._pump, args=(pair, self._upstream), daemon=True).start()
+        threading.Thread(target=self._pump, args=(pair, self._downstream), daemon=True).start()
+
+    def _pump(self, pair: _Pair, direction: Callable[[_Pair], None]) -> None:
+        """Whatever ends one direction (an error included) resets both: no side is left
+        waiting for bytes that will never come."""
+        try:
+            direction(pair)
+        finally:
+            self._close(pair)
 
     def _upstream(self, pair: _Pair) -> None:
         """Client to server: where the trigger looks."""

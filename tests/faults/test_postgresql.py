@@ -41,3 +41,12 @@ def test_network_fault(
         mode,
     )
     check(figures, postgresql_proxied_app)
+
+
+def test_outage_longer_than_the_lock(
+    postgresql: Any, postgresql_app: Any, postgresql_store: Any
+) -> None:
+    """The window that remains (docs/failure-modes.rst): a two-phase owner down for longer than
+    its lock may see its key run again; still no 500, and every key settles."""
+    fault = server_fault("stop-15s-lock-10s", postgresql)
+    check(run(postgresql_app, postgresql_store, "postgresql", fault, "two-phase"), postgresql_app)

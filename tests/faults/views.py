@@ -5,7 +5,8 @@ name in ``IDEMPOTENCY_FAULT_DIR``) so that the fault lands between the claim and
 write. Every start is a line in ``started``; a two-phase view's effect is a line in ``effects``
 (a file: it survives whatever the database does), an atomic view's an ``Execution`` row in its
 own transaction (it happened only if that committed). Headers are not in the fingerprint, so a
-retry is the same request.
+retry is the same request. ``log_in`` gives a client a session: its requests' scope is the
+user's, read from the database.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+from django.contrib.auth import get_user_model, login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from django_idempotency import idempotent
@@ -64,6 +66,14 @@ def _run(request: HttpRequest, effect: str) -> HttpResponse:
 
 def health(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
+
+
+def log_in(request: HttpRequest) -> HttpResponse:
+    """A session for a user of the suite's own: a logged-in client's scope is read from the
+    database (its session and user) on every request, so it meets the faults too."""
+    user, _ = get_user_model().objects.get_or_create(username="fault-client")
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    return HttpResponse("logged in")
 
 
 @idempotent(lock_timeout=SHORT_LOCK)
