@@ -1,7 +1,9 @@
 """The app under fault: gunicorn with several threaded worker processes, on a fault database.
 
-``gthread`` workers (4 processes of 12 threads): twenty requests wait in their views at once
-while their duplicates, retries and new requests are served. Each worker keeps its connections
+``gthread`` workers (4 processes of 16 threads): twenty requests wait in their views at once
+while their duplicates, retries and new requests are served. A worker accepts no more
+connections than it has threads: a request queued in a worker whose threads all wait at the
+gate would wait for the gate, which waits for it. Each worker keeps its connections
 per thread as Django does; the suite checks that no worker was re-forked (:meth:`booted`).
 """
 
@@ -19,7 +21,7 @@ from tests.faults.databases import free_port, track, untrack
 from tests.servers import harness
 
 WORKERS = 4
-THREADS = 12
+THREADS = 16
 
 
 class App(harness.Server):
@@ -82,6 +84,7 @@ def app(database_url: str, **extra: str) -> App:
     command = [
         sys.executable, "-m", "gunicorn",
         "--workers", str(WORKERS), "--threads", str(THREADS), "--worker-class", "gthread",
+        "--worker-connections", str(THREADS),
         "--preload", "--bind", f"127.0.0.1:{port}", "--backlog", "256",
         "--timeout", "120", "--graceful-timeout", "2",
         "--log-level", "info", "--error-logfile", "-",
