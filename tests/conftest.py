@@ -25,6 +25,7 @@ _OWN_LEG = {
     "pgbouncer": "IDEMPOTENCY_TEST_PGBOUNCER_POOL_SIZE",  # .ci/leg-pgbouncer
     "galera": "IDEMPOTENCY_GALERA",  # .ci/leg-galera
     "galera_app": "IDEMPOTENCY_GALERA_APP",
+    "faults": "IDEMPOTENCY_FAULTS",  # .ci/leg-faults
 }
 
 #: Each marker and the database vendors its tests need.
