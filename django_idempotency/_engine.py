@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -192,8 +193,18 @@ def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Fo
     delay = _FIRST_WAIT
     record: IdempotencyKey | None = None
     waited = False
+    token = uuid.uuid4()
+    reconnected = False
     for _ in range(_CLAIM_TRIES):
-        outcome = store.claim(identity, ttl=policy.ttl, lock_timeout=policy.lock_timeout)
+        try:
+            outcome = store.claim(
+                identity, ttl=policy.ttl, lock_timeout=policy.lock_timeout, token=token
+            )
+        except StoreUnavailable as exc:
+            if reconnected or not _reconnect_thread(store, exc):
+                raise
+            reconnected = True
+            continue
         if outcome is None:
             continue  # raced with another call's claim or release: claim again
         if isinstance(outcome, Claim):
@@ -217,6 +228,32 @@ def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Fo
     if record is None:
         record = IdempotencyKey(scope=identity.scope, key_hash=identity.key_hash)
     return _found(Kind.IN_PROGRESS, record, identity, policy)
+
+
+def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
+    """Close the thread's connection to the store after a fault that left it unusable (not
+    a server that answered with a refusal: read-only), outside any transaction, so that the
+    claim is made once more on a new one; ``False``: not so.
+
+    A persistent connection (``CONN_MAX_AGE``) that died in a restart fails at its first
+    statement, which is the claim when nothing of the request used it before: Django reconnects
+    only between requests, or with ``CONN_HEALTH_CHECKS`` (issue 25). The view has not run, no
+    transaction is lost, and the claim is made with the same lock token, so a first claim
+    applied with its reply lost is found as this call's own.
+    """
+    connection = store.connection
+    if (
+        connection.in_atomic_block
+        or connection.connection is None  # connecting failed: so would connecting again
+        or not store.is_fault(exc.__cause__ or exc)
+        or connection.is_usable()
+    ):
+        return False
+    logger.warning(
+        "Idempotency store %r failed (%s); claiming again on a new connection.", store.alias, exc
+    )
+    _close(connection)
+    return True
 
 
 def _settled(store: Store, identity: Identity) -> bool:

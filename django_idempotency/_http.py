@@ -85,6 +85,20 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             operation=_operation(request),
         )
 
+    def fault(self, exc: DatabaseError) -> Answer[HttpResponseBase] | None:
+        """The ``503`` of a keyed, protected request whose user could not be read (a
+        database fault); ``None``: not this app's to answer."""
+        policy = self.policy
+        if (
+            policy is None
+            or _wsgi_name(conf.HEADER) not in self.request.META
+            or not using(policy.alias).is_transient(exc)
+        ):
+            return None
+        refusal = StoreUnavailable(f"The request's user could not be read: {exc}")
+        engine.identity_unavailable(self._attributes(policy), policy, refusal)
+        return Answer(problems.unavailable())
+
     def _key_refused(self, outcome: str, policy: Policy, reason: str) -> None:
         engine.key_refused(outcome, self._attributes(policy), reason)
 

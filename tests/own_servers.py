@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +185,10 @@ class PostgreSQLCluster(Server):
         # new session sees it.
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
-            rows = self.admin("SELECT reset_val FROM pg_settings WHERE name = %s", ["default_transaction_read_only"])
+            rows = self.admin(
+                "SELECT reset_val FROM pg_settings WHERE name = %s",
+                ["default_transaction_read_only"],
+            )
             if rows[0][0] == ("on" if on else "off"):
                 time.sleep(0.1)
                 return
@@ -228,8 +231,21 @@ class MariaDBServer(Server):
         self.start()
 
     def start(self) -> None:
-        log = open(self.directory / "server.log", "ab")
-        self.process = subprocess.Popen(
+        with open(self.directory / "server.log", "ab") as log:
+            self.process = self._spawn(log)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError((self.directory / "server.log").read_text(errors="replace"))
+            try:
+                self.admin("SELECT 1")
+                return
+            except Exception:
+                time.sleep(0.1)
+        raise RuntimeError("mariadbd did not start")
+
+    def _spawn(self, log: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             [
                 "mariadbd",
                 "--no-defaults",
@@ -248,17 +264,6 @@ class MariaDBServer(Server):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        log.close()
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError((self.directory / "server.log").read_text(errors="replace"))
-            try:
-                self.admin("SELECT 1")
-                return
-            except Exception:
-                time.sleep(0.1)
-        raise RuntimeError("mariadbd did not start")
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -305,10 +310,8 @@ class MariaDBServer(Server):
             [database],
         )
         for (pid,) in rows:
-            try:
+            with suppress(Exception):  # already gone
                 self.admin(f"KILL CONNECTION {int(pid)}")
-            except Exception:  # already gone
-                pass
         return len(rows)
 
 
@@ -324,7 +327,10 @@ def register(alias: str, server: Server, database: str, **extra: Any) -> None:
         server.admin(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4")
         server.admin("CREATE USER IF NOT EXISTS 'app'@'%' IDENTIFIED BY 'app'")
         server.admin(f"GRANT ALL PRIVILEGES ON `{database}`.* TO 'app'@'%'")
-    settings = {"default": connections.settings["default"], alias: {**server.settings(database), **extra}}
+    settings = {
+        "default": connections.settings["default"],
+        alias: {**server.settings(database), **extra},
+    }
     connections.settings[alias] = connections.configure_settings(settings)[alias]
     call_command("migrate", "django_idempotency", database=alias, verbosity=0)
 
@@ -333,7 +339,5 @@ def unregister(alias: str) -> None:
     if alias in connections.settings:
         connections[alias].close()
         del connections.settings[alias]
-        try:
-            delattr(connections._connections, alias)  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
+        with suppress(AttributeError):
+            delattr(connections._connections, alias)

@@ -58,9 +58,9 @@ def test_overhead_benchmark_runs(flags: list[str], options: str) -> None:
     )
     assert options in output
     # The auth query and the claim, which reads first (on MySQL a SELECT, and the INSERT
-    # only for a new key).
+    # only for a new key); a first execution adds the view's INSERT and the stored response.
     assert "two-phase, replay: 2 statements" in output
-    first = 3 if connection.vendor == "postgresql" else 4
+    first = 4 if connection.vendor == "postgresql" else 5
     assert f"two-phase, first execution: {first} statements" in output
     assert "durable commit (an autocommitted INSERT):" in output
     assert "indexed read (a record by scope and key):" in output

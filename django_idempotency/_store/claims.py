@@ -46,16 +46,25 @@ class Claims(BoundStore):
     #: is put back whatever the claim's outcome.
     lock_wait_outlives_transaction = False
 
-    def claim(self, identity: Identity, *, ttl: timedelta, lock_timeout: timedelta) -> ClaimOutcome:
+    def claim(
+        self,
+        identity: Identity,
+        *,
+        ttl: timedelta,
+        lock_timeout: timedelta,
+        token: uuid.UUID | None = None,
+    ) -> ClaimOutcome:
         """Claim the call's key, or return the record that holds it.
 
         A new key costs one statement and so does a live key's record (the replay's only one).
         An expired record, or a stale ``processing`` one with the same fingerprint, is taken
-        over by one more, fenced ``UPDATE``.
+        over by one more, fenced ``UPDATE``. A claim made again after a fault passes the
+        ``token`` of the first: a record found under it is the first's, applied with its reply
+        lost, and so this call's.
         """
         started = time.monotonic()  # before now: the lock is surely held until lock_timeout later
         now = timezone.now()
-        token = uuid.uuid4()
+        token = token or uuid.uuid4()
         values = {
             "scope": identity.scope,
             "key_hash": identity.key_hash,
@@ -79,7 +88,7 @@ class Claims(BoundStore):
                 return None
             if isinstance(found, int):  # inserted, not read back: a first attempt
                 return self._claim(identity, token, lock_timeout, started, found)
-            if found.lock_token != token:  # not the row we inserted: another call's record
+            if found.lock_token != token:  # not the row this call wrote: another call's record
                 if not rules.TAKEOVER.holds(found, now, identity.fingerprint):
                     return found
                 again = take_over_params(connection, found.pk, params, now, identity.fingerprint)
