@@ -1,11 +1,11 @@
 """The owner's writes across the database's own faults, on a server of the test's own (issue 25).
 
-A PostgreSQL cluster or a MariaDB server is started in a temporary directory on this suite's
-ports (:mod:`tests.own_servers`), and restarted, stopped, made read-only or has its sessions
-ended while a protected view runs in this process: the view counts its executions in memory and
-does the fault itself, after its side effect, so the fault always falls between the claim and
-the result write. Each test asserts what the client got (never a ``500``), how often the view
-ran, and what the record holds.
+A PostgreSQL cluster or a MariaDB server of the fault suite's own (:mod:`tests.own_servers`) is
+restarted, stopped, made read-only or has its sessions ended while a protected view runs in
+this process: the view counts its executions in memory and does the fault itself, after its
+side effect, so the fault always falls between the claim and the result write. Each test
+asserts what the client got (never a ``500``), how often the view ran, and what the record
+holds.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from django_idempotency.models import IdempotencyKey
 from tests import own_servers
 
 ALIAS = "own_server"
-DATABASE = "idempotency_faults"
 
 pytestmark = [pytest.mark.server_db, pytest.mark.urls(__name__)]
 
@@ -81,18 +80,14 @@ urlpatterns = [
 
 @pytest.fixture(scope="module")
 def server(django_db_blocker: Any) -> Iterator[own_servers.Server]:
-    why = own_servers.available()
-    if why:
-        pytest.skip(why)
     with django_db_blocker.unblock():
-        vendor = connections["default"].vendor
-        made = own_servers.make(vendor)
+        made = own_servers.make(connections["default"].vendor)
         try:
-            own_servers.register(ALIAS, made, DATABASE)
+            own_servers.register(ALIAS, made)
             yield made
         finally:
             own_servers.unregister(ALIAS)
-            made.remove()
+            made.destroy()
 
 
 @pytest.fixture
@@ -188,9 +183,9 @@ def test_sessions_ended_between_the_view_and_its_result_write(store: own_servers
 
 
 def _ended(server: own_servers.Server) -> None:
-    assert server.terminate_others(DATABASE) >= 1
+    assert own_servers.terminate(server) >= 1
     deadline = time.monotonic() + 10  # until the server has let them go
-    while server.terminate_others(DATABASE) and time.monotonic() < deadline:
+    while own_servers.terminate(server) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -200,8 +195,8 @@ def test_a_read_only_spell_while_the_view_runs(store: own_servers.Server) -> Non
     spells: list[threading.Thread] = []
 
     def spell() -> None:
-        store.set_read_only(True)
-        thread = threading.Thread(target=lambda: (time.sleep(2), store.set_read_only(False)))
+        store.read_only(True)
+        thread = threading.Thread(target=lambda: (time.sleep(2), store.read_only(False)))
         thread.start()
         spells.append(thread)
 
@@ -211,7 +206,7 @@ def test_a_read_only_spell_while_the_view_runs(store: own_servers.Server) -> Non
     finally:
         for thread in spells:
             thread.join(own_servers.START_TIMEOUT)
-        store.set_read_only(False)
+        store.read_only(False)
     FAULT.clear()
     _assert_stored_once(key, first)
 
@@ -220,12 +215,12 @@ def test_replays_are_served_during_a_read_only_spell(store: own_servers.Server) 
     key = str(uuid.uuid4())
     first = post("/two-phase/", key)
     assert first.status_code == 201
-    store.set_read_only(True)
+    store.read_only(True)
     try:
         replay = post("/two-phase/", key)
         refused = post("/two-phase/", f"{key}-new")
     finally:
-        store.set_read_only(False)
+        store.read_only(False)
     assert (replay.status_code, replay.content) == (201, first.content)
     assert refused.status_code == 503 and refused["Retry-After"]
     assert {key: 1} == EFFECTS  # the new key's view did not run
