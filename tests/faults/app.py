@@ -10,6 +10,7 @@ per thread as Django does; the suite checks that no worker was re-forked (:meth:
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,13 @@ class App(harness.Server):
         super().stop()
         if self.process is not None:
             untrack(self.process.pid)
+
+    def discard_log(self) -> None:
+        """Keep a copy in ``IDEMPOTENCY_FAULT_LOGS`` (a folder) when it is set, for a look at
+        what the workers said under a fault that passed too."""
+        if (folder := os.environ.get("IDEMPOTENCY_FAULT_LOGS")) and hasattr(self, "log_path"):
+            shutil.copy(self.log_path, Path(folder) / self.log_path.name)
+        super().discard_log()
 
     def booted(self) -> set[int]:
         """Every worker pid gunicorn booted so far: a re-forked worker adds one."""

@@ -17,47 +17,29 @@ from tests.faults import app as apps
 from tests.faults.databases import MariaDBServer, PostgresCluster, SQLiteFile, free_port
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import Store
+from tests.test_servers_postgresql import serving
 
 
-def serving(request: pytest.FixtureRequest, app: apps.App) -> Iterator[apps.App]:
-    """Start ``app``; stop it at the end, and print its log if a test of the module failed."""
-    app.start()
-    failed_before = request.session.testsfailed
-    try:
-        yield app
-    finally:
-        app.stop()
-        if request.session.testsfailed > failed_before:
-            print(f"\n----- {app.name} log (end) -----\n{app.log()[-20000:]}")
-        app.discard_log()
-
-
-@pytest.fixture(scope="session")
-def postgresql() -> Iterator[PostgresCluster]:
-    cluster = PostgresCluster()
-    try:
-        cluster.create()
-        apps.migrate(cluster.url())
-        yield cluster
-    except BaseException:
-        print(f"\n----- postgresql log -----\n{cluster.log_tail()}")
-        raise
-    finally:
-        cluster.destroy()
-
-
-@pytest.fixture(scope="session")
-def mariadb() -> Iterator[MariaDBServer]:
-    server = MariaDBServer()
+def _created(server: PostgresCluster | MariaDBServer) -> Iterator[Any]:
     try:
         server.create()
         apps.migrate(server.url())
         yield server
     except BaseException:
-        print(f"\n----- mariadb log -----\n{server.log_tail()}")
+        print(f"\n----- {type(server).__name__} log -----\n{server.log_tail()}")
         raise
     finally:
         server.destroy()
+
+
+@pytest.fixture(scope="session")
+def postgresql() -> Iterator[PostgresCluster]:
+    yield from _created(PostgresCluster())
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDBServer]:
+    yield from _created(MariaDBServer())
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +52,7 @@ def sqlite() -> Iterator[SQLiteFile]:
         database.destroy()
 
 
-def _proxy(upstream: int) -> Iterator[FaultProxy]:
+def proxying(upstream: int) -> Iterator[FaultProxy]:
     proxy = FaultProxy(free_port(), upstream).start()
     try:
         yield proxy
@@ -80,51 +62,24 @@ def _proxy(upstream: int) -> Iterator[FaultProxy]:
 
 @pytest.fixture(scope="session")
 def postgresql_proxy(postgresql: PostgresCluster) -> Iterator[FaultProxy]:
-    yield from _proxy(postgresql.port)
+    yield from proxying(postgresql.port)
 
 
-@pytest.fixture(scope="session")
-def mariadb_proxy(mariadb: MariaDBServer) -> Iterator[FaultProxy]:
-    yield from _proxy(mariadb.port)
-
-
-@pytest.fixture(scope="module")
-def postgresql_app(request: pytest.FixtureRequest, postgresql: PostgresCluster) -> Iterator[Any]:
-    yield from serving(request, apps.app(postgresql.url()))
+@pytest.fixture(scope="module", params=["postgresql", "mariadb"])
+def server(request: pytest.FixtureRequest) -> PostgresCluster | MariaDBServer:
+    """Each server in turn: a module's tests run on one, then on the other."""
+    found: PostgresCluster | MariaDBServer = request.getfixturevalue(request.param)
+    return found
 
 
 @pytest.fixture(scope="module")
-def postgresql_proxied_app(
-    request: pytest.FixtureRequest, postgresql: PostgresCluster, postgresql_proxy: FaultProxy
-) -> Iterator[Any]:
-    yield from serving(request, apps.app(postgresql.url(postgresql_proxy.port)))
-
-
-@pytest.fixture(scope="module")
-def mariadb_app(request: pytest.FixtureRequest, mariadb: MariaDBServer) -> Iterator[Any]:
-    yield from serving(request, apps.app(mariadb.url()))
-
-
-@pytest.fixture(scope="module")
-def mariadb_proxied_app(
-    request: pytest.FixtureRequest, mariadb: MariaDBServer, mariadb_proxy: FaultProxy
-) -> Iterator[Any]:
-    yield from serving(request, apps.app(mariadb.url(mariadb_proxy.port)))
+def store(server: PostgresCluster | MariaDBServer) -> Store:
+    return Store(server.execute)
 
 
 @pytest.fixture(scope="module")
 def sqlite_app(request: pytest.FixtureRequest, sqlite: SQLiteFile) -> Iterator[Any]:
     yield from serving(request, apps.app(sqlite.url()))
-
-
-@pytest.fixture(scope="session")
-def postgresql_store(postgresql: PostgresCluster) -> Store:
-    return Store(postgresql.execute)
-
-
-@pytest.fixture(scope="session")
-def mariadb_store(mariadb: MariaDBServer) -> Store:
-    return Store(mariadb.execute)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 PORTS_VARIABLE = "IDEMPOTENCY_FAULT_PORTS"
 START_TIMEOUT = 60.0
@@ -151,6 +151,47 @@ def _tail(path: Path, lines: int = 40) -> str:
         return f"({path} missing)"
 
 
+@dataclass
+class _Server:
+    """What both servers share: a port of the range, a folder of their own, the server's pid."""
+
+    port: int = field(default_factory=free_port)
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-faults-")))
+    pid: int | None = None
+
+    LOG: ClassVar[str] = "server.log"
+    NAME: ClassVar[str]
+
+    @property
+    def datadir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / self.LOG
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def stop_for(self, seconds: float) -> None:
+        """Down for ``seconds`` (from the stop's end to the start's), then up again."""
+        self.stop()
+        time.sleep(seconds)
+        self.start()
+
+    def destroy(self) -> None:
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def log_tail(self) -> str:
+        return _tail(self.log_path)
+
+
 # PostgreSQL ----------------------------------------------------------------------------------
 
 
@@ -164,21 +205,12 @@ def postgresql_bin() -> Path:
 
 
 @dataclass
-class PostgresCluster:
+class PostgresCluster(_Server):
     """One cluster in a temporary folder, trust authentication, on ``port`` over TCP."""
 
-    port: int = field(default_factory=free_port)
-    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-faults-pg-")))
     bin: Path = field(default_factory=postgresql_bin)
-    pid: int | None = None
 
-    @property
-    def datadir(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def log_path(self) -> Path:
-        return self.root / "server.log"
+    NAME: ClassVar[str] = "postgresql"
 
     def url(self, port: int | None = None, database: str = DATABASE) -> str:
         """A ``DATABASE_URL`` (through ``port``, a proxy's, when given)."""
@@ -232,12 +264,6 @@ class PostgresCluster:
         self.pid = int((self.datadir / "postmaster.pid").read_text().split()[0])
         track(self.pid, "postgres")
 
-    def stop_for(self, seconds: float) -> None:
-        """Down for ``seconds`` (from the stop's end to the start's), then up again."""
-        self.stop()
-        time.sleep(seconds)
-        self.start()
-
     def terminate_backends(self, database: str = DATABASE) -> int:
         """``pg_terminate_backend`` on every client backend of ``database``: how many."""
         rows = self.execute(
@@ -278,15 +304,6 @@ class PostgresCluster:
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if cursor.description else []
 
-    def destroy(self) -> None:
-        try:
-            self.stop("immediate")
-        finally:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def log_tail(self) -> str:
-        return _tail(self.log_path)
-
 
 # MariaDB -------------------------------------------------------------------------------------
 
@@ -295,20 +312,11 @@ INSTALL_DB = shutil.which("mariadb-install-db") or "mariadb-install-db"
 
 
 @dataclass
-class MariaDBServer:
+class MariaDBServer(_Server):
     """One ``mariadbd`` with its own data folder, socket, pid file and port; no option file."""
 
-    port: int = field(default_factory=free_port)
-    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-faults-maria-")))
-    pid: int | None = None
-
-    @property
-    def datadir(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def log_path(self) -> Path:
-        return self.root / "server.err"
+    LOG: ClassVar[str] = "server.err"
+    NAME: ClassVar[str] = "mariadb"
 
     def url(self, port: int | None = None, database: str = DATABASE) -> str:
         """The app's ``DATABASE_URL`` (its own user; through ``port``, a proxy's, when given)."""
@@ -379,11 +387,6 @@ class MariaDBServer:
         self.stop()
         self.start()
 
-    def stop_for(self, seconds: float) -> None:
-        self.stop()
-        time.sleep(seconds)
-        self.start()
-
     def terminate_backends(self, user: str = APP_USER) -> int:
         """``KILL CONNECTION`` on every connection of the app's user: how many."""
         killed = 0
@@ -421,15 +424,6 @@ class MariaDBServer:
             return list(cursor.fetchall()) if cursor.description else []
         finally:
             conn.close()
-
-    def destroy(self) -> None:
-        try:
-            self.stop()
-        finally:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def log_tail(self) -> str:
-        return _tail(self.log_path)
 
 
 # SQLite --------------------------------------------------------------------------------------

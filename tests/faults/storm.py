@@ -96,6 +96,7 @@ class Figures:
     recovered_after: float | None = None  # the fault's end to the first new key served
     settled_after: float | None = None  # the fault's end to the last key answered its result
     fault_seconds: float = 0.0
+    gathered: float = 0.0  # the first owner sent to the fault: how long the views waited
     violations: list[str] = field(default_factory=list)
 
     def line(self) -> str:
@@ -106,7 +107,8 @@ class Figures:
         return (
             f"FAULT {self.database:<10} {self.fault:<16} {self.mode:<9} lock {self.lock}s | "
             f"executions/key {executions} | answers {answers} | slowest {self.slowest_answer:.2f}s"
-            f" | recovered {recovered} | settled {settled} | violations {len(self.violations)}"
+            f" | recovered {recovered} | settled {settled} | gathered {self.gathered:.1f}s"
+            f" | violations {len(self.violations)}"
         )
 
 
@@ -207,10 +209,12 @@ class Scenario:
                 fault_started = time.monotonic()
                 fault.inject()
                 self._open_gate()
+            sent = time.monotonic()
             owners = {key: pool.submit(self.send, key, "owner") for key in keys}
             if not fault.early:
                 self._wait_started(keys, owners)
                 fault_started = time.monotonic()
+                figures.gathered = round(fault_started - sent, 2)
                 fault.inject()
             for key in keys:
                 pool.submit(self.send, key, "duplicate")

@@ -11,43 +11,25 @@ import pytest
 
 from tests.faults import app as apps
 from tests.faults.catalogue import server_fault
-from tests.faults.conftest import serving
 from tests.faults.storm import check, run
+from tests.test_servers_postgresql import serving
 
 pytestmark = pytest.mark.faults
 
-PERSISTENT = {"IDEMPOTENCY_FAULT_CONN_MAX_AGE": "60"}
-
 
 @pytest.fixture(scope="module", params=["health-checks", "no-health-checks"])
-def postgresql_persistent_app(
-    request: pytest.FixtureRequest, postgresql: Any
-) -> Iterator[apps.App]:
+def app(request: pytest.FixtureRequest, server: Any) -> Iterator[apps.App]:
     health = "1" if request.param == "health-checks" else "0"
-    app = apps.app(postgresql.url(), **PERSISTENT, IDEMPOTENCY_FAULT_HEALTH_CHECKS=health)
-    app.variant = request.param
-    yield from serving(request, app)
-
-
-@pytest.fixture(scope="module", params=["health-checks", "no-health-checks"])
-def mariadb_persistent_app(request: pytest.FixtureRequest, mariadb: Any) -> Iterator[apps.App]:
-    health = "1" if request.param == "health-checks" else "0"
-    app = apps.app(mariadb.url(), **PERSISTENT, IDEMPOTENCY_FAULT_HEALTH_CHECKS=health)
+    app = apps.app(
+        server.url(),
+        IDEMPOTENCY_FAULT_CONN_MAX_AGE="60",
+        IDEMPOTENCY_FAULT_HEALTH_CHECKS=health,
+    )
     app.variant = request.param
     yield from serving(request, app)
 
 
 @pytest.mark.parametrize("mode", ["two-phase", "atomic"])
-def test_postgresql(
-    mode: str, postgresql: Any, postgresql_persistent_app: Any, postgresql_store: Any
-) -> None:
-    app = postgresql_persistent_app
-    database = f"postgresql, persistent ({app.variant})"
-    check(run(app, postgresql_store, database, server_fault("restart", postgresql), mode), app)
-
-
-@pytest.mark.parametrize("mode", ["two-phase", "atomic"])
-def test_mariadb(mode: str, mariadb: Any, mariadb_persistent_app: Any, mariadb_store: Any) -> None:
-    app = mariadb_persistent_app
-    database = f"mariadb, persistent ({app.variant})"
-    check(run(app, mariadb_store, database, server_fault("restart", mariadb), mode), app)
+def test_restart(mode: str, server: Any, app: Any, store: Any) -> None:
+    database = f"{server.NAME}, persistent ({app.variant})"
+    check(run(app, store, database, server_fault("restart", server), mode), app)
