@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.http import HttpResponse
-from django.test import Client, RequestFactory, override_settings
+from django.test import AsyncClient, Client, RequestFactory, override_settings
 
 from django_idempotency import IdempotencyInProgress, idempotent_function
 from django_idempotency._keys import hash_key
@@ -248,3 +249,22 @@ def test_concurrently_runs_coroutines_as_tasks() -> None:
 
     assert asyncio.run(concurrently(call, 3)) == [7, 7, 7]
     assert peak == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrently_has_every_call_running_at_once() -> None:
+    """Each call waits for all the others to have started: calls one after another never
+    would (the barrier breaks after its timeout, far above any run's)."""
+    met = threading.Barrier(3, timeout=30)
+    assert sorted(concurrently(lambda: met.wait(), 3)) == [0, 1, 2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrently_with_an_async_client(key: str) -> None:
+    async def send() -> Any:
+        headers = {"Idempotency-Key": key}
+        return await AsyncClient().post("/async/", {"a": 1}, headers=headers, **JSON)
+
+    answers = asyncio.run(concurrently(send, 3))
+    assert executions("async") == 1
+    assert all(answer.status_code in (201, 409) for answer in answers)
