@@ -350,8 +350,9 @@ def concurrently(
     A plain function (``lambda: client.post(...)``) runs in threads released together, each
     with its own database connection, closed when it ends: the test must commit what they read
     (``django_db(transaction=True)``, ``TransactionTestCase``). An ``async def`` function runs
-    as tasks: ``await concurrently(send, 5)``. An exception is raised once every call has
-    ended, or, with ``return_exceptions=True``, returned in its call's place (an
+    as tasks: ``await concurrently(send, 5)`` (from a sync test, through ``async_to_sync``, so
+    that the ORM's work runs on the test's own connection). An exception is raised once every
+    call has ended, or, with ``return_exceptions=True``, returned in its call's place (an
     ``idempotent_function`` raises ``IdempotencyInProgress`` for the calls that lost).
     """
     if times < 1:
