@@ -78,8 +78,11 @@ def new_key(view: object = None) -> str:
         key_format = conf.KEY_FORMAT if view is None else _policy_of(view).key_format
         min_length = conf.MIN_KEY_LENGTH
     for key in _candidates(key_format, min_length):
-        if len(key) >= min_length and (
-            key_format.pattern is None or key_format.pattern.fullmatch(key)
+        if (
+            min_length <= len(key) <= MAX_KEY_LENGTH
+            and key.isascii()
+            and key.isprintable()
+            and (key_format.pattern is None or key_format.pattern.fullmatch(key))
         ):
             return key
     raise ValueError(

@@ -45,6 +45,11 @@ def test_new_key_is_fresh_and_in_the_configured_format() -> None:
     pattern = re.compile(r"ord_[0-9a-f]{32}")
     with override_settings(IDEMPOTENCY={"KEY_FORMAT": pattern}):
         assert pattern.fullmatch(new_key())
+    # Drawn from the pattern, and within what the header takes (255 printable ASCII characters).
+    for drawn in (r"order-[0-9]{1,10}", r"(?:[a-z]{2}|\d+)-\w*-[^,]{3}", r"[a-z]{200,300}"):
+        with override_settings(IDEMPOTENCY={"KEY_FORMAT": re.compile(drawn)}):
+            key = new_key()
+            assert re.fullmatch(drawn, key) and len(key) <= 255 and key.isascii(), key
     with (
         override_settings(IDEMPOTENCY={"KEY_FORMAT": re.compile(r"(k)\1")}),
         pytest.raises(ValueError, match="no key matching"),
