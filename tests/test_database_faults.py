@@ -31,7 +31,9 @@ from tests import own_servers
 
 ALIAS = "own_server"
 
-pytestmark = [pytest.mark.server_db, pytest.mark.urls(__name__)]
+#: Selected with the fault suite (``IDEMPOTENCY_FAULTS=1``, CI's ``faults`` leg), which starts
+#: servers of its own; both servers whatever database the suite's own settings name.
+pytestmark = [pytest.mark.faults, pytest.mark.urls(__name__)]
 
 #: Executions of the views, by key; and what the view does after its side effect.
 EFFECTS: Counter[str] = Counter()
@@ -89,10 +91,11 @@ urlpatterns = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(django_db_blocker: Any) -> Iterator[own_servers.Server]:
+# Ids that are not vendor markers' names (a test's keywords include its ids).
+@pytest.fixture(scope="module", params=["postgresql", "mysql"], ids=["pg-cluster", "mariadb"])
+def server(request: pytest.FixtureRequest, django_db_blocker: Any) -> Iterator[own_servers.Server]:
     with django_db_blocker.unblock():
-        made = own_servers.make(connections["default"].vendor)
+        made = own_servers.make(request.param)
         try:
             own_servers.register(ALIAS, made)
             yield made
