@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from tests.testapp import policy_views, views
+from tests.testapp import ninja_api, policy_views, views
 
 router = SimpleRouter()
 router.register("executions", views.ExecutionViewSet)
@@ -36,6 +36,7 @@ urlpatterns = [
     path("misdecorated-apiview/", views.MisdecoratedApiView.as_view()),
     path("api-view-inner/", views.api_view_inner),
     path("api/", include(router.urls)),
+    path("ninja/", ninja_api.api.urls),
     path("policy/uuid/", policy_views.uuid_keys),
     path("policy/order/", policy_views.order_keys),
     path("policy/volatile/", policy_views.volatile),
