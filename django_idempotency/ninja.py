@@ -121,8 +121,39 @@ def _user_label() -> str:
 
 
 def _auth_scope(request: HttpRequest) -> str:
+    """Each principal the API authenticated (a user, an API key) has its own keys.
+
+    The principal is ninja's ``request.auth`` (:func:`auth_scope`); this first line is
+    published in the API's schema (``x-idempotency``).
+    """
     auth = getattr(request, "auth", None)
     return user_scope(request) if auth is None else auth_scope(auth)
+
+
+def _policy(options: Options, operation: Operation, *, authenticated: bool) -> Policy:
+    """The operation's policy: its options and the settings, its own methods unless a
+    ``methods`` option names others, and the scope of ``request.auth`` when ninja
+    authenticated the request, unless a ``scope`` option names another."""
+    policy = options.resolve()
+    changes: dict[str, Any] = {}
+    if options.get("methods") is None:
+        changes["methods"] = frozenset(operation.methods) - SAFE_METHODS
+    if options.get("scope") is None and authenticated:
+        changes["scope"] = _auth_scope
+    return replace(policy, **changes) if changes else policy
+
+
+def _published_policy(operation: Operation) -> Policy | None:
+    """The policy the operation's schema shows; ``None`` when it protects nothing."""
+    func: Any = operation.view_func
+    while func is not None and not isinstance(getattr(func, "idempotency_options", None), Options):
+        func = getattr(func, "__wrapped__", None)
+    if func is None or not conf.ENABLED:
+        return None
+    policy = _policy(
+        func.idempotency_options, operation, authenticated=bool(operation.auth_callbacks)
+    )
+    return policy if any(policy.protects(method) for method in operation.methods) else None
 
 
 class _Adapter(protocol.HttpAdapter):
@@ -137,14 +168,8 @@ class _Adapter(protocol.HttpAdapter):
         self.kwargs = kwargs
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
-        policy = self.options.resolve()
-        changes: dict[str, Any] = {}
-        if self.options.get("methods") is None:
-            changes["methods"] = frozenset(self.operation.methods) - SAFE_METHODS
-        if self.options.get("scope") is None and getattr(self.request, "auth", None) is not None:
-            changes["scope"] = _auth_scope
-        if changes:
-            policy = replace(policy, **changes)
+        authenticated = getattr(self.request, "auth", None) is not None
+        policy = _policy(self.options, self.operation, authenticated=authenticated)
         if conf.ENABLED and policy.protects(self.request.method):
             return policy
         protocol.attach(self.request, None)
@@ -217,7 +242,7 @@ def _bind(run: Callable[..., Any], operation: Operation | None = None) -> Callab
     each copy of the operation it mounts): the request learns its operation, and the schema
     the operation's policy."""
     operation = operation or _operation_of(run)
-    openapi.publish(operation)
+    openapi.publish(operation, _published_policy)
     if iscoroutinefunction(run):
 
         async def async_run(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
