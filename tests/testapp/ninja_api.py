@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -188,6 +189,36 @@ async def async_charge(request: HttpRequest, payload: ChargeIn, sleep: float = 0
 @idempotent(atomic=True, wait_timeout=5)
 def atomic(request: HttpRequest, payload: ChargeIn, sleep: float = 0) -> dict[str, Any]:
     return _charge(_run(request, "ninja-atomic", sleep), payload)
+
+
+#: Events a test sets: ``entered[name]`` once the operation runs, ``release[name]`` to let it end.
+ENTERED: dict[str, threading.Event] = {}
+RELEASE: dict[str, threading.Event] = {}
+
+
+@api.post("/gate", response={201: ChargeOut})
+@idempotent
+def gate(request: HttpRequest, payload: ChargeIn, name: str) -> dict[str, Any]:
+    """Runs until the test releases it: a duplicate meets it in flight, whatever the load."""
+    execution = _run(request, "ninja-gate")
+    ENTERED[name].set()
+    assert RELEASE[name].wait(timeout=30)
+    return _charge(execution, payload)
+
+
+@api.post("/recovery", response={201: dict[str, Any]})
+@idempotent
+def recovery(request: HttpRequest, payload: ChargeIn) -> dict[str, Any]:
+    """Two steps with recovery points; ``X-Crash: 1`` dies after the first, like a killed
+    worker (the record is left as it is)."""
+    claim = request.idempotency  # type: ignore[attr-defined]
+    if claim.recovery_point != "charged":
+        Execution.objects.create(label="ninja-recovery-charge", payload=claim.derived_key())
+        claim.set_recovery_point("charged")
+        if request.headers.get("X-Crash") == "1":
+            raise KeyboardInterrupt
+    Execution.objects.create(label="ninja-recovery-ship")
+    return {"attempt": claim.attempt, "key": claim.derived_key()}
 
 
 @api.get("/things", response={200: dict[str, int]})
