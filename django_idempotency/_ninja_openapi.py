@@ -25,12 +25,23 @@ from django_idempotency._responses import REPLAYED_HEADER
 
 PolicyOf = Callable[[Operation], "Policy | None"]
 
-_VALIDATION = "The request is invalid (ninja's validation); not stored."
-_VALIDATION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"detail": {"type": "array", "items": {"type": "object"}}},
-    "required": ["detail"],
-}
+#: Ninja's own answers to a request it refuses before the operation runs, never stored:
+#: (status, description, schema of its ``application/json`` body).
+_NINJA_VALIDATION = (
+    422,
+    "The request is invalid (ninja's validation); not stored.",
+    {
+        "type": "object",
+        "properties": {"detail": {"type": "array", "items": {"type": "object"}}},
+        "required": ["detail"],
+    },
+)
+_NINJA_PARSE_ERROR = (
+    400,
+    "The request body cannot be parsed (ninja); not stored.",
+    {"type": "object", "properties": {"detail": {"type": "string"}}, "required": ["detail"]},
+)
+_BODY_SOURCES = ("body", "form", "file")
 
 
 def publish(operation: Operation, policy_of: PolicyOf) -> None:
@@ -81,23 +92,17 @@ def document(operation: Operation, policy: Policy) -> dict[str, Any]:
         for code in declared
         if parts.replayable(code)
     }
-    problems = list(parts.problems(policy))
-    if operation.models:
-        problems.append((422, _VALIDATION, {}, {}))
-    for status, description, examples, headers in sorted(problems, key=lambda p: p[0]):
-        response = responses.setdefault(status, {})
-        content = (
-            {"application/json": {"schema": _VALIDATION_SCHEMA}}
-            if description == _VALIDATION
-            else {CONTENT_TYPE: {"schema": parts.PROBLEM_SCHEMA, "examples": examples}}
+    for status, description, examples, headers in parts.problems(policy):
+        _add(
+            responses,
+            status,
+            description,
+            declared,
+            {CONTENT_TYPE: {"schema": parts.PROBLEM_SCHEMA, "examples": examples}},
+            headers,
         )
-        response.setdefault("content", {}).update(content)
-        if headers:
-            response.setdefault("headers", {}).update(headers)
-        previous = response.get("description") or (
-            reasons.get(status, "") if status in declared else ""
-        )
-        response["description"] = f"{previous} Or: {description}" if previous else description
+    for status, description, schema in _refusals(operation):
+        _add(responses, status, description, declared, {"application/json": {"schema": schema}})
     extra: dict[str, Any] = {
         "responses": responses,
         "x-idempotency": published.policy_document(policy),
@@ -108,6 +113,34 @@ def document(operation: Operation, policy: Policy) -> dict[str, Any]:
     if not _has_header(operation, policy):
         extra["parameters"] = [parts.key_parameter(policy)]
     return extra
+
+
+def _refusals(operation: Operation) -> list[tuple[int, str, dict[str, Any]]]:
+    """Ninja's own refusals of requests to the operation (never stored)."""
+    sources = {getattr(model, "__ninja_param_source__", None) for model in operation.models}
+    refusals = [_NINJA_VALIDATION] if sources else []
+    if sources & set(_BODY_SOURCES):
+        refusals.append(_NINJA_PARSE_ERROR)
+    return refusals
+
+
+def _add(
+    responses: dict[int, dict[str, Any]],
+    status: int,
+    description: str,
+    declared: list[Any],
+    content: dict[str, Any],
+    headers: dict[str, Any] | None = None,
+) -> None:
+    """One more answer of ``status``, beside what the operation declares itself."""
+    response = responses.setdefault(status, {})
+    response.setdefault("content", {}).update(content)
+    if headers:
+        response.setdefault("headers", {}).update(headers)
+    previous = response.get("description") or (
+        reasons.get(status, "") if status in declared else ""
+    )
+    response["description"] = f"{previous} Or: {description}" if previous else description
 
 
 def _has_header(operation: Operation, policy: Policy) -> bool:

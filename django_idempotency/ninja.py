@@ -78,6 +78,12 @@ def idempotent(
     built = Options.build(VIEW_OPTIONS, "idempotent", **options)
 
     def decorate(func: Func) -> Func:
+        if isinstance(getattr(func, "__self__", None), Operation):
+            raise ImproperlyConfigured(
+                "@idempotent was given an operation's run (decorate_view, or add_decorator in "
+                "view mode), which ninja calls before its authentication and validation: "
+                f"{_PLACEMENT}."
+            )
         operation = _operation_being_decorated(func)
         if operation is None and hasattr(func, "_ninja_operation"):
             raise ImproperlyConfigured(

@@ -145,6 +145,26 @@ def test_ninja_s_422_for_an_invalid_body_is_not_stored(key: str) -> None:
     assert executions("ninja-charge") == 1
 
 
+def test_ninja_s_400_for_a_body_it_cannot_parse_is_not_stored(key: str) -> None:
+    unparsed = Client().post(
+        "/ninja/charges",
+        b'{"amount": 4',
+        content_type="application/json",
+        headers={"Idempotency-Key": key},
+    )
+    assert unparsed.status_code == 400
+    assert not IdempotencyKey.objects.exists()
+    assert send("charges", key=key).status_code == 201
+
+
+def test_an_http_error_the_operation_raises_is_answered_by_ninja_and_released(key: str) -> None:
+    for _ in range(2):
+        refused = send("http-error", key=key)
+        assert (refused.status_code, refused.json()) == (403, {"detail": "Not yours."})
+    assert executions("ninja-http-error") == 2
+    assert not IdempotencyKey.objects.exists()
+
+
 def test_a_401_is_not_stored_and_the_key_then_runs_with_good_credentials(key: str) -> None:
     refused = send("api-key", key=key, **{"X-API-Key": "wrong"})
     assert refused.status_code == 401
@@ -259,6 +279,29 @@ def test_above_the_operation_s_decorator_it_is_an_error_at_import() -> None:
         @api.post("/x")
         def operation(request: Any) -> dict[str, str]:
             return {}
+
+
+def test_in_view_mode_it_is_an_error_at_import() -> None:
+    from ninja.decorators import decorate_view
+
+    api = NinjaAPI(urls_namespace=f"view-mode-{uuid.uuid4()}")
+    with pytest.raises(ImproperlyConfigured, match="view mode"):
+
+        @api.post("/x")
+        @decorate_view(idempotent)
+        def operation(request: Any) -> dict[str, str]:
+            return {}
+
+    router = Router()
+    router.add_decorator(idempotent, mode="view")
+
+    @router.post("/y")
+    def other(request: Any) -> dict[str, str]:
+        return {}
+
+    api.add_router("/r", router)
+    with pytest.raises(ImproperlyConfigured, match="view mode"):
+        api.urls  # noqa: B018
 
 
 def test_a_router_mounted_twice_protects_both_mounts(key: str) -> None:

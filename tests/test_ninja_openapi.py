@@ -55,9 +55,12 @@ def test_the_problems_are_problem_json_and_the_replay_header_is_on_success() -> 
     assert responses["201"]["headers"][REPLAYED]["schema"] == {"type": "string", "enum": ["true"]}
     assert responses["201"]["content"]["application/json"]
     assert "headers" not in responses["503"] or REPLAYED not in responses["503"]["headers"]
-    # Ninja's own 422 for an invalid request, never stored.
+    # Ninja's own 422 for an invalid request and 400 for a body it cannot parse, never stored.
     assert "application/json" in responses["422"]["content"]
+    assert "application/json" in responses["400"]["content"]
     assert REPLAYED not in responses["422"].get("headers", {})
+    assert REPLAYED not in responses["400"].get("headers", {})
+    assert "application/json" not in operation("/dict")["responses"]["400"]["content"]
     assert op["x-idempotency"]["methods"] == ["POST"]
     assert "**Idempotency.**" in op["description"]
 

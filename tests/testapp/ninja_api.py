@@ -11,6 +11,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI, Router, Schema
+from ninja.errors import HttpError
 from ninja.responses import Status
 from ninja.security import APIKeyHeader, HttpBasicAuth
 
@@ -133,6 +134,13 @@ def status_code(request: HttpRequest, code: int) -> HttpResponse:
 def explode(request: HttpRequest) -> dict[str, int]:
     _run(request, "ninja-explode")
     raise RuntimeError("boom")
+
+
+@api.post("/http-error")
+@idempotent
+def http_error(request: HttpRequest) -> dict[str, int]:
+    _run(request, "ninja-http-error")
+    raise HttpError(403, "Not yours.")
 
 
 @api.post("/api-key", auth=ApiKey(), response={201: ChargeOut})
