@@ -19,6 +19,7 @@ from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponseBase
@@ -29,7 +30,7 @@ from django_idempotency import _engine as engine
 from django_idempotency import _http as protocol
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import _ninja_openapi as openapi
-from django_idempotency._conf import conf
+from django_idempotency._conf import conf, derived
 from django_idempotency._identity import Identity
 from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import sha256_hex
@@ -117,12 +118,19 @@ def auth_scope(auth: object) -> str:
         if auth._meta.label_lower == _user_label():
             return f"user:{auth.pk}"
         return f"{auth._meta.label_lower}:{auth.pk}"
+    kind = type(auth)
+    if kind.__str__ is object.__str__ and kind.__repr__ is object.__repr__:
+        # Its string is its address in memory: every request would be a principal of its own,
+        # and no retry would ever be replayed.
+        raise TypeError(
+            f"ninja authenticated the request as a {kind.__qualname__} whose string is its "
+            "address in memory, which names no principal: give the class a __str__ naming "
+            "it, return a model instance or a string, or give the operation a scope option."
+        )
     return f"auth:{sha256_hex(str(auth))}"
 
 
 def _user_label() -> str:
-    from django.contrib.auth import get_user_model
-
     return get_user_model()._meta.label_lower
 
 
@@ -140,10 +148,15 @@ def _policy(options: Options, operation: Operation, *, authenticated: bool) -> P
     """The operation's policy: its options and the settings, its own methods unless a
     ``methods`` option names others, and the scope of ``request.auth`` when ninja
     authenticated the request, unless a ``scope`` option names another."""
+    return _operation_policy(options, frozenset(operation.methods), authenticated)
+
+
+@derived
+def _operation_policy(options: Options, methods: frozenset[str], authenticated: bool) -> Policy:
     policy = options.resolve()
     changes: dict[str, Any] = {}
     if options.get("methods") is None:
-        changes["methods"] = frozenset(operation.methods) - SAFE_METHODS
+        changes["methods"] = methods - SAFE_METHODS
     if options.get("scope") is None and authenticated:
         changes["scope"] = _auth_scope
     return replace(policy, **changes) if changes else policy

@@ -213,6 +213,18 @@ def _execution() -> Any:
     return Execution.objects.create(label="scope")
 
 
+def test_an_auth_value_that_names_no_principal_is_refused_before_the_claim(key: str) -> None:
+    class Principal:
+        pass
+
+    with pytest.raises(TypeError, match="address in memory"):
+        auth_scope(Principal())
+    with pytest.raises(TypeError, match="address in memory"):
+        send("opaque-auth", key=key)
+    assert not IdempotencyKey.objects.exists()
+    assert executions("ninja-opaque") == 0
+
+
 def test_a_scope_option_wins_over_ninja_s_auth(key: str) -> None:
     one = send("scoped", key=key, **{"X-API-Key": "key-one", "X-Tenant": "t1"})
     two = send("scoped", key=key, **{"X-API-Key": "key-two", "X-Tenant": "t1"})

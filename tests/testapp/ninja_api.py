@@ -155,6 +155,16 @@ def with_user(request: HttpRequest, payload: ChargeIn) -> dict[str, Any]:
     return _charge(_run(request, "ninja-basic"), payload)
 
 
+class _Opaque:
+    """A principal without a ``__str__``."""
+
+
+@api.post("/opaque-auth", auth=lambda request: _Opaque(), response={201: ChargeOut})
+@idempotent
+def opaque_auth(request: HttpRequest, payload: ChargeIn) -> dict[str, Any]:
+    return _charge(_run(request, "ninja-opaque"), payload)
+
+
 def _tenant(request: HttpRequest) -> str:
     return "tenant:" + request.headers.get("X-Tenant", "none")
 
