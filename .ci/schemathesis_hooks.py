@@ -3,8 +3,8 @@
 The second answer must be the first one's bytes: the same status and body, with
 ``Idempotent-Replayed: true`` when the first was stored (any status but the released ones, 408,
 429 and 5xx), or the same problem again when the first was one of the app's own (nothing was
-stored), or the same page when the request never reached the view (Django's 404, ninja's 422). The
-request is sent again byte for byte: a new multipart boundary would be another body, so
+stored), or the same page when the request never reached the view (Django's 404, ninja's 422).
+The request is sent again byte for byte: a new multipart boundary would be another body, so
 another fingerprint.
 """
 

@@ -84,8 +84,8 @@ class Published(Mapping[str, Any]):
 
 def document(operation: Operation, policy: Policy) -> dict[str, Any]:
     """What ninja merges into the operation's schema: its key header, every problem the app
-    may answer, the replay header on each status a replay can have, the policy as
-    ``x-idempotency`` and as a paragraph of the description."""
+    may answer, ninja's own refusals (never stored), the replay header on each status a replay
+    can have, the policy as ``x-idempotency`` and as a paragraph of the description."""
     declared = [code for code in operation.response_models if code is not Ellipsis]
     responses: dict[int, dict[str, Any]] = {
         code: {"headers": {REPLAYED_HEADER: parts.REPLAYED}}
