@@ -11,6 +11,7 @@ and publishes the policy in ninja's OpenAPI schema (:mod:`._ninja_openapi`).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from collections.abc import Callable
@@ -244,16 +245,26 @@ def _wrap(func: Callable[..., Any], options: Options) -> Callable[..., Any]:
 
 
 def _signature(func: Callable[..., Any]) -> inspect.Signature:
-    """The function's signature with its annotations evaluated where it was written.
+    """The function's signature with its parameters' annotations evaluated where it was
+    written.
 
     Ninja reads a function's parameters from its signature but evaluates annotations written
     as strings (``from __future__ import annotations``) in the globals of the function it is
-    given: the wrapper's, this module's, where the operation's schemas are unknown.
+    given: the wrapper's, this module's, where the operation's schemas are unknown. One that
+    cannot be evaluated (a name imported for type checkers only) is left for ninja to report;
+    the return annotation is not ninja's business.
     """
-    try:
-        return inspect.signature(func, eval_str=True)
-    except Exception:  # a name only imported for type checkers: ninja will say which
-        return inspect.signature(func)
+    signature = inspect.signature(func)
+    namespace = getattr(inspect.unwrap(func), "__globals__", {})
+    parameters = []
+    for parameter in signature.parameters.values():
+        annotation = parameter.annotation
+        if isinstance(annotation, str):
+            with contextlib.suppress(Exception):
+                # What inspect.signature(eval_str=True) does, one annotation at a time.
+                annotation = eval(annotation, namespace)
+        parameters.append(parameter.replace(annotation=annotation))
+    return signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty)
 
 
 def _bind(run: Callable[..., Any], operation: Operation | None = None) -> Callable[..., Any]:

@@ -16,6 +16,7 @@ from ninja import NinjaAPI, Router
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.ninja import auth_scope, idempotent
 from tests.conftest import executions, problem_slug
+from tests.testapp.ninja_api import ChargeIn
 
 pytestmark = pytest.mark.django_db
 
@@ -314,6 +315,22 @@ def test_in_view_mode_it_is_an_error_at_import() -> None:
     api.add_router("/r", router)
     with pytest.raises(ImproperlyConfigured, match="view mode"):
         api.urls  # noqa: B018
+
+
+def test_string_annotations_resolve_where_the_function_was_written(key: str) -> None:
+    """Ninja evaluates string annotations in the wrapper's globals; the wrapper's signature
+    carries them evaluated, even when the return annotation cannot be."""
+    api = NinjaAPI(urls_namespace=f"annotations-{uuid.uuid4()}")
+
+    @api.post("/x")
+    @idempotent
+    def operation(request: Any, payload: ChargeIn) -> OnlyForTypeCheckers:  # type: ignore[name-defined]  # noqa: F821
+        return {"amount": payload.amount}
+
+    from ninja.testing import TestClient
+
+    answer = TestClient(api).post("/x", json=CHARGE, headers={"Idempotency-Key": key})
+    assert (answer.status_code, answer.json()) == (200, {"amount": 4200})
 
 
 def test_a_router_mounted_twice_protects_both_mounts(key: str) -> None:
