@@ -56,7 +56,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
 
     def identify(self, policy: Policy) -> Identity | Answer[HttpResponseBase] | None:
         request = self.request
-        header = request.META.get(wsgi_name(conf.HEADER))
+        header = request.META.get(_wsgi_name(conf.HEADER))
         if header is None:
             if not policy.required:
                 return None
@@ -147,12 +147,12 @@ def keep_body(request: HttpRequest) -> None:
     Without a key the request runs as if unprotected: its body is the view's business, and an
     upload over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` must not fail for being read (issue 20).
     """
-    if wsgi_name(conf.HEADER) in request.META:
+    if _wsgi_name(conf.HEADER) in request.META:
         bodies.keep_readable(request)
 
 
 @cache
-def wsgi_name(header: str) -> str:
+def _wsgi_name(header: str) -> str:
     """The header's key in ``request.META``: cheaper than ``request.headers``, which parses
     every header of the request on first use."""
     return HttpHeaders.to_wsgi_name(header)

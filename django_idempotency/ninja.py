@@ -197,7 +197,7 @@ class _Adapter(protocol.HttpAdapter):
 
     def identify(self, policy: Policy) -> Identity | Answer[HttpResponseBase] | None:
         meta = self.request.META
-        name = protocol.wsgi_name(conf.HEADER)
+        name = protocol._wsgi_name(conf.HEADER)
         if name not in meta and conf.HEADER in self.request.headers:
             # Ninja's TestClient puts headers in META as given ("HTTP_Idempotency_Key"),
             # where Django's handlers upper-case them: its requests are protected too.
