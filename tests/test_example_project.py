@@ -360,3 +360,25 @@ def test_check_and_createsuperuser(example: Example) -> None:
         assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
     login = httpx.get(example.url + "/admin/login/", timeout=10)
     assert login.status_code == 200
+
+
+def test_the_ninja_api_charges_once_and_publishes_its_policy(example: Example) -> None:
+    key = str(uuid.uuid4())
+    body = {"amount": 900, "currency": "eur"}
+    first = example.post("/ninja/charges", {**body, "sent_at": "2026-01-01T10:00:00Z"}, key)
+    assert first.status_code == 201, first.text
+    retry = example.post("/ninja/charges", {**body, "sent_at": "2026-01-01T10:00:05Z"}, key)
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert example.post("/ninja/charges", body).status_code == 400
+    invalid = example.post("/ninja/charges", {"amount": "900", "currency": "eur"}, key)
+    assert invalid.json()["detail"][0]["loc"] == ["body", "payload", "amount"]
+    receipt = example.post(
+        f"/ninja/charges/{first.json()['id']}/receipts", {"email": "ada@example.com"}, key
+    )
+    assert receipt.json()["type"].endswith("#idempotency-key-reuse")
+    schema = httpx.get(example.url + "/ninja/openapi.json", timeout=10).json()
+    operation = schema["paths"]["/ninja/charges"]["post"]
+    assert operation["x-idempotency"]["keyFormat"] == "uuid"
+    (parameter,) = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
+    assert parameter["required"] is True
