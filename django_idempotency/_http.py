@@ -64,7 +64,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             return Answer(problems.missing_key(conf.HEADER))
         try:
             key = parse_key(header, min_length=conf.MIN_KEY_LENGTH, bare=conf.BARE_KEYS)
-            policy.key_format.check(key)
+            key = policy.key_format.check(key)
         except InvalidKey as exc:
             self._key_refused("invalid_key", policy, str(exc))
             return Answer(problems.invalid_key(str(exc)))
