@@ -221,6 +221,10 @@ def _problems(policy: Policy) -> list[_Problem]:
         problems.invalid_key(f"The {header} must be printable ASCII."),
     )
     add(
+        "The request body could not be read (a multipart body without its boundary, say).",
+        problems.invalid_body("Invalid boundary in multipart: None."),
+    )
+    add(
         f"The {header} was already used for a different request.",
         problems.key_reuse(conf.MISMATCH_STATUS),
     )
