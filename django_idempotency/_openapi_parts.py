@@ -80,6 +80,10 @@ def problems(policy: Policy) -> list[Problem]:
         _problems.invalid_key(f"The {header} must be printable ASCII."),
     )
     add(
+        "The request body could not be read (a multipart body without its boundary, say).",
+        _problems.invalid_body("Invalid boundary in multipart: None."),
+    )
+    add(
         f"The {header} was already used for a different request.",
         _problems.key_reuse(conf.MISMATCH_STATUS),
     )
