@@ -21,8 +21,8 @@ __all__ = ["Erasure", "erase_scope"]
 
 logger = logging.getLogger("django_idempotency")
 
-#: Records deleted per short transaction (SQLite caps a statement's parameters near 1,000).
-BATCH_SIZE = 500
+#: The most records one statement deletes: a short lock on each database.
+BATCH_SIZE = 1000
 #: Times a batch that met another writer's lock (a claim, a cleanup) is tried again.
 _CONTENTION_TRIES = 5
 
@@ -63,13 +63,12 @@ def erase_scope(
         return Erasure(scope, finished, _in_progress(records), dry_run=True)
     bound = store.using(alias)
     size = min(batch_size, BATCH_SIZE)
-    deleted, after = 0, 0
-    while True:
-        batch = _batch(bound, stored, after, size)
-        deleted += batch[0]
-        if batch[1] is None:
+    deleted = 0
+    while True:  # until a batch finds fewer than it may delete: the scope's are gone
+        batch = _batch(bound, stored, size)
+        deleted += batch
+        if batch < size:
             break
-        after = batch[1]
     erasure = Erasure(scope, deleted, _in_progress(records))
     logger.warning(
         "Erased %s finished idempotency record%s of a scope; %s in progress left to finish.",
@@ -81,11 +80,11 @@ def erase_scope(
     return erasure
 
 
-def _batch(bound: store.Store, scope: str, after: int, size: int) -> tuple[int, int | None]:
+def _batch(bound: store.Store, scope: str, size: int) -> int:
     delay = 0.02
     for attempt in range(_CONTENTION_TRIES):
         try:
-            return bound.erase_batch(scope, after=after, size=size)
+            return bound.erase_batch(scope, size=size)
         except DatabaseError as exc:
             if not bound.is_contention(exc) or attempt == _CONTENTION_TRIES - 1:
                 raise

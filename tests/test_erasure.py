@@ -20,6 +20,7 @@ from django_idempotency import Erasure, erase_scope
 from django_idempotency._keys import hash_key
 from django_idempotency._limits import bounded_scope
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.signals import late_result_refused
 from tests.conftest import executions
 from tests.testapp import sealing_views
 
@@ -149,3 +150,46 @@ def test_a_scope_longer_than_the_column_is_erased_by_its_stored_hash() -> None:
         expires_at=timezone.now() + timedelta(hours=1),
     )
     assert erase_scope(long).deleted == 1
+
+
+def test_erasure_racing_a_principals_requests_never_takes_a_record_from_its_owner(
+    people: tuple[Client, Client],
+) -> None:
+    """Requests of the erased principal start and finish on four threads while the scope is
+    erased again and again: every request is answered, and no owner finds its record gone
+    when it stores its result (which would be a ``late_result_refused``)."""
+    erased = scope_of("erased")
+    refused: list[Any] = []
+    answers: list[int] = []
+    done = threading.Event()
+
+    def on_refused(**kwargs: Any) -> None:
+        refused.append(kwargs)
+
+    def requests(worker: int) -> None:
+        try:
+            client = client_of(User.objects.get(username="erased"))
+            for index in range(8):
+                answers.append(send(client, "/charge/?count=20", f"{worker}-{index}").status_code)
+        finally:
+            connections.close_all()
+
+    late_result_refused.connect(on_refused)
+    threads = [threading.Thread(target=requests, args=(worker,)) for worker in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        erasures = 0
+        while any(thread.is_alive() for thread in threads) or not done.is_set():
+            erase_scope(erased)
+            erasures += 1
+            if not any(thread.is_alive() for thread in threads):
+                done.set()
+    finally:
+        for thread in threads:
+            thread.join(60)
+        late_result_refused.disconnect(on_refused)
+    assert answers == [201] * 32 and not refused
+    assert erasures > 1
+    assert erase_scope(erased).in_progress == 0
+    assert not IdempotencyKey.objects.filter(scope=erased).exists()

@@ -123,32 +123,29 @@ class Maintenance(BoundStore):
         column = connection.ops.quote_name("id")
         return f"{column} IN ({', '.join(['%s'] * len(ids))})", list(ids)
 
-    def erase_batch(self, scope: str, *, after: int, size: int) -> tuple[int, int | None]:
-        """Delete up to ``size`` finished records of ``scope`` with ids above ``after``, in a
-        transaction of their own; ``(deleted, the last id looked at)`` (``None``: no more).
+    def erase_batch(self, scope: str, *, size: int) -> int:
+        """Delete up to ``size`` finished records of ``scope``, expired or not, in one
+        statement; returns how many. A record in ``processing`` is never deleted.
 
-        Expired or not; a record in ``processing`` is never deleted: the ``DELETE`` says so
-        again, so a record a claim took over since the ``SELECT`` stays with its new owner.
+        One statement, so it takes its write lock at once (SQLite waits for it, where a
+        ``SELECT`` then a ``DELETE`` in one transaction may be refused the lock it upgrades
+        to). The batch is picked in a derived table: MySQL and MariaDB refuse ``LIMIT`` in an
+        ``IN`` subquery, and a subquery on the table it deletes from. The outer condition holds
+        again for each row as it is deleted (PostgreSQL re-reads a row a claim changed), so a
+        record a claim took over meanwhile stays with its new owner.
         """
         connection = self.connection
         q = connection.ops.quote_name
         table = q(IdempotencyKey._meta.db_table)
-        where = f"{q('scope')} = %s AND {q('status')} <> %s"
-        with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+        finished = f"{q('scope')} = %s AND {q('status')} <> %s"
+        with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT {q('id')} FROM {table} WHERE {where} AND {q('id')} > %s "
-                f"ORDER BY {q('id')} LIMIT %s",
-                [scope, rules.PROCESSING, after, size],
+                f"DELETE FROM {table} WHERE {q('id')} IN (SELECT {q('id')} FROM "
+                f"(SELECT {q('id')} FROM {table} WHERE {finished} ORDER BY {q('id')} LIMIT %s) "
+                f"AS batch) AND {finished}",
+                [scope, rules.PROCESSING, size, scope, rules.PROCESSING],
             )
-            ids = [row[0] for row in cursor.fetchall()]
-            if not ids:
-                return 0, None
-            in_ids, params = self.in_ids(connection, ids)
-            cursor.execute(
-                f"DELETE FROM {table} WHERE {in_ids} AND {where}",
-                [*params, scope, rules.PROCESSING],
-            )
-            return cursor.rowcount, ids[-1]
+            return int(cursor.rowcount)
 
     def table_size(self) -> tuple[int | None, int | None, str]:
         """``(table bytes, index bytes, how they were measured)``, ``None`` for what is unknown.
