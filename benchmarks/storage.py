@@ -198,7 +198,7 @@ def sizes() -> None:
 
 
 WORKER = r"""
-import io, os, sys, uuid
+import io, json, os, sys, uuid
 sys.path.insert(0, sys.argv[1])
 import django
 from django.conf import settings
@@ -211,7 +211,7 @@ settings.configure(
     ROOT_URLCONF=__name__,
     INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_idempotency"],
     DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": sys.argv[2]}},
-    IDEMPOTENCY={"HEARTBEAT": False},
+    IDEMPOTENCY={"HEARTBEAT": False, **json.loads(sys.argv[6])},
 )
 django.setup()
 from django.core.handlers.wsgi import WSGIHandler
@@ -259,8 +259,11 @@ os.getppid()  # dump: replays
 """
 
 
-def _callgrind(tree: Path, route: str, count: int, big: Path) -> tuple[float, float]:
-    """Instructions per first execution and per replay of ``route``, with ``tree``'s app."""
+def _callgrind(
+    tree: Path, route: str, count: int, big: Path, settings: dict[str, Any] | None = None
+) -> tuple[float, float]:
+    """Instructions per first execution and per replay of ``route``, with ``tree``'s app and
+    ``settings`` as ``IDEMPOTENCY``."""
     with tempfile.TemporaryDirectory() as directory:
         worker = Path(directory) / "worker.py"
         worker.write_text(WORKER)
@@ -279,6 +282,7 @@ def _callgrind(tree: Path, route: str, count: int, big: Path) -> tuple[float, fl
                 str(big),
                 route,
                 str(count),
+                json.dumps(settings or {}),
             ],
             check=True,
             env=env,
@@ -300,14 +304,20 @@ def instructions(baseline: Path, count: int) -> None:
         big.write(charges(200_000))
         big.flush()
         print(f"\n## instructions per request (callgrind, {count} of each, after a warm-up)")
-        print(f"{'body':8} {'path':16} {'baseline':>12} {'this tree':>12} {'added':>8}")
+        print(
+            f"{'body':8} {'path':16} {'baseline':>12} {'this tree':>12} {'added':>8} "
+            f"{'with keys':>12} {'added':>8}"
+        )
+        keys = {"ENCRYPTION_KEYS": ["a" * 43 + "="]}
         for route in ("/small/", "/large/"):
             before = _callgrind(baseline, route, count, Path(big.name))
             after = _callgrind(ROOT, route, count, Path(big.name))
-            for label, old, new in zip(("first execution", "replay"), before, after, strict=True):
+            sealed = _callgrind(ROOT, route, count, Path(big.name), keys)
+            labels = ("first execution", "replay")
+            for label, old, new, key in zip(labels, before, after, sealed, strict=True):
                 print(
                     f"{route.strip('/'):8} {label:16} {old:>12,.0f} {new:>12,.0f} "
-                    f"{(new - old) / old:>+8.1%}"
+                    f"{(new - old) / old:>+8.1%} {key:>12,.0f} {(key - old) / old:>+8.1%}"
                 )
 
 

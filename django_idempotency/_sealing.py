@@ -98,8 +98,3 @@ def _decrypt(data: bytes) -> tuple[Headers, str | None, bytes]:
     inner, _, packed = plain.partition(b"\n")
     envelope = json.loads(inner)
     return envelope["headers"], envelope[CODEC], packed
-
-
-def stored_size(sealed: tuple[Any, bytes | None]) -> int:
-    """The bytes a sealed response's body column takes."""
-    return 0 if sealed[1] is None else len(sealed[1])
