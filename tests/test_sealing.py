@@ -193,6 +193,7 @@ def test_a_record_no_configured_key_reads_answers_response_not_stored_and_never_
     assert "can no longer be read" in problem["detail"]
     assert executions("charge") == 1
     assert "never run again" in caplog.text
+    assert "unreadable" in {getattr(line, "idempotency_outcome", "") for line in caplog.records}
     with keys(OLD):  # the key put back: readable again
         assert post("/charge/?count=20", key=key).status_code == 201
 
