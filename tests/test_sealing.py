@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -288,3 +291,32 @@ def test_the_check_command_reports_a_malformed_key() -> None:
         pytest.raises(SystemCheckError, match="E041"),
     ):
         call_command("check")
+
+
+# --- the figures of docs/storage.rst --------------------------------------------------------
+
+
+def test_the_storage_benchmark_gives_the_documented_room() -> None:
+    """``benchmarks/storage.py sizes`` runs, and its figures are those ``docs/storage.rst``
+    shows: the example's responses left as they are, the 200 KB body in 15%."""
+    root = Path(__file__).resolve().parents[1]
+    own = ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")  # it runs the example on SQLite
+    env = {name: value for name, value in os.environ.items() if name not in own}
+    result = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "storage.py"), "sizes"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+        env=env,
+        timeout=300,
+    )
+    rows = {line[:40].strip(): line[40:].split() for line in result.stdout.splitlines()[3:]}
+    examples = [cells for name, cells in rows.items() if name.startswith("POST ")]
+    assert len(examples) == 4
+    for cells in examples:  # body, as sent (n, "(", "100%)"), compressed: left as sent
+        assert cells[1] == cells[4] and cells[6] == "100%)"
+    big = rows["a 200 KB JSON body"]
+    assert big[5:7] == ["(", "15%)"] and big[11:] == ["(", "15%)"]
+    documented = (root / "docs" / "storage.rst").read_text()
+    assert "200 KB JSON body is stored in 15% of its size" in documented
