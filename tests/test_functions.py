@@ -34,6 +34,7 @@ from django_idempotency.exceptions import (
 )
 from django_idempotency.functions import JSONSerializer, idempotent_function
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.testing import expire_key
 from tests.conftest import executions
 from tests.testapp.models import Execution
 
@@ -441,7 +442,7 @@ def test_an_expired_record_is_treated_as_absent(key: str) -> None:
         return Execution.objects.create(label="handle").pk
 
     first = handle(key)
-    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    expire_key(key, handle, key)
     assert handle(key) != first
     assert executions("handle") == 2
 
