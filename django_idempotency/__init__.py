@@ -13,6 +13,8 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; ``X as X``: re-exported
+    from django_idempotency._erasure import Erasure as Erasure
+    from django_idempotency._erasure import erase_scope as erase_scope
     from django_idempotency._published import describe as describe
     from django_idempotency._storing import no_store as no_store
     from django_idempotency._storing import store_for as store_for
@@ -36,6 +38,8 @@ _HOMES = {
     "store_for": "_storing",
     "json_fingerprint": "fingerprints",
     "describe": "_published",
+    "erase_scope": "_erasure",
+    "Erasure": "_erasure",
     "Claim": "claim",
     "IdempotencyKey": "models",
     "IdempotencyError": "exceptions",

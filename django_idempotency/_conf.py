@@ -32,6 +32,7 @@ from django_idempotency._keys import KeyFormat
 from django_idempotency._values import FINGERPRINT_ARGUMENTS, SCOPE_ARGUMENTS, Test
 
 if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
     from django.http import HttpRequest
 
 ScopeFunction = Callable[["HttpRequest"], str]
@@ -165,6 +166,18 @@ def _import(value: Any, name: str) -> Callable[..., Any]:
         raise TypeError(f"{name}: {exc}") from exc
 
 
+def _fernet(value: Any, name: str) -> MultiFernet | None:
+    """The keys as one ``MultiFernet`` (the first encrypts, every one decrypts); ``None``
+    without keys. Imported here, on first use: ``cryptography`` is an optional extra."""
+    keys = values.fernet_keys(value, name)
+    if not keys:
+        return None
+    values.encryption_available(keys, name)
+    from cryptography.fernet import Fernet, MultiFernet
+
+    return MultiFernet([Fernet(key) for key in keys])
+
+
 def _function(
     default: str, ids: tuple[int, int], arguments: tuple[str, ...], *, doc: str
 ) -> Setting[Any]:
@@ -220,6 +233,11 @@ class Settings:
         doc="Renew the lock of every attempt in flight, so a slow live one is never taken over.",
     )
     BARE_KEYS = _switch(True, doc="A key may be sent bare as well as quoted, as the draft has it.")
+    COMPRESSION = _switch(
+        True,
+        doc="Store a response body over 1 KiB compressed (zlib) when that makes it smaller; "
+        "replays are byte-identical either way (:doc:`storage`).",
+    )
     HEADER = Setting(
         "Idempotency-Key",
         _coerce(str),
@@ -304,7 +322,8 @@ class Settings:
         _coerce(int),
         Check(17, values.positive_int),
         shown="1 MiB (1,048,576 bytes)",
-        doc="A larger response body is returned but not stored; its retries get ``500``.",
+        doc="A larger response body, as the client receives it, is returned but not stored; "
+        "its retries get ``500``.",
     )
     # E018, E019 and E030 to E032: the database DATABASE_ALIAS names (_checks.check_database).
     DATABASE_ALIAS = Setting(
@@ -334,6 +353,23 @@ class Settings:
         ),
         option=Option(function=True),
         doc='What a key must look like: ``"any"``, ``"uuid"`` or a compiled regular expression.',
+    )
+    MAX_STORED_BODY_SIZE = Setting(
+        None,
+        values.optional_positive_int,
+        Check(40, values.optional_positive_int),
+        doc="The most bytes a response may take in the table once compressed (and encrypted); "
+        "``None``: no limit of its own. Set it and raise ``MAX_BODY_SIZE`` to store larger "
+        "bodies that compress well (:doc:`storage`).",
+    )
+    ENCRYPTION_KEYS: Setting[MultiFernet | None] = Setting(
+        (),
+        _fernet,
+        Check(41, values.fernet_keys, hint="Make a key with Fernet.generate_key()."),
+        Check(42, values.encryption_available),
+        shown="none",
+        doc="Fernet keys: the first encrypts the stored headers and body, every one decrypts, "
+        "so keys rotate (:doc:`storage`). Needs the ``encryption`` extra.",
     )
 
 

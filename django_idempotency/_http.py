@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from functools import cache
 from typing import Any
@@ -20,6 +21,7 @@ from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import _problems as problems
 from django_idempotency import _responses as responses
+from django_idempotency import _sealing as sealing
 from django_idempotency import _storing as storing
 from django_idempotency import _telemetry as telemetry
 from django_idempotency._conf import conf
@@ -254,11 +256,22 @@ def _failed(function: Callable[..., object], option: str, request: HttpRequest, 
 
 
 def _replay(record: IdempotencyKey | Record) -> HttpResponseBase:
-    if record.response_body is None or record.response_status is None:
+    if record.response_status is None:
         return problems.response_not_stored()
-    return responses.replay(
-        record.response_status, record.response_headers, bytes(record.response_body)
-    )
+    try:
+        headers, body = sealing.unseal(record.response_headers, record.response_body)
+    except sealing.Unreadable as exc:
+        logger.error(
+            "Idempotency record %s: %s It is answered 500 response-not-stored, and never run "
+            "again.",
+            record.pk,
+            exc,
+            extra=telemetry.log_facts("unreadable", record.key_hash, record.scope),
+        )
+        return problems.response_not_stored(unreadable=True)
+    if body is None:
+        return problems.response_not_stored()
+    return responses.replay(record.response_status, headers, body)
 
 
 def _conclude(identity: Identity, claim: Claim, response: HttpResponseBase, policy: Policy) -> None:
@@ -284,12 +297,19 @@ def _conclude(identity: Identity, claim: Claim, response: HttpResponseBase, poli
 
 def _capture(claim: Claim, response: HttpResponseBase, ttl: timedelta | None) -> StoredResponse:
     stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE, ttl)
+    limit, setting = conf.MAX_BODY_SIZE, "MAX_BODY_SIZE"
+    if stored.body is not None and conf.MAX_STORED_BODY_SIZE is not None:
+        size = len(stored.sealed[1] or b"")
+        if size > conf.MAX_STORED_BODY_SIZE:
+            stored = replace(stored, body=None)
+            limit, setting = conf.MAX_STORED_BODY_SIZE, "MAX_STORED_BODY_SIZE"
     if stored.body is None:
         logger.error(
-            "Idempotency record %s: the response body is over MAX_BODY_SIZE (%s bytes); "
+            "Idempotency record %s: the response body is over %s (%s bytes); "
             "it was not stored, and replays will answer 500 response-not-stored.",
             claim.pk,
-            conf.MAX_BODY_SIZE,
+            setting,
+            limit,
             extra=telemetry.claim_facts("body_not_stored", claim),
         )
     return stored

@@ -85,13 +85,19 @@ def unavailable() -> HttpResponse:
     )
 
 
-def response_not_stored() -> HttpResponse:
+def response_not_stored(*, unreadable: bool = False) -> HttpResponse:
+    """A finished request whose response cannot be replayed: it was too large to store, or
+    (``unreadable``) no key of ``ENCRYPTION_KEYS`` decrypts it; the view is never run again."""
+    why = (
+        "its stored response can no longer be read"
+        if unreadable
+        else "its response was too large to store"
+    )
     return problem(
         500,
         "response-not-stored",
         "Response not stored",
-        "The original request completed, but its response was too large to store, "
-        "so it cannot be replayed.",
+        f"The original request completed, but {why}, so it cannot be replayed.",
     )
 
 

@@ -9,6 +9,9 @@ wherever it is given.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import importlib.util
 import inspect
 import re
 from collections.abc import Callable, Iterable
@@ -196,6 +199,44 @@ def absolute_uri(value: Any, name: str) -> str:
         if parts.scheme.lower() not in ("http", "https") or parts.hostname:
             return value
     raise ValueError(f"{name} must be an absolute URI, not {value!r}.")
+
+
+def optional_positive_int(value: Any, name: str) -> int | None:
+    return None if value is None else positive_int(value, name)
+
+
+def fernet_keys(value: Any, name: str) -> tuple[bytes, ...]:
+    """Fernet keys (URL-safe base64 of 32 bytes, as ``Fernet.generate_key()`` makes them), as
+    bytes; the message names a bad key by its position, never by its value (a secret)."""
+    items = _items(value)
+    if items is None:
+        raise TypeError(f"{name} must be a list of Fernet keys, not {type(value).__name__}.")
+    keys = []
+    for index, key in enumerate(items):
+        raw = key.encode("ascii", "replace") if isinstance(key, str) else key
+        if not isinstance(raw, bytes) or len(_urlsafe_b64decode(raw)) != 32:
+            raise ValueError(
+                f"{name}[{index}] is not a Fernet key (URL-safe base64 of 32 bytes, as "
+                "cryptography's Fernet.generate_key() returns)."
+            )
+        keys.append(raw)
+    return tuple(keys)
+
+
+def encryption_available(value: tuple[bytes, ...], name: str) -> tuple[bytes, ...]:
+    if value and importlib.util.find_spec("cryptography") is None:
+        raise ValueError(
+            f"{name} is set, but the cryptography package is not installed: "
+            "pip install 'django-idempotency[encryption]'."
+        )
+    return value
+
+
+def _urlsafe_b64decode(raw: bytes) -> bytes:
+    try:
+        return base64.urlsafe_b64decode(raw)
+    except (ValueError, binascii.Error):
+        return b""
 
 
 def _items(value: object) -> list[Any] | None:

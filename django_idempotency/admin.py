@@ -21,6 +21,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import _maintenance as maintenance
 from django_idempotency import _rules as rules
+from django_idempotency import _sealing as sealing
 from django_idempotency import _store as store
 from django_idempotency import _time_zones as time_zones
 from django_idempotency._conf import conf
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 else:  # ModelAdmin is generic in django-stubs only
     _ModelAdmin = admin.ModelAdmin
 
+#: Who sees a decrypted response when ``ENCRYPTION_KEYS`` is set.
+VIEW_STORED_RESPONSE = "django_idempotency.view_stored_response"
 #: Characters of a stored body shown on the change page; the rest is cut off.
 BODY_DISPLAY_LIMIT = 10_000
 #: Characters of the key hash shown in the list (the search takes 8 or more).
@@ -172,7 +175,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     )
     readonly_fields = (
         *("scope", "key_hash", "method", "path", "request_hash", "status"),
-        *("response_status", "stored_headers", "stored_body"),
+        *("response_status", "stored_headers", "stored_body", "response_hidden"),
         *("attempt", "lock_token", "recovery_point", "recovery_data", "stale", "expired"),
         *("created", "updated", "unlock", "expires"),
     )
@@ -281,9 +284,26 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     def expired(self, record: IdempotencyKey) -> str:
         return format_html("<em>{}</em>", _("expired")) if record.is_expired else str(_("no"))
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """With ``ENCRYPTION_KEYS``, the decrypted response only for staff with the
+        ``view_stored_response`` permission (superusers have it): it may hold cardholder data."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if conf.ENCRYPTION_KEYS is None or request.user.has_perm(VIEW_STORED_RESPONSE):
+            return fieldsets
+        return [
+            (name, {**options, "fields": _hidden(options["fields"])}) for name, options in fieldsets
+        ]
+
+    @admin.display(description=_("stored response"))
+    def response_hidden(self, record: IdempotencyKey) -> str:
+        return str(_("Encrypted; shown to staff with the “Can view stored responses” permission."))
+
     @admin.display(description=_("response headers"))
     def stored_headers(self, record: IdempotencyKey) -> str:
-        headers = record.response_headers or []
+        try:
+            headers = _unsealed(record)[0]
+        except sealing.Unreadable as exc:
+            return _warning(str(exc))
         if not headers:
             return "-"
         return format_html(
@@ -296,6 +316,8 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         kind, text = body_for_display(record, BODY_DISPLAY_LIMIT)
         if kind in ("json", "text"):
             return format_html("<pre>{}</pre>", text)
+        if kind == "unreadable":
+            return _warning(text)
         return text or "-"
 
     @admin.action(
@@ -344,9 +366,30 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         )
 
 
+def _hidden(fields: Any) -> list[Any]:
+    shown = ("stored_headers", "stored_body")
+    return [
+        "response_hidden" if field == shown[0] else field for field in fields if field != shown[1]
+    ]
+
+
+def _unsealed(record: IdempotencyKey) -> tuple[list[list[str]], bytes | None]:
+    """The record's headers and body as the view returned them (decompressed, decrypted),
+    read once per record for the page's two fields."""
+    cached: tuple[list[list[str]], bytes | None] | None = getattr(record, "_unsealed", None)
+    if cached is None:
+        cached = sealing.unseal(record.response_headers, record.response_body)
+        record._unsealed = cached  # type: ignore[attr-defined]
+    return cached
+
+
 def body_for_display(record: IdempotencyKey, limit: int) -> tuple[str, str]:
-    """The stored body for humans as ``(kind, text)``: JSON pretty-printed, binary described."""
-    body = record.response_body
+    """The stored body for humans as ``(kind, text)``: JSON pretty-printed, binary described,
+    and said so when no key of ``ENCRYPTION_KEYS`` decrypts it."""
+    try:
+        body = _unsealed(record)[1]
+    except sealing.Unreadable as exc:
+        return "unreadable", f"Cannot decrypt: {exc}"
     if body is None:
         if record.response_status is None:
             return "none", ""
@@ -372,7 +415,7 @@ def body_for_display(record: IdempotencyKey, limit: int) -> tuple[str, str]:
 
 
 def _content_type(record: IdempotencyKey) -> str:
-    for name, value in record.response_headers or []:
+    for name, value in _unsealed(record)[0]:
         if str(name).lower() == "content-type":
             return str(value)
     return "no content type"

@@ -47,6 +47,8 @@ class IdempotencyKey(models.Model):
     class Meta:
         verbose_name = _("idempotency key")
         verbose_name_plural = _("idempotency keys")
+        # The admin shows a decrypted response only to staff holding it (ENCRYPTION_KEYS).
+        permissions = [("view_stored_response", _("Can view stored responses"))]
         constraints = [
             models.UniqueConstraint(
                 fields=["scope", "key_hash"], name="django_idempotency_scope_key_uniq"

@@ -123,6 +123,30 @@ class Maintenance(BoundStore):
         column = connection.ops.quote_name("id")
         return f"{column} IN ({', '.join(['%s'] * len(ids))})", list(ids)
 
+    def erase_batch(self, scope: str, *, size: int) -> int:
+        """Delete up to ``size`` finished records of ``scope``, expired or not, in one
+        statement; returns how many. A record in ``processing`` is never deleted.
+
+        One statement, so it takes its write lock at once (SQLite waits for it, where a
+        ``SELECT`` then a ``DELETE`` in one transaction may be refused the lock it upgrades
+        to). The batch is picked in a derived table: MySQL and MariaDB refuse ``LIMIT`` in an
+        ``IN`` subquery, and a subquery on the table it deletes from. The outer condition holds
+        again for each row as it is deleted (PostgreSQL re-reads a row a claim changed), so a
+        record a claim took over meanwhile stays with its new owner.
+        """
+        connection = self.connection
+        q = connection.ops.quote_name
+        table = q(IdempotencyKey._meta.db_table)
+        finished = f"{q('scope')} = %s AND {q('status')} <> %s"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE {q('id')} IN (SELECT {q('id')} FROM "
+                f"(SELECT {q('id')} FROM {table} WHERE {finished} ORDER BY {q('id')} LIMIT %s) "
+                f"AS batch) AND {finished}",
+                [scope, rules.PROCESSING, size, scope, rules.PROCESSING],
+            )
+            return int(cursor.rowcount)
+
     def table_size(self) -> tuple[int | None, int | None, str]:
         """``(table bytes, index bytes, how they were measured)``, ``None`` for what is unknown.
 

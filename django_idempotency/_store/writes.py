@@ -7,12 +7,14 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_idempotency import _rules as rules
+from django_idempotency import _sealing as sealing
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import prep
 from django_idempotency.models import IdempotencyKey
@@ -27,10 +29,17 @@ class StoredResponse:
 
     status: int
     headers: list[list[str]]
-    body: bytes | None  # None: the body was over MAX_BODY_SIZE and was not kept
+    #: ``None``: the body was over ``MAX_BODY_SIZE`` (or ``MAX_STORED_BODY_SIZE``), not kept
+    body: bytes | None
     #: Its own TTL (``store_for()``), counted from when it is stored; ``None``: ``expires_at``
     #: stays as the claim set it.
     ttl: timedelta | None = None
+
+    @cached_property
+    def sealed(self) -> tuple[Any, bytes | None]:
+        """The headers and body columns' values: compressed, encrypted (:mod:`.._sealing`);
+        computed once, as ``MAX_STORED_BODY_SIZE`` reads them before the store writes them."""
+        return sealing.seal(self.headers, self.body)
 
 
 class FencedWrites(BoundStore):
@@ -67,8 +76,8 @@ class FencedWrites(BoundStore):
             stale_at,
             status=COMPLETED if stored.status < 400 else FAILED,
             response_status=stored.status,
-            response_headers=stored.headers,
-            response_body=stored.body,
+            response_headers=stored.sealed[0],
+            response_body=stored.sealed[1],
             unlock_at=None,
             updated_at=now,
             **expiry,

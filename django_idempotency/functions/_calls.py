@@ -25,6 +25,7 @@ from django.db import DatabaseError, connections
 
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
+from django_idempotency import _sealing as sealing
 from django_idempotency import _storing as storing
 from django_idempotency import _telemetry as telemetry
 from django_idempotency._conf import conf
@@ -384,6 +385,13 @@ def _stored_result(spec: Spec, record: IdempotencyKey | Record) -> Any:
             f"{spec.name}: the record of key {record.key_hash[:12]}… was marked failed "
             f"(status {record.response_status}); the function will not run for this key."
         )
-    if record.response_body is None:
+    try:
+        _, body = sealing.unseal(record.response_headers, record.response_body)
+    except sealing.Unreadable as exc:
+        raise IdempotencyError(
+            f"{spec.name}: the stored result of record {record.pk} cannot be read ({exc}); "
+            "the function will not run again for this key."
+        ) from exc
+    if body is None:
         raise IdempotencyError(f"{spec.name}: record {record.pk} has no stored result.")
-    return spec.serializer.loads(bytes(record.response_body))
+    return spec.serializer.loads(body)

@@ -1,4 +1,6 @@
-"""``manage.py idempotency_cleanup``: delete expired records in short batches, from cron."""
+"""``manage.py idempotency_cleanup``: delete expired records in short batches, from cron; with
+``--scope``, erase one principal's finished records now (:func:`django_idempotency.erase_scope`).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +9,12 @@ from argparse import ArgumentParser
 from datetime import datetime
 from typing import Any
 
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
+from django_idempotency._erasure import erase_scope
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 
@@ -54,6 +58,12 @@ class Command(arguments.Command):
         parser.add_argument(
             "--database", help="Database alias (default: the IDEMPOTENCY DATABASE_ALIAS)."
         )
+        parser.add_argument(
+            "--scope",
+            help="Erase: delete every finished record of this scope now, expired or not (as "
+            "the scope function returns it, e.g. user:42); records in progress are left and "
+            "reported.",
+        )
 
     def handle(
         self,
@@ -66,6 +76,7 @@ class Command(arguments.Command):
         dry_run: bool,
         database: str | None,
         verbosity: int,
+        scope: str | None = None,
         **options: Any,
     ) -> None:
         batch_size = arguments.count("--batch-size", batch_size)
@@ -79,6 +90,9 @@ class Command(arguments.Command):
                 "--max-runtime", max_runtime, zero=False, most=arguments.MAX_RUNTIME
             )
         alias = database_alias(database)
+        if scope is not None:
+            self._erase(scope, alias, batch_size, dry_run, (max_batches, limit, max_runtime))
+            return
         now = timezone.now()
         if dry_run:
             self._dry_run(alias, now, batch_size, limit, max_batches, verbosity)
@@ -130,6 +144,39 @@ class Command(arguments.Command):
             )
             if stopped_by:
                 self.stdout.write(f"Stopped by {stopped_by}; expired records may remain.")
+
+    def _erase(
+        self,
+        scope: str,
+        alias: str,
+        batch_size: int,
+        dry_run: bool,
+        bounds: tuple[int | float | None, ...],
+    ) -> None:
+        if any(bound is not None for bound in bounds):
+            raise CommandError(
+                "--scope erases every finished record of the scope: --max-batches, --limit and "
+                "--max-runtime do not apply to it."
+            )
+        try:
+            erasure = erase_scope(scope, using=alias, batch_size=batch_size, dry_run=dry_run)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        verb = "Would delete" if dry_run else "Deleted"
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"{verb} {erasure.deleted} finished idempotency record{_s(erasure.deleted)} "
+                f"of scope {scope!r}."
+            )
+        )
+        if erasure.in_progress:
+            self.stdout.write(
+                self.style.WARNING(
+                    f"{erasure.in_progress} record{_s(erasure.in_progress)} of the scope "
+                    f"{'is' if erasure.in_progress == 1 else 'are'} still processing and "
+                    "left to finish; run this again once they have."
+                )
+            )
 
     def _dry_run(
         self,

@@ -1,0 +1,21 @@
+"""The ``view_stored_response`` permission: with ``ENCRYPTION_KEYS`` set, the admin shows a
+decrypted response only to staff holding it (issue 31). Options only: no SQL."""
+
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("django_idempotency", "0003_postgresql_claim_function"),
+    ]
+
+    operations = [
+        migrations.AlterModelOptions(
+            name="idempotencykey",
+            options={
+                "permissions": [("view_stored_response", "Can view stored responses")],
+                "verbose_name": "idempotency key",
+                "verbose_name_plural": "idempotency keys",
+            },
+        ),
+    ]

@@ -1,0 +1,195 @@
+"""Erasure of one principal's records now (issue 31): ``erase_scope()`` and
+``idempotency_cleanup --scope``, with a request of that principal in flight on a real thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.db import connections
+from django.test import Client
+from django.utils import timezone
+
+from django_idempotency import Erasure, erase_scope
+from django_idempotency._keys import hash_key
+from django_idempotency._limits import bounded_scope
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.signals import late_result_refused
+from tests.conftest import executions
+from tests.testapp import sealing_views
+
+pytestmark = [pytest.mark.urls("tests.sealing_urls"), pytest.mark.django_db(transaction=True)]
+
+
+def client_of(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def send(client: Client, path: str, key: str) -> Any:
+    return client.post(path, {}, content_type="application/json", headers={"Idempotency-Key": key})
+
+
+@pytest.fixture
+def people() -> tuple[Client, Client]:
+    """Two principals, each with three finished records (one expired, one failed)."""
+    clients = tuple(client_of(User.objects.create_user(name)) for name in ("erased", "kept"))
+    for client in clients:
+        for key in ("a", "b", "expired"):
+            assert send(client, "/charge/?count=20", key).status_code == 201
+    IdempotencyKey.objects.filter(key_hash__in=_hashes("expired")).update(
+        expires_at=timezone.now() - timedelta(minutes=1)
+    )
+    IdempotencyKey.objects.filter(key_hash__in=_hashes("b")).update(
+        status=IdempotencyKey.Status.FAILED
+    )
+    return clients  # type: ignore[return-value]
+
+
+def _hashes(*keys: str) -> list[str]:
+    return [hash_key(key) for key in keys]
+
+
+def scope_of(name: str) -> str:
+    return f"user:{User.objects.get(username=name).pk}"
+
+
+@pytest.fixture
+def in_flight(people: tuple[Client, Client]) -> Iterator[threading.Thread]:
+    """A request of the erased principal held in its view on a thread of its own."""
+    sealing_views.entered.clear()
+    sealing_views.leave.clear()
+    answers: list[Any] = []
+
+    def run() -> None:
+        try:
+            answers.append(send(people[0], "/hold/", "held"))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.answers = answers  # type: ignore[attr-defined]
+    thread.start()
+    assert sealing_views.entered.wait(30), "the held request never reached its view"
+    yield thread
+    sealing_views.leave.set()
+    thread.join(30)
+
+
+def test_erase_scope_deletes_every_finished_record_of_the_scope_now_and_leaves_one_in_flight(
+    people: tuple[Client, Client], in_flight: threading.Thread
+) -> None:
+    erased, kept = scope_of("erased"), scope_of("kept")
+    assert erase_scope(erased, dry_run=True) == Erasure(erased, 3, 1, dry_run=True)
+    assert IdempotencyKey.objects.filter(scope=erased).count() == 4
+
+    assert erase_scope(erased) == Erasure(erased, 3, 1)
+
+    assert list(IdempotencyKey.objects.filter(scope=erased).values_list("status", flat=True)) == [
+        "processing"
+    ]
+    assert IdempotencyKey.objects.filter(scope=kept).count() == 3
+    # The request in flight finishes as usual: its result is stored, and replayed.
+    sealing_views.leave.set()
+    in_flight.join(30)
+    (answer,) = in_flight.answers  # type: ignore[attr-defined]
+    assert answer.status_code == 200
+    replay = send(people[0], "/hold/", "held")
+    assert replay.content == answer.content and replay["Idempotent-Replayed"] == "true"
+    assert executions("hold") == 1
+    # An erased key is a new key: its retry runs the view again.
+    assert send(people[0], "/charge/?count=20", "a").status_code == 201
+    assert executions("charge") == 7
+    # Once the request in flight has finished, erasing again takes its record too.
+    assert erase_scope(erased) == Erasure(erased, 2, 0)
+
+
+def test_the_command_erases_a_scope_counts_with_dry_run_and_reports_records_in_flight(
+    people: tuple[Client, Client], in_flight: threading.Thread
+) -> None:
+    erased = scope_of("erased")
+    out = StringIO()
+    call_command("idempotency_cleanup", "--scope", erased, "--dry-run", stdout=out)
+    assert f"Would delete 3 finished idempotency records of scope {erased!r}." in out.getvalue()
+    assert "1 record of the scope is still processing" in out.getvalue()
+    assert IdempotencyKey.objects.filter(scope=erased).count() == 4
+
+    out = StringIO()
+    call_command("idempotency_cleanup", "--scope", erased, "--batch-size", "2", stdout=out)
+    assert f"Deleted 3 finished idempotency records of scope {erased!r}." in out.getvalue()
+    assert "1 record of the scope is still processing" in out.getvalue()
+    assert IdempotencyKey.objects.filter(scope=erased).count() == 1
+    assert IdempotencyKey.objects.filter(scope=scope_of("kept")).count() == 3
+
+
+def test_erasure_refuses_what_it_cannot_do() -> None:
+    with pytest.raises(CommandError, match="do not apply"):
+        call_command("idempotency_cleanup", "--scope", "user:1", "--limit", "5")
+    with pytest.raises(CommandError, match="non-empty string"):
+        call_command("idempotency_cleanup", "--scope", "")
+    with pytest.raises(ValueError, match="batch_size"):
+        erase_scope("user:1", batch_size=0)
+
+
+def test_a_scope_longer_than_the_column_is_erased_by_its_stored_hash() -> None:
+    long = "tenant:" + "x" * 300
+    IdempotencyKey.objects.create(
+        scope=bounded_scope(long),
+        key_hash="0" * 64,
+        method="POST",
+        path="/",
+        request_hash="",
+        status=IdempotencyKey.Status.COMPLETED,
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    assert erase_scope(long).deleted == 1
+
+
+def test_erasure_racing_a_principals_requests_never_takes_a_record_from_its_owner(
+    people: tuple[Client, Client],
+) -> None:
+    """Requests of the erased principal start and finish on four threads while the scope is
+    erased again and again: every request is answered, and no owner finds its record gone
+    when it stores its result (which would be a ``late_result_refused``)."""
+    erased = scope_of("erased")
+    refused: list[Any] = []
+    answers: list[int] = []
+    done = threading.Event()
+
+    def on_refused(**kwargs: Any) -> None:
+        refused.append(kwargs)
+
+    def requests(worker: int) -> None:
+        try:
+            client = client_of(User.objects.get(username="erased"))
+            for index in range(8):
+                answers.append(send(client, "/charge/?count=20", f"{worker}-{index}").status_code)
+        finally:
+            connections.close_all()
+
+    late_result_refused.connect(on_refused)
+    threads = [threading.Thread(target=requests, args=(worker,)) for worker in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        erasures = 0
+        while any(thread.is_alive() for thread in threads) or not done.is_set():
+            erase_scope(erased)
+            erasures += 1
+            if not any(thread.is_alive() for thread in threads):
+                done.set()
+    finally:
+        for thread in threads:
+            thread.join(60)
+        late_result_refused.disconnect(on_refused)
+    assert answers == [201] * 32 and not refused
+    assert erasures > 1
+    assert erase_scope(erased).in_progress == 0
+    assert not IdempotencyKey.objects.filter(scope=erased).exists()
