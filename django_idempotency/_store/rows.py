@@ -7,7 +7,8 @@ call); these helpers keep what the fields would do, computed once per connection
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar, cast
 from weakref import WeakKeyDictionary
@@ -48,6 +49,44 @@ def _per_connection(build: Build[T]) -> Build[T]:
     return get
 
 
+#: The cursor each connection's store statements reuse, with the driver connection it is on.
+_CURSORS: WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, Any]] = WeakKeyDictionary()
+
+
+@contextmanager
+def statement_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+    """A cursor for one statement of the store, reused by the next one on the same connection.
+
+    Making a cursor (``connection.cursor()``) costs Django about what sending the statement
+    does (issue 28). The cursor kept is Django's own wrapper, so the connection's
+    ``execute_wrapper()`` hooks and its error translation apply as before; a connection that
+    logs queries (``DEBUG``, a test counting them), whose health check is due, or that is not
+    open yet gets a cursor made as Django makes it, and a new driver connection (a reconnect)
+    a new one.
+    """
+    raw = connection.connection
+    health_check_due = getattr(connection, "health_check_enabled", False) and not getattr(
+        connection, "health_check_done", True
+    )
+    if raw is None or connection.queries_logged or health_check_due:
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    kept = _CURSORS.get(connection)
+    if kept is None or kept[0] is not raw or _closed(kept[1]):
+        kept = _CURSORS[connection] = (raw, connection.cursor())
+    yield kept[1]
+
+
+def _closed(cursor: Any) -> bool:
+    """Whether the driver's cursor was closed (psycopg and sqlite3 say so; MySQLdb has none)."""
+    inner = cursor.cursor
+    closed = getattr(inner, "closed", None)
+    if closed is not None:
+        return bool(closed)
+    return getattr(inner, "connection", True) is None
+
+
 @_per_connection
 def _converters(connection: BaseDatabaseWrapper) -> list[tuple[Any, list[Any]]]:
     """What the ORM applies to each column it reads: dates, UUIDs, JSON."""
@@ -65,7 +104,7 @@ def first(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Idemp
     A cursor and the fields' converters (dates, UUIDs, JSON), not ``raw()``, whose per-call
     column resolution costs as much as the statement on a replay.
     """
-    with connection.cursor() as cursor:
+    with statement_cursor(connection) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
@@ -199,7 +238,7 @@ def instance_of(record: IdempotencyKey | Record) -> IdempotencyKey:
 
 def read_record(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Record | None:
     """The record a lean statement returns (every column, :data:`AS_TEXT` as text)."""
-    with connection.cursor() as cursor:
+    with statement_cursor(connection) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else Record(row, record_converters(connection))
@@ -225,6 +264,18 @@ def aware(connection: BaseDatabaseWrapper, value: Any) -> datetime:
 def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
     """A value of the named column, as the field would send it to this database."""
     return preparers(connection)[name](value)
+
+
+def sent(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
+    """:func:`prep`, but on PostgreSQL a time or a UUID goes as text, which psycopg adapts for
+    a fraction of what a ``datetime`` or a ``UUID`` costs (issue 28): it sends a ``str`` as
+    of unknown type, which the server reads as the column's (``SET``, a comparison)."""
+    if connection.vendor == "postgresql":
+        if isinstance(value, datetime):
+            return value.isoformat()
+        if isinstance(value, uuid.UUID):
+            return str(value)
+    return prep(name, value, connection)
 
 
 @_per_connection
