@@ -19,7 +19,7 @@ def figures(**changes: float) -> dict[str, Any]:
     counts = dict(baseline["instructions"])
     for name, factor in changes.items():
         counts[name.replace("_", " ")] = round(counts[name.replace("_", " ")] * factor)
-    return {"environment": baseline["environment"], "instructions": counts}
+    return {"why": baseline["why"], "environment": baseline["environment"], "instructions": counts}
 
 
 def test_the_baseline_says_why_and_has_every_path() -> None:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_idempotency import _rules as rules
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.rows import prep, sent, statement_cursor
+from django_idempotency._store.rows import prep, statement_cursor, text_preparers
 from django_idempotency.models import IdempotencyKey
 
 COMPLETED = IdempotencyKey.Status.COMPLETED
@@ -128,7 +128,8 @@ class FencedWrites(BoundStore):
     ) -> bool:
         q = connection.ops.quote_name
         sets = ", ".join(f"{q(name)} = %s" for name in changes)
-        values = [sent(name, value, connection) for name, value in changes.items()]
+        prepare = text_preparers(connection)
+        values = [prepare[name](value) for name, value in changes.items()]
         return self._fenced(connection, f"UPDATE {{table}} SET {sets}", values, pk, token, stale_at)
 
     def _fenced(
@@ -150,7 +151,7 @@ class FencedWrites(BoundStore):
         q = connection.ops.quote_name
         sql = statement.format(table=q(IdempotencyKey._meta.db_table))
         sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s"
-        params = [*params, pk, sent("lock_token", token, connection)]
+        params = [*params, pk, text_preparers(connection)["lock_token"](token)]
         if stale_at is None:
             sql += f" AND {q('status')} = %s"
             params.append(rules.PROCESSING)
