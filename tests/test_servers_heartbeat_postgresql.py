@@ -54,11 +54,22 @@ INTERVAL = LOCK / heartbeat.RENEWALS_PER_LOCK_TIMEOUT
 MARGIN = 1.0
 
 
-def started(label: str = "renewed-start") -> tuple[int, int]:
-    """The pid and attempt of the view's latest start (``renewed-start`` rows)."""
-    row = wait_for(
-        lambda: Execution.objects.filter(label=label).order_by("-pk").first(), "a view's start"
-    )
+def started(
+    label: str = "renewed-start", worker: subprocess.Popen[str] | None = None
+) -> tuple[int, int]:
+    """The pid and attempt of the view's latest start (``renewed-start`` rows).
+
+    A worker process started by the test imports Django and the test module first, which took
+    over 10 s on a loaded CI machine: its start is given a minute, and a worker that exits before
+    it starts fails the test with its own error output.
+    """
+
+    def start() -> Execution | None:
+        if worker is not None and worker.poll() is not None:
+            raise AssertionError(f"the worker exited before its start: {worker.communicate()}")
+        return Execution.objects.filter(label=label).order_by("-pk").first()
+
+    row = wait_for(start, "a view's start", timeout=10.0 if worker is None else 60.0)
     pid, attempt = row.payload.split(":")
     return int(pid), int(attempt)
 
@@ -213,7 +224,7 @@ def test_a_killed_function_worker_is_taken_over_within_lock_timeout_and_an_inter
     job_id = str(uuid.uuid4())
     worker = spawn_job(job_id, 60)
     try:
-        started("job-start")
+        started("job-start", worker)
         time.sleep(2 * LOCK)
         assert in_progress_or_result(job_id) is None  # renewed: still the worker's
     finally:
@@ -230,7 +241,7 @@ def test_a_killed_function_worker_is_taken_over_within_lock_timeout_and_an_inter
 def test_a_frozen_function_worker_loses_its_lock_and_its_result_is_refused() -> None:
     job_id = str(uuid.uuid4())
     worker = spawn_job(job_id, 5)
-    started("job-start")
+    started("job-start", worker)
     worker.send_signal(signal.SIGSTOP)
     try:
         time.sleep(LOCK + 0.5)
