@@ -65,18 +65,20 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             return Answer(problems.missing_key(conf.HEADER))
         try:
             key = parse_key(header, min_length=conf.MIN_KEY_LENGTH, bare=conf.BARE_KEYS)
-            policy.key_format.check(key)
+            key = policy.key_format.check(key)
         except InvalidKey as exc:
             self._key_refused("invalid_key", policy, str(exc))
             return Answer(problems.invalid_key(str(exc)))
         scope = bounded_scope(_call(policy.scope, "scope", request))
+        try:
+            fingerprint = _call(policy.fingerprint, "fingerprint", request, scope)
+        except bodies.UNREADABLE as exc:
+            return Answer(problems.invalid_body(_sentence(exc)))
         return Identity(
             key=key,
             scope=scope,
             key_hash=hash_key(key),
-            fingerprint=bounded_fingerprint(
-                _call(policy.fingerprint, "fingerprint", request, scope)
-            ),
+            fingerprint=bounded_fingerprint(fingerprint),
             method=request.method or "",
             path=request.get_full_path(),
             request=request,
@@ -176,6 +178,8 @@ def _call(function: Callable[..., object], option: str, request: HttpRequest, *a
     """
     try:
         value = function(request, *args)
+    except bodies.UNREADABLE:
+        raise  # the client's body, not the function: answered 400 invalid-request-body
     except Exception as exc:
         note = _failed(function, option, request, f"raised {type(exc).__name__}: {exc}")
         if sys.version_info >= (3, 11):  # shown under the traceback, by Django's too
@@ -186,6 +190,12 @@ def _call(function: Callable[..., object], option: str, request: HttpRequest, *a
     raise TypeError(
         _failed(function, option, request, f"returned {type(value).__name__}, not a str")
     )
+
+
+def _sentence(exc: Exception) -> str:
+    """Django's message about a body, as the end of a sentence."""
+    text = str(exc).strip() or type(exc).__name__
+    return text if text.endswith(".") else text + "."
 
 
 def _failed(function: Callable[..., object], option: str, request: HttpRequest, what: str) -> str:
