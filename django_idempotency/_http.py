@@ -31,6 +31,7 @@ from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import bounded_fingerprint, bounded_scope
 from django_idempotency._options import Options, Policy
 from django_idempotency._store import StoredResponse
+from django_idempotency._store.rows import Record
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
 from django_idempotency.models import IdempotencyKey
@@ -215,7 +216,7 @@ def _failed(function: Callable[..., object], option: str, request: HttpRequest, 
     return message
 
 
-def _replay(record: IdempotencyKey) -> HttpResponseBase:
+def _replay(record: IdempotencyKey | Record) -> HttpResponseBase:
     if record.response_status is None:
         return problems.response_not_stored()
     try:

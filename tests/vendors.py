@@ -29,3 +29,14 @@ IN_TRANSACTION = {
     "JOIN information_schema.processlist AS process ON process.id = trx.trx_mysql_thread_id "
     "WHERE process.db = DATABASE() AND process.id <> CONNECTION_ID()",
 }
+
+#: Makes this connection's later transactions (each autocommitted statement's too) refuse writes,
+#: and puts it back: a database in a read-only spell, as this connection sees it.
+READ_ONLY = {
+    "postgresql": (
+        "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+        "SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE",
+    ),
+    "mysql": ("SET SESSION TRANSACTION READ ONLY", "SET SESSION TRANSACTION READ WRITE"),
+    "sqlite": ("PRAGMA query_only = ON", "PRAGMA query_only = OFF"),
+}

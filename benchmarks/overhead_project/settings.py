@@ -27,6 +27,13 @@ INSTALLED_APPS = [
     "django_idempotency",
     "example_project.payments",
 ]
+try:
+    import drf_idempotency  # noqa: F401  (the peer: in the benchmarks' own environment only)
+except ImportError:
+    pass
+else:
+    # Its settings are read from IDEMPOTENCY too: this project sets none, so both use defaults.
+    INSTALLED_APPS.append("drf_idempotency")
 MIDDLEWARE = ["benchmarks.overhead_project.middleware.bearer_user"]
 LOGGING = {
     "version": 1,

@@ -10,3 +10,8 @@ urlpatterns = [
     path("atomic/", views.atomic),
     path("django-only/", views.django_only),
 ]
+if views.PEER:
+    urlpatterns += [
+        path("peer-two-phase/", views.peer_two_phase),
+        path("peer-atomic/", views.peer_atomic),
+    ]

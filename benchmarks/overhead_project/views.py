@@ -2,13 +2,16 @@
 
 It parses the JSON body, inserts a ``Charge`` row, and renders it as JSON: the work of a
 small real endpoint, so that the ratios mean something. The same function is served bare and
-protected in each mode.
+protected in each mode, and, when ``drf-idempotency`` is installed (the benchmarks' peer), by
+its decorator: alone (its only mode) and inside one transaction (``transaction.atomic``, as
+``ATOMIC_REQUESTS`` would run it), the peer's counterparts of our two modes.
 """
 
 from __future__ import annotations
 
 import json
 
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from django_idempotency.decorators import idempotent
@@ -40,3 +43,12 @@ def django_only(request: HttpRequest) -> HttpResponse:
 bare = create_charge
 two_phase = idempotent(required=True)(create_charge)
 atomic = idempotent(required=True, atomic=True)(create_charge)
+
+try:
+    from drf_idempotency import idempotent as peer_idempotent
+except ImportError:  # the peer is installed in the benchmarks' own environment only
+    PEER = False
+else:
+    PEER = True
+    peer_two_phase = peer_idempotent()(create_charge)
+    peer_atomic = transaction.atomic(peer_idempotent()(create_charge))

@@ -21,6 +21,7 @@ from django.db import DatabaseError, IntegrityError, OperationalError, transacti
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._store.base import Store
+from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import aware, first, prep
 from django_idempotency._store.statements import Statements
@@ -80,35 +81,37 @@ class MySQLStore(Store):
         )
 
     def insert_or_load(
-        self,
-        connection: BaseDatabaseWrapper,
-        params: list[Any],
-        scope: str,
-        key_hash: str,
-        token: uuid.UUID,
+        self, connection: BaseDatabaseWrapper, values: ClaimValues
     ) -> int | IdempotencyKey | None:
-        """A new key is claimed outright (its primary key), else the record is read.
+        """The record is read first; a new key is then claimed outright (its primary key).
 
-        A plain ``INSERT``, its duplicate-key error caught: InnoDB undoes the failed statement
-        alone, so no savepoint is needed even inside a transaction, and a new key costs one
-        statement (``lastrowid`` is all it reads back). ``ON DUPLICATE KEY UPDATE`` would lock
-        the live record exclusively on every replay, and with ``CLIENT_FOUND_ROWS`` its row
-        count does not tell an insert from a duplicate. A key in place costs a ``SELECT`` more.
+        The read writes nothing and takes no lock, so a replay costs one statement and is
+        served while the server refuses writes (``read_only``, a read-only transaction). A
+        plain ``INSERT`` follows only when no record was there, its duplicate-key error caught
+        (a concurrent attempt inserted the key in between: the record is read again): InnoDB
+        undoes the failed statement alone, so no savepoint is needed even inside a
+        transaction, and ``lastrowid`` is all it reads back. ``ON DUPLICATE KEY UPDATE``
+        would lock the live record exclusively, and with ``CLIENT_FOUND_ROWS`` its row count
+        does not tell an insert from a duplicate.
 
         A deadlock outside a transaction made this statement alone its victim: ``None``, claim
         again. Inside one, InnoDB rolled the whole transaction back: it is raised (``409``).
         """
         statements = self.statements(connection)
+        key = [values.identity.scope, values.identity.key_hash]
         try:
+            found = first(connection, statements.select, key)
+            if found is not None:
+                return found
             with connection.cursor() as cursor:
                 try:
-                    cursor.execute(statements.insert, params)
+                    cursor.execute(statements.insert, values.params(connection))
                 except IntegrityError as exc:
                     if error_code(exc) != DUPLICATE_KEY:
                         raise
                 else:
                     return int(cursor.lastrowid)
-            return first(connection, statements.select, [scope, key_hash])
+            return first(connection, statements.select, key)
         except OperationalError as exc:
             if error_code(exc) == DEADLOCK and not connection.in_atomic_block:
                 return None

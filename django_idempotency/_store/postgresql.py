@@ -2,17 +2,19 @@
 skips locked rows.
 
 The function (``django_idempotency_claim``, created by the migration
-``0003_postgresql_claim_function``) inserts the record, or reads it and takes it over when it is
-expired or stale, and bounds the lock wait of atomic mode, in one statement: PL/pgSQL keeps its
-statements' plans for the life of the server connection, where a statement sent as Django sends
-it (no server-side binding) is parsed and planned on every request. Nothing is prepared by name
+``0003_postgresql_claim_function`` and replaced by ``0004_claim_reads_first``) reads the key's
+record first, and only when there is none inserts it, or takes it over when it is expired or
+stale, bounding the lock wait of atomic mode, in one statement: a replay writes nothing, so it
+is served while the database refuses writes. PL/pgSQL keeps its statements' plans for the life
+of the server connection, where a statement sent as Django sends it (no server-side binding) is
+parsed and planned on every request. Nothing is prepared by name
 and nothing is set for the session, so it is safe behind a transaction-mode pooler. Without the
-function (a table made by ``--nomigrations``), the claim falls back to plain statements.
+function (a table made by ``--nomigrations``), the claim falls back to plain statements, which
+insert first.
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -23,8 +25,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency import _rules as rules
 from django_idempotency._store.base import Store
+from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
-from django_idempotency._store.rows import first
+from django_idempotency._store.rows import Record, first, lean_columns, read_record
 from django_idempotency._store.statements import (
     CLAIM_LITERALS,
     CLAIM_PARAMS,
@@ -34,14 +37,27 @@ from django_idempotency._store.statements import (
 from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 
-#: The claim function's name and its arguments' types: the claim's parameters (in the order of
-#: :data:`~django_idempotency._store.statements.CLAIM_PARAMS`), then the lock wait's bound.
+#: The claim function's name and its arguments: the claim's values (the claim's time once, for
+#: its ``created_at`` and ``updated_at``), then the lock wait's bound.
 CLAIM_FUNCTION = "django_idempotency_claim"
-_ARGUMENT_TYPES = {"lock_token": "uuid", "created_at": "timestamptz", "updated_at": "timestamptz"}
-_ARGUMENT_TYPES |= {"unlock_at": "timestamptz", "expires_at": "timestamptz"}
-_ARGUMENTS = [(f"p_{name}", _ARGUMENT_TYPES.get(name, "text")) for name in CLAIM_PARAMS]
-_ARGUMENTS.append(("p_lock_timeout", "text"))
+_ARGUMENTS = [
+    ("p_scope", "text"),
+    ("p_key_hash", "text"),
+    ("p_method", "text"),
+    ("p_path", "text"),
+    ("p_request_hash", "text"),
+    ("p_lock_token", "uuid"),
+    ("p_now", "timestamptz"),
+    ("p_unlock_at", "timestamptz"),
+    ("p_expires_at", "timestamptz"),
+    ("p_lock_timeout", "text"),
+]
 CLAIM_FUNCTION_SIGNATURE = f"{CLAIM_FUNCTION}({', '.join(kind for _, kind in _ARGUMENTS)})"
+#: Each claim value's argument in the function.
+_ARGUMENT_OF = {name: f"p_{name}" for name in CLAIM_PARAMS} | {
+    "created_at": "p_now",
+    "updated_at": "p_now",
+}
 
 #: What :meth:`PostgreSQLStore.limit_lock_wait` returns when the claim function bounds the wait.
 _IN_THE_CLAIM = "(bounded by the claim function)"
@@ -68,6 +84,12 @@ def claim_function_sql() -> str:
     """``CREATE OR REPLACE FUNCTION``: the claim's statements (:class:`Statements`), run inside
     the database.
 
+    It reads before it writes: a live record of the key (a replay, a mismatch, an attempt in
+    flight) is answered by the ``SELECT`` alone, which writes nothing and waits on no lock, so
+    replays are served while the database refuses writes (a read-only transaction, a standby
+    during a failover). Only a missing key is inserted, and an expired or stale record taken
+    over; the lock wait's bound is set for those writes alone.
+
     Each of its statements takes a snapshot of its own (the function is ``VOLATILE``), as the
     statements sent one by one do: the takeover's ``UPDATE`` re-checks the rule against the row
     a concurrent winner left, and nothing found means ``None`` (claim again). The caller's
@@ -80,13 +102,13 @@ def claim_function_sql() -> str:
     connection = cast(BaseDatabaseWrapper, _Quoting)
     q = _Quoting.ops.quote_name
     built = Statements.build(connection)
-    argument = {name: f"p_{name}" for name in CLAIM_PARAMS}
-    now = {"now": "p_updated_at", "request_hash": "p_request_hash", "processing": "p_processing"}
+    argument = _ARGUMENT_OF
+    now = {"now": "p_now", "request_hash": "p_request_hash", "processing": "p_processing"}
     insert = _fill(built.insert, [argument[name] for name in CLAIM_PARAMS])
     # In the order of the placeholders of Statements.take_over, as Store.take_over sends them.
     take_over = [argument[name] for name in TAKEOVER_FRESH if name not in CLAIM_LITERALS]
-    take_over += ["p_updated_at"] * 3 + ["p_updated_at", "p_created_at"]
-    take_over += ["p_updated_at", "p_expires_at", "found_row.id"]
+    take_over += ["p_now"] * 3 + ["p_now", "p_now"]
+    take_over += ["p_now", "p_expires_at", "found_row.id"]
     take_over += [now[name] for name in rules.TAKEOVER.params]
     takeover_rule = rules.TAKEOVER.where(lambda column: f"found_row.{q(column)}")
     holds = _fill(takeover_rule, [now[name] for name in rules.TAKEOVER.params])
@@ -99,23 +121,31 @@ DECLARE
     previous text;
     found_row {built.table};
     claimed boolean;
+    inserted boolean := false;
 BEGIN
-    IF p_lock_timeout IS NOT NULL THEN
-        previous := current_setting('lock_timeout');
-        PERFORM set_config('lock_timeout', p_lock_timeout, true);
-    END IF;
-    {_returning_into(insert)};
+    {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
     claimed := FOUND;
-    IF NOT claimed THEN
-        {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
-        claimed := FOUND;
-        IF claimed AND {holds} THEN
+    IF NOT claimed OR {holds} THEN
+        IF p_lock_timeout IS NOT NULL THEN
+            previous := current_setting('lock_timeout');
+            PERFORM set_config('lock_timeout', p_lock_timeout, true);
+        END IF;
+        IF NOT claimed THEN
+            {_returning_into(insert)};
+            inserted := FOUND;
+            claimed := FOUND;
+            IF NOT claimed THEN
+                {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
+                claimed := FOUND;
+            END IF;
+        END IF;
+        IF claimed AND NOT inserted AND {holds} THEN
             {_returning_into(_fill(built.take_over, take_over))};
             claimed := FOUND;
         END IF;
-    END IF;
-    IF p_lock_timeout IS NOT NULL THEN
-        PERFORM set_config('lock_timeout', previous, true);
+        IF p_lock_timeout IS NOT NULL THEN
+            PERFORM set_config('lock_timeout', previous, true);
+        END IF;
     END IF;
     IF claimed THEN
         RETURN NEXT found_row;
@@ -153,23 +183,26 @@ class PostgreSQLStore(Store):
 
     def build_statements(self, connection: BaseDatabaseWrapper) -> PostgreSQLStatements:
         built = Statements.build(connection)
-        placeholders = ", ".join(["%s"] * len(_ARGUMENTS))
+        # Cast, so that the values can be sent as text (cheaper to send than a datetime or a
+        # UUID) whether psycopg binds them on the client or on the server.
+        arguments = ", ".join(f"%s::{kind}" if kind != "text" else "%s" for _, kind in _ARGUMENTS)
         return PostgreSQLStatements(
             **vars(built),
             insert_or_select=f"WITH inserted AS ({built.insert}) SELECT * FROM inserted "
             f"UNION ALL {built.select}",
-            call=f"SELECT {built.columns} FROM {CLAIM_FUNCTION}({placeholders})",
+            call=f"SELECT {lean_columns(connection.ops.quote_name)} "
+            f"FROM {CLAIM_FUNCTION}({arguments})",
         )
 
     def insert_or_load(
-        self,
-        connection: BaseDatabaseWrapper,
-        params: list[Any],
-        scope: str,
-        key_hash: str,
-        token: uuid.UUID,
-    ) -> IdempotencyKey | None:
-        """One call of the claim function, which takes an expired or stale record over too.
+        self, connection: BaseDatabaseWrapper, values: ClaimValues
+    ) -> Record | IdempotencyKey | None:
+        """One call of the claim function, which takes an expired or stale record over too
+        (a :class:`~.rows.Record`: nothing is left for Python to decide but whose it is).
+
+        Its values go as text, each one cast in the statement: psycopg adapts a ``str`` for
+        a fraction of what a ``datetime`` or a ``UUID`` costs. The row comes back with its
+        times and token as text too, converted only if read (:class:`~.rows.Record`).
 
         Without the function, one statement: a data-modifying CTE inserts with ``ON CONFLICT DO
         NOTHING`` (which writes nothing on a conflict, so a replay commits no transaction and
@@ -180,8 +213,20 @@ class PostgreSQLStore(Store):
         statements = self.statements(connection)
         assert isinstance(statements, PostgreSQLStatements)
         if self.has_function(connection):
+            params = [
+                values.identity.scope,
+                values.identity.key_hash,
+                values.identity.method,
+                values.identity.path,
+                values.identity.fingerprint,
+                str(values.token),
+                values.now.isoformat(),
+                values.unlock_at.isoformat(),
+                values.expires_at.isoformat(),
+                _bound(connection),
+            ]
             try:
-                return first(connection, statements.call, [*params, _bound(connection)])
+                return read_record(connection, statements.call, params)
             except ProgrammingError as exc:
                 if getattr(exc.__cause__, "sqlstate", None) != "42883":  # undefined_function
                     raise
@@ -189,7 +234,11 @@ class PostgreSQLStore(Store):
                 _HAS_FUNCTION[_database(connection)] = False
                 if connection.in_atomic_block:  # the transaction is lost: a retry claims anew
                     raise StoreUnavailable(str(exc)) from exc
-        return first(connection, statements.insert_or_select, [*params, scope, key_hash])
+        identity = values.identity
+        params = values.params(connection)
+        return first(
+            connection, statements.insert_or_select, [*params, identity.scope, identity.key_hash]
+        )
 
     def has_function(self, connection: BaseDatabaseWrapper) -> bool:
         database = _database(connection)
