@@ -105,8 +105,8 @@ def main() -> None:
         help="a PostgreSQL URL whose server gets the benchmark database (default: DATABASE_URL)",
     )
     parser.add_argument("--database", default="bench_instructions", help="created, then dropped")
-    parser.add_argument("--requests", type=int, default=40, help="measured requests per path")
-    parser.add_argument("--warmup", type=int, default=30, help="requests per path before")
+    parser.add_argument("--requests", type=int, default=20, help="measured requests per path")
+    parser.add_argument("--warmup", type=int, default=20, help="requests per path before")
     parser.add_argument(
         "--env",
         type=Path,

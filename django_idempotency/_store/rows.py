@@ -6,11 +6,12 @@ call); these helpers keep what the fields would do, computed once per connection
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar, cast
-from weakref import WeakKeyDictionary
 
 from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -28,8 +29,9 @@ ATTNAMES = [field.attname for field in FIELDS]
 COLUMNS = [field.column for field in FIELDS if field.column]
 
 Build = Callable[[BaseDatabaseWrapper], T]
-_PER_CONNECTION: WeakKeyDictionary[BaseDatabaseWrapper, dict[Build[Any], Any]]
-_PER_CONNECTION = WeakKeyDictionary()
+#: The attribute of a connection (Django's wrapper) holding what :func:`_per_connection`
+#: computed for it: an attribute is found for a fraction of a weak dictionary's lookup.
+_CACHE = "_django_idempotency_cache"
 
 
 def _per_connection(build: Build[T]) -> Build[T]:
@@ -38,14 +40,55 @@ def _per_connection(build: Build[T]) -> Build[T]:
     """
 
     def get(connection: BaseDatabaseWrapper) -> T:
-        cache = _PER_CONNECTION.get(connection)
+        cache = connection.__dict__.get(_CACHE)
         if cache is None:
-            cache = _PER_CONNECTION[connection] = {}
-        if build not in cache:
-            cache[build] = build(connection)
-        return cast(T, cache[build])
+            cache = connection.__dict__[_CACHE] = {}
+        try:
+            return cast(T, cache[build])
+        except KeyError:
+            value = cache[build] = build(connection)
+            return value
 
     return get
+
+
+#: The attribute of a connection holding the cursor its store statements reuse, with the
+#: driver connection that cursor is on.
+_CURSOR = "_django_idempotency_cursor"
+
+
+@contextmanager
+def statement_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+    """A cursor for one statement of the store, reused by the next one on the same connection.
+
+    Making a cursor (``connection.cursor()``) costs Django about what sending the statement
+    does (issue 28). The cursor kept is Django's own wrapper, so the connection's
+    ``execute_wrapper()`` hooks and its error translation apply as before; a connection that
+    logs queries (``DEBUG``, a test counting them), whose health check is due, or that is not
+    open yet gets a cursor made as Django makes it, and a new driver connection (a reconnect)
+    a new one.
+    """
+    raw = connection.connection
+    health_check_due = getattr(connection, "health_check_enabled", False) and not getattr(
+        connection, "health_check_done", True
+    )
+    if raw is None or connection.queries_logged or health_check_due:
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    kept = connection.__dict__.get(_CURSOR)
+    if kept is None or kept[0] is not raw or _closed(kept[1]):
+        kept = connection.__dict__[_CURSOR] = (raw, connection.cursor())
+    yield kept[1]
+
+
+def _closed(cursor: Any) -> bool:
+    """Whether the driver's cursor was closed (psycopg and sqlite3 say so; MySQLdb has none)."""
+    inner = cursor.cursor
+    closed = getattr(inner, "closed", None)
+    if closed is not None:
+        return bool(closed)
+    return getattr(inner, "connection", True) is None
 
 
 @_per_connection
@@ -65,7 +108,7 @@ def first(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Idemp
     A cursor and the fields' converters (dates, UUIDs, JSON), not ``raw()``, whose per-call
     column resolution costs as much as the statement on a replay.
     """
-    with connection.cursor() as cursor:
+    with statement_cursor(connection) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
@@ -199,7 +242,7 @@ def instance_of(record: IdempotencyKey | Record) -> IdempotencyKey:
 
 def read_record(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Record | None:
     """The record a lean statement returns (every column, :data:`AS_TEXT` as text)."""
-    with connection.cursor() as cursor:
+    with statement_cursor(connection) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return None if row is None else Record(row, record_converters(connection))
@@ -225,6 +268,32 @@ def aware(connection: BaseDatabaseWrapper, value: Any) -> datetime:
 def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
     """A value of the named column, as the field would send it to this database."""
     return preparers(connection)[name](value)
+
+
+@_per_connection
+def text_preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any], Any]]:
+    """Each column's value as the store's fenced writes send it: on PostgreSQL, times, UUIDs
+    and JSON as text, which psycopg adapts for a fraction of what a ``datetime``, a ``UUID``
+    or a ``Jsonb`` costs (issue 28); it sends a ``str`` as of unknown type, which the server
+    reads as the column's type (``SET``, a comparison). Elsewhere :func:`preparers`."""
+    prepare = dict(preparers(connection))
+    if connection.vendor != "postgresql":
+        return prepare
+
+    def text(convert: Callable[[Any], str]) -> Callable[[Any], Any]:
+        return lambda value: None if value is None else convert(value)
+
+    for field in FIELDS:
+        kind = field.get_internal_type()
+        if kind == "DateTimeField":
+            prepare[field.name] = text(datetime.isoformat)
+        elif kind == "UUIDField":
+            prepare[field.name] = text(str)
+        elif kind == "JSONField" and getattr(field, "encoder", None) is None:
+            prepare[field.name] = text(json.dumps)
+        elif kind == "BinaryField":
+            prepare[field.name] = lambda value: value
+    return prepare
 
 
 @_per_connection

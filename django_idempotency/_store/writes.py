@@ -16,7 +16,7 @@ from django.utils import timezone
 from django_idempotency import _rules as rules
 from django_idempotency import _sealing as sealing
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.rows import prep
+from django_idempotency._store.rows import prep, statement_cursor, text_preparers
 from django_idempotency.models import IdempotencyKey
 
 COMPLETED = IdempotencyKey.Status.COMPLETED
@@ -166,7 +166,8 @@ class FencedWrites(BoundStore):
     ) -> bool:
         q = connection.ops.quote_name
         sets = ", ".join(f"{q(name)} = %s" for name in changes)
-        values = [prep(name, value, connection) for name, value in changes.items()]
+        prepare = text_preparers(connection)
+        values = [prepare[name](value) for name, value in changes.items()]
         return self._fenced(connection, f"UPDATE {{table}} SET {sets}", values, pk, token, stale_at)
 
     def _fenced(
@@ -188,13 +189,13 @@ class FencedWrites(BoundStore):
         q = connection.ops.quote_name
         sql = statement.format(table=q(IdempotencyKey._meta.db_table))
         sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s"
-        params = [*params, pk, prep("lock_token", token, connection)]
+        params = [*params, pk, text_preparers(connection)["lock_token"](token)]
         if stale_at is None:
             sql += f" AND {q('status')} = %s"
             params.append(rules.PROCESSING)
         else:
             sql += f" AND {rules.STALE.where(q)}"
             params += rules.STALE.args(prep("unlock_at", stale_at, connection))
-        with connection.cursor() as cursor:
+        with statement_cursor(connection) as cursor:
             cursor.execute(sql, params)
             return bool(cursor.rowcount)

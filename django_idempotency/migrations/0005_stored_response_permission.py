@@ -6,7 +6,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_idempotency", "0003_postgresql_claim_function"),
+        ("django_idempotency", "0004_claim_reads_first"),
     ]
 
     operations = [
