@@ -276,7 +276,7 @@ class Settings:
         1,
         _coerce(int),
         Check(10, values.positive_int),
-        doc="The ``Retry-After`` of a ``409``, in seconds.",
+        doc="The ``Retry-After`` of a ``409`` and of a ``503``, in seconds.",
     )
     RETRYABLE_STATUSES: Setting[Collection[int]] = Setting(
         frozenset({408, 429, *range(500, 600)}),

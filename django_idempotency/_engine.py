@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 from django.utils import timezone
 
@@ -38,6 +40,8 @@ logger = logging.getLogger("django_idempotency")
 
 _FIRST_WAIT = 0.02
 _MAX_WAIT = 0.25
+#: The bound on connecting again for an owner's write (seconds; libpq's least is 2).
+_CONNECT_TIMEOUT = 5
 #: Claims in a row that may meet a concurrent claim or release before the key counts as busy.
 _CLAIM_TRIES = 5
 
@@ -135,6 +139,22 @@ def refused(identity: Identity, policy: Policy, exc: StoreUnavailable | LockWait
     return "unavailable"
 
 
+def identity_unavailable(
+    attributes: dict[str, str], policy: Policy, exc: StoreUnavailable, what: str = "view"
+) -> None:
+    """Report a call refused because its scope, fingerprint or key met a database fault,
+    before anything was claimed (``unavailable``)."""
+    logger.error(
+        "Idempotency store %r unavailable: %s; the %s was not run.",
+        policy.alias,
+        exc,
+        what,
+        exc_info=exc,
+        extra=telemetry.log_facts("unavailable"),
+    )
+    telemetry.count("unavailable", attributes)
+
+
 def key_refused(outcome: str, attributes: dict[str, str], reason: str) -> None:
     """Report a request refused for its key (``missing_key``, ``invalid_key``)."""
     logger.info("Idempotency key refused: %s", reason, extra=telemetry.log_facts(outcome))
@@ -178,8 +198,18 @@ def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Fo
     delay = _FIRST_WAIT
     record: IdempotencyKey | Record | None = None
     waited = False
+    token = uuid.uuid4()
+    reconnected = False
     for _ in range(_CLAIM_TRIES):
-        outcome = store.claim(identity, ttl=policy.ttl, lock_timeout=policy.lock_timeout)
+        try:
+            outcome = store.claim(
+                identity, ttl=policy.ttl, lock_timeout=policy.lock_timeout, token=token
+            )
+        except StoreUnavailable as exc:
+            if reconnected or not _reconnect_thread(store, exc):
+                raise
+            reconnected = True
+            continue
         if outcome is None:
             continue  # raced with another call's claim or release: claim again
         if isinstance(outcome, Claim):
@@ -203,6 +233,32 @@ def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Fo
     if record is None:
         record = IdempotencyKey(scope=identity.scope, key_hash=identity.key_hash)
     return _found(Kind.IN_PROGRESS, record, identity, policy)
+
+
+def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
+    """Close the thread's connection to the store after a fault that left it unusable (not
+    a server that answered with a refusal: read-only), outside any transaction, so that the
+    claim is made once more on a new one; ``False``: not so.
+
+    A persistent connection (``CONN_MAX_AGE``) that died in a restart fails at its first
+    statement, which is the claim when nothing of the request used it before: Django reconnects
+    only between requests, or with ``CONN_HEALTH_CHECKS`` (issue 25). The view has not run, no
+    transaction is lost, and the claim is made with the same lock token, so a first claim
+    applied with its reply lost is found as this call's own.
+    """
+    connection = store.connection
+    if (
+        connection.in_atomic_block
+        or connection.connection is None  # connecting failed: so would connecting again
+        or not store.is_fault(exc.__cause__ or exc)
+        or connection.is_usable()
+    ):
+        return False
+    logger.warning(
+        "Idempotency store %r failed (%s); claiming again on a new connection.", store.alias, exc
+    )
+    _close(connection)
+    return True
 
 
 def _settled(store: Store, identity: Identity) -> bool:
@@ -299,7 +355,12 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
     with telemetry.span("idempotency.store", identity.attributes(policy.atomic)) as span:
         try:
             stored_ok = _fenced_write(
-                policy, store, lambda: store.store_response(claim.pk, claim.lock_token, stored)
+                policy,
+                store,
+                claim,
+                lambda connection: store.store_response(
+                    claim.pk, claim.lock_token, stored, connection=connection
+                ),
             )
         except DatabaseError:
             if policy.atomic:  # the transaction is lost with it: nothing of the attempt is kept
@@ -336,28 +397,82 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
         span.finish(outcome, claim.attempt)
 
 
-def _fenced_write(policy: Policy, store: Store, write: Callable[[], T]) -> T:
-    """Run an owner's fenced write, again while it fails only because another writer holds a
-    lock it needs (a SQLite writer, a cleanup batch, an operator's transaction): giving the
-    result up would leave the record to be taken over and the view run twice (issue 32).
+def _fenced_write(
+    policy: Policy,
+    store: Store,
+    claim: Claim,
+    write: Callable[[BaseDatabaseWrapper | None], T],
+) -> T:
+    """Run an owner's fenced write, again while it fails for a reason that passes: giving the
+    result up would leave the record to be taken over and the view run twice.
 
-    Tried until the lock could lapse (``lock_timeout``; renewal has stopped by now), after
-    which a retry may own the key and the fence decides. In atomic mode, or inside a caller's
-    transaction, the error has spoiled the transaction: it is raised at once.
+    ``write(connection)`` runs the write on ``connection`` (``None``: the calling thread's own).
+    Contention (another writer holds a lock it needs: a SQLite writer, a cleanup batch, an
+    operator's transaction; issue 32) is waited out on the same connection. A fault (the
+    connection lost, the server restarting, failing over or read-only; issue 25) is tried again
+    on a connection of its own, made for the alias and closed after: never the thread's, which
+    the project's code may hold in a transaction, and which Django does not reopen until the
+    request ends. The write may then be the second of a pair whose first was applied and whose
+    reply was lost (``commit outcome unknown``): ``write`` is told so by being given that
+    connection, and the fence makes the second a no-op.
+
+    Tried with backoff until the claim's lock could lapse (:attr:`.Claim.held_until`; renewal
+    has stopped by now), after which a retry may own the key and the fence decides. In atomic
+    mode, or inside a caller's transaction, the error has spoiled the transaction (and the
+    claim is not committed, so no other connection could see it): it is raised at once.
     """
     if policy.atomic or connections[policy.alias].in_atomic_block:
-        return write()
-    deadline = time.monotonic() + policy.lock_timeout.total_seconds()
+        return write(None)
     delay = _FIRST_WAIT
-    while True:
-        try:
-            return write()
-        except DatabaseError as exc:
-            if not store.is_contention(exc) or time.monotonic() + delay >= deadline:
-                raise
-        logger.info("Idempotency store %r busy; writing again in %.2gs.", policy.alias, delay)
-        time.sleep(delay)
-        delay = min(delay * 2, _MAX_WAIT)
+    own: BaseDatabaseWrapper | None = None
+    try:
+        while True:
+            try:
+                return write(own)
+            except DatabaseError as exc:
+                fault = store.is_fault(exc)
+                if not (fault or store.is_contention(exc)):
+                    raise
+                if time.monotonic() + delay >= claim.held_until:
+                    raise
+                if fault:
+                    own = _reconnect(own, store)
+                    logger.warning(
+                        "Idempotency store %r failed (%s); writing record %s again on a new "
+                        "connection in %.2gs.",
+                        policy.alias,
+                        exc,
+                        claim.pk,
+                        delay,
+                    )
+                else:
+                    logger.info(
+                        "Idempotency store %r busy; writing again in %.2gs.", policy.alias, delay
+                    )
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_WAIT)
+    finally:
+        if own is not None:
+            _close(own)
+
+
+def _reconnect(previous: BaseDatabaseWrapper | None, store: Store) -> BaseDatabaseWrapper:
+    """A new connection object for the store's alias (connected when first used), with a bound
+    on connecting: a server that drops packets must not hold the owner past its lock."""
+    if previous is not None:
+        _close(previous)
+    connection = connections[store.alias].copy()
+    if connection.vendor != "sqlite":
+        options = connection.settings_dict.setdefault("OPTIONS", {})
+        options.setdefault("connect_timeout", _CONNECT_TIMEOUT)
+    return connection
+
+
+def _close(connection: BaseDatabaseWrapper) -> None:
+    try:
+        connection.close()
+    except DatabaseError:  # already broken: nothing left to close
+        logger.debug("Closing a connection of the idempotency store failed.", exc_info=True)
 
 
 def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, raised: bool) -> None:
@@ -370,7 +485,14 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
         try:
             if not (policy.atomic and raised):
                 store = using(policy.alias)
-                _fenced_write(policy, store, lambda: store.release(claim.pk, claim.lock_token))
+                _fenced_write(
+                    policy,
+                    store,
+                    claim,
+                    lambda connection: store.release(
+                        claim.pk, claim.lock_token, connection=connection
+                    ),
+                )
         except DatabaseError:
             if policy.atomic:
                 raise
@@ -407,23 +529,31 @@ def atomic_attempt(policy: Policy) -> Iterator[None]:
 
     It connects first, so that an unreachable store raises
     :class:`~.exceptions.StoreUnavailable` (a ``503``, or a consumer's redelivery) rather than a
-    raw database error from inside the block; so does a commit that fails, or
-    :class:`~.exceptions.LockWaitTimeout` for a deadlock.
+    raw database error from inside the block. So does the block's end when it fails: a commit
+    that fails (or :class:`~.exceptions.LockWaitTimeout` for a deadlock), and a rollback that
+    fails and the reconnect Django then tries, whose error would otherwise replace the one the
+    block ended with (issue 25); so does a fault the protected code met on the store's
+    database, since nothing of the attempt was kept. Any other error of the protected code is
+    its own, raised as it is.
     """
+    store = using(policy.alias)
     try:
         connections[policy.alias].ensure_connection()
     except DatabaseError as exc:
         raise StoreUnavailable(str(exc)) from exc
-    committing = False
+    raised: BaseException | None = None
     try:
         with transaction.atomic(using=policy.alias):
-            yield
-            committing = True
-    except DatabaseError:
-        if not committing:
+            try:
+                yield
+            except BaseException as exc:
+                raised = exc
+                raise
+    except DatabaseError as exc:
+        if exc is raised and not store.is_fault(exc):
             raise
-        # The commit failed (on a Galera cluster: another node's claim of the key passed its
-        # certification first, a deadlock error). Nothing of the attempt was kept: a 409 the
-        # client may retry, or a 503, not a raw database error.
-        with using(policy.alias).guard():
+        # Nothing of the attempt was kept. A commit that failed on a Galera cluster (another
+        # node's claim of the key passed its certification first, a deadlock error): a 409 the
+        # client may retry; otherwise a 503, not a raw database error.
+        with store.guard():
             raise

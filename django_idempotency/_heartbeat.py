@@ -48,8 +48,11 @@ BATCH = 400
 #: How long the idle thread waits for another attempt before it exits (its connection is
 #: closed at once): a busy server keeps one thread rather than starting one per request.
 LINGER = 2.0
-#: The first wait before a failed renewal is retried; it doubles up to the interval.
+#: The first wait before a failed renewal is retried; it doubles up to the interval or
+#: :data:`LAST_RETRY`, whichever is shorter: renewals resume within a second of the database
+#: answering again, however long it was away (issue 25).
 FIRST_RETRY = 0.25
+LAST_RETRY = 1.0
 THREAD_NAME = "django-idempotency-renewer"
 
 Group = tuple[str, timedelta]  # the database alias and the lock_timeout of the attempts
@@ -182,6 +185,7 @@ class Renewer:
     def _renew(self, group: Group, leases: list[_Lease]) -> None:
         alias, lock_timeout = group
         held: set[int] = set()
+        since = time.monotonic()
         with self._cond:
             self._connected = True
         try:
@@ -203,6 +207,9 @@ class Renewer:
             ]
             for lease in lost:
                 del self._leases[id(lease.claim)]
+        for lease in leases:
+            if lease.claim.pk in held:
+                lease.claim.held_for(since)
         for lease in lost:
             _announce_lost(lease)
 
@@ -210,7 +217,7 @@ class Renewer:
         """Retry sooner than the interval, doubling the wait; reconnect first."""
         with self._cond:
             failures = self._failures[group] = self._failures.get(group, 0) + 1
-            wait = min(FIRST_RETRY * 2 ** (failures - 1), interval(group[1]))
+            wait = min(FIRST_RETRY * 2 ** (failures - 1), interval(group[1]), LAST_RETRY)
             if group in self._due:
                 self._due[group] = time.monotonic() + wait
         logger.warning(

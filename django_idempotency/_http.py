@@ -12,7 +12,7 @@ from datetime import timedelta
 from functools import cache
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
@@ -30,7 +30,7 @@ from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import bounded_fingerprint, bounded_scope
 from django_idempotency._options import Options, Policy
-from django_idempotency._store import StoredResponse
+from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.rows import Record
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
@@ -71,9 +71,12 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         except InvalidKey as exc:
             self._key_refused("invalid_key", policy, str(exc))
             return Answer(problems.invalid_key(str(exc)))
-        scope = bounded_scope(_call(policy.scope, "scope", request))
         try:
-            fingerprint = _call(policy.fingerprint, "fingerprint", request, scope)
+            scope = bounded_scope(_call(policy, policy.scope, "scope", request))
+            fingerprint = _call(policy, policy.fingerprint, "fingerprint", request, scope)
+        except StoreUnavailable as exc:
+            engine.identity_unavailable(self._attributes(policy), policy, exc)
+            return Answer(problems.unavailable())
         except bodies.UNREADABLE as exc:
             return Answer(problems.invalid_body(_sentence(exc)))
         return Identity(
@@ -87,10 +90,26 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             operation=_operation(request),
         )
 
+    def fault(self, exc: DatabaseError) -> Answer[HttpResponseBase] | None:
+        """The ``503`` of a keyed, protected request whose user could not be read (a
+        database fault); ``None``: not this app's to answer."""
+        policy = self.policy
+        if (
+            policy is None
+            or _wsgi_name(conf.HEADER) not in self.request.META
+            or not using(policy.alias).is_transient(exc)
+        ):
+            return None
+        refusal = StoreUnavailable(f"The request's user could not be read: {exc}")
+        engine.identity_unavailable(self._attributes(policy), policy, refusal)
+        return Answer(problems.unavailable())
+
     def _key_refused(self, outcome: str, policy: Policy, reason: str) -> None:
+        engine.key_refused(outcome, self._attributes(policy), reason)
+
+    def _attributes(self, policy: Policy) -> dict[str, str]:
         method = self.request.method or ""
-        attributes = telemetry.labels(method, _operation(self.request), policy.atomic)
-        engine.key_refused(outcome, attributes, reason)
+        return telemetry.labels(method, _operation(self.request), policy.atomic)
 
     def hold(self, claim: Claim | None) -> None:
         self.claim = claim
@@ -171,27 +190,47 @@ def _operation(request: HttpRequest) -> str:
     return match.route or match.view_name
 
 
-def _call(function: Callable[..., object], option: str, request: HttpRequest, *args: str) -> str:
+def _call(
+    policy: Policy,
+    function: Callable[..., object],
+    option: str,
+    request: HttpRequest,
+    *args: str,
+) -> str:
     """The view's scope or fingerprint, from its function or the setting's.
 
     One that raises, or returns anything but a ``str``, is a bug in the project: the exception
     propagates (its type kept: a database error stays one), with a note and an ERROR log naming
-    the function, before anything is claimed or the view runs (issue 18).
+    the function, before anything is claimed or the view runs (issue 18). A database fault
+    (the default scope reads ``request.user``, a query while the database is down) is no bug:
+    :class:`~.exceptions.StoreUnavailable`, a ``503`` (issue 25).
     """
     try:
         value = function(request, *args)
     except bodies.UNREADABLE:
         raise  # the client's body, not the function: answered 400 invalid-request-body
+    except DatabaseError as exc:
+        if using(policy.alias).is_transient(exc):
+            raise StoreUnavailable(f"The {option} function met a database fault: {exc}") from exc
+        _note(exc, function, option, request)
+        raise
     except Exception as exc:
-        note = _failed(function, option, request, f"raised {type(exc).__name__}: {exc}")
-        if sys.version_info >= (3, 11):  # shown under the traceback, by Django's too
-            exc.add_note(note)
+        _note(exc, function, option, request)
         raise
     if isinstance(value, str):
         return value
     raise TypeError(
         _failed(function, option, request, f"returned {type(value).__name__}, not a str")
     )
+
+
+def _note(
+    exc: Exception, function: Callable[..., object], option: str, request: HttpRequest
+) -> None:
+    """Note and log the function's own exception as the project's bug."""
+    note = _failed(function, option, request, f"raised {type(exc).__name__}: {exc}")
+    if sys.version_info >= (3, 11):  # shown under the traceback, by Django's too
+        exc.add_note(note)
 
 
 def _sentence(exc: Exception) -> str:

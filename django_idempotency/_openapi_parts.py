@@ -110,7 +110,7 @@ def problems(policy: Policy) -> list[Problem]:
             }
             for _, response in entries
         }
-        headers = RETRY_AFTER if status == 409 else {}
+        headers = RETRY_AFTER if status in (409, 503) else {}
         answers.append((status, description, examples, headers))
     return answers
 

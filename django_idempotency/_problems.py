@@ -81,6 +81,7 @@ def unavailable() -> HttpResponse:
         "idempotency-unavailable",
         "Idempotency store unavailable",
         "The idempotency store could not be reached, so the request was not processed.",
+        headers={"Retry-After": str(conf.RETRY_AFTER)},
     )
 
 

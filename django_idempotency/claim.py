@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -48,6 +49,18 @@ class Claim:
     #: Set (from the renewer's thread) when a renewal found the record no longer this
     #: attempt's: taken over after its lock expired, or released by an operator.
     lock_lost: bool = field(default=False, repr=False, compare=False)
+    #: Until when (``time.monotonic()``) the lock is known held: the claim's or the last
+    #: renewal's start plus ``lock_timeout``. An owner's final write is tried again until then
+    #: (issue 25); after it, a retry may have taken the key over.
+    held_until: float = field(default=0.0, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.held_until:
+            self.held_until = time.monotonic() + self.lock_timeout.total_seconds()
+
+    def held_for(self, since: float) -> None:
+        """The lock was pushed forward by a write started at ``since`` (monotonic)."""
+        self.held_until = max(self.held_until, since + self.lock_timeout.total_seconds())
 
     @property
     def is_takeover(self) -> bool:
@@ -77,10 +90,12 @@ class Claim:
         self.check_held()
         if len(name) > MAX_RECOVERY_POINT:
             raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
+        since = time.monotonic()
         if not self.store.save_recovery_point(
             self.pk, self.lock_token, name, data, self.lock_timeout
         ):
             raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
+        self.held_for(since)
         logger.debug(
             "Idempotency record %s: recovery point %r.",
             self.pk,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -76,7 +77,15 @@ class IdempotencyMixin(_Base):
         )
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)
+        try:
+            super().initial(request, *args, **kwargs)
+        except DatabaseError as exc:
+            # Authentication reads the user the scope is made of: a fault there is the
+            # scope's, a 503 (issue 25).
+            answer = None if self._idempotency is None else self._idempotency.fault(exc)
+            if answer is None:
+                raise
+            raise _Answer(answer.value) from exc
         adapter = self._idempotency
         if adapter is None or adapter.policy is None or not self._handles(request.method):
             return  # unprotected, or DRF's 405 answers untouched and nothing is stored

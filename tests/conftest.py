@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test import Client
 from hypothesis import settings as hypothesis_settings
 
@@ -24,6 +25,7 @@ _OWN_LEG = {
     "pgbouncer": "IDEMPOTENCY_TEST_PGBOUNCER_POOL_SIZE",  # .ci/leg-pgbouncer
     "galera": "IDEMPOTENCY_GALERA",  # .ci/leg-galera
     "galera_app": "IDEMPOTENCY_GALERA_APP",
+    "faults": "IDEMPOTENCY_FAULTS",  # .ci/leg-faults
     "celery": "IDEMPOTENCY_TEST_CELERY",  # .ci/leg-celery (RabbitMQ and Redis)
 }
 
@@ -32,6 +34,7 @@ _VENDOR_MARKERS = {
     "postgresql": {"postgresql"},
     "mysql": {"mysql"},
     "server_db": {"postgresql", "mysql"},
+    "sqlite": {"sqlite"},
 }
 
 
@@ -105,6 +108,27 @@ def worker_environment() -> dict[str, str]:
         scheme = "postgres" if connection.vendor == "postgresql" else connection.vendor
         url = f"{scheme}://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
     return {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url}
+
+
+@contextmanager
+def unreachable(alias: str = "unreachable") -> Iterator[None]:
+    """Point ``alias`` at a server that refuses connections (PostgreSQL, MySQL) or a file that
+    cannot be opened (SQLite), until the block ends."""
+    connection = connections[alias]
+    # Detached, not closed (a SQLite test mirror shares the in-memory database's connection),
+    # and put back as it was.
+    state = dict(connection.__dict__)
+    connection.connection = None
+    if connection.vendor != "sqlite":
+        changes = {"HOST": "127.0.0.1", "PORT": "1", "OPTIONS": {"connect_timeout": 2}}
+    else:
+        changes = {"NAME": "/nonexistent-directory/idempotency.sqlite3"}
+    connection.settings_dict = {**connection.settings_dict, **changes}
+    try:
+        yield
+    finally:
+        connection.__dict__.clear()
+        connection.__dict__.update(state)
 
 
 def on_postgresql() -> bool:

@@ -58,6 +58,18 @@ class BoundStore:
         again. An owner's fenced write is (:func:`django_idempotency._engine.complete`)."""
         return self.is_lock_timeout(exc)
 
+    def is_fault(self, exc: BaseException) -> bool:
+        """Whether a statement failed for its connection or its server, not for itself: the
+        connection was lost or refused, the server is shutting down or refuses writes for now
+        (read-only, a failover). The same statement may succeed on a new connection once the
+        server answers again, so an owner's fenced write is tried again there (issue 25)."""
+        return False
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether a database error says the store is unavailable for now (a ``503``) rather
+        than that a statement is wrong: contention or a fault."""
+        return self.is_contention(exc) or self.is_fault(exc)
+
     @contextmanager
     def guard(self) -> Iterator[None]:
         """Translate the store's database errors into the app's own exceptions.

@@ -7,6 +7,7 @@ is one. Every decision is made by a statement, never by a check in Python follow
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -78,15 +79,25 @@ class Claims(BoundStore):
     #: is put back whatever the claim's outcome.
     lock_wait_outlives_transaction = False
 
-    def claim(self, identity: Identity, *, ttl: timedelta, lock_timeout: timedelta) -> ClaimOutcome:
+    def claim(
+        self,
+        identity: Identity,
+        *,
+        ttl: timedelta,
+        lock_timeout: timedelta,
+        token: uuid.UUID | None = None,
+    ) -> ClaimOutcome:
         """Claim the call's key, or return the record that holds it.
 
         A new key costs one statement and so does a live key's record (the replay's only one).
         An expired record, or a stale ``processing`` one with the same fingerprint, is taken
-        over by one more, fenced ``UPDATE`` (inside the same statement on PostgreSQL).
+        over by one more, fenced ``UPDATE`` (inside the same statement on PostgreSQL). A claim
+        made again after a fault passes the ``token`` of the first: a record found under it is
+        the first's, applied with its reply lost, and so this call's.
         """
+        started = time.monotonic()  # before now: the lock is surely held until lock_timeout later
         now = timezone.now()
-        token = uuid.uuid4()
+        token = token or uuid.uuid4()
         values = ClaimValues(identity, token, now, now + lock_timeout, now + ttl)
         with self.guard():  # preparing a value may connect (MariaDB's UUID type: its version)
             connection = self.connection
@@ -94,14 +105,14 @@ class Claims(BoundStore):
             if found is None:
                 return None
             if isinstance(found, int):  # inserted, not read back: a first attempt
-                return self._claim(identity, token, lock_timeout, found)
+                return self._claim(identity, token, lock_timeout, started, found)
             if isinstance(found, Record):  # the claim function took over what it could
                 return (
-                    self._claim(identity, token, lock_timeout, found.pk, found)
+                    self._claim(identity, token, lock_timeout, started, found.pk, found)
                     if found.holds_token(token)
                     else found
                 )
-            if found.lock_token != token:  # not the row we inserted: another call's record
+            if found.lock_token != token:  # not the row this call wrote: another call's record
                 if not rules.TAKEOVER.holds(found, now, identity.fingerprint):
                     return found
                 params = values.params(connection)
@@ -109,13 +120,14 @@ class Claims(BoundStore):
                 found = self.take_over(connection, found.pk, again, token)
                 if found is None:
                     return None
-            return self._claim(identity, token, lock_timeout, found.pk, found)
+            return self._claim(identity, token, lock_timeout, started, found.pk, found)
 
     def _claim(
         self,
         identity: Identity,
         token: uuid.UUID,
         lock_timeout: timedelta,
+        started: float,
         pk: int,
         record: IdempotencyKey | Record | None = None,
     ) -> Claim:
@@ -132,6 +144,7 @@ class Claims(BoundStore):
             alias=self.alias,
             lock_timeout=lock_timeout,
             store=cast(RecordStore, self),  # a Store: its FencedWrites save recovery points
+            held_until=started + lock_timeout.total_seconds(),
         )
 
     def insert_or_load(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, OperationalError, transaction
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._store.base import Store
@@ -38,6 +38,11 @@ LOCK_WAIT_TIMEOUT = 1205
 #: concurrent inserts of the same key can make (each holds a shared lock on the duplicate, and
 #: each wants an exclusive one once its holder rolls back or deletes it).
 DEADLOCK = 1213
+#: A fault (:meth:`MySQLStore.is_fault`): the server went away (2006), the connection was lost
+#: (2013, 2055) or refused (2002, 2003, 1040 too many connections), killed (1927) or timed out
+#: (4031), the server is shutting down (1053), or it refuses writes for now: ``read_only``
+#: (1290, 1836) or a read-only transaction (1792).
+FAULTS = frozenset({1040, 1053, 1290, 1792, 1836, 1927, 2002, 2003, 2006, 2013, 2055, 4031})
 
 #: Where :meth:`MySQLStore.limit_lock_wait` keeps the session's own limit.
 _PREVIOUS = "@django_idempotency_lock_wait"
@@ -196,6 +201,10 @@ class MySQLStore(Store):
     def is_lock_timeout(self, exc: BaseException) -> bool:
         """A lock wait that ran out, or a deadlock whose victim was this transaction."""
         return error_code(exc) in (LOCK_WAIT_TIMEOUT, DEADLOCK)
+
+    def is_fault(self, exc: BaseException) -> bool:
+        """A code of :data:`FAULTS`, or an ``InterfaceError`` (a connection already closed)."""
+        return isinstance(exc, InterfaceError) or error_code(exc) in FAULTS
 
     def size_query(self, table: str) -> SizeQuery:
         return SizeQuery(

@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any, cast
 from weakref import WeakKeyDictionary
 
-from django.db import ProgrammingError, transaction
+from django.db import InterfaceError, OperationalError, ProgrammingError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency import _rules as rules
@@ -58,6 +58,10 @@ _ARGUMENT_OF = {name: f"p_{name}" for name in CLAIM_PARAMS} | {
     "created_at": "p_now",
     "updated_at": "p_now",
 }
+
+#: SQLSTATE classes of a fault (:meth:`PostgreSQLStore.is_fault`), and a read-only refusal.
+_FAULT_CLASSES = ("08", "53", "57", "58")
+_READ_ONLY = "25006"
 
 #: What :meth:`PostgreSQLStore.limit_lock_wait` returns when the claim function bounds the wait.
 _IN_THE_CLAIM = "(bounded by the claim function)"
@@ -314,6 +318,22 @@ class PostgreSQLStore(Store):
     def is_contention(self, exc: BaseException) -> bool:
         # lock_not_available, deadlock_detected, serialization_failure
         return getattr(exc.__cause__, "sqlstate", None) in ("55P03", "40P01", "40001")
+
+    def is_fault(self, exc: BaseException) -> bool:
+        """A lost or refused connection (an ``InterfaceError``, or an ``OperationalError``
+        without a SQLSTATE), or a SQLSTATE of the connection's or the server's state:
+        ``08`` connection exceptions, ``57`` operator intervention (``57P01`` admin shutdown,
+        ``57P02`` crash shutdown, ``57P03`` cannot connect now), ``53`` insufficient resources,
+        ``58`` system errors, and ``25006`` (a read-only transaction: a standby, or
+        ``default_transaction_read_only``)."""
+        if isinstance(exc, InterfaceError):
+            return True
+        if self.is_contention(exc):
+            return False
+        state = getattr(exc.__cause__, "sqlstate", None)
+        if state is None:
+            return isinstance(exc, OperationalError)
+        return state[:2] in _FAULT_CLASSES or state == _READ_ONLY
 
     def size_query(self, table: str) -> SizeQuery:
         # The table's bytes include its TOAST (large bodies); the indexes are counted apart.

@@ -11,6 +11,8 @@ from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import aware, first
 from django_idempotency.models import IdempotencyKey
 
+#: What SQLite says of a file it cannot open or write for now (:meth:`SQLiteStore.is_fault`).
+_FAULTS = ("unable to open database file", "disk i/o error", "readonly database")
 #: SQLite caps a statement's parameters: the cleanup deletes a batch in chunks of this many.
 _CHUNK = 500
 
@@ -54,14 +56,22 @@ class SQLiteStore(Store):
                 deleted += cursor.rowcount
         return Batch(deleted, aware(connection, max(row[1] for row in rows)))
 
-    def is_lock_timeout(self, exc: BaseException) -> bool:
-        return isinstance(exc, OperationalError) and "database is locked" in str(exc)
-
     def is_contention(self, exc: BaseException) -> bool:
         """``database is locked`` (busy past the wait) and ``database table is locked``: a
         shared-cache database (an in-memory one shared by threads, as Django's test database
-        is) reports another connection's table lock at once, without a busy wait."""
+        is) reports another connection's table lock at once, without a busy wait.
+
+        Not a lock wait that ran out (:meth:`is_lock_timeout`, a ``409``): SQLite does not
+        say who holds its write lock, which is as likely another process's long transaction
+        as a call of the same key, so a claim that meets it is the store unavailable, a
+        ``503`` (issue 25). An owner's writes wait it out (:func:`._engine._fenced_write`)."""
         return isinstance(exc, OperationalError) and "is locked" in str(exc)
+
+    def is_fault(self, exc: BaseException) -> bool:
+        """The file cannot be opened or written for now (a disk, a mount, a read-only file):
+        its connection is opened again for an owner's write, as a server's is."""
+        message = str(exc).lower()
+        return isinstance(exc, OperationalError) and any(fault in message for fault in _FAULTS)
 
     def database_size(self, connection: BaseDatabaseWrapper) -> tuple[int, str]:
         """SQLite without ``dbstat`` only knows the whole file's size: given as the table's,

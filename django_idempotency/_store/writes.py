@@ -53,17 +53,24 @@ class FencedWrites(BoundStore):
         stored: StoredResponse,
         *,
         stale_at: datetime | None = None,
+        connection: BaseDatabaseWrapper | None = None,
     ) -> bool:
         """Store the final response; ``False`` when the lock was lost (the result is refused).
 
         With ``stale_at`` (an operator failing a stuck record) only while the lock is still
         expired at that time. A result with its own ``ttl`` sets ``expires_at`` in the same
         statement; any other leaves it out, so the default costs nothing more.
+
+        On a ``connection`` of the owner's own (a write tried again after a fault) an earlier
+        write may have been applied with its reply lost: when nothing matches, the record
+        finished under this lock token says it was, and it counts as stored.
         """
         now = timezone.now()
         expiry = {} if stored.ttl is None else {"expires_at": now + stored.ttl}
-        return self._fenced_update(
-            self.connection,
+        retried = connection is not None
+        connection = self.connection if connection is None else connection
+        stored_now = self._fenced_update(
+            connection,
             pk,
             token,
             stale_at,
@@ -75,6 +82,19 @@ class FencedWrites(BoundStore):
             updated_at=now,
             **expiry,
         )
+        return stored_now or (retried and self._finished(connection, pk, token))
+
+    def _finished(self, connection: BaseDatabaseWrapper, pk: int, token: uuid.UUID) -> bool:
+        """Whether the record is no longer ``processing`` under this lock token: a takeover
+        changes the token and a release deletes the row, so only the owner's result did it."""
+        q = connection.ops.quote_name
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT 1 FROM {q(IdempotencyKey._meta.db_table)} WHERE {q('id')} = %s "
+                f"AND {q('lock_token')} = %s AND {q('status')} <> %s",
+                [pk, prep("lock_token", token, connection), rules.PROCESSING],
+            )
+            return cursor.fetchone() is not None
 
     def save_recovery_point(
         self, pk: int, token: uuid.UUID, name: str, data: Any, lock_timeout: timedelta
@@ -119,13 +139,22 @@ class FencedWrites(BoundStore):
             cursor.execute(f"SELECT {q('id')} FROM {table} WHERE {where}", params)
             return {row[0] for row in cursor.fetchall()}
 
-    def release(self, pk: int, token: uuid.UUID, *, stale_at: datetime | None = None) -> bool:
-        """Delete the claim's record so a retry claims afresh; ``False`` if the lock was lost.
+    def release(
+        self,
+        pk: int,
+        token: uuid.UUID,
+        *,
+        stale_at: datetime | None = None,
+        connection: BaseDatabaseWrapper | None = None,
+    ) -> bool:
+        """Delete the claim's record so a retry claims afresh; ``False`` if the lock was lost
+        (or, on a ``connection`` of the owner's own, if an earlier delete was applied).
 
         With ``stale_at`` (an operator releasing a stuck record) only while the lock is still
         expired at that time.
         """
-        return self._fenced(self.connection, "DELETE FROM {table}", [], pk, token, stale_at)
+        connection = self.connection if connection is None else connection
+        return self._fenced(connection, "DELETE FROM {table}", [], pk, token, stale_at)
 
     def _fenced_update(
         self,

@@ -21,18 +21,19 @@ from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from django_idempotency import _engine as engine
 from django_idempotency import _lifecycle as lifecycle
 from django_idempotency import _sealing as sealing
 from django_idempotency import _storing as storing
+from django_idempotency import _telemetry as telemetry
 from django_idempotency._conf import conf
 from django_idempotency._identity import Identity
 from django_idempotency._keys import KeyFormat, hash_key
 from django_idempotency._limits import bounded_scope
 from django_idempotency._options import Options, Policy
-from django_idempotency._store import StoredResponse
+from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.rows import Record
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import (
@@ -298,7 +299,17 @@ class CallAdapter(lifecycle.Adapter[Any]):
         return policy
 
     def identify(self, policy: Policy) -> Identity:
-        return self.spec.identify(self.args, self.kwargs)
+        """The call's identity; a database fault in the key, scope, payload or fingerprint
+        callable raises :class:`StoreUnavailable`, as the claim's would (issue 25)."""
+        try:
+            return self.spec.identify(self.args, self.kwargs)
+        except DatabaseError as exc:
+            if not using(policy.alias).is_transient(exc):
+                raise
+            refusal = StoreUnavailable(f"{self.spec.name}: {exc}")
+            attributes = telemetry.labels(METHOD, self.spec.name, policy.atomic)
+            engine.identity_unavailable(attributes, policy, refusal, "function")
+            raise refusal from exc
 
     def arguments(self, kwargs: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
         return self.spec.call_kwargs(kwargs, claim)

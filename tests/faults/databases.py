@@ -1,0 +1,499 @@
+"""Database servers of the fault suite's own, and the faults they suffer.
+
+A PostgreSQL 15 cluster (``initdb`` as the ``postgres`` user into a temporary folder), a MariaDB
+server (``mariadb-install-db`` and ``mariadbd`` with their own data folder, socket and pid file)
+and a SQLite file another process holds with ``BEGIN EXCLUSIVE``. Each listens on a port of the
+range in ``IDEMPOTENCY_FAULT_PORTS`` (``56100-56199``: each engineer, and CI, has a range of
+its own), never on the machine's shared servers (5432, 3306).
+
+Only the processes started here are ever stopped, by their pid: at the end of a fixture, and
+at exit whatever happened (:func:`track` records them, an ``atexit`` hook ends the living).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+PORTS_VARIABLE = "IDEMPOTENCY_FAULT_PORTS"
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+DATABASE = "idem_faults"
+#: The app's own MariaDB user: ``read_only`` does not hold back root (it has SUPER).
+APP_USER, APP_PASSWORD = "idem", "idem"
+
+# Processes started here (pid -> what), ended at exit if still alive.
+_started: dict[int, str] = {}
+_reserved: set[int] = set()
+
+
+class FaultHarnessError(RuntimeError):
+    """A server of the harness did not start, stop or obey in time."""
+
+
+def track(pid: int, what: str) -> None:
+    _started[pid] = what
+
+
+def untrack(pid: int) -> None:
+    _started.pop(pid, None)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie child of ours is reaped and counts as gone)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def end(pid: int, *, grace: float = STOP_TIMEOUT) -> None:
+    """SIGTERM ``pid`` (one of ours), SIGKILL it if it outlives ``grace``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if not wait_gone(pid, grace):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        wait_gone(pid, 10)
+    untrack(pid)
+
+
+@atexit.register
+def _end_started() -> None:
+    for pid, _what in list(_started.items()):
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    _started.clear()
+
+
+def port_range() -> range:
+    """The ports this run may use: ``IDEMPOTENCY_FAULT_PORTS=first-last``."""
+    value = os.environ.get(PORTS_VARIABLE, "")
+    try:
+        first, last = (int(part) for part in value.split("-"))
+    except ValueError:
+        raise FaultHarnessError(
+            f"set {PORTS_VARIABLE}=first-last to the port range this run may use (got {value!r})"
+        ) from None
+    if not 1024 < first <= last < 65536:
+        raise FaultHarnessError(f"{PORTS_VARIABLE}={value!r} is not a port range")
+    return range(first, last + 1)
+
+
+def free_port() -> int:
+    """A port of the range that nothing listens on and this run has not handed out yet."""
+    for port in port_range():
+        if port in _reserved:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _reserved.add(port)
+        return port
+    raise FaultHarnessError(f"no free port left in {os.environ.get(PORTS_VARIABLE)}")
+
+
+def _as_user(name: str) -> tuple[list[str], str | None]:
+    """The command prefix that runs a program as ``name`` when we are root, and that user."""
+    if os.geteuid() != 0:
+        return [], None
+    pwd.getpwnam(name)  # KeyError: the user is missing
+    return ["runuser", "-u", name, "--"], name
+
+
+def _run(command: list[str], what: str, timeout: float = START_TIMEOUT) -> str:
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    if result.returncode != 0:
+        raise FaultHarnessError(
+            f"{what} failed ({result.returncode}): {' '.join(command)}\n"
+            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result.stdout
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return f"({path} missing)"
+
+
+@dataclass
+class _Server:
+    """What both servers share: a port of the range, a folder of their own, the server's pid."""
+
+    port: int = field(default_factory=free_port)
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-faults-")))
+    pid: int | None = None
+
+    LOG: ClassVar[str] = "server.log"
+    NAME: ClassVar[str]
+
+    @property
+    def datadir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / self.LOG
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def stop_for(self, seconds: float) -> None:
+        """Down for ``seconds`` (from the stop's end to the start's), then up again."""
+        self.stop()
+        time.sleep(seconds)
+        self.start()
+
+    def destroy(self) -> None:
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def log_tail(self) -> str:
+        return _tail(self.log_path)
+
+
+# PostgreSQL ----------------------------------------------------------------------------------
+
+
+def postgresql_bin() -> Path:
+    """PostgreSQL 15's programs (the release the issue measured); the newest one otherwise."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    preferred = [path for path in found if path.parts[-3] == "15"]
+    if not (preferred or found):
+        raise FaultHarnessError("PostgreSQL's initdb not found under /usr/lib/postgresql")
+    return (preferred or found)[-1].parent
+
+
+@dataclass
+class PostgresCluster(_Server):
+    """One cluster in a temporary folder, trust authentication, on ``port`` over TCP."""
+
+    bin: Path = field(default_factory=postgresql_bin)
+
+    NAME: ClassVar[str] = "postgresql"
+
+    def url(self, port: int | None = None, database: str = DATABASE) -> str:
+        """A ``DATABASE_URL`` (through ``port``, a proxy's, when given)."""
+        return f"postgres://postgres@127.0.0.1:{port or self.port}/{database}"
+
+    def _pg(self, program: str, *args: str, timeout: float = START_TIMEOUT) -> str:
+        prefix, _ = _as_user("postgres")
+        return _run([*prefix, str(self.bin / program), *args], program, timeout)
+
+    def create(self) -> None:
+        """``initdb`` and start; then the database the app uses."""
+        _, user = _as_user("postgres")
+        if user is not None:
+            shutil.chown(self.root, user)
+        self._pg("initdb", "-D", str(self.datadir), "--auth=trust", "-U", "postgres", "-E", "UTF8")
+        with (self.datadir / "postgresql.conf").open("a") as conf:
+            conf.write(
+                f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.root}'\nmax_connections = 200\n"
+                # A test cluster: no waiting for the disk.
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "shared_buffers = 32MB\n"
+            )
+        self.start()
+        self.execute(f"CREATE DATABASE {DATABASE}", database="postgres")
+
+    def start(self) -> None:
+        self._pg("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.datadir), "-l",
+                 str(self.log_path))  # fmt: skip
+        self.pid = int((self.datadir / "postmaster.pid").read_text().split()[0])
+        track(self.pid, "postgres")
+
+    def stop(self, mode: str = "fast") -> None:
+        if self.pid is None:
+            return
+        pid = self.pid
+        try:
+            self._pg("pg_ctl", "stop", "-w", "-t", "30", "-m", mode, "-D", str(self.datadir))
+        except (FaultHarnessError, subprocess.TimeoutExpired):
+            end(pid)
+        wait_gone(pid, STOP_TIMEOUT)
+        untrack(pid)
+        self.pid = None
+
+    def restart(self) -> None:
+        """``pg_ctl restart -m fast``: every connection dies, the server is back at once."""
+        assert self.pid is not None
+        untrack(self.pid)
+        self._pg("pg_ctl", "restart", "-w", "-t", "60", "-m", "fast", "-D", str(self.datadir),
+                 "-l", str(self.log_path))  # fmt: skip
+        self.pid = int((self.datadir / "postmaster.pid").read_text().split()[0])
+        track(self.pid, "postgres")
+
+    def terminate_backends(self, database: str = DATABASE) -> int:
+        """``pg_terminate_backend`` on every client backend of ``database``: how many."""
+        rows = self.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+            [database],
+            database="postgres",
+        )
+        return sum(1 for (done,) in rows if done)
+
+    def read_only(self, on: bool) -> None:
+        """Refuse writes in every new transaction (sessions pick the setting up at once)."""
+        if on:
+            self.execute("ALTER SYSTEM SET default_transaction_read_only = on", database="postgres")
+        else:
+            self.execute("ALTER SYSTEM RESET default_transaction_read_only", database="postgres")
+        self.execute("SELECT pg_reload_conf()", database="postgres")
+        # The reload is asynchronous: wait until a new session sees it.
+        wanted = "on" if on else "off"
+        deadline = time.monotonic() + 10
+        while self.execute("SHOW default_transaction_read_only")[0][0] != wanted:
+            if time.monotonic() > deadline:
+                raise FaultHarnessError(f"default_transaction_read_only not {wanted} after 10 s")
+            time.sleep(0.05)
+
+    def connect(self, database: str = DATABASE) -> Any:
+        import psycopg
+
+        return psycopg.connect(
+            host="127.0.0.1", port=self.port, user="postgres", dbname=database,
+            autocommit=True, connect_timeout=5,
+        )  # fmt: skip
+
+    def execute(
+        self, sql: str, params: list[Any] | None = None, *, database: str = DATABASE
+    ) -> list[tuple[Any, ...]]:
+        with self.connect(database) as conn, conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall()) if cursor.description else []
+
+
+# MariaDB -------------------------------------------------------------------------------------
+
+MARIADBD = shutil.which("mariadbd", path="/usr/sbin:/usr/bin") or "mariadbd"
+INSTALL_DB = shutil.which("mariadb-install-db") or "mariadb-install-db"
+
+
+@dataclass
+class MariaDBServer(_Server):
+    """One ``mariadbd`` with its own data folder, socket, pid file and port; no option file."""
+
+    LOG: ClassVar[str] = "server.err"
+    NAME: ClassVar[str] = "mariadb"
+
+    def url(self, port: int | None = None, database: str = DATABASE) -> str:
+        """The app's ``DATABASE_URL`` (its own user; through ``port``, a proxy's, when given)."""
+        return f"mysql://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{port or self.port}/{database}"
+
+    def _user_option(self) -> list[str]:
+        _, user = _as_user("mysql")
+        return [] if user is None else [f"--user={user}"]
+
+    def create(self) -> None:
+        _, user = _as_user("mysql")
+        if user is not None:
+            shutil.chown(self.root, user)
+        _run(
+            [INSTALL_DB, "--no-defaults", *self._user_option(), f"--datadir={self.datadir}",
+             "--auth-root-authentication-method=normal", "--skip-test-db"],
+            "mariadb-install-db",
+        )  # fmt: skip
+        self.start()
+        for statement in (
+            f"CREATE DATABASE {DATABASE} CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci",
+            f"CREATE USER '{APP_USER}'@'127.0.0.1' IDENTIFIED BY '{APP_PASSWORD}'",
+            f"GRANT ALL ON {DATABASE}.* TO '{APP_USER}'@'127.0.0.1'",
+            # Django's test runner is not used: the suite migrates the database itself.
+        ):
+            self.execute(statement, database=None)
+
+    def command(self) -> list[str]:
+        return [
+            MARIADBD, "--no-defaults", *self._user_option(), f"--datadir={self.datadir}",
+            f"--socket={self.root / 'mariadbd.sock'}", f"--pid-file={self.root / 'mariadbd.pid'}",
+            f"--log-error={self.log_path}", f"--port={self.port}", "--bind-address=127.0.0.1",
+            "--skip-name-resolve", "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=48M",
+            "--innodb-flush-log-at-trx-commit=2", "--max-connections=300",
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        process = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.pid = process.pid
+        track(self.pid, "mariadbd")
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if not alive(self.pid):
+                raise FaultHarnessError(f"mariadbd exited at start:\n{self.log_tail()}")
+            try:
+                self.execute("SELECT 1", database=None)
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise FaultHarnessError(
+                        f"mariadbd not up after {START_TIMEOUT}s ({exc}):\n{self.log_tail()}"
+                    ) from exc
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """SIGTERM, as ``systemctl stop`` does: a clean shutdown."""
+        if self.pid is not None:
+            end(self.pid, grace=STOP_TIMEOUT)
+            self.pid = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def terminate_backends(self, user: str = APP_USER) -> int:
+        """``KILL CONNECTION`` on every connection of the app's user: how many."""
+        killed = 0
+        for (thread_id,) in self.execute(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s", [user]
+        ):
+            try:
+                self.execute(f"KILL CONNECTION {int(thread_id)}")
+                killed += 1
+            except Exception as exc:  # it ended meanwhile: "Unknown thread id"
+                if "Unknown thread id" not in str(exc):
+                    raise
+        return killed
+
+    def read_only(self, on: bool) -> None:
+        """``SET GLOBAL read_only``: it waits for transactions that hold write locks to end."""
+        self.execute(f"SET GLOBAL read_only = {1 if on else 0}")
+
+    def connect(self, database: str | None = DATABASE) -> Any:
+        import MySQLdb
+
+        extra = {"database": database} if database else {}
+        return MySQLdb.connect(
+            host="127.0.0.1", port=self.port, user="root", connect_timeout=5, autocommit=True,
+            **extra,
+        )  # fmt: skip
+
+    def execute(
+        self, sql: str, params: list[Any] | None = None, *, database: str | None = DATABASE
+    ) -> list[tuple[Any, ...]]:
+        conn = self.connect(database)
+        try:
+            cursor = conn.cursor()
+            cursor.execute(sql, params)
+            return list(cursor.fetchall()) if cursor.description else []
+        finally:
+            conn.close()
+
+
+# SQLite --------------------------------------------------------------------------------------
+
+_LOCKER = """
+import sqlite3, sys
+connection = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+connection.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.read()  # until the harness closes our stdin
+connection.execute("ROLLBACK")
+"""
+
+
+@dataclass
+class SQLiteFile:
+    """A SQLite database file, and another process that holds it with ``BEGIN EXCLUSIVE``."""
+
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-faults-sqlite-")))
+    locker: subprocess.Popen[str] | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.root / "db.sqlite3"
+
+    def url(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    def lock(self) -> None:
+        """Hold the file until :meth:`unlock`: every other connection's write (and read, in
+        rollback-journal mode) waits for its busy timeout, then fails."""
+        assert self.locker is None
+        self.locker = subprocess.Popen(
+            [sys.executable, "-c", _LOCKER, str(self.path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        track(self.locker.pid, "sqlite locker")
+        assert self.locker.stdout is not None
+        line = self.locker.stdout.readline()  # it blocks until the lock is taken
+        if line.strip() != "locked":
+            self.unlock()
+            raise FaultHarnessError(f"the SQLite locker did not lock: {line!r}")
+
+    def unlock(self) -> None:
+        if self.locker is None:
+            return
+        locker, self.locker = self.locker, None
+        assert locker.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            locker.stdin.close()
+        try:
+            locker.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            locker.kill()
+            locker.wait(timeout=10)
+        untrack(locker.pid)
+
+    def execute(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        import sqlite3
+
+        conn = sqlite3.connect(self.path, timeout=30)
+        try:
+            return list(conn.execute(sql, params or []).fetchall())
+        finally:
+            conn.close()
+
+    def destroy(self) -> None:
+        try:
+            self.unlock()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,216 @@
+"""A TCP proxy between the app and its database that cuts a connection at a chosen statement.
+
+Armed, it watches what each client sends; at the trigger (a pattern in the client's bytes, once
+another has passed on that connection when ``after`` is given) it either drops the request (the
+server never sees it) or forwards it and drops the server's reply ("commit outcome unknown": the
+server executed and committed it, the client cannot know). Both sides of that connection are then
+reset. Plain threads and sockets; the wire protocols (PostgreSQL's, MySQL's) carry the SQL text,
+which is all it reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+#: The result write of a two-phase view: the only statement that sets ``response_body``.
+RESULT_WRITE = rb"response_body"
+#: The commit that ends an atomic view's transaction (after its result write).
+COMMIT = rb"(?i)\bcommit\b"
+
+
+@dataclass
+class _Pair:
+    client: socket.socket
+    server: socket.socket
+    after_seen: bool = False
+    tail: bytes = b""
+    cut_on_reply: bool = False
+    closed: bool = False
+
+
+@dataclass
+class Trigger:
+    mode: str  # "request" or "reply"
+    pattern: re.Pattern[bytes]
+    after: re.Pattern[bytes] | None
+    remaining: int
+    fired: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class FaultProxy:
+    """Listen on ``port`` (loopback), forward to ``upstream_port``; :meth:`arm` a cut."""
+
+    def __init__(self, port: int, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+        self.port = port
+        self.upstream = (upstream_host, upstream_port)
+        self._lock = threading.Lock()
+        self._pairs: list[_Pair] = []
+        self._trigger: Trigger | None = None
+        self._listener = socket.create_server(("127.0.0.1", port), backlog=256)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.cut_all()
+        self._thread.join(timeout=5)
+
+    # Faults -----------------------------------------------------------------------------------
+
+    def arm(self, mode: str, pattern: bytes, *, after: bytes | None = None, count: int) -> Trigger:
+        """Cut the next ``count`` connections that send ``pattern`` (after ``after``), dropping
+        the request (``mode="request"``) or the reply (``mode="reply"``)."""
+        assert mode in ("request", "reply")
+        trigger = Trigger(
+            mode, re.compile(pattern), re.compile(after) if after else None, remaining=count
+        )
+        with self._lock:
+            self._trigger = trigger
+        return trigger
+
+    def disarm(self) -> int:
+        """Stop cutting; how many cuts the last trigger made."""
+        with self._lock:
+            trigger, self._trigger = self._trigger, None
+        return trigger.fired if trigger else 0
+
+    def cut_all(self) -> int:
+        """Reset every open connection at once, as a network failure does: how many."""
+        with self._lock:
+            pairs = [pair for pair in self._pairs if not pair.closed]
+        for pair in pairs:
+            self._close(pair)
+        return len(pairs)
+
+    # Plumbing ---------------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            # Connecting upstream in a thread of its own: a slow server must not hold the
+            # accept loop (nor an error end it).
+            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(self.upstream, timeout=5)
+        except OSError:
+            # The server is down: refuse as it would (a reset, not a hang).
+            _reset(client)
+            return
+        pair = _Pair(client, server)
+        try:
+            server.settimeout(None)
+            for sock in (client, server):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            self._close(pair)
+            return
+        with self._lock:
+            self._pairs = [p for p in self._pairs if not p.closed]
+            self._pairs.append(pair)
+        threading.Thread(target=self._pump, args=(pair, self._upstream), daemon=True).start()
+        threading.Thread(target=self._pump, args=(pair, self._downstream), daemon=True).start()
+
+    def _pump(self, pair: _Pair, direction: Callable[[_Pair], None]) -> None:
+        """Whatever ends one direction (an error included) resets both: no side is left
+        waiting for bytes that will never come."""
+        try:
+            direction(pair)
+        finally:
+            self._close(pair)
+
+    def _upstream(self, pair: _Pair) -> None:
+        """Client to server: where the trigger looks."""
+        while True:
+            try:
+                chunk = pair.client.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._close(pair)
+                return
+            action = self._check(pair, chunk)
+            if action == "request":
+                self._close(pair)
+                return
+            try:
+                pair.server.sendall(chunk)
+            except OSError:
+                self._close(pair)
+                return
+
+    def _downstream(self, pair: _Pair) -> None:
+        while True:
+            try:
+                chunk = pair.server.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk or pair.cut_on_reply:
+                self._close(pair)
+                return
+            try:
+                pair.client.sendall(chunk)
+            except OSError:
+                self._close(pair)
+                return
+
+    def _check(self, pair: _Pair, chunk: bytes) -> str | None:
+        with self._lock:
+            trigger = self._trigger
+            if trigger is None or trigger.remaining <= 0:
+                return None
+            window = pair.tail + chunk
+            pair.tail = chunk[-64:]
+            start = len(window) - len(chunk)
+            if trigger.after is not None and not pair.after_seen:
+                if not any(m.end() > start for m in trigger.after.finditer(window)):
+                    return None
+                pair.after_seen = True
+                # The trigger may be in the same chunk, after the ``after`` pattern.
+                found = trigger.after.search(window)
+                assert found is not None
+                start = max(start, found.end())
+            if not any(m.end() > start for m in trigger.pattern.finditer(window)):
+                return None
+            trigger.remaining -= 1
+            trigger.fired += 1
+            if trigger.remaining <= 0:
+                trigger.done.set()
+            if trigger.mode == "reply":
+                pair.cut_on_reply = True
+            return trigger.mode
+
+    def _close(self, pair: _Pair) -> None:
+        with self._lock:
+            if pair.closed:
+                return
+            pair.closed = True
+        for sock in (pair.client, pair.server):
+            _reset(sock)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a dropped network path shows to both ends."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)  # wakes the thread reading it; sends nothing
+    with contextlib.suppress(OSError):
+        sock.close()
