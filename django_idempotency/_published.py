@@ -177,9 +177,21 @@ def duration_text(duration: timedelta) -> str:
 def _policy(view_or_options: object) -> Policy:
     if isinstance(view_or_options, Options):
         return view_or_options.resolve()
-    options = getattr(view_or_options, "idempotency_options", None)
-    if options is None and hasattr(view_or_options, "get_idempotency_options"):
-        options = view_or_options.get_idempotency_options()
+    return view_options(view_or_options).resolve()
+
+
+def view_options(view: object) -> Options:
+    """The options of a protected view: a function decorated with ``@idempotent``, a class
+    with the DRF mixin or a decorated ``dispatch``, or what ``as_view()`` made of either (what
+    a URL resolves to)."""
+    view = getattr(view, "view_class", None) or getattr(view, "cls", None) or view
+    options = getattr(view, "idempotency_options", None)
+    if options is None:
+        # A class: the DRF mixin's attributes, or @idempotent on its dispatch through
+        # method_decorator (which copies the decorated function's attributes).
+        getter = getattr(view, "get_idempotency_options", None)
+        dispatch = getattr(view, "dispatch", None)
+        options = getter() if getter else getattr(dispatch, "idempotency_options", None)
     if not isinstance(options, Options):
-        raise TypeError(f"{view_or_options!r} is not a protected view.")
-    return options.resolve()
+        raise TypeError(f"{view!r} is not a protected view.")
+    return options

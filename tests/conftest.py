@@ -25,6 +25,7 @@ _OWN_LEG = {
     "pgbouncer": "IDEMPOTENCY_TEST_PGBOUNCER_POOL_SIZE",  # .ci/leg-pgbouncer
     "galera": "IDEMPOTENCY_GALERA",  # .ci/leg-galera
     "galera_app": "IDEMPOTENCY_GALERA_APP",
+    "celery": "IDEMPOTENCY_TEST_CELERY",  # .ci/leg-celery (RabbitMQ and Redis)
     "faults": "IDEMPOTENCY_FAULTS",  # .ci/leg-faults
 }
 
@@ -90,10 +91,13 @@ def executions(label: str | None = None) -> int:
 
 
 def worker_environment() -> dict[str, str]:
-    """The environment of a worker process using this run's test database (on its server)."""
+    """The environment of a worker process using this run's test database."""
     settings = connection.settings_dict
-    scheme = "postgres" if connection.vendor == "postgresql" else connection.vendor
-    url = f"{scheme}://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+    if connection.vendor == "sqlite":  # the test database's file
+        url = f"sqlite:///{settings['NAME']}"
+    else:
+        scheme = "postgres" if connection.vendor == "postgresql" else connection.vendor
+        url = f"{scheme}://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
     return {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url}
 
 

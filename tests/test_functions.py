@@ -34,6 +34,7 @@ from django_idempotency.exceptions import (
 )
 from django_idempotency.functions import JSONSerializer, idempotent_function
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.testing import expire_key
 from tests.conftest import executions
 from tests.testapp.models import Execution
 
@@ -441,7 +442,7 @@ def test_an_expired_record_is_treated_as_absent(key: str) -> None:
         return Execution.objects.create(label="handle").pk
 
     first = handle(key)
-    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    expire_key(key, handle, key)
     assert handle(key) != first
     assert executions("handle") == 2
 
@@ -504,6 +505,45 @@ def test_takeover_resumes_from_the_recovery_point(flavour: str, key: str) -> Non
     with pytest.raises(LockLost):
         claims[0].set_recovery_point("ship")
     assert fulfil(key, crash_after="charge") == result
+
+
+@pytest.mark.django_db(transaction=True)  # two-phase: a crash leaves the record behind
+@pytest.mark.parametrize("crash_at", ["in its transaction", "after its transaction"])
+def test_an_effect_and_its_recovery_point_commit_together(crash_at: str, key: str) -> None:
+    """docs/consumers.rst's opening example: the invoice and the recovery point saying it exists
+    commit in one transaction. A worker dying inside it leaves neither, one dying after it
+    leaves both; either way the takeover invoices once (without the recovery point, a death
+    after the invoice committed made a second one)."""
+    crashes = [crash_at]
+
+    @idempotent_function(key="order_id")
+    def invoice_order(order_id: str, *, idempotency: Claim) -> dict[str, Any]:
+        crashing = crashes.pop() if crashes else ""
+        if idempotency.recovery_point == "":
+            with transaction.atomic():
+                invoice = Execution.objects.create(label="invoice")
+                idempotency.set_recovery_point("invoiced", {"invoice": invoice.pk})
+                if crashing == "in its transaction":
+                    crash()
+        if crashing == "after its transaction":
+            crash()
+        Execution.objects.create(label="email", payload=idempotency.derived_key("email"))
+        return {"invoice": idempotency.recovery_data["invoice"]}
+
+    with pytest.raises(Crash):
+        invoice_order(key)
+    left = record()
+    committed = crash_at == "after its transaction"
+    assert left.status == IdempotencyKey.Status.PROCESSING
+    assert (left.recovery_point, executions("invoice")) == (
+        ("invoiced", 1) if committed else ("", 0)
+    )
+
+    IdempotencyKey.objects.update(unlock_at=timezone.now() - timedelta(seconds=1))
+    result = invoice_order(key)
+    assert (executions("invoice"), executions("email")) == (1, 1)
+    assert result == {"invoice": Execution.objects.get(label="invoice").pk}
+    assert (record().attempt, record().status) == (2, IdempotencyKey.Status.COMPLETED)
 
 
 def test_the_claim_parameter_is_hidden_from_callers(key: str) -> None:

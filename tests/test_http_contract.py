@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from django_idempotency._keys import hash_key
 from django_idempotency.fingerprints import request_fingerprint
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.testing import expire_key, hold_key
 from tests.conftest import executions, problem_slug
 from tests.factories import IdempotencyKeyFactory
 
@@ -178,8 +179,7 @@ def test_another_principal_has_its_own_records(client: Client, key: str) -> None
 
 def test_retry_while_first_in_flight_is_409(post: Post, key: str) -> None:
     # A record owned by a live attempt, as a concurrent first request leaves it.
-    request = RequestFactory().post("/create/", {"a": 1}, content_type="application/json")
-    IdempotencyKeyFactory(key=key, request_hash=request_fingerprint(request, "anonymous"))
+    hold_key(key, "POST", "/create/", {"a": 1}, content_type="application/json")
     response = post("/create/", {"a": 1}, key=key)
     assert response.status_code == 409
     assert problem_slug(response) == "request-in-progress"
@@ -231,7 +231,7 @@ def test_exception_releases_and_is_reraised(post: Post, key: str, path: str, lab
 
 def test_expired_record_is_treated_as_absent(post: Post, key: str) -> None:
     first = post("/create/", {"a": 1}, key=key)
-    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    expire_key(key, "POST", "/create/", {"a": 1}, content_type="application/json")
     again = post("/create/", {"a": 2}, key=key)  # even another body: the old record is gone
     assert again.status_code == 201
     assert "Idempotent-Replayed" not in again

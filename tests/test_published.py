@@ -29,6 +29,7 @@ from django_idempotency._published import (
     not_stored,
 )
 from django_idempotency.decorators import idempotent
+from tests.testapp import views
 
 # What clients send, and what hostile ones do: printable ASCII, quotes, escapes, the
 # parameter separator, and the characters the server refuses (tabs, controls, non-ASCII).
@@ -168,6 +169,16 @@ def test_describe_a_function_view_for_a_site_without_drf() -> None:
     assert describe(Options.build(ttl=60))["ttl"] == 60
     with pytest.raises(TypeError, match="not a protected view"):
         describe(lambda request: None)
+
+
+def test_describe_what_a_url_resolves_to() -> None:
+    """What as_view() makes, of the DRF mixin or of a decorated dispatch: a URL's view."""
+    assert describe(views.ExecutionViewSet.as_view({"post": "create"})) == describe(
+        views.ExecutionViewSet
+    )
+    assert describe(views.ClassView.as_view())["required"] is True
+    with pytest.raises(TypeError, match="not a protected view"):
+        describe(views.DecoratedApiView.as_view())
 
 
 def tenant_scope(request: object) -> str:

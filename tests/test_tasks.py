@@ -9,13 +9,25 @@ commits on its own as in a worker: ``transaction=True``.
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import pytest
 
 tasks = pytest.importorskip("django.tasks", reason="needs Django 6.0+ (django.tasks)")
 
+from django_idempotency._store.claims import Claims  # noqa: E402
 from django_idempotency.models import IdempotencyKey  # noqa: E402
 from tests.conftest import executions  # noqa: E402
-from tests.testapp.tasks import fail_once, send_receipt, send_receipt_async  # noqa: E402
+from tests.testapp import tasks as testapp_tasks  # noqa: E402
+from tests.testapp.tasks import (  # noqa: E402
+    fail_once,
+    send_receipt,
+    send_receipt_async,
+    send_receipt_failing_first,
+    send_receipt_with_context,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SUCCESSFUL = tasks.TaskResultStatus.SUCCESSFUL
@@ -59,3 +71,54 @@ def test_a_failed_task_releases_its_key_so_enqueuing_it_again_runs_it() -> None:
     assert (retried.status, retried.return_value) == (SUCCESSFUL, "sent")
     assert (replayed.status, replayed.return_value) == (SUCCESSFUL, "sent")
     assert executions("attempt") == 2
+
+
+def test_a_task_taking_its_context_leaves_the_context_out_of_the_payload() -> None:
+    """The TaskContext is not JSON, and differs between runs of one task: the default payload
+    is the task's own arguments, so the duplicate matches and runs nothing."""
+    first = send_receipt_with_context.enqueue(order_id=1001, email="ada@example.com")
+    second = send_receipt_with_context.enqueue(order_id=1001, email="ada@example.com")
+    reused = send_receipt_with_context.enqueue(order_id=1001, email="grace@example.com")
+
+    assert (first.status, second.status) == (SUCCESSFUL, SUCCESSFUL), first.errors
+    receipt = first.return_value["receipt"]
+    assert second.return_value == first.return_value == {"receipt": receipt, "attempt": 1}
+    assert reused.errors[0].exception_class.__name__ == "IdempotencyKeyMismatch"
+    assert executions("receipt") == 1
+
+
+def test_a_duplicate_waiting_while_the_first_fails_runs_the_task_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Wait mode, as docs/consumers.rst recommends: a duplicate started while the first run is
+    in flight waits for it; the first fails and releases the key, and the duplicate runs the
+    task. Dropping the duplicate (conflict mode) would leave no receipt at all.
+
+    The first run fails only once the duplicate is seen polling the record (the waiter's
+    ``peek_status``, spied on and passed through), so the duplicate met the key in flight.
+    """
+    peek_status = Claims.peek_status
+
+    def spied(self: Claims, *args: Any) -> Any:
+        testapp_tasks.DUPLICATE_WAITING.set()
+        return peek_status(self, *args)
+
+    monkeypatch.setattr(Claims, "peek_status", spied)
+    testapp_tasks.DUPLICATE_WAITING.clear()
+    results: dict[str, tasks.TaskResult] = {}
+
+    def enqueue(name: str) -> None:
+        results[name] = send_receipt_failing_first.enqueue(order_id=7, email="ada@example.com")
+
+    first = threading.Thread(target=enqueue, args=("first",))
+    first.start()
+    while executions("attempt") == 0:  # the first run holds the key
+        assert first.is_alive()
+        time.sleep(0.01)
+    enqueue("duplicate")
+    first.join(timeout=60)
+
+    assert results["first"].status == FAILED
+    assert results["first"].errors[0].exception_class is ConnectionError
+    assert results["duplicate"].status == SUCCESSFUL, results["duplicate"].errors
+    assert executions("receipt") == 1

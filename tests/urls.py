@@ -4,10 +4,11 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from tests.testapp import policy_views, views
+from tests.testapp import policy_views, shop, views
 
 router = SimpleRouter()
 router.register("executions", views.ExecutionViewSet)
+router.register("shop/orders", shop.OrderViewSet)
 router.register("volatile-notes", policy_views.VolatileViewSet, basename="volatile-note")
 
 urlpatterns = [
@@ -36,6 +37,7 @@ urlpatterns = [
     path("misdecorated-apiview/", views.MisdecoratedApiView.as_view()),
     path("api-view-inner/", views.api_view_inner),
     path("api/", include(router.urls)),
+    path("shop/checkout/", shop.checkout),
     path("policy/uuid/", policy_views.uuid_keys),
     path("policy/order/", policy_views.order_keys),
     path("policy/volatile/", policy_views.volatile),

@@ -8,6 +8,7 @@ result is stored as a ``200`` "response" whose body is the serialised result.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import json
 import logging
@@ -15,7 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from functools import partial
+from functools import cache, partial
 from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -238,12 +239,32 @@ def _check_claim_parameter(label: str, parameters: list[inspect.Parameter]) -> b
 
 
 def _arguments(bound: inspect.BoundArguments) -> dict[str, Any]:
-    """The default payload: every argument by name, less a bound method's ``self``/``cls``."""
+    """The default payload: every argument by name, less a bound method's ``self``/``cls`` and
+    a task's context.
+
+    ``@task(takes_context=True)`` passes a ``TaskContext`` first: it is not JSON, and it differs
+    between runs of one task (its result id, its attempt), so it does not identify the call.
+    """
     arguments = dict(bound.arguments)
     first = next(iter(bound.signature.parameters), None)
-    if first in ("self", "cls"):
+    if first is not None and (
+        first in ("self", "cls") or isinstance(arguments.get(first), _task_context_types())
+    ):
         arguments.pop(first)
     return arguments
+
+
+@cache
+def _task_context_types() -> tuple[type, ...]:
+    """The task context classes of ``django.tasks`` (Django 6.0+) and of its backport
+    ``django_tasks``, where installed; imported when first needed, not with this module."""
+    found: list[type] = []
+    for module in ("django.tasks", "django_tasks"):
+        try:
+            found.append(importlib.import_module(module).TaskContext)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
 
 
 class CallAdapter(lifecycle.Adapter[Any]):

@@ -12,3 +12,13 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label} #{self.pk}"
+
+
+class Order(models.Model):
+    """The example shop's orders (``tests/testapp/shop.py``, ``docs/testing.rst``)."""
+
+    sku = models.CharField(max_length=20)
+    quantity = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.quantity} x {self.sku}"

@@ -3,14 +3,16 @@ of docs/consumers.rst, run by tests/test_tasks.py. Only imported on Django 6.0 a
 
 from __future__ import annotations
 
-from django.tasks import task
+import threading
+
+from django.tasks import TaskContext, task
 
 from django_idempotency.functions import idempotent_function
 from tests.testapp.models import Execution
 
 
 @task()
-@idempotent_function(key="order_id", lock_timeout=300)
+@idempotent_function(key="order_id", lock_timeout=300, in_progress="wait")
 def send_receipt(order_id: int, email: str) -> dict[str, int]:
     receipt = Execution.objects.create(label="receipt", payload=email)  # sending the email
     return {"receipt": receipt.pk}
@@ -30,3 +32,26 @@ def fail_once(order_id: int) -> str:
     if Execution.objects.filter(label="attempt").count() == 1:
         raise ConnectionError("the mail server hung up")
     return "sent"
+
+
+@task(takes_context=True)
+@idempotent_function(key="order_id")
+def send_receipt_with_context(context: TaskContext, order_id: int, email: str) -> dict[str, int]:
+    receipt = Execution.objects.create(label="receipt", payload=email)
+    return {"receipt": receipt.pk, "attempt": context.attempt}
+
+
+#: Set by tests/test_tasks.py once a duplicate is waiting: the first run of
+#: :func:`send_receipt_failing_first` then fails.
+DUPLICATE_WAITING = threading.Event()
+
+
+@task()
+@idempotent_function(key="order_id", lock_timeout=300, in_progress="wait")
+def send_receipt_failing_first(order_id: int, email: str) -> dict[str, int]:
+    Execution.objects.create(label="attempt", payload=email)
+    if Execution.objects.filter(label="attempt").count() == 1:
+        DUPLICATE_WAITING.wait(timeout=30)
+        raise ConnectionError("the mail server hung up")
+    receipt = Execution.objects.create(label="receipt", payload=email)
+    return {"receipt": receipt.pk}
