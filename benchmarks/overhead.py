@@ -64,6 +64,9 @@ PATHS = {
     "atomic": "/atomic/",
     "django only": "/django-only/",
 }
+#: The peer's paths (drf-idempotency's decorator, alone and inside ``transaction.atomic``), timed
+#: in the same rounds when it is installed (``pip install drf-idempotency``).
+PEER_PATHS = {"two-phase": "/peer-two-phase/", "atomic": "/peer-atomic/"}
 
 
 def main() -> None:
@@ -299,6 +302,15 @@ def statements() -> None:
         key = str(uuid.uuid4())
         show(f"{mode}, first execution", traced(PATHS[mode], key, 201), bare)
         show(f"{mode}, replay", traced(PATHS[mode], key, 201), bare, replay=True)
+    if not has_peer():
+        print()
+        print("drf-idempotency is not installed: its paths are left out (pip install it).")
+    for mode, url in PEER_PATHS.items() if has_peer() else ():
+        for _ in range(3):
+            wsgi_call(url, str(uuid.uuid4()))
+        key = str(uuid.uuid4())
+        show(f"drf-idempotency {mode}, first execution", traced(url, key, 201), bare)
+        show(f"drf-idempotency {mode}, replay", traced(url, key, 201), bare, replay=True)
     print()
 
 
@@ -349,6 +361,9 @@ def latency(rounds: int, database: str) -> None:
         "django only",
     ]
     server = ["round trip", "indexed read", "durable commit"]
+    peer = has_peer()
+    if peer:
+        operations += [f"peer {mode} {kind}" for kind in ("first", "replay") for mode in PEER_PATHS]
     captured = {mode: capture(PATHS[mode]) for mode in ("two-phase", "atomic")}
     two_phase, atomic = captured["two-phase"], captured["atomic"]
     if two_phase is not None and atomic is not None:
@@ -428,6 +443,11 @@ def latency(rounds: int, database: str) -> None:
                 partial(timed, "two-phase replay", PATHS["two-phase"], keys["two-phase"]),
                 partial(timed, "atomic replay", PATHS["atomic"], keys["atomic"]),
             ]
+            if peer:
+                for mode, url in PEER_PATHS.items():
+                    peer_key = str(uuid.uuid4())
+                    firsts.append(partial(timed, f"peer {mode} first", url, peer_key))
+                    replays.append(partial(timed, f"peer {mode} replay", url, peer_key))
             if "claim + write" in server:
                 keys |= {
                     f"{mode} statements": uuid.uuid4().hex * 2 for mode in ("two-phase", "atomic")
@@ -445,12 +465,12 @@ def latency(rounds: int, database: str) -> None:
     print(f"## Latency, one process, {rounds} interleaved rounds ({elapsed:.0f} s)")
     print()
     print(
-        f"{'path':<18} {'median ms':>10} {'p90 ms':>8} {'/ bare':>7} {'floor':>6} "
+        f"{'path':<22} {'median ms':>10} {'p90 ms':>8} {'/ bare':>7} {'floor':>6} "
         f"{'above it':>8}  goal"
     )
     for name in operations:
         p90 = statistics.quantiles(samples[name], n=10)[-1]
-        line = f"{name:<18} {medians[name]:>10.3f} {p90:>8.3f} {medians[name] / bare:>7.2f}"
+        line = f"{name:<22} {medians[name]:>10.3f} {p90:>8.3f} {medians[name] / bare:>7.2f}"
         if name in floors:
             ratio, floor = medians[name] / bare, floors[name][0] / bare
             verdict = "met" if ratio <= GOALS[name] else "MISSED"
@@ -480,8 +500,32 @@ def latency(rounds: int, database: str) -> None:
             python = medians[name] - floor
             print(f"  {name:<18} {floor / bare:.2f}  app Python {python:+.3f} ms  ({why})")
         print()
+    if peer:
+        print(peer_table(medians))
     print(summary(database, medians))
     print()
+
+
+def has_peer() -> bool:
+    """Whether drf-idempotency is installed (the project then serves its paths)."""
+    from benchmarks.overhead_project import views
+
+    return bool(views.PEER)
+
+
+def peer_table(medians: dict[str, float]) -> str:
+    """Each path's ratio to the bare view, ours beside drf-idempotency's, from the same rounds."""
+    bare = medians["bare"]
+    lines = [
+        "drf-idempotency (its decorator alone; inside transaction.atomic for atomic), timed in",
+        "the same rounds: each path's median over the bare view's",
+        f"  {'path':<18} {'ours':>6} {'drf-idempotency':>16}",
+    ]
+    for name in GOALS:
+        ours, theirs = medians[name] / bare, medians[f"peer {name}"] / bare
+        mark = "  (ours higher)" if ours > theirs else ""
+        lines.append(f"  {name:<18} {ours:>6.2f} {theirs:>16.2f}{mark}")
+    return "\n".join(lines) + "\n"
 
 
 def telemetry_cost(rounds: int) -> None:
@@ -581,7 +625,11 @@ def summary(database: str, medians: dict[str, float]) -> str:
     for name, (floor, _why) in floors_of(medians).items():
         ratio = medians[name] / bare
         mark = "" if ratio <= GOALS[name] else " MISSED"
-        parts.append(f"{name} {ratio:.2f} (floor {floor / bare:.2f}, goal {GOALS[name]:.2f}{mark})")
+        peer = medians.get(f"peer {name}")
+        versus = "" if peer is None else f", drf-idempotency {peer / bare:.2f}"
+        parts.append(
+            f"{name} {ratio:.2f} (floor {floor / bare:.2f}, goal {GOALS[name]:.2f}{mark}{versus})"
+        )
     return f"summary {database}: " + "; ".join(parts)
 
 

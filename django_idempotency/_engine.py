@@ -31,6 +31,7 @@ from django_idempotency import signals
 from django_idempotency._identity import Identity
 from django_idempotency._options import Policy
 from django_idempotency._store import Store, StoredResponse, using
+from django_idempotency._store.rows import Record, instance_of
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
 from django_idempotency.models import IdempotencyKey
@@ -61,7 +62,9 @@ class Found:
     """The key is live under another call: its stored result, a mismatch, or in flight."""
 
     kind: Kind
-    record: IdempotencyKey
+    #: The record as the claim read it: a model instance, or (PostgreSQL) a :class:`Record`
+    #: that converts a field when it is read (``instance_of(record)`` for the model's).
+    record: IdempotencyKey | Record
     #: Its ``idempotency.outcome``: ``replayed``, ``waited`` (replayed after a wait),
     #: ``mismatch`` or ``conflict``.
     outcome: str
@@ -180,9 +183,11 @@ def _outcome(
         else:
             facts = telemetry.claim_facts(outcome, claim)
         logger.log(level, message, *args, exc_info=exc_info, extra=facts)
-    if signal is not None:
+    if signal is not None and signal.receivers:  # nothing made for a signal nobody receives
         if claim is not None:
             sent["claim"] = claim
+        if "record" in sent:
+            sent["record"] = instance_of(sent["record"])
         signal.send(IdempotencyKey, **identity.context(), **sent)
     if outcome in telemetry.OUTCOMES:
         telemetry.count(outcome, identity.attributes(policy.atomic))
@@ -191,7 +196,7 @@ def _outcome(
 def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Found]:
     deadline = time.monotonic() + policy.wait_timeout.total_seconds()
     delay = _FIRST_WAIT
-    record: IdempotencyKey | None = None
+    record: IdempotencyKey | Record | None = None
     waited = False
     token = uuid.uuid4()
     reconnected = False
@@ -300,7 +305,12 @@ _FOUND_OUTCOMES = {Kind.REPLAY: "replayed", Kind.MISMATCH: "mismatch", Kind.IN_P
 
 
 def _found(
-    kind: Kind, record: IdempotencyKey, identity: Identity, policy: Policy, *, waited: bool = False
+    kind: Kind,
+    record: IdempotencyKey | Record,
+    identity: Identity,
+    policy: Policy,
+    *,
+    waited: bool = False,
 ) -> Found:
     outcome = "waited" if waited and kind is Kind.REPLAY else _FOUND_OUTCOMES[kind]
     _outcome(

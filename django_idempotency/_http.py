@@ -29,6 +29,7 @@ from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import bounded_fingerprint, bounded_scope
 from django_idempotency._options import Options, Policy
 from django_idempotency._store import StoredResponse, using
+from django_idempotency._store.rows import Record
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
 from django_idempotency.models import IdempotencyKey
@@ -242,7 +243,7 @@ def _failed(function: Callable[..., object], option: str, request: HttpRequest, 
     return message
 
 
-def _replay(record: IdempotencyKey) -> HttpResponseBase:
+def _replay(record: IdempotencyKey | Record) -> HttpResponseBase:
     if record.response_body is None or record.response_status is None:
         return problems.response_not_stored()
     return responses.replay(

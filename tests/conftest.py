@@ -25,8 +25,8 @@ _OWN_LEG = {
     "pgbouncer": "IDEMPOTENCY_TEST_PGBOUNCER_POOL_SIZE",  # .ci/leg-pgbouncer
     "galera": "IDEMPOTENCY_GALERA",  # .ci/leg-galera
     "galera_app": "IDEMPOTENCY_GALERA_APP",
-    "celery": "IDEMPOTENCY_TEST_CELERY",  # .ci/leg-celery (RabbitMQ and Redis)
     "faults": "IDEMPOTENCY_FAULTS",  # .ci/leg-faults
+    "celery": "IDEMPOTENCY_TEST_CELERY",  # .ci/leg-celery (RabbitMQ and Redis)
 }
 
 #: Each marker and the database vendors its tests need.

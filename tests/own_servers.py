@@ -16,6 +16,7 @@ import dj_database_url
 from django.core.management import call_command
 from django.db import connections
 
+from django_idempotency import _store
 from tests.faults import databases
 
 DEFAULT_PORTS = "56000-56099"
@@ -49,6 +50,9 @@ def register(alias: str, server: Server) -> None:
 
 
 def unregister(alias: str) -> None:
+    """Remove ``alias``, and the app's store bound to it (the next server may be another
+    vendor's under the same alias)."""
+    _store._BOUND.pop(alias, None)
     if alias in connections.settings:
         connections[alias].close()
         del connections.settings[alias]

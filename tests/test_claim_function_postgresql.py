@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django_idempotency import _store as store
 from django_idempotency._store import postgresql, rows, statements
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
+from django_idempotency._store.rows import Record
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout
 from django_idempotency.models import IdempotencyKey
@@ -26,8 +27,7 @@ from tests.factories import IdempotencyKeyFactory
 
 pytestmark = [pytest.mark.postgresql]
 
-#: The migration that creates the function (0003), and the latest that replaced it.
-CREATED = importlib.import_module("django_idempotency.migrations.0003_postgresql_claim_function")
+#: The latest migration that made the function.
 MIGRATION = importlib.import_module("django_idempotency.migrations.0004_claim_reads_first")
 FINGERPRINT = "f" * 64
 
@@ -81,7 +81,7 @@ def outcome_of(outcome: store.ClaimOutcome) -> tuple[Any, ...]:
         record = IdempotencyKey.objects.get(pk=outcome.pk)
         seen: tuple[Any, ...] = ("claimed", outcome.attempt, outcome.recovery_point)
     else:
-        assert isinstance(outcome, IdempotencyKey)
+        assert isinstance(outcome, (IdempotencyKey, Record))
         record, seen = outcome, ("held",)
     stored = IdempotencyKey.objects.get(pk=record.pk)
     fields = ("status", "attempt", "recovery_point", "recovery_data", "request_hash")
@@ -206,7 +206,7 @@ def test_without_the_function_the_app_claims_with_statements(
     transaction.)"""
     monkeypatch.setattr(postgresql, "_HAS_FUNCTION", {})
     with connection.cursor() as cursor:
-        cursor.execute(CREATED.DROP)
+        cursor.execute(MIGRATION.DROP)
     client, key = Client(), str(uuid.uuid4())
     with CaptureQueriesContext(connection) as queries:
         first = client.post(
@@ -232,10 +232,33 @@ def test_a_function_dropped_after_the_check_falls_back_without_a_500(
     )
     assert post(str(uuid.uuid4())).status_code == 201  # checked: the function is there
     with connection.cursor() as cursor:
-        cursor.execute(CREATED.DROP)
+        cursor.execute(MIGRATION.DROP)
     try:
         assert post(str(uuid.uuid4())).status_code == 201
         assert post(str(uuid.uuid4())).status_code == 201
     finally:
         with connection.cursor() as cursor:
             cursor.execute(MIGRATION.CREATE)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("record", ["completed", "processing", "stale, another request"])
+def test_the_record_a_claim_reads_is_the_one_the_orm_loads(record: str) -> None:
+    """The claim reads times and the token as text (cheaper than loading them) and converts a
+    field when asked: every field, and the model instance signals get, are the ORM's."""
+    factory, _ = RECORDS[record]
+    key = str(uuid.uuid4())
+    IdempotencyKeyFactory(
+        key=key, **{"request_hash": FINGERPRINT, "recovery_data": {"n": [1]}, **factory}
+    )
+    outcome = claim(key)
+    assert isinstance(outcome, Record)
+    loaded = IdempotencyKey.objects.get(pk=outcome.pk)
+    for field in rows.FIELDS:
+        assert getattr(outcome, field.attname) == getattr(loaded, field.attname), field.name
+    instance = outcome.instance()
+    assert type(instance) is IdempotencyKey and not instance._state.adding
+    assert [getattr(instance, name) for name in rows.ATTNAMES] == [
+        getattr(loaded, name) for name in rows.ATTNAMES
+    ]
+    assert instance.unlock_at is None or instance.unlock_at.tzinfo is not None

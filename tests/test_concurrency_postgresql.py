@@ -17,6 +17,7 @@ from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
 
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
+from django_idempotency._store.rows import Record
 from django_idempotency.claim import Claim
 from django_idempotency.fingerprints import request_fingerprint
 from django_idempotency.models import IdempotencyKey
@@ -239,7 +240,7 @@ def test_a_claim_that_waited_on_a_concurrent_insert_finds_it_or_says_so(
     key = str(uuid.uuid4())
     found = commit_a_record_while_a_claim_waits(key, claim_in_thread(key))
     if function:
-        assert isinstance(found, IdempotencyKey)
+        assert isinstance(found, (IdempotencyKey, Record))
         assert found.status == IdempotencyKey.Status.COMPLETED
     else:
         assert found is None
@@ -302,4 +303,6 @@ def test_claims_waiting_on_an_insert_that_rolls_back_never_raise() -> None:
         holder.result(timeout=30)
         results = [claim.result(timeout=30) for claim in claims]
     assert sum(isinstance(result, Claim) for result in results) == 1
-    assert all(result is None or isinstance(result, (Claim, IdempotencyKey)) for result in results)
+    assert all(
+        result is None or isinstance(result, (Claim, IdempotencyKey, Record)) for result in results
+    )

@@ -6,6 +6,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import RequestFactory, override_settings
 
+from django_idempotency._canonical_json import canonical_json, written
 from django_idempotency.fingerprints import canonical_body, json_fingerprint, request_fingerprint
 
 factory = RequestFactory()
@@ -175,3 +176,24 @@ def test_json_fingerprint_as_the_setting(client: Any, db: None) -> None:
     )
     assert first.status_code == 201
     assert again["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"b": 1, "a": [true, false, null, "x\\u00e9"], "c": {}}',
+        b'{"amount": 4200, "currency": "usd", "nested": {"z": [], "y": -12}}',
+        b'"\\ud83d lone"',
+        b"[1, -0, 2]",
+        b'{"a": 1, "a": 2}',
+        b'{"n": 0.10000000000000000001, "e": 1e0, "f": 1.0}',
+        b'{"\\u00e9": 1, "e": 2, "\\ud83d\\ude00": 3, "Z": 4}',
+        b"12345678901234567890123456789",
+        b"not json",
+        b"[" * 5000 + b"]" * 5000,
+    ],
+)
+def test_the_fast_canonical_form_is_the_writers(body: bytes) -> None:
+    """Most bodies are written by the C encoder (issue 28), byte for byte as the module's own
+    writer writes them; the rest (-0, duplicates, fractions) by the writer itself."""
+    assert canonical_json(body) == written(body)

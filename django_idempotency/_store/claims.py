@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -18,7 +19,7 @@ from django.utils import timezone
 
 from django_idempotency import _rules as rules
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.rows import first, prep, preparers
+from django_idempotency._store.rows import Record, first, prep, preparers
 from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
 from django_idempotency.claim import Claim, RecordStore
 from django_idempotency.models import IdempotencyKey
@@ -26,9 +27,10 @@ from django_idempotency.models import IdempotencyKey
 if TYPE_CHECKING:
     from django_idempotency._identity import Identity
 
-#: What :meth:`Claims.claim` returns: the claim, the record of another call that holds the key,
-#: or ``None`` when a concurrent claim or release came between two statements (claim again).
-ClaimOutcome = Claim | IdempotencyKey | None
+#: What :meth:`Claims.claim` returns: the claim, the record of another call that holds the key
+#: (a :class:`~.rows.Record` from PostgreSQL's claim function, a model instance elsewhere), or
+#: ``None`` when a concurrent claim or release came between two statements (claim again).
+ClaimOutcome = Claim | IdempotencyKey | Record | None
 
 
 class Lock(NamedTuple):
@@ -36,6 +38,37 @@ class Lock(NamedTuple):
 
     status: str
     unlock_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ClaimValues:
+    """What a claim writes when it inserts: the call's identity, its fresh lock token, the
+    claim's time and the times it derives."""
+
+    identity: Identity
+    token: uuid.UUID
+    now: datetime
+    unlock_at: datetime
+    expires_at: datetime
+
+    def params(self, connection: BaseDatabaseWrapper) -> list[Any]:
+        """The values of the claim's placeholders (:data:`.statements.CLAIM_PARAMS`), as
+        the fields send them to this database."""
+        identity = self.identity
+        values = {
+            "scope": identity.scope,
+            "key_hash": identity.key_hash,
+            "method": identity.method,
+            "path": identity.path,
+            "request_hash": identity.fingerprint,
+            "lock_token": self.token,
+            "created_at": self.now,
+            "updated_at": self.now,
+            "unlock_at": self.unlock_at,
+            "expires_at": self.expires_at,
+        }
+        prepare = preparers(connection)
+        return [prepare[name](values[name]) for name in CLAIM_PARAMS]
 
 
 class Claims(BoundStore):
@@ -58,39 +91,31 @@ class Claims(BoundStore):
 
         A new key costs one statement and so does a live key's record (the replay's only one).
         An expired record, or a stale ``processing`` one with the same fingerprint, is taken
-        over by one more, fenced ``UPDATE``. A claim made again after a fault passes the
-        ``token`` of the first: a record found under it is the first's, applied with its reply
-        lost, and so this call's.
+        over by one more, fenced ``UPDATE`` (inside the same statement on PostgreSQL). A claim
+        made again after a fault passes the ``token`` of the first: a record found under it is
+        the first's, applied with its reply lost, and so this call's.
         """
         started = time.monotonic()  # before now: the lock is surely held until lock_timeout later
         now = timezone.now()
         token = token or uuid.uuid4()
-        values = {
-            "scope": identity.scope,
-            "key_hash": identity.key_hash,
-            "method": identity.method,
-            "path": identity.path,
-            "request_hash": identity.fingerprint,
-            "lock_token": token,
-            "created_at": now,
-            "updated_at": now,
-            "unlock_at": now + lock_timeout,
-            "expires_at": now + ttl,
-        }
+        values = ClaimValues(identity, token, now, now + lock_timeout, now + ttl)
         with self.guard():  # preparing a value may connect (MariaDB's UUID type: its version)
             connection = self.connection
-            prepare = preparers(connection)
-            params = [prepare[name](values[name]) for name in CLAIM_PARAMS]
-            found = self.insert_or_load(
-                connection, params, identity.scope, identity.key_hash, token
-            )
+            found = self.insert_or_load(connection, values)
             if found is None:
                 return None
             if isinstance(found, int):  # inserted, not read back: a first attempt
                 return self._claim(identity, token, lock_timeout, started, found)
+            if isinstance(found, Record):  # the claim function took over what it could
+                return (
+                    self._claim(identity, token, lock_timeout, started, found.pk, found)
+                    if found.holds_token(token)
+                    else found
+                )
             if found.lock_token != token:  # not the row this call wrote: another call's record
                 if not rules.TAKEOVER.holds(found, now, identity.fingerprint):
                     return found
+                params = values.params(connection)
                 again = take_over_params(connection, found.pk, params, now, identity.fingerprint)
                 found = self.take_over(connection, found.pk, again, token)
                 if found is None:
@@ -104,7 +129,7 @@ class Claims(BoundStore):
         lock_timeout: timedelta,
         started: float,
         pk: int,
-        record: IdempotencyKey | None = None,
+        record: IdempotencyKey | Record | None = None,
     ) -> Claim:
         """The claim on record ``pk``, as ``record`` reads (``None``: a first attempt's)."""
         return Claim(
@@ -123,17 +148,13 @@ class Claims(BoundStore):
         )
 
     def insert_or_load(
-        self,
-        connection: BaseDatabaseWrapper,
-        params: list[Any],
-        scope: str,
-        key_hash: str,
-        token: uuid.UUID,
-    ) -> int | IdempotencyKey | None:
-        """Insert a new record, or read the one in place; ``None`` when neither is visible.
+        self, connection: BaseDatabaseWrapper, values: ClaimValues
+    ) -> int | IdempotencyKey | Record | None:
+        """Read the key's record, or insert a new one; ``None`` when neither is visible.
 
-        The inserted record carries ``token``; a store that knows it inserted without reading
-        the row back returns its primary key.
+        The inserted record carries ``values.token``; a store that knows it inserted without
+        reading the row back returns its primary key. A :class:`~.rows.Record` comes from a
+        statement that also took over an expired or stale record (PostgreSQL's function).
         """
         raise NotImplementedError
 

@@ -21,6 +21,7 @@ from django.db import DatabaseError, IntegrityError, InterfaceError, Operational
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._store.base import Store
+from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import aware, first, prep
 from django_idempotency._store.statements import Statements
@@ -85,12 +86,7 @@ class MySQLStore(Store):
         )
 
     def insert_or_load(
-        self,
-        connection: BaseDatabaseWrapper,
-        params: list[Any],
-        scope: str,
-        key_hash: str,
-        token: uuid.UUID,
+        self, connection: BaseDatabaseWrapper, values: ClaimValues
     ) -> int | IdempotencyKey | None:
         """The record is read first; a new key is then claimed outright (its primary key).
 
@@ -107,19 +103,20 @@ class MySQLStore(Store):
         again. Inside one, InnoDB rolled the whole transaction back: it is raised (``409``).
         """
         statements = self.statements(connection)
+        key = [values.identity.scope, values.identity.key_hash]
         try:
-            found = first(connection, statements.select, [scope, key_hash])
+            found = first(connection, statements.select, key)
             if found is not None:
                 return found
             with connection.cursor() as cursor:
                 try:
-                    cursor.execute(statements.insert, params)
+                    cursor.execute(statements.insert, values.params(connection))
                 except IntegrityError as exc:
                     if error_code(exc) != DUPLICATE_KEY:
                         raise
                 else:
                     return int(cursor.lastrowid)
-            return first(connection, statements.select, [scope, key_hash])
+            return first(connection, statements.select, key)
         except OperationalError as exc:
             if error_code(exc) == DEADLOCK and not connection.in_atomic_block:
                 return None

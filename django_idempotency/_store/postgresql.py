@@ -15,7 +15,6 @@ insert first.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -26,8 +25,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency import _rules as rules
 from django_idempotency._store.base import Store
+from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
-from django_idempotency._store.rows import first
+from django_idempotency._store.rows import Record, first, lean_columns, read_record
 from django_idempotency._store.statements import (
     CLAIM_LITERALS,
     CLAIM_PARAMS,
@@ -37,14 +37,27 @@ from django_idempotency._store.statements import (
 from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 
-#: The claim function's name and its arguments' types: the claim's parameters (in the order of
-#: :data:`~django_idempotency._store.statements.CLAIM_PARAMS`), then the lock wait's bound.
+#: The claim function's name and its arguments: the claim's values (the claim's time once, for
+#: its ``created_at`` and ``updated_at``), then the lock wait's bound.
 CLAIM_FUNCTION = "django_idempotency_claim"
-_ARGUMENT_TYPES = {"lock_token": "uuid", "created_at": "timestamptz", "updated_at": "timestamptz"}
-_ARGUMENT_TYPES |= {"unlock_at": "timestamptz", "expires_at": "timestamptz"}
-_ARGUMENTS = [(f"p_{name}", _ARGUMENT_TYPES.get(name, "text")) for name in CLAIM_PARAMS]
-_ARGUMENTS.append(("p_lock_timeout", "text"))
+_ARGUMENTS = [
+    ("p_scope", "text"),
+    ("p_key_hash", "text"),
+    ("p_method", "text"),
+    ("p_path", "text"),
+    ("p_request_hash", "text"),
+    ("p_lock_token", "uuid"),
+    ("p_now", "timestamptz"),
+    ("p_unlock_at", "timestamptz"),
+    ("p_expires_at", "timestamptz"),
+    ("p_lock_timeout", "text"),
+]
 CLAIM_FUNCTION_SIGNATURE = f"{CLAIM_FUNCTION}({', '.join(kind for _, kind in _ARGUMENTS)})"
+#: Each claim value's argument in the function.
+_ARGUMENT_OF = {name: f"p_{name}" for name in CLAIM_PARAMS} | {
+    "created_at": "p_now",
+    "updated_at": "p_now",
+}
 
 #: SQLSTATE classes of a fault (:meth:`PostgreSQLStore.is_fault`), and a read-only refusal.
 _FAULT_CLASSES = ("08", "53", "57", "58")
@@ -93,13 +106,13 @@ def claim_function_sql() -> str:
     connection = cast(BaseDatabaseWrapper, _Quoting)
     q = _Quoting.ops.quote_name
     built = Statements.build(connection)
-    argument = {name: f"p_{name}" for name in CLAIM_PARAMS}
-    now = {"now": "p_updated_at", "request_hash": "p_request_hash", "processing": "p_processing"}
+    argument = _ARGUMENT_OF
+    now = {"now": "p_now", "request_hash": "p_request_hash", "processing": "p_processing"}
     insert = _fill(built.insert, [argument[name] for name in CLAIM_PARAMS])
     # In the order of the placeholders of Statements.take_over, as Store.take_over sends them.
     take_over = [argument[name] for name in TAKEOVER_FRESH if name not in CLAIM_LITERALS]
-    take_over += ["p_updated_at"] * 3 + ["p_updated_at", "p_created_at"]
-    take_over += ["p_updated_at", "p_expires_at", "found_row.id"]
+    take_over += ["p_now"] * 3 + ["p_now", "p_now"]
+    take_over += ["p_now", "p_expires_at", "found_row.id"]
     take_over += [now[name] for name in rules.TAKEOVER.params]
     takeover_rule = rules.TAKEOVER.where(lambda column: f"found_row.{q(column)}")
     holds = _fill(takeover_rule, [now[name] for name in rules.TAKEOVER.params])
@@ -174,23 +187,26 @@ class PostgreSQLStore(Store):
 
     def build_statements(self, connection: BaseDatabaseWrapper) -> PostgreSQLStatements:
         built = Statements.build(connection)
-        placeholders = ", ".join(["%s"] * len(_ARGUMENTS))
+        # Cast, so that the values can be sent as text (cheaper to send than a datetime or a
+        # UUID) whether psycopg binds them on the client or on the server.
+        arguments = ", ".join(f"%s::{kind}" if kind != "text" else "%s" for _, kind in _ARGUMENTS)
         return PostgreSQLStatements(
             **vars(built),
             insert_or_select=f"WITH inserted AS ({built.insert}) SELECT * FROM inserted "
             f"UNION ALL {built.select}",
-            call=f"SELECT {built.columns} FROM {CLAIM_FUNCTION}({placeholders})",
+            call=f"SELECT {lean_columns(connection.ops.quote_name)} "
+            f"FROM {CLAIM_FUNCTION}({arguments})",
         )
 
     def insert_or_load(
-        self,
-        connection: BaseDatabaseWrapper,
-        params: list[Any],
-        scope: str,
-        key_hash: str,
-        token: uuid.UUID,
-    ) -> IdempotencyKey | None:
-        """One call of the claim function, which takes an expired or stale record over too.
+        self, connection: BaseDatabaseWrapper, values: ClaimValues
+    ) -> Record | IdempotencyKey | None:
+        """One call of the claim function, which takes an expired or stale record over too
+        (a :class:`~.rows.Record`: nothing is left for Python to decide but whose it is).
+
+        Its values go as text, each one cast in the statement: psycopg adapts a ``str`` for
+        a fraction of what a ``datetime`` or a ``UUID`` costs. The row comes back with its
+        times and token as text too, converted only if read (:class:`~.rows.Record`).
 
         Without the function, one statement: a data-modifying CTE inserts with ``ON CONFLICT DO
         NOTHING`` (which writes nothing on a conflict, so a replay commits no transaction and
@@ -201,8 +217,20 @@ class PostgreSQLStore(Store):
         statements = self.statements(connection)
         assert isinstance(statements, PostgreSQLStatements)
         if self.has_function(connection):
+            params = [
+                values.identity.scope,
+                values.identity.key_hash,
+                values.identity.method,
+                values.identity.path,
+                values.identity.fingerprint,
+                str(values.token),
+                values.now.isoformat(),
+                values.unlock_at.isoformat(),
+                values.expires_at.isoformat(),
+                _bound(connection),
+            ]
             try:
-                return first(connection, statements.call, [*params, _bound(connection)])
+                return read_record(connection, statements.call, params)
             except ProgrammingError as exc:
                 if getattr(exc.__cause__, "sqlstate", None) != "42883":  # undefined_function
                     raise
@@ -210,7 +238,11 @@ class PostgreSQLStore(Store):
                 _HAS_FUNCTION[_database(connection)] = False
                 if connection.in_atomic_block:  # the transaction is lost: a retry claims anew
                     raise StoreUnavailable(str(exc)) from exc
-        return first(connection, statements.insert_or_select, [*params, scope, key_hash])
+        identity = values.identity
+        params = values.params(connection)
+        return first(
+            connection, statements.insert_or_select, [*params, identity.scope, identity.key_hash]
+        )
 
     def has_function(self, connection: BaseDatabaseWrapper) -> bool:
         database = _database(connection)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 from django.db import OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._store.base import Store
+from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import aware, first
 from django_idempotency.models import IdempotencyKey
@@ -24,12 +22,7 @@ class SQLiteStore(Store):
     name = "SQLite"
 
     def insert_or_load(
-        self,
-        connection: BaseDatabaseWrapper,
-        params: list[Any],
-        scope: str,
-        key_hash: str,
-        token: uuid.UUID,
+        self, connection: BaseDatabaseWrapper, values: ClaimValues
     ) -> IdempotencyKey | None:
         """Outside a transaction the record is read first, so a replay writes nothing (and
         takes no write lock: another process's write does not hold it up in WAL mode); a new
@@ -37,12 +30,13 @@ class SQLiteStore(Store):
         read cannot wait for the write lock (SQLite answers ``database is locked`` at once
         rather than risk a deadlock), while one that writes first waits its busy timeout."""
         statements = self.statements(connection)
+        key = [values.identity.scope, values.identity.key_hash]
         if not connection.in_atomic_block:
-            found = first(connection, statements.select, [scope, key_hash])
+            found = first(connection, statements.select, key)
             if found is not None:
                 return found
-        inserted = first(connection, statements.insert, params)
-        return inserted or first(connection, statements.select, [scope, key_hash])
+        inserted = first(connection, statements.insert, values.params(connection))
+        return inserted or first(connection, statements.select, key)
 
     def delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
         table = connection.ops.quote_name(IdempotencyKey._meta.db_table)

@@ -33,6 +33,7 @@ from django_idempotency._keys import hash_key
 from django_idempotency._limits import bounded_scope
 from django_idempotency._options import Options, Policy
 from django_idempotency._store import StoredResponse, using
+from django_idempotency._store.rows import Record
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import (
     IdempotencyError,
@@ -376,7 +377,7 @@ def _in_progress_message(spec: Spec, identity: Identity) -> str:
     )
 
 
-def _stored_result(spec: Spec, record: IdempotencyKey) -> Any:
+def _stored_result(spec: Spec, record: IdempotencyKey | Record) -> Any:
     if record.status == IdempotencyKey.Status.FAILED:
         raise IdempotencyFailed(
             f"{spec.name}: the record of key {record.key_hash[:12]}… was marked failed "
