@@ -133,7 +133,7 @@ ci_main_venv() {
     source "$venv/bin/activate"
     echo "$(python --version), Django $(python -m django --version), in $VIRTUAL_ENV (the main leg's)"
   else
-    ci_venv 3.11 "django==5.2.*" test
+    ci_venv 3.11 "django==5.2.*" test,mysql
   fi
   export CI_VENV=$VIRTUAL_ENV
 }

@@ -22,10 +22,24 @@ from collections.abc import Collection, Iterable, Iterator
 from typing import IO, Protocol
 
 from django.conf import settings
-from django.http import HttpRequest, QueryDict
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.http import HttpRequest, QueryDict, UnreadablePostError
+from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 
 CHUNK_SIZE = 64 * 1024
+
+#: What Django raises for a body it cannot read or parse: a multipart body without a boundary,
+#: more fields or files than Django allows, a body cut short. The client's error, not the
+#: project's: the app answers it ``400 invalid-request-body``, as its own problem, and claims
+#: nothing (issue 26).
+UNREADABLE = (
+    MultiPartParserError,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+    RequestDataTooBig,
+    UnreadablePostError,
+)
 
 
 class Digest(Protocol):

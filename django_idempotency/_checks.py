@@ -14,10 +14,13 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
 from django.db.utils import load_backend
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
 from django_idempotency import _durations as durations
+from django_idempotency import _time_zones as time_zones
 from django_idempotency._conf import DEFAULTS, DOCS, SETTINGS, Setting, Settings, user_settings
 from django_idempotency._options import Options, ttl_error, ttl_under_lock
 from django_idempotency._store import VENDORS
@@ -50,6 +53,9 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
     ):
         if error := check(alias):
             return [error]
+    # Only where Django asks about databases (``check --database``, ``migrate``): it queries.
+    if alias in (kwargs.get("databases") or ()):
+        return w002_time_zone_tables(alias)
     return []
 
 
@@ -108,6 +114,24 @@ def e019_atomic_requests(alias: str) -> Error | None:
         hint="Point IDEMPOTENCY['DATABASE_ALIAS'] at a second alias for the same "
         "database without ATOMIC_REQUESTS (docs: 'ATOMIC_REQUESTS').",
     )
+
+
+def w002_time_zone_tables(alias: str) -> list[CheckMessage]:
+    zone = timezone.get_default_timezone_name()
+    try:
+        if time_zones.converts(alias, zone):
+            return []
+    except DatabaseError:
+        return []  # unreachable now: nothing to say about its tables
+    return [
+        Warning(
+            f"DATABASES[{alias!r}] cannot convert dates to TIME_ZONE {zone!r} (MySQL or "
+            "MariaDB without its time-zone tables): the admin lists idempotency records "
+            "without its date hierarchy (by year, month and day). Everything else works.",
+            hint=time_zones.LOAD_TABLES,
+            id="django_idempotency.W002",
+        )
+    ]
 
 
 def e030_backend(alias: str) -> Error | None:

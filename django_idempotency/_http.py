@@ -65,7 +65,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             return Answer(problems.missing_key(conf.HEADER))
         try:
             key = parse_key(header, min_length=conf.MIN_KEY_LENGTH, bare=conf.BARE_KEYS)
-            policy.key_format.check(key)
+            key = policy.key_format.check(key)
         except InvalidKey as exc:
             self._key_refused("invalid_key", policy, str(exc))
             return Answer(problems.invalid_key(str(exc)))
@@ -75,6 +75,8 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         except StoreUnavailable as exc:
             engine.identity_unavailable(self._attributes(policy), policy, exc)
             return Answer(problems.unavailable())
+        except bodies.UNREADABLE as exc:
+            return Answer(problems.invalid_body(_sentence(exc)))
         return Identity(
             key=key,
             scope=scope,
@@ -203,6 +205,8 @@ def _call(
     """
     try:
         value = function(request, *args)
+    except bodies.UNREADABLE:
+        raise  # the client's body, not the function: answered 400 invalid-request-body
     except DatabaseError as exc:
         if using(policy.alias).is_transient(exc):
             raise StoreUnavailable(f"The {option} function met a database fault: {exc}") from exc
@@ -225,6 +229,12 @@ def _note(
     note = _failed(function, option, request, f"raised {type(exc).__name__}: {exc}")
     if sys.version_info >= (3, 11):  # shown under the traceback, by Django's too
         exc.add_note(note)
+
+
+def _sentence(exc: Exception) -> str:
+    """Django's message about a body, as the end of a sentence."""
+    text = str(exc).strip() or type(exc).__name__
+    return text if text.endswith(".") else text + "."
 
 
 def _failed(function: Callable[..., object], option: str, request: HttpRequest, what: str) -> str:

@@ -63,8 +63,9 @@ def parse_key(value: str, *, min_length: int = 1, bare: bool = True) -> str:
 
 
 #: A UUID as RFC 9562 writes it: 8-4-4-4-12 hexadecimal digits, any version. Either case is
-#: accepted (RFC 9562 section 4: "case insensitive on input"); the key is still the text sent,
-#: so a client retries with the same spelling, as it would anyway.
+#: accepted and both spell the same UUID (RFC 9562 section 4: "case insensitive on input"), so
+#: :meth:`KeyFormat.check` gives the key in lower case: a client that retries with the other
+#: case is replayed, never charged twice (issue 26).
 UUID_PATTERN = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )
@@ -93,10 +94,12 @@ class KeyFormat:
             return "a UUID (8-4-4-4-12 hexadecimal digits)"
         return f"a key matching the regular expression {self.pattern.pattern}"
 
-    def check(self, key: str, subject: str = "The Idempotency-Key") -> None:
-        """Raise :class:`InvalidKey`, naming the expected format, when ``key`` does not match."""
+    def check(self, key: str, subject: str = "The Idempotency-Key") -> str:
+        """The key as it is hashed: lower case for ``"uuid"``, whose case means nothing;
+        :class:`InvalidKey`, naming the expected format, when ``key`` does not match."""
         if self.pattern is not None and self.pattern.fullmatch(key) is None:
             raise InvalidKey(f"{subject} must be {self.description}.")
+        return key.lower() if self.name == "uuid" else key
 
 
 ANY = KeyFormat("any")

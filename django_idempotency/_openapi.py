@@ -10,20 +10,17 @@ the schema is generated.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django.http import HttpResponse
 from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent, get_class, get_doc
 from rest_framework.views import APIView
 
-from django_idempotency import _problems as problems
+from django_idempotency import _openapi_parts as parts
 from django_idempotency import _published as published
 from django_idempotency._conf import conf
-from django_idempotency._keys import MAX_KEY_LENGTH
 from django_idempotency._options import Options, Policy
 from django_idempotency._problems import CONTENT_TYPE
 from django_idempotency._responses import REPLAYED_HEADER
@@ -33,18 +30,6 @@ if TYPE_CHECKING:
     from drf_spectacular.utils import _SchemaType
 
 PROBLEM_COMPONENT = "IdempotencyProblem"
-
-_PROBLEM_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "An RFC 9457 problem detail answered by django-idempotency.",
-    "properties": {
-        "type": {"type": "string", "format": "uri"},
-        "title": {"type": "string"},
-        "status": {"type": "integer"},
-        "detail": {"type": "string"},
-    },
-    "required": ["type", "title", "status", "detail"],
-}
 
 
 class IdempotencyViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
@@ -132,23 +117,23 @@ def document(operation: dict[str, Any], policy: Policy, registry: ComponentRegis
         p.get("in") == "header" and str(p.get("name", "")).lower() == conf.HEADER.lower()
         for p in parameters
     ):
-        parameters.append(_key_parameter(policy))
+        parameters.append(parts.key_parameter(policy))
     component = ResolvedComponent(  # type: ignore[no-untyped-call]
         name=PROBLEM_COMPONENT,
         type=ResolvedComponent.SCHEMA,
         object=PROBLEM_COMPONENT,
-        schema=_PROBLEM_SCHEMA,
+        schema=parts.PROBLEM_SCHEMA,
     )
     registry.register_on_missing(component)
     responses: dict[str, Any] = operation.setdefault("responses", {})
     # Whatever the view answers itself is stored and replayed, unless its status is released.
-    replayable = {code for code in responses if _replayable(code)}
+    replayable = {code for code in responses if parts.replayable(code)}
     if "requestBody" in operation:
         # DRF's own 400s (validation and parse errors), stored and replayed like the view's.
         validation = responses.setdefault("400", {"description": _VALIDATION})
         validation.setdefault("content", {}).setdefault("application/json", {"schema": {}})
         replayable.add("400")
-    for status, description, examples, headers in _problems(policy):
+    for status, description, examples, headers in parts.problems(policy):
         response = responses.setdefault(str(status), {"description": description})
         if not response.get("description"):
             response["description"] = description
@@ -160,7 +145,7 @@ def document(operation: dict[str, Any], policy: Policy, registry: ComponentRegis
         if headers:
             response.setdefault("headers", {}).update(headers)
     for code in replayable:
-        responses[code].setdefault("headers", {}).setdefault(REPLAYED_HEADER, _REPLAYED)
+        responses[code].setdefault("headers", {}).setdefault(REPLAYED_HEADER, parts.REPLAYED)
     operation["responses"] = dict(sorted(responses.items()))
     operation["x-idempotency"] = published.policy_document(policy)
     paragraph = published.summary(policy)
@@ -168,97 +153,6 @@ def document(operation: dict[str, Any], policy: Policy, registry: ComponentRegis
 
 
 _VALIDATION = "The request is invalid (the view's own validation, in DRF's format)."
-
-_REPLAYED: dict[str, Any] = {
-    "schema": {"type": "string", "enum": ["true"]},
-    "description": "Present when this is the stored response of an earlier request with the "
-    "same idempotency key, replayed.",
-}
-
-
-def _replayable(code: object) -> bool:
-    code = str(code).upper()
-    if code[:1] not in ("2", "3", "4"):
-        return False
-    return not code.isdigit() or int(code) not in conf.RETRYABLE_STATUSES
-
-
-def _key_parameter(policy: Policy) -> dict[str, Any]:
-    spelling = "or a bare value" if conf.BARE_KEYS else "(quoted: a bare value is refused)"
-    description = (
-        "A unique key (a UUID) for this operation; retrying with the same key and request "
-        "returns the first response instead of running the operation again. A Structured Field "
-        f'string (`"…"`) {spelling}, {conf.MIN_KEY_LENGTH} to {MAX_KEY_LENGTH} printable '
-        f"ASCII characters{published.format_text(policy)}. Remembered for "
-        f"{published.duration_text(policy.ttl)}."
-    )
-    if not policy.required:
-        description += " Optional: without it the request is not protected."
-    return {
-        "in": "header",
-        "name": conf.HEADER,
-        "required": policy.required,
-        "schema": published.key_schema(policy),
-        "description": description,
-    }
-
-
-_Problem = tuple[int, str, dict[str, Any], dict[str, Any]]
-
-
-def _problems(policy: Policy) -> list[_Problem]:
-    """Each status the app may answer on this operation: description, examples, headers."""
-    header = conf.HEADER
-    by_status: dict[int, list[tuple[str, HttpResponse]]] = {}
-
-    def add(description: str, response: HttpResponse) -> None:
-        by_status.setdefault(response.status_code, []).append((description, response))
-
-    if policy.required:
-        add(f"The {header} header is missing.", problems.missing_key(header))
-    add(
-        f"The {header} header is invalid.",
-        problems.invalid_key(f"The {header} must be printable ASCII."),
-    )
-    add(
-        f"The {header} was already used for a different request.",
-        problems.key_reuse(conf.MISMATCH_STATUS),
-    )
-    add(
-        f"A request with this {header} is still being processed.",
-        problems.in_progress(conf.RETRY_AFTER),
-    )
-    add(
-        "The first request's response cannot be replayed: it was too large to store, or an "
-        "operator marked the request as abandoned.",
-        problems.response_not_stored(),
-    )
-    add("", problems.request_abandoned())
-    add(
-        "The idempotency store is unreachable; the request was not processed.",
-        problems.unavailable(),
-    )
-    answers: list[_Problem] = []
-    for status, entries in sorted(by_status.items()):
-        description = " Or: ".join(text for text, _ in entries if text)
-        examples = {
-            response.idempotency_problem: {  # type: ignore[attr-defined]
-                "value": json.loads(response.content)
-            }
-            for _, response in entries
-        }
-        headers = _RETRY_AFTER if status in (409, 503) else {}
-        answers.append((status, description, examples, headers))
-    return answers
-
-
-_RETRY_AFTER = {
-    "Retry-After": {
-        "schema": {"type": "integer", "minimum": 1},
-        "description": "Seconds to wait before retrying.",
-        "required": True,
-    }
-}
 
 
 def _options_of(value: object) -> Options | None:

@@ -45,6 +45,16 @@ def invalid_key(detail: str) -> HttpResponse:
     return problem(400, "invalid-idempotency-key", "Invalid idempotency key", detail)
 
 
+def invalid_body(reason: str) -> HttpResponse:
+    """A body the fingerprint cannot read: Django's own parser refused it."""
+    return problem(
+        400,
+        "invalid-request-body",
+        "Invalid request body",
+        f"The request body could not be read: {reason}",
+    )
+
+
 def key_reuse(status: int) -> HttpResponse:
     return problem(
         status,

@@ -22,6 +22,7 @@ from django.utils.translation import gettext_lazy as _
 from django_idempotency import _maintenance as maintenance
 from django_idempotency import _rules as rules
 from django_idempotency import _store as store
+from django_idempotency import _time_zones as time_zones
 from django_idempotency._conf import conf
 from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency.functions._calls import METHOD as CALL
@@ -196,6 +197,16 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """Without the date hierarchy where the database cannot convert to the current time
+        zone (MySQL/MariaDB without time-zone tables): a list, not a 500 (system check W002)."""
+        changelist = super().get_changelist_instance(request)
+        if changelist.date_hierarchy and not time_zones.converts(
+            changelist.queryset.db, timezone.get_current_timezone_name()
+        ):
+            changelist.date_hierarchy = None
+        return changelist
 
     # Read-only: nobody adds or edits a record here, whatever their permissions. Changelist-level
     # change and delete permissions still gate the actions.

@@ -106,7 +106,7 @@ IDEMPOTENCY = {
     "HEADER": "Idempotency-Key",
     "METHODS": ["POST", "PATCH"],
     "TTL": 24 * 60 * 60,
-    "LOCK_TIMEOUT": 60,
+    "LOCK_TIMEOUT": 30,
 }
 
 LOGGING = {

@@ -6,7 +6,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from example_project.payments import views
+from example_project.payments import ninja_api, views
 
 router = DefaultRouter()
 router.register("charges", views.ChargeViewSet, basename="charge")
@@ -19,5 +19,6 @@ urlpatterns = [
     path("charges/<int:charge_id>/receipt/", views.send_receipt, name="receipt"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("ninja/", ninja_api.api.urls),
     path("admin/", admin.site.urls),
 ]

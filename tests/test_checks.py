@@ -185,3 +185,24 @@ def test_check_is_clean_on_this_database() -> None:
     out = StringIO()
     call_command("check", databases=["default"], stdout=out, stderr=out)
     assert out.getvalue().strip() == "System check identified no issues (0 silenced)."
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "UTC"])
+def test_w002_says_the_admin_has_no_date_hierarchy_without_time_zone_tables(zone: str) -> None:
+    """Asked only with ``databases`` (``check --database``, ``migrate``): it queries. Warns
+    where the database cannot convert to TIME_ZONE: MySQL/MariaDB without time-zone tables, as
+    CI's MariaDB (issue 26)."""
+    from tests.test_admin import database_converts_to_berlin
+
+    with override_settings(TIME_ZONE=zone):
+        assert check_database() == []
+        messages = check_database(databases=["default"])
+    if zone == "UTC" or database_converts_to_berlin():
+        assert messages == []
+        return
+    (warning,) = messages
+    assert warning.id == "django_idempotency.W002"
+    assert "cannot convert dates to TIME_ZONE 'Europe/Berlin'" in warning.msg
+    assert "date hierarchy" in warning.msg
+    assert "mariadb-tzinfo-to-sql" in (warning.hint or "")

@@ -186,7 +186,7 @@ def test_bad_options_are_command_errors(options: dict[str, Any]) -> None:
 def test_bad_option_values_from_the_command_line() -> None:
     with pytest.raises(CommandError, match="invalid int value"):
         cleanup("--batch-size", "many")
-    with pytest.raises(CommandError, match="must be positive"):
+    with pytest.raises(CommandError, match="must be a whole number from 1 to"):
         cleanup("--batch-size", "0")
 
 

@@ -7,8 +7,11 @@ The project runs in its own processes under its own settings, on a fresh SQLite 
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -18,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -360,3 +364,158 @@ def test_check_and_createsuperuser(example: Example) -> None:
         assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
     login = httpx.get(example.url + "/admin/login/", timeout=10)
     assert login.status_code == 200
+
+
+def test_the_ninja_api_charges_once_and_publishes_its_policy(example: Example) -> None:
+    key = str(uuid.uuid4())
+    body = {"amount": 900, "currency": "eur"}
+    first = example.post("/ninja/charges", {**body, "sent_at": "2026-01-01T10:00:00Z"}, key)
+    assert first.status_code == 201, first.text
+    retry = example.post("/ninja/charges", {**body, "sent_at": "2026-01-01T10:00:05Z"}, key)
+    assert retry.headers["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert example.post("/ninja/charges", body).status_code == 400
+    invalid = example.post("/ninja/charges", {"amount": "900", "currency": "eur"}, key)
+    assert invalid.json()["detail"][0]["loc"] == ["body", "payload", "amount"]
+    receipt = example.post(
+        f"/ninja/charges/{first.json()['id']}/receipts", {"email": "ada@example.com"}, key
+    )
+    assert receipt.json()["type"].endswith("#idempotency-key-reuse")
+    schema = httpx.get(example.url + "/ninja/openapi.json", timeout=10).json()
+    operation = schema["paths"]["/ninja/charges"]["post"]
+    assert operation["x-idempotency"]["keyFormat"] == "uuid"
+    (parameter,) = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
+    assert parameter["required"] is True
+
+
+# The README's curl session, run as written (issue 26)
+
+README = ROOT / "README.rst"
+#: The headers the README leaves out of its session, as it says.
+TRIMMED = {
+    "date",
+    "server",
+    "vary",
+    "allow",
+    "x-content-type-options",
+    "referrer-policy",
+    "cross-origin-opener-policy",
+}
+#: What differs from one run to the next in a charge: the provider's id and the time.
+VARYING = re.compile(r"ch_[0-9a-f]{24}|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+#: The reason phrases Python 3.13 renamed after RFC 9110: the README shows Python 3.11's.
+RENAMED = {"Unprocessable Entity": "Unprocessable Content"}
+
+
+@dataclass
+class Exchange:
+    """A ``$ curl`` command of the README and what the README says it prints."""
+
+    command: str
+    status: str
+    headers: dict[str, str]
+    body: str
+
+
+def readme_session() -> list[Exchange]:
+    lines = README.read_text().splitlines()
+    session = []
+    index = 0
+    while index < len(lines):
+        if not lines[index].startswith("    $ curl "):
+            index += 1
+            continue
+        command = lines[index].removeprefix("    $ ")
+        while command.endswith("\\"):
+            index += 1
+            command = command[:-1] + " " + lines[index].strip()
+        printed = []
+        index += 1
+        while index < len(lines) and not lines[index].startswith("    $ "):
+            if lines[index] and not lines[index].startswith("    "):
+                break  # the end of the code block
+            printed.append(lines[index].removeprefix("    "))
+            index += 1
+        status, *rest = "\n".join(printed).strip().split("\n")
+        blank = rest.index("")
+        headers = dict(line.split(": ", 1) for line in rest[:blank])
+        session.append(
+            Exchange(
+                command,
+                status,
+                {k.lower(): v for k, v in headers.items()},
+                "\n".join(rest[blank + 1 :]),
+            )
+        )
+    return session
+
+
+def run_curl(command: str, url: str) -> Exchange:
+    args = [arg.replace("http://127.0.0.1:8000", url) for arg in shlex.split(command)]
+    done = subprocess.run(args, capture_output=True, timeout=60, check=True)
+    head, _, body = done.stdout.decode().partition("\r\n\r\n")
+    status, *lines = head.split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    return Exchange(command, status, {k.lower(): v for k, v in headers.items()}, body)
+
+
+def same_status(readme: str, observed: str) -> bool:
+    """The same status line, or the same status named as this Python names it (3.13 renamed
+    422 after RFC 9110), which the README mentions."""
+    if readme == observed:
+        return True
+    version, code, reason = readme.split(" ", 2)
+    phrase = HTTPStatus(int(code)).phrase
+    return observed == f"{version} {code} {phrase}" and RENAMED.get(reason) == phrase
+
+
+def same_body(readme: str, observed: str, bound: dict[str, str]) -> bool:
+    """The same body, but for the values that vary from run to run (:data:`VARYING`): each
+    stands for the value printed in its place the first time, and for that value after."""
+    pattern, unbound, position = "", [], 0
+    for match in VARYING.finditer(readme):
+        pattern += re.escape(readme[position : match.start()])
+        if match[0] in bound:
+            pattern += re.escape(bound[match[0]])
+        else:
+            pattern += f"({VARYING.pattern})"
+            unbound.append(match[0])
+        position = match.end()
+    found = re.fullmatch(pattern + re.escape(readme[position:]), observed)
+    if found is None:
+        return False
+    bound.update(zip(unbound, found.groups(), strict=True))
+    return True
+
+
+def test_the_readmes_curl_session_prints_what_the_readme_says(
+    tmp_path: Path,
+) -> None:
+    """Each ``$ curl`` of the README's session, run as written against the example on a fresh
+    database, prints the README's status line, headers (less those it says it trims) and body."""
+    if shutil.which("curl") is None:
+        pytest.skip("needs curl, which the README's session runs")
+    session = readme_session()
+    assert len(session) == README.read_text().count("$ curl ") >= 4
+    assert {json.loads(exchange.body)["status"] for exchange in session[2:]} == {422, 400}
+    bound: dict[str, str] = {}
+    with serve(f"sqlite:///{tmp_path / 'db.sqlite3'}", tmp_path / "runserver.log") as (url, _):
+        for exchange in session:
+            observed = run_curl(exchange.command, url)
+            where = f"README: {exchange.command}"
+            assert same_status(exchange.status, observed.status), (where, observed.status)
+            shown = {k: v for k, v in observed.headers.items() if k not in TRIMMED}
+            assert shown == exchange.headers, where
+            assert same_body(exchange.body, observed.body, bound), (where, observed.body)
+
+
+def test_the_examples_idempotency_settings_are_the_defaults_it_says_they_are() -> None:
+    """example_project/settings.py calls its IDEMPOTENCY values the defaults (issue 26)."""
+    from django_idempotency._conf import SETTINGS
+    from example_project import settings as example_settings
+
+    declared = {setting.name: setting for setting in SETTINGS}
+    assert "these are the defaults" in (ROOT / "example_project/settings.py").read_text()
+    for name, value in example_settings.IDEMPOTENCY.items():
+        setting = declared[name]
+        assert setting.convert(value, name) == setting.convert(setting.default, name), name

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-import MySQLdb
 import pytest
 from django.db import IntegrityError, OperationalError
-from django.db.backends.mysql.base import DatabaseWrapper
 
-from django_idempotency._store import mysql
+from tests.conftest import NEEDS_MYSQLCLIENT
+
+MySQLdb = pytest.importorskip("MySQLdb", reason=NEEDS_MYSQLCLIENT)
+
+from django.db.backends.mysql.base import DatabaseWrapper  # noqa: E402 (needs MySQLdb)
+
+from django_idempotency._store import mysql  # noqa: E402
 
 CONNECTION = DatabaseWrapper(
     {"ENGINE": "django.db.backends.mysql", "NAME": "unused", "TIME_ZONE": None}, "sql"

@@ -339,8 +339,13 @@ def test_the_published_policy_of_a_protected_operation_field_by_field() -> None:
     assert set(bad["content"]) == {"application/json", PROBLEM}
     assert bad["content"]["application/json"] == {"schema": {}}
     assert bad["headers"] == {"Idempotent-Replayed": REPLAYED}
-    assert problem_types(bad) == {"missing-idempotency-key", "invalid-idempotency-key"}
+    assert problem_types(bad) == {
+        "missing-idempotency-key",
+        "invalid-idempotency-key",
+        "invalid-request-body",
+    }
     assert "missing" in bad["description"] and "invalid" in bad["description"]
+    assert "body could not be read" in bad["description"]
     # The app's own answers: problem details only, never replayed.
     conflict = responses["409"]
     assert set(conflict["content"]) == {PROBLEM}

@@ -18,7 +18,7 @@ from django.test import RequestFactory, override_settings
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency._keys import InvalidKey
+from django_idempotency._keys import InvalidKey, hash_key
 from django_idempotency._options import Options
 from django_idempotency.decorators import idempotent
 from django_idempotency.exceptions import IdempotencyKeyMismatch
@@ -139,6 +139,40 @@ def test_uuid_keys(post: Post, header: str, status: int) -> None:
         assert response.json()["detail"] == (
             "The Idempotency-Key must be a UUID (8-4-4-4-12 hexadecimal digits)."
         )
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/policy/uuid/", {}),
+        ("/policy/async-volatile/", {"X-Tenant": "acme"}),
+        ("/policy/drf-volatile/", {"X-Tenant": "acme"}),
+    ],
+    ids=["function", "async", "drf-apiview"],
+)
+def test_a_uuid_key_is_the_same_key_in_either_case(
+    post: Post, path: str, headers: dict[str, str]
+) -> None:
+    """Case means nothing in a UUID: a retry in upper case is a replay, not a second charge
+    (issue 26)."""
+    key = uuid_key()
+    data = body("10:00", "n")
+    first = post(path, data, key=key, headers=headers)
+    assert first.status_code == 201
+    for spelling in (key.upper(), f'"{key.upper()}"', key[:8].upper() + key[8:]):
+        retry = post(path, data, key=spelling, headers=headers)
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+    assert executions() == 1
+    (record,) = IdempotencyKey.objects.all()
+    assert record.key_hash == hash_key(key)
+
+
+def test_any_other_key_keeps_its_case(post: Post) -> None:
+    assert post("/create/", key="Order-1").status_code == 201
+    assert "Idempotent-Replayed" not in post("/create/", key="order-1")
+    assert executions() == 2
 
 
 @pytest.mark.parametrize(
@@ -302,6 +336,9 @@ def test_function_key_format(key: str) -> None:
 
     first = handle(key)
     assert handle(uuid.UUID(key)) == first
+    # The same UUID is the same key (issue 26); the payload, which holds its spelling, differs.
+    with pytest.raises(IdempotencyKeyMismatch):
+        handle(key.upper())
     with pytest.raises(InvalidKey, match=r"handle: the idempotency key must be a UUID"):
         handle("evt_1")
     assert executions() == 1

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from tests.testapp import policy_views, shop, views
+from tests.testapp import ninja_api, policy_views, shop, views
 
 router = SimpleRouter()
 router.register("executions", views.ExecutionViewSet)
@@ -37,6 +37,7 @@ urlpatterns = [
     path("misdecorated-apiview/", views.MisdecoratedApiView.as_view()),
     path("api-view-inner/", views.api_view_inner),
     path("api/", include(router.urls)),
+    path("ninja/", ninja_api.api.urls),
     path("shop/checkout/", shop.checkout),
     path("policy/uuid/", policy_views.uuid_keys),
     path("policy/order/", policy_views.order_keys),

@@ -29,7 +29,7 @@ from django_idempotency import _storing as storing
 from django_idempotency import _telemetry as telemetry
 from django_idempotency._conf import conf
 from django_idempotency._identity import Identity
-from django_idempotency._keys import hash_key
+from django_idempotency._keys import KeyFormat, hash_key
 from django_idempotency._limits import bounded_scope
 from django_idempotency._options import Options, Policy
 from django_idempotency._store import StoredResponse, using
@@ -165,10 +165,11 @@ class Spec:
                 f"{self.name}: the idempotency key must be a str, int or UUID, not "
                 f"{type(value).__name__}."
             )
-        key_format = self.options.get("key_format")
+        key: str = value
+        key_format: KeyFormat | None = self.options.get("key_format")
         if key_format is not None:  # KEY_FORMAT is the header's, not a message's
-            key_format.check(value, f"{self.name}: the idempotency key")
-        return value
+            key = key_format.check(key, f"{self.name}: the idempotency key")
+        return key
 
     def _scope(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         """The record's scope: the function's name, then the caller's scope if any."""

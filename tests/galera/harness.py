@@ -33,7 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import MySQLdb
+import pytest
+
+from tests.conftest import NEEDS_MYSQLCLIENT
+
+MySQLdb = pytest.importorskip("MySQLdb", reason=NEEDS_MYSQLCLIENT)
 
 MARIADBD = shutil.which("mariadbd", path="/usr/sbin:/usr/bin") or "mariadbd"
 INSTALL_DB = shutil.which("mariadb-install-db") or "mariadb-install-db"

@@ -13,10 +13,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import closing
 from typing import Any
 
-import MySQLdb
 import pytest
 
-from tests.galera.harness import Cluster, Node
+from tests.galera.harness import Cluster, MySQLdb, Node
 
 pytestmark = pytest.mark.galera
 

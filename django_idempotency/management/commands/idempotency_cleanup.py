@@ -7,42 +7,46 @@ from argparse import ArgumentParser
 from datetime import datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
+from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 
 # At the default verbosity a progress line at most this often (seconds); every batch at -v 2.
 PROGRESS_EVERY = 5.0
 
 
-class Command(BaseCommand):
+class Command(arguments.Command):
     help = (
         "Delete expired idempotency records in batches, each a short transaction of its own. "
         "Safe to run while the API serves traffic, and safe to run twice at once."
     )
+
+    numeric = ("--batch-size", "--sleep", "--max-batches", "--limit", "--max-runtime")
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument(
             "--batch-size",
             type=int,
             default=maintenance.DEFAULT_BATCH_SIZE,
-            help=f"Records per batch (default {maintenance.DEFAULT_BATCH_SIZE}).",
+            help=f"Records per batch, 1 to {arguments.MAX_COUNT} "
+            f"(default {maintenance.DEFAULT_BATCH_SIZE}).",
         )
         parser.add_argument(
             "--sleep",
             type=float,
             default=0.0,
-            help="Seconds to pause between batches, to spare the database (default 0).",
+            help=f"Seconds to pause between batches, to spare the database: 0 to "
+            f"{arguments.MAX_SLEEP:g} (default 0).",
         )
         parser.add_argument("--max-batches", type=int, help="Stop after this many batches.")
         parser.add_argument("--limit", type=int, help="Stop after deleting this many records.")
         parser.add_argument(
             "--max-runtime",
             type=float,
-            help="Start no new batch after this many seconds.",
+            help=f"Start no new batch after this many seconds (at most {arguments.MAX_RUNTIME:g}).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Count the expired records; delete nothing."
@@ -64,19 +68,16 @@ class Command(BaseCommand):
         verbosity: int,
         **options: Any,
     ) -> None:
-        for name, value in (
-            ("--batch-size", batch_size),
-            ("--max-batches", max_batches),
-            ("--limit", limit),
-        ):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise CommandError(f"{name} must be a whole number, not {value!r}.")
-            if value is not None and value <= 0:
-                raise CommandError(f"{name} must be positive, not {value}.")
-        if sleep < 0:
-            raise CommandError(f"--sleep cannot be negative, not {sleep}.")
-        if max_runtime is not None and max_runtime <= 0:
-            raise CommandError(f"--max-runtime must be positive, not {max_runtime}.")
+        batch_size = arguments.count("--batch-size", batch_size)
+        if max_batches is not None:
+            max_batches = arguments.count("--max-batches", max_batches)
+        if limit is not None:
+            limit = arguments.count("--limit", limit)
+        sleep = arguments.seconds("--sleep", sleep, zero=True, most=arguments.MAX_SLEEP)
+        if max_runtime is not None:
+            max_runtime = arguments.seconds(
+                "--max-runtime", max_runtime, zero=False, most=arguments.MAX_RUNTIME
+            )
         alias = database_alias(database)
         now = timezone.now()
         if dry_run:

@@ -4,47 +4,37 @@ from __future__ import annotations
 
 import json
 from argparse import ArgumentParser
-from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from django_idempotency import _durations as durations
 from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
 from django_idempotency._durations import human
+from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 from django_idempotency.models import IdempotencyKey
 
 _PATH_WIDTH = 50
 
 
-def parse_duration(value: object) -> timedelta:
-    """``90``, ``90s``, ``15m``, ``2h``, ``1d``, or a ``timedelta``; ``CommandError`` if not."""
-    try:
-        duration = durations.parse(value, "--older-than")
-    except (TypeError, ValueError) as exc:
-        raise CommandError(
-            f"--older-than must be a duration such as 90, 90s, 15m, 2h or 1d, not {value!r}."
-        ) from exc
-    if duration < timedelta(0):
-        raise CommandError(f"--older-than cannot be negative, not {value!r}.")
-    return duration
-
-
-class Command(BaseCommand):
+class Command(arguments.Command):
     help = (
         "List idempotency records stuck in processing past their lock (their worker presumably "
         "died); --release frees them so the client's retry runs the view again, --fail stores "
         "a definite failure (problem request-abandoned) so retries stop."
     )
 
+    numeric = ("--older-than", "--limit")
+
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument(
             "--older-than",
             default="0",
-            help="Only records whose lock expired at least this long ago: 90, 90s, 15m, 2h, 1d.",
+            help="Only records whose lock expired at least this long ago: 90, 90s, 15m, 2h, 1d "
+            f"(at most {durations.MAX_DURATION.days}d).",
         )
         action = parser.add_mutually_exclusive_group()
         action.add_argument(
@@ -59,7 +49,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--json", action="store_true", dest="as_json", help="Print JSON rows for scripts."
         )
-        parser.add_argument("--limit", type=int, help="At most this many records (oldest first).")
+        parser.add_argument(
+            "--limit",
+            type=int,
+            help=f"At most this many records, oldest first (1 to {arguments.MAX_COUNT}).",
+        )
         parser.add_argument(
             "--database", help="Database alias (default: the IDEMPOTENCY DATABASE_ALIAS)."
         )
@@ -79,11 +73,9 @@ class Command(BaseCommand):
     ) -> None:
         if release and fail:
             raise CommandError("Give --release or --fail, not both.")
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
-            raise CommandError(f"--limit must be a whole number, not {limit!r}.")
-        if limit is not None and limit <= 0:
-            raise CommandError(f"--limit must be positive, not {limit}.")
-        margin = parse_duration(older_than)
+        if limit is not None:
+            limit = arguments.count("--limit", limit)
+        margin = arguments.duration("--older-than", older_than)
         alias = database_alias(database)
         records = store.using(alias).stale_records(older_than=margin)
         if limit is not None:

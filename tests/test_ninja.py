@@ -1,0 +1,362 @@
+"""django_idempotency.ninja.idempotent on ninja operations, through Django's test client."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
+from ninja import NinjaAPI, Router
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.ninja import auth_scope, idempotent
+from tests.conftest import executions, problem_slug
+from tests.testapp.ninja_api import ChargeIn
+
+pytestmark = pytest.mark.django_db
+
+CHARGE = {"amount": 4200, "currency": "eur"}
+
+
+def send(
+    path: str, body: Any = None, *, key: str | None, method: str = "post", **headers: str
+) -> Any:
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    data = json.dumps(CHARGE if body is None else body)
+    return getattr(Client(), method)(
+        f"/ninja/{path}", data, content_type="application/json", headers=headers
+    )
+
+
+def assert_replay(first: Any, again: Any) -> None:
+    assert again["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first
+    assert (again.status_code, again.content) == (first.status_code, first.content)
+    assert again["Content-Type"] == first["Content-Type"]
+
+
+@pytest.mark.parametrize(
+    ("path", "label", "status"),
+    [
+        ("charges", "ninja-charge", 201),
+        ("dict", "ninja-dict", 200),
+        ("status", "ninja-status", 202),
+        ("http-response", "ninja-http", 201),
+        ("temporal", "ninja-temporal", 201),
+        ("async", "ninja-async", 201),
+        ("router/charges", "ninja-router", 201),
+        ("router/async", "ninja-router-async", 201),
+    ],
+)
+def test_the_operation_runs_once_and_its_rendered_response_is_replayed(
+    path: str, label: str, status: int, key: str
+) -> None:
+    first = send(path, key=key)
+    again = send(path, key=key)
+    assert first.status_code == status, first.content
+    assert_replay(first, again)
+    assert executions(label) == 1
+    record = IdempotencyKey.objects.get()
+    assert bytes(record.response_body) == first.content
+
+
+@pytest.mark.filterwarnings("ignore:Returning tuple:DeprecationWarning")
+def test_a_status_and_body_tuple_is_rendered_stored_and_replayed(key: str) -> None:
+    first = send("tuple", key=key)
+    again = send("tuple", key=key)
+    assert first.status_code == 201
+    assert first.json() == {"id": first.json()["id"]}
+    assert_replay(first, again)
+    assert executions("ninja-tuple") == 1
+
+
+def test_a_4xx_status_the_operation_returns_is_stored(key: str) -> None:
+    first = send("status", {"amount": 0}, key=key)
+    again = send("status", {"amount": 0}, key=key)
+    assert (first.status_code, first.json()) == (400, {"error": "amount"})
+    assert_replay(first, again)
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.FAILED
+
+
+def test_headers_set_on_ninja_s_response_are_stored(key: str) -> None:
+    first = send("temporal", key=key)
+    again = send("temporal", key=key)
+    assert again["Location"] == first["Location"] == f"/things/{first.json()['id']}"
+
+
+def test_an_http_response_is_stored_as_returned(key: str) -> None:
+    first = send("http-response", key=key)
+    again = send("http-response", key=key)
+    assert first.content.startswith(b"made ")
+    assert again["Content-Type"] == "text/plain"
+    assert again["Location"] == first["Location"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "label"),
+    [
+        ("put", "things/7", "ninja-put"),
+        ("delete", "things/7", "ninja-delete"),
+        ("patch", "router/patch", "ninja-router-patch"),
+    ],
+)
+def test_the_operation_s_own_method_is_protected(
+    method: str, path: str, label: str, key: str
+) -> None:
+    first = send(path, {}, key=key, method=method)
+    again = send(path, {}, key=key, method=method)
+    assert first.status_code == 200, first.content
+    assert_replay(first, again)
+    assert executions(label) == 1
+
+
+def test_a_safe_method_passes_through(key: str) -> None:
+    for _ in range(2):
+        response = Client().get("/ninja/things", headers={"Idempotency-Key": key})
+        assert response.status_code == 200
+        assert "Idempotent-Replayed" not in response
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_without_a_key_the_operation_runs_unprotected() -> None:
+    assert send("charges", key=None).status_code == 201
+    assert send("charges", key=None).json()["executions"] == 2
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_a_changed_body_is_a_key_reuse(key: str) -> None:
+    send("charges", key=key)
+    refused = send("charges", {"amount": 1}, key=key)
+    assert (refused.status_code, problem_slug(refused)) == (422, "idempotency-key-reuse")
+    assert executions("ninja-charge") == 1
+
+
+def test_ninja_s_422_for_an_invalid_body_is_not_stored(key: str) -> None:
+    invalid = send("charges", {"amount": "lots"}, key=key)
+    assert invalid.status_code == 422
+    assert invalid["Content-Type"] == "application/json; charset=utf-8"
+    assert not IdempotencyKey.objects.exists()
+    assert send("charges", key=key).status_code == 201
+    assert executions("ninja-charge") == 1
+
+
+def test_ninja_s_400_for_a_body_it_cannot_parse_is_not_stored(key: str) -> None:
+    unparsed = Client().post(
+        "/ninja/charges",
+        b'{"amount": 4',
+        content_type="application/json",
+        headers={"Idempotency-Key": key},
+    )
+    assert unparsed.status_code == 400
+    assert not IdempotencyKey.objects.exists()
+    assert send("charges", key=key).status_code == 201
+
+
+def test_an_http_error_the_operation_raises_is_answered_by_ninja_and_released(key: str) -> None:
+    for _ in range(2):
+        refused = send("http-error", key=key)
+        assert (refused.status_code, refused.json()) == (403, {"detail": "Not yours."})
+    assert executions("ninja-http-error") == 2
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_a_401_is_not_stored_and_the_key_then_runs_with_good_credentials(key: str) -> None:
+    refused = send("api-key", key=key, **{"X-API-Key": "wrong"})
+    assert refused.status_code == 401
+    assert not IdempotencyKey.objects.exists()
+    accepted = send("api-key", key=key, **{"X-API-Key": "key-one"})
+    assert accepted.status_code == 201
+    assert executions("ninja-api-key") == 1
+
+
+def test_each_api_key_has_its_own_keys_hashed_in_its_scope(key: str) -> None:
+    one = send("api-key", key=key, **{"X-API-Key": "key-one"})
+    two = send("api-key", key=key, **{"X-API-Key": "key-two"})
+    assert "Idempotent-Replayed" not in two
+    assert one.json()["id"] != two.json()["id"]
+    scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+    assert scopes == {auth_scope("key-one"), auth_scope("key-two")}
+    assert not any("key-" in scope for scope in scopes)
+    assert_replay(one, send("api-key", key=key, **{"X-API-Key": "key-one"}))
+
+
+def test_a_model_instance_authenticated_by_ninja_is_the_scope(key: str) -> None:
+    user = User.objects.create_user("ada", password="secret-pw")
+    credentials = {"Authorization": "Basic " + _basic("ada", "secret-pw")}
+    first = send("basic", key=key, **credentials)
+    assert first.status_code == 201
+    assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
+    assert_replay(first, send("basic", key=key, **credentials))
+
+
+def _basic(username: str, password: str) -> str:
+    import base64
+
+    return base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+def test_auth_scope_names_a_model_by_its_class_and_key() -> None:
+    execution_scope = auth_scope(_execution())
+    assert execution_scope.startswith("testapp.execution:")
+    assert auth_scope("secret") == auth_scope("secret") != auth_scope("other")
+    assert "secret" not in auth_scope("secret")
+
+
+def _execution() -> Any:
+    from tests.testapp.models import Execution
+
+    return Execution.objects.create(label="scope")
+
+
+def test_an_auth_value_that_names_no_principal_is_refused_before_the_claim(key: str) -> None:
+    class Principal:
+        pass
+
+    with pytest.raises(TypeError, match="address in memory"):
+        auth_scope(Principal())
+    with pytest.raises(TypeError, match="address in memory"):
+        send("opaque-auth", key=key)
+    assert not IdempotencyKey.objects.exists()
+    assert executions("ninja-opaque") == 0
+
+
+def test_a_scope_option_wins_over_ninja_s_auth(key: str) -> None:
+    one = send("scoped", key=key, **{"X-API-Key": "key-one", "X-Tenant": "t1"})
+    two = send("scoped", key=key, **{"X-API-Key": "key-two", "X-Tenant": "t1"})
+    assert_replay(one, two)
+    assert IdempotencyKey.objects.get().scope == "tenant:t1"
+
+
+def test_the_operation_s_fingerprint_option_is_used(key: str) -> None:
+    first = send("fingerprint", {"amount": 5, "currency": "usd"}, key=key)
+    assert_replay(first, send("fingerprint", {"amount": 5, "currency": "eur"}, key=key))
+    refused = send("fingerprint", {"amount": 6, "currency": "usd"}, key=key)
+    assert refused.status_code == 422
+
+
+def test_the_operation_s_required_key_format_and_ttl(key: str) -> None:
+    missing = send("required", key=None)
+    assert (missing.status_code, problem_slug(missing)) == (400, "missing-idempotency-key")
+    invalid = send("required", key="not-a-uuid")
+    assert (invalid.status_code, problem_slug(invalid)) == (400, "invalid-idempotency-key")
+    assert send("required", key=key).status_code == 201
+    assert send("required", key=key)["Idempotent-Replayed"] == "true"
+    record = IdempotencyKey.objects.get()
+    assert record.expires_at - record.created_at == timedelta(seconds=120)
+    assert executions("ninja-required") == 1
+
+
+@pytest.mark.parametrize("code", [500, 503, 429])
+def test_a_retryable_status_releases_the_key(code: int, key: str) -> None:
+    assert send(f"status-code/{code}", key=key).status_code == code
+    assert send(f"status-code/{code}", key=key).status_code == code
+    assert executions("ninja-status-code") == 2
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_an_exception_releases_the_key(key: str) -> None:
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="boom"):
+            send("explode", key=key)
+    assert executions("ninja-explode") == 2
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_the_request_carries_its_claim(key: str) -> None:
+    api = NinjaAPI(urls_namespace=f"claim-{uuid.uuid4()}")
+    seen: list[Any] = []
+
+    @api.post("/x")
+    @idempotent
+    def operation(request: Any) -> dict[str, str]:
+        seen.append(request.idempotency)
+        return {}
+
+    from ninja.testing import TestClient
+
+    TestClient(api).post("/x", json={}, headers={"Idempotency-Key": key})
+    assert seen[0] is not None and seen[0].attempt == 1
+
+
+def test_above_the_operation_s_decorator_it_is_an_error_at_import() -> None:
+    api = NinjaAPI(urls_namespace=f"misplaced-{uuid.uuid4()}")
+    with pytest.raises(ImproperlyConfigured, match=r"under the operation's decorator \(@api"):
+
+        @idempotent(required=True)
+        @api.post("/x")
+        def operation(request: Any) -> dict[str, str]:
+            return {}
+
+
+def test_in_view_mode_it_is_an_error_at_import() -> None:
+    from ninja.decorators import decorate_view
+
+    api = NinjaAPI(urls_namespace=f"view-mode-{uuid.uuid4()}")
+    with pytest.raises(ImproperlyConfigured, match="view mode"):
+
+        @api.post("/x")
+        @decorate_view(idempotent)
+        def operation(request: Any) -> dict[str, str]:
+            return {}
+
+    router = Router()
+    router.add_decorator(idempotent, mode="view")
+
+    @router.post("/y")
+    def other(request: Any) -> dict[str, str]:
+        return {}
+
+    api.add_router("/r", router)
+    with pytest.raises(ImproperlyConfigured, match="view mode"):
+        api.urls  # noqa: B018
+
+
+def test_string_annotations_resolve_where_the_function_was_written(key: str) -> None:
+    """Ninja evaluates string annotations in the wrapper's globals; the wrapper's signature
+    carries them evaluated, even when the return annotation cannot be."""
+    api = NinjaAPI(urls_namespace=f"annotations-{uuid.uuid4()}")
+
+    @api.post("/x")
+    @idempotent
+    def operation(request: Any, payload: ChargeIn) -> OnlyForTypeCheckers:  # type: ignore[name-defined]  # noqa: F821
+        return {"amount": payload.amount}
+
+    from ninja.testing import TestClient
+
+    answer = TestClient(api).post("/x", json=CHARGE, headers={"Idempotency-Key": key})
+    assert (answer.status_code, answer.json()) == (200, {"amount": 4200})
+
+
+def test_a_router_mounted_twice_protects_both_mounts(key: str) -> None:
+    router = Router()
+
+    @router.post("/x")
+    @idempotent
+    def operation(request: Any) -> dict[str, int]:
+        return {"n": executions("twice") + _run_twice()}
+
+    api = NinjaAPI(urls_namespace=f"twice-{uuid.uuid4()}")
+    api.add_router("/a", router, url_name_prefix="a")
+    api.add_router("/b", router, url_name_prefix="b")
+    from ninja.testing import TestClient
+
+    client = TestClient(api)
+    first = client.post("/a/x", json={}, headers={"Idempotency-Key": key})
+    again = client.post("/b/x", json={}, headers={"Idempotency-Key": key})
+    assert first.status_code == 200
+    # Two paths: two requests, each with its own record.
+    assert IdempotencyKey.objects.count() == 1
+    assert again.status_code == 422
+
+
+def _run_twice() -> int:
+    from tests.testapp.models import Execution
+
+    Execution.objects.create(label="twice")
+    return 1
