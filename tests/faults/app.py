@@ -45,6 +45,7 @@ class App(harness.Server):
         super().stop()
         if self.process is not None:
             untrack(self.process.pid)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def discard_log(self) -> None:
         """Keep a copy in ``IDEMPOTENCY_FAULT_LOGS`` (a folder) when it is set, for a look at
