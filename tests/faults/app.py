@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -44,6 +45,7 @@ class App(harness.Server):
         super().stop()
         if self.process is not None:
             untrack(self.process.pid)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def discard_log(self) -> None:
         """Keep a copy in ``IDEMPOTENCY_FAULT_LOGS`` (a folder) when it is set, for a look at
@@ -51,6 +53,16 @@ class App(harness.Server):
         if (folder := os.environ.get("IDEMPOTENCY_FAULT_LOGS")) and hasattr(self, "log_path"):
             shutil.copy(self.log_path, Path(folder) / self.log_path.name)
         super().discard_log()
+
+    def warm(self) -> None:
+        """Give every worker thread a connection: as many requests at once as there are
+        threads, each holding its thread for a moment (a worker takes no more than its
+        threads). A thread whose kept connection died in an earlier fault answers this plain
+        view with Django's own ``500`` and drops that connection; a second round connects it."""
+        for _ in range(2):
+            with ThreadPoolExecutor(max_workers=WORKERS * THREADS) as pool:
+                list(pool.map(lambda _: httpx.get(f"{self.url}/warm/", timeout=60),
+                              range(WORKERS * THREADS)))  # fmt: skip
 
     def booted(self) -> set[int]:
         """Every worker pid gunicorn booted so far: a re-forked worker adds one."""

@@ -48,6 +48,24 @@ def _answers_rst(counts: object) -> str:
     return ", ".join(f"``{key}``: {value}" for key, value in sorted(counts.items()))
 
 
+def _executions_rst(counts: object) -> str:
+    assert isinstance(counts, dict)
+    return ", ".join(
+        f"{keys} key{'s' if keys != 1 else ''} ran {'once' if runs == '1' else f'{runs} times'}"
+        for runs, keys in sorted(counts.items())
+    )
+
+
+_SERVERS = ("postgresql", "mariadb", "sqlite")
+
+
+def _order(figures: dict[str, object]) -> tuple[int, bool, str, bool]:
+    database = str(figures["database"])
+    server = database.split(",")[0]
+    rank = _SERVERS.index(server) if server in _SERVERS else len(_SERVERS)
+    return (rank, "," in database, database, figures["mode"] == "atomic")
+
+
 def rst(figures: list[dict[str, object]]) -> str:
     """A ``list-table`` per fault, a row per database and mode."""
     out: list[str] = []
@@ -57,17 +75,18 @@ def rst(figures: list[dict[str, object]]) -> str:
             "   :header-rows: 1",
             "",
             "   * - database, mode (lock)",
-            "     - keys by executions",
+            "     - executions",
             "     - answers",
+            "     - slowest answer",
             "     - new key served after",
             "     - last key settled after",
         ]
-        for f in (f for f in figures if f["fault"] == fault):
-            executions = _counts(f["executions"], "x").replace("x:", " run(s):")
+        for f in sorted((f for f in figures if f["fault"] == fault), key=_order):
             out += [
                 f"   * - {f['database']}, {f['mode']} ({f['lock']} s)",
-                f"     - {executions}",
+                f"     - {_executions_rst(f['executions'])}",
                 f"     - {_answers_rst(f['answers'])}",
+                f"     - {f['slowest_answer']} s",
                 f"     - {_seconds(f['recovered_after'])}",
                 f"     - {_seconds(f['settled_after'])}",
             ]

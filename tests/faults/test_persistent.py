@@ -1,6 +1,7 @@
 """Persistent connections (``CONN_MAX_AGE`` 60 s, with and without ``CONN_HEALTH_CHECKS``) across
-a restart: every worker thread keeps a connection that died, and the first request on it must
-neither fail with a ``500`` nor run twice (issue 25 item 4)."""
+a restart: every worker thread keeps a connection that died, and the first request on it (the
+logged-in client's reads its session first) must neither fail with a ``500`` nor run twice
+(issue 25 item 4)."""
 
 from __future__ import annotations
 
@@ -31,5 +32,6 @@ def app(request: pytest.FixtureRequest, server: Any) -> Iterator[apps.App]:
 
 @pytest.mark.parametrize("mode", ["two-phase", "atomic"])
 def test_restart(mode: str, server: Any, app: Any, store: Any) -> None:
+    app.warm()  # every thread keeps a connection, which the restart kills
     database = f"{server.NAME}, persistent ({app.variant})"
     check(run(app, store, database, server_fault("restart", server), mode), app)

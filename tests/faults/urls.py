@@ -7,6 +7,7 @@ from tests.faults import views
 urlpatterns = [
     path("health/", views.health),
     path("log-in/", views.log_in),
+    path("warm/", views.warm),
     path("two-phase/", views.two_phase),
     path("two-phase-long/", views.two_phase_long),
     path("atomic/", views.atomic),

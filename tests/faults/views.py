@@ -68,6 +68,14 @@ def health(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
 
+def warm(request: HttpRequest) -> HttpResponse:
+    """Hold a thread for a moment after a query: sent to every thread at once, it leaves each
+    with a connection of its own (kept when connections are persistent)."""
+    Execution.objects.exists()
+    time.sleep(0.5)
+    return HttpResponse("warm")
+
+
 def log_in(request: HttpRequest) -> HttpResponse:
     """A session for a user of the suite's own: a logged-in client's scope is read from the
     database (its session and user) on every request, so it meets the faults too."""
