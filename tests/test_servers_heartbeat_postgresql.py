@@ -78,7 +78,9 @@ def test_a_view_slower_than_its_lock_timeout_runs_once_while_retries_get_409(
     wsgi: harness.Server,
 ) -> None:
     key = str(uuid.uuid4())
-    first = in_background(lambda: post(wsgi, "/renewed/", key, X_Sleep=str(3 * LOCK)))
+    # Six locks long: the three retries, a second apart, land while it runs even when each
+    # takes a second more on a loaded machine (at three locks, one retry came after it ended).
+    first = in_background(lambda: post(wsgi, "/renewed/", key, X_Sleep=str(6 * LOCK)))
     started()
     retries = []
     for _ in range(3):
