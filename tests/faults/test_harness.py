@@ -11,12 +11,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import MySQLdb
 import psycopg
 import pytest
 
+from tests.conftest import NEEDS_MYSQLCLIENT
 from tests.faults.databases import APP_PASSWORD, APP_USER, DATABASE, port_range
 from tests.faults.proxy import COMMIT, RESULT_WRITE, FaultProxy
+
+MySQLdb = pytest.importorskip("MySQLdb", reason=NEEDS_MYSQLCLIENT)
 
 pytestmark = pytest.mark.faults
 
