@@ -65,9 +65,11 @@ TOLERANCE = 0.03
 FIRST_GOAL = 900_000
 
 #: Each measured path: its name, its URL, and whether it sends a fresh key, the key of the first
-#: execution before it (a replay), or none.
+#: execution before it (a replay), or none. The bare view inside ``transaction.atomic`` is not
+#: guarded: it says what Django's transaction costs an atomic-mode request on its own.
 OURS = [
     ("bare", "/bare/", None),
+    ("bare in a transaction", "/bare-atomic/", None),
     ("two-phase first", "/two-phase/", "first"),
     ("two-phase replay", "/two-phase/", "replay"),
     ("atomic first", "/atomic/", "first"),
@@ -114,6 +116,9 @@ def main() -> None:
         help="the benchmark's own virtual environment (made when missing or out of date)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--keep-dumps", type=Path, help="copy callgrind's dumps there (for callgrind_annotate)"
+    )
     parser.add_argument("--check", type=Path, help="fail when a path of ours grew over this")
     parser.add_argument("--write-baseline", type=Path, help="write this run's figures there")
     parser.add_argument("--why", default="", help="with --write-baseline: why it changes")
@@ -191,6 +196,8 @@ def run(args: argparse.Namespace, bench_url: str) -> int:
                 raise SystemExit(f"the measuring process failed (exit {done.returncode})")
             elapsed = time.monotonic() - started
             totals = read_dumps(Path(out))
+            if args.keep_dumps:
+                shutil.copytree(out, args.keep_dumps, dirs_exist_ok=True)
             described = json.loads(Path(out, "environment.json").read_text())
     finally:
         subprocess.run([*itself, "--stage", "drop", *common], check=True, cwd=ROOT)
@@ -278,6 +285,11 @@ def report(figures: dict[str, Any], elapsed: float, before: str, after: str) -> 
     bare = counts["bare"]
     print(f"{'path':<18} {'ours':>8} {'over bare':>10}   {'drf-idempotency':>15} {'over bare':>10}")
     print(f"{'bare':<18} {_m(bare):>8} {'':>10}   {_m(bare):>15}")
+    in_atomic = counts["bare in a transaction"]
+    print(
+        f"{'bare in atomic()':<18} {_m(in_atomic):>8} {_m(in_atomic - bare, sign=True):>10}   "
+        "(Django's transaction alone: what atomic mode pays before any of the app's work)"
+    )
     for name in GUARDED:
         ours, peer = counts[name], counts[f"peer {name}"]
         print(

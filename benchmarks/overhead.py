@@ -248,8 +248,9 @@ class Captured:
 
 
 def capture(path: str) -> Captured | None:
-    """The claim function's call and the fenced result ``UPDATE`` of a first execution on
-    ``path``; ``None`` where the claim is not one statement (MySQL/MariaDB: no function)."""
+    """The claim function's (or procedure's) call and the fenced result ``UPDATE`` of a first
+    execution on ``path``; ``None`` where the claim is not one statement (no function or
+    procedure)."""
     from django.db import connection
 
     sent: list[tuple[str, list[Any]]] = []
@@ -270,10 +271,20 @@ def capture(path: str) -> Captured | None:
 def send_claim(cursor: Any, captured: Captured, key_hash: str) -> tuple[int, Any]:
     """The captured claim for ``key_hash`` with a fresh lock token; the record's id and token."""
     sql, params = captured.claim
-    token = uuid.uuid4()
+    token = _as_sent(uuid.uuid4(), params[5])
     # The claim's parameters: scope, key_hash, method, path, request_hash, lock_token, ...
     cursor.execute(sql, [params[0], key_hash, *params[2:5], token, *params[6:]])
-    return int(cursor.fetchone()[0]), token
+    pk = int(cursor.fetchone()[0])
+    while cursor.nextset():  # MySQL's claim procedure: its status follows its row
+        pass
+    return pk, token
+
+
+def _as_sent(token: uuid.UUID, sent: Any) -> Any:
+    """A lock token in the form the app sent one: a UUID, or its text with or without dashes."""
+    if not isinstance(sent, str):
+        return token
+    return token.hex if len(sent) == 32 else str(token)
 
 
 def send_write(cursor: Any, captured: Captured, pk: int, token: Any) -> None:

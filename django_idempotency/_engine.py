@@ -421,7 +421,7 @@ def _fenced_write(
     mode, or inside a caller's transaction, the error has spoiled the transaction (and the
     claim is not committed, so no other connection could see it): it is raised at once.
     """
-    if policy.atomic or connections[policy.alias].in_atomic_block:
+    if policy.atomic or claim.uncommitted:
         return write(None)
     delay = _FIRST_WAIT
     own: BaseDatabaseWrapper | None = None

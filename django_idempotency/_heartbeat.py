@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -92,7 +93,7 @@ class Renewer:
 
     def start(self, claim: Claim, policy: Policy, request: HttpRequest | None) -> None:
         """Renew ``claim``'s lock until :meth:`stop`, if the policy asks and it is committed."""
-        if not policy.heartbeat or connections[claim.alias].in_atomic_block:
+        if not policy.heartbeat or claim.uncommitted:
             return
         lease = _Lease(claim, request)
         group = lease.group
@@ -231,12 +232,18 @@ class Renewer:
 
 
 def _close_connections() -> None:
-    """Close this thread's connections (only the renewer's own: connections are per thread)."""
+    """Close this thread's connections (only the renewer's own: connections are per thread),
+    and forget them: the next renewal makes its connection from the alias's settings as they
+    are then. The thread outlives requests while attempts keep coming; a connection object it
+    kept would carry the settings of its first renewal (a test suite that points an alias at
+    another server, another vendor, renewed through the old one and lost the lock)."""
     for connection in connections.all(initialized_only=True):
         try:
             connection.close()
         except Exception:  # a connection already broken: nothing left to close
             logger.debug("Closing the renewer's connection failed.", exc_info=True)
+        with suppress(AttributeError):
+            del connections[connection.alias]
 
 
 def _announce_lost(lease: _Lease) -> None:

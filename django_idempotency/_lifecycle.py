@@ -220,6 +220,9 @@ def run_steps(lifecycle: Generator[Step, Any, T], call: Callable[[], Any] | None
             sent = call()
         except Exception as exc:  # handed to the lifecycle, which re-raises it
             thrown = exc
+        except BaseException:
+            abandon(lifecycle)
+            raise
 
 
 async def arun(adapter: Adapter[R], call: Callable[[Claim | None], Awaitable[R]]) -> R:
@@ -233,7 +236,14 @@ async def arun(adapter: Adapter[R], call: Callable[[Claim | None], Awaitable[R]]
     sent: Any = None
     thrown: Exception | None = None
     while True:
-        done, step = await advance(lifecycle, sent, thrown)
+        try:
+            done, step = await advance(lifecycle, sent, thrown)
+        except asyncio.CancelledError:
+            # Cancelled while a step ran in its thread (the claim, say), which goes on: the
+            # lifecycle is ended there once that step is done, before the task ends, so that a
+            # claim made meanwhile is not renewed for a task that is gone.
+            await asyncio.shield(sync_to_async(abandon)(lifecycle))
+            raise
         if done:
             return step  # type: ignore[no-any-return]
         sent = thrown = None
@@ -246,6 +256,18 @@ async def arun(adapter: Adapter[R], call: Callable[[Claim | None], Awaitable[R]]
                 sent = await call(adapter.claim)
             except Exception as exc:  # handed to the lifecycle, which re-raises it
                 thrown = exc
+            except BaseException:  # a cancelled task
+                abandon(lifecycle)
+                raise
+
+
+def abandon(lifecycle: Generator[Any, Any, Any]) -> None:
+    """End a lifecycle whose protected code died (``SystemExit``, a cancelled task, a test's
+    crash): its ``finally`` stops the lock's renewal now. Left to the garbage collector, it
+    would run only once the traceback the caller keeps, which holds the lifecycle, is
+    collected: until then the renewer kept a dead attempt's key locked. Nothing else happens:
+    the record stays ``processing``, to be taken over once its lock expires."""
+    lifecycle.close()
 
 
 def _advance(

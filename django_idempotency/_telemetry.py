@@ -2,9 +2,10 @@
 
 OpenTelemetry is optional (the ``otel`` extra): without ``opentelemetry-api`` nothing is
 imported and every function here returns at once. With it, the instruments come from the
-global providers, so an application that never configures an SDK pays only the API's no-op
-calls. Attributes are low-cardinality on purpose: the outcome, the method, the operation
-(the URL route, or the function's name) and the mode; never the key or the scope.
+global providers, and an application that never configures an SDK pays not even the API's
+no-op calls: no span is started and no measurement made while no provider is set.
+Attributes are low-cardinality on purpose: the outcome, the method, the operation (the URL
+route, or the function's name) and the mode; never the key or the scope.
 """
 
 from __future__ import annotations
@@ -63,6 +64,22 @@ else:
     ENABLED = False
 
 
+def _tracing() -> bool:
+    """Whether a span would be recorded. Until an application sets a tracer provider (an
+    SDK's), the API's proxy tracer hands out no-op spans; this asks what the proxy asks (is a
+    global provider set?) without a span's calls, so an application that never configures an
+    SDK pays nothing per request (issue 28). A tracer that is not the proxy always records."""
+    return not isinstance(_tracer, trace.ProxyTracer) or (
+        getattr(trace, "_TRACER_PROVIDER", _tracer) is not None
+    )
+
+
+def _metering(instrument: Any) -> bool:
+    """Whether ``instrument`` records: the API's proxy instrument drops every measurement
+    until a meter provider is set, which gives it a real instrument (the same test it makes)."""
+    return getattr(instrument, "_real_instrument", instrument) is not None
+
+
 def labels(method: str, operation: str, atomic: bool) -> dict[str, str]:
     """The attributes every instrument and span gets."""
     return {
@@ -74,12 +91,12 @@ def labels(method: str, operation: str, atomic: bool) -> dict[str, str]:
 
 def count(outcome: str, attributes: dict[str, str]) -> None:
     """Count one outcome (one of :data:`OUTCOMES`) in ``idempotency.requests``."""
-    if ENABLED:
+    if ENABLED and _metering(_requests):
         _requests.add(1, {**attributes, "idempotency.outcome": outcome})
 
 
 def record_wait(seconds: float, attributes: dict[str, str]) -> None:
-    if ENABLED:
+    if ENABLED and _metering(_wait_duration):
         _wait_duration.record(seconds, attributes)
 
 
@@ -129,21 +146,25 @@ def span(name: str, attributes: dict[str, str], *, duration: bool = False) -> It
     thread, where a context attached here could not be detached. ``duration`` records it in
     ``idempotency.claim.duration``.
     """
-    if not ENABLED:
+    tracing = ENABLED and _tracing()
+    timed = duration and ENABLED and _metering(_claim_duration)
+    if not (tracing or timed):
         yield Span(None)
         return
     started = time.monotonic()
-    otel_span = _tracer.start_span(name, attributes=attributes)
+    otel_span = _tracer.start_span(name, attributes=attributes) if tracing else None
     result = Span(otel_span)
     try:
         yield result
     except BaseException as exc:
-        otel_span.record_exception(exc)
-        otel_span.set_status(trace.StatusCode.ERROR, type(exc).__name__)
+        if otel_span is not None:
+            otel_span.record_exception(exc)
+            otel_span.set_status(trace.StatusCode.ERROR, type(exc).__name__)
         raise
     finally:
-        otel_span.end()
-        if duration:
+        if otel_span is not None:
+            otel_span.end()
+        if timed:
             _claim_duration.record(
                 time.monotonic() - started,
                 {**attributes, "idempotency.outcome": result.outcome or "error"},

@@ -53,6 +53,10 @@ class Claim:
     #: renewal's start plus ``lock_timeout``. An owner's final write is tried again until then
     #: (issue 25); after it, a retry may have taken the key over.
     held_until: float = field(default=0.0, repr=False, compare=False)
+    #: Made inside a transaction (atomic mode, or a caller's): no other connection sees the
+    #: record until that transaction commits, so none renews it or writes it again after a
+    #: fault.
+    uncommitted: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.held_until:

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test import Client
 from hypothesis import settings as hypothesis_settings
 
@@ -142,3 +143,31 @@ def problem_slug(response: Any) -> str:
     assert body["status"] == response.status_code
     assert body["title"] and body["detail"]
     return str(body["type"].rsplit("#", 1)[1])
+
+
+@pytest.fixture
+def uncommitted_record() -> Iterator[str]:
+    """A key whose record another connection inserted and has not committed (the default
+    fingerprint of :func:`tests.factories.claim`)."""
+    from tests.factories import IdempotencyKeyFactory  # models: after Django's setup
+
+    key = str(uuid.uuid4())
+    inserted, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyKeyFactory(key=key, request_hash="f" * 64)
+                inserted.set()
+                assert release.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inserted.wait(timeout=30)
+        yield key
+    finally:
+        release.set()
+        holder.join(timeout=30)

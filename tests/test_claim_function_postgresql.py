@@ -4,9 +4,7 @@ replaces, a bounded lock wait that is still a ``LockWaitTimeout``, and a fallbac
 from __future__ import annotations
 
 import importlib
-import threading
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -125,31 +123,6 @@ def test_a_new_key_is_claimed_alike_with_and_without_the_function(
         == outcome_of(second)
         == ("claimed", 1, "", "processing", 1, "", None, FINGERPRINT, None, [], "POST", "/create/")
     )
-
-
-@pytest.fixture
-def uncommitted_record() -> Iterator[str]:
-    """A key whose record another connection inserted and has not committed."""
-    key = str(uuid.uuid4())
-    inserted, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                IdempotencyKeyFactory(key=key, request_hash=FINGERPRINT)
-                inserted.set()
-                assert release.wait(timeout=30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert inserted.wait(timeout=30)
-        yield key
-    finally:
-        release.set()
-        holder.join(timeout=30)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -169,8 +169,8 @@ def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> A
     ``ON CONFLICT DO NOTHING`` skips: the one-statement claim's ``SELECT`` half reads the
     snapshot taken before the commit and does not see the row either, while the claim
     function's ``SELECT`` is a statement of its own, with a snapshot taken after, and sees it.
-    On MySQL the ``INSERT`` fails on the duplicate and the next statement reads the committed
-    row.
+    On MySQL the ``INSERT`` (inside the claim procedure, or sent alone) fails on the duplicate
+    and the next statement reads the committed row.
     """
     body = {"amount": 4200}
     request = RequestFactory().post("/create/", body, content_type="application/json")
@@ -194,7 +194,8 @@ def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> A
                 "AND (query LIKE 'WITH inserted AS%%' OR query LIKE %s)"
                 if connection.vendor == "postgresql"
                 else "SELECT count(*) FROM information_schema.processlist "
-                "WHERE command = 'Query' AND info LIKE %s",
+                "WHERE command = 'Query' AND db = DATABASE() "
+                "AND (info LIKE %s OR info LIKE 'CALL %%')",
                 [
                     f"%%FROM {CLAIM_FUNCTION}(%%"
                     if connection.vendor == "postgresql"

@@ -416,6 +416,97 @@ def test_renewal_stops_when_the_attempt_raises_or_is_cancelled(renewals: Renewal
     assert renewals.updates() >= 1
 
 
+class Dying(BaseException):
+    """A worker's death (``SystemExit``, say): not an ``Exception``."""
+
+
+def test_renewal_stops_at_once_when_the_attempt_dies(renewals: Renewals) -> None:
+    """A ``BaseException`` out of the protected code, or a cancelled task, stops renewal as it
+    escapes, while the caller still holds its traceback (which holds the lifecycle). Renewal
+    used to stop only when that was garbage collected: meanwhile the renewer kept a dead
+    attempt's key locked, and the next test found a lease it did not start (issue 32)."""
+
+    @idempotent_function(key="message_id", lock_timeout=LOCK)
+    def dying(message_id: str) -> None:
+        assert heartbeat.renewer.live() == 1
+        raise Dying
+
+    kept: list[BaseException] = []
+    try:
+        dying(str(uuid.uuid4()))
+    except Dying as exc:
+        kept.append(exc)
+    assert kept[0].__traceback__ is not None
+    assert heartbeat.renewer.live() == 0
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.PROCESSING  # for a takeover
+
+    async def cancelled() -> BaseException:
+        task = asyncio.ensure_future(slow_async(str(uuid.uuid4()), 60))
+        while heartbeat.renewer.live() == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError as exc:
+            return exc
+        raise AssertionError("the task was not cancelled")
+
+    kept.append(async_to_sync(cancelled)())
+    assert heartbeat.renewer.live() == 0
+
+
+def test_a_task_cancelled_while_it_claims_is_not_renewed(
+    renewals: Renewals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim runs in a thread, which a cancelled task does not stop: the claim it makes
+    there must not be left renewed once the task is gone (the lifecycle is ended in that
+    thread after the step)."""
+    start = heartbeat.start
+
+    def slow_start(*args: Any, **kwargs: Any) -> None:
+        start(*args, **kwargs)
+        time.sleep(0.3)  # still in the claim's step when the task is cancelled
+
+    monkeypatch.setattr(heartbeat, "start", slow_start)
+
+    async def cancelled() -> BaseException:
+        task = asyncio.ensure_future(slow_async(str(uuid.uuid4()), 60))
+        while heartbeat.renewer.live() == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError as exc:
+            return exc
+        raise AssertionError("the task was not cancelled")
+
+    kept = async_to_sync(cancelled)()  # its context holds the task's frames, as a caller may
+    assert kept.__context__ is not None
+    assert heartbeat.renewer.live() == 0
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.PROCESSING
+
+
+def test_the_renewer_forgets_the_connections_it_closes() -> None:
+    """Its next renewal connects with the alias's settings as they are then: a connection
+    object kept across a failed renewal carried the settings of its first one (the fault
+    suite points an alias at a PostgreSQL server, then at a MariaDB one)."""
+    seen: list[bool] = []
+
+    def renewer() -> None:
+        try:
+            kept = connections["default"]
+            kept.ensure_connection()
+            heartbeat._close_connections()
+            seen.append(connections["default"] is kept)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=renewer)
+    thread.start()
+    thread.join(30)
+    assert seen == [False]
+
+
 class CountingCondition(threading.Condition):
     """The renewer's condition, counting how often an attempt wakes its thread, and telling
     when the thread first went to sleep waiting for it."""

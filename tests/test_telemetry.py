@@ -383,6 +383,64 @@ print("ok")
     assert result.stdout.strip() == "ok"
 
 
+def test_without_a_provider_no_span_is_started_nor_measurement_made() -> None:
+    """With the API installed and no SDK configured, a protected request calls none of the
+    API's no-op instruments (issue 28); once providers are set, the same process records."""
+    script = """
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django.test import Client
+from django_idempotency import _telemetry
+assert _telemetry.ENABLED
+def refuse(*args, **kwargs):
+    raise AssertionError("an OpenTelemetry call without a provider")
+tracer, counter, histogram = _telemetry._tracer, _telemetry._requests, _telemetry._claim_duration
+for instrument, name in ((tracer, "start_span"), (counter, "add"), (histogram, "record")):
+    setattr(instrument, name, refuse)
+client = Client()
+def post(key):
+    return client.post("/create/", {}, content_type="application/json",
+                       headers={"Idempotency-Key": key})
+assert post("no-provider").status_code == 201
+assert post("no-provider")["Idempotent-Replayed"] == "true"
+for instrument, name in ((tracer, "start_span"), (counter, "add"), (histogram, "record")):
+    delattr(instrument, name)
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+assert post("with-provider").status_code == 201
+spans = sorted({span.name for span in exporter.get_finished_spans()})
+names = sorted(metric.name for resource in reader.get_metrics_data().resource_metrics
+               for scope in resource.scope_metrics for metric in scope.metrics)
+print(spans, names)
+"""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env.pop("DATABASE_URL", None)  # SQLite in memory: no test database to share
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "['idempotency.claim', 'idempotency.store'] "
+        "['idempotency.claim.duration', 'idempotency.requests']"
+    )
+
+
 def test_every_log_line_of_the_app_carries_the_fields(
     post: Post, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,6 +6,7 @@ from benchmarks.overhead_project import views
 
 urlpatterns = [
     path("bare/", views.bare),
+    path("bare-atomic/", views.bare_atomic),
     path("two-phase/", views.two_phase),
     path("atomic/", views.atomic),
     path("django-only/", views.django_only),

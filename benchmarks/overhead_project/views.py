@@ -41,6 +41,8 @@ def django_only(request: HttpRequest) -> HttpResponse:
 
 
 bare = create_charge
+#: The bare view in one transaction: what Django's ``atomic()`` costs an atomic-mode view alone.
+bare_atomic = transaction.atomic(create_charge)
 two_phase = idempotent(required=True)(create_charge)
 atomic = idempotent(required=True, atomic=True)(create_charge)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -83,6 +84,13 @@ class BoundStore:
             if self.is_lock_timeout(exc):
                 raise LockWaitTimeout(str(exc)) from exc
             raise StoreUnavailable(str(exc)) from exc
+
+
+def database_key(connection: BaseDatabaseWrapper) -> tuple[Any, ...]:
+    """The database a connection is on: what is checked once per process (the claim's own
+    function or procedure) is kept under it."""
+    settings = connection.settings_dict
+    return (connection.alias, settings["NAME"], settings["HOST"], settings["PORT"])
 
 
 def unsupported(connection: BaseDatabaseWrapper) -> StoreUnavailable:

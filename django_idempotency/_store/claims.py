@@ -105,10 +105,10 @@ class Claims(BoundStore):
             if found is None:
                 return None
             if isinstance(found, int):  # inserted, not read back: a first attempt
-                return self._claim(identity, token, lock_timeout, started, found)
+                return self._claim(connection, identity, token, lock_timeout, started, found)
             if isinstance(found, Record):  # the claim function took over what it could
                 return (
-                    self._claim(identity, token, lock_timeout, started, found.pk, found)
+                    self._claim(connection, identity, token, lock_timeout, started, found.pk, found)
                     if found.holds_token(token)
                     else found
                 )
@@ -120,10 +120,11 @@ class Claims(BoundStore):
                 found = self.take_over(connection, found.pk, again, token)
                 if found is None:
                     return None
-            return self._claim(identity, token, lock_timeout, started, found.pk, found)
+            return self._claim(connection, identity, token, lock_timeout, started, found.pk, found)
 
     def _claim(
         self,
+        connection: BaseDatabaseWrapper,
         identity: Identity,
         token: uuid.UUID,
         lock_timeout: timedelta,
@@ -145,6 +146,7 @@ class Claims(BoundStore):
             lock_timeout=lock_timeout,
             store=cast(RecordStore, self),  # a Store: its FencedWrites save recovery points
             held_until=started + lock_timeout.total_seconds(),
+            uncommitted=connection.in_atomic_block,
         )
 
     def insert_or_load(

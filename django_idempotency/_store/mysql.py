@@ -15,16 +15,17 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._store.base import Store
+from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
-from django_idempotency._store.rows import aware, first, prep
-from django_idempotency._store.statements import Statements
+from django_idempotency._store.rows import aware, first, loaded, prep, statement_cursor
+from django_idempotency._store.statements import CLAIM_PARAMS, Statements, fill
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
@@ -53,6 +54,84 @@ RESTORE_LOCK_WAIT = f"SET SESSION innodb_lock_wait_timeout = {_PREVIOUS}"
 #: Two cleanups' locks on the secondary indexes can deadlock: the victim's batch is run again.
 _DEADLOCK_RETRIES = 5
 _EXPIRES_INDEX = next(i.name for i in IdempotencyKey._meta.indexes if i.fields == ["expires_at"])
+
+
+#: ``ER_SP_DOES_NOT_EXIST``: the claim procedure is gone (its migration unapplied).
+NO_PROCEDURE = 1305
+
+#: The claim procedure: the claim's read, and a new key's insert, in one round trip.
+CLAIM_PROCEDURE = "django_idempotency_claim"
+#: Sends the claim's values (:data:`.statements.CLAIM_PARAMS`) to it.
+CALL = f"CALL {CLAIM_PROCEDURE}({', '.join(['%s'] * len(CLAIM_PARAMS))})"
+DROP_PROCEDURE = f"DROP PROCEDURE IF EXISTS {CLAIM_PROCEDURE}"
+#: The claim's columns as the table has them, for the procedure's parameters.
+COLUMN_TYPES = (
+    "SELECT COLUMN_NAME, COLUMN_TYPE, CHARACTER_SET_NAME, COLLATION_NAME "
+    "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"
+)
+_HAS_PROCEDURE_SQL = (
+    "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() "
+    "AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME = %s"
+)
+#: Whether the claim procedure is there, per database (checked once per process): without
+#: it (``--nomigrations``, or no ``CREATE ROUTINE`` privilege) the claim is plain statements.
+_HAS_PROCEDURE: dict[tuple[Any, ...], bool] = {}
+
+
+def claim_procedure_sql(types: dict[str, str]) -> str:
+    """``CREATE PROCEDURE``: the claim's read and a new key's insert (:class:`Statements`),
+    run inside the database in one round trip (a two-phase first execution one statement,
+    as a replay is; issue 28).
+
+    It reads first: a live record (a replay, a mismatch, an attempt in flight) is answered by
+    reads alone, which write nothing and wait on no lock, so replays are served while the
+    server refuses writes. A missing key is inserted; a duplicate-key error (a concurrent
+    attempt inserted the key in between; InnoDB undoes that statement alone) is left to the
+    last read, which returns the record either way. The takeover of an expired or stale
+    record, and atomic mode's bound on the lock wait, stay with the caller.
+
+    ``types`` are the parameters' types, each as its column has it (its character set and
+    collation too, or comparing would mix collations): read from the table when the procedure
+    is made, so a migration that changes a column makes the procedure again. The migration
+    that makes it carries a copy of this text; a test checks they agree.
+    """
+    connection = cast(BaseDatabaseWrapper, _Quoting)
+    plain = Statements.plain(connection)
+    arguments = ",\n    ".join(f"IN p_{name} {types[name]}" for name in CLAIM_PARAMS)
+    select = fill(plain.select, ["p_scope", "p_key_hash"])
+    exists = select.replace(f"SELECT {plain.columns} ", "SELECT 1 ", 1)
+    insert = fill(plain.insert, [f"p_{name}" for name in CLAIM_PARAMS])
+    return f"""CREATE PROCEDURE {CLAIM_PROCEDURE}(
+    {arguments}
+)
+MODIFIES SQL DATA
+BEGIN
+    DECLARE CONTINUE HANDLER FOR {DUPLICATE_KEY} BEGIN END;
+    IF NOT EXISTS ({exists}) THEN
+        {insert};
+    END IF;
+    {select};
+END"""
+
+
+def column_types(connection: BaseDatabaseWrapper) -> dict[str, str]:
+    """Each claim column's type as the table has it, with its character set and collation."""
+    with connection.cursor() as cursor:
+        cursor.execute(COLUMN_TYPES, [IdempotencyKey._meta.db_table])
+        rows = cursor.fetchall()
+    return {
+        name: f"{kind} CHARACTER SET {charset} COLLATE {collation}" if charset else kind
+        for name, kind, charset, collation in rows
+    }
+
+
+class _Quoting:
+    """What :meth:`Statements.plain` reads of a connection: MySQL's quoting of names."""
+
+    class ops:  # the attribute of a connection
+        @staticmethod
+        def quote_name(name: str) -> str:
+            return f"`{name}`"
 
 
 def error_code(exc: BaseException) -> int | None:
@@ -105,6 +184,14 @@ class MySQLStore(Store):
         statements = self.statements(connection)
         key = [values.identity.scope, values.identity.key_hash]
         try:
+            if self.has_procedure(connection):
+                try:
+                    return self._call(connection, values)
+                except OperationalError as exc:
+                    if error_code(exc) != NO_PROCEDURE:
+                        raise
+                    # Dropped since (the migration unapplied): plain statements from now on.
+                    _HAS_PROCEDURE[database_key(connection)] = False
             found = first(connection, statements.select, key)
             if found is not None:
                 return found
@@ -121,6 +208,28 @@ class MySQLStore(Store):
             if error_code(exc) == DEADLOCK and not connection.in_atomic_block:
                 return None
             raise
+
+    def _call(self, connection: BaseDatabaseWrapper, values: ClaimValues) -> IdempotencyKey | None:
+        """One call of the claim procedure: the key's record, this call's if it inserted it
+        (its lock token says so), or ``None`` if a concurrent release deleted it meanwhile.
+
+        The call's results are read to the end (the procedure's status follows its rows):
+        a connection with results left unread refuses the next statement."""
+        with statement_cursor(connection) as cursor:
+            cursor.execute(CALL, values.params(connection))
+            row = cursor.fetchone()
+            while cursor.nextset():
+                pass
+        return None if row is None else loaded(connection, row)
+
+    def has_procedure(self, connection: BaseDatabaseWrapper) -> bool:
+        database = database_key(connection)
+        present = _HAS_PROCEDURE.get(database)
+        if present is None:
+            with self.guard(), connection.cursor() as cursor:
+                cursor.execute(_HAS_PROCEDURE_SQL, [CLAIM_PROCEDURE])
+                present = _HAS_PROCEDURE[database] = bool(cursor.fetchone()[0])
+        return present
 
     def take_over(
         self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: uuid.UUID

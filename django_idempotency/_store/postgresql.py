@@ -25,6 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency import _rules as rules
 from django_idempotency._store.base import Store
+from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import Record, first, lean_columns, read_record
@@ -33,6 +34,7 @@ from django_idempotency._store.statements import (
     CLAIM_PARAMS,
     TAKEOVER_FRESH,
     Statements,
+    fill,
 )
 from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
@@ -108,14 +110,14 @@ def claim_function_sql() -> str:
     built = Statements.build(connection)
     argument = _ARGUMENT_OF
     now = {"now": "p_now", "request_hash": "p_request_hash", "processing": "p_processing"}
-    insert = _fill(built.insert, [argument[name] for name in CLAIM_PARAMS])
+    insert = fill(built.insert, [argument[name] for name in CLAIM_PARAMS])
     # In the order of the placeholders of Statements.take_over, as Store.take_over sends them.
     take_over = [argument[name] for name in TAKEOVER_FRESH if name not in CLAIM_LITERALS]
     take_over += ["p_now"] * 3 + ["p_now", "p_now"]
     take_over += ["p_now", "p_expires_at", "found_row.id"]
     take_over += [now[name] for name in rules.TAKEOVER.params]
     takeover_rule = rules.TAKEOVER.where(lambda column: f"found_row.{q(column)}")
-    holds = _fill(takeover_rule, [now[name] for name in rules.TAKEOVER.params])
+    holds = fill(takeover_rule, [now[name] for name in rules.TAKEOVER.params])
     arguments = ",\n    ".join(f"{name} {kind}" for name, kind in _ARGUMENTS)
     return f"""CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION}(
     {arguments}
@@ -127,7 +129,7 @@ DECLARE
     claimed boolean;
     inserted boolean := false;
 BEGIN
-    {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
+    {_returning_into(fill(built.select, ["p_scope", "p_key_hash"]))};
     claimed := FOUND;
     IF NOT claimed OR {holds} THEN
         IF p_lock_timeout IS NOT NULL THEN
@@ -139,12 +141,12 @@ BEGIN
             inserted := FOUND;
             claimed := FOUND;
             IF NOT claimed THEN
-                {_returning_into(_fill(built.select, ["p_scope", "p_key_hash"]))};
+                {_returning_into(fill(built.select, ["p_scope", "p_key_hash"]))};
                 claimed := FOUND;
             END IF;
         END IF;
         IF claimed AND NOT inserted AND {holds} THEN
-            {_returning_into(_fill(built.take_over, take_over))};
+            {_returning_into(fill(built.take_over, take_over))};
             claimed := FOUND;
         END IF;
         IF p_lock_timeout IS NOT NULL THEN
@@ -156,13 +158,6 @@ BEGIN
     END IF;
 END
 $claim$"""
-
-
-def _fill(sql: str, names: list[str]) -> str:
-    """``sql`` with its ``%s`` placeholders replaced by ``names``, in order."""
-    parts = sql.split("%s")
-    assert len(parts) == len(names) + 1, (sql, names)
-    return "".join(part + name for part, name in zip(parts, [*names, ""], strict=True))
 
 
 def _returning_into(sql: str) -> str:
@@ -235,7 +230,7 @@ class PostgreSQLStore(Store):
                 if getattr(exc.__cause__, "sqlstate", None) != "42883":  # undefined_function
                     raise
                 # Dropped since (the migration unapplied): plain statements from now on.
-                _HAS_FUNCTION[_database(connection)] = False
+                _HAS_FUNCTION[database_key(connection)] = False
                 if connection.in_atomic_block:  # the transaction is lost: a retry claims anew
                     raise StoreUnavailable(str(exc)) from exc
         identity = values.identity
@@ -245,7 +240,7 @@ class PostgreSQLStore(Store):
         )
 
     def has_function(self, connection: BaseDatabaseWrapper) -> bool:
-        database = _database(connection)
+        database = database_key(connection)
         present = _HAS_FUNCTION.get(database)
         if present is None:
             with self.guard(), connection.cursor() as cursor:
@@ -343,11 +338,6 @@ class PostgreSQLStore(Store):
             [f'"{table}"'],
             "pg_total_relation_size, pg_indexes_size",
         )
-
-
-def _database(connection: BaseDatabaseWrapper) -> tuple[Any, ...]:
-    settings = connection.settings_dict
-    return (connection.alias, settings["NAME"], settings["HOST"], settings["PORT"])
 
 
 def _bound(connection: BaseDatabaseWrapper) -> str | None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.db.models import CharField, DateTimeField, Field, TextField
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -29,12 +30,12 @@ ATTNAMES = [field.attname for field in FIELDS]
 COLUMNS = [field.column for field in FIELDS if field.column]
 
 Build = Callable[[BaseDatabaseWrapper], T]
-#: The attribute of a connection (Django's wrapper) holding what :func:`_per_connection`
+#: The attribute of a connection (Django's wrapper) holding what :func:`per_connection`
 #: computed for it: an attribute is found for a fraction of a weak dictionary's lookup.
 _CACHE = "_django_idempotency_cache"
 
 
-def _per_connection(build: Build[T]) -> Build[T]:
+def per_connection(build: Build[T]) -> Build[T]:
     """Compute ``build(connection)`` once per connection: its values may be bound to it (its
     time zone, its JSON adapter), and computing them costs more than the statement they serve.
     """
@@ -82,6 +83,45 @@ def statement_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
     yield kept[1]
 
 
+def fetch_row(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Any:
+    """Send one store statement that returns rows: its first row (``None``: none)."""
+    with statement_cursor(connection) as cursor:
+        driver = _driver_cursor(connection, cursor)
+        if driver is None:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+        connection.validate_no_broken_transaction()
+        with connection.wrap_database_errors:
+            driver.execute(sql, params)
+            return driver.fetchone()
+
+
+def count_rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
+    """Send one store statement that writes: the rows it matched."""
+    with statement_cursor(connection) as cursor:
+        driver = _driver_cursor(connection, cursor)
+        if driver is None:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+        connection.validate_no_broken_transaction()
+        with connection.wrap_database_errors:
+            driver.execute(sql, params)
+            return int(driver.rowcount)
+
+
+def _driver_cursor(connection: BaseDatabaseWrapper, cursor: Any) -> Any:
+    """The driver's cursor inside Django's plain wrapper, when nothing but that wrapper's
+    own layers would see the statement (issue 28: they cost a store statement as much as
+    its parameters): no ``execute_wrapper()`` hook, no query logging. Django's checks that
+    matter are kept by :func:`fetch_row` and :func:`count_rows`: a broken transaction
+    refused, the driver's errors translated to Django's. The driver's cursor is still the
+    backend's own (MySQL's error codes, SQLite's placeholders). ``None``: go through
+    Django's wrapper."""
+    if connection.execute_wrappers or type(cursor) is not CursorWrapper:
+        return None
+    return cursor.cursor
+
+
 def _closed(cursor: Any) -> bool:
     """Whether the driver's cursor was closed (psycopg and sqlite3 say so; MySQLdb has none)."""
     inner = cursor.cursor
@@ -91,7 +131,7 @@ def _closed(cursor: Any) -> bool:
     return getattr(inner, "connection", True) is None
 
 
-@_per_connection
+@per_connection
 def _converters(connection: BaseDatabaseWrapper) -> list[tuple[Any, list[Any]]]:
     """What the ORM applies to each column it reads: dates, UUIDs, JSON."""
     table = IdempotencyKey._meta.db_table
@@ -108,11 +148,12 @@ def first(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Idemp
     A cursor and the fields' converters (dates, UUIDs, JSON), not ``raw()``, whose per-call
     column resolution costs as much as the statement on a replay.
     """
-    with statement_cursor(connection) as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
+    row = fetch_row(connection, sql, params)
+    return None if row is None else loaded(connection, row)
+
+
+def loaded(connection: BaseDatabaseWrapper, row: Sequence[Any]) -> IdempotencyKey:
+    """The model instance of a row of every column, as the ORM loads it."""
     converters = _converters(connection)
     values = []
     for value, (expression, convert_all) in zip(row, converters, strict=True):
@@ -190,7 +231,18 @@ class Record:
         return f"<Record {self.pk}: {self._row[_INDEX['status']]}>"
 
 
-@_per_connection
+def _field(index: int) -> property:
+    return property(lambda record: record._value(index))
+
+
+# A field read through a property: ``__getattr__`` runs only after the usual lookup failed, an
+# ``AttributeError`` made and dropped on every read (issue 28). It stays for the type checker.
+for _name, _index in _INDEX.items():
+    if _name != "id":
+        setattr(Record, _name, _field(_index))
+
+
+@per_connection
 def record_converters(connection: BaseDatabaseWrapper) -> _Converters:
     """How each column of a lean read (:data:`AS_TEXT` as text) becomes the field's value:
     the ORM's converters, after the text columns are loaded as the cursor would have loaded
@@ -242,9 +294,7 @@ def instance_of(record: IdempotencyKey | Record) -> IdempotencyKey:
 
 def read_record(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Record | None:
     """The record a lean statement returns (every column, :data:`AS_TEXT` as text)."""
-    with statement_cursor(connection) as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
+    row = fetch_row(connection, sql, params)
     return None if row is None else Record(row, record_converters(connection))
 
 
@@ -270,7 +320,7 @@ def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
     return preparers(connection)[name](value)
 
 
-@_per_connection
+@per_connection
 def text_preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any], Any]]:
     """Each column's value as the store's fenced writes send it: on PostgreSQL, times, UUIDs
     and JSON as text, which psycopg adapts for a fraction of what a ``datetime``, a ``UUID``
@@ -296,7 +346,7 @@ def text_preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any],
     return prepare
 
 
-@_per_connection
+@per_connection
 def preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any], Any]]:
     """Each column's preparation, cut to what it does for the values the store writes.
 

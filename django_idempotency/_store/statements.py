@@ -115,3 +115,11 @@ class Statements:
             f"WHERE {q('id')} = %s AND {rules.TAKEOVER.where(q)}"
         )
         return Statements(table, columns, insert, select, take_over)
+
+
+def fill(sql: str, names: list[str]) -> str:
+    """``sql`` with its ``%s`` placeholders replaced by ``names``, in order: a statement of
+    :class:`Statements` inside a function or procedure of the database's, on its arguments."""
+    parts = sql.split("%s")
+    assert len(parts) == len(names) + 1, (sql, names)
+    return "".join(part + name for part, name in zip(parts, [*names, ""], strict=True))

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django_idempotency import _rules as rules
 from django_idempotency import _sealing as sealing
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.rows import prep, statement_cursor, text_preparers
+from django_idempotency._store.rows import count_rows, per_connection, prep, text_preparers
 from django_idempotency.models import IdempotencyKey
 
 COMPLETED = IdempotencyKey.Status.COMPLETED
@@ -164,16 +164,14 @@ class FencedWrites(BoundStore):
         stale_at: datetime | None,
         **changes: Any,
     ) -> bool:
-        q = connection.ops.quote_name
-        sets = ", ".join(f"{q(name)} = %s" for name in changes)
         prepare = text_preparers(connection)
         values = [prepare[name](value) for name, value in changes.items()]
-        return self._fenced(connection, f"UPDATE {{table}} SET {sets}", values, pk, token, stale_at)
+        return self._fenced(connection, tuple(changes), values, pk, token, stale_at)
 
     def _fenced(
         self,
         connection: BaseDatabaseWrapper,
-        statement: str,
+        statement: Write,
         params: list[Any],
         pk: int,
         token: uuid.UUID,
@@ -186,16 +184,38 @@ class FencedWrites(BoundStore):
         ``delete()`` may first ``SELECT`` the rows to send signals, which would lose the fence
         between the two statements.
         """
-        q = connection.ops.quote_name
-        sql = statement.format(table=q(IdempotencyKey._meta.db_table))
-        sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s"
+        sql = fenced_sql(connection, statement, stale=stale_at is not None)
         params = [*params, pk, text_preparers(connection)["lock_token"](token)]
         if stale_at is None:
-            sql += f" AND {q('status')} = %s"
             params.append(rules.PROCESSING)
         else:
-            sql += f" AND {rules.STALE.where(q)}"
             params += rules.STALE.args(prep("unlock_at", stale_at, connection))
-        with statement_cursor(connection) as cursor:
-            cursor.execute(sql, params)
-            return bool(cursor.rowcount)
+        return bool(count_rows(connection, sql, params))
+
+
+#: A fenced write: a statement's head (``{table}`` for the table's name), or the columns an
+#: ``UPDATE`` sets.
+Write = str | tuple[str, ...]
+
+
+@per_connection
+def _fenced_statements(connection: BaseDatabaseWrapper) -> dict[tuple[Write, bool], str]:
+    return {}
+
+
+def fenced_sql(connection: BaseDatabaseWrapper, statement: Write, *, stale: bool) -> str:
+    """The SQL of a fenced write (:meth:`FencedWrites._fenced`), made once per connection:
+    quoting its dozen names cost a result's write as much as its values (issue 28)."""
+    made = _fenced_statements(connection)
+    sql = made.get((statement, stale))
+    if sql is not None:
+        return sql
+    q = connection.ops.quote_name
+    head = statement
+    if isinstance(head, tuple):
+        head = "UPDATE {table} SET " + ", ".join(f"{q(name)} = %s" for name in head)
+    sql = head.format(table=q(IdempotencyKey._meta.db_table))
+    sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s"
+    sql += f" AND {rules.STALE.where(q)}" if stale else f" AND {q('status')} = %s"
+    made[(statement, stale)] = sql
+    return sql
