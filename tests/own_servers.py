@@ -19,7 +19,7 @@ from django.db import connections
 from django_idempotency import _store
 from tests.faults import databases
 
-DEFAULT_PORTS = "56000-56099"
+DEFAULT_PORTS = "26000-26099"
 START_TIMEOUT = databases.START_TIMEOUT
 Server = databases.PostgresCluster | databases.MariaDBServer
 

@@ -3,8 +3,8 @@
 A PostgreSQL 15 cluster (``initdb`` as the ``postgres`` user into a temporary folder), a MariaDB
 server (``mariadb-install-db`` and ``mariadbd`` with their own data folder, socket and pid file)
 and a SQLite file another process holds with ``BEGIN EXCLUSIVE``. Each listens on a port of the
-range in ``IDEMPOTENCY_FAULT_PORTS`` (``56100-56199``: each engineer, and CI, has a range of
-its own), never on the machine's shared servers (5432, 3306).
+range in ``IDEMPOTENCY_FAULT_PORTS`` (``26100-26199``: each engineer, and CI, has a range of
+its own, below the kernel's ephemeral ports), never on the machine's shared servers (5432, 3306).
 
 Only the processes started here are ever stopped, by their pid: at the end of a fixture, and
 at exit whatever happened (:func:`track` records them, an ``atexit`` hook ends the living).
@@ -18,7 +18,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+from tests import ports as ports_module
 
 PORTS_VARIABLE = "IDEMPOTENCY_FAULT_PORTS"
 START_TIMEOUT = 60.0
@@ -96,7 +97,8 @@ def _end_started() -> None:
 
 
 def port_range() -> range:
-    """The ports this run may use: ``IDEMPOTENCY_FAULT_PORTS=first-last``."""
+    """The ports this run may use: ``IDEMPOTENCY_FAULT_PORTS=first-last``, outside the kernel's
+    ephemeral range (:mod:`tests.ports` says why)."""
     value = os.environ.get(PORTS_VARIABLE, "")
     try:
         first, last = (int(part) for part in value.split("-"))
@@ -106,22 +108,25 @@ def port_range() -> range:
         ) from None
     if not 1024 < first <= last < 65536:
         raise FaultHarnessError(f"{PORTS_VARIABLE}={value!r} is not a port range")
-    return range(first, last + 1)
+    ports = range(first, last + 1)
+    inside = ports_module.overlap(ports)
+    if inside:
+        kernel = ports_module.ephemeral()
+        raise FaultHarnessError(
+            f"{PORTS_VARIABLE}={value!r} reaches into the kernel's ephemeral ports "
+            f"({kernel.start}-{kernel.stop - 1}): a stopped server's port could be taken by a "
+            "client dialling it, and the server could not start again; choose ports below "
+            f"{kernel.start}"
+        )
+    return ports
 
 
 def free_port() -> int:
     """A port of the range that nothing listens on and this run has not handed out yet."""
-    for port in port_range():
-        if port in _reserved:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _reserved.add(port)
-        return port
-    raise FaultHarnessError(f"no free port left in {os.environ.get(PORTS_VARIABLE)}")
+    try:
+        return ports_module.free(1, port_range(), _reserved)[0]
+    except OSError:
+        raise FaultHarnessError(f"no free port left in {os.environ.get(PORTS_VARIABLE)}") from None
 
 
 def _as_user(name: str) -> tuple[list[str], str | None]:
@@ -238,8 +243,11 @@ class PostgresCluster(_Server):
         self.execute(f"CREATE DATABASE {DATABASE}", database="postgres")
 
     def start(self) -> None:
-        self._pg("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.datadir), "-l",
-                 str(self.log_path))  # fmt: skip
+        try:
+            self._pg("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.datadir), "-l",
+                     str(self.log_path))  # fmt: skip
+        except FaultHarnessError as exc:
+            raise FaultHarnessError(f"{exc}\nthe server's log:\n{self.log_tail()}") from None
         self.pid = int((self.datadir / "postmaster.pid").read_text().split()[0])
         track(self.pid, "postgres")
 

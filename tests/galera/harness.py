@@ -21,7 +21,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from tests import ports
 from tests.conftest import NEEDS_MYSQLCLIENT
 
 MySQLdb = pytest.importorskip("MySQLdb", reason=NEEDS_MYSQLCLIENT)
@@ -64,17 +64,9 @@ class ClusterError(RuntimeError):
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on loopback now (held open together so none repeats)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` distinct ports free on loopback now, below the kernel's ephemeral ports: a
+    killed node's ports must be free when it restarts (:mod:`tests.ports` says why)."""
+    return ports.free(count, ports.below_ephemeral())
 
 
 @dataclass

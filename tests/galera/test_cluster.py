@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests import ports
 from tests.galera.harness import Cluster, MySQLdb, Node
 
 pytestmark = pytest.mark.galera
@@ -100,6 +101,14 @@ def test_the_cluster_has_three_synced_nodes(galera: Cluster) -> None:
         assert status["wsrep_cluster_size"] == "3"
         assert status["wsrep_local_state_comment"] == "Synced"
         assert status["wsrep_cluster_status"] == "Primary"
+
+
+def test_the_nodes_listen_below_the_ephemeral_ports(galera: Cluster) -> None:
+    """A killed node must find its ports free when it restarts (:mod:`tests.ports`)."""
+    listening = [port for node in galera.nodes for port in (node.port, node.group_port,
+                 node.ist_port, node.sst_port)]  # fmt: skip
+    assert len(set(listening)) == 12
+    assert not any(port in ports.ephemeral() for port in listening)
 
 
 def test_a_write_through_node_1_is_read_through_node_3(galera: Cluster, claims: str) -> None:
