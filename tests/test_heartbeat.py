@@ -416,6 +416,20 @@ def test_renewal_stops_when_the_attempt_raises_or_is_cancelled(renewals: Renewal
     assert renewals.updates() >= 1
 
 
+async def _cancel_once_renewed() -> BaseException:
+    """Start a slow protected task and cancel it once its lock is renewed: its
+    ``CancelledError``."""
+    task = asyncio.ensure_future(slow_async(str(uuid.uuid4()), 60))
+    while heartbeat.renewer.live() == 0:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError as exc:
+        return exc
+    raise AssertionError("the task was not cancelled")
+
+
 class Dying(BaseException):
     """A worker's death (``SystemExit``, say): not an ``Exception``."""
 
@@ -440,18 +454,7 @@ def test_renewal_stops_at_once_when_the_attempt_dies(renewals: Renewals) -> None
     assert heartbeat.renewer.live() == 0
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.PROCESSING  # for a takeover
 
-    async def cancelled() -> BaseException:
-        task = asyncio.ensure_future(slow_async(str(uuid.uuid4()), 60))
-        while heartbeat.renewer.live() == 0:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError as exc:
-            return exc
-        raise AssertionError("the task was not cancelled")
-
-    kept.append(async_to_sync(cancelled)())
+    kept.append(async_to_sync(_cancel_once_renewed)())
     assert heartbeat.renewer.live() == 0
 
 
@@ -469,18 +472,8 @@ def test_a_task_cancelled_while_it_claims_is_not_renewed(
 
     monkeypatch.setattr(heartbeat, "start", slow_start)
 
-    async def cancelled() -> BaseException:
-        task = asyncio.ensure_future(slow_async(str(uuid.uuid4()), 60))
-        while heartbeat.renewer.live() == 0:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError as exc:
-            return exc
-        raise AssertionError("the task was not cancelled")
-
-    kept = async_to_sync(cancelled)()  # its context holds the task's frames, as a caller may
+    # Its context holds the task's frames, as a caller's may.
+    kept = async_to_sync(_cancel_once_renewed)()
     assert kept.__context__ is not None
     assert heartbeat.renewer.live() == 0
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.PROCESSING

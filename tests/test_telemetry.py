@@ -346,6 +346,23 @@ def test_log_lines_carry_the_facts(post: Post, key: str, caplog: pytest.LogCaptu
         assert key not in record.getMessage()
 
 
+def _run_alone(script: str) -> str:
+    """Run ``script`` in a Python of its own (on SQLite in memory: no test database to share),
+    where OpenTelemetry's state is its own: what it printed."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env.pop("DATABASE_URL", None)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
 def test_without_opentelemetry_nothing_is_imported() -> None:
     """A process where ``import opentelemetry`` fails: the app runs and imports none of it."""
     script = """
@@ -369,18 +386,8 @@ loaded = [name for name in sys.modules if name.startswith("opentelemetry") and s
 assert not loaded, loaded
 print("ok")
 """
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    env.pop("DATABASE_URL", None)  # SQLite in memory: no test database to share
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=Path(__file__).resolve().parent.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+    output = _run_alone(script)
+    assert output == "ok"
 
 
 def test_without_a_provider_no_span_is_started_nor_measurement_made() -> None:
@@ -424,18 +431,8 @@ names = sorted(metric.name for resource in reader.get_metrics_data().resource_me
                for scope in resource.scope_metrics for metric in scope.metrics)
 print(spans, names)
 """
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    env.pop("DATABASE_URL", None)  # SQLite in memory: no test database to share
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=Path(__file__).resolve().parent.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == (
+    output = _run_alone(script)
+    assert output == (
         "['idempotency.claim', 'idempotency.store'] "
         "['idempotency.claim.duration', 'idempotency.requests']"
     )
