@@ -63,12 +63,6 @@ NO_PROCEDURE = 1305
 CLAIM_PROCEDURE = "django_idempotency_claim"
 #: Sends the claim's values (:data:`.statements.CLAIM_PARAMS`) to it.
 CALL = f"CALL {CLAIM_PROCEDURE}({', '.join(['%s'] * len(CLAIM_PARAMS))})"
-DROP_PROCEDURE = f"DROP PROCEDURE IF EXISTS {CLAIM_PROCEDURE}"
-#: The claim's columns as the table has them, for the procedure's parameters.
-COLUMN_TYPES = (
-    "SELECT COLUMN_NAME, COLUMN_TYPE, CHARACTER_SET_NAME, COLLATION_NAME "
-    "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"
-)
 _HAS_PROCEDURE_SQL = (
     "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() "
     "AND ROUTINE_TYPE = 'PROCEDURE' AND ROUTINE_NAME = %s"
@@ -112,17 +106,6 @@ BEGIN
     END IF;
     {select};
 END"""
-
-
-def column_types(connection: BaseDatabaseWrapper) -> dict[str, str]:
-    """Each claim column's type as the table has it, with its character set and collation."""
-    with connection.cursor() as cursor:
-        cursor.execute(COLUMN_TYPES, [IdempotencyKey._meta.db_table])
-        rows = cursor.fetchall()
-    return {
-        name: f"{kind} CHARACTER SET {charset} COLLATE {collation}" if charset else kind
-        for name, kind, charset, collation in rows
-    }
 
 
 class _Quoting:

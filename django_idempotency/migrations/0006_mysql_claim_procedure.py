@@ -4,8 +4,8 @@ statement again, as a replay is (issue 28).
 
 Its parameters take the types of the table's columns as the table has them (with their
 character sets and collations), read when it is made. Self-contained: a copy of
-``claim_procedure_sql()`` as it was when written (``tests/test_mysql_procedure.py`` checks the
-copy and the code agree). Where it cannot be made (no ``CREATE ROUTINE`` privilege, a server
+``claim_procedure_sql()`` as it was when written (``tests/test_claim_procedure_mysql.py`` checks
+the copy and the code agree). Where it cannot be made (no ``CREATE ROUTINE`` privilege, a server
 that refuses it) a warning says so and the claim stays plain statements, as without this
 migration. Unapplied, the procedure is dropped. Other databases: nothing.
 """
