@@ -33,7 +33,11 @@ def main() -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from django_idempotency._store.postgresql import PostgreSQLStatements, PostgreSQLStore
+    from django_idempotency._store.postgresql import (
+        PostgreSQLStatements,
+        PostgreSQLStore,
+        interval,
+    )
 
     connection.ensure_connection()
     statements = PostgreSQLStore("default").statements(connection)
@@ -41,12 +45,14 @@ def main() -> None:
     url = os.environ["DATABASE_URL"]
 
     def claim(key: str, function: bool) -> tuple[str, list[Any]]:
+        identity = ["bench", key, "POST", "/x/", "f" * 64, str(uuid.uuid4())]
+        if function:  # as PostgreSQLStore.insert_or_load sends it: the clock, then the rest
+            clock = time.time_ns() // 1000
+            durations = [interval(timedelta(minutes=1)), interval(timedelta(hours=1))]
+            return statements.call, [clock, *identity, *durations, None]
         now = timezone.now()
-        params = ["bench", key, "POST", "/x/", "f" * 64, uuid.uuid4(), now, now]
-        params += [now + timedelta(minutes=1), now + timedelta(hours=1)]
-        if function:
-            return statements.call, [*params, None]
-        return statements.insert_or_select, [*params, "bench", key]
+        times = [now, now, now + timedelta(minutes=1), now + timedelta(hours=1)]
+        return statements.insert_or_select, [*identity, *times, "bench", key]
 
     def connect() -> psycopg.Connection[Any]:
         return psycopg.connect(url, autocommit=True, cursor_factory=psycopg.ClientCursor)

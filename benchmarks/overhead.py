@@ -245,6 +245,13 @@ class Captured:
 
     claim: tuple[str, list[Any]]
     write: tuple[str, list[Any]]
+    #: Where the key's hash and the lock token are among the claim's parameters, and the
+    #: record's id and the token among the write's (found by value: each store orders them
+    #: its own way).
+    claim_key: int
+    claim_token: int
+    write_pk: int
+    write_token: int
 
 
 def capture(path: str) -> Captured | None:
@@ -259,21 +266,46 @@ def capture(path: str) -> Captured | None:
         sent.append((sql, list(params or [])))
         return execute(sql, params, *args)
 
+    from django_idempotency._keys import hash_key
+    from django_idempotency.models import IdempotencyKey
+
+    key = str(uuid.uuid4())
     with connection.execute_wrapper(record):
-        assert wsgi_call(path, str(uuid.uuid4())) == 201
+        assert wsgi_call(path, key) == 201
     claims = [one for one in sent if "django_idempotency_claim(" in one[0]]
     writes = [one for one in sent if one[0].startswith("UPDATE") and "idempotencykey" in one[0]]
     if len(claims) != 1 or len(writes) != 1:
         return None
-    return Captured(claims[0], writes[0])
+    made = IdempotencyKey.objects.get(key_hash=hash_key(key))
+
+    def token_at(params: list[Any]) -> int:
+        return next(i for i, value in enumerate(params) if _is_token(value, made.lock_token))
+
+    return Captured(
+        claims[0],
+        writes[0],
+        claim_key=claims[0][1].index(made.key_hash),
+        claim_token=token_at(claims[0][1]),
+        write_pk=writes[0][1].index(made.pk),
+        write_token=token_at(writes[0][1]),
+    )
+
+
+def _is_token(value: Any, token: uuid.UUID | None) -> bool:
+    """Whether a parameter is ``token`` as the app sent it (a UUID, or its text)."""
+    return value == token or (
+        isinstance(value, str) and value in (str(token), getattr(token, "hex", None))
+    )
 
 
 def send_claim(cursor: Any, captured: Captured, key_hash: str) -> tuple[int, Any]:
     """The captured claim for ``key_hash`` with a fresh lock token; the record's id and token."""
     sql, params = captured.claim
-    token = _as_sent(uuid.uuid4(), params[5])
-    # The claim's parameters: scope, key_hash, method, path, request_hash, lock_token, ...
-    cursor.execute(sql, [params[0], key_hash, *params[2:5], token, *params[6:]])
+    token = _as_sent(uuid.uuid4(), params[captured.claim_token])
+    params = list(params)
+    params[captured.claim_key] = key_hash
+    params[captured.claim_token] = token
+    cursor.execute(sql, params)
     pk = int(cursor.fetchone()[0])
     while cursor.nextset():  # MySQL's claim procedure: its status follows its row
         pass
@@ -290,7 +322,10 @@ def _as_sent(token: uuid.UUID, sent: Any) -> Any:
 def send_write(cursor: Any, captured: Captured, pk: int, token: Any) -> None:
     """The captured result write, fenced by the record ``pk`` and its lock ``token``."""
     sql, params = captured.write
-    cursor.execute(sql, [*params[:-3], pk, token, params[-1]])
+    params = list(params)
+    params[captured.write_pk] = pk
+    params[captured.write_token] = token
+    cursor.execute(sql, params)
     assert cursor.rowcount == 1, "the result write matched no record"
 
 

@@ -26,6 +26,8 @@ from collections.abc import Collection
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
+from django_idempotency._json import acyclic_encoder
+
 #: A JSON Pointer's reference tokens, unescaped: ``"/a/0"`` is ``("a", "0")``.
 Pointer = tuple[str, ...]
 
@@ -100,10 +102,22 @@ def _encoded(body: bytes) -> bytes | None:
     writer, which also decides what is not JSON.
     """
     try:
-        document = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
-        return _ENCODER.encode(document).encode("ascii")
+        document = _DECODER.decode(body.decode(_encoding(body), "surrogatepass"))
+        return _encode(document).encode("ascii")
     except (_Elsewhere, ValueError, RecursionError):
         return None
+
+
+def _encoding(body: bytes) -> str:
+    """``json.detect_encoding``, its answer for most bodies found first: no byte-order mark
+    and no NUL among the first four bytes is UTF-8."""
+    if body[:1] not in _MARKS and b"\0" not in body[:4]:
+        return "utf-8"
+    return json.detect_encoding(body)
+
+
+#: The first bytes of the byte-order marks ``json.detect_encoding`` reads.
+_MARKS = (b"\xef", b"\xfe", b"\xff", b"\x00")
 
 
 #: Made once: ``json.loads`` and ``json.dumps`` with options make a decoder or an encoder (and
@@ -112,6 +126,10 @@ _DECODER = json.JSONDecoder(
     parse_float=_elsewhere, parse_int=_int, parse_constant=_elsewhere, object_pairs_hook=_unique
 )
 _ENCODER = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"), sort_keys=True)
+
+
+#: ``_ENCODER.encode``, its C encoder made once (a parsed document has no cycle).
+_encode = acyclic_encoder(_ENCODER)
 
 
 def _exclude(document: Any, pointer: Pointer) -> None:

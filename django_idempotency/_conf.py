@@ -133,7 +133,11 @@ class Setting(Generic[T]):
     def __get__(self, instance: object, owner: type | None = None) -> T | Setting[T]:
         if instance is None:
             return self
-        return cast(T, _value(self.name, self.convert))
+        try:  # read on every protected call, several times: a plain dictionary's lookup
+            return _VALUES[self.name]  # type: ignore[no-any-return]
+        except KeyError:
+            value = _VALUES[self.name] = _value(self.name, self.convert)
+            return value  # type: ignore[no-any-return]
 
     @property
     def label(self) -> str:
@@ -413,7 +417,11 @@ def derived(func: F) -> F:
     return cast(F, cached)
 
 
-@derived
+#: Each setting's value, as :class:`Setting` reads it: forgotten when the settings change.
+_VALUES: dict[str, Any] = {}
+_DERIVED.append(_VALUES.clear)
+
+
 def _value(name: str, convert: Callable[[Any, str], Any]) -> Any:
     try:
         return convert(user_settings().get(name, DEFAULTS[name]), f"IDEMPOTENCY[{name!r}]")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from django_idempotency import signals
 from django_idempotency._identity import Identity
 from django_idempotency._options import Policy
 from django_idempotency._store import Store, StoredResponse, using
+from django_idempotency._store.claims import new_token
 from django_idempotency._store.rows import Record, instance_of
 from django_idempotency.claim import Claim
 from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
@@ -80,8 +80,7 @@ def acquire(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
     which lifts it for free.) Raises :class:`~.exceptions.StoreUnavailable` and
     :class:`~.exceptions.LockWaitTimeout`.
     """
-    attributes = identity.attributes(policy.atomic)
-    with telemetry.span("idempotency.claim", attributes, duration=True) as span:
+    with telemetry.span("idempotency.claim", identity, policy.atomic, duration=True) as span:
         try:
             if not policy.atomic:
                 outcome = yield from _claim(identity, policy, using(policy.alias))
@@ -189,7 +188,7 @@ def _outcome(
         if "record" in sent:
             sent["record"] = instance_of(sent["record"])
         signal.send(IdempotencyKey, **identity.context(), **sent)
-    if outcome in telemetry.OUTCOMES:
+    if outcome in telemetry.OUTCOMES and telemetry.counting():  # attributes for a kept count
         telemetry.count(outcome, identity.attributes(policy.atomic))
 
 
@@ -198,7 +197,7 @@ def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Fo
     delay = _FIRST_WAIT
     record: IdempotencyKey | Record | None = None
     waited = False
-    token = uuid.uuid4()
+    token = new_token()
     reconnected = False
     for _ in range(_CLAIM_TRIES):
         try:
@@ -352,14 +351,14 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
     node's claim of the key aborted this transaction) or :class:`~.exceptions.StoreUnavailable`.
     """
     store = using(policy.alias)
-    with telemetry.span("idempotency.store", identity.attributes(policy.atomic)) as span:
+    with telemetry.span("idempotency.store", identity, policy.atomic) as span:
         try:
             stored_ok = _fenced_write(
                 policy,
                 store,
                 claim,
                 lambda connection: store.store_response(
-                    claim.pk, claim.lock_token, stored, connection=connection
+                    claim.pk, claim.token_text, stored, connection=connection
                 ),
             )
         except DatabaseError:
@@ -481,7 +480,7 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
     In atomic mode an exception (``raised``) rolls the claim back with the transaction; only a
     retryable status needs the row deleted, and that deletion commits with the view's work.
     """
-    with telemetry.span("idempotency.release", identity.attributes(policy.atomic)) as span:
+    with telemetry.span("idempotency.release", identity, policy.atomic) as span:
         try:
             if not (policy.atomic and raised):
                 store = using(policy.alias)
@@ -490,7 +489,7 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
                     store,
                     claim,
                     lambda connection: store.release(
-                        claim.pk, claim.lock_token, connection=connection
+                        claim.pk, claim.token_text, connection=connection
                     ),
                 )
         except DatabaseError:
@@ -524,8 +523,9 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
 
 
 @contextmanager
-def atomic_attempt(policy: Policy) -> Iterator[None]:
-    """Atomic mode's transaction (a savepoint inside the caller's) on the store's database.
+def atomic_attempt(policy: Policy) -> Iterator[BaseDatabaseWrapper]:
+    """Atomic mode's transaction (a savepoint inside the caller's) on the store's database;
+    it gives the connection it is on.
 
     It connects first, so that an unreachable store raises
     :class:`~.exceptions.StoreUnavailable` (a ``503``, or a consumer's redelivery) rather than a
@@ -537,15 +537,16 @@ def atomic_attempt(policy: Policy) -> Iterator[None]:
     its own, raised as it is.
     """
     store = using(policy.alias)
+    connection = connections[policy.alias]
     try:
-        connections[policy.alias].ensure_connection()
+        connection.ensure_connection()
     except DatabaseError as exc:
         raise StoreUnavailable(str(exc)) from exc
     raised: BaseException | None = None
     try:
         with transaction.atomic(using=policy.alias):
             try:
-                yield
+                yield connection
             except BaseException as exc:
                 raised = exc
                 raise

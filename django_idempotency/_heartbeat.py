@@ -112,7 +112,9 @@ class Renewer:
 
     def stop(self, claim: Claim | None) -> None:
         """Stop renewing ``claim``'s lock (at once; nothing if it was not renewed)."""
-        if claim is None:
+        if claim is None or id(claim) not in self._leases:
+            # Not renewed (atomic mode, heartbeat off), or no longer: its lease was added in
+            # this thread before, so its absence needs no lock to be seen.
             return
         with self._cond:
             if (
@@ -192,7 +194,7 @@ class Renewer:
         try:
             for start in range(0, len(leases), BATCH):
                 batch = leases[start : start + BATCH]
-                pairs = [(lease.claim.pk, lease.claim.lock_token) for lease in batch]
+                pairs = [(lease.claim.pk, lease.claim.token_text) for lease in batch]
                 held |= store.using(alias).renew(pairs, lock_timeout)
         except Exception as exc:  # never let a database error end the thread
             self._retry(group, exc)

@@ -12,7 +12,7 @@ from datetime import timedelta
 from functools import cache
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
@@ -25,7 +25,7 @@ from django_idempotency import _sealing as sealing
 from django_idempotency import _storing as storing
 from django_idempotency import _telemetry as telemetry
 from django_idempotency._conf import conf
-from django_idempotency._identity import Identity
+from django_idempotency._identity import Identity, full_path
 from django_idempotency._keys import InvalidKey, hash_key, parse_key
 from django_idempotency._lifecycle import Answer
 from django_idempotency._limits import bounded_fingerprint, bounded_scope
@@ -85,7 +85,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             key_hash=hash_key(key),
             fingerprint=bounded_fingerprint(fingerprint),
             method=request.method or "",
-            path=request.get_full_path(),
+            path=full_path(request),
             request=request,
             operation=_operation(request),
         )
@@ -149,7 +149,10 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         except Exception:  # a dying process (SystemExit...) is a crash: recovered later
             engine.release(claim, identity, policy, reason="unreplayable response", raised=True)
             raise
-        _conclude(identity, claim, result, policy)
+        connection = self.connection  # atomic mode's
+        _conclude(
+            identity, claim, result, policy, connection is not None and connection.needs_rollback
+        )
         return result
 
 
@@ -274,8 +277,16 @@ def _replay(record: IdempotencyKey | Record) -> HttpResponseBase:
     return responses.replay(record.response_status, headers, body)
 
 
-def _conclude(identity: Identity, claim: Claim, response: HttpResponseBase, policy: Policy) -> None:
-    if policy.atomic and connections[policy.alias].needs_rollback:
+def _conclude(
+    identity: Identity,
+    claim: Claim,
+    response: HttpResponseBase,
+    policy: Policy,
+    rolled_back: bool = False,
+) -> None:
+    """Store the response, or release the claim; ``rolled_back``: atomic mode's transaction
+    is marked for rollback."""
+    if rolled_back:
         # DRF marks an ATOMIC_REQUESTS transaction for rollback when it answers an exception
         # (a serializer's 400, an APIException's 503): the claim rolls back with the view's
         # work, as after a crash, and a retry runs again (issue 20). First: no statement may

@@ -10,10 +10,12 @@ from django.http import HttpRequest
 from django_idempotency import _telemetry as telemetry
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Identity:
     """One protected call as the store and the reports see it; computed once per call (the
-    scope and fingerprint functions are the project's, and may be costly)."""
+    scope and fingerprint functions are the project's, and may be costly). Not changed once
+    made; not ``frozen``, whose ``__init__`` costs every protected call three times as much
+    (issue 28)."""
 
     #: The client's idempotency key (a header's value, or a function's argument).
     key: str
@@ -36,3 +38,15 @@ class Identity:
     def attributes(self, atomic: bool) -> dict[str, str]:
         """The low-cardinality attributes of its metrics and spans (never key or scope)."""
         return telemetry.labels(self.method, self.operation, atomic)
+
+
+def full_path(request: HttpRequest) -> str:
+    """``request.get_full_path()``, made once per request: the identity and the default
+    fingerprint both read it, and it quotes the whole path each time."""
+    path: str | None = request.__dict__.get(_FULL_PATH)
+    if path is None:
+        path = request.__dict__[_FULL_PATH] = request.get_full_path()
+    return path
+
+
+_FULL_PATH = "_idempotency_full_path"

@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency import _engine as engine
 from django_idempotency import _heartbeat as heartbeat
@@ -62,6 +63,8 @@ class Adapter(Generic[R]):
         self.claim: Claim | None = None
         #: The identity a claim was asked for (what the engine's reports are about).
         self.identity: Identity | None = None
+        #: Atomic mode's: the connection whose transaction the call runs in.
+        self.connection: BaseDatabaseWrapper | None = None
         self._identified: Identity | Answer[R] | None = _UNKNOWN
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
@@ -192,7 +195,7 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
     if not policy.atomic:
         return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
     try:
-        with engine.atomic_attempt(policy):
+        with engine.atomic_attempt(policy) as adapter.connection:
             return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
     except (StoreUnavailable, LockWaitTimeout) as exc:
         if adapter.identity is None:  # the store's database refused the connection

@@ -13,12 +13,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django_idempotency._limits import sha256_hex
 
 if TYPE_CHECKING:
+    from django_idempotency._identity import Identity
     from django_idempotency.claim import Claim
 
 try:
@@ -91,8 +92,13 @@ def labels(method: str, operation: str, atomic: bool) -> dict[str, str]:
 
 def count(outcome: str, attributes: dict[str, str]) -> None:
     """Count one outcome (one of :data:`OUTCOMES`) in ``idempotency.requests``."""
-    if ENABLED and _metering(_requests):
+    if counting():
         _requests.add(1, {**attributes, "idempotency.outcome": outcome})
+
+
+def counting() -> bool:
+    """Whether :func:`count` records (ask first where its attributes cost something to make)."""
+    return ENABLED and _metering(_requests)
 
 
 def record_wait(seconds: float, attributes: dict[str, str]) -> None:
@@ -105,7 +111,7 @@ def log_facts(
     key_hash: str = "",
     scope: str = "",
     attempt: int | None = None,
-    lock_token: uuid.UUID | None = None,
+    lock_token: uuid.UUID | str | None = None,
 ) -> dict[str, Any]:
     """The ``extra`` of a log line: what a JSON formatter shows (docs: "Observability")."""
     return {
@@ -119,7 +125,7 @@ def log_facts(
 
 def claim_facts(outcome: str, claim: Claim) -> dict[str, Any]:
     """:func:`log_facts` of a line about a claim."""
-    return log_facts(outcome, claim.key_hash, claim.scope, claim.attempt, claim.lock_token)
+    return log_facts(outcome, claim.key_hash, claim.scope, claim.attempt, claim.token_text)
 
 
 class Span:
@@ -138,9 +144,31 @@ class Span:
                 self._span.set_attribute("idempotency.attempt", attempt)
 
 
-@contextmanager
-def span(name: str, attributes: dict[str, str], *, duration: bool = False) -> Iterator[Span]:
-    """A child of the current span (the request's, under Django's instrumentation).
+class _Unrecorded(Span):
+    """The span of a call nothing records: one for every call, and its own context manager
+    (a generator's would cost each protected call more than the rest of this module)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def finish(self, outcome: str, attempt: int | None = None) -> None:
+        pass
+
+    def __enter__(self) -> Span:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_UNRECORDED = _Unrecorded()
+
+
+def span(
+    name: str, identity: Identity, atomic: bool, *, duration: bool = False
+) -> AbstractContextManager[Span]:
+    """A child of the current span (the request's, under Django's instrumentation), with the
+    attributes of ``identity`` in its mode (made only if something records them).
 
     It is not made current: the engine's generators yield inside it and may resume in another
     thread, where a context attached here could not be detached. ``duration`` records it in
@@ -149,8 +177,14 @@ def span(name: str, attributes: dict[str, str], *, duration: bool = False) -> It
     tracing = ENABLED and _tracing()
     timed = duration and ENABLED and _metering(_claim_duration)
     if not (tracing or timed):
-        yield Span(None)
-        return
+        return _UNRECORDED
+    return _recorded(name, identity.attributes(atomic), tracing=tracing, timed=timed)
+
+
+@contextmanager
+def _recorded(
+    name: str, attributes: dict[str, str], *, tracing: bool, timed: bool
+) -> Iterator[Span]:
     started = time.monotonic()
     otel_span = _tracer.start_span(name, attributes=attributes) if tracing else None
     result = Span(otel_span)

@@ -22,7 +22,7 @@ class RecordStore(Protocol):
     """Where a claim's record is kept: what :class:`Claim` needs of the store that made it."""
 
     def save_recovery_point(
-        self, pk: int, token: uuid.UUID, name: str, data: Any, lock_timeout: timedelta
+        self, pk: int, token: uuid.UUID | str, name: str, data: Any, lock_timeout: timedelta
     ) -> bool: ...
 
 
@@ -38,7 +38,9 @@ class Claim:
     scope: str
     key_hash: str
     pk: int
-    lock_token: uuid.UUID
+    #: The lock token (a random UUID's text), as the record and the fenced writes have it:
+    #: the claim makes it as text, which costs a fraction of a ``uuid.UUID`` (issue 28).
+    token_text: str
     attempt: int
     recovery_point: str
     recovery_data: Any
@@ -61,6 +63,11 @@ class Claim:
     def __post_init__(self) -> None:
         if not self.held_until:
             self.held_until = time.monotonic() + self.lock_timeout.total_seconds()
+
+    @property
+    def lock_token(self) -> uuid.UUID:
+        """The lock token fencing every write of this attempt (:attr:`token_text` as a UUID)."""
+        return uuid.UUID(self.token_text)
 
     def held_for(self, since: float) -> None:
         """The lock was pushed forward by a write started at ``since`` (monotonic)."""
@@ -96,7 +103,7 @@ class Claim:
             raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
         since = time.monotonic()
         if not self.store.save_recovery_point(
-            self.pk, self.lock_token, name, data, self.lock_timeout
+            self.pk, self.token_text, name, data, self.lock_timeout
         ):
             raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
         self.held_for(since)

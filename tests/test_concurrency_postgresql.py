@@ -197,7 +197,7 @@ def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> A
                 "WHERE command = 'Query' AND db = DATABASE() "
                 "AND (info LIKE %s OR info LIKE 'CALL %%')",
                 [
-                    f"%%FROM {CLAIM_FUNCTION}(%%"
+                    f"%%, {CLAIM_FUNCTION}(%%"
                     if connection.vendor == "postgresql"
                     else "INSERT INTO%%"
                 ],

@@ -27,7 +27,7 @@ def test_the_claim_is_prepared_and_replays_stay_byte_for_byte() -> None:
     client = Client()
     keys = [str(uuid.uuid4()) for _ in range(6)]
     with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": "prepared"}):
-        assert not any(f"FROM {CLAIM_FUNCTION}(" in sql for sql in prepared_statements())
+        assert not any(f", {CLAIM_FUNCTION}(" in sql for sql in prepared_statements())
 
         def post(index: int, key: str) -> object:
             return client.post(
@@ -39,7 +39,7 @@ def test_the_claim_is_prepared_and_replays_stay_byte_for_byte() -> None:
 
         firsts = [post(index, key) for index, key in enumerate(keys)]
         replays = [post(index, key) for index, key in enumerate(keys)]
-        claims = [sql for sql in prepared_statements() if f"FROM {CLAIM_FUNCTION}(" in sql]
+        claims = [sql for sql in prepared_statements() if f", {CLAIM_FUNCTION}(" in sql]
 
     assert [response.status_code for response in firsts] == [201] * 6
     assert [response.content for response in replays] == [response.content for response in firsts]

@@ -81,9 +81,14 @@ class BoundStore:
         try:
             yield
         except DatabaseError as exc:
-            if self.is_lock_timeout(exc):
-                raise LockWaitTimeout(str(exc)) from exc
-            raise StoreUnavailable(str(exc)) from exc
+            raise self.refusal(exc) from exc
+
+    def refusal(self, exc: DatabaseError) -> LockWaitTimeout | StoreUnavailable:
+        """What :meth:`guard` raises for ``exc`` (for a hot path that cannot afford a
+        generator's context manager: ``raise store.refusal(exc) from exc``)."""
+        if self.is_lock_timeout(exc):
+            return LockWaitTimeout(str(exc))
+        return StoreUnavailable(str(exc))
 
 
 def database_key(connection: BaseDatabaseWrapper) -> tuple[Any, ...]:

@@ -7,19 +7,18 @@ is one. Every decision is made by a statement, never by a check in Python follow
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from django.db import connections
+from django.conf import settings
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils import timezone
 
 from django_idempotency import _rules as rules
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.rows import Record, first, prep, preparers
+from django_idempotency._store.rows import EPOCH, Record, first, prep, preparers
 from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
 from django_idempotency.claim import Claim, RecordStore
 from django_idempotency.models import IdempotencyKey
@@ -33,6 +32,14 @@ if TYPE_CHECKING:
 ClaimOutcome = Claim | IdempotencyKey | Record | None
 
 
+def new_token() -> str:
+    """A fresh lock token: a random (version 4) UUID's text, made without a ``uuid.UUID``,
+    whose making and printing cost a claim more than all its other values (issue 28)."""
+    digits = os.urandom(16).hex()
+    variant = "89ab"[int(digits[16], 16) & 3]
+    return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
+
+
 class Lock(NamedTuple):
     """What a waiter polls: the record's status and when its lock expires."""
 
@@ -40,16 +47,45 @@ class Lock(NamedTuple):
     unlock_at: datetime | None
 
 
-@dataclass(frozen=True)
 class ClaimValues:
     """What a claim writes when it inserts: the call's identity, its fresh lock token, the
-    claim's time and the times it derives."""
+    claim's time and the times it derives.
 
-    identity: Identity
-    token: uuid.UUID
-    now: datetime
-    unlock_at: datetime
-    expires_at: datetime
+    The time is read as microseconds since the epoch (:attr:`clock`): PostgreSQL's claim
+    function is sent that number and derives its times in the statement. The ``datetime``
+    values are made only when a store reads them: making a time and writing it out as text
+    cost a claim more than all its other values (issue 28).
+    """
+
+    __slots__ = ("_now", "clock", "identity", "lock_timeout", "token", "ttl")
+
+    def __init__(
+        self, identity: Identity, token: str, lock_timeout: timedelta, ttl: timedelta
+    ) -> None:
+        self.identity = identity
+        #: The claim's fresh lock token, as text (:func:`new_token`).
+        self.token = token
+        self.lock_timeout = lock_timeout
+        self.ttl = ttl
+        #: The claim's time: microseconds since the epoch, from the clock ``timezone.now()`` reads.
+        self.clock = time.time_ns() // 1000
+        self._now: datetime | None = None
+
+    @property
+    def now(self) -> datetime:
+        """The claim's time as ``timezone.now()`` gives it (aware, or naive without ``USE_TZ``)."""
+        if self._now is None:
+            instant = EPOCH + timedelta(microseconds=self.clock)
+            self._now = instant if settings.USE_TZ else instant.astimezone().replace(tzinfo=None)
+        return self._now
+
+    @property
+    def unlock_at(self) -> datetime:
+        return self.now + self.lock_timeout
+
+    @property
+    def expires_at(self) -> datetime:
+        return self.now + self.ttl
 
     def params(self, connection: BaseDatabaseWrapper) -> list[Any]:
         """The values of the claim's placeholders (:data:`.statements.CLAIM_PARAMS`), as
@@ -85,7 +121,7 @@ class Claims(BoundStore):
         *,
         ttl: timedelta,
         lock_timeout: timedelta,
-        token: uuid.UUID | None = None,
+        token: str | None = None,
     ) -> ClaimOutcome:
         """Claim the call's key, or return the record that holds it.
 
@@ -96,49 +132,54 @@ class Claims(BoundStore):
         the first's, applied with its reply lost, and so this call's.
         """
         started = time.monotonic()  # before now: the lock is surely held until lock_timeout later
-        now = timezone.now()
-        token = token or uuid.uuid4()
-        values = ClaimValues(identity, token, now, now + lock_timeout, now + ttl)
-        with self.guard():  # preparing a value may connect (MariaDB's UUID type: its version)
+        values = ClaimValues(identity, token or new_token(), lock_timeout, ttl)
+        token = values.token
+        # Errors become the app's own (guard()), without a generator's context manager: this
+        # is every protected call's path. Preparing a value may connect (MariaDB's UUID type).
+        try:
             connection = self.connection
             found = self.insert_or_load(connection, values)
             if found is None:
                 return None
             if isinstance(found, int):  # inserted, not read back: a first attempt
-                return self._claim(connection, identity, token, lock_timeout, started, found)
+                return self._claim(connection, values, lock_timeout, started, found)
             if isinstance(found, Record):  # the claim function took over what it could
                 return (
-                    self._claim(connection, identity, token, lock_timeout, started, found.pk, found)
+                    self._claim(connection, values, lock_timeout, started, found.pk, found)
                     if found.holds_token(token)
                     else found
                 )
-            if found.lock_token != token:  # not the row this call wrote: another call's record
-                if not rules.TAKEOVER.holds(found, now, identity.fingerprint):
+            if str(found.lock_token) != token:  # not this call's row: another call's record
+                if not rules.TAKEOVER.holds(found, values.now, identity.fingerprint):
                     return found
                 params = values.params(connection)
-                again = take_over_params(connection, found.pk, params, now, identity.fingerprint)
+                again = take_over_params(
+                    connection, found.pk, params, values.now, identity.fingerprint
+                )
                 found = self.take_over(connection, found.pk, again, token)
                 if found is None:
                     return None
-            return self._claim(connection, identity, token, lock_timeout, started, found.pk, found)
+            return self._claim(connection, values, lock_timeout, started, found.pk, found)
+        except DatabaseError as exc:
+            raise self.refusal(exc) from exc
 
     def _claim(
         self,
         connection: BaseDatabaseWrapper,
-        identity: Identity,
-        token: uuid.UUID,
+        values: ClaimValues,
         lock_timeout: timedelta,
         started: float,
         pk: int,
         record: IdempotencyKey | Record | None = None,
     ) -> Claim:
         """The claim on record ``pk``, as ``record`` reads (``None``: a first attempt's)."""
+        identity = values.identity
         return Claim(
             key=identity.key,
             scope=identity.scope,
             key_hash=identity.key_hash,
             pk=pk,
-            lock_token=token,
+            token_text=values.token,
             attempt=1 if record is None else record.attempt,
             recovery_point="" if record is None else record.recovery_point,
             recovery_data=None if record is None else record.recovery_data,
@@ -161,7 +202,7 @@ class Claims(BoundStore):
         raise NotImplementedError
 
     def take_over(
-        self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: uuid.UUID
+        self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: str
     ) -> IdempotencyKey | None:
         """Make an expired or stale record this call's, if it still is one: the record as
         taken over, or ``None``. ``values`` are :func:`take_over_params`.
@@ -184,12 +225,12 @@ class Claims(BoundStore):
             )
         return None if row is None else Lock(*row)
 
-    def limit_lock_wait(self, timeout: timedelta) -> str | None:
+    def limit_lock_wait(self, timeout: timedelta) -> object:
         """Bound how long the claim waits for another transaction's uncommitted row (atomic
         mode); returns what :meth:`restore_lock_wait` puts back, ``None`` for nothing."""
         return None
 
-    def restore_lock_wait(self, previous: str | None) -> None:
+    def restore_lock_wait(self, previous: object) -> None:
         """Put back what :meth:`limit_lock_wait` replaced, before the caller's own code runs."""
 
     def in_nested_transaction(self) -> bool:

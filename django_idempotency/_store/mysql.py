@@ -12,7 +12,6 @@ import logging
 import math
 import random
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -215,7 +214,7 @@ class MySQLStore(Store):
         return present
 
     def take_over(
-        self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: uuid.UUID
+        self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: str
     ) -> IdempotencyKey | None:
         """No ``RETURNING``: the row count says whether it took over, then its token's row."""
         statements = self.statements(connection)
@@ -227,7 +226,7 @@ class MySQLStore(Store):
         owned = [pk, prep("lock_token", token, connection)]
         return first(connection, statements.select_owned, owned)
 
-    def limit_lock_wait(self, timeout: timedelta) -> str | None:
+    def limit_lock_wait(self, timeout: timedelta) -> object:
         """Keep the session's lock wait limit aside and set ``timeout``, in one round trip.
 
         The limit is whole seconds, at least one: a wait limit below a second waits a second.
@@ -236,7 +235,7 @@ class MySQLStore(Store):
             cursor.execute(limit_lock_wait_sql(timeout))
         return RESTORE_LOCK_WAIT
 
-    def restore_lock_wait(self, previous: str | None) -> None:
+    def restore_lock_wait(self, previous: object) -> None:
         if previous is None:
             return
         with self.guard(), self.connection.cursor() as cursor:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
-from weakref import WeakKeyDictionary
 
 from django.db import InterfaceError, OperationalError, ProgrammingError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -28,7 +27,14 @@ from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
-from django_idempotency._store.rows import Record, first, lean_columns, read_record
+from django_idempotency._store.rows import (
+    MICROSECOND,
+    POSTGRESQL_TIME,
+    Record,
+    first,
+    lean_columns,
+    read_record,
+)
 from django_idempotency._store.statements import (
     CLAIM_LITERALS,
     CLAIM_PARAMS,
@@ -65,8 +71,15 @@ _ARGUMENT_OF = {name: f"p_{name}" for name in CLAIM_PARAMS} | {
 _FAULT_CLASSES = ("08", "53", "57", "58")
 _READ_ONLY = "25006"
 
-#: What :meth:`PostgreSQLStore.limit_lock_wait` returns when the claim function bounds the wait.
-_IN_THE_CLAIM = "(bounded by the claim function)"
+
+class _InTheClaim:
+    """What :meth:`PostgreSQLStore.limit_lock_wait` returns when the claim function bounds the
+    wait: the connection to forget the bound on (not looked up again, issue 28)."""
+
+    __slots__ = ("connection",)
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
 
 
 @dataclass(frozen=True)
@@ -172,8 +185,10 @@ def _returning_into(sql: str) -> str:
 #: migration (``--nomigrations``) the claim runs as plain statements.
 _HAS_FUNCTION: dict[tuple[Any, ...], bool] = {}
 
-#: The lock wait's bound a claim passes to the function: (the atomic block it holds for, value).
-_LOCK_WAIT: WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, str]] = WeakKeyDictionary()
+#: The attribute of a connection holding the lock wait's bound a claim passes to the function:
+#: (the atomic block it holds for, value). An attribute: a weak dictionary's entry costs
+#: every atomic claim more than its bound's two other steps together (issue 28).
+_LOCK_WAIT = "_django_idempotency_lock_wait"
 
 
 class PostgreSQLStore(Store):
@@ -182,15 +197,25 @@ class PostgreSQLStore(Store):
 
     def build_statements(self, connection: BaseDatabaseWrapper) -> PostgreSQLStatements:
         built = Statements.build(connection)
-        # Cast, so that the values can be sent as text (cheaper to send than a datetime or a
-        # UUID) whether psycopg binds them on the client or on the server.
-        arguments = ", ".join(f"%s::{kind}" if kind != "text" else "%s" for _, kind in _ARGUMENTS)
+        # Cast, so that the values can be sent as text (cheaper to send than a UUID) whether
+        # psycopg binds them on the client or on the server. The times come from the claim's
+        # clock (microseconds since the epoch) and its two durations, added here: exact
+        # (whole microseconds), and no datetime made or written out in Python (issue 28).
+        arguments = ", ".join(
+            {
+                "p_lock_token": "%s::uuid",
+                "p_now": "clock.now",
+                "p_unlock_at": "clock.now + %s::interval",
+                "p_expires_at": "clock.now + %s::interval",
+            }.get(name, "%s")
+            for name, _ in _ARGUMENTS
+        )
         return PostgreSQLStatements(
             **vars(built),
             insert_or_select=f"WITH inserted AS ({built.insert}) SELECT * FROM inserted "
             f"UNION ALL {built.select}",
             call=f"SELECT {lean_columns(connection.ops.quote_name)} "
-            f"FROM {CLAIM_FUNCTION}({arguments})",
+            f"FROM (SELECT {POSTGRESQL_TIME} AS now) AS clock, {CLAIM_FUNCTION}({arguments})",
         )
 
     def insert_or_load(
@@ -200,8 +225,9 @@ class PostgreSQLStore(Store):
         (a :class:`~.rows.Record`: nothing is left for Python to decide but whose it is).
 
         Its values go as text, each one cast in the statement: psycopg adapts a ``str`` for
-        a fraction of what a ``datetime`` or a ``UUID`` costs. The row comes back with its
-        times and token as text too, converted only if read (:class:`~.rows.Record`).
+        a fraction of what a ``datetime`` or a ``UUID`` costs; its times as the claim's clock
+        and two durations (:meth:`build_statements`). The row comes back with its times and
+        token as text too, converted only if read (:class:`~.rows.Record`).
 
         Without the function, one statement: a data-modifying CTE inserts with ``ON CONFLICT DO
         NOTHING`` (which writes nothing on a conflict, so a replay commits no transaction and
@@ -212,16 +238,17 @@ class PostgreSQLStore(Store):
         statements = self.statements(connection)
         assert isinstance(statements, PostgreSQLStatements)
         if self.has_function(connection):
+            identity = values.identity
             params = [
-                values.identity.scope,
-                values.identity.key_hash,
-                values.identity.method,
-                values.identity.path,
-                values.identity.fingerprint,
-                str(values.token),
-                values.now.isoformat(),
-                values.unlock_at.isoformat(),
-                values.expires_at.isoformat(),
+                values.clock,
+                identity.scope,
+                identity.key_hash,
+                identity.method,
+                identity.path,
+                identity.fingerprint,
+                values.token,
+                interval(values.lock_timeout),
+                interval(values.ttl),
                 _bound(connection),
             ]
             try:
@@ -248,7 +275,7 @@ class PostgreSQLStore(Store):
                 present = _HAS_FUNCTION[database] = bool(cursor.fetchone()[0])
         return present
 
-    def limit_lock_wait(self, timeout: timedelta) -> str | None:
+    def limit_lock_wait(self, timeout: timedelta) -> object:
         """Bound the lock wait of the claims of this atomic block.
 
         With the claim function, nothing is sent: the function sets ``lock_timeout`` for its own
@@ -258,10 +285,12 @@ class PostgreSQLStore(Store):
         replaced, in one round trip.
         """
         connection = self.connection
-        milliseconds = f"{max(1, int(timeout.total_seconds() * 1000))}ms"
+        milliseconds = _LOCK_TIMEOUTS.get(timeout)
+        if milliseconds is None:  # once per policy
+            milliseconds = _LOCK_TIMEOUTS[timeout] = f"{max(1, timeout // _MILLISECOND)}ms"
         if connection.atomic_blocks and self.has_function(connection):
-            _LOCK_WAIT[connection] = (connection.atomic_blocks[-1], milliseconds)
-            return _IN_THE_CLAIM
+            connection.__dict__[_LOCK_WAIT] = (connection.atomic_blocks[-1], milliseconds)
+            return _InTheClaim(connection)
         with self.guard(), connection.cursor() as cursor:
             cursor.execute(
                 "SELECT before.previous, set_config('lock_timeout', %s, true) "
@@ -271,11 +300,11 @@ class PostgreSQLStore(Store):
             row = cursor.fetchone()
         return str(row[0]) if row else None
 
-    def restore_lock_wait(self, previous: str | None) -> None:
-        if previous is _IN_THE_CLAIM:
-            _LOCK_WAIT.pop(self.connection, None)
+    def restore_lock_wait(self, previous: object) -> None:
+        if isinstance(previous, _InTheClaim):
+            previous.connection.__dict__.pop(_LOCK_WAIT, None)
             return
-        if previous is None:
+        if not isinstance(previous, str):  # None: nothing was set
             return
         with self.guard(), self.connection.cursor() as cursor:
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
@@ -340,8 +369,23 @@ class PostgreSQLStore(Store):
         )
 
 
+def interval(duration: timedelta) -> str:
+    """A duration as PostgreSQL's ``interval`` reads it, exactly (whole microseconds); made
+    once per duration (a policy's ``lock_timeout`` and ``ttl``)."""
+    text = _INTERVALS.get(duration)
+    if text is None:
+        text = _INTERVALS[duration] = f"{duration // MICROSECOND} microseconds"
+    return text
+
+
+_INTERVALS: dict[timedelta, str] = {}
+#: Each lock wait's bound as ``lock_timeout`` reads it (whole milliseconds, at least one).
+_LOCK_TIMEOUTS: dict[timedelta, str] = {}
+_MILLISECOND = timedelta(milliseconds=1)
+
+
 def _bound(connection: BaseDatabaseWrapper) -> str | None:
     """The lock wait's bound set for the innermost atomic block, if it is still the one."""
-    bound = _LOCK_WAIT.get(connection)
+    bound = connection.__dict__.get(_LOCK_WAIT)
     blocks = connection.atomic_blocks
     return bound[1] if bound is not None and blocks and blocks[-1] is bound[0] else None

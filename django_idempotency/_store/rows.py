@@ -10,16 +10,18 @@ import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
-from django.db.models import CharField, DateTimeField, Field, TextField
+from django.db.models import CharField, DateTimeField, Field, IntegerField, TextField
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from django_idempotency._json import acyclic_encoder
 from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
@@ -45,7 +47,7 @@ def per_connection(build: Build[T]) -> Build[T]:
         if cache is None:
             cache = connection.__dict__[_CACHE] = {}
         try:
-            return cast(T, cache[build])
+            return cache[build]  # type: ignore[no-any-return]  # no cast(): a call per use
         except KeyError:
             value = cache[build] = build(connection)
             return value
@@ -58,62 +60,83 @@ def per_connection(build: Build[T]) -> Build[T]:
 _CURSOR = "_django_idempotency_cursor"
 
 
-@contextmanager
-def statement_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
-    """A cursor for one statement of the store, reused by the next one on the same connection.
+def kept_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper | None:
+    """The cursor the store's statements reuse on this connection; ``None``: make one as
+    Django makes it, for this statement alone.
 
     Making a cursor (``connection.cursor()``) costs Django about what sending the statement
     does (issue 28). The cursor kept is Django's own wrapper, so the connection's
     ``execute_wrapper()`` hooks and its error translation apply as before; a connection that
     logs queries (``DEBUG``, a test counting them), whose health check is due, or that is not
-    open yet gets a cursor made as Django makes it, and a new driver connection (a reconnect)
-    a new one.
+    open yet gets ``None``, and a new driver connection (a reconnect) a new cursor.
     """
     raw = connection.connection
     health_check_due = getattr(connection, "health_check_enabled", False) and not getattr(
         connection, "health_check_done", True
     )
     if raw is None or connection.queries_logged or health_check_due:
-        with connection.cursor() as cursor:
-            yield cursor
-        return
+        return None
     kept = connection.__dict__.get(_CURSOR)
     if kept is None or kept[0] is not raw or _closed(kept[1]):
         kept = connection.__dict__[_CURSOR] = (raw, connection.cursor())
-    yield kept[1]
+    return kept[1]
+
+
+@contextmanager
+def statement_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
+    """A cursor for one statement of the store (:func:`kept_cursor`, or one of its own)."""
+    cursor = kept_cursor(connection)
+    if cursor is not None:
+        yield cursor
+        return
+    with connection.cursor() as cursor:
+        yield cursor
 
 
 def fetch_row(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Any:
     """Send one store statement that returns rows: its first row (``None``: none)."""
-    with statement_cursor(connection) as cursor:
-        driver = _driver_cursor(connection, cursor)
-        if driver is None:
-            cursor.execute(sql, params)
-            return cursor.fetchone()
-        connection.validate_no_broken_transaction()
-        with connection.wrap_database_errors:
-            driver.execute(sql, params)
-            return driver.fetchone()
+    return _send(connection, sql, params, _first_row)
 
 
 def count_rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
     """Send one store statement that writes: the rows it matched."""
-    with statement_cursor(connection) as cursor:
-        driver = _driver_cursor(connection, cursor)
-        if driver is None:
-            cursor.execute(sql, params)
-            return int(cursor.rowcount)
-        connection.validate_no_broken_transaction()
-        with connection.wrap_database_errors:
-            driver.execute(sql, params)
-            return int(driver.rowcount)
+    return int(_send(connection, sql, params, _row_count))
+
+
+def _first_row(cursor: Any) -> Any:
+    return cursor.fetchone()
+
+
+def _row_count(cursor: Any) -> Any:
+    return cursor.rowcount
+
+
+def _send(
+    connection: BaseDatabaseWrapper, sql: str, params: list[Any], read: Callable[[Any], T]
+) -> T:
+    """Run a store statement and ``read`` its cursor: on the kept cursor's driver cursor
+    when nothing else would see the statement (without a generator's context manager: the
+    hot path of every claim and write, issue 28)."""
+    cursor = kept_cursor(connection)
+    if cursor is None:
+        with connection.cursor() as made:
+            made.execute(sql, params)
+            return read(made)
+    driver = _driver_cursor(connection, cursor)
+    if driver is None:
+        cursor.execute(sql, params)
+        return read(cursor)
+    connection.validate_no_broken_transaction()
+    with connection.wrap_database_errors:
+        driver.execute(sql, params)
+        return read(driver)
 
 
 def _driver_cursor(connection: BaseDatabaseWrapper, cursor: Any) -> Any:
     """The driver's cursor inside Django's plain wrapper, when nothing but that wrapper's
     own layers would see the statement (issue 28: they cost a store statement as much as
     its parameters): no ``execute_wrapper()`` hook, no query logging. Django's checks that
-    matter are kept by :func:`fetch_row` and :func:`count_rows`: a broken transaction
+    matter are kept by :func:`_send`: a broken transaction
     refused, the driver's errors translated to Django's. The driver's cursor is still the
     backend's own (MySQL's error codes, SQLite's placeholders). ``None``: go through
     Django's wrapper."""
@@ -198,11 +221,11 @@ class Record:
 
     @property
     def pk(self) -> int:
-        return cast(int, self._row[_PK])
+        return self._row[_PK]  # type: ignore[no-any-return]
 
-    def holds_token(self, token: uuid.UUID) -> bool:
-        """Whether the record carries ``token`` (read as text: no UUID is made)."""
-        return bool(self._row[_LOCK_TOKEN] == str(token))
+    def holds_token(self, token: str) -> bool:
+        """Whether the record carries ``token`` (a lock token's text: no UUID is made)."""
+        return bool(self._row[_LOCK_TOKEN] == token)
 
     def __getattr__(self, name: str) -> Any:
         index = _INDEX.get(name)
@@ -211,15 +234,14 @@ class Record:
         return self._value(index)
 
     def _value(self, index: int) -> Any:
-        try:
-            return self._values[index]
-        except KeyError:
-            pass
+        values = self._values
+        if index in values:  # not a KeyError caught: most fields are read once
+            return values[index]
         value = self._row[index]
         convert = self._convert[index]
         if convert is not None and value is not None:
             value = convert(value)
-        self._values[index] = value
+        values[index] = value
         return value
 
     def instance(self) -> IdempotencyKey:
@@ -320,25 +342,56 @@ def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
     return preparers(connection)[name](value)
 
 
+#: ``json.dumps`` of the headers column's values, its C encoder made once.
+_HEADERS_JSON = acyclic_encoder(json.JSONEncoder())
+
+#: The epoch and the unit of a time sent as a number: microseconds since the epoch.
+EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+MICROSECOND = timedelta(microseconds=1)
+#: A time sent as microseconds since the epoch, read back by PostgreSQL exactly.
+POSTGRESQL_TIME = "timestamptz 'epoch' + %s::float8 * interval '1 microsecond'"
+
+
+def microseconds(value: datetime) -> int:
+    """A time as microseconds since the epoch: exact, and made for a fraction of what
+    ``isoformat()`` costs. A naive time (``USE_TZ = False``) is local time, as Django makes it
+    and as the connection's time zone reads it."""
+    if value.tzinfo is None:
+        value = value.astimezone()
+    return (value - EPOCH) // MICROSECOND
+
+
+@per_connection
+def set_placeholders(connection: BaseDatabaseWrapper) -> dict[str, str]:
+    """How a fenced write's ``SET`` reads each column's value (:func:`text_preparers`):
+    ``%s``, or on PostgreSQL a time's expression."""
+    if connection.vendor != "postgresql":
+        return {}
+    return {field.name: POSTGRESQL_TIME for field in FIELDS if isinstance(field, DateTimeField)}
+
+
 @per_connection
 def text_preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any], Any]]:
-    """Each column's value as the store's fenced writes send it: on PostgreSQL, times, UUIDs
-    and JSON as text, which psycopg adapts for a fraction of what a ``datetime``, a ``UUID``
-    or a ``Jsonb`` costs (issue 28); it sends a ``str`` as of unknown type, which the server
-    reads as the column's type (``SET``, a comparison). Elsewhere :func:`preparers`."""
+    """Each column's value as the store's fenced writes send it: on PostgreSQL, UUIDs and
+    JSON as text, which psycopg adapts for a fraction of what a ``UUID`` or a ``Jsonb`` costs
+    (issue 28), sent as of unknown type, which the server reads as the column's type
+    (``SET``, a comparison), and times as microseconds since the epoch
+    (:func:`set_placeholders`). Elsewhere :func:`preparers`."""
     prepare = dict(preparers(connection))
     if connection.vendor != "postgresql":
         return prepare
 
-    def text(convert: Callable[[Any], str]) -> Callable[[Any], Any]:
+    def text(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return lambda value: None if value is None else convert(value)
 
     for field in FIELDS:
         kind = field.get_internal_type()
         if kind == "DateTimeField":
-            prepare[field.name] = text(datetime.isoformat)
+            prepare[field.name] = text(microseconds)
         elif kind == "UUIDField":
             prepare[field.name] = text(str)
+        elif field.name == "response_headers":  # the app's own lists: no cycle
+            prepare[field.name] = text(_HEADERS_JSON)
         elif kind == "JSONField" and getattr(field, "encoder", None) is None:
             prepare[field.name] = text(json.dumps)
         elif kind == "BinaryField":
@@ -350,9 +403,10 @@ def text_preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any],
 def preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any], Any]]:
     """Each column's preparation, cut to what it does for the values the store writes.
 
-    A string (or ``None``) is what a ``CharField`` or ``TextField`` sends as it is, and an aware
-    ``timezone.now()`` (or ``None``) is what a ``DateTimeField`` hands to the backend's adapter
-    unchanged (the values the store sends are such); the full ``get_db_prep_save`` costs as much
+    A string (or ``None``) is what a ``CharField`` or ``TextField`` sends as it is, and so is an
+    ``int`` (or ``None``) what an ``IntegerField`` sends; an aware ``timezone.now()`` (or
+    ``None``) is what a ``DateTimeField`` hands to the backend's adapter unchanged (the values
+    the store sends are such); the full ``get_db_prep_save`` costs as much
     as the claim's other Python work together.
     """
 
@@ -364,7 +418,7 @@ def preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any], Any]
 
     prepare: dict[str, Callable[[Any], Any]] = {}
     for field in FIELDS:
-        if isinstance(field, (CharField, TextField)):
+        if isinstance(field, (CharField, TextField, IntegerField)):
             prepare[field.name] = identity
         elif isinstance(field, DateTimeField):
             prepare[field.name] = connection.ops.adapt_datetimefield_value

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import cached_property
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -16,7 +15,13 @@ from django.utils import timezone
 from django_idempotency import _rules as rules
 from django_idempotency import _sealing as sealing
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.rows import count_rows, per_connection, prep, text_preparers
+from django_idempotency._store.rows import (
+    count_rows,
+    per_connection,
+    prep,
+    set_placeholders,
+    text_preparers,
+)
 from django_idempotency.models import IdempotencyKey
 
 COMPLETED = IdempotencyKey.Status.COMPLETED
@@ -34,22 +39,24 @@ class StoredResponse:
     #: Its own TTL (``store_for()``), counted from when it is stored; ``None``: ``expires_at``
     #: stays as the claim set it.
     ttl: timedelta | None = None
+    #: The headers and body columns' values: compressed, encrypted (:mod:`.._sealing`). Made
+    #: with it, once: ``MAX_STORED_BODY_SIZE`` reads them before the store writes them (and a
+    #: ``cached_property`` would cost a lock on every read, issue 28).
+    sealed: tuple[Any, bytes | None] = field(init=False, repr=False, compare=False)
 
-    @cached_property
-    def sealed(self) -> tuple[Any, bytes | None]:
-        """The headers and body columns' values: compressed, encrypted (:mod:`.._sealing`);
-        computed once, as ``MAX_STORED_BODY_SIZE`` reads them before the store writes them."""
-        return sealing.seal(self.headers, self.body)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sealed", sealing.seal(self.headers, self.body))
 
 
 class FencedWrites(BoundStore):
     """Every write on a claimed record: only while it is still ``processing`` under the
-    claim's own lock token, so an owner whose lock was taken over changes nothing."""
+    claim's own lock token, so an owner whose lock was taken over changes nothing. The token
+    may be given as its text (:attr:`.Claim.token_text`: sent as it is)."""
 
     def store_response(
         self,
         pk: int,
-        token: uuid.UUID,
+        token: uuid.UUID | str,
         stored: StoredResponse,
         *,
         stale_at: datetime | None = None,
@@ -84,7 +91,7 @@ class FencedWrites(BoundStore):
         )
         return stored_now or (retried and self._finished(connection, pk, token))
 
-    def _finished(self, connection: BaseDatabaseWrapper, pk: int, token: uuid.UUID) -> bool:
+    def _finished(self, connection: BaseDatabaseWrapper, pk: int, token: uuid.UUID | str) -> bool:
         """Whether the record is no longer ``processing`` under this lock token: a takeover
         changes the token and a release deletes the row, so only the owner's result did it."""
         q = connection.ops.quote_name
@@ -97,7 +104,7 @@ class FencedWrites(BoundStore):
             return cursor.fetchone() is not None
 
     def save_recovery_point(
-        self, pk: int, token: uuid.UUID, name: str, data: Any, lock_timeout: timedelta
+        self, pk: int, token: uuid.UUID | str, name: str, data: Any, lock_timeout: timedelta
     ) -> bool:
         """Record progress and renew the lock: an attempt that makes progress is alive."""
         now = timezone.now()
@@ -112,7 +119,9 @@ class FencedWrites(BoundStore):
             updated_at=now,
         )
 
-    def renew(self, leases: Sequence[tuple[int, uuid.UUID]], lock_timeout: timedelta) -> set[int]:
+    def renew(
+        self, leases: Sequence[tuple[int, uuid.UUID | str]], lock_timeout: timedelta
+    ) -> set[int]:
         """Push ``unlock_at`` of many claims' records forward in one fenced statement
         (:mod:`django_idempotency._heartbeat`); returns the primary keys still held.
 
@@ -142,7 +151,7 @@ class FencedWrites(BoundStore):
     def release(
         self,
         pk: int,
-        token: uuid.UUID,
+        token: uuid.UUID | str,
         *,
         stale_at: datetime | None = None,
         connection: BaseDatabaseWrapper | None = None,
@@ -160,7 +169,7 @@ class FencedWrites(BoundStore):
         self,
         connection: BaseDatabaseWrapper,
         pk: int,
-        token: uuid.UUID,
+        token: uuid.UUID | str,
         stale_at: datetime | None,
         **changes: Any,
     ) -> bool:
@@ -174,7 +183,7 @@ class FencedWrites(BoundStore):
         statement: Write,
         params: list[Any],
         pk: int,
-        token: uuid.UUID,
+        token: uuid.UUID | str,
         stale_at: datetime | None,
     ) -> bool:
         """Run a write on the claim's own record only: its lock token, still ``processing``
@@ -186,9 +195,7 @@ class FencedWrites(BoundStore):
         """
         sql = fenced_sql(connection, statement, stale=stale_at is not None)
         params = [*params, pk, text_preparers(connection)["lock_token"](token)]
-        if stale_at is None:
-            params.append(rules.PROCESSING)
-        else:
+        if stale_at is not None:
             params += rules.STALE.args(prep("unlock_at", stale_at, connection))
         return bool(count_rows(connection, sql, params))
 
@@ -213,9 +220,13 @@ def fenced_sql(connection: BaseDatabaseWrapper, statement: Write, *, stale: bool
     q = connection.ops.quote_name
     head = statement
     if isinstance(head, tuple):
-        head = "UPDATE {table} SET " + ", ".join(f"{q(name)} = %s" for name in head)
+        marks = set_placeholders(connection)
+        head = "UPDATE {table} SET " + ", ".join(
+            f"{q(name)} = {marks.get(name, '%s')}" for name in head
+        )
     sql = head.format(table=q(IdempotencyKey._meta.db_table))
     sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s"
-    sql += f" AND {rules.STALE.where(q)}" if stale else f" AND {q('status')} = %s"
+    # The status a live claim has, written out: a constant, not a value to send (issue 28).
+    sql += f" AND {rules.STALE.where(q)}" if stale else f" AND {q('status')} = '{rules.PROCESSING}'"
     made[(statement, stale)] = sql
     return sql
