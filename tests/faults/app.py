@@ -60,7 +60,9 @@ class App(harness.Server):
         threads). A thread whose kept connection died in an earlier fault answers this plain
         view with Django's own ``500`` at once and drops that connection; being free again, it
         may take a second request of the round while another thread gets none. So rounds go on
-        until one is answered ``200`` throughout: every thread then held a live connection."""
+        until one is answered ``200`` throughout. That still does not reach every thread (a
+        worker may take more of a round's requests, one after another, than another worker):
+        an app warmed after a fault is one of its own (``test_persistent.py``)."""
         statuses: list[int] = []
         for _ in range(6):
             with ThreadPoolExecutor(max_workers=WORKERS * THREADS) as pool:

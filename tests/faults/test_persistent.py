@@ -1,7 +1,12 @@
 """Persistent connections (``CONN_MAX_AGE`` 60 s, with and without ``CONN_HEALTH_CHECKS``) across
 a restart: every worker thread keeps a connection that died, and the first request on it (the
 logged-in client's reads its session first) must neither fail with a ``500`` nor run twice
-(issue 25 item 4)."""
+(issue 25 item 4).
+
+Each test has an app of its own. On one app for both modes, a thread the warm-up did not reach
+(gunicorn's workers take the warm-up's requests unevenly) still held the connection the first
+test's restart killed, and the second test's atomic owner answered ``503`` before its fault
+(CI, issue 32: atomic mode does not claim again on a new connection inside its transaction)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from tests.test_servers_postgresql import serving
 pytestmark = pytest.mark.faults
 
 
-@pytest.fixture(scope="module", params=["health-checks", "no-health-checks"])
+@pytest.fixture(params=["health-checks", "no-health-checks"])
 def app(request: pytest.FixtureRequest, server: Any) -> Iterator[apps.App]:
     health = "1" if request.param == "health-checks" else "0"
     app = apps.app(
