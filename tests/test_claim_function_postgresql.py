@@ -6,13 +6,14 @@ from __future__ import annotations
 import importlib
 import uuid
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.db import connection, connections, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from django_idempotency import _rules as rules
 from django_idempotency import _store as store
 from django_idempotency._store import postgresql, rows, statements
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
@@ -30,9 +31,56 @@ MIGRATION = importlib.import_module("django_idempotency.migrations.0004_claim_re
 FINGERPRINT = "f" * 64
 
 
-def test_the_migration_creates_the_function_the_code_writes() -> None:
-    """Change the table or the rules, and this fails until a migration replaces the function."""
-    assert postgresql.claim_function_sql() == MIGRATION.CREATE
+class _Quoting:
+    """What :meth:`Statements.build` reads of a connection: PostgreSQL's quoting of names."""
+
+    class ops:  # the attribute of a connection
+        @staticmethod
+        def quote_name(name: str) -> str:
+            return f'"{name}"'
+
+
+#: Each claim value's argument in the function (the claim's time once, for both its times).
+ARGUMENT = {name: f"p_{name}" for name in statements.CLAIM_PARAMS} | {
+    "created_at": "p_now",
+    "updated_at": "p_now",
+}
+#: The takeover rule's values in the function.
+RULE = {"now": "p_now", "request_hash": "p_request_hash", "processing": "p_processing"}
+
+
+def _into(sql: str) -> str:
+    """A statement of :class:`Statements` as the function runs it: the row into ``found_row``."""
+    if " RETURNING " in sql:
+        return sql[: sql.index(" RETURNING ")] + " RETURNING * INTO found_row"
+    columns = sql[len("SELECT ") : sql.index(" FROM ")]
+    return sql.replace(f"SELECT {columns} ", "SELECT * INTO found_row ", 1)
+
+
+def test_the_migrations_function_runs_the_statements_the_code_builds() -> None:
+    """Change the table or the rules, and this fails until a migration replaces the function:
+    its arguments, its read, insert and takeover, and the takeover rule, each as the code's
+    :class:`Statements` and rules build them."""
+    create = MIGRATION.CREATE
+    built = statements.Statements.build(cast(Any, _Quoting))
+    q = _Quoting.ops.quote_name
+    arguments = ",\n    ".join(f"{name} {kind}" for name, kind in postgresql._ARGUMENTS)
+    assert create.startswith(f"CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION}(\n    {arguments}\n)")
+    assert f"p_processing CONSTANT text := '{rules.PROCESSING}';" in create
+    select = _into(statements.fill(built.select, ["p_scope", "p_key_hash"]))
+    assert create.count(f"{select};") == 2  # the read first, and again after a lost insert
+    insert = statements.fill(built.insert, [ARGUMENT[name] for name in statements.CLAIM_PARAMS])
+    assert f"{_into(insert)};" in create
+    # In the order of the placeholders of Statements.take_over, as Store.take_over sends them.
+    fresh = statements.TAKEOVER_FRESH
+    values = [ARGUMENT[name] for name in fresh if name not in statements.CLAIM_LITERALS]
+    values += ["p_now"] * 5 + ["p_now", "p_expires_at", "found_row.id"]
+    values += [RULE[name] for name in rules.TAKEOVER.params]
+    assert f"{_into(statements.fill(built.take_over, values))};" in create
+    rule = rules.TAKEOVER.where(lambda column: f"found_row.{q(column)}")
+    holds = statements.fill(rule, [RULE[name] for name in rules.TAKEOVER.params])
+    assert f"IF NOT claimed OR {holds} THEN" in create
+    assert f"IF claimed AND NOT inserted AND {holds} THEN" in create
 
 
 def test_the_function_writes_every_column_the_model_has() -> None:

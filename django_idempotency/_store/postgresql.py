@@ -11,18 +11,26 @@ parsed and planned on every request. Nothing is prepared by name
 and nothing is set for the session, so it is safe behind a transaction-mode pooler. Without the
 function (a table made by ``--nomigrations``), the claim falls back to plain statements, which
 insert first.
+
+Each of the function's statements takes a snapshot of its own (it is ``VOLATILE``), as the
+statements sent one by one do: the takeover's ``UPDATE`` re-checks the rule against the row a
+concurrent winner left, and nothing found means ``None`` (claim again). The caller's
+``lock_timeout`` is restored before it returns; a lock wait that ran out aborts the transaction
+(or the savepoint), which undoes the function's own ``set_config`` too. Its text is the
+migration's alone; ``tests/test_claim_function_postgresql.py`` checks that each statement in it
+is the one :class:`Statements` builds, so a change to the table or the rules comes with a
+migration that replaces the function.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 from django.db import InterfaceError, OperationalError, ProgrammingError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import _rules as rules
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import ClaimValues
@@ -36,11 +44,7 @@ from django_idempotency._store.rows import (
     read_record,
 )
 from django_idempotency._store.statements import (
-    CLAIM_LITERALS,
-    CLAIM_PARAMS,
-    TAKEOVER_FRESH,
     Statements,
-    fill,
 )
 from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
@@ -61,12 +65,6 @@ _ARGUMENTS = [
     ("p_lock_timeout", "text"),
 ]
 CLAIM_FUNCTION_SIGNATURE = f"{CLAIM_FUNCTION}({', '.join(kind for _, kind in _ARGUMENTS)})"
-#: Each claim value's argument in the function.
-_ARGUMENT_OF = {name: f"p_{name}" for name in CLAIM_PARAMS} | {
-    "created_at": "p_now",
-    "updated_at": "p_now",
-}
-
 #: SQLSTATE classes of a fault (:meth:`PostgreSQLStore.is_fault`), and a read-only refusal.
 _FAULT_CLASSES = ("08", "53", "57", "58")
 _READ_ONLY = "25006"
@@ -88,97 +86,6 @@ class PostgreSQLStatements(Statements):
     insert_or_select: str
     #: The same (and the takeover, and the lock wait's bound) in one call of the claim function.
     call: str
-
-
-class _Quoting:
-    """What :meth:`Statements.build` reads of a connection: PostgreSQL's quoting of names."""
-
-    class ops:  # the attribute of a connection
-        @staticmethod
-        def quote_name(name: str) -> str:
-            return f'"{name}"'
-
-
-def claim_function_sql() -> str:
-    """``CREATE OR REPLACE FUNCTION``: the claim's statements (:class:`Statements`), run inside
-    the database.
-
-    It reads before it writes: a live record of the key (a replay, a mismatch, an attempt in
-    flight) is answered by the ``SELECT`` alone, which writes nothing and waits on no lock, so
-    replays are served while the database refuses writes (a read-only transaction, a standby
-    during a failover). Only a missing key is inserted, and an expired or stale record taken
-    over; the lock wait's bound is set for those writes alone.
-
-    Each of its statements takes a snapshot of its own (the function is ``VOLATILE``), as the
-    statements sent one by one do: the takeover's ``UPDATE`` re-checks the rule against the row
-    a concurrent winner left, and nothing found means ``None`` (claim again). The caller's
-    ``lock_timeout`` is restored before it returns; a lock wait that ran out aborts the
-    transaction (or the savepoint), which undoes the function's own ``set_config`` too.
-
-    The migration that creates it carries a copy of this text; a test checks they agree, so a
-    change to the table or the rules comes with a migration that replaces the function.
-    """
-    connection = cast(BaseDatabaseWrapper, _Quoting)
-    q = _Quoting.ops.quote_name
-    built = Statements.build(connection)
-    argument = _ARGUMENT_OF
-    now = {"now": "p_now", "request_hash": "p_request_hash", "processing": "p_processing"}
-    insert = fill(built.insert, [argument[name] for name in CLAIM_PARAMS])
-    # In the order of the placeholders of Statements.take_over, as Store.take_over sends them.
-    take_over = [argument[name] for name in TAKEOVER_FRESH if name not in CLAIM_LITERALS]
-    take_over += ["p_now"] * 3 + ["p_now", "p_now"]
-    take_over += ["p_now", "p_expires_at", "found_row.id"]
-    take_over += [now[name] for name in rules.TAKEOVER.params]
-    takeover_rule = rules.TAKEOVER.where(lambda column: f"found_row.{q(column)}")
-    holds = fill(takeover_rule, [now[name] for name in rules.TAKEOVER.params])
-    arguments = ",\n    ".join(f"{name} {kind}" for name, kind in _ARGUMENTS)
-    return f"""CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION}(
-    {arguments}
-) RETURNS SETOF {built.table} LANGUAGE plpgsql VOLATILE AS $claim$
-DECLARE
-    p_processing CONSTANT text := '{rules.PROCESSING}';
-    previous text;
-    found_row {built.table};
-    claimed boolean;
-    inserted boolean := false;
-BEGIN
-    {_returning_into(fill(built.select, ["p_scope", "p_key_hash"]))};
-    claimed := FOUND;
-    IF NOT claimed OR {holds} THEN
-        IF p_lock_timeout IS NOT NULL THEN
-            previous := current_setting('lock_timeout');
-            PERFORM set_config('lock_timeout', p_lock_timeout, true);
-        END IF;
-        IF NOT claimed THEN
-            {_returning_into(insert)};
-            inserted := FOUND;
-            claimed := FOUND;
-            IF NOT claimed THEN
-                {_returning_into(fill(built.select, ["p_scope", "p_key_hash"]))};
-                claimed := FOUND;
-            END IF;
-        END IF;
-        IF claimed AND NOT inserted AND {holds} THEN
-            {_returning_into(fill(built.take_over, take_over))};
-            claimed := FOUND;
-        END IF;
-        IF p_lock_timeout IS NOT NULL THEN
-            PERFORM set_config('lock_timeout', previous, true);
-        END IF;
-    END IF;
-    IF claimed THEN
-        RETURN NEXT found_row;
-    END IF;
-END
-$claim$"""
-
-
-def _returning_into(sql: str) -> str:
-    """A statement of :class:`Statements` reading the whole row into ``found_row``."""
-    if " RETURNING " in sql:
-        return sql[: sql.index(" RETURNING ")] + " RETURNING * INTO found_row"
-    columns = sql[len("SELECT ") : sql.index(" FROM ")]
-    return sql.replace(f"SELECT {columns} ", "SELECT * INTO found_row ", 1)
 
 
 #: Whether the claim function is there, per database (checked once per process): without the

@@ -1,8 +1,7 @@
 """PostgreSQL only: the claim function (``django_idempotency._store.postgresql``).
 
-Self-contained: a copy of ``claim_function_sql()`` as it was when written
-(``tests/test_claim_function_postgresql.py`` checks the copy and the code agree; a change to
-either comes with a migration that replaces the function). Other databases: nothing.
+Self-contained: the function as it was when written (``0004_claim_reads_first`` replaces it;
+its text is the one the tests check against the code). Other databases: nothing.
 """
 
 from django.apps.registry import Apps

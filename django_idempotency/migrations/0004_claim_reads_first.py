@@ -3,8 +3,8 @@
 database refuses writes; it takes the claim's time once (``p_now``, for ``created_at`` and
 ``updated_at``), so a claim sends one time value fewer.
 
-Self-contained: a copy of ``claim_function_sql()`` as it was when written
-(``tests/test_claim_function_postgresql.py`` checks the copy and the code agree). The function
+Self-contained: the function's text is here alone (``tests/test_claim_function_postgresql.py``
+checks that its statements are the ones the code's ``Statements`` build). The function
 of ``0003_postgresql_claim_function`` is dropped (its arguments differ); unapplied, this one is
 dropped and that one made again. Other databases: nothing.
 """
