@@ -132,7 +132,7 @@ def fresh_hash() -> str:
 def completed_key(alias: str) -> str:
     """A key claimed and completed through ``alias``: claiming it again is a replay."""
     from django_idempotency import _store as store
-    from django_idempotency.claim import Claim
+    from django_idempotency._call.claim import Claim
 
     key_hash = fresh_hash()
     claimed = claim(alias, key_hash)
@@ -149,7 +149,7 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def latency(targets: list[str], rounds: int) -> None:
-    from django_idempotency.claim import Claim
+    from django_idempotency._call.claim import Claim
     from django_idempotency.models import IdempotencyKey
 
     replayed = {alias: completed_key(alias) for alias in targets}

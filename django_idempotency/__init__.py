@@ -13,41 +13,41 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; ``X as X``: re-exported
-    from django_idempotency._erasure import Erasure as Erasure
-    from django_idempotency._erasure import erase_scope as erase_scope
-    from django_idempotency._published import describe as describe
-    from django_idempotency._storing import no_store as no_store
-    from django_idempotency._storing import store_for as store_for
-    from django_idempotency.claim import Claim as Claim
-    from django_idempotency.decorators import idempotent as idempotent
-    from django_idempotency.exceptions import IdempotencyError as IdempotencyError
-    from django_idempotency.exceptions import IdempotencyFailed as IdempotencyFailed
-    from django_idempotency.exceptions import IdempotencyInProgress as IdempotencyInProgress
-    from django_idempotency.exceptions import IdempotencyKeyMismatch as IdempotencyKeyMismatch
-    from django_idempotency.exceptions import LockLost as LockLost
-    from django_idempotency.exceptions import StoreUnavailable as StoreUnavailable
-    from django_idempotency.fingerprints import json_fingerprint as json_fingerprint
-    from django_idempotency.functions import idempotent_function as idempotent_function
+    from django_idempotency._base.errors import IdempotencyError as IdempotencyError
+    from django_idempotency._base.errors import IdempotencyFailed as IdempotencyFailed
+    from django_idempotency._base.errors import IdempotencyInProgress as IdempotencyInProgress
+    from django_idempotency._base.errors import IdempotencyKeyMismatch as IdempotencyKeyMismatch
+    from django_idempotency._base.errors import LockLost as LockLost
+    from django_idempotency._base.errors import StoreUnavailable as StoreUnavailable
+    from django_idempotency._call.claim import Claim as Claim
+    from django_idempotency._call.storing import no_store as no_store
+    from django_idempotency._call.storing import store_for as store_for
+    from django_idempotency._function import idempotent_function as idempotent_function
+    from django_idempotency._http.decorators import idempotent as idempotent
+    from django_idempotency._http.fingerprints import json_fingerprint as json_fingerprint
+    from django_idempotency._ops.erasure import Erasure as Erasure
+    from django_idempotency._ops.erasure import erase_scope as erase_scope
+    from django_idempotency._publish.policy import describe as describe
     from django_idempotency.models import IdempotencyKey as IdempotencyKey
 
 #: Where each name lives; ``tests/test_package.py`` holds this to the imports above.
 _HOMES = {
-    "idempotent": "decorators",
-    "idempotent_function": "functions",
-    "no_store": "_storing",
-    "store_for": "_storing",
-    "json_fingerprint": "fingerprints",
-    "describe": "_published",
-    "erase_scope": "_erasure",
-    "Erasure": "_erasure",
-    "Claim": "claim",
+    "idempotent": "_http.decorators",
+    "idempotent_function": "_function",
+    "no_store": "_call.storing",
+    "store_for": "_call.storing",
+    "json_fingerprint": "_http.fingerprints",
+    "describe": "_publish.policy",
+    "erase_scope": "_ops.erasure",
+    "Erasure": "_ops.erasure",
+    "Claim": "_call.claim",
     "IdempotencyKey": "models",
-    "IdempotencyError": "exceptions",
-    "IdempotencyInProgress": "exceptions",
-    "IdempotencyKeyMismatch": "exceptions",
-    "IdempotencyFailed": "exceptions",
-    "LockLost": "exceptions",
-    "StoreUnavailable": "exceptions",
+    "IdempotencyError": "_base.errors",
+    "IdempotencyInProgress": "_base.errors",
+    "IdempotencyKeyMismatch": "_base.errors",
+    "IdempotencyFailed": "_base.errors",
+    "LockLost": "_base.errors",
+    "StoreUnavailable": "_base.errors",
 }
 
 __all__ = ["__version__", *_HOMES]

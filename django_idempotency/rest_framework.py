@@ -9,11 +9,11 @@ from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from django_idempotency import _http as protocol
-from django_idempotency import _lifecycle as lifecycle
-from django_idempotency._conf import OPTIONS
-from django_idempotency._lifecycle import Answer
-from django_idempotency._options import VIEW_OPTIONS, Options, Policy, ViewOptions
+from django_idempotency._call import lifecycle
+from django_idempotency._call.lifecycle import Answer
+from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
+from django_idempotency._conf.settings import OPTIONS
+from django_idempotency._http import adapter as protocol
 
 if TYPE_CHECKING:
     from rest_framework.views import APIView

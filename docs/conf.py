@@ -23,7 +23,7 @@ author = "django-idempotency developers"
 copyright = "2026, django-idempotency developers"
 
 # No intersphinx: CI has no network beyond the package index, and -W would fail on a fetch.
-# declarations: the settings' and options' tables and entries, from django_idempotency._conf.
+# declarations: the settings' and options' tables and entries, from _conf.settings.
 extensions = ["sphinx.ext.autodoc", "declarations"]
 
 autodoc_member_order = "bysource"

@@ -9,8 +9,8 @@ import factory
 from django.utils import timezone
 
 from django_idempotency import _store as store
-from django_idempotency._identity import Identity
-from django_idempotency._keys import hash_key
+from django_idempotency._base.keys import hash_key
+from django_idempotency._call.identity import Identity
 from django_idempotency.models import IdempotencyKey
 
 

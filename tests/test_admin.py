@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from django_idempotency import _maintenance as maintenance
+from django_idempotency._ops import maintenance
 from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 

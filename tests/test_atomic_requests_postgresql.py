@@ -12,7 +12,7 @@ import pytest
 from django.db import connections
 from django.test import Client, override_settings
 
-from django_idempotency._keys import hash_key
+from django_idempotency._base.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 

@@ -19,8 +19,8 @@ import pytest
 from django.db import connection, connections, transaction
 from django.db.models import F
 
-from django_idempotency.claim import Claim
-from django_idempotency.functions import idempotent_function
+from django_idempotency._call.claim import Claim
+from django_idempotency._function import idempotent_function
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 from tests.testapp.models import Execution

@@ -25,7 +25,7 @@ from django.test import Client, override_settings
 from django.urls import path
 
 from django_idempotency import idempotent, idempotent_function
-from django_idempotency._keys import hash_key
+from django_idempotency._base.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests import own_servers
 

@@ -20,9 +20,9 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_idempotency.claim import Claim
-from django_idempotency.exceptions import IdempotencyInProgress
-from django_idempotency.functions import idempotent_function
+from django_idempotency._base.errors import IdempotencyInProgress
+from django_idempotency._call.claim import Claim
+from django_idempotency._function import idempotent_function
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions, worker_environment
 from tests.testapp.models import Execution

@@ -28,13 +28,13 @@ from django.test import RequestFactory
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import _heartbeat as heartbeat
-from django_idempotency import signals
-from django_idempotency._options import Options
-from django_idempotency.claim import Claim
-from django_idempotency.decorators import idempotent
-from django_idempotency.exceptions import IdempotencyInProgress, LockLost
-from django_idempotency.functions import idempotent_function
+from django_idempotency._base import signals
+from django_idempotency._base.errors import IdempotencyInProgress, LockLost
+from django_idempotency._call import heartbeat
+from django_idempotency._call.claim import Claim
+from django_idempotency._conf.options import Options
+from django_idempotency._function import idempotent_function
+from django_idempotency._http.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.conftest import executions, on_postgresql

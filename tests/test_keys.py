@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency._keys import (
+from django_idempotency._base.keys import (
     BARE_KEY_REFUSED,
     MAX_KEY_LENGTH,
     InvalidKey,

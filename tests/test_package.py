@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import django_idempotency
-from django_idempotency import _keys, _published, _storing
+from django_idempotency._base import keys as _keys
+from django_idempotency._call import storing as _storing
+from django_idempotency._publish import policy as _published
 
 PACKAGE = Path(django_idempotency.__file__).parent
 

@@ -14,8 +14,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency import no_store, store_for
+from django_idempotency._base.signals import key_released
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.signals import key_released
 from tests.conftest import executions
 from tests.test_functions import FLAVOURS, protect
 from tests.testapp.models import Execution

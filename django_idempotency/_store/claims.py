@@ -16,15 +16,15 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import _rules as rules
+from django_idempotency._base import rules
+from django_idempotency._call.claim import Claim, RecordStore
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import EPOCH, Record, first, prep, preparers
 from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
-from django_idempotency.claim import Claim, RecordStore
 from django_idempotency.models import IdempotencyKey
 
 if TYPE_CHECKING:
-    from django_idempotency._identity import Identity
+    from django_idempotency._call.identity import Identity
 
 #: What :meth:`Claims.claim` returns: the claim, the record of another call that holds the key
 #: (a :class:`~.rows.Record` from PostgreSQL's claim function, a model instance elsewhere), or
@@ -207,7 +207,7 @@ class Claims(BoundStore):
         """Make an expired or stale record this call's, if it still is one: the record as
         taken over, or ``None``. ``values`` are :func:`take_over_params`.
 
-        The ``WHERE`` repeats the test (:data:`~django_idempotency._rules.TAKEOVER`), so of
+        The ``WHERE`` repeats the test (:data:`~django_idempotency._base.rules.TAKEOVER`), so of
         concurrent calls exactly one wins: the database re-checks it against the row a
         concurrent winner left. An expired record starts afresh; a stale one keeps its recovery
         point, attempt + 1.

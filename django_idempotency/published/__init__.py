@@ -1,5 +1,5 @@
 """The documented home of :func:`describe` before 1.0; the code lives in
-:mod:`django_idempotency._published`.
+:mod:`django_idempotency._publish.policy`.
 
 A package rather than ``published.py`` so that git, merging a branch that changed
 ``published.py``, follows the rename to ``_published.py``.
@@ -7,6 +7,6 @@ A package rather than ``published.py`` so that git, merging a branch that change
 
 from __future__ import annotations
 
-from django_idempotency._published import describe
+from django_idempotency._publish.policy import describe
 
 __all__ = ["describe"]

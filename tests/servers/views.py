@@ -17,8 +17,8 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import override_settings
 
-from django_idempotency import signals
-from django_idempotency.decorators import idempotent
+from django_idempotency._base import signals
+from django_idempotency._http.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
 from tests.testapp.models import Execution
 from tests.vendors import BACKEND_ID
