@@ -152,7 +152,7 @@ def claim_stream(count: int | None, stop: Any, results: Any) -> None:
     """In a child process: claim fresh keys one after another, timing each claim."""
     from django.db import connections
 
-    from django_idempotency._call.claim import Claim
+    from django_idempotency import Claim
 
     connections.close_all()  # never share the parent's socket
     latencies: list[float] = []

@@ -266,8 +266,8 @@ def capture(path: str) -> Captured | None:
         sent.append((sql, list(params or [])))
         return execute(sql, params, *args)
 
+    from django_idempotency import IdempotencyKey
     from django_idempotency._base.keys import hash_key
-    from django_idempotency.models import IdempotencyKey
 
     key = str(uuid.uuid4())
     with connection.execute_wrapper(record):
@@ -395,8 +395,8 @@ GOALS = {
 def latency(rounds: int, database: str) -> None:
     from django.db import connection
 
+    from django_idempotency import IdempotencyKey
     from django_idempotency._base.keys import hash_key
-    from django_idempotency.models import IdempotencyKey
 
     operations = [
         "bare",

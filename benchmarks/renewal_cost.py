@@ -52,8 +52,8 @@ def run(url: str, attempts: int, rounds: int) -> None:
     from django.db import connection
     from django.utils import timezone
 
+    from django_idempotency import IdempotencyKey
     from django_idempotency import _store as store
-    from django_idempotency.models import IdempotencyKey
 
     call_command("migrate", verbosity=0)
     now = timezone.now()

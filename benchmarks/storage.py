@@ -137,8 +137,8 @@ def _example_records() -> list[tuple[str, list[list[str]], bytes]]:
     from django.core.management import call_command
     from django.test import Client
 
+    from django_idempotency import IdempotencyKey
     from django_idempotency._store import sealing
-    from django_idempotency.models import IdempotencyKey
 
     call_command("migrate", verbosity=0)
     client = Client()

@@ -21,7 +21,8 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import _store as store
 from django_idempotency._base import rules
-from django_idempotency._base.keys import InvalidKey, hash_key, parse_key
+from django_idempotency._base.errors import InvalidKey
+from django_idempotency._base.keys import hash_key, parse_key
 from django_idempotency._conf.settings import conf
 from django_idempotency._function.calls import METHOD as CALL
 from django_idempotency._ops import maintenance

@@ -108,7 +108,7 @@ def idempotent(
 def auth_scope(auth: object) -> str:
     """The scope of a request ninja authenticated as ``auth`` (its ``request.auth``).
 
-    A user is ``user:<pk>``, as :func:`~._http.scopes.user_scope` says, so a user's
+    A user is ``user:<pk>``, as :func:`~django_idempotency.user_scope` says, so a user's
     keys are the same through ninja and through Django views; another model instance is
     ``<app_label>.<model>:<pk>``; any other value (an API key, a token) is the SHA-256 of its
     string, ``auth:<hex>``, so that a secret is never stored in clear. Erasure

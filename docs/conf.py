@@ -13,7 +13,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 # Just enough for autodoc to import the app: the docs extra installs Sphinx, furo and DRF (for
 # IdempotencyMixin), not the test suite's dependencies.
 settings.configure(
-    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_idempotency"],
+    INSTALLED_APPS=[
+        "django.contrib.admin",  # for IdempotencyKeyAdmin
+        "django.contrib.contenttypes",
+        "django.contrib.auth",
+        "django.contrib.messages",
+        "django.contrib.sessions",
+        "django_idempotency",
+    ],
     DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
 )
 django.setup()

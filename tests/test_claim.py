@@ -19,12 +19,9 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 import django_idempotency
-from django_idempotency._base import signals
-from django_idempotency._base.errors import LockLost
-from django_idempotency._call.claim import Claim
-from django_idempotency._http.decorators import idempotent
+import django_idempotency as signals
+from django_idempotency import Claim, IdempotencyKey, LockLost, idempotent
 from django_idempotency._store.rows import prep
-from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 
 pytestmark = pytest.mark.django_db

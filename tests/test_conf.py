@@ -6,9 +6,9 @@ from datetime import timedelta
 
 from django.test import override_settings
 
+from django_idempotency import user_scope
 from django_idempotency._conf.options import Options
 from django_idempotency._conf.settings import conf
-from django_idempotency._http.scopes import user_scope
 
 
 def custom_scope(request: object) -> str:

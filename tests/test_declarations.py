@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from rest_framework.views import APIView
 
+from django_idempotency import idempotent_function
 from django_idempotency._conf.options import (
     CALL_OPTIONS,
     VIEW_OPTIONS,
@@ -24,7 +25,6 @@ from django_idempotency._conf.options import (
     ViewOptions,
 )
 from django_idempotency._conf.settings import DEFAULTS, OPTIONS, SETTINGS, Settings, conf
-from django_idempotency._function import idempotent_function
 from django_idempotency._ops import checks
 from django_idempotency.rest_framework import IdempotencyMixin
 

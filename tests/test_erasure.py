@@ -16,11 +16,9 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from django_idempotency import Erasure, erase_scope
+from django_idempotency import Erasure, IdempotencyKey, erase_scope, late_result_refused
 from django_idempotency._base.keys import hash_key
-from django_idempotency._base.signals import late_result_refused
 from django_idempotency._store.limits import bounded_scope
-from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 from tests.testapp import sealing_views
 

@@ -13,14 +13,13 @@ import pytest
 from django.db import connection
 from django.test import RequestFactory, override_settings
 
+from django_idempotency import Claim, IdempotencyKey
 from django_idempotency._base import json as _json
-from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity, full_path
 from django_idempotency._http import canonical_json as _canonical_json
 from django_idempotency._store.claims import ClaimValues, new_token
 from django_idempotency._store.postgresql import interval
 from django_idempotency._store.rows import POSTGRESQL_TIME, microseconds
-from django_idempotency.models import IdempotencyKey
 from tests import factories
 
 

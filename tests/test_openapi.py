@@ -20,8 +20,8 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
+from django_idempotency import idempotent
 from django_idempotency._base.keys import MAX_HEADER_LENGTH, key_format
-from django_idempotency._http.decorators import idempotent
 from django_idempotency._publish.policy import key_pattern
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution

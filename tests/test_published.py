@@ -12,17 +12,15 @@ from django.test import override_settings
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from django_idempotency import InvalidKey, describe, idempotent
 from django_idempotency._base.keys import (
     MAX_HEADER_LENGTH,
     MAX_KEY_LENGTH,
-    InvalidKey,
     key_format,
     parse_key,
 )
 from django_idempotency._conf.options import Options
-from django_idempotency._http.decorators import idempotent
 from django_idempotency._publish.policy import (
-    describe,
     duration_text,
     ecma_pattern,
     key_pattern,

@@ -14,9 +14,9 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
+from django_idempotency import IdempotencyKey
 from django_idempotency._base import rules
 from django_idempotency._store.rows import prep
-from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db

@@ -21,12 +21,10 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 from django.test import Client, override_settings
 
-from django_idempotency._base.errors import IdempotencyError
+from django_idempotency import IdempotencyError, IdempotencyKey, idempotent_function
 from django_idempotency._base.keys import hash_key
-from django_idempotency._function import idempotent_function
 from django_idempotency._ops import checks
 from django_idempotency._store import sealing
-from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 from tests.testapp.sealing_views import CARD, LOCATION, NAME
 

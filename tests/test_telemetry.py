@@ -26,11 +26,14 @@ from django.core.management import call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency._base.errors import IdempotencyInProgress, IdempotencyKeyMismatch
+from django_idempotency import (
+    IdempotencyInProgress,
+    IdempotencyKey,
+    IdempotencyKeyMismatch,
+    idempotent_function,
+)
 from django_idempotency._base.keys import hash_key
 from django_idempotency._call import lifecycle, telemetry
-from django_idempotency._function import idempotent_function
-from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 from tests.test_unavailable import unreachable_store  # noqa: F401  (a fixture)
 from tests.testapp.models import Execution

@@ -9,6 +9,7 @@ __all__ = [
     "IdempotencyFailed",
     "IdempotencyInProgress",
     "IdempotencyKeyMismatch",
+    "InvalidKey",
     "LockLost",
     "LockWaitTimeout",
     "StoreUnavailable",
@@ -18,6 +19,11 @@ __all__ = [
 
 class IdempotencyError(Exception):
     """Base class of the app's exceptions."""
+
+
+class InvalidKey(IdempotencyError, ValueError):
+    """The key is not a usable key (the header's value, or a function's ``key``); the message
+    is safe to show to the client. A ``ValueError`` too, as before 1.0."""
 
 
 class UnreplayableResponse(IdempotencyError, TypeError):

@@ -13,14 +13,12 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from django_idempotency._base.errors import InvalidKey
+
 MAX_KEY_LENGTH = 255
 #: The longest header value: a quoted key of ``MAX_KEY_LENGTH`` characters, every one escaped.
 #: It bounds the (ignored) parameters too, so the published schema can state a length.
 MAX_HEADER_LENGTH = 2 * MAX_KEY_LENGTH + 2
-
-
-class InvalidKey(ValueError):
-    """The header value is not a usable key; the message is safe to show to the client."""
 
 
 #: The detail of a bare key refused (``BARE_KEYS = False``).

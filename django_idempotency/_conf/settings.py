@@ -309,13 +309,13 @@ class Settings:
         doc="The response headers stored and replayed.",
     )
     SCOPE_FUNCTION: Setting[ScopeFunction] = _function(
-        "django_idempotency._http.scopes.user_scope",
+        "django_idempotency.user_scope",
         (15, 24),
         SCOPE_ARGUMENTS,
         doc="Whose key it is: a function of the request (or its dotted path) returning a string.",
     )
     FINGERPRINT_FUNCTION: Setting[FingerprintFunction] = _function(
-        "django_idempotency._http.fingerprints.request_fingerprint",
+        "django_idempotency.request_fingerprint",
         (16, 25),
         FINGERPRINT_ARGUMENTS,
         doc="What makes a retry the same request: a function of the request and the scope "

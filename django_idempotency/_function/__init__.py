@@ -2,6 +2,10 @@
 
 The same record and state machine as the ``@idempotent`` view decorator, keyed by a message id
 or a provider's event id instead of a header. See ``docs/consumers.rst``.
+
+Owns the function side, a sibling of :mod:`.._http`: the decorator (here), its adapter
+(:mod:`.calls`: a call's identity from its arguments, answers as exceptions) and how a result is
+stored (:mod:`.serializers`). May import :mod:`.._call` and everything below it.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def idempotent_function(
     ``payload`` when what identifies the call is already a string (a message's hash or
     signature); it is hashed with the name and the scope, as the payload is. ``key_format``
     (``"uuid"`` or a compiled regular expression) refuses other keys with
-    :class:`~django_idempotency.keys.InvalidKey`, a ``ValueError``; the ``KEY_FORMAT`` setting
+    :class:`~django_idempotency.InvalidKey`, a ``ValueError``; the ``KEY_FORMAT`` setting
     is the header's and does not apply. ``serializer`` stores results that are not plain JSON.
     The other options are those of views marked for functions (:ref:`view-options`).
 

@@ -16,8 +16,13 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
-from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable, UnreplayableResponse
-from django_idempotency._base.keys import InvalidKey, hash_key, parse_key
+from django_idempotency._base.errors import (
+    InvalidKey,
+    LockWaitTimeout,
+    StoreUnavailable,
+    UnreplayableResponse,
+)
+from django_idempotency._base.keys import hash_key, parse_key
 from django_idempotency._call import engine, lifecycle, storing, telemetry
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity, full_path

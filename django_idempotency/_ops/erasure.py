@@ -47,7 +47,7 @@ def erase_scope(
     :attr:`Erasure.in_progress`, so call again once it has.
 
     ``scope`` is what the scope function returns for the principal (``user:42`` for
-    :func:`~django_idempotency._http.scopes.user_scope`); ``using`` is the database alias
+    :func:`~django_idempotency.user_scope`); ``using`` is the database alias
     (``DATABASE_ALIAS`` by default). With ``dry_run`` nothing is deleted: the counts say what
     would be. Retries of the erased keys run their views again, as for new keys.
     """

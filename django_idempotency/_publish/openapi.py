@@ -20,11 +20,11 @@ from rest_framework.views import APIView
 
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
+from django_idempotency._http.drf import IdempotencyMixin
 from django_idempotency._http.problems import CONTENT_TYPE
 from django_idempotency._http.responses import REPLAYED_HEADER
 from django_idempotency._publish import parts
 from django_idempotency._publish import policy as published
-from django_idempotency.rest_framework import IdempotencyMixin
 
 if TYPE_CHECKING:
     from drf_spectacular.utils import _SchemaType
