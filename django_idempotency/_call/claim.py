@@ -7,9 +7,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django_idempotency._base.errors import LockLost
+
+if TYPE_CHECKING:
+    from django_idempotency._call.identity import Identity
 
 __all__ = ["Claim"]
 
@@ -34,9 +37,8 @@ class Claim:
     ``recovery_point`` and ``recovery_data`` are where the previous attempt got to.
     """
 
-    key: str
-    scope: str
-    key_hash: str
+    #: The call that holds the claim: its key, scope and fingerprint, never copied here.
+    identity: Identity = field(repr=False)
     pk: int
     #: The lock token (a random UUID's text), as the record and the fenced writes have it:
     #: the claim makes it as text, which costs a fraction of a ``uuid.UUID`` (issue 28).
@@ -63,6 +65,21 @@ class Claim:
     def __post_init__(self) -> None:
         if not self.held_until:
             self.held_until = time.monotonic() + self.lock_timeout.total_seconds()
+
+    @property
+    def key(self) -> str:
+        """The client's idempotency key."""
+        return self.identity.key
+
+    @property
+    def scope(self) -> str:
+        """Whose key it is."""
+        return self.identity.scope
+
+    @property
+    def key_hash(self) -> str:
+        """The key as the record keeps it (SHA-256)."""
+        return self.identity.key_hash
 
     @property
     def lock_token(self) -> uuid.UUID:
@@ -95,7 +112,6 @@ class Claim:
         """
         # Imported here: Claim is a name of the package, importable before Django is set up
         # (a type hint's import), and these read the model's fields.
-        from django_idempotency._call import telemetry
         from django_idempotency._store.limits import MAX_RECOVERY_POINT
 
         self.check_held()
@@ -111,10 +127,16 @@ class Claim:
             "Idempotency record %s: recovery point %r.",
             self.pk,
             name,
-            extra=telemetry.claim_facts("recovery_point", self),
+            extra=self.facts("recovery_point"),
         )
         self.recovery_point = name
         self.recovery_data = data
+
+    def facts(self, outcome: str) -> dict[str, Any]:
+        """The ``extra`` of a log line about this claim (:func:`.telemetry.log_facts`)."""
+        from django_idempotency._call.telemetry import log_facts  # see set_recovery_point
+
+        return log_facts(outcome, self.key_hash, self.scope, self.attempt, self.token_text)
 
     def derived_key(self, purpose: str = "") -> str:
         """A UUID for a downstream service's own idempotency key, stable across every attempt.

@@ -78,7 +78,9 @@ def acquire(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
     which lifts it for free.) Raises :class:`~.exceptions.StoreUnavailable` and
     :class:`~.exceptions.LockWaitTimeout`.
     """
-    with telemetry.span("idempotency.claim", identity, policy.atomic, duration=True) as span:
+    with telemetry.span(
+        "idempotency.claim", identity.method, identity.operation, policy.atomic, duration=True
+    ) as span:
         try:
             if not policy.atomic:
                 outcome = yield from _claim(identity, policy, using(policy.alias))
@@ -178,7 +180,7 @@ def _outcome(
         if claim is None:
             facts = telemetry.log_facts(outcome, identity.key_hash, identity.scope)
         else:
-            facts = telemetry.claim_facts(outcome, claim)
+            facts = claim.facts(outcome)
         logger.log(level, message, *args, exc_info=exc_info, extra=facts)
     if signal is not None and signal.receivers:  # nothing made for a signal nobody receives
         if claim is not None:
@@ -349,7 +351,9 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
     node's claim of the key aborted this transaction) or :class:`~.exceptions.StoreUnavailable`.
     """
     store = using(policy.alias)
-    with telemetry.span("idempotency.store", identity, policy.atomic) as span:
+    with telemetry.span(
+        "idempotency.store", identity.method, identity.operation, policy.atomic
+    ) as span:
         try:
             stored_ok = _fenced_write(
                 policy,
@@ -478,7 +482,9 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
     In atomic mode an exception (``raised``) rolls the claim back with the transaction; only a
     retryable status needs the row deleted, and that deletion commits with the view's work.
     """
-    with telemetry.span("idempotency.release", identity, policy.atomic) as span:
+    with telemetry.span(
+        "idempotency.release", identity.method, identity.operation, policy.atomic
+    ) as span:
         try:
             if not (policy.atomic and raised):
                 store = using(policy.alias)

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connections
-from django.http import HttpRequest
 
 from django_idempotency import _store as store
 from django_idempotency._base import signals
@@ -67,7 +66,7 @@ def interval(lock_timeout: timedelta) -> float:
 @dataclass(eq=False)
 class _Lease:
     claim: Claim
-    request: HttpRequest | None
+    request: object
 
     @property
     def group(self) -> Group:
@@ -91,7 +90,7 @@ class Renewer:
         #: Whether the thread holds a connection it opened to renew (closed once idle).
         self._connected = False
 
-    def start(self, claim: Claim, policy: Policy, request: HttpRequest | None) -> None:
+    def start(self, claim: Claim, policy: Policy, request: object) -> None:
         """Renew ``claim``'s lock until :meth:`stop`, if the policy asks and it is committed."""
         if not policy.heartbeat or claim.uncommitted:
             return

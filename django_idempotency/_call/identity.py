@@ -1,13 +1,14 @@
-"""What a protected call claims as: its key, whose it is, and what must match on a retry."""
+"""What a protected call claims as: its key, whose it is, and what must match on a retry; and the
+claim it takes (``claimed``: the store's ``Claimant``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from django.http import HttpRequest
-
 from django_idempotency._call import telemetry
+from django_idempotency._call.claim import Claim, RecordStore
 
 
 @dataclass(slots=True)
@@ -27,9 +28,40 @@ class Identity:
     fingerprint: str
     method: str
     path: str
-    request: HttpRequest | None = None
+    #: The caller's request (``None`` for a function), handed to signal receivers as it is: the
+    #: core never reads it, and knows no HTTP type (issue 40).
+    request: object = None
     #: What metrics and spans name the call by: the URL route, or the function's name.
     operation: str = ""
+
+    def claimed(
+        self,
+        *,
+        pk: int,
+        token_text: str,
+        attempt: int,
+        recovery_point: str,
+        recovery_data: Any,
+        alias: str,
+        lock_timeout: timedelta,
+        store: RecordStore,
+        held_until: float,
+        uncommitted: bool,
+    ) -> Claim:
+        """This call's claim on record ``pk``, made by the store (a ``Claimant``'s part)."""
+        return Claim(
+            self,
+            pk,
+            token_text,
+            attempt,
+            recovery_point,
+            recovery_data,
+            alias,
+            lock_timeout,
+            store,
+            held_until=held_until,
+            uncommitted=uncommitted,
+        )
 
     def context(self) -> dict[str, Any]:
         """The keyword arguments every signal gets."""
@@ -38,15 +70,3 @@ class Identity:
     def attributes(self, atomic: bool) -> dict[str, str]:
         """The low-cardinality attributes of its metrics and spans (never key or scope)."""
         return telemetry.labels(self.method, self.operation, atomic)
-
-
-def full_path(request: HttpRequest) -> str:
-    """``request.get_full_path()``, made once per request: the identity and the default
-    fingerprint both read it, and it quotes the whole path each time."""
-    path: str | None = request.__dict__.get(_FULL_PATH)
-    if path is None:
-        path = request.__dict__[_FULL_PATH] = request.get_full_path()
-    return path
-
-
-_FULL_PATH = "_idempotency_full_path"

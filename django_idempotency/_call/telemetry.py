@@ -14,13 +14,9 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django_idempotency._store.limits import sha256_hex
-
-if TYPE_CHECKING:
-    from django_idempotency._call.claim import Claim
-    from django_idempotency._call.identity import Identity
 
 try:
     from opentelemetry import metrics, trace
@@ -123,11 +119,6 @@ def log_facts(
     }
 
 
-def claim_facts(outcome: str, claim: Claim) -> dict[str, Any]:
-    """:func:`log_facts` of a line about a claim."""
-    return log_facts(outcome, claim.key_hash, claim.scope, claim.attempt, claim.token_text)
-
-
 class Span:
     """One span of the app (or nothing without OpenTelemetry); see :func:`span`."""
 
@@ -165,10 +156,11 @@ _UNRECORDED = _Unrecorded()
 
 
 def span(
-    name: str, identity: Identity, atomic: bool, *, duration: bool = False
+    name: str, method: str, operation: str, atomic: bool, *, duration: bool = False
 ) -> AbstractContextManager[Span]:
     """A child of the current span (the request's, under Django's instrumentation), with the
-    attributes of ``identity`` in its mode (made only if something records them).
+    :func:`labels` of a call (made only if something records them): plain values, so that
+    telemetry knows no type of the layers that use it (issue 40).
 
     It is not made current: the engine's generators yield inside it and may resume in another
     thread, where a context attached here could not be detached. ``duration`` records it in
@@ -178,7 +170,7 @@ def span(
     timed = duration and ENABLED and _metering(_claim_duration)
     if not (tracing or timed):
         return _UNRECORDED
-    return _recorded(name, identity.attributes(atomic), tracing=tracing, timed=timed)
+    return _recorded(name, labels(method, operation, atomic), tracing=tracing, timed=timed)
 
 
 @contextmanager

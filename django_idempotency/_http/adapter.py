@@ -25,11 +25,12 @@ from django_idempotency._base.errors import (
 from django_idempotency._base.keys import hash_key, parse_key
 from django_idempotency._call import engine, lifecycle, storing, telemetry
 from django_idempotency._call.claim import Claim
-from django_idempotency._call.identity import Identity, full_path
+from django_idempotency._call.identity import Identity
 from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
 from django_idempotency._http import bodies, problems, responses
+from django_idempotency._http.fingerprints import full_path
 from django_idempotency._store import StoredResponse, sealing, using
 from django_idempotency._store.limits import bounded_fingerprint, bounded_scope
 from django_idempotency._store.rows import Record
@@ -320,7 +321,7 @@ def _capture(claim: Claim, response: HttpResponseBase, ttl: timedelta | None) ->
             claim.pk,
             setting,
             limit,
-            extra=telemetry.claim_facts("body_not_stored", claim),
+            extra=claim.facts("body_not_stored"),
         )
     return stored
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from django.http import HttpRequest, QueryDict
 
-from django_idempotency._call.identity import full_path
 from django_idempotency._conf.settings import FingerprintFunction
 from django_idempotency._http import bodies
 from django_idempotency._http.canonical_json import Pointer, canonical_json
@@ -127,3 +126,15 @@ def _is_urlencoded(request: HttpRequest) -> bool:
 def _is_json(content_type: str) -> bool:
     media_type = content_type.split(";", 1)[0].strip().lower()
     return media_type == "application/json" or media_type.endswith("+json")
+
+
+def full_path(request: HttpRequest) -> str:
+    """``request.get_full_path()``, made once per request: the identity and the default
+    fingerprint both read it, and it quotes the whole path each time."""
+    path: str | None = request.__dict__.get(_FULL_PATH)
+    if path is None:
+        path = request.__dict__[_FULL_PATH] = request.get_full_path()
+    return path
+
+
+_FULL_PATH = "_idempotency_full_path"
