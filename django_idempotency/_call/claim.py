@@ -7,12 +7,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from django_idempotency._base.errors import LockLost
-
-if TYPE_CHECKING:
-    from django_idempotency._call.identity import Identity
 
 __all__ = ["Claim"]
 
@@ -29,6 +26,18 @@ class RecordStore(Protocol):
     ) -> bool: ...
 
 
+class Holder(Protocol):
+    """Whose claim it is, as :class:`Claim` reads it (an ``Identity``: typed here without
+    importing it, so that the two modules make no cycle)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def scope(self) -> str: ...
+    @property
+    def key_hash(self) -> str: ...
+
+
 @dataclass
 class Claim:
     """An attempt's ownership of a record: made by the claim, fenced by ``lock_token``.
@@ -38,7 +47,7 @@ class Claim:
     """
 
     #: The call that holds the claim: its key, scope and fingerprint, never copied here.
-    identity: Identity = field(repr=False)
+    identity: Holder = field(repr=False)
     pk: int
     #: The lock token (a random UUID's text), as the record and the fenced writes have it:
     #: the claim makes it as text, which costs a fraction of a ``uuid.UUID`` (issue 28).
