@@ -18,7 +18,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.dispatch import Signal
 from django.utils import timezone
@@ -110,6 +110,8 @@ def _bounded_claim(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
         raise
     if always or isinstance(outcome, Claim) or store.in_nested_transaction():
         store.restore_lock_wait(previous)
+    if isinstance(outcome, Claim):
+        store.hold(outcome)  # until the transaction ends: lifecycle.run() lets go (issue 38)
     return outcome
 
 
@@ -136,6 +138,24 @@ def refused(identity: Identity, policy: Policy, exc: StoreUnavailable | LockWait
         exc_info=True,
     )
     return "unavailable"
+
+
+def held_here(
+    identity: Identity, policy: Policy, exc: StoreUnavailable
+) -> StoreUnavailable | LockWaitTimeout:
+    """What a wait for the database's write lock that ran out before the claim is: a ``409``
+    (:class:`~.exceptions.LockWaitTimeout`) when an atomic attempt of this process holds the
+    key, as a wait on a server's row lock is; otherwise the store unavailable, a ``503``:
+    SQLite does not say who holds its lock (issue 38)."""
+    store = using(policy.alias)
+    if store.is_contention(exc.__cause__ or exc) and store.holds(identity.scope, identity.key_hash):
+        return LockWaitTimeout(str(exc))
+    return exc
+
+
+def let_go(claim: Claim, policy: Policy) -> None:
+    """An atomic attempt's transaction ended: its key is no longer held here (:func:`held_here`)."""
+    using(policy.alias).let_go(claim)
 
 
 def identity_unavailable(
@@ -548,7 +568,7 @@ def atomic_attempt(policy: Policy) -> Iterator[BaseDatabaseWrapper]:
         raise StoreUnavailable(str(exc)) from exc
     raised: BaseException | None = None
     try:
-        with transaction.atomic(using=policy.alias):
+        with store.atomic(policy.wait_timeout):
             try:
                 yield connection
             except BaseException as exc:

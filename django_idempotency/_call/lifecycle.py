@@ -197,11 +197,17 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
         with engine.atomic_attempt(policy) as adapter.connection:
             return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
     except (StoreUnavailable, LockWaitTimeout) as exc:
-        if adapter.identity is None:  # the store's database refused the connection
+        refusal: StoreUnavailable | LockWaitTimeout = exc
+        if adapter.identity is None:  # refused before the claim: connecting, SQLite's BEGIN
             identity = adapter.identified(policy)
             if isinstance(identity, Identity):
-                engine.refused(identity, policy, exc)
-        return adapter.refused(exc, policy).value
+                if isinstance(exc, StoreUnavailable):
+                    refusal = engine.held_here(identity, policy, exc)
+                engine.refused(identity, policy, refusal)
+        return adapter.refused(refusal, policy).value
+    finally:
+        if adapter.claim is not None:  # its transaction ended: committed or rolled back
+            engine.let_go(adapter.claim, policy)
 
 
 def run_steps(lifecycle: Generator[Step, Any, T], call: Callable[[], Any] | None = None) -> T:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar, Union
 
 from django.conf import settings
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base import rules
@@ -264,6 +265,22 @@ class Claims(BoundStore):
 
     def restore_lock_wait(self, previous: object) -> None:
         """Put back what :meth:`limit_lock_wait` replaced, before the caller's own code runs."""
+
+    def atomic(self, wait: timedelta) -> AbstractContextManager[Any]:
+        """Atomic mode's transaction (a savepoint inside the caller's); ``wait`` bounds a wait
+        for the write lock where the database takes it for the whole transaction (SQLite)."""
+        return transaction.atomic(using=self.alias)
+
+    def hold(self, claim: Claim) -> None:
+        """An atomic attempt of this process claimed its key (see :meth:`holds`)."""
+
+    def let_go(self, claim: Claim) -> None:
+        """That attempt's transaction ended."""
+
+    def holds(self, scope: str, key_hash: str) -> bool:
+        """Whether an atomic attempt of this process holds the key now, where the database
+        cannot say who holds the lock a duplicate waited for (SQLite)."""
+        return False
 
     def in_nested_transaction(self) -> bool:
         """Whether the innermost atomic block is a savepoint inside a caller's transaction."""

@@ -1,18 +1,45 @@
-"""SQLite: the claim in two statements (writers run one at a time), no lock wait to bound."""
+"""SQLite: the claim in two statements; writers run one at a time, and wait for each other.
+
+SQLite has one write lock per database. Its busy handler waits for a lock another connection
+holds on a file (``database is locked`` once ``busy_timeout`` ran out), but not for one that a
+connection of the same "shared cache" holds (``database table is locked``, at once): Django's
+in-memory test database shared by threads is such a cache. The store waits those out itself,
+for as long as the busy timeout (:meth:`SQLiteStore.waited_out`), so that both kinds of
+database make a concurrent duplicate wait for the first, never fail at once (issue 38).
+"""
 
 from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from django.db import OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._store.base import Store
-from django_idempotency._store.claims import ClaimValues
+from django_idempotency._store.claims import ClaimValues, Lock
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import aware, first
+from django_idempotency.claim import Claim
 from django_idempotency.models import IdempotencyKey
+
+T = TypeVar("T")
 
 #: What SQLite says of a file it cannot open or write for now (:meth:`SQLiteStore.is_fault`).
 _FAULTS = ("unable to open database file", "disk i/o error", "readonly database")
+#: What a shared-cache connection says of another's table lock (``SQLITE_LOCKED``), which its
+#: busy handler does not wait for: ``database table is locked[: name]``, ``database schema is
+#: locked``. Never "database is locked" (``SQLITE_BUSY``): the busy wait already ran out.
+_TABLE_LOCKS = ("table is locked", "schema is locked")
+#: The first and the longest pause between tries of a statement a table lock refused (seconds):
+#: such locks last a statement or a transaction, as SQLite's own busy handler assumes.
+_FIRST_PAUSE = 0.001
+_LONGEST_PAUSE = 0.05
 #: SQLite caps a statement's parameters: the cleanup deletes a batch in chunks of this many.
 _CHUNK = 500
 
@@ -21,7 +48,108 @@ class SQLiteStore(Store):
     vendor = "sqlite"
     name = "SQLite"
 
+    def __init__(self, alias: str) -> None:
+        super().__init__(alias)
+        #: The keys (scope, key hash) that this process's atomic attempts hold: a transaction
+        #: that has not committed, which no other connection can see (:meth:`holds`).
+        self._held: Counter[tuple[str, str]] = Counter()
+        self._held_lock = threading.Lock()
+
+    @contextmanager
+    def atomic(self, wait: timedelta) -> Iterator[None]:
+        """Atomic mode's transaction, begun ``IMMEDIATE``: it takes the write lock before any
+        statement, waiting at most ``wait`` (and no longer than the busy timeout) for a
+        concurrent attempt to commit.
+
+        A deferred transaction that reads first (the claim's scope reading a session, DRF's
+        authentication) cannot wait for the write lock when its claim then writes: SQLite
+        answers ``database is locked`` at once rather than risk a deadlock. Begun
+        ``IMMEDIATE``, every attempt waits its turn at the start and then runs alone, so a
+        duplicate that got the lock finds the first's committed record and replays it. Inside a
+        caller's transaction (a savepoint) the caller chose how it began (the ``transaction_mode``
+        option).
+        """
+        connection = self.connection
+        if connection.in_atomic_block:
+            with transaction.atomic(using=self.alias):
+                yield
+            return
+        with ExitStack() as stack:
+            self._begin_immediate(connection, stack, wait.total_seconds())
+            yield
+
+    def _begin_immediate(
+        self, connection: BaseDatabaseWrapper, stack: ExitStack, wait: float
+    ) -> None:
+        busy = busy_timeout(connection)
+        limit = min(wait, busy)
+        if limit < busy:
+            _set_busy_timeout(connection, limit)
+        mode = connection.transaction_mode  # type: ignore[attr-defined]  # Django 5.1+
+        connection.transaction_mode = mode if mode == "EXCLUSIVE" else "IMMEDIATE"  # type: ignore[attr-defined]
+        try:
+            self.waited_out(
+                connection,
+                lambda: stack.enter_context(transaction.atomic(using=self.alias)),
+                limit,
+            )
+        finally:
+            connection.transaction_mode = mode  # type: ignore[attr-defined]
+            if limit < busy:
+                _set_busy_timeout(connection, busy)
+
+    def waited_out(
+        self, connection: BaseDatabaseWrapper, call: Callable[[], T], limit: float | None = None
+    ) -> T:
+        """``call()``, tried again while another connection's table lock refuses it, for at
+        most ``limit`` seconds (``None``: the connection's busy timeout), as SQLite's busy
+        handler does for a file's lock. A refused statement is undone alone, so it can be
+        tried again inside a transaction too."""
+        try:
+            return call()
+        except OperationalError as exc:
+            if not self.is_table_lock(exc):
+                raise
+        deadline = time.monotonic() + (busy_timeout(connection) if limit is None else limit)
+        pause = _FIRST_PAUSE
+        while True:
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            try:
+                return call()
+            except OperationalError as exc:
+                if not self.is_table_lock(exc) or time.monotonic() >= deadline:
+                    raise
+            pause = min(pause * 2, _LONGEST_PAUSE)
+
+    def is_table_lock(self, exc: BaseException) -> bool:
+        """Another connection of a shared cache holds a lock this statement needs: a neighbour
+        in this process, for the length of one statement or transaction."""
+        return isinstance(exc, OperationalError) and any(lock in str(exc) for lock in _TABLE_LOCKS)
+
+    def hold(self, claim: Claim) -> None:
+        with self._held_lock:
+            self._held[claim.scope, claim.key_hash] += 1
+
+    def let_go(self, claim: Claim) -> None:
+        with self._held_lock:
+            key = (claim.scope, claim.key_hash)
+            self._held[key] -= 1
+            if self._held[key] <= 0:
+                del self._held[key]
+
+    def holds(self, scope: str, key_hash: str) -> bool:
+        """Whether an atomic attempt of this process holds the key now (its transaction not
+        ended): a duplicate whose wait for the write lock ran out is then answered ``409``,
+        as a wait on a server's row lock is. Only an answer is chosen by it, never a claim:
+        the database decides those."""
+        return (scope, key_hash) in self._held
+
     def insert_or_load(
+        self, connection: BaseDatabaseWrapper, values: ClaimValues
+    ) -> IdempotencyKey | None:
+        return self.waited_out(connection, lambda: self._insert_or_load(connection, values))
+
+    def _insert_or_load(
         self, connection: BaseDatabaseWrapper, values: ClaimValues
     ) -> IdempotencyKey | None:
         """Outside a transaction the record is read first, so a replay writes nothing (and
@@ -37,6 +165,37 @@ class SQLiteStore(Store):
                 return found
         inserted = first(connection, statements.insert, values.params(connection))
         return inserted or first(connection, statements.select, key)
+
+    # The statements after the claim, each waited out as the claim is (see the module).
+
+    def take_over(
+        self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: str
+    ) -> IdempotencyKey | None:
+        take_over = super().take_over
+        return self.waited_out(connection, lambda: take_over(connection, pk, values, token))
+
+    def peek_status(self, scope: str, key_hash: str) -> Lock | None:
+        peek = super().peek_status
+        return self.waited_out(self.connection, lambda: peek(scope, key_hash))
+
+    def renew(self, leases: Sequence[tuple[int, Any]], lock_timeout: timedelta) -> set[int]:
+        renew = super().renew
+        return self.waited_out(self.connection, lambda: renew(leases, lock_timeout))
+
+    def _fenced(
+        self,
+        connection: BaseDatabaseWrapper,
+        statement: Any,
+        params: list[Any],
+        pk: int,
+        token: Any,
+        stale_at: datetime | None,
+    ) -> bool:
+        """Every fenced write: the result, a release, a recovery point."""
+        fenced = super()._fenced
+        return self.waited_out(
+            connection, lambda: fenced(connection, statement, params, pk, token, stale_at)
+        )
 
     def delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
         table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
@@ -57,14 +216,15 @@ class SQLiteStore(Store):
         return Batch(deleted, aware(connection, max(row[1] for row in rows)))
 
     def is_contention(self, exc: BaseException) -> bool:
-        """``database is locked`` (busy past the wait) and ``database table is locked``: a
-        shared-cache database (an in-memory one shared by threads, as Django's test database
-        is) reports another connection's table lock at once, without a busy wait.
+        """``database is locked`` (busy past the wait) and ``database table is locked`` (a
+        shared-cache neighbour's lock, still held when :meth:`waited_out` gave up).
 
         Not a lock wait that ran out (:meth:`is_lock_timeout`, a ``409``): SQLite does not
         say who holds its write lock, which is as likely another process's long transaction
         as a call of the same key, so a claim that meets it is the store unavailable, a
-        ``503`` (issue 25). An owner's writes wait it out (:func:`._engine._fenced_write`)."""
+        ``503`` (issue 25), unless an atomic attempt of this process holds the key
+        (:meth:`holds`, issue 38). An owner's writes wait it out
+        (:func:`._engine._fenced_write`)."""
         return isinstance(exc, OperationalError) and "is locked" in str(exc)
 
     def is_fault(self, exc: BaseException) -> bool:
@@ -92,3 +252,16 @@ class SQLiteStore(Store):
             [table, table, table],
             "dbstat",
         )
+
+
+def busy_timeout(connection: BaseDatabaseWrapper) -> float:
+    """How long the connection waits for another's lock on the file (seconds): Django's
+    ``timeout`` option, 5 s by default, or what ``PRAGMA busy_timeout`` set since."""
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA busy_timeout")
+        return int(cursor.fetchone()[0]) / 1000
+
+
+def _set_busy_timeout(connection: BaseDatabaseWrapper, seconds: float) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {max(1, round(seconds * 1000))}")
