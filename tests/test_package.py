@@ -112,6 +112,8 @@ LAYERS = [
     # (``templates``: the admin's, where Django looks for them; no module.)
     {"testing", "_pytest_fixtures", "_pytest_plugin"},
 ]
+
+
 def _layer(module: str) -> int:
     room = [*module.split("."), "__init__"][1]
     return next(n for n, layer in enumerate(LAYERS) if room in layer)

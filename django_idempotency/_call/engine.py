@@ -111,7 +111,8 @@ def _bounded_claim(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
     if always or isinstance(outcome, Claim) or store.in_nested_transaction():
         store.restore_lock_wait(previous)
     if isinstance(outcome, Claim):
-        store.hold(outcome)  # until the transaction ends: lifecycle.run() lets go (issue 38)
+        # Until the transaction ends: lifecycle.run() lets go (issue 38).
+        store.hold(outcome.scope, outcome.key_hash)
     return outcome
 
 
@@ -155,7 +156,7 @@ def held_here(
 
 def let_go(claim: Claim, policy: Policy) -> None:
     """An atomic attempt's transaction ended: its key is no longer held here (:func:`held_here`)."""
-    using(policy.alias).let_go(claim)
+    using(policy.alias).let_go(claim.scope, claim.key_hash)
 
 
 def identity_unavailable(

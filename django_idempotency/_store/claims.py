@@ -271,10 +271,10 @@ class Claims(BoundStore):
         for the write lock where the database takes it for the whole transaction (SQLite)."""
         return transaction.atomic(using=self.alias)
 
-    def hold(self, claim: Claim) -> None:
+    def hold(self, scope: str, key_hash: str) -> None:
         """An atomic attempt of this process claimed its key (see :meth:`holds`)."""
 
-    def let_go(self, claim: Claim) -> None:
+    def let_go(self, scope: str, key_hash: str) -> None:
         """That attempt's transaction ended."""
 
     def holds(self, scope: str, key_hash: str) -> bool:
