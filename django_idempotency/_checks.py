@@ -21,13 +21,21 @@ from django.utils import timezone
 
 from django_idempotency import _durations as durations
 from django_idempotency import _time_zones as time_zones
-from django_idempotency._conf import DEFAULTS, DOCS, SETTINGS, Setting, Settings, user_settings
+from django_idempotency._conf import (
+    DEFAULTS,
+    DOCS,
+    SETTINGS,
+    Setting,
+    Settings,
+    check_name,
+    user_settings,
+)
 from django_idempotency._options import Options, ttl_error, ttl_under_lock
 from django_idempotency._store import VENDORS
 
 
 def _error(id_: int, msg: str, hint: str = DOCS) -> Error:
-    return Error(msg, hint=hint, id=f"django_idempotency.E{id_:03d}")
+    return Error(msg, hint=hint, id=check_name(id_))
 
 
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
@@ -61,11 +69,9 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
 
 def _declared(setting: Setting[Any], value: object) -> list[CheckMessage]:
     """The first of a setting's declared checks that its value fails."""
-    for check in setting.checks:
-        try:
-            value = check.test(value, setting.label)
-        except (TypeError, ValueError) as exc:
-            return [_error(check.id, str(exc), check.hint)]
+    if refusal := setting.refusal(value):
+        check, message = refusal
+        return [_error(check.id, message, check.hint)]
     return []
 
 

@@ -12,6 +12,7 @@ from datetime import timedelta
 from functools import cache
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
@@ -51,11 +52,26 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The view's policy for this request; ``None`` (and no claim on the request) when the
         app is off or the method is not protected."""
-        policy = self.options.resolve()
-        if conf.ENABLED and policy.protects(self.request.method):
-            return policy
+        if conf.ENABLED:
+            policy = self.options.resolve()
+            if policy.protects(self.request.method):
+                return policy
         attach(self.request, None)
         return None
+
+    def misconfigured(self, exc: ImproperlyConfigured) -> HttpResponseBase:
+        """``500 idempotency-misconfigured``: a setting that can never work, met before the
+        claim (issue 38); its message goes to the log, not to the client."""
+        request = self.request
+        logger.error(
+            "Idempotency settings cannot be used: %s The %s %s request was refused before its "
+            "view ran.",
+            exc,
+            request.method,
+            request.path,
+            extra=telemetry.log_facts("misconfigured"),
+        )
+        return problems.misconfigured()
 
     def identify(self, policy: Policy) -> Identity | Answer[HttpResponseBase] | None:
         request = self.request

@@ -188,10 +188,11 @@ class _Adapter(protocol.HttpAdapter):
         self.kwargs = kwargs
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
-        authenticated = getattr(self.request, "auth", None) is not None
-        policy = _policy(self.options, self.operation, authenticated=authenticated)
-        if conf.ENABLED and policy.protects(self.request.method):
-            return policy
+        if conf.ENABLED:
+            authenticated = getattr(self.request, "auth", None) is not None
+            policy = _policy(self.options, self.operation, authenticated=authenticated)
+            if policy.protects(self.request.method):
+                return policy
         protocol.attach(self.request, None)
         return None
 

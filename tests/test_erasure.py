@@ -138,6 +138,58 @@ def test_erasure_refuses_what_it_cannot_do() -> None:
         erase_scope("user:1", batch_size=0)
 
 
+def _finished(scope: str, key_hash: str = "0" * 64) -> None:
+    IdempotencyKey.objects.create(
+        scope=bounded_scope(scope),
+        key_hash=key_hash,
+        method="POST",
+        path="/",
+        request_hash="",
+        status=IdempotencyKey.Status.COMPLETED,
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+
+
+def test_a_scope_that_matches_nothing_says_so() -> None:
+    """It exits 0 (a principal without records has nothing to erase) but says so, where it
+    said "Deleted 0" (issue 38)."""
+    for dry_run in ((), ("--dry-run",)):
+        out = StringIO()
+        call_command("idempotency_cleanup", "--scope", "user:404", *dry_run, stdout=out)
+        assert out.getvalue() == "No idempotency record has scope 'user:404': nothing to delete.\n"
+
+
+def test_a_scope_pasted_with_whitespace_around_it_is_refused_when_the_bare_one_has_records() -> (
+    None
+):
+    """A project's scope function may return a scope with whitespace around it, so it can
+    exist and is erased as given; but one that matches nothing while the bare scope has
+    records is a CommandError, and nothing is deleted (issue 38)."""
+    _finished("user:7")
+    for pasted in ("user:7 ", " user:7", "user:7\n"):
+        with pytest.raises(CommandError, match=r"without the whitespace\. Nothing was deleted"):
+            call_command("idempotency_cleanup", "--scope", pasted)
+    assert IdempotencyKey.objects.filter(scope="user:7").count() == 1
+    _finished(" tenant ", "1" * 64)  # such a scope exists: erased as given
+    out = StringIO()
+    call_command("idempotency_cleanup", "--scope", " tenant ", stdout=out)
+    assert "Deleted 1 finished idempotency record of scope ' tenant '." in out.getvalue()
+    out = StringIO()
+    call_command("idempotency_cleanup", "--scope", "user:8 ", stdout=out)  # nothing either way
+    assert "No idempotency record has scope 'user:8 '" in out.getvalue()
+
+
+def test_a_long_scope_is_cut_in_the_output() -> None:
+    long = "tenant:" + "x" * 100_000
+    _finished(long)
+    for scope, verb in ((long, "Deleted 1 finished"), (long + "y", "No idempotency record")):
+        out = StringIO()
+        call_command("idempotency_cleanup", "--scope", scope, stdout=out)
+        assert verb in out.getvalue()
+        assert f"… ({len(scope):,} characters)" in out.getvalue()
+        assert len(out.getvalue()) < 300
+
+
 def test_a_scope_longer_than_the_column_is_erased_by_its_stored_hash() -> None:
     long = "tenant:" + "x" * 300
     IdempotencyKey.objects.create(
