@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import difflib
 import importlib
-import importlib.util
 import json
 import re
 import secrets
@@ -476,18 +475,11 @@ def _identify_request(key: str, request: HttpRequest) -> tuple[Identity, Policy]
 def _adapter(request: HttpRequest, view: object) -> protocol.HttpAdapter:
     """The adapter the app makes for the request: a django-ninja operation's, with ninja's
     ``request.auth``, or a view's (issue 38)."""
-    ninja = _ninja()
+    ninja = protocol.ninja()
     adapter: protocol.HttpAdapter | None = None
     if ninja is not None:
         adapter = ninja.testing_adapter(request, view)
     return adapter or protocol.HttpAdapter(request, view_options(view))
-
-
-def _ninja() -> Any:
-    """``django_idempotency.ninja`` where django-ninja is installed (an optional extra)."""
-    if importlib.util.find_spec("ninja") is None:
-        return None
-    return importlib.import_module("django_idempotency.ninja")
 
 
 def _request(key: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpRequest:
@@ -522,7 +514,7 @@ def _policy_of(view: object) -> Policy:
             view = resolve(view.split("?", 1)[0]).func
         except Resolver404:
             raise ValueError(f"No view answers {view!r}.") from None
-        ninja = _ninja()
+        ninja = protocol.ninja()
         if ninja is not None and (options := ninja.testing_options(view)) is not None:
             return options.resolve()  # type: ignore[no-any-return]
     if isinstance(view, Options):

@@ -166,7 +166,6 @@ class Command(arguments.Command):
             raise CommandError(str(exc)) from exc
         shown = _shown(scope)
         if not (erasure.deleted or erasure.in_progress):
-            self._nothing_matched(scope, alias)
             if verbosity >= 1:
                 self.stdout.write(
                     self.style.WARNING(
@@ -190,21 +189,6 @@ class Command(arguments.Command):
                     f"{'is' if erasure.in_progress == 1 else 'are'} still processing and "
                     "left to finish; run this again once they have."
                 )
-            )
-
-    def _nothing_matched(self, scope: str, alias: str) -> None:
-        """A scope with whitespace around it can exist (a project's scope function may return
-        one; the app's own never do), so it is not refused; but when it matches nothing and
-        the scope without it has records, it was surely pasted with it (issue 38)."""
-        stripped = scope.strip()
-        if not stripped or stripped == scope:
-            return
-        found = erase_scope(stripped, using=alias, dry_run=True)
-        if found.deleted or found.in_progress:
-            raise CommandError(
-                f"No idempotency record has scope {_shown(scope)}, with its surrounding "
-                f"whitespace, but {found.deleted + found.in_progress} have scope "
-                f"{_shown(stripped)}: give the scope without the whitespace. Nothing was deleted."
             )
 
     def _dry_run(
