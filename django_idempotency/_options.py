@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency._conf import OPTIONS, FingerprintFunction, ScopeFunction, conf, derived
+from django_idempotency._conf import (
+    OPTIONS,
+    FingerprintFunction,
+    ScopeFunction,
+    conf,
+    derived,
+    usable,
+)
 from django_idempotency._durations import Duration
 from django_idempotency._keys import ANY, KeyFormat
 from django_idempotency._values import SAFE_METHODS
@@ -156,6 +163,7 @@ def ttl_under_lock(options: Options) -> str | None:
 
 @derived
 def _policy(options: Options) -> Policy:
+    usable()  # every setting, those read after the view too: refused before a claim (issue 38)
     values = {
         name: option.fallback() if (value := options.get(name)) is None else value
         for name, option in _OPTIONS.items()

@@ -31,7 +31,7 @@ from django_idempotency import _telemetry as telemetry
 from django_idempotency._conf import conf
 from django_idempotency._identity import Identity
 from django_idempotency._keys import KeyFormat, hash_key
-from django_idempotency._limits import bounded_scope
+from django_idempotency._limits import PADDED_SCOPE, bounded_scope, padded
 from django_idempotency._options import Options, Policy
 from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.rows import Record
@@ -177,7 +177,10 @@ class Spec:
         extra = self.scope(*args, **kwargs) if callable(self.scope) else self.scope
         if extra is not None and not isinstance(extra, str):
             raise TypeError(f"{self.name}: scope() must return a str, not {type(extra).__name__}.")
-        return bounded_scope(f"{self.name}:{extra}" if extra else self.name)
+        scope = f"{self.name}:{extra}" if extra else self.name
+        if padded(scope):
+            raise ValueError(f"{self.name}: its scope was given {PADDED_SCOPE}.")
+        return bounded_scope(scope)
 
     def _fingerprint(self, scope: str, payload: Any) -> str:
         """SHA-256 over the function's name, the scope and the payload's canonical JSON."""
