@@ -296,7 +296,20 @@ class IdempotencyKeyAdmin(_ModelAdmin):
 
     @admin.display(description=_("stored response"))
     def response_hidden(self, record: IdempotencyKey) -> str:
-        return str(_("Encrypted; shown to staff with the “Can view stored responses” permission."))
+        # Say what is at rest: a record stored before the keys were set is in the clear, and
+        # calling it encrypted misled its readers (issue 38).
+        if record.response_body is None and not record.response_headers:
+            return "-"
+        if sealing.encrypted(record.response_headers):
+            return str(
+                _("Encrypted; shown to staff with the “Can view stored responses” permission.")
+            )
+        return str(
+            _(
+                "Stored in the clear (before ENCRYPTION_KEYS were set), not encrypted; shown to "
+                "staff with the “Can view stored responses” permission."
+            )
+        )
 
     @admin.display(description=_("response headers"))
     def stored_headers(self, record: IdempotencyKey) -> str:

@@ -458,7 +458,7 @@ def _identify_request(key: str, request: HttpRequest) -> tuple[Identity, Policy]
     except Resolver404:
         raise ValueError(f"No view answers {request.path_info!r}.") from None
     request.resolver_match = match
-    adapter = protocol.HttpAdapter(request, view_options(match.func))
+    adapter = _adapter(request, match.func)
     policy = adapter.resolve(asynchronous=False)
     if policy is None:
         why = "IDEMPOTENCY['ENABLED'] is off" if not conf.ENABLED else "not a protected method"
@@ -470,6 +470,16 @@ def _identify_request(key: str, request: HttpRequest) -> tuple[Identity, Policy]
         raise ValueError(f"The view refuses key {key!r}: {detail}")
     assert identity is not None  # the request carries the key
     return identity, policy
+
+
+def _adapter(request: HttpRequest, view: object) -> protocol.HttpAdapter:
+    """The adapter the app makes for the request: a django-ninja operation's, with ninja's
+    ``request.auth``, or a view's (issue 38)."""
+    ninja = protocol.ninja()
+    adapter: protocol.HttpAdapter | None = None
+    if ninja is not None:
+        adapter = ninja.testing_adapter(request, view)
+    return adapter or protocol.HttpAdapter(request, view_options(view))
 
 
 def _request(key: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpRequest:
@@ -487,6 +497,8 @@ def _request(key: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any
         request: HttpRequest = getattr(factory, method.lower())(path, **body, **kwargs)
     else:
         request = factory.generic(method, path, "" if data is None else data, **kwargs)
+    # As the test client's requests: a CSRF check (ninja's session authentication) passes.
+    request._dont_enforce_csrf_checks = True  # type: ignore[attr-defined]
     if user is not None:
         request.user = user
     elif apps.is_installed("django.contrib.auth"):
@@ -502,6 +514,9 @@ def _policy_of(view: object) -> Policy:
             view = resolve(view.split("?", 1)[0]).func
         except Resolver404:
             raise ValueError(f"No view answers {view!r}.") from None
+        ninja = protocol.ninja()
+        if ninja is not None and (options := ninja.testing_options(view)) is not None:
+            return options.resolve()  # type: ignore[no-any-return]
     if isinstance(view, Options):
         return view.resolve()
     return view_options(view).resolve()

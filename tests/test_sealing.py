@@ -247,10 +247,23 @@ def test_the_admin_shows_the_decrypted_response_to_staff_allowed_to_see_it(
         assert NAME in _page(superuser)
         hidden = _page(_staff("view_idempotencykey"))
         assert NAME not in hidden and LOCATION not in hidden
-        assert "Can view stored responses" in hidden
+        assert "Can view stored responses" in hidden and "Encrypted;" in hidden
     with keys(OTHER):
         page = _page(allowed)
     assert "Cannot decrypt" in page and NAME not in page
+
+
+def test_the_admin_says_a_record_stored_before_the_keys_is_in_the_clear(
+    post: Post, key: str
+) -> None:
+    """Hidden from staff without the permission, as every response once keys are set, but not
+    called "Encrypted": it is not (issue 38)."""
+    post("/charge/?count=3", key=key)
+    with keys(NEW):
+        hidden = _page(_staff("view_idempotencykey"))
+    assert NAME not in hidden and LOCATION not in hidden
+    assert "Stored in the clear (before ENCRYPTION_KEYS were set)" in hidden
+    assert "Encrypted;" not in hidden
 
 
 def test_without_keys_the_admin_shows_a_compressed_response_to_whoever_views_records(

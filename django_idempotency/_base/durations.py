@@ -66,3 +66,27 @@ def human(seconds: float) -> str:
     if seconds < 172800:
         return f"{seconds // 3600}h"
     return f"{seconds // 86400}d"
+
+
+# ISO 8601 durations as Galera writes its timeouts (evs.suspect_timeout = PT5S): days, hours,
+# minutes and seconds (a fraction allowed); years and months have no fixed length.
+_ISO8601 = re.compile(
+    r"P(?:(?P<weeks>\d+(?:\.\d+)?)W)?(?:(?P<days>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?"
+    r"(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?"
+)
+
+
+def iso8601(text: str, name: str) -> timedelta:
+    """An ISO 8601 duration (``PT5S``, ``PT1M30S``, ``PT0.5S``, ``P1DT2H``), or a bare number
+    of seconds; ``ValueError`` naming ``name`` for anything else (issue 38)."""
+    value = text.strip().upper()
+    try:
+        return to_timedelta(float(value), name)
+    except ValueError:
+        pass
+    match = _ISO8601.fullmatch(value)
+    if match is None or value in ("P", "PT") or value.endswith("T"):
+        raise ValueError(f"{name} is not an ISO 8601 duration such as PT5S: {text!r}.")
+    parts = {unit: float(amount) for unit, amount in match.groupdict().items() if amount}
+    return to_timedelta(timedelta(**parts), name)

@@ -90,6 +90,11 @@ class Adapter(Generic[R]):
         """The answer when another call's record holds the key (or raise)."""
         raise NotImplementedError
 
+    def misconfigured(self, exc: ImproperlyConfigured) -> R:
+        """What the caller gets when the policy cannot be made (a setting that can never work:
+        :func:`._conf.usable`), before anything is claimed or run (or raise)."""
+        raise exc
+
     def refused(self, exc: StoreUnavailable | LockWaitTimeout, policy: Policy) -> Answer[R]:
         """The answer when the store cannot claim (or raise); ``policy.atomic``: the error
         ended the whole transaction."""
@@ -188,7 +193,10 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
     In atomic mode a duplicate's claim waits on the first call's uncommitted row, at most
     ``wait_timeout``, and a crash rolls everything back and leaves no record behind.
     """
-    policy = adapter.policy = adapter.resolve(asynchronous=False)
+    try:
+        policy = adapter.policy = adapter.resolve(asynchronous=False)
+    except ImproperlyConfigured as exc:
+        return adapter.misconfigured(exc)
     if policy is None:
         return adapter.unprotected(call(None))
     if not policy.atomic:
@@ -236,7 +244,10 @@ def run_steps(lifecycle: Generator[Step, Any, T], call: Callable[[], Any] | None
 async def arun(adapter: Adapter[R], call: Callable[[Claim | None], Awaitable[R]]) -> R:
     """Drive it from async code: database work in a thread, sleeping and the protected
     coroutine on the event loop. Always two-phase: no transaction spans an ``await``."""
-    policy = adapter.policy = adapter.resolve(asynchronous=True)
+    try:
+        policy = adapter.policy = adapter.resolve(asynchronous=True)
+    except ImproperlyConfigured as exc:
+        return adapter.misconfigured(exc)
     if policy is None:
         return adapter.unprotected(await call(None))
     lifecycle = steps(adapter, policy)

@@ -23,6 +23,7 @@ from django_idempotency._conf.settings import (
     ScopeFunction,
     conf,
     derived,
+    usable,
 )
 from django_idempotency._conf.values import SAFE_METHODS
 
@@ -162,6 +163,7 @@ def ttl_under_lock(options: Options) -> str | None:
 
 @derived
 def _policy(options: Options) -> Policy:
+    usable()  # every setting, those read after the view too: refused before a claim (issue 38)
     values = {
         name: option.fallback() if (value := options.get(name)) is None else value
         for name, option in _OPTIONS.items()

@@ -43,6 +43,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 DOCS = "See https://django-idempotency.readthedocs.io/en/latest/settings.html"
 
 
+def check_name(id_: int, level: str = "E") -> str:
+    """A check's full id, as ``manage.py check`` prints it: ``django_idempotency.E041``."""
+    return f"django_idempotency.{level}{id_:03d}"
+
+
 @dataclass(frozen=True)
 class Check:
     """A system check of one setting: ``django_idempotency.E<id>`` when ``test`` refuses it."""
@@ -136,13 +141,22 @@ class Setting(Generic[T]):
         try:  # read on every protected call, several times: a plain dictionary's lookup
             return _VALUES[self.name]  # type: ignore[no-any-return]
         except KeyError:
-            value = _VALUES[self.name] = _value(self.name, self.convert)
+            value = _VALUES[self.name] = _value(self)
             return value  # type: ignore[no-any-return]
 
     @property
     def label(self) -> str:
         """How messages name it."""
         return f"IDEMPOTENCY[{self.name!r}]"
+
+    def refusal(self, value: object) -> tuple[Check, str] | None:
+        """The first of its checks that ``value`` fails, and the check's message."""
+        for check in self.checks:
+            try:
+                value = check.test(value, self.label)
+            except (TypeError, ValueError) as exc:
+                return check, str(exc)
+        return None
 
 
 def _coerce(kind: Callable[[Any], T]) -> Callable[[Any, str], T]:
@@ -170,6 +184,15 @@ def _import(value: Any, name: str) -> Callable[..., Any]:
         raise TypeError(f"{name}: {exc}") from exc
 
 
+def _alias(value: Any, name: str) -> str:
+    """A database alias of ``DATABASES`` (E018 says so first): with no database, no record
+    can be claimed (issue 38)."""
+    alias = str(value)
+    if alias not in settings.DATABASES:
+        raise ValueError(f"{name} {alias!r} is not in DATABASES.")
+    return alias
+
+
 def _fernet(value: Any, name: str) -> MultiFernet | None:
     """The keys as one ``MultiFernet`` (the first encrypts, every one decrypts); ``None``
     without keys. Imported here, on first use: ``cryptography`` is an optional extra."""
@@ -189,9 +212,14 @@ def _function(
     that cannot be imported, one that cannot be called with ``arguments``), a hashable callable
     as a view's option."""
     called_as = values.called_as(*arguments)
+
+    def convert(value: Any, name: str) -> Callable[..., Any]:
+        # One that cannot be called so can never work: refused before any view runs (issue 38).
+        return called_as(_import(value, name), name)  # type: ignore[no-any-return]
+
     return Setting(
         default,
-        _import,
+        convert,
         Check(ids[0], values.importable),
         Check(
             ids[1], called_as, hint=f"It is called as f({', '.join(arguments)}) and returns a str."
@@ -332,7 +360,7 @@ class Settings:
     # E018, E019 and E030 to E032: the database DATABASE_ALIAS names (_checks.check_database).
     DATABASE_ALIAS = Setting(
         "default",
-        _coerce(str),
+        _alias,
         doc="The database alias holding the records.",
     )
     PROBLEM_TYPE_BASE = Setting(
@@ -422,11 +450,34 @@ _VALUES: dict[str, Any] = {}
 _DERIVED.append(_VALUES.clear)
 
 
-def _value(name: str, convert: Callable[[Any, str], Any]) -> Any:
+def _value(setting: Setting[Any]) -> Any:
+    value = user_settings().get(setting.name, setting.default)
     try:
-        return convert(user_settings().get(name, DEFAULTS[name]), f"IDEMPOTENCY[{name!r}]")
+        return setting.convert(value, setting.label)
     except (TypeError, ValueError) as exc:  # the system checks say so first
-        raise ImproperlyConfigured(str(exc)) from exc
+        refusal = setting.refusal(value)
+        if refusal is None:
+            raise ImproperlyConfigured(str(exc)) from exc
+        check, message = refusal
+        raise ImproperlyConfigured(
+            f"({check_name(check.id)}) {message} HINT: {check.hint}"
+        ) from exc
+
+
+@derived
+def usable() -> None:
+    """Read every setting: one that can never work (a value its converter cannot read, such as
+    an ``ENCRYPTION_KEYS`` that is not a Fernet key) is ``ImproperlyConfigured`` here, in the
+    words of its system check.
+
+    Called when the app loads (:meth:`.IdempotencyConfig.ready`: a server where no checks run,
+    gunicorn, refuses to start) and by every policy, before anything is claimed (settings
+    changed at run time, ``override_settings``): otherwise such a setting is first read after
+    the view ran, to store its result, and the view runs again on the retry (issue 38).
+    Cached until the settings change, as each value is.
+    """
+    for setting in SETTINGS:
+        setting.__get__(conf)
 
 
 def _clear_caches(*, setting: str, **kwargs: object) -> None:

@@ -39,7 +39,7 @@ from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
 from django_idempotency._function.serializers import ResultSerializer
 from django_idempotency._store import StoredResponse, sealing, using
-from django_idempotency._store.limits import bounded_scope
+from django_idempotency._store.limits import PADDED_SCOPE, bounded_scope, padded
 from django_idempotency._store.rows import Record
 from django_idempotency.models import IdempotencyKey
 
@@ -173,7 +173,10 @@ class Spec:
         extra = self.scope(*args, **kwargs) if callable(self.scope) else self.scope
         if extra is not None and not isinstance(extra, str):
             raise TypeError(f"{self.name}: scope() must return a str, not {type(extra).__name__}.")
-        return bounded_scope(f"{self.name}:{extra}" if extra else self.name)
+        scope = f"{self.name}:{extra}" if extra else self.name
+        if padded(scope):
+            raise ValueError(f"{self.name}: its scope was given {PADDED_SCOPE}.")
+        return bounded_scope(scope)
 
     def _fingerprint(self, scope: str, payload: Any) -> str:
         """SHA-256 over the function's name, the scope and the payload's canonical JSON."""

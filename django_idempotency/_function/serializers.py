@@ -31,6 +31,14 @@ class JSONSerializer:
     content_type = "application/json"
 
     def __init__(self, encoder: type[json.JSONEncoder] | None = None) -> None:
+        if encoder is not None and not (
+            isinstance(encoder, type) and issubclass(encoder, json.JSONEncoder)
+        ):
+            # Refused here: json.dumps would refuse it only once the function had run (issue 38).
+            raise TypeError(
+                f"encoder must be a json.JSONEncoder subclass (the class, not an instance), "
+                f"not {encoder!r}."
+            )
         self.encoder = encoder
 
     def dumps(self, value: Any) -> bytes:

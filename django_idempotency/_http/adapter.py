@@ -10,8 +10,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from functools import cache
+from importlib import import_module
+from importlib.util import find_spec
+from types import ModuleType
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
@@ -32,7 +36,12 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._http import bodies, problems, responses
 from django_idempotency._http.fingerprints import full_path
 from django_idempotency._store import StoredResponse, sealing, using
-from django_idempotency._store.limits import bounded_fingerprint, bounded_scope
+from django_idempotency._store.limits import (
+    PADDED_SCOPE,
+    bounded_fingerprint,
+    bounded_scope,
+    padded,
+)
 from django_idempotency._store.rows import Record
 from django_idempotency.models import IdempotencyKey
 
@@ -51,11 +60,26 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The view's policy for this request; ``None`` (and no claim on the request) when the
         app is off or the method is not protected."""
-        policy = self.options.resolve()
-        if conf.ENABLED and policy.protects(self.request.method):
-            return policy
+        if conf.ENABLED:
+            policy = self.options.resolve()
+            if policy.protects(self.request.method):
+                return policy
         attach(self.request, None)
         return None
+
+    def misconfigured(self, exc: ImproperlyConfigured) -> HttpResponseBase:
+        """``500 idempotency-misconfigured``: a setting that can never work, met before the
+        claim (issue 38); its message goes to the log, not to the client."""
+        request = self.request
+        logger.error(
+            "Idempotency settings cannot be used: %s The %s %s request was refused before its "
+            "view ran.",
+            exc,
+            request.method,
+            request.path,
+            extra=telemetry.log_facts("misconfigured"),
+        )
+        return problems.misconfigured()
 
     def identify(self, policy: Policy) -> Identity | Answer[HttpResponseBase] | None:
         request = self.request
@@ -221,6 +245,8 @@ def _call(
         _note(exc, function, option, request)
         raise
     if isinstance(value, str):
+        if option == "scope" and padded(value):
+            raise ValueError(_failed(function, option, request, f"returned a scope {PADDED_SCOPE}"))
         return value
     raise TypeError(
         _failed(function, option, request, f"returned {type(value).__name__}, not a str")
@@ -324,6 +350,14 @@ def _capture(claim: Claim, response: HttpResponseBase, ttl: timedelta | None) ->
             extra=claim.facts("body_not_stored"),
         )
     return stored
+
+
+def ninja() -> ModuleType | None:
+    """``django_idempotency.ninja`` where django-ninja is installed (an optional extra): the
+    testing toolkit and the checks reach its operations through it (issue 38)."""
+    if find_spec("ninja") is None:
+        return None
+    return import_module("django_idempotency.ninja")
 
 
 def http_request(request: Any) -> HttpRequest:

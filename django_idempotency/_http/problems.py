@@ -85,6 +85,17 @@ def unavailable() -> HttpResponse:
     )
 
 
+def misconfigured() -> HttpResponse:
+    """A setting that can never work, met before the claim: nothing ran (issue 38). The
+    setting and its value are the operators' business: the log names them."""
+    return problem(
+        500,
+        "idempotency-misconfigured",
+        "Idempotency misconfigured",
+        "The server's idempotency settings cannot be used, so the request was not processed.",
+    )
+
+
 def response_not_stored(*, unreadable: bool = False) -> HttpResponse:
     """A finished request whose response cannot be replayed: it was too large to store, or
     (``unreadable``) no key of ``ENCRYPTION_KEYS`` decrypts it; the view is never run again."""

@@ -9,6 +9,7 @@ than one value, the database or the views follow, one function each, in the orde
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -27,13 +28,16 @@ from django_idempotency._conf.settings import (
     SETTINGS,
     Setting,
     Settings,
+    check_name,
+    conf,
     user_settings,
 )
-from django_idempotency._store import VENDORS, time_zones
+from django_idempotency._http import adapter as protocol
+from django_idempotency._store import VENDORS, galera, time_zones
 
 
 def _error(id_: int, msg: str, hint: str = DOCS) -> Error:
-    return Error(msg, hint=hint, id=f"django_idempotency.E{id_:03d}")
+    return Error(msg, hint=hint, id=check_name(id_))
 
 
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
@@ -61,17 +65,15 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
             return [error]
     # Only where Django asks about databases (``check --database``, ``migrate``): it queries.
     if alias in (kwargs.get("databases") or ()):
-        return w002_time_zone_tables(alias)
+        return w002_time_zone_tables(alias) + w003_galera_eviction(alias)
     return []
 
 
 def _declared(setting: Setting[Any], value: object) -> list[CheckMessage]:
     """The first of a setting's declared checks that its value fails."""
-    for check in setting.checks:
-        try:
-            value = check.test(value, setting.label)
-        except (TypeError, ValueError) as exc:
-            return [_error(check.id, str(exc), check.hint)]
+    if refusal := setting.refusal(value):
+        check, message = refusal
+        return [_error(check.id, message, check.hint)]
     return []
 
 
@@ -138,6 +140,52 @@ def w002_time_zone_tables(alias: str) -> list[CheckMessage]:
             id="django_idempotency.W002",
         )
     ]
+
+
+def w003_galera_eviction(alias: str) -> list[CheckMessage]:
+    """On a Galera node, :func:`eviction_warnings` for its ``evs.suspect_timeout``."""
+    try:
+        stall = galera.alias_suspect_timeout(alias)
+    except (DatabaseError, ValueError):
+        return []  # unreachable now: nothing to say about its settings
+    return [] if stall is None else eviction_warnings(stall)
+
+
+def eviction_warnings(stall: timedelta) -> list[CheckMessage]:
+    """Each lock timeout (``LOCK_TIMEOUT``, and each two-phase view's own) whose renewed two
+    thirds do not outlast ``stall``, the time writes stall while the survivors evict a dead
+    node: a view could run twice (issue 38)."""
+    try:
+        locks = [(Settings.LOCK_TIMEOUT.label, conf.LOCK_TIMEOUT), *_view_lock_timeouts()]
+    except ImproperlyConfigured:
+        return []  # bad settings: the settings checks report them
+    least = galera.least_lock_timeout(stall)
+    return [
+        Warning(
+            f"{name} is {lock}, and on this Galera cluster a node's death stalls every write "
+            f"for {galera.SUSPECT_TIMEOUT} ({stall}) until the others evict it. An attempt "
+            f"renewing its lock every third of it holds two thirds ({lock * 2 / 3}) at the "
+            "least when the fault comes: its lock can lapse in the stall, and a retry through "
+            "another node run the view again.",
+            hint=f"Make the lock timeout longer than {least} (1.5 x {galera.SUSPECT_TIMEOUT}), "
+            f"or shorten {galera.SUSPECT_TIMEOUT} (docs: 'Scale', Galera).",
+            id=check_name(3, "W"),
+        )
+        for name, lock in locks
+        if not galera.outlasts(lock, stall)
+    ]
+
+
+def _view_lock_timeouts() -> Iterator[tuple[str, timedelta]]:
+    """(name, lock timeout) of each two-phase protected view with a ``lock_timeout`` of its
+    own; an atomic view's claim commits with its result, and is never left to lapse."""
+    seen: set[str] = set()
+    for name, found in _protected_views():
+        options = found() if callable(found) else found
+        lock = options.get("lock_timeout")
+        if name not in seen and lock is not None and not options.atomic:
+            seen.add(name)
+            yield f"{name}: lock_timeout", lock
 
 
 def e030_backend(alias: str) -> Error | None:
@@ -216,7 +264,15 @@ def _protected_views() -> Iterator[tuple[str, Any]]:
         patterns = get_resolver().url_patterns
     except Exception:  # a broken URLconf is reported by Django's own checks
         return
+    ninja = protocol.ninja()
     for callback in _callbacks(patterns):
+        if ninja is not None and (operations := ninja._operations(callback)) is not None:
+            # A django-ninja path: its protected operations, each a view of its own (issue 38).
+            for operation in operations:
+                if (options := ninja._options_of(operation)) is not None:
+                    function = operation.view_func
+                    yield f"{function.__module__}.{function.__qualname__}", options
+            continue
         options = getattr(callback, "idempotency_options", None)
         view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
         if options is None and view_class is not None:

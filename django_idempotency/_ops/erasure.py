@@ -14,7 +14,7 @@ from django_idempotency import _store as store
 from django_idempotency._base import rules
 from django_idempotency._call import telemetry
 from django_idempotency._conf.settings import conf
-from django_idempotency._store.limits import bounded_scope
+from django_idempotency._store.limits import PADDED_SCOPE, bounded_scope, padded
 from django_idempotency.models import IdempotencyKey
 
 __all__ = ["Erasure", "erase_scope"]
@@ -53,6 +53,9 @@ def erase_scope(
     """
     if not isinstance(scope, str) or not scope:
         raise ValueError(f"The scope to erase must be a non-empty string, not {scope!r}.")
+    if padded(scope):
+        # Never made (issue 38): on MySQL and MariaDB it would erase the scope without it.
+        raise ValueError(f"The scope to erase is given {PADDED_SCOPE}; give it without.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     alias = using or conf.DATABASE_ALIAS

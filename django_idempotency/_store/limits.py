@@ -35,6 +35,20 @@ def bounded_scope(scope: str) -> str:
     return scope if len(scope) <= MAX_SCOPE else "sha256:" + sha256_hex(scope)
 
 
+#: Why no scope may have whitespace around it (issue 38): MySQL and MariaDB compare text
+#: without its trailing spaces (PAD SPACE collations), so ``"user:7 "`` would be ``"user:7"``
+#: there and another principal elsewhere.
+PADDED_SCOPE = (
+    "with whitespace around it, which no scope may have: MySQL and MariaDB would not tell it "
+    "from the scope without it"
+)
+
+
+def padded(scope: str) -> bool:
+    """Whether ``scope`` has whitespace around it (:data:`PADDED_SCOPE`)."""
+    return scope != scope.strip()
+
+
 def bounded_fingerprint(value: object) -> str:
     """What ``FINGERPRINT_FUNCTION`` returned, as stored: itself, or its SHA-256 when longer
     than the column (a SHA-512 in hex): the docs promise only "a string" (issue 20)."""

@@ -62,6 +62,11 @@ def seal(headers: Headers, body: bytes | None) -> tuple[Any, bytes | None]:
     return {CODEC: FERNET}, base64.urlsafe_b64decode(token)
 
 
+def encrypted(stored_headers: Any) -> bool:
+    """Whether a record's response is encrypted at rest (told by its headers column alone)."""
+    return isinstance(stored_headers, dict) and stored_headers.get(CODEC) == FERNET
+
+
 def unseal(stored_headers: Any, body: bytes | memoryview | None) -> tuple[Headers, bytes | None]:
     """The headers and body as the view returned them; raises :class:`Unreadable`."""
     if not isinstance(stored_headers, dict):  # a list: kept as sent
@@ -71,7 +76,7 @@ def unseal(stored_headers: Any, body: bytes | memoryview | None) -> tuple[Header
     codec = stored_headers.get(CODEC)
     headers = stored_headers.get("headers", [])
     data = bytes(body)
-    if codec == FERNET:
+    if encrypted(stored_headers):
         headers, codec, data = _decrypt(data)
     if codec == ZLIB:
         try:

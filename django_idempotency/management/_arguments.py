@@ -9,9 +9,11 @@ The bounds are documented in docs/commands.rst.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Collection, Sequence
 from datetime import timedelta
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -98,3 +100,17 @@ class Command(BaseCommand):
 
     def run_from_argv(self, argv: list[str]) -> None:
         super().run_from_argv(negative_values_joined(argv, self.numeric))
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        """Under ``--verbosity 0``, print nothing: the app's own log lines (an erasure, a
+        released record) too, which reach stderr through Python's last resort when the project
+        configures no logging for them; a configured handler still gets them (issue 38)."""
+        logger = logging.getLogger("django_idempotency")
+        if options.get("verbosity", 1) >= 1 or logger.hasHandlers():
+            return super().execute(*args, **options)
+        quiet = logging.NullHandler()
+        logger.addHandler(quiet)
+        try:
+            return super().execute(*args, **options)
+        finally:
+            logger.removeHandler(quiet)
