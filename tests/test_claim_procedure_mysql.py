@@ -24,7 +24,7 @@ from tests.factories import IdempotencyKeyFactory
 pytest.importorskip("MySQLdb", reason=NEEDS_MYSQLCLIENT)
 pytestmark = [pytest.mark.mysql]
 
-#: The latest migration that made the procedure.
+#: The migration whose text makes the procedure (0007 makes it again from it, issue 38).
 MIGRATION = importlib.import_module("django_idempotency.migrations.0006_mysql_claim_procedure")
 FINGERPRINT = "f" * 64
 
