@@ -266,8 +266,8 @@ def capture(path: str) -> Captured | None:
         sent.append((sql, list(params or [])))
         return execute(sql, params, *args)
 
-    from django_idempotency._keys import hash_key
-    from django_idempotency.models import IdempotencyKey
+    from django_idempotency import IdempotencyKey
+    from django_idempotency._base.keys import hash_key
 
     key = str(uuid.uuid4())
     with connection.execute_wrapper(record):
@@ -395,8 +395,8 @@ GOALS = {
 def latency(rounds: int, database: str) -> None:
     from django.db import connection
 
-    from django_idempotency._keys import hash_key
-    from django_idempotency.models import IdempotencyKey
+    from django_idempotency import IdempotencyKey
+    from django_idempotency._base.keys import hash_key
 
     operations = [
         "bare",
@@ -590,7 +590,7 @@ def telemetry_cost(rounds: int) -> None:
         SpanExportResult,
     )
 
-    from django_idempotency import _telemetry as telemetry
+    from django_idempotency._call import telemetry
 
     class NoMetrics(MetricExporter):
         def export(self, metrics_data: Any, timeout_millis: float = 0, **kwargs: Any) -> Any:

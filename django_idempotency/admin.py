@@ -1,6 +1,6 @@
 """A read-only admin for support and operators: look a key up, read its stored response, and
 release stale locks, mark them failed or delete expired records (the same statements as the
-commands, from :mod:`django_idempotency._maintenance`)."""
+commands, from :mod:`django_idempotency._ops.maintenance`)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import _maintenance as maintenance
-from django_idempotency import _rules as rules
-from django_idempotency import _sealing as sealing
 from django_idempotency import _store as store
-from django_idempotency import _time_zones as time_zones
-from django_idempotency._conf import conf
-from django_idempotency._keys import InvalidKey, hash_key, parse_key
-from django_idempotency.functions._calls import METHOD as CALL
+from django_idempotency._base import rules
+from django_idempotency._base.errors import InvalidKey
+from django_idempotency._base.keys import hash_key, parse_key
+from django_idempotency._conf.settings import conf
+from django_idempotency._function.calls import METHOD as CALL
+from django_idempotency._ops import maintenance
+from django_idempotency._store import sealing, time_zones
 from django_idempotency.models import IdempotencyKey
 
 __all__ = ["IdempotencyKeyAdmin"]

@@ -15,8 +15,8 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency import _checks as checks
-        from django_idempotency._conf import connect_signals, usable
+        from django_idempotency._conf.settings import connect_signals, usable
+        from django_idempotency._ops import checks
 
         register(Tags.compatibility)(checks.check_settings)
         register(Tags.database)(checks.check_database)
@@ -27,4 +27,4 @@ class IdempotencyConfig(AppConfig):
         usable()
         if find_spec("drf_spectacular") is not None:
             # Registers the schema extension: protected views document themselves.
-            from django_idempotency import _openapi as openapi  # noqa: F401
+            from django_idempotency._publish import openapi  # noqa: F401

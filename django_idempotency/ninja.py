@@ -27,19 +27,18 @@ from django.http import HttpRequest, HttpResponseBase
 from ninja.decorators import decorate_view
 from ninja.operation import Operation
 
-from django_idempotency import _engine as engine
-from django_idempotency import _http as protocol
-from django_idempotency import _lifecycle as lifecycle
-from django_idempotency import _ninja_openapi as openapi
-from django_idempotency._conf import conf, derived
-from django_idempotency._identity import Identity
-from django_idempotency._lifecycle import Answer
-from django_idempotency._limits import sha256_hex
-from django_idempotency._options import VIEW_OPTIONS, Options, Policy, ViewOptions
-from django_idempotency._values import SAFE_METHODS
-from django_idempotency.claim import Claim
-from django_idempotency.exceptions import UnreplayableResponse
-from django_idempotency.scopes import user_scope
+from django_idempotency._base.errors import UnreplayableResponse
+from django_idempotency._call import engine, lifecycle
+from django_idempotency._call.claim import Claim
+from django_idempotency._call.identity import Identity
+from django_idempotency._call.lifecycle import Answer
+from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
+from django_idempotency._conf.settings import conf, derived
+from django_idempotency._conf.values import SAFE_METHODS
+from django_idempotency._http import adapter as protocol
+from django_idempotency._http.scopes import user_scope
+from django_idempotency._publish import ninja_openapi as openapi
+from django_idempotency._store.limits import sha256_hex
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack: Python 3.11
@@ -109,7 +108,7 @@ def idempotent(
 def auth_scope(auth: object) -> str:
     """The scope of a request ninja authenticated as ``auth`` (its ``request.auth``).
 
-    A user is ``user:<pk>``, as :func:`~django_idempotency.scopes.user_scope` says, so a user's
+    A user is ``user:<pk>``, as :func:`~django_idempotency.user_scope` says, so a user's
     keys are the same through ninja and through Django views; another model instance is
     ``<app_label>.<model>:<pk>``; any other value (an API key, a token) is the SHA-256 of its
     string, ``auth:<hex>``, so that a secret is never stored in clear. Erasure

@@ -30,16 +30,16 @@ from django.test import RequestFactory
 from django.urls import Resolver404, resolve
 from django.utils import timezone
 
-from django_idempotency import _http as protocol
-from django_idempotency import _responses as responses
-from django_idempotency._conf import conf
-from django_idempotency._identity import Identity
-from django_idempotency._keys import ANY, MAX_KEY_LENGTH, KeyFormat, hash_key
-from django_idempotency._lifecycle import Answer
-from django_idempotency._options import Options, Policy
-from django_idempotency._published import view_options
+from django_idempotency._base.keys import ANY, MAX_KEY_LENGTH, KeyFormat, hash_key
+from django_idempotency._call.claim import Claim
+from django_idempotency._call.identity import Identity
+from django_idempotency._call.lifecycle import Answer
+from django_idempotency._conf.options import Options, Policy
+from django_idempotency._conf.settings import conf
+from django_idempotency._http import adapter as protocol
+from django_idempotency._http import responses
+from django_idempotency._publish.policy import view_options
 from django_idempotency._store import using
-from django_idempotency.claim import Claim
 from django_idempotency.models import IdempotencyKey
 
 __all__ = [

@@ -12,9 +12,9 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 from django.test import override_settings
 
-from django_idempotency import _durations as durations
-from django_idempotency import _galera as galera
-from django_idempotency._checks import check_database, check_settings, eviction_warnings
+from django_idempotency._base import durations
+from django_idempotency._ops.checks import check_database, check_settings, eviction_warnings
+from django_idempotency._store import galera
 
 
 def ids(config: Any) -> list[str]:
@@ -34,7 +34,7 @@ def test_defaults_pass() -> None:
         {"KEY_FORMAT": "uuid"},
         {"KEY_FORMAT": re.compile(r"[a-z]{8,}")},
         {"SCOPE_FUNCTION": lambda request, *rest: "s"},
-        {"FINGERPRINT_FUNCTION": "django_idempotency.fingerprints.request_fingerprint"},
+        {"FINGERPRINT_FUNCTION": "django_idempotency.request_fingerprint"},
         {"BARE_KEYS": False},
         {"BARE_KEYS": True},
     ],
@@ -74,7 +74,7 @@ def test_good_values_pass(config: Any) -> None:
         ({"FINGERPRINT_FUNCTION": "django_idempotency.nope"}, "E016"),
         ({"SCOPE_FUNCTION": lambda: "x"}, "E024"),
         ({"SCOPE_FUNCTION": "tests.testapp.policy_views.method_scope"}, "E024"),
-        ({"FINGERPRINT_FUNCTION": "django_idempotency.scopes.user_scope"}, "E025"),
+        ({"FINGERPRINT_FUNCTION": "django_idempotency.user_scope"}, "E025"),
         ({"KEY_FORMAT": "uuid4"}, "E023"),
         ({"KEY_FORMAT": "^[0-9]+$"}, "E023"),
         ({"KEY_FORMAT": None}, "E023"),

@@ -12,13 +12,11 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from django_idempotency import Claim, IdempotencyKey, LockWaitTimeout
 from django_idempotency import _store as store
 from django_idempotency._store import mysql
 from django_idempotency._store.mysql import CLAIM_PROCEDURE, MySQLStore
 from django_idempotency._store.statements import CLAIM_PARAMS
-from django_idempotency.claim import Claim
-from django_idempotency.exceptions import LockWaitTimeout
-from django_idempotency.models import IdempotencyKey
 from tests import factories
 from tests.conftest import NEEDS_MYSQLCLIENT
 from tests.factories import IdempotencyKeyFactory

@@ -13,8 +13,8 @@ import pytest
 from django.core.management import CommandError, call_command, load_command_class
 from django.utils import timezone
 
+from django_idempotency import IdempotencyKey
 from django_idempotency.management import _arguments as arguments
-from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db

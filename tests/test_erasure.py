@@ -17,11 +17,16 @@ from django.http import HttpResponse
 from django.test import Client, RequestFactory
 from django.utils import timezone
 
-from django_idempotency import Erasure, erase_scope, idempotent, idempotent_function
-from django_idempotency._keys import hash_key
-from django_idempotency._limits import bounded_scope
-from django_idempotency.models import IdempotencyKey
-from django_idempotency.signals import late_result_refused
+from django_idempotency import (
+    Erasure,
+    IdempotencyKey,
+    erase_scope,
+    idempotent,
+    idempotent_function,
+    late_result_refused,
+)
+from django_idempotency._base.keys import hash_key
+from django_idempotency._store.limits import bounded_scope
 from tests.conftest import executions
 from tests.testapp import sealing_views
 

@@ -516,7 +516,7 @@ def test_the_readmes_curl_session_prints_what_the_readme_says(
 
 def test_the_examples_idempotency_settings_are_the_defaults_it_says_they_are() -> None:
     """example_project/settings.py calls its IDEMPOTENCY values the defaults (issue 26)."""
-    from django_idempotency._conf import SETTINGS
+    from django_idempotency._conf.settings import SETTINGS
     from example_project import settings as example_settings
 
     declared = {setting.name: setting for setting in SETTINGS}

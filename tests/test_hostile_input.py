@@ -24,9 +24,7 @@ from django.http import HttpRequest
 from django.test import Client, override_settings
 from rest_framework.views import APIView
 
-from django_idempotency.decorators import idempotent
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey, idempotent, idempotent_function
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.conftest import executions, problem_slug
 

@@ -1,4 +1,4 @@
-"""Each rule of :mod:`django_idempotency._rules` says the same in SQL, as a ``Q`` and in Python.
+"""Each rule of :mod:`._base.rules` says the same in SQL, as a ``Q`` and in Python.
 
 Records covering every combination of the fields the rules read are written to the database;
 for each rule, the rows its SQL selects, the rows its ``Q`` filters and the records its Python
@@ -14,9 +14,9 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from django_idempotency import _rules as rules
+from django_idempotency import IdempotencyKey
+from django_idempotency._base import rules
 from django_idempotency._store.rows import prep
-from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db

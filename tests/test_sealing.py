@@ -21,12 +21,10 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 from django.test import Client, override_settings
 
-from django_idempotency import _checks as checks
-from django_idempotency import _sealing as sealing
-from django_idempotency._keys import hash_key
-from django_idempotency.exceptions import IdempotencyError
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyError, IdempotencyKey, idempotent_function
+from django_idempotency._base.keys import hash_key
+from django_idempotency._ops import checks
+from django_idempotency._store import sealing
 from tests.conftest import executions
 from tests.testapp.sealing_views import CARD, LOCATION, NAME
 

@@ -15,9 +15,8 @@ from django.contrib.auth.models import User
 from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 
-from django_idempotency import IdempotencyInProgress, idempotent_function
-from django_idempotency._keys import hash_key
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyInProgress, IdempotencyKey, idempotent_function
+from django_idempotency._base.keys import hash_key
 from django_idempotency.testing import (
     assert_replayed,
     concurrently,

@@ -24,7 +24,7 @@ from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 
-from django_idempotency.functions import JSONSerializer, idempotent_function
+from django_idempotency import JSONSerializer, idempotent_function
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions, problem_slug
 

@@ -31,6 +31,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, ProgrammingError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import ClaimValues
@@ -46,7 +47,6 @@ from django_idempotency._store.rows import (
 from django_idempotency._store.statements import (
     Statements,
 )
-from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
 
 #: The claim function's name and its arguments: the claim's values (the claim's time once, for

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import _rules as rules
+from django_idempotency._base import rules
 from django_idempotency._store.rows import COLUMNS
 from django_idempotency.models import IdempotencyKey
 

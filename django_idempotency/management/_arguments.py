@@ -17,7 +17,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_idempotency import _durations as durations
+from django_idempotency._base import durations
 
 #: The largest count a command takes (``--batch-size``, ``--limit``, ``--max-batches``): the
 #: largest signed 32-bit integer, which every supported database's ``LIMIT`` and integer
@@ -52,7 +52,7 @@ def seconds(name: str, value: object, *, zero: bool, most: float) -> float:
 
 def duration(name: str, value: object) -> timedelta:
     """A duration from 0 to the longest the app takes anywhere
-    (:data:`~django_idempotency._durations.MAX_DURATION`, a thousand years): ``90``, ``90s``,
+    (:data:`~django_idempotency._base.durations.MAX_DURATION`, a thousand years): ``90``, ``90s``,
     ``15m``, ``2h``, ``1d``."""
     try:
         parsed = durations.parse(value, name)

@@ -10,7 +10,7 @@ fingerprint in SQL, which must mean what its test in Python means. PostgreSQL's 
 Each column keeps its character set and takes that set's binary collation, comparing code
 points, without padding where the server has one: ``utf8mb4_0900_bin`` on MySQL 8.0.17+,
 ``utf8mb4_nopad_bin`` on MariaDB. Else (MySQL before 8.0.17) ``utf8mb4_bin``, which ignores
-trailing spaces: no scope may have any (``django_idempotency._limits.padded``). Django's
+trailing spaces: no scope may have any (``django_idempotency._store.limits.padded``). Django's
 ``db_collation`` would name one collation for every database, so the model does not say it:
 a later migration that alters either field must apply it again (Django's ``MODIFY`` drops
 it), and ``tests/test_exact_scopes.py`` fails if it is lost.

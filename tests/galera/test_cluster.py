@@ -250,7 +250,7 @@ def test_autocommit_fenced_updates_through_three_nodes_affect_one_row_in_all(
 def test_each_node_tells_its_suspect_timeout(galera: Cluster) -> None:
     """What the system check W003 reads: the harness starts the nodes with Galera's default,
     ``evs.suspect_timeout=PT5S``."""
-    from django_idempotency import _galera as galera_settings
+    from django_idempotency._store import galera as galera_settings
 
     for node in galera.nodes:
         with closing(node.connect()) as conn, conn.cursor() as cursor:

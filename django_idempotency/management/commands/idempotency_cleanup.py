@@ -12,9 +12,9 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
-from django_idempotency._erasure import erase_scope
+from django_idempotency._ops import maintenance
+from django_idempotency._ops.erasure import erase_scope
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 
