@@ -30,8 +30,6 @@ from ninja.operation import Operation
 from django_idempotency._base.errors import UnreplayableResponse
 from django_idempotency._call import engine, lifecycle
 from django_idempotency._call.claim import Claim
-from django_idempotency._call.identity import Identity
-from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
 from django_idempotency._conf.settings import conf, derived
 from django_idempotency._conf.values import SAFE_METHODS
