@@ -30,8 +30,6 @@ from ninja.operation import Operation
 from django_idempotency._base.errors import UnreplayableResponse
 from django_idempotency._call import engine, lifecycle
 from django_idempotency._call.claim import Claim
-from django_idempotency._call.identity import Identity
-from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
 from django_idempotency._conf.settings import conf, derived
 from django_idempotency._conf.values import SAFE_METHODS
@@ -269,15 +267,6 @@ class _Adapter(protocol.HttpAdapter):
                 return policy
         protocol.attach(self.request, None)
         return None
-
-    def identify(self, policy: Policy) -> Identity | Answer[HttpResponseBase] | None:
-        meta = self.request.META
-        name = protocol._wsgi_name(conf.HEADER)
-        if name not in meta and conf.HEADER in self.request.headers:
-            # Ninja's TestClient puts headers in META as given ("HTTP_Idempotency_Key"),
-            # where Django's handlers upper-case them: its requests are protected too.
-            meta[name] = self.request.headers[conf.HEADER]
-        return super().identify(policy)
 
     def finish(self, claim: Claim, result: Any, policy: Policy) -> HttpResponseBase:
         try:

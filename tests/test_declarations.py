@@ -126,15 +126,34 @@ def _ids_in_code() -> set[str]:
     return declared | functions
 
 
-def test_every_check_id_is_documented_and_tested() -> None:
-    documented = set(
-        re.findall(r"``django_idempotency\.([EW]\d{3})``", (DOCS / "checks.rst").read_text())
-    )
-    assert documented == _ids_in_code()
+def test_every_check_says_what_it_refuses_and_is_tested() -> None:
+    """``docs/checks.rst``'s table is made from the declarations (``docs/_ext``): each check of
+    one value by its test's words, each other check by the row above its function."""
+    assert set(checks.REFUSES) == _ids_in_code() - {
+        f"E{check.id:03d}" for setting in SETTINGS for check in setting.checks
+    }
+    for setting in SETTINGS:
+        for check in setting.checks:
+            assert check.refuses and check.hint, check.id
+    assert ".. idempotency-checks::" in (DOCS / "checks.rst").read_text()
     tests = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
+    # A setting's first check is tested by the next test; the others each have their own.
+    first = {f"E{s.checks[0].id:03d}" for s in SETTINGS if s.checks}
     assert {
-        i for i in documented if f'"{i}"' not in tests and f"django_idempotency.{i}" not in tests
+        i
+        for i in _ids_in_code() - first
+        if f'"{i}"' not in tests and f"django_idempotency.{i}" not in tests
     } == set()
+
+
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s.checks], ids=lambda s: s.name)
+def test_a_value_of_no_kind_is_refused_by_the_first_check(setting: Any) -> None:
+    """Each setting's first check, in its declared words and id: a new setting is tested so."""
+    with override_settings(IDEMPOTENCY={setting.name: object()}):
+        (error,) = checks.check_settings()
+    first = setting.checks[0]
+    assert (error.id, error.hint) == (f"django_idempotency.E{first.id:03d}", first.hint)
+    assert error.msg.startswith(setting.label)
 
 
 def test_every_setting_has_its_entry_in_the_docs() -> None:

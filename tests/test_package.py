@@ -131,6 +131,33 @@ def test_each_folder_says_what_it_owns_and_what_it_may_import() -> None:
         assert re.search(r"\bOwns\b", doc) and re.search(r"\bimport", doc, re.I), folder
 
 
+#: The functions that import a module, or a name of one, given as a string.
+_IMPORTERS = {"import_module", "import_string", "__import__"}
+
+
+def _imported_by_name(node: ast.AST) -> str | None:
+    """The package module a call such as ``import_module("django_idempotency.ninja")`` or
+    ``import_string("django_idempotency.x.y")`` imports: an arrow the import statements do not
+    show (issue 40)."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    function = node.func
+    name = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+    argument = node.args[0]
+    if name not in _IMPORTERS or not isinstance(argument, ast.Constant):
+        return None
+    value = argument.value
+    return value if isinstance(value, str) and value.startswith(PACKAGE.name) else None
+
+
+def test_the_layer_test_sees_imports_by_name() -> None:
+    called = ast.parse('importlib.import_module("django_idempotency.ninja")').body[0]
+    assert isinstance(called, ast.Expr)
+    assert _imported_by_name(called.value) == "django_idempotency.ninja"
+    assert _layer("django_idempotency.ninja") > _layer("django_idempotency._http.adapter")
+    assert _imported_by_name(ast.parse('import_string("json.dumps")').body[0].value) is None  # type: ignore[attr-defined]
+
+
 def test_no_module_imports_from_a_layer_above_its_own() -> None:
     """Type-only imports and imports inside functions count too: a cycle of any kind starts
     with an arrow that runs up."""
@@ -144,6 +171,8 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
                 targets = names if node.module == PACKAGE.name else [node.module]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name.startswith(PACKAGE.name)]
+            elif named := _imported_by_name(node):
+                targets = [named]
             else:
                 continue
             upward |= {(module, t) for t in targets if _layer(t) > _layer(module)}

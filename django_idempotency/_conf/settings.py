@@ -1,11 +1,12 @@
 """Every setting and view option, declared once, and the typed, cached reads of the settings.
 
-A declaration gives a key of ``settings.IDEMPOTENCY`` its default, how it is read, its system
-checks (ids, tests, hints), whether a view may override it (and ``idempotent_function``), and
-its line in the docs. ``DEFAULTS``, ``conf``, the checks (:mod:`._checks`), a view's options and
-policy (:mod:`._options`), the DRF mixin's ``idempotency_<name>`` attributes and the settings
-page (``docs/_ext``) all derive from it; adding a setting is one declaration plus the code that
-uses it (``docs/contributing.rst``).
+A setting is one line of :class:`Settings` (DRF's ``DEFAULTS`` is the model): its default, how
+``conf`` reads it, its system checks (``{id: test}``; the test, in :mod:`.values`, carries the
+check's words) and whether a view, or a view and ``idempotent_function``, may override it.
+``DEFAULTS``, ``conf``, the checks (:mod:`.._ops.checks`), a view's options and policy
+(:mod:`.options`), the DRF mixin's ``idempotency_<name>`` attributes, the settings page and
+the checks page (``docs/_ext``) all derive from it; adding a setting is that line, its entry in
+``docs/settings.rst`` and the code that uses it (``docs/contributing.rst``).
 
 Settings are read from ``settings.IDEMPOTENCY`` so ``override_settings`` just works; nothing is
 ever written into ``django.conf.settings``. Every value, and everything :func:`derived` from
@@ -29,7 +30,28 @@ from django.core.signals import setting_changed
 from django_idempotency._base import durations
 from django_idempotency._base.keys import KeyFormat
 from django_idempotency._conf import values
-from django_idempotency._conf.values import FINGERPRINT_ARGUMENTS, SCOPE_ARGUMENTS, Test
+from django_idempotency._conf.values import (
+    DOCS,
+    FINGERPRINT_ARGUMENTS,
+    SCOPE_ARGUMENTS,
+    Test,
+    absolute_uri,
+    boolean,
+    encryption_available,
+    fernet_keys,
+    header_name,
+    header_names,
+    in_progress,
+    key_length,
+    methods,
+    mismatch_status,
+    optional_positive_int,
+    positive_duration,
+    positive_int,
+    statuses,
+    stored_headers,
+    unsafe_methods,
+)
 
 if TYPE_CHECKING:
     from cryptography.fernet import MultiFernet
@@ -40,7 +62,9 @@ FingerprintFunction = Callable[["HttpRequest", str], str]
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-DOCS = "See https://django-idempotency.readthedocs.io/en/latest/settings.html"
+#: A setting's ``option``: a view may override it; and ``idempotent_function`` too.
+VIEWS = "views"
+CALLS = "calls"
 
 
 def check_name(id_: int, level: str = "E") -> str:
@@ -50,11 +74,20 @@ def check_name(id_: int, level: str = "E") -> str:
 
 @dataclass(frozen=True)
 class Check:
-    """A system check of one setting: ``django_idempotency.E<id>`` when ``test`` refuses it."""
+    """A system check of one setting: ``django_idempotency.E<id>`` when ``test`` refuses it.
+    Its words are its test's (:func:`.values.refusing`)."""
 
     id: int
     test: Test
-    hint: str = DOCS
+
+    @property
+    def hint(self) -> str:
+        return str(getattr(self.test, "hint", DOCS))
+
+    @property
+    def refuses(self) -> str:
+        """Its row in ``docs/checks.rst``, after the setting's name."""
+        return str(self.test.refuses)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -108,20 +141,24 @@ class Setting(Generic[T]):
         self,
         default: object,
         convert: Callable[[Any, str], T],
-        *checks: Check,
-        doc: str,
-        option: Option | None = None,
+        checks: Mapping[int, Test],
+        option: str = "",
+        *,
         shown: str | None = None,
+        option_tests: tuple[Test, ...] = (),
     ) -> None:
         self.default = default
         self.convert = convert
-        self.checks = checks
-        self.doc = doc
-        self.option = option
+        self.checks = tuple(Check(id_, test) for id_, test in checks.items())
+        #: Its view option (``VIEWS``, ``CALLS``): named after it, with its checks' tests, or
+        #: ``option_tests``.
+        self.option = (
+            Option(function=option == CALLS, tests=option_tests or tuple(checks.values()))
+            if option
+            else None
+        )
         #: The default as the docs show it, where ``repr`` would not do.
         self.shown = shown
-        if option is not None:
-            option.tests = option.tests or tuple(check.test for check in checks)
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -205,9 +242,7 @@ def _fernet(value: Any, name: str) -> MultiFernet | None:
     return MultiFernet([Fernet(key) for key in keys])
 
 
-def _function(
-    default: str, ids: tuple[int, int], arguments: tuple[str, ...], *, doc: str
-) -> Setting[Any]:
+def _function(default: str, ids: tuple[int, int], arguments: tuple[str, ...]) -> Setting[Any]:
     """A function of the request: a dotted path or a callable as a setting (check ``ids``: one
     that cannot be imported, one that cannot be called with ``arguments``), a hashable callable
     as a view's option."""
@@ -217,191 +252,59 @@ def _function(
         # One that cannot be called so can never work: refused before any view runs (issue 38).
         return called_as(_import(value, name), name)  # type: ignore[no-any-return]
 
-    return Setting(
-        default,
-        convert,
-        Check(ids[0], values.importable),
-        Check(
-            ids[1], called_as, hint=f"It is called as f({', '.join(arguments)}) and returns a str."
-        ),
-        option=Option(tests=(values.hashable, called_as)),
-        doc=doc,
-    )
+    checks = {ids[0]: values.importable, ids[1]: called_as}
+    return Setting(default, convert, checks, VIEWS, option_tests=(values.hashable, called_as))
 
 
-def _switch(default: bool, *, doc: str, option: Option | None = None) -> Setting[bool]:
-    """On or off: read as its truth; the checks want True or False (E002, one id for all)."""
-    return Setting(default, _coerce(bool), Check(2, values.boolean), option=option, doc=doc)
-
-
-def _duration(default: timedelta, check: int, *, doc: str) -> Setting[timedelta]:
-    """A positive ``timedelta`` or number of seconds, which views and functions may override."""
-    return Setting(
-        default,
-        durations.to_timedelta,
-        Check(check, values.positive_duration),
-        option=Option(function=True),
-        doc=doc,
-    )
-
-
-_SAFE_HINT = "Safe methods are never protected; list POST, PATCH, PUT or DELETE."
-_HEADERS_HINT = "Cookies belong to one client and hop-by-hop headers to one connection."
+_bool = _coerce(bool)
+_int = _coerce(int)
+_str = _coerce(str)
+_to_timedelta = durations.to_timedelta
+_HOUR = timedelta(hours=1)
+_HEADERS = ("Content-Type", "Location", "ETag", "Link", "Content-Language")
+_PROBLEMS = "https://django-idempotency.readthedocs.io/en/latest/problems.html#"
+_RETRYABLE = frozenset({408, 429, *range(500, 600)})
 
 
 class Settings:
-    """Typed access to ``settings.IDEMPOTENCY``, and the declaration of each key, in the
-    order of their first check ids; see ``docs/settings.rst``."""
+    """Typed access to ``settings.IDEMPOTENCY``, and each key's declaration on one line, in
+    the order of their first check ids: ``Setting(default, read as, {check id: test},
+    option)``. What each does: ``docs/settings.rst``."""
 
-    ENABLED = _switch(True, doc="Off, every protected view is a plain view: no key is read.")
-    REQUIRED = _switch(
-        False,
-        option=Option(),
-        doc="A protected request without a key is refused (``400 missing-idempotency-key``).",
-    )
-    HEARTBEAT = _switch(
-        True,
-        option=Option(function=True),
-        doc="Renew the lock of every attempt in flight, so a slow live one is never taken over.",
-    )
-    BARE_KEYS = _switch(True, doc="A key may be sent bare as well as quoted, as the draft has it.")
-    COMPRESSION = _switch(
-        True,
-        doc="Store a response body over 1 KiB compressed (zlib) when that makes it smaller; "
-        "replays are byte-identical either way (:doc:`storage`).",
-    )
-    HEADER = Setting(
-        "Idempotency-Key",
-        _coerce(str),
-        Check(3, values.header_name),
-        doc="The request header carrying the key.",
-    )
-    METHODS = Setting(
-        ("POST", "PATCH"),
-        _upper,
-        Check(4, values.methods),
-        Check(20, values.unsafe_methods, hint=_SAFE_HINT),
-        option=Option(),
-        doc="The methods a protected view protects; others pass through.",
-    )
-    TTL = _duration(
-        timedelta(hours=24), 5, doc="How long a record is kept and replayed, from its claim."
-    )
-    LOCK_TIMEOUT = _duration(
-        timedelta(seconds=30),
-        6,
-        doc="How long an attempt that shows no sign of life keeps its key before a retry may "
-        "take it over.",
-    )
-    WAIT_TIMEOUT = _duration(
-        timedelta(seconds=10), 7, doc="The longest a duplicate waits for the first."
-    )
-    IN_PROGRESS = Setting(
-        "conflict",
-        _coerce(str),
-        Check(9, values.in_progress),
-        option=Option(function=True),
-        doc='What a duplicate of an attempt in flight gets: ``"conflict"`` (``409``) or '
-        '``"wait"`` (the result).',
-    )
-    RETRY_AFTER = Setting(
-        1,
-        _coerce(int),
-        Check(10, values.positive_int),
-        doc="The ``Retry-After`` of a ``409`` and of a ``503``, in seconds.",
-    )
+    ENABLED = Setting(True, _bool, {2: boolean})
+    REQUIRED = Setting(False, _bool, {2: boolean}, VIEWS)
+    HEARTBEAT = Setting(True, _bool, {2: boolean}, CALLS)
+    BARE_KEYS = Setting(True, _bool, {2: boolean})
+    COMPRESSION = Setting(True, _bool, {2: boolean})
+    HEADER = Setting("Idempotency-Key", _str, {3: header_name})
+    METHODS = Setting(("POST", "PATCH"), _upper, {4: methods, 20: unsafe_methods}, VIEWS)
+    TTL = Setting(24 * _HOUR, _to_timedelta, {5: positive_duration}, CALLS)
+    LOCK_TIMEOUT = Setting(timedelta(seconds=30), _to_timedelta, {6: positive_duration}, CALLS)
+    WAIT_TIMEOUT = Setting(timedelta(seconds=10), _to_timedelta, {7: positive_duration}, CALLS)
+    IN_PROGRESS = Setting("conflict", _str, {9: in_progress}, CALLS)
+    RETRY_AFTER = Setting(1, _int, {10: positive_int})
     RETRYABLE_STATUSES: Setting[Collection[int]] = Setting(
-        frozenset({408, 429, *range(500, 600)}),
-        _coerce(frozenset),
-        Check(11, values.statuses),
-        shown="408, 429 and 500 to 599",
-        doc="Statuses that are not stored: the key is released and a retry runs again.",
+        _RETRYABLE, _coerce(frozenset), {11: statuses}, shown="408, 429 and 500 to 599"
     )
-    MISMATCH_STATUS = Setting(
-        422,
-        _coerce(int),
-        Check(12, values.mismatch_status),
-        doc="The status of ``idempotency-key-reuse``: ``422``, or ``400`` as Stripe does.",
-    )
-    MIN_KEY_LENGTH = Setting(
-        1,
-        _coerce(int),
-        Check(13, values.key_length),
-        doc="Shorter keys are ``400 invalid-idempotency-key``.",
-    )
-    REPLAYED_HEADERS = Setting(
-        ("Content-Type", "Location", "ETag", "Link", "Content-Language"),
-        _lower,
-        Check(14, values.header_names),
-        Check(21, values.stored_headers, hint=_HEADERS_HINT),
-        doc="The response headers stored and replayed.",
-    )
+    MISMATCH_STATUS = Setting(422, _int, {12: mismatch_status})
+    MIN_KEY_LENGTH = Setting(1, _int, {13: key_length})
+    REPLAYED_HEADERS = Setting(_HEADERS, _lower, {14: header_names, 21: stored_headers})
     SCOPE_FUNCTION: Setting[ScopeFunction] = _function(
-        "django_idempotency.user_scope",
-        (15, 24),
-        SCOPE_ARGUMENTS,
-        doc="Whose key it is: a function of the request (or its dotted path) returning a string.",
+        "django_idempotency.user_scope", (15, 24), SCOPE_ARGUMENTS
     )
     FINGERPRINT_FUNCTION: Setting[FingerprintFunction] = _function(
-        "django_idempotency.request_fingerprint",
-        (16, 25),
-        FINGERPRINT_ARGUMENTS,
-        doc="What makes a retry the same request: a function of the request and the scope "
-        "(or its dotted path) returning a string.",
+        "django_idempotency.request_fingerprint", (16, 25), FINGERPRINT_ARGUMENTS
     )
-    MAX_BODY_SIZE = Setting(
-        1024 * 1024,
-        _coerce(int),
-        Check(17, values.positive_int),
-        shown="1 MiB (1,048,576 bytes)",
-        doc="A larger response body, as the client receives it, is returned but not stored; "
-        "its retries get ``500``.",
-    )
-    # E018, E019 and E030 to E032: the database DATABASE_ALIAS names (_checks.check_database).
-    DATABASE_ALIAS = Setting(
-        "default",
-        _alias,
-        doc="The database alias holding the records.",
-    )
-    PROBLEM_TYPE_BASE = Setting(
-        "https://django-idempotency.readthedocs.io/en/latest/problems.html#",
-        _coerce(str),
-        Check(
-            22,
-            values.absolute_uri,
-            hint="Problem slugs are appended to it to make each problem's 'type', e.g. "
-            "'https://api.example.com/docs/errors#'.",
-        ),
-        doc="The absolute URI each problem's slug is appended to, making its ``type``.",
-    )
+    MAX_BODY_SIZE = Setting(1024 * 1024, _int, {17: positive_int}, shown="1 MiB (1,048,576 bytes)")
+    # E018, E019 and E030 to E032: the database DATABASE_ALIAS names (_ops.checks.check_database).
+    DATABASE_ALIAS = Setting("default", _alias, {})
+    PROBLEM_TYPE_BASE = Setting(_PROBLEMS, _str, {22: absolute_uri})
     KEY_FORMAT: Setting[KeyFormat] = Setting(
-        "any",
-        values.key_format,
-        Check(
-            23,
-            values.key_format,
-            hint="A string is a name ('any' or 'uuid'), never a pattern: give a pattern "
-            "as re.compile(r'...').",
-        ),
-        option=Option(function=True),
-        doc='What a key must look like: ``"any"``, ``"uuid"`` or a compiled regular expression.',
+        "any", values.key_format, {23: values.key_format}, CALLS
     )
-    MAX_STORED_BODY_SIZE = Setting(
-        None,
-        values.optional_positive_int,
-        Check(40, values.optional_positive_int),
-        doc="The most bytes a response may take in the table once compressed (and encrypted); "
-        "``None``: no limit of its own. Set it and raise ``MAX_BODY_SIZE`` to store larger "
-        "bodies that compress well (:doc:`storage`).",
-    )
+    MAX_STORED_BODY_SIZE = Setting(None, optional_positive_int, {40: optional_positive_int})
     ENCRYPTION_KEYS: Setting[MultiFernet | None] = Setting(
-        (),
-        _fernet,
-        Check(41, values.fernet_keys, hint="Make a key with Fernet.generate_key()."),
-        Check(42, values.encryption_available),
-        shown="none",
-        doc="Fernet keys: the first encrypts the stored headers and body, every one decrypts, "
-        "so keys rotate (:doc:`storage`). Needs the ``encryption`` extra.",
+        (), _fernet, {41: fernet_keys, 42: encryption_available}, shown="none"
     )
 
 

@@ -4,7 +4,9 @@ A test takes the value and the name to call it by (``IDEMPOTENCY['TTL']`` for a 
 for a view's option) and returns the value as the code uses it, or raises ``TypeError`` or
 ``ValueError`` with a message that names it. The system checks and a view's options run the
 same tests (:mod:`._conf` says which apply where), so a value is refused in the same words
-wherever it is given.
+wherever it is given. Above each test, :func:`refusing` says what its system check refuses (the
+row of ``docs/checks.rst``, after the setting's name) and the check's hint: a check's words
+stand together, its id on its setting's line (issue 40).
 """
 
 from __future__ import annotations
@@ -29,6 +31,21 @@ from django_idempotency._base.keys import key_format as _key_format
 #: ``(value, name) -> value as used``; raises ``TypeError`` or ``ValueError`` naming it.
 Test = Callable[[Any, str], Any]
 
+#: What a check's hint is when its test gives none.
+DOCS = "See https://django-idempotency.readthedocs.io/en/latest/settings.html"
+
+
+def refusing(refuses: str, hint: str = DOCS) -> Callable[[Test], Test]:
+    """Mark a test with what its system check refuses and the check's hint."""
+
+    def mark(test: Test) -> Test:
+        test.refuses = refuses  # type: ignore[attr-defined]
+        test.hint = hint  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 IN_PROGRESS_POLICIES = ("conflict", "wait")
 #: Never stored, whatever ``REPLAYED_HEADERS`` says: cookies belong to one client's session,
@@ -52,45 +69,56 @@ SCOPE_ARGUMENTS = ("request",)
 FINGERPRINT_ARGUMENTS = ("request", "scope")
 
 
+@refusing("is not a boolean")
 def boolean(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, not {value!r}.")
     return value
 
 
+@refusing("is not a header name")
 def header_name(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value or not value.isascii() or " " in value:
         raise ValueError(f"{name} must be a non-empty header name, not {value!r}.")
     return value
 
 
+@refusing("is empty or not a list of methods")
 def methods(value: Any, name: str) -> frozenset[str]:
     items = _strings(value, name, "a non-empty list of HTTP methods", empty=False)
     return frozenset(method.upper() for method in items)
 
 
+@refusing(
+    "lists safe methods (GET, HEAD, OPTIONS, TRACE)",
+    "Safe methods are never protected; list POST, PATCH, PUT or DELETE.",
+)
 def unsafe_methods(value: frozenset[str], name: str) -> frozenset[str]:
     if safe := value & SAFE_METHODS:
         raise ValueError(f"{name} lists safe methods {sorted(safe)}, which are never protected.")
     return value
 
 
+@refusing("is not a positive duration")
 def positive_duration(value: Any, name: str) -> timedelta:
     return durations.positive(value, name)
 
 
+@refusing('is not ``"conflict"`` or ``"wait"``')
 def in_progress(value: Any, name: str) -> str:
     if value not in IN_PROGRESS_POLICIES:
         raise ValueError(f"{name} must be one of {IN_PROGRESS_POLICIES}, not {value!r}.")
     return str(value)
 
 
+@refusing("is not a positive integer")
 def positive_int(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, not {value!r}.")
     return value
 
 
+@refusing("is not a collection of HTTP statuses")
 def statuses(value: Any, name: str) -> frozenset[int]:
     items = _items(value)
     if not all(isinstance(code, int) and 100 <= code <= 599 for code in items or [None]):
@@ -98,28 +126,36 @@ def statuses(value: Any, name: str) -> frozenset[int]:
     return frozenset(items or ())
 
 
+@refusing("is not 422 or 400")
 def mismatch_status(value: Any, name: str) -> int:
     if value not in (400, 422) or isinstance(value, bool):
         raise ValueError(f"{name} must be 422 or 400, not {value!r}.")
     return int(value)
 
 
+@refusing(f"is not an integer from 1 to {MAX_KEY_LENGTH}")
 def key_length(value: Any, name: str) -> int:
     if positive_int(value, name) > MAX_KEY_LENGTH:
         raise ValueError(f"{name} must be an integer from 1 to {MAX_KEY_LENGTH}, not {value!r}.")
     return int(value)
 
 
+@refusing("is not a list of header names")
 def header_names(value: Any, name: str) -> frozenset[str]:
     return frozenset(header.lower() for header in _strings(value, name, "a list of header names"))
 
 
+@refusing(
+    "lists ``Set-Cookie`` or a hop-by-hop header",
+    "Cookies belong to one client and hop-by-hop headers to one connection.",
+)
 def stored_headers(value: frozenset[str], name: str) -> frozenset[str]:
     if forbidden := value & NEVER_STORED:
         raise ValueError(f"{name} lists {sorted(forbidden)}, which are never stored.")
     return value
 
 
+@refusing("cannot be imported or is not callable")
 def importable(value: Any, name: str) -> Callable[..., Any]:
     """A dotted path to a callable, or the callable itself."""
     try:
@@ -152,6 +188,9 @@ def hashable(value: Any, name: str) -> Any:
 def called_as(*arguments: str) -> Test:
     """The test of a function called with ``arguments`` (a scope or a fingerprint function)."""
 
+    wanted = f"f({', '.join(arguments)})"
+
+    @refusing(f"cannot be called as ``{wanted}``", f"It is called as {wanted} and returns a str.")
     def test(value: Any, name: str) -> Callable[..., Any]:
         if error := signature_error(value, arguments):
             raise TypeError(f"{name} {error}")
@@ -185,6 +224,10 @@ def signature_error(function: Callable[..., Any], arguments: tuple[str, ...]) ->
     return None
 
 
+@refusing(
+    'is not ``"any"``, ``"uuid"`` or a compiled regular expression (a string is never a pattern)',
+    "A string is a name ('any' or 'uuid'), never a pattern: give a pattern as re.compile(r'...').",
+)
 def key_format(value: Any, name: str) -> KeyFormat:
     return _key_format(value, name)
 
@@ -193,6 +236,10 @@ def key_format(value: Any, name: str) -> KeyFormat:
 _ABSOLUTE_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[!-~]+")
 
 
+@refusing(
+    "is not an absolute URI",
+    "Problem slugs are appended to it to make each problem's 'type', e.g. 'https://api.example.com/docs/errors#'.",
+)
 def absolute_uri(value: Any, name: str) -> str:
     if isinstance(value, str) and _ABSOLUTE_URI.fullmatch(value):
         parts = urlsplit(value)
@@ -201,10 +248,15 @@ def absolute_uri(value: Any, name: str) -> str:
     raise ValueError(f"{name} must be an absolute URI, not {value!r}.")
 
 
+@refusing("is not ``None`` or a positive integer")
 def optional_positive_int(value: Any, name: str) -> int | None:
     return None if value is None else positive_int(value, name)
 
 
+@refusing(
+    "is not a list of Fernet keys (URL-safe base64 of 32 bytes)",
+    "Make a key with Fernet.generate_key().",
+)
 def fernet_keys(value: Any, name: str) -> tuple[bytes, ...]:
     """Fernet keys (URL-safe base64 of 32 bytes, as ``Fernet.generate_key()`` makes them), as
     bytes; the message names a bad key by its position, never by its value (a secret)."""
@@ -223,6 +275,7 @@ def fernet_keys(value: Any, name: str) -> tuple[bytes, ...]:
     return tuple(keys)
 
 
+@refusing("is set but ``cryptography`` is not installed (the ``encryption`` extra)")
 def encryption_available(value: tuple[bytes, ...], name: str) -> tuple[bytes, ...]:
     if value and importlib.util.find_spec("cryptography") is None:
         raise ValueError(

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from functools import cache
-from importlib import import_module
-from importlib.util import find_spec
 from types import ModuleType
 from typing import Any
 
@@ -353,11 +351,12 @@ def _capture(claim: Claim, response: HttpResponseBase, ttl: timedelta | None) ->
 
 
 def ninja() -> ModuleType | None:
-    """``django_idempotency.ninja`` where django-ninja is installed (an optional extra): the
-    testing toolkit and the checks reach its operations through it (issue 38)."""
-    if find_spec("ninja") is None:
-        return None
-    return import_module("django_idempotency.ninja")
+    """``django_idempotency.ninja`` once something has imported it, else ``None``: the testing
+    toolkit and the checks reach django-ninja's operations through it (issue 38). Looked up,
+    never imported from here: the HTTP side imports nothing of the public modules above it
+    (issue 40). A project whose URLconf routes to a protected operation has imported it; the
+    checks read the URLconf first."""
+    return sys.modules.get("django_idempotency.ninja")
 
 
 def http_request(request: Any) -> HttpRequest:

@@ -1,16 +1,19 @@
 """System checks of ``settings.IDEMPOTENCY``, of its database and of the protected views the
 URLconf reaches: one id per kind of mistake, each with a hint.
 
-The checks of one value (E002 to E017, E020 to E025) are declared with their setting in
-:mod:`._conf` and run here in its order, which is that of their ids; those that look at more
-than one value, the database or the views follow, one function each, in the order of their ids.
+The checks of one value (E002 to E017, E020 to E025, E040 to E042) are declared on their
+setting's line in :mod:`.._conf.settings`, their words with their tests, and run here in its
+order, which is that of their ids; those that look at more than one value, the database or the
+views follow, one function each, in the order of their ids, with their row of
+``docs/checks.rst`` above them (:func:`refusing`): a check's id, row, message and hint stand
+together (issue 40). ``docs/checks.rst``'s table is made from both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
@@ -24,7 +27,6 @@ from django_idempotency._base import durations
 from django_idempotency._conf.options import Options, ttl_error, ttl_under_lock
 from django_idempotency._conf.settings import (
     DEFAULTS,
-    DOCS,
     SETTINGS,
     Setting,
     Settings,
@@ -32,8 +34,25 @@ from django_idempotency._conf.settings import (
     conf,
     user_settings,
 )
+from django_idempotency._conf.values import DOCS
 from django_idempotency._http import adapter as protocol
 from django_idempotency._store import VENDORS, galera, time_zones
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: What each check below refuses, by id (``E001``): its row in ``docs/checks.rst``.
+REFUSES: dict[str, str] = {}
+
+
+def refusing(row: str) -> Callable[[F], F]:
+    """Declare the check a function makes (its id is its name's: ``e018_...`` is E018) and
+    what it refuses, as ``docs/checks.rst`` says it."""
+
+    def declare(function: F) -> F:
+        REFUSES[function.__name__[:4].upper()] = row
+        return function
+
+    return declare
 
 
 def _error(id_: int, msg: str, hint: str = DOCS) -> Error:
@@ -77,10 +96,12 @@ def _declared(setting: Setting[Any], value: object) -> list[CheckMessage]:
     return []
 
 
+@refusing("``IDEMPOTENCY`` is not a dict")
 def e001_not_a_dict(raw: object) -> Error:
     return _error(1, f"IDEMPOTENCY must be a dict, not {type(raw).__name__}.")
 
 
+@refusing("``IDEMPOTENCY`` has an unknown key (a typo?)")
 def w001_unknown_keys(raw: Mapping[str, Any]) -> Iterator[CheckMessage]:
     for name in raw:
         if name not in DEFAULTS:
@@ -91,6 +112,7 @@ def w001_unknown_keys(raw: Mapping[str, Any]) -> Iterator[CheckMessage]:
             )
 
 
+@refusing("``LOCK_TIMEOUT`` is longer than ``TTL``")
 def e008_lock_outlives_ttl(raw: Mapping[str, Any]) -> list[CheckMessage]:
     try:
         ttl, lock = (
@@ -106,12 +128,17 @@ def e008_lock_outlives_ttl(raw: Mapping[str, Any]) -> list[CheckMessage]:
     return []
 
 
+@refusing("``DATABASE_ALIAS`` is not in ``DATABASES``")
 def e018_unknown_alias(alias: str) -> Error | None:
     if alias in settings.DATABASES:
         return None
     return _error(18, f"IDEMPOTENCY['DATABASE_ALIAS'] {alias!r} is not in DATABASES.")
 
 
+@refusing(
+    "``ATOMIC_REQUESTS`` on the ``DATABASE_ALIAS`` database: a two-phase claim would "
+    "commit only with the view"
+)
 def e019_atomic_requests(alias: str) -> Error | None:
     if not settings.DATABASES[alias].get("ATOMIC_REQUESTS"):
         return None
@@ -124,6 +151,10 @@ def e019_atomic_requests(alias: str) -> Error | None:
     )
 
 
+@refusing(
+    "the database cannot convert dates to ``TIME_ZONE`` (MySQL or MariaDB without its "
+    "time-zone tables): the admin's list has no date hierarchy; asked with ``--database`` only"
+)
 def w002_time_zone_tables(alias: str) -> list[CheckMessage]:
     zone = timezone.get_default_timezone_name()
     try:
@@ -142,6 +173,12 @@ def w002_time_zone_tables(alias: str) -> list[CheckMessage]:
     ]
 
 
+@refusing(
+    "on a MariaDB Galera node, ``LOCK_TIMEOUT`` or a two-phase view's ``lock_timeout`` is "
+    "not above 1.5 times ``evs.suspect_timeout``: a node's death stalls writes longer than a "
+    "renewed lock is sure to last, and a view could run twice (:doc:`scale`); asked with "
+    "``--database`` only"
+)
 def w003_galera_eviction(alias: str) -> list[CheckMessage]:
     """On a Galera node, :func:`eviction_warnings` for its ``evs.suspect_timeout``."""
     try:
@@ -188,6 +225,7 @@ def _view_lock_timeouts() -> Iterator[tuple[str, timedelta]]:
             yield f"{name}: lock_timeout", lock
 
 
+@refusing("the ``DATABASE_ALIAS`` database is not PostgreSQL, MySQL/MariaDB or SQLite")
 def e030_backend(alias: str) -> Error | None:
     database = settings.DATABASES[alias]
     if _vendor(database.get("ENGINE", "")) in VENDORS:
@@ -201,6 +239,10 @@ def e030_backend(alias: str) -> Error | None:
     )
 
 
+@refusing(
+    "MySQL/MariaDB with an isolation level other than read committed on the "
+    "``DATABASE_ALIAS`` database"
+)
 def e031_isolation(alias: str) -> Error | None:
     database = settings.DATABASES[alias]
     store = VENDORS.get(_vendor(database.get("ENGINE", "")))
@@ -218,6 +260,10 @@ def e031_isolation(alias: str) -> Error | None:
     )
 
 
+@refusing(
+    "SQLite: an alias of the ``DATABASE_ALIAS`` file has ``ATOMIC_REQUESTS``, whose "
+    "transaction holds the file's only write lock"
+)
 def e032_sqlite_shared(alias: str) -> Error | None:
     if not (shared := _sqlite_shared_with_atomic_requests(alias)):
         return None
@@ -235,6 +281,10 @@ def check_views(**kwargs: Any) -> list[CheckMessage]:
     return e033_view_ttl_under_lock()
 
 
+@refusing(
+    "a protected view in the URLconf has a ``ttl`` shorter than its ``lock_timeout`` (one "
+    "of them from the settings)"
+)
 def e033_view_ttl_under_lock() -> list[CheckMessage]:
     """A view's TTL under its lock timeout lets a duplicate take over a record whose owner still
     runs, and both execute (issue 20). Options given together are refused when the decorator or

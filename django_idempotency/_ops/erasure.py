@@ -14,6 +14,7 @@ from django_idempotency import _store as store
 from django_idempotency._base import rules
 from django_idempotency._call import telemetry
 from django_idempotency._conf.settings import conf
+from django_idempotency._ops import maintenance
 from django_idempotency._store.limits import PADDED_SCOPE, bounded_scope, padded
 from django_idempotency.models import IdempotencyKey
 
@@ -65,13 +66,9 @@ def erase_scope(
         finished = records.exclude(status=rules.PROCESSING).count()
         return Erasure(scope, finished, _in_progress(records), dry_run=True)
     bound = store.using(alias)
-    size = min(batch_size, BATCH_SIZE)
-    deleted = 0
-    while True:  # until a batch finds fewer than it may delete: the scope's are gone
-        batch = _batch(bound, stored, size)
-        deleted += batch
-        if batch < size:
-            break
+    deleted = maintenance.in_batches(
+        lambda size: _batch(bound, stored, size), min(batch_size, BATCH_SIZE)
+    ).deleted
     erasure = Erasure(scope, deleted, _in_progress(records))
     logger.warning(
         "Erased %s finished idempotency record%s of a scope; %s in progress left to finish.",

@@ -12,8 +12,11 @@ deleted.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Count, Min
 from django.utils import timezone
@@ -26,7 +29,7 @@ from django_idempotency._http import problems
 from django_idempotency._store import StoredResponse
 from django_idempotency.models import IdempotencyKey
 
-__all__ = ["Stats", "mark_failed", "release", "stats"]
+__all__ = ["Deletion", "Stats", "delete_expired", "in_batches", "mark_failed", "release", "stats"]
 
 logger = logging.getLogger("django_idempotency")
 
@@ -87,6 +90,78 @@ DEFAULT_BATCH_SIZE = 1000
 #: for a busy server, SQLite or MySQL). A backlog above it means cleanup is not running, or not
 #: often enough.
 CLEANUP_ROWS_PER_MINUTE = DEFAULT_BATCH_SIZE * 50 * 60
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """What :func:`in_batches` deleted, and the bound that stopped it (``""``: none did, the
+    records were gone)."""
+
+    deleted: int
+    batches: int
+    seconds: float
+    stopped_by: str = ""
+
+
+#: Told after each batch that deleted something: (this batch's count, the total so far, the
+#: number of batches, the seconds since the start).
+Progress = Callable[[int, int, int, float], None]
+
+
+def in_batches(
+    delete: Callable[[int], int],
+    batch_size: int,
+    *,
+    max_batches: int | None = None,
+    limit: int | None = None,
+    max_runtime: float | None = None,
+    sleep: float = 0.0,
+    progress: Progress | None = None,
+) -> Deletion:
+    """Call ``delete(size)`` (which deletes up to ``size`` records in a short transaction and
+    says how many) until a batch deletes fewer than it may, or a bound stops it: the loop of
+    ``idempotency_cleanup`` and of :func:`.erasure.erase_scope` (issue 40). A batch short of
+    its size means nothing is left but rows others are working on: the next run takes them."""
+    started = time.monotonic()
+    deleted = batches = 0
+    stopped_by = ""
+    while True:
+        if max_batches is not None and batches >= max_batches:
+            stopped_by = "--max-batches"
+            break
+        if limit is not None and deleted >= limit:
+            stopped_by = "--limit"
+            break
+        if max_runtime is not None and time.monotonic() - started >= max_runtime:
+            stopped_by = "--max-runtime"
+            break
+        size = batch_size if limit is None else min(batch_size, limit - deleted)
+        count = delete(size)
+        if count:
+            batches += 1
+            deleted += count
+            if progress is not None:
+                progress(count, deleted, batches, time.monotonic() - started)
+        if count < size:
+            break
+        if sleep:
+            time.sleep(sleep)
+    return Deletion(deleted, batches, time.monotonic() - started, stopped_by)
+
+
+def delete_expired(alias: str, now: datetime, batch_size: int, **bounds: Any) -> Deletion:
+    """Delete the records expired at ``now`` in batches (:func:`in_batches`' bounds), each
+    batch starting where the last one's ``expires_at`` ended."""
+    expired = store.using(alias)
+    after: datetime | None = None
+
+    def delete(size: int) -> int:
+        nonlocal after
+        batch = expired.delete_expired_batch(now=now, batch_size=size, after=after)
+        after = batch.last_expires_at
+        return batch.deleted
+
+    return in_batches(delete, batch_size, **bounds)
 
 
 @dataclass(frozen=True)

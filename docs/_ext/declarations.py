@@ -1,15 +1,19 @@
-"""Docs written from the declarations of the settings and view options (``_conf.Settings``).
+"""Docs written from the declarations of the settings, view options and system checks.
 
 ``.. idempotency-settings::`` is the table of every setting, ``.. idempotency-setting:: NAME``
-one setting's entry (its default, view option and checks, then the directive's own text), and
-``.. idempotency-options::`` the table of the view options. A declared setting that no
-``idempotency-setting`` documents, or one documented but not declared, is a warning, so
-``sphinx -W`` fails until the docs follow the code.
+one setting's entry (its default, view option and checks, then the directive's own text),
+``.. idempotency-options::`` the table of the view options and ``.. idempotency-checks::`` the
+table of the system checks (``_conf.Settings``' lines and ``_ops.checks``' functions). The
+tables say what a setting does in the first sentence of its entry in ``settings.rst``, so it is
+written once. A declared setting that no ``idempotency-setting`` documents, or one documented but
+not declared, is a warning, so ``sphinx -W`` fails until the docs follow the code.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from docutils import nodes
@@ -20,10 +24,44 @@ from sphinx.environment import BuildEnvironment
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from django_idempotency._conf.settings import OPTIONS, SETTINGS, Option, Setting
+from django_idempotency._conf.settings import OPTIONS, SETTINGS, Option, Setting, check_name
+from django_idempotency._ops.checks import REFUSES
 
 logger = logging.getLogger(__name__)
 _BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+_ENTRY = re.compile(r"^\.\. idempotency-setting:: (\w+)\n\n((?: {4}\S.*\n)+)", re.MULTILINE)
+_SENTENCE_END = re.compile(r"(?<!e\.g)\.(?:\s|$)")
+
+
+def summaries(settings_rst: Path) -> dict[str, str]:
+    """The first sentence of each setting's entry: what the tables say it does."""
+    found = {}
+    for name, paragraph in _ENTRY.findall(settings_rst.read_text()):
+        text = " ".join(paragraph.split())
+        end = _SENTENCE_END.search(text)
+        found[name] = text[: end.start() + 1] if end else text
+    return found
+
+
+def check_rows() -> list[tuple[str, str]]:
+    """(full id, what it refuses) of every system check: the settings' checks (one row per
+    id, its settings named together) and those of ``_ops.checks``; errors, then warnings."""
+    named: dict[int, list[str]] = {}
+    refuses: dict[int, str] = {}
+    for setting in SETTINGS:
+        for check in setting.checks:
+            named.setdefault(check.id, []).append(f"``{setting.name}``")
+            refuses[check.id] = check.refuses
+    rows = {f"E{id_:03d}": f"{_listed(named[id_])} {refuses[id_]}" for id_ in named}
+    rows.update(REFUSES)
+    ordered = sorted(rows, key=lambda id_: (id_[0] != "E", int(id_[1:])))
+    return [(check_name(int(id_[1:]), id_[0]), rows[id_]) for id_ in ordered]
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def default(setting: Setting[Any]) -> str:
@@ -72,6 +110,11 @@ def _table(header: list[str], rows: list[list[str]], widths: str) -> list[str]:
 
 
 class _Generated(SphinxDirective):
+    def summaries(self) -> dict[str, str]:
+        path = Path(self.env.srcdir) / "settings.rst"
+        self.env.note_dependency(str(path))
+        return summaries(path)
+
     def parse(self, lines: list[str]) -> list[nodes.Node]:
         container = nodes.container()
         self.state.nested_parse(StringList(lines, self.get_source_info()[0]), 0, container)
@@ -80,13 +123,14 @@ class _Generated(SphinxDirective):
 
 class SettingsTable(_Generated):
     def run(self) -> list[nodes.Node]:
+        said = self.summaries()
         rows = [
             [
                 f"``{setting.name}``",
                 default(setting),
                 f"``{setting.option.name}``" if setting.option else "",
                 checks(setting),
-                setting.doc,
+                said.get(setting.name, ""),
             ]
             for setting in SETTINGS
         ]
@@ -118,18 +162,25 @@ class SettingEntry(_Generated):
 
 class OptionsTable(_Generated):
     def run(self) -> list[nodes.Node]:
+        said = self.summaries()
         rows = [
             [
                 f"``{option.name}``",
                 f"``{option.setting}``" if option.setting else "",
                 f"``{option.attribute}``",
                 "yes" if option.function else "",
-                option.doc or _BY_NAME[option.setting or ""].doc,
+                option.doc or said.get(option.setting or "", ""),
             ]
             for option in OPTIONS
         ]
         header = ["option", "overrides", "mixin attribute", "functions", "what it does"]
         return self.parse(_table(header, rows, "16 22 26 10 26"))
+
+
+class ChecksTable(_Generated):
+    def run(self) -> list[nodes.Node]:
+        rows = [[f"``{id_}``", refuses] for id_, refuses in check_rows()]
+        return self.parse(_table(["id", "problem"], rows, "30 70"))
 
 
 def _init(app: Sphinx, env: BuildEnvironment, docnames: list[str]) -> None:
@@ -155,6 +206,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     directives.register_directive("idempotency-settings", SettingsTable)
     directives.register_directive("idempotency-setting", SettingEntry)
     directives.register_directive("idempotency-options", OptionsTable)
+    directives.register_directive("idempotency-checks", ChecksTable)
     app.connect("env-before-read-docs", _init)
     app.connect("env-purge-doc", _purge)
     app.connect("env-merge-info", _merge)

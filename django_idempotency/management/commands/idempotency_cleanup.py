@@ -99,52 +99,36 @@ class Command(arguments.Command):
             self._dry_run(alias, now, batch_size, limit, max_batches, verbosity)
             return
 
-        expired = store.using(alias)
-        started = time.monotonic()
-        last_progress = started
-        deleted = batches = 0
-        after: datetime | None = None
-        stopped_by = ""
-        while True:
-            if max_batches is not None and batches >= max_batches:
-                stopped_by = "--max-batches"
-                break
-            if limit is not None and deleted >= limit:
-                stopped_by = "--limit"
-                break
-            if max_runtime is not None and time.monotonic() - started >= max_runtime:
-                stopped_by = "--max-runtime"
-                break
-            size = batch_size if limit is None else min(batch_size, limit - deleted)
-            batch = expired.delete_expired_batch(now=now, batch_size=size, after=after)
-            if batch.deleted:
-                batches += 1
-                deleted += batch.deleted
-            elapsed = time.monotonic() - started
-            due = verbosity >= 2 or time.monotonic() - last_progress >= PROGRESS_EVERY
-            if batch.deleted and verbosity >= 1 and due:
-                last_progress = time.monotonic()
+        last = [time.monotonic()]
+
+        def progress(count: int, deleted: int, batches: int, elapsed: float) -> None:
+            if verbosity >= 2 or (verbosity >= 1 and time.monotonic() - last[0] >= PROGRESS_EVERY):
+                last[0] = time.monotonic()
                 self.stdout.write(
-                    f"Batch {batches}: deleted {batch.deleted} "
+                    f"Batch {batches}: deleted {count} "
                     f"({deleted} in all, {_rate(deleted, elapsed)} rows/s)."
                 )
-            if batch.deleted < size:
-                break  # nothing left but rows others are working on: the next run takes them
-            after = batch.last_expires_at
-            if sleep:
-                time.sleep(sleep)
 
-        elapsed = time.monotonic() - started
+        done = maintenance.delete_expired(
+            alias,
+            now,
+            batch_size,
+            max_batches=max_batches,
+            limit=limit,
+            max_runtime=max_runtime,
+            sleep=sleep,
+            progress=progress,
+        )
         if verbosity >= 1:
             self.stdout.write(
                 self.style.SUCCESS(
-                    f"Deleted {deleted} expired idempotency record{_s(deleted)} in {batches} "
-                    f"batch{'es' if batches != 1 else ''} ({elapsed:.1f} s, "
-                    f"{_rate(deleted, elapsed)} rows/s)."
+                    f"Deleted {done.deleted} expired idempotency record{_s(done.deleted)} in "
+                    f"{done.batches} batch{'es' if done.batches != 1 else ''} "
+                    f"({done.seconds:.1f} s, {_rate(done.deleted, done.seconds)} rows/s)."
                 )
             )
-            if stopped_by:
-                self.stdout.write(f"Stopped by {stopped_by}; expired records may remain.")
+            if done.stopped_by:
+                self.stdout.write(f"Stopped by {done.stopped_by}; expired records may remain.")
 
     def _erase(
         self,
