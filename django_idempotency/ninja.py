@@ -268,6 +268,15 @@ class _Adapter(protocol.HttpAdapter):
         protocol.attach(self.request, None)
         return None
 
+    def identify(self, policy: Policy) -> Identity | Answer[HttpResponseBase] | None:
+        meta = self.request.META
+        name = protocol._wsgi_name(conf.HEADER)
+        if name not in meta and conf.HEADER in self.request.headers:
+            # Ninja's TestClient puts headers in META as given ("HTTP_Idempotency_Key"),
+            # where Django's handlers upper-case them: its requests are protected too.
+            meta[name] = self.request.headers[conf.HEADER]
+        return super().identify(policy)
+
     def finish(self, claim: Claim, result: Any, policy: Policy) -> HttpResponseBase:
         try:
             response = self._render(result)
