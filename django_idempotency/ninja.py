@@ -268,14 +268,12 @@ class _Adapter(protocol.HttpAdapter):
         protocol.attach(self.request, None)
         return None
 
-    def identify(self, policy: Policy) -> Identity | Answer[HttpResponseBase] | None:
-        meta = self.request.META
-        name = protocol._wsgi_name(conf.HEADER)
-        if name not in meta and conf.HEADER in self.request.headers:
-            # Ninja's TestClient puts headers in META as given ("HTTP_Idempotency_Key"),
-            # where Django's handlers upper-case them: its requests are protected too.
-            meta[name] = self.request.headers[conf.HEADER]
-        return super().identify(policy)
+    def key_header(self) -> str | None:
+        """Ninja's ``TestClient`` puts headers in ``META`` as given (``HTTP_Idempotency_Key``),
+        where Django's handlers upper-case them; ``request.headers`` reads both spellings, and
+        the request is left as it came (issue 40)."""
+        header = super().key_header()
+        return self.request.headers.get(conf.HEADER) if header is None else header
 
     def finish(self, claim: Claim, result: Any, policy: Policy) -> HttpResponseBase:
         try:

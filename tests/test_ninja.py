@@ -284,6 +284,30 @@ def test_the_request_carries_its_claim(key: str) -> None:
     assert seen[0] is not None and seen[0].attempt == 1
 
 
+def test_ninjas_test_client_s_key_is_read_and_its_request_left_as_it_came(key: str) -> None:
+    """Ninja's ``TestClient`` spells the header's ``META`` name as given (``HTTP_Idempotency_Key``):
+    the key is read through ``request.headers``, and ``META`` is not rewritten (issue 40)."""
+    api = NinjaAPI(urls_namespace=f"meta-{uuid.uuid4()}")
+    metas: list[dict[str, Any]] = []
+
+    @api.post("/x")
+    @idempotent
+    def operation(request: Any) -> dict[str, str]:
+        metas.append(dict(request.META))
+        return {}
+
+    from ninja.testing import TestClient
+
+    client = TestClient(api)
+    first = client.post("/x", json={}, headers={"Idempotency-Key": key})
+    again = client.post("/x", json={}, headers={"Idempotency-Key": key})
+    assert (first.status_code, again.status_code) == (200, 200)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert len(metas) == 1
+    assert metas[0]["HTTP_Idempotency_Key"] == key
+    assert "HTTP_IDEMPOTENCY_KEY" not in metas[0]
+
+
 def test_above_the_operation_s_decorator_it_is_an_error_at_import() -> None:
     api = NinjaAPI(urls_namespace=f"misplaced-{uuid.uuid4()}")
     with pytest.raises(ImproperlyConfigured, match=r"under the operation's decorator \(@api"):
