@@ -287,8 +287,9 @@ def claim_again(policy: Policy, connection: BaseDatabaseWrapper, exc: StoreUnava
     met a fault (issue 39): nothing ran before the claim in the transaction (the caller's own,
     ``ATOMIC_REQUESTS``, is not ours to start again), and the view has not run. The
     transaction's end dropped the connection whose rollback failed (or, when entering the
-    transaction failed, it is dropped here); the next is a new one. A server that refuses writes for now (read-only) refuses them again,
-    at the cost of a round trip: :data:`RECONNECTS` bounds the tries."""
+    transaction failed, it is dropped here); the next is a new one. A server that refuses
+    writes for now (read-only) refuses them again, at the cost of a round trip:
+    :data:`RECONNECTS` bounds the tries."""
     store = using(policy.alias)
     if connection.in_atomic_block or not store.is_fault(exc.__cause__ or exc):
         return False

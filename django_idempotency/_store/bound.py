@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._store import deadlines
@@ -113,7 +113,7 @@ class BoundStore:
         finally:
             cut = deadlines.unwatch(watch)
         if cut:
-            late = InterfaceError(f"No reply from {self.alias!r} within {seconds:.3g} s.")
+            late = deadlines.Late(f"No reply from {self.alias!r} within {seconds:.3g} s.")
             self.faulted(late)
             raise late
         return result

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency import _rules as rules
@@ -151,7 +151,7 @@ class Claims(BoundStore):
             finally:
                 cut = deadlines.unwatch(watch)
             if cut:  # its reply came as the connection was cut: it is dead all the same
-                raise InterfaceError(f"No reply from {self.alias!r} in time.")
+                raise deadlines.Late(f"No reply from {self.alias!r} in time.")
             return outcome
         except DatabaseError as exc:
             self.faulted(exc)

@@ -32,6 +32,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from django.db import OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 #: A statement may take this share of ``lock_timeout``: half the lock's renewal interval, so a
@@ -43,6 +44,11 @@ LEAST = 1.0
 TICK = 0.1
 #: How long the idle thread waits for another statement before it exits (seconds).
 LINGER = 5.0
+
+
+class Late(OperationalError):
+    """A statement whose connection was cut as its reply came: the connection is dead all the
+    same, and the statement counts as failed (a fault; what it did is found by its token)."""
 
 
 def bound(lock_timeout: timedelta) -> float:

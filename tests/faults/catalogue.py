@@ -95,7 +95,7 @@ def sqlite_fault(database: SQLiteFile, mode: str) -> Fault:
 BLACKHOLES = {"blackhole-1s": 1.0, "blackhole-5s": 5.0, "blackhole-15s": 15.0}
 
 
-def blackhole_fault(name: str, proxy: FaultProxy) -> Fault:
+def blackhole_fault(name: str, proxy: FaultProxy, *, pooled: bool = False) -> Fault:
     """Silence every connection through the proxy, and the new ones until the fault ends (as
     a failover that moved an IP does); those silenced stay so, open, after it. Longer than
     the lock, a key may run twice (the owner gave its result up when its lock could lapse)."""
@@ -109,4 +109,4 @@ def blackhole_fault(name: str, proxy: FaultProxy) -> Fault:
         print(f"still open {proxy.restore()}", end=" ")
 
     runs = frozenset({1, 2}) if seconds > SHORT_LOCK else frozenset({1})
-    return Fault(name, inject, recover, executions=runs)
+    return Fault(name, inject, recover, executions=runs, logged_in=not pooled)

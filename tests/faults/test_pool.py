@@ -55,5 +55,5 @@ def test_server_fault(fault: str, mode: str, postgresql: Any, app: Any) -> None:
 def test_blackhole(mode: str, postgresql: Any, proxy: FaultProxy, proxied_app: Any) -> None:
     proxied_app.warm()
     store = Store(postgresql.execute)
-    fault = blackhole_fault("blackhole-5s", proxy)
+    fault = blackhole_fault("blackhole-5s", proxy, pooled=True)
     check(run(proxied_app, store, DATABASE, fault, mode), proxied_app)
