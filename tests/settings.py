@@ -59,8 +59,22 @@ else:
 # The same database under two more aliases, test mirrors (test cases open no transaction on
 # them): "idempotency" is the separate claim connection that ATOMIC_REQUESTS projects need, and
 # tests/test_unavailable.py makes "unreachable" unreachable.
+#: Django's connection pool (PostgreSQL): what .ci/run's pool cell runs the PostgreSQL tests
+#: under (issue 39). CONN_HEALTH_CHECKS stays off, Django's default: the pool hands its
+#: connections out unchecked.
+POOL = {"min_size": 2, "max_size": 8}
+if os.environ.get("IDEMPOTENCY_TEST_POOL") and DATABASES["default"]["ENGINE"].endswith(
+    "postgresql"
+):
+    DATABASES["default"]["OPTIONS"] = {**DATABASES["default"].get("OPTIONS", {}), "pool": POOL}
+
 for _alias in ("idempotency", "unreachable"):
     DATABASES[_alias] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+# A pool is made once per alias, from its first settings: tests/test_unavailable.py points this
+# alias elsewhere for a while, which a pool would not see.
+DATABASES["unreachable"]["OPTIONS"] = {
+    name: value for name, value in DATABASES["default"].get("OPTIONS", {}).items() if name != "pool"
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # tests/test_prepared_statements_postgresql.py
     DATABASES["prepared"] = {

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -29,7 +29,8 @@ from django_idempotency._call import storing, telemetry
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Policy
-from django_idempotency._store import Store, StoredResponse, using
+from django_idempotency._store import Store, StoredResponse, deadlines, using
+from django_idempotency._store.bound import discard
 from django_idempotency._store.claims import new_token
 from django_idempotency._store.rows import Record, instance_of
 from django_idempotency.models import IdempotencyKey
@@ -42,6 +43,9 @@ _MAX_WAIT = 0.25
 _CONNECT_TIMEOUT = 5
 #: Claims in a row that may meet a concurrent claim or release before the key counts as busy.
 _CLAIM_TRIES = 5
+#: Of those, claims made again on a new connection after a fault: a pool may hand out a
+#: second connection the fault killed before it is drained (issue 39).
+RECONNECTS = 3
 
 T = TypeVar("T")
 Steps = Generator[float, None, T]
@@ -99,21 +103,31 @@ def acquire(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
 def _bounded_claim(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
     """Atomic mode's claim, its lock wait bounded by ``wait_timeout`` (see :func:`acquire`)."""
     store = using(policy.alias)
-    previous = store.limit_lock_wait(policy.wait_timeout)
+    previous = _watched(store, policy, lambda: store.limit_lock_wait(policy.wait_timeout))
     # A session setting (MySQL) outlives the transaction: it is put back whatever happens.
     always = store.lock_wait_outlives_transaction
     try:
         outcome = yield from _claim(identity, policy, store)
     except BaseException:
         if always:
-            store.restore_lock_wait(previous)
+            _watched(store, policy, lambda: store.restore_lock_wait(previous))
         raise
     if always or isinstance(outcome, Claim) or store.in_nested_transaction():
-        store.restore_lock_wait(previous)
+        _watched(store, policy, lambda: store.restore_lock_wait(previous))
     if isinstance(outcome, Claim):
         # Until the transaction ends: lifecycle.run() lets go (issue 38).
         store.hold(outcome.scope, outcome.key_hash)
     return outcome
+
+
+def _watched(store: Store, policy: Policy, statement: Callable[[], T]) -> T:
+    """A statement of atomic mode's claim besides the claim's own (the lock wait's bound, and
+    the first claim's check that the claim function is there), within the claim's bound: on a
+    silent connection it would wait for good (issue 39)."""
+    try:
+        return store.bounded(store.connection, deadlines.bound(policy.lock_timeout), statement)
+    except DatabaseError as exc:
+        raise store.refusal(exc) from exc
 
 
 def refused(identity: Identity, policy: Policy, exc: StoreUnavailable | LockWaitTimeout) -> str:
@@ -219,16 +233,20 @@ def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Fo
     record: IdempotencyKey | Record | None = None
     waited = False
     token = new_token()
-    reconnected = False
+    reconnects = 0
+    # Atomic mode's claim may wait for another transaction's row, up to wait_timeout.
+    bound = deadlines.bound(policy.lock_timeout)
+    if policy.atomic:
+        bound += policy.wait_timeout.total_seconds()
     for _ in range(_CLAIM_TRIES):
         try:
             outcome = store.claim(
-                identity, ttl=policy.ttl, lock_timeout=policy.lock_timeout, token=token
+                identity, ttl=policy.ttl, lock_timeout=policy.lock_timeout, token=token, bound=bound
             )
         except StoreUnavailable as exc:
-            if reconnected or not _reconnect_thread(store, exc):
+            if reconnects == RECONNECTS or not _reconnect_thread(store, exc):
                 raise
-            reconnected = True
+            reconnects += 1
             continue
         if outcome is None:
             continue  # raced with another call's claim or release: claim again
@@ -247,7 +265,7 @@ def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Fo
         while True:
             yield min(delay, max(0.0, deadline - time.monotonic()))
             delay = min(delay * 2, _MAX_WAIT)
-            if time.monotonic() >= deadline or _settled(store, identity):
+            if time.monotonic() >= deadline or _settled(store, identity, bound):
                 break
         telemetry.record_wait(time.monotonic() - started, identity.attributes(policy.atomic))
     if record is None:
@@ -262,9 +280,12 @@ def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
 
     A persistent connection (``CONN_MAX_AGE``) that died in a restart fails at its first
     statement, which is the claim when nothing of the request used it before: Django reconnects
-    only between requests, or with ``CONN_HEALTH_CHECKS`` (issue 25). The view has not run, no
+    only between requests, or with ``CONN_HEALTH_CHECKS`` (issue 25). So does a connection
+    Django's pool hands out, which it checks only with ``CONN_HEALTH_CHECKS``, and one cut
+    when the claim outlasted its bound (a blackhole; issue 39). The view has not run, no
     transaction is lost, and the claim is made with the same lock token, so a first claim
-    applied with its reply lost is found as this call's own.
+    applied with its reply lost is found as this call's own. A pooled connection is closed
+    before it goes back, so the pool drops it.
     """
     connection = store.connection
     if (
@@ -277,13 +298,36 @@ def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
     logger.warning(
         "Idempotency store %r failed (%s); claiming again on a new connection.", store.alias, exc
     )
-    _close(connection)
+    discard(connection)
+    store.faulted(exc.__cause__ or exc)
     return True
 
 
-def _settled(store: Store, identity: Identity) -> bool:
+def claim_again(policy: Policy, connection: BaseDatabaseWrapper, exc: StoreUnavailable) -> bool:
+    """Whether atomic mode's attempt may start again in a new transaction after its claim
+    met a fault (issue 39): nothing ran before the claim in the transaction (the caller's own,
+    ``ATOMIC_REQUESTS``, is not ours to start again), and the view has not run. The
+    transaction's end dropped the connection whose rollback failed (or, when entering the
+    transaction failed, it is dropped here); the next is a new one. A server that refuses
+    writes for now (read-only) refuses them again, at the cost of a round trip:
+    :data:`RECONNECTS` bounds the tries."""
+    store = using(policy.alias)
+    if connection.in_atomic_block or not store.is_fault(exc.__cause__ or exc):
+        return False
+    if connection.connection is not None and not connection.is_usable():
+        discard(connection)  # entering the block failed (MySQL): nothing closed it
+    store.faulted(exc.__cause__ or exc)
+    logger.warning(
+        "Idempotency store %r failed (%s); claiming again in a new transaction.",
+        policy.alias,
+        exc,
+    )
+    return True
+
+
+def _settled(store: Store, identity: Identity, bound: float) -> bool:
     """Whether a waiter's key stopped being live in flight (finished, released or stale)."""
-    lock = store.peek_status(identity.scope, identity.key_hash)
+    lock = store.peek_status(identity.scope, identity.key_hash, bound)
     return (
         lock is None or lock.status != rules.PROCESSING or rules.STALE.holds(lock, timezone.now())
     )
@@ -380,8 +424,8 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
                 policy,
                 store,
                 claim,
-                lambda connection: store.store_response(
-                    claim.pk, claim.token_text, stored, connection=connection
+                lambda connection, bound: store.store_response(
+                    claim.pk, claim.token_text, stored, connection=connection, bound=bound
                 ),
             )
         except DatabaseError:
@@ -423,12 +467,15 @@ def _fenced_write(
     policy: Policy,
     store: Store,
     claim: Claim,
-    write: Callable[[BaseDatabaseWrapper | None], T],
+    write: Callable[[BaseDatabaseWrapper | None, float], T],
 ) -> T:
     """Run an owner's fenced write, again while it fails for a reason that passes: giving the
     result up would leave the record to be taken over and the view run twice.
 
-    ``write(connection)`` runs the write on ``connection`` (``None``: the calling thread's own).
+    ``write(connection, bound)`` runs the write on ``connection`` (``None``: the calling
+    thread's own) within ``bound`` seconds: :func:`.deadlines.bound` of the lock, and no later
+    than the lock could lapse (but a second, :data:`.deadlines.LEAST`); past it the connection
+    is cut, a fault like any other (a blackhole, issue 39).
     Contention (another writer holds a lock it needs: a SQLite writer, a cleanup batch, an
     operator's transaction; issue 32) is waited out on the same connection. A fault (the
     connection lost, the server restarting, failing over or read-only; issue 25) is tried again
@@ -443,14 +490,16 @@ def _fenced_write(
     mode, or inside a caller's transaction, the error has spoiled the transaction (and the
     claim is not committed, so no other connection could see it): it is raised at once.
     """
+    share = deadlines.bound(claim.lock_timeout)
     if policy.atomic or claim.uncommitted:
-        return write(None)
+        return write(None, share)
     delay = _FIRST_WAIT
     own: BaseDatabaseWrapper | None = None
     try:
         while True:
+            left = claim.held_until - time.monotonic()
             try:
-                return write(own)
+                return write(own, max(min(share, left), deadlines.LEAST))
             except DatabaseError as exc:
                 fault = store.is_fault(exc)
                 if not (fault or store.is_contention(exc)):
@@ -475,26 +524,22 @@ def _fenced_write(
             delay = min(delay * 2, _MAX_WAIT)
     finally:
         if own is not None:
-            _close(own)
+            discard(own)
 
 
 def _reconnect(previous: BaseDatabaseWrapper | None, store: Store) -> BaseDatabaseWrapper:
     """A new connection object for the store's alias (connected when first used), with a bound
     on connecting: a server that drops packets must not hold the owner past its lock."""
     if previous is not None:
-        _close(previous)
+        discard(previous)
     connection = connections[store.alias].copy()
     if connection.vendor != "sqlite":
         options = connection.settings_dict.setdefault("OPTIONS", {})
         options.setdefault("connect_timeout", _CONNECT_TIMEOUT)
+        # Not one of Django's pool (PostgreSQL), which may hold more connections the fault
+        # killed or silenced, and waits its own timeout for a new one (issue 39).
+        options.pop("pool", None)
     return connection
-
-
-def _close(connection: BaseDatabaseWrapper) -> None:
-    try:
-        connection.close()
-    except DatabaseError:  # already broken: nothing left to close
-        logger.debug("Closing a connection of the idempotency store failed.", exc_info=True)
 
 
 def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, raised: bool) -> None:
@@ -513,8 +558,8 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
                     policy,
                     store,
                     claim,
-                    lambda connection: store.release(
-                        claim.pk, claim.token_text, connection=connection
+                    lambda connection, bound: store.release(
+                        claim.pk, claim.token_text, connection=connection, bound=bound
                     ),
                 )
         except DatabaseError:
@@ -547,6 +592,28 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
         )
 
 
+class Unreachable(StoreUnavailable):
+    """Atomic mode could not connect to the store's database: connecting again at once would
+    fail as well (:func:`claim_again`)."""
+
+
+class _Entered:
+    """An atomic block entered within the claim's bound: on MySQL, entering it is a statement
+    (``SET autocommit``), which a silent connection would hold for good (issue 39)."""
+
+    def __init__(
+        self, store: Store, connection: BaseDatabaseWrapper, policy: Policy, block: Any
+    ) -> None:
+        self.store, self.connection, self.policy, self.block = store, connection, policy, block
+
+    def __enter__(self) -> None:
+        seconds = deadlines.bound(self.policy.lock_timeout)
+        self.store.bounded(self.connection, seconds, self.block.__enter__)
+
+    def __exit__(self, *exc_info: Any) -> bool | None:
+        return cast(bool | None, self.block.__exit__(*exc_info))
+
+
 @contextmanager
 def atomic_attempt(policy: Policy) -> Iterator[BaseDatabaseWrapper]:
     """Atomic mode's transaction (a savepoint inside the caller's) on the store's database;
@@ -566,10 +633,10 @@ def atomic_attempt(policy: Policy) -> Iterator[BaseDatabaseWrapper]:
     try:
         connection.ensure_connection()
     except DatabaseError as exc:
-        raise StoreUnavailable(str(exc)) from exc
+        raise Unreachable(str(exc)) from exc
     raised: BaseException | None = None
     try:
-        with store.atomic(policy.wait_timeout):
+        with _Entered(store, connection, policy, store.atomic(policy.wait_timeout)):
             try:
                 yield connection
             except BaseException as exc:

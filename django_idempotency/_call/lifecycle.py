@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
@@ -153,11 +154,11 @@ def begin(adapter: Adapter[R], policy: Policy) -> engine.Steps[Answer[R] | Claim
     adapter.identity = identity
     try:
         outcome = yield from engine.acquire(identity, policy)
-    except LockWaitTimeout as exc:
+    except (LockWaitTimeout, StoreUnavailable) as exc:
         if policy.atomic:
-            raise  # the transaction is broken: run() answers outside it
-        return adapter.refused(exc, policy)
-    except StoreUnavailable as exc:
+            # The transaction is broken: run() answers outside it, or starts it again on a new
+            # connection (issue 39).
+            raise
         return adapter.refused(exc, policy)
     if isinstance(outcome, Claim):
         heartbeat.start(outcome, policy, identity.request)
@@ -191,7 +192,10 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
     """Drive the lifecycle synchronously; atomic mode runs it in one transaction.
 
     In atomic mode a duplicate's claim waits on the first call's uncommitted row, at most
-    ``wait_timeout``, and a crash rolls everything back and leaves no record behind.
+    ``wait_timeout``, and a crash rolls everything back and leaves no record behind. A claim
+    that met a fault on a connection it left unusable (a pooled or persistent connection a
+    restart killed, one cut at its bound) is made again in a new transaction on a new
+    connection, the view not having run (:func:`.engine.claim_again`).
     """
     try:
         policy = adapter.policy = adapter.resolve(asynchronous=False)
@@ -201,21 +205,33 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
         return adapter.unprotected(call(None))
     if not policy.atomic:
         return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
+    refusal: StoreUnavailable | LockWaitTimeout
     try:
-        with engine.atomic_attempt(policy) as adapter.connection:
-            return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
-    except (StoreUnavailable, LockWaitTimeout) as exc:
-        refusal: StoreUnavailable | LockWaitTimeout = exc
-        if adapter.identity is None:  # refused before the claim: connecting, SQLite's BEGIN
-            identity = adapter.identified(policy)
-            if isinstance(identity, Identity):
-                if isinstance(exc, StoreUnavailable):
-                    refusal = engine.held_here(identity, policy, exc)
-                engine.refused(identity, policy, refusal)
-        return adapter.refused(refusal, policy).value
+        for tries in range(engine.RECONNECTS + 1):
+            try:
+                with engine.atomic_attempt(policy) as adapter.connection:
+                    return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
+            except (StoreUnavailable, LockWaitTimeout) as exc:
+                refusal = exc
+            if not (
+                isinstance(refusal, StoreUnavailable)
+                and adapter.claim is None  # the view has not run
+                and not adapter.claims_inside
+                and not isinstance(refusal, engine.Unreachable)  # connecting again would fail too
+                and tries < engine.RECONNECTS
+                and engine.claim_again(policy, connections[policy.alias], refusal)
+            ):
+                break
     finally:
         if adapter.claim is not None:  # its transaction ended: committed or rolled back
             engine.let_go(adapter.claim, policy)
+    if adapter.identity is None:  # refused before the claim: connecting, SQLite's BEGIN
+        identity = adapter.identified(policy)
+        if isinstance(identity, Identity):
+            if isinstance(refusal, StoreUnavailable):
+                refusal = engine.held_here(identity, policy, refusal)
+            engine.refused(identity, policy, refusal)
+    return adapter.refused(refusal, policy).value
 
 
 def run_steps(lifecycle: Generator[Step, Any, T], call: Callable[[], Any] | None = None) -> T:

@@ -121,11 +121,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         """The ``503`` of a keyed, protected request whose user could not be read (a
         database fault); ``None``: not this app's to answer."""
         policy = self.policy
-        if (
-            policy is None
-            or self.key_header() is None
-            or not using(policy.alias).is_transient(exc)
-        ):
+        if policy is None or self.key_header() is None or not using(policy.alias).is_transient(exc):
             return None
         refusal = StoreUnavailable(f"The request's user could not be read: {exc}")
         engine.identity_unavailable(self._attributes(policy), policy, refusal)

@@ -3,15 +3,28 @@ statements, and how its errors become the app's own."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
+from django_idempotency._store import deadlines
 from django_idempotency._store.statements import Statements
+
+logger = logging.getLogger("django_idempotency")
+
+T = TypeVar("T")
+
+#: The least time between two drains of one connection pool (seconds): a fault seen by many
+#: threads at once drains it once.
+DRAIN_EVERY = 1.0
+#: The attribute of a pool holding when it was last drained (``time.monotonic()``).
+_DRAINED = "_django_idempotency_drained"
 
 
 class BoundStore:
@@ -83,12 +96,79 @@ class BoundStore:
         except DatabaseError as exc:
             raise self.refusal(exc) from exc
 
+    def bounded(
+        self, connection: BaseDatabaseWrapper, seconds: float, statement: Callable[[], T]
+    ) -> T:
+        """Run ``statement()``, the app's own on ``connection``, within ``seconds``
+        (:mod:`.deadlines`): past them the connection is cut and the statement fails as on a
+        lost connection (a fault). One cut just after the statement returned fails it too:
+        the connection is dead, and what it did is found again by its lock token. A fault
+        drains the alias's connection pool (:meth:`faulted`)."""
+        watch = deadlines.watch(connection, seconds)
+        try:
+            result = statement()
+        except DatabaseError as exc:
+            self.faulted(exc)
+            raise
+        finally:
+            cut = deadlines.unwatch(watch)
+        if cut:
+            late = deadlines.Late(f"No reply from {self.alias!r} within {seconds:.3g} s.")
+            self.faulted(late)
+            raise late
+        return result
+
+    def faulted(self, exc: BaseException) -> None:
+        """After a statement's error: a fault (:meth:`is_fault`) drains the alias's pool.
+
+        Django's pool (PostgreSQL, ``"pool"`` in ``OPTIONS``) hands out the connections it
+        holds without a check unless ``CONN_HEALTH_CHECKS`` is on, and a restart killed, a
+        blackhole silenced, every one made before the fault: each would fail, or hang, one
+        request after another (issue 39). Drained, the pool closes those it holds and those
+        in use when they come back, and makes new ones. At most once per :data:`DRAIN_EVERY`.
+        """
+        if not self.is_fault(exc):
+            return
+        pool = getattr(connections[self.alias], "pool", None)
+        drain = getattr(pool, "drain", None)  # psycopg_pool 3.3+
+        if drain is None:
+            return
+        now = time.monotonic()
+        if now - getattr(pool, _DRAINED, -DRAIN_EVERY) < DRAIN_EVERY:
+            return
+        setattr(pool, _DRAINED, now)
+        logger.warning(
+            "Idempotency store %r failed (%s); draining its connection pool.", self.alias, exc
+        )
+        try:
+            drain()
+        except Exception:  # a pool closed meanwhile: nothing left to drain
+            logger.debug("Draining the pool of %r failed.", self.alias, exc_info=True)
+
     def refusal(self, exc: DatabaseError) -> LockWaitTimeout | StoreUnavailable:
         """What :meth:`guard` raises for ``exc`` (for a hot path that cannot afford a
         generator's context manager: ``raise store.refusal(exc) from exc``)."""
         if self.is_lock_timeout(exc):
             return LockWaitTimeout(str(exc))
         return StoreUnavailable(str(exc))
+
+
+def discard(connection: BaseDatabaseWrapper) -> None:
+    """Close a connection a fault left unusable, so that its next use makes a new one.
+
+    A pooled connection's driver connection is closed first: Django's ``close()`` gives it
+    back to the pool, which keeps an open one (a socket cut after its statement returned
+    still looks open) and drops a closed one."""
+    raw = connection.connection
+    if raw is not None and getattr(connection, "pool", None) is not None:
+        try:
+            raw.close()
+        except Exception:  # already broken
+            logger.debug("Closing a pooled connection failed.", exc_info=True)
+    try:
+        connection.close()
+    except DatabaseError:  # already broken: nothing left to close
+        logger.debug("Closing a connection of the idempotency store failed.", exc_info=True)
 
 
 def database_key(connection: BaseDatabaseWrapper) -> tuple[Any, ...]:

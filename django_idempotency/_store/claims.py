@@ -18,6 +18,7 @@ from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base import rules
+from django_idempotency._store import deadlines
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import EPOCH, Record, first, prep, preparers
 from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
@@ -156,6 +157,7 @@ class Claims(BoundStore):
         ttl: timedelta,
         lock_timeout: timedelta,
         token: str | None = None,
+        bound: float | None = None,
     ) -> ClaimOutcome[C]:
         """Claim the call's key, or return the record that holds it.
 
@@ -164,40 +166,61 @@ class Claims(BoundStore):
         over by one more, fenced ``UPDATE`` (inside the same statement on PostgreSQL). A claim
         made again after a fault passes the ``token`` of the first: a record found under it is
         the first's, applied with its reply lost, and so this call's.
+
+        Its statements end within ``bound`` seconds (default :func:`.deadlines.bound` of
+        ``lock_timeout``), or the connection is cut and the claim fails as on a lost one
+        (issue 39).
         """
         started = time.monotonic()  # before now: the lock is surely held until lock_timeout later
         values = ClaimValues(identity, token or new_token(), lock_timeout, ttl)
-        token = values.token
         # Errors become the app's own (guard()), without a generator's context manager: this
         # is every protected call's path. Preparing a value may connect (MariaDB's UUID type).
         try:
             connection = self.connection
-            found = self.insert_or_load(connection, values)
+            watch = deadlines.watch(
+                connection, deadlines.bound(lock_timeout) if bound is None else bound
+            )
+            try:
+                outcome = self._claim_on(identity, connection, values, lock_timeout, started)
+            finally:
+                cut = deadlines.unwatch(watch)
+            if cut:  # its reply came as the connection was cut: it is dead all the same
+                raise deadlines.Late(f"No reply from {self.alias!r} in time.")
+            return outcome
+        except DatabaseError as exc:
+            self.faulted(exc)
+            raise self.refusal(exc) from exc
+
+    def _claim_on(
+        self,
+        identity: Claimant[C],
+        connection: BaseDatabaseWrapper,
+        values: ClaimValues,
+        lock_timeout: timedelta,
+        started: float,
+    ) -> ClaimOutcome[C]:
+        """The claim's statements (:meth:`claim` watches them)."""
+        token = values.token
+        found = self.insert_or_load(connection, values)
+        if found is None:
+            return None
+        if isinstance(found, int):  # inserted, not read back: a first attempt
+            return self._claim(identity, connection, values, lock_timeout, started, found)
+        if isinstance(found, Record):  # the claim function took over what it could
+            return (
+                self._claim(identity, connection, values, lock_timeout, started, found.pk, found)
+                if found.holds_token(token)
+                else found
+            )
+        if str(found.lock_token) != token:  # not this call's row: another call's record
+            if not rules.TAKEOVER.holds(found, values.now, identity.fingerprint):
+                return found
+            params = values.params(connection)
+            again = take_over_params(connection, found.pk, params, values.now, identity.fingerprint)
+            found = self.take_over(connection, found.pk, again, token)
             if found is None:
                 return None
-            if isinstance(found, int):  # inserted, not read back: a first attempt
-                return self._claim(identity, connection, values, lock_timeout, started, found)
-            if isinstance(found, Record):  # the claim function took over what it could
-                return (
-                    self._claim(
-                        identity, connection, values, lock_timeout, started, found.pk, found
-                    )
-                    if found.holds_token(token)
-                    else found
-                )
-            if str(found.lock_token) != token:  # not this call's row: another call's record
-                if not rules.TAKEOVER.holds(found, values.now, identity.fingerprint):
-                    return found
-                params = values.params(connection)
-                again = take_over_params(
-                    connection, found.pk, params, values.now, identity.fingerprint
-                )
-                found = self.take_over(connection, found.pk, again, token)
-                if found is None:
-                    return None
-            return self._claim(identity, connection, values, lock_timeout, started, found.pk, found)
-        except DatabaseError as exc:
-            raise self.refusal(exc) from exc
+        return self._claim(identity, connection, values, lock_timeout, started, found.pk, found)
 
     def _claim(
         self,
@@ -247,15 +270,21 @@ class Claims(BoundStore):
         """
         return first(connection, self.statements(connection).take_over, values)
 
-    def peek_status(self, scope: str, key_hash: str) -> Lock | None:
-        """The cheap poll of a waiter: status and ``unlock_at`` only."""
-        with self.guard():
-            row = (
-                IdempotencyKey.objects.using(self.connection.alias)
+    def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
+        """The cheap poll of a waiter: status and ``unlock_at`` only (within ``bound``
+        seconds, :meth:`bounded`)."""
+        connection = self.connection
+
+        def read() -> tuple[str, Any] | None:
+            return (
+                IdempotencyKey.objects.using(connection.alias)
                 .filter(scope=scope, key_hash=key_hash)
                 .values_list("status", "unlock_at")
                 .first()
             )
+
+        with self.guard():
+            row = read() if bound is None else self.bounded(connection, bound, read)
         return None if row is None else Lock(*row)
 
     def limit_lock_wait(self, timeout: timedelta) -> object:

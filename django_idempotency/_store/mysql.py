@@ -19,6 +19,7 @@ from typing import Any, cast
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._store import deadlines
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import ClaimValues
@@ -294,8 +295,9 @@ class MySQLStore(Store):
         return error_code(exc) in (LOCK_WAIT_TIMEOUT, DEADLOCK)
 
     def is_fault(self, exc: BaseException) -> bool:
-        """A code of :data:`FAULTS`, or an ``InterfaceError`` (a connection already closed)."""
-        return isinstance(exc, InterfaceError) or error_code(exc) in FAULTS
+        """A code of :data:`FAULTS`, an ``InterfaceError`` (a connection already closed), or a
+        connection cut at its statement's deadline (:class:`.deadlines.Late`)."""
+        return isinstance(exc, (InterfaceError, deadlines.Late)) or error_code(exc) in FAULTS
 
     def size_query(self, table: str) -> SizeQuery:
         return SizeQuery(

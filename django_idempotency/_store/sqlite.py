@@ -173,9 +173,9 @@ class SQLiteStore(Store):
         take_over = super().take_over
         return self.waited_out(connection, lambda: take_over(connection, pk, values, token))
 
-    def peek_status(self, scope: str, key_hash: str) -> Lock | None:
+    def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
         peek = super().peek_status
-        return self.waited_out(self.connection, lambda: peek(scope, key_hash))
+        return self.waited_out(self.connection, lambda: peek(scope, key_hash, bound))
 
     def renew(self, leases: Sequence[tuple[int, Any]], lock_timeout: timedelta) -> set[int]:
         renew = super().renew

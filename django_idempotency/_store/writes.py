@@ -13,7 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_idempotency._base import rules
-from django_idempotency._store import sealing
+from django_idempotency._store import deadlines, sealing
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import (
     count_rows,
@@ -61,8 +61,10 @@ class FencedWrites(BoundStore):
         *,
         stale_at: datetime | None = None,
         connection: BaseDatabaseWrapper | None = None,
+        bound: float | None = None,
     ) -> bool:
         """Store the final response; ``False`` when the lock was lost (the result is refused).
+        An owner's write gives its ``bound`` (seconds, :meth:`bounded`).
 
         With ``stale_at`` (an operator failing a stuck record) only while the lock is still
         expired at that time. A result with its own ``ttl`` sets ``expires_at`` in the same
@@ -75,21 +77,25 @@ class FencedWrites(BoundStore):
         now = timezone.now()
         expiry = {} if stored.ttl is None else {"expires_at": now + stored.ttl}
         retried = connection is not None
-        connection = self.connection if connection is None else connection
-        stored_now = self._fenced_update(
-            connection,
-            pk,
-            token,
-            stale_at,
-            status=COMPLETED if stored.status < 400 else FAILED,
-            response_status=stored.status,
-            response_headers=stored.sealed[0],
-            response_body=stored.sealed[1],
-            unlock_at=None,
-            updated_at=now,
-            **expiry,
-        )
-        return stored_now or (retried and self._finished(connection, pk, token))
+        on = self.connection if connection is None else connection
+
+        def write() -> bool:
+            stored_now = self._fenced_update(
+                on,
+                pk,
+                token,
+                stale_at,
+                status=COMPLETED if stored.status < 400 else FAILED,
+                response_status=stored.status,
+                response_headers=stored.sealed[0],
+                response_body=stored.sealed[1],
+                unlock_at=None,
+                updated_at=now,
+                **expiry,
+            )
+            return stored_now or (retried and self._finished(on, pk, token))
+
+        return write() if bound is None else self.bounded(on, bound, write)
 
     def _finished(self, connection: BaseDatabaseWrapper, pk: int, token: uuid.UUID | str) -> bool:
         """Whether the record is no longer ``processing`` under this lock token: a takeover
@@ -108,15 +114,20 @@ class FencedWrites(BoundStore):
     ) -> bool:
         """Record progress and renew the lock: an attempt that makes progress is alive."""
         now = timezone.now()
-        return self._fenced_update(
-            self.connection,
-            pk,
-            token,
-            None,
-            recovery_point=name,
-            recovery_data=data,
-            unlock_at=now + lock_timeout,
-            updated_at=now,
+        connection = self.connection
+        return self.bounded(
+            connection,
+            deadlines.bound(lock_timeout),
+            lambda: self._fenced_update(
+                connection,
+                pk,
+                token,
+                None,
+                recovery_point=name,
+                recovery_data=data,
+                unlock_at=now + lock_timeout,
+                updated_at=now,
+            ),
         )
 
     def renew(
@@ -139,14 +150,18 @@ class FencedWrites(BoundStore):
         params += [prep("lock_token", token, connection) for _, token in leases]
         params.append(rules.PROCESSING)
         unlock_at = prep("unlock_at", timezone.now() + lock_timeout, connection)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} SET {q('unlock_at')} = %s WHERE {where}", [unlock_at, *params]
-            )
-            if cursor.rowcount == len(leases):
-                return {pk for pk, _ in leases}
-            cursor.execute(f"SELECT {q('id')} FROM {table} WHERE {where}", params)
-            return {row[0] for row in cursor.fetchall()}
+
+        def renew() -> set[int]:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {table} SET {q('unlock_at')} = %s WHERE {where}", [unlock_at, *params]
+                )
+                if cursor.rowcount == len(leases):
+                    return {pk for pk, _ in leases}
+                cursor.execute(f"SELECT {q('id')} FROM {table} WHERE {where}", params)
+                return {row[0] for row in cursor.fetchall()}
+
+        return self.bounded(connection, deadlines.bound(lock_timeout), renew)
 
     def release(
         self,
@@ -155,15 +170,20 @@ class FencedWrites(BoundStore):
         *,
         stale_at: datetime | None = None,
         connection: BaseDatabaseWrapper | None = None,
+        bound: float | None = None,
     ) -> bool:
         """Delete the claim's record so a retry claims afresh; ``False`` if the lock was lost
         (or, on a ``connection`` of the owner's own, if an earlier delete was applied).
 
         With ``stale_at`` (an operator releasing a stuck record) only while the lock is still
-        expired at that time.
+        expired at that time. An owner's release gives its ``bound`` (:meth:`bounded`).
         """
-        connection = self.connection if connection is None else connection
-        return self._fenced(connection, "DELETE FROM {table}", [], pk, token, stale_at)
+        on = self.connection if connection is None else connection
+
+        def delete() -> bool:
+            return self._fenced(on, "DELETE FROM {table}", [], pk, token, stale_at)
+
+        return delete() if bound is None else self.bounded(on, bound, delete)
 
     def _fenced_update(
         self,

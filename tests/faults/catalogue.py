@@ -7,7 +7,7 @@ import time
 
 from tests.faults.databases import MariaDBServer, PostgresCluster, SQLiteFile
 from tests.faults.proxy import COMMIT, RESULT_WRITE, FaultProxy
-from tests.faults.storm import FRESH_DURING, KEYS, LONG_LOCK, Fault
+from tests.faults.storm import FRESH_DURING, KEYS, LONG_LOCK, SHORT_LOCK, Fault
 
 OUTAGE = 10.0  # "stop for 10 s", under the views' 30 s lock
 READ_ONLY_SPELL = 3.0
@@ -89,3 +89,24 @@ def sqlite_fault(database: SQLiteFile, mode: str) -> Fault:
 
     early = mode == "atomic"
     return Fault("exclusive-lock", database.lock, release, lock=LONG_LOCK, early=early)
+
+
+#: Blackholes (issue 39) and their lengths: shorter than the views' 10 s lock, and longer.
+BLACKHOLES = {"blackhole-1s": 1.0, "blackhole-5s": 5.0, "blackhole-15s": 15.0}
+
+
+def blackhole_fault(name: str, proxy: FaultProxy, *, pooled: bool = False) -> Fault:
+    """Silence every connection through the proxy, and the new ones until the fault ends (as
+    a failover that moved an IP does); those silenced stay so, open, after it. Longer than
+    the lock, a key may run twice (the owner gave its result up when its lock could lapse)."""
+    seconds = BLACKHOLES[name]
+
+    def inject() -> None:
+        print(f"silenced {proxy.blackhole()}", end=" ")
+
+    def recover() -> None:
+        time.sleep(seconds)
+        print(f"still open {proxy.restore()}", end=" ")
+
+    runs = frozenset({1, 2}) if seconds > SHORT_LOCK else frozenset({1})
+    return Fault(name, inject, recover, executions=runs, logged_in=not pooled)

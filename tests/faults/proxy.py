@@ -4,7 +4,8 @@ Armed, it watches what each client sends; at the trigger (a pattern in the clien
 another has passed on that connection when ``after`` is given) it either drops the request (the
 server never sees it) or forwards it and drops the server's reply ("commit outcome unknown": the
 server executed and committed it, the client cannot know). Both sides of that connection are then
-reset. Plain threads and sockets; the wire protocols (PostgreSQL's, MySQL's) carry the SQL text,
+reset. A :meth:`~FaultProxy.blackhole` silences connections without closing them (issue 39).
+Plain threads and sockets; the wire protocols (PostgreSQL's, MySQL's) carry the SQL text,
 which is all it reads.
 """
 
@@ -32,6 +33,8 @@ class _Pair:
     tail: bytes = b""
     cut_on_reply: bool = False
     closed: bool = False
+    #: Blackholed: what either side sends is dropped, and nothing is closed.
+    silent: bool = False
 
 
 @dataclass
@@ -53,6 +56,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
         self._trigger: Trigger | None = None
+        self._silent = False
         self._listener = socket.create_server(("127.0.0.1", port), backlog=256)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
@@ -87,6 +91,25 @@ class FaultProxy:
             trigger, self._trigger = self._trigger, None
         return trigger.fired if trigger else 0
 
+    def blackhole(self, *, new: bool = True) -> int:
+        """Go silent as a blackholed network does (a failover that moved an IP, a dropped NAT
+        entry): every open connection stops forwarding for good, its sockets left open (no
+        reset, no close: each side waits); with ``new``, so do the connections made until
+        :meth:`restore`. How many were open."""
+        with self._lock:
+            self._silent = new
+            pairs = [pair for pair in self._pairs if not pair.closed]
+            for pair in pairs:
+                pair.silent = True
+        return len(pairs)
+
+    def restore(self) -> int:
+        """New connections are forwarded again (the silenced ones stay silent): how many
+        silenced connections are still open (their clients have not given them up)."""
+        with self._lock:
+            self._silent = False
+            return sum(1 for pair in self._pairs if pair.silent and not pair.closed)
+
     def cut_all(self) -> int:
         """Reset every open connection at once, as a network failure does: how many."""
         with self._lock:
@@ -114,7 +137,7 @@ class FaultProxy:
             # The server is down: refuse as it would (a reset, not a hang).
             _reset(client)
             return
-        pair = _Pair(client, server)
+        pair = _Pair(client, server, silent=self._silent)
         try:
             server.settimeout(None)
             for sock in (client, server):
@@ -146,6 +169,8 @@ class FaultProxy:
             if not chunk:
                 self._close(pair)
                 return
+            if pair.silent:
+                continue
             action = self._check(pair, chunk)
             if action == "request":
                 self._close(pair)
@@ -165,6 +190,8 @@ class FaultProxy:
             if not chunk or pair.cut_on_reply:
                 self._close(pair)
                 return
+            if pair.silent:
+                continue
             try:
                 pair.client.sendall(chunk)
             except OSError:

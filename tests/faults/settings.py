@@ -2,7 +2,8 @@
 
 The test suite's settings, on the database ``DATABASE_URL`` names (a fault server of the suite's
 own, or a proxy in front of it), with the fault views' urls. ``IDEMPOTENCY_FAULT_CONN_MAX_AGE``
-(seconds) and ``IDEMPOTENCY_FAULT_HEALTH_CHECKS=1`` make the connections persistent (item 4).
+(seconds) and ``IDEMPOTENCY_FAULT_HEALTH_CHECKS=1`` make the connections persistent (item 4);
+``IDEMPOTENCY_FAULT_POOL=1`` turns Django's pool on (PostgreSQL, issue 39).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ for _alias in ("default", "idempotency"):
     )
     if DATABASES[_alias]["ENGINE"] == "django.db.backends.postgresql":
         # A dead server is found out in seconds, not at the kernel's TCP timeout.
-        DATABASES[_alias].setdefault("OPTIONS", {})["connect_timeout"] = 3
+        DATABASES[_alias]["OPTIONS"] = {
+            **DATABASES[_alias].get("OPTIONS", {}),
+            "connect_timeout": 3,
+        }
+        if os.environ.get("IDEMPOTENCY_FAULT_POOL") == "1":  # Django's pool (issue 39)
+            # As docs/scale.rst advises: a connection for each of a worker's threads (a request
+            # holds one from its claim to its end) and one for the lock renewer.
+            DATABASES[_alias]["OPTIONS"]["pool"] = {"min_size": 2, "max_size": 17}
     elif DATABASES[_alias]["ENGINE"] == "django.db.backends.mysql":
         DATABASES[_alias]["OPTIONS"] = {**DATABASES[_alias]["OPTIONS"], "connect_timeout": 3}
 
