@@ -15,6 +15,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +33,8 @@ class _Pair:
     tail: bytes = b""
     cut_on_reply: bool = False
     closed: bool = False
+    #: Seconds a cut connection stays silent before it is reset (:meth:`FaultProxy.arm`).
+    hold: float = 0.0
 
 
 @dataclass
@@ -41,6 +44,7 @@ class Trigger:
     after: re.Pattern[bytes] | None
     remaining: int
     fired: int = 0
+    hold: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -54,6 +58,9 @@ class FaultProxy:
         self._pairs: list[_Pair] = []
         self._trigger: Trigger | None = None
         self._listener = socket.create_server(("127.0.0.1", port), backlog=256)
+        self._refusing = False
+        #: When (``time.monotonic()``) each connection refused since :meth:`refuse` came.
+        self.refused: list[float] = []
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
 
@@ -70,12 +77,25 @@ class FaultProxy:
 
     # Faults -----------------------------------------------------------------------------------
 
-    def arm(self, mode: str, pattern: bytes, *, after: bytes | None = None, count: int) -> Trigger:
+    def arm(
+        self,
+        mode: str,
+        pattern: bytes,
+        *,
+        after: bytes | None = None,
+        count: int,
+        hold: float = 0.0,
+    ) -> Trigger:
         """Cut the next ``count`` connections that send ``pattern`` (after ``after``), dropping
-        the request (``mode="request"``) or the reply (``mode="reply"``)."""
+        the request (``mode="request"``) or the reply (``mode="reply"``); with ``hold``, the
+        connection stays silent that many seconds before it is reset (issue 39)."""
         assert mode in ("request", "reply")
         trigger = Trigger(
-            mode, re.compile(pattern), re.compile(after) if after else None, remaining=count
+            mode,
+            re.compile(pattern),
+            re.compile(after) if after else None,
+            remaining=count,
+            hold=hold,
         )
         with self._lock:
             self._trigger = trigger
@@ -86,6 +106,19 @@ class FaultProxy:
         with self._lock:
             trigger, self._trigger = self._trigger, None
         return trigger.fired if trigger else 0
+
+    def refuse(self) -> int:
+        """Go away as a server that stops does: reset every open connection, and every new one
+        until :meth:`admit` (issue 39); how many were open."""
+        with self._lock:
+            self._refusing = True
+            self.refused = []
+        return self.cut_all()
+
+    def admit(self) -> None:
+        """Take connections again, as a server back up does."""
+        with self._lock:
+            self._refusing = False
 
     def cut_all(self) -> int:
         """Reset every open connection at once, as a network failure does: how many."""
@@ -103,6 +136,13 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            with self._lock:
+                refusing = self._refusing
+                if refusing:
+                    self.refused.append(time.monotonic())
+            if refusing:  # at once, here: no thread for a connection refused
+                _reset(client)
+                continue
             # Connecting upstream in a thread of its own: a slow server must not hold the
             # accept loop (nor an error end it).
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
@@ -148,6 +188,7 @@ class FaultProxy:
                 return
             action = self._check(pair, chunk)
             if action == "request":
+                time.sleep(pair.hold)
                 self._close(pair)
                 return
             try:
@@ -163,6 +204,8 @@ class FaultProxy:
             except OSError:
                 chunk = b""
             if not chunk or pair.cut_on_reply:
+                if chunk:
+                    time.sleep(pair.hold)
                 self._close(pair)
                 return
             try:
@@ -193,6 +236,7 @@ class FaultProxy:
             trigger.fired += 1
             if trigger.remaining <= 0:
                 trigger.done.set()
+            pair.hold = trigger.hold
             if trigger.mode == "reply":
                 pair.cut_on_reply = True
             return trigger.mode
