@@ -28,7 +28,7 @@ from django_idempotency import _heartbeat as heartbeat
 from django_idempotency._identity import Identity
 from django_idempotency._options import Policy
 from django_idempotency.claim import Claim
-from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
+from django_idempotency.exceptions import LockLost, LockWaitTimeout, StoreUnavailable
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -46,6 +46,10 @@ class _Run:
 
 
 RUN = _Run()
+#: The app's own exceptions that may stop two-phase protected code after its claim
+#: (:meth:`.Claim.set_recovery_point`'s); each an answer of the adapter's (issue 39).
+INTERRUPTIONS = (StoreUnavailable, LockWaitTimeout, LockLost)
+Interruption = StoreUnavailable | LockWaitTimeout | LockLost
 Step = float | _Run
 _UNKNOWN: Any = object()
 
@@ -94,6 +98,11 @@ class Adapter(Generic[R]):
     def refused(self, exc: StoreUnavailable | LockWaitTimeout, policy: Policy) -> Answer[R]:
         """The answer when the store cannot claim (or raise); ``policy.atomic``: the error
         ended the whole transaction."""
+        raise exc
+
+    def interrupted(self, exc: Interruption) -> Answer[R]:
+        """The answer when the protected code stopped on the app's own exception after its
+        claim (a recovery point the store could not save, a lock lost), or raise it."""
         raise exc
 
     def finish(self, claim: Claim, result: R, policy: Policy) -> R:
@@ -173,8 +182,9 @@ def steps(adapter: Adapter[R], policy: Policy) -> Generator[Step, Any, R]:
             result = yield RUN
         finally:  # before the final write, and when abandoned (a cancelled task, a dying process)
             heartbeat.stop(adapter.claim)
-    except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-        if adapter.claim is not None:
+    except Exception as exc:  # a dying process (SystemExit...) is a crash: recovered later
+        # A lost lock is not this attempt's to release: another owns the record.
+        if adapter.claim is not None and not isinstance(exc, LockLost):
             assert adapter.identity is not None
             engine.release(adapter.claim, adapter.identity, policy, reason="exception", raised=True)
         raise
@@ -193,7 +203,10 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
     if policy is None:
         return adapter.unprotected(call(None))
     if not policy.atomic:
-        return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
+        try:
+            return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
+        except INTERRUPTIONS as exc:
+            return adapter.interrupted(exc).value
     try:
         with engine.atomic_attempt(policy) as adapter.connection:
             return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
@@ -234,6 +247,15 @@ async def arun(adapter: Adapter[R], call: Callable[[Claim | None], Awaitable[R]]
     policy = adapter.policy = adapter.resolve(asynchronous=True)
     if policy is None:
         return adapter.unprotected(await call(None))
+    try:
+        return await _arun_steps(adapter, policy, call)
+    except INTERRUPTIONS as exc:
+        return adapter.interrupted(exc).value
+
+
+async def _arun_steps(
+    adapter: Adapter[R], policy: Policy, call: Callable[[Claim | None], Awaitable[R]]
+) -> R:
     lifecycle = steps(adapter, policy)
     advance = sync_to_async(_advance)
     sent: Any = None

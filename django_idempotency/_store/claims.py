@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, connections
@@ -20,7 +20,7 @@ from django_idempotency import _rules as rules
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import EPOCH, Record, first, prep, preparers
 from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
-from django_idempotency.claim import Claim, RecordStore
+from django_idempotency.claim import Claim
 from django_idempotency.models import IdempotencyKey
 
 if TYPE_CHECKING:
@@ -185,7 +185,6 @@ class Claims(BoundStore):
             recovery_data=None if record is None else record.recovery_data,
             alias=self.alias,
             lock_timeout=lock_timeout,
-            store=cast(RecordStore, self),  # a Store: its FencedWrites save recovery points
             held_until=started + lock_timeout.total_seconds(),
             uncommitted=connection.in_atomic_block,
         )
