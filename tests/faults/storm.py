@@ -9,7 +9,8 @@ until one is served. :class:`Figures` holds the counts, and every broken promise
 ``violations``:
 
 The new keys sent during the fault come from a logged-in client (its scope is read from the
-database); every other request is anonymous.
+database); every other request is anonymous. A fault with a ``hold`` keeps the views waiting past
+its end (renewal meets it, not the result write) while each key's duplicate keeps coming.
 
 - a key whose effect ran other than once;
 - an answer other than the result, its byte-identical replay, ``409`` or ``503`` (a ``500``),

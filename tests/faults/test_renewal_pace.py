@@ -14,7 +14,7 @@ quarter second, and the next came 1 s later: the duplicate took the key over and
 function a second time.
 
 ``test_the_window``: the app under gunicorn, its store behind the proxy, 20 keyed requests
-whose views outlast their 3 s lock, duplicates sent every 0.1 s; the proxy refuses connections
+whose views outlast their 3 s lock, duplicates sent every 0.5 s; the proxy refuses connections
 for a fault of each length. A fault shorter than the owner's remaining lock (at least two thirds
 of the lock with renewal on) runs no view twice; a longer one may. Each length's share of keys
 run twice is printed (docs/failure-modes.rst has the curve).
