@@ -39,9 +39,10 @@ def vendor(server: Server) -> str:
     return "postgresql" if isinstance(server, databases.PostgresCluster) else "mysql"
 
 
-def register(alias: str, server: Server) -> None:
-    """Add ``alias`` for the server's database to Django's connections, migrated."""
-    settings: dict[str, Any] = dict(dj_database_url.parse(server.url()))
+def register(alias: str, server: Server, port: int | None = None) -> None:
+    """Add ``alias`` for the server's database to Django's connections, migrated (through
+    ``port``, a proxy's, when given)."""
+    settings: dict[str, Any] = dict(dj_database_url.parse(server.url(port)))
     if vendor(server) == "mysql":
         settings["OPTIONS"] = {"charset": "utf8mb4"}
     configured = {"default": connections.settings["default"], alias: settings}

@@ -120,6 +120,80 @@ def test_takeover_sees_the_recovery_point_and_fences_the_old_owner(key: str) -> 
     assert IdempotencyKey.objects.get().recovery_point == "reserved"
 
 
+def refund(charges: list[str], fail: list[str]) -> View:
+    """docs/recovery.rst's view: charge, record "charged", ship; each name in ``fail`` is a
+    step that raises once, after the charge ("ship", a 503 answer: "answer")."""
+
+    def body(claim: Claim) -> HttpResponse:
+        if claim.recovery_point != "charged":
+            charges.append(claim.derived_key("charge"))
+            claim.set_recovery_point("charged", {"charge": len(charges)})
+        if "ship" in fail:
+            fail.remove("ship")
+            raise RuntimeError("the shipping service failed")
+        if "answer" in fail:
+            fail.remove("answer")
+            return HttpResponse(status=503)
+        return HttpResponse(f"shipped charge {claim.recovery_data['charge']}", status=201)
+
+    return protected(body)
+
+
+@pytest.mark.parametrize("step", ["ship", "answer"])
+def test_an_attempt_that_fails_after_a_recovery_point_leaves_it_to_the_retry(
+    key: str, step: str, received: dict[str, Any]
+) -> None:
+    """It raised (or answered a 5xx) after its charge: the record is kept at the point,
+    unlocked, and the retry takes it over at once and resumes there; the charge ran once
+    (issue 39). Released with its point, the retry charged again."""
+    charges: list[str] = []
+    view = refund(charges, [step])
+    if step == "ship":
+        with pytest.raises(RuntimeError):
+            send(view, key)
+    else:
+        assert send(view, key).status_code == 503
+    row = IdempotencyKey.objects.get()
+    assert (row.status, row.recovery_point) == (IdempotencyKey.Status.PROCESSING, "charged")
+    assert row.unlock_at is not None and row.unlock_at <= timezone.now()
+    assert [sent["reason"] for sent in received["key_released"]] == [
+        "exception" if step == "ship" else "status 503"
+    ]
+    retry = send(view, key)
+    assert (retry.status_code, retry.content) == (201, b"shipped charge 1")
+    assert len(charges) == 1
+    row = IdempotencyKey.objects.get()
+    assert (row.attempt, row.status) == (2, IdempotencyKey.Status.COMPLETED)
+
+
+def test_an_attempt_without_a_recovery_point_is_still_released(key: str) -> None:
+    view = protected(lambda claim: HttpResponse(status=503))
+    assert send(view, key).status_code == 503
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_a_view_whose_recovery_point_finds_its_record_taken_over_answers_409(key: str) -> None:
+    """``LockLost`` out of the view is the app's: the key belongs to another attempt, whose
+    result the client's retry gets (issue 39); not a ``500``. Nothing is released."""
+    claims: list[Claim] = []
+
+    def body(claim: Claim) -> HttpResponse:
+        claims.append(claim)
+        if len(claims) == 1:
+            expire_lock()
+            send(view, key)  # a retry takes over and finishes
+            claim.set_recovery_point("charged")
+        return HttpResponse(b"new owner", status=201)
+
+    view = protected(body)
+    answer = send(view, key)
+    assert answer.status_code == 409
+    assert answer["Content-Type"] == "application/problem+json"
+    assert answer["Retry-After"]
+    row = IdempotencyKey.objects.get()
+    assert (row.attempt, bytes(row.response_body)) == (2, b"new owner")
+
+
 def late_owner(key: str, claims: list[Claim]) -> View:
     """A view whose first attempt is taken over, and finished, by a retry before it returns:
     its result comes late."""

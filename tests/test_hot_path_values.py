@@ -69,7 +69,6 @@ def test_a_claims_lock_token_reads_as_a_uuid() -> None:
         recovery_data=None,
         alias="default",
         lock_timeout=timedelta(seconds=60),
-        store=None,  # type: ignore[arg-type]
     )
     assert claim.lock_token == uuid.UUID(token)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from django_idempotency._base.errors import LockLost
 
@@ -16,14 +17,6 @@ __all__ = ["Claim"]
 logger = logging.getLogger("django_idempotency")
 
 _DERIVED_NAMESPACE = uuid.UUID("5b0c3c52-7e4b-4a43-9d0c-2a7c1c0f6d11")
-
-
-class RecordStore(Protocol):
-    """Where a claim's record is kept: what :class:`Claim` needs of the store that made it."""
-
-    def save_recovery_point(
-        self, pk: int, token: uuid.UUID | str, name: str, data: Any, lock_timeout: timedelta
-    ) -> bool: ...
 
 
 class Holder(Protocol):
@@ -57,8 +50,6 @@ class Claim:
     recovery_data: Any
     alias: str = field(repr=False)
     lock_timeout: timedelta = field(repr=False)
-    #: The store that made the claim (bound to ``alias``): recovery points go there.
-    store: RecordStore = field(repr=False, compare=False)
     #: Set (from the renewer's thread) when a renewal found the record no longer this
     #: attempt's: taken over after its lock expired, or released by an operator.
     lock_lost: bool = field(default=False, repr=False, compare=False)
@@ -70,8 +61,17 @@ class Claim:
     #: record until that transaction commits, so none renews it or writes it again after a
     #: fault.
     uncommitted: bool = field(default=False, repr=False, compare=False)
+    #: Whether the record may hold a recovery point: the attempt resumed from one, or set (or
+    #: tried to set) one. Its release then keeps the record at the point (issue 39).
+    progressed: bool = field(default=False, repr=False, compare=False)
+    #: How a recovery point is written, as durably as the result
+    #: (:func:`.engine.save_recovery_point`): set by the engine, which imports this module, so
+    #: that the claim imports nothing of it (no import cycle, issue 40).
+    save_point: ClassVar[Callable[[Claim, str, Any], None]]
 
     def __post_init__(self) -> None:
+        if self.recovery_point:
+            self.progressed = True
         if not self.held_until:
             self.held_until = time.monotonic() + self.lock_timeout.total_seconds()
 
@@ -115,9 +115,13 @@ class Claim:
     def set_recovery_point(self, name: str, data: Any = None) -> None:
         """Record that the view got as far as ``name`` (with JSON ``data``) and renew the lock.
 
-        In two-phase mode this commits at once, so a retry that takes over after a crash
-        resumes from here. Raises :class:`~django_idempotency.LockLost` when another
-        attempt has taken the record over: stop, the new owner is doing the work.
+        In two-phase mode this commits at once, so a retry that takes over after a crash, or
+        after the view raised, resumes from here. A database fault is ridden out as for the
+        result: the write is tried again on a new connection while the lock holds. Raises
+        :class:`~django_idempotency.LockLost` when another attempt has taken the record over
+        (stop, the new owner is doing the work), and
+        :class:`~django_idempotency.StoreUnavailable` when the database did not answer in
+        time; a protected view that lets either propagate answers ``409`` or ``503``.
         """
         # Imported here: Claim is a name of the package, importable before Django is set up
         # (a type hint's import), and these read the model's fields.
@@ -126,12 +130,7 @@ class Claim:
         self.check_held()
         if len(name) > MAX_RECOVERY_POINT:
             raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
-        since = time.monotonic()
-        if not self.store.save_recovery_point(
-            self.pk, self.token_text, name, data, self.lock_timeout
-        ):
-            raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
-        self.held_for(since)
+        self.save_point(name, data)
         logger.debug(
             "Idempotency record %s: recovery point %r.",
             self.pk,

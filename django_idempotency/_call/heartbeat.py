@@ -53,6 +53,17 @@ LINGER = 2.0
 #: answering again, however long it was away (issue 25).
 FIRST_RETRY = 0.25
 LAST_RETRY = 1.0
+#: But no try waits longer than this share of the time left before the lock can lapse (or,
+#: past that, of the time since), nor less than :data:`PROBE` seconds: tries come faster as
+#: the lock's end nears, so a database that answers again before then is met by a try that
+#: still leaves most of what was left, and around the end by a try every ``PROBE``. A backoff
+#: step alone could outlast the lock: on MariaDB, whose restart is an outage of about 2 s, the
+#: next try after the server answered was due 0.6 s later, after a 2 s lock had lapsed and
+#: duplicates had taken two keys over (issue 39). Just past the end the lock may still be
+#: held (nobody took it over yet): the renewal, fenced by the token alone, keeps it. A try is
+#: itself the cheapest probe: a connection the server refuses, or one ``UPDATE`` by primary key.
+LOCK_SHARE = 0.25
+PROBE = 0.05
 THREAD_NAME = "django-idempotency-renewer"
 
 Group = tuple[str, timedelta]  # the database alias and the lock_timeout of the attempts
@@ -61,6 +72,18 @@ Group = tuple[str, timedelta]  # the database alias and the lock_timeout of the 
 def interval(lock_timeout: timedelta) -> float:
     """Seconds between two renewals of an attempt's lock."""
     return lock_timeout.total_seconds() / RENEWALS_PER_LOCK_TIMEOUT
+
+
+def retry_wait(failures: int, lock_timeout: timedelta, left: float) -> float:
+    """Seconds before a failed renewal is tried again: after ``failures`` failures in a row,
+    with ``left`` seconds before the earliest of its locks can lapse (negative: since it could).
+
+    Backoff (:data:`FIRST_RETRY` doubling up to the interval or :data:`LAST_RETRY`) while the
+    lock's end is far; near it, at most :data:`LOCK_SHARE` of the time to it (or since it), and
+    no less than :data:`PROBE` (issue 39).
+    """
+    backoff: float = min(FIRST_RETRY * 2 ** (failures - 1), interval(lock_timeout), LAST_RETRY)
+    return max(PROBE, min(backoff, abs(left) * LOCK_SHARE))
 
 
 @dataclass(eq=False)
@@ -196,7 +219,7 @@ class Renewer:
                 pairs = [(lease.claim.pk, lease.claim.token_text) for lease in batch]
                 held |= store.using(alias).renew(pairs, lock_timeout)
         except Exception as exc:  # never let a database error end the thread
-            self._retry(group, exc)
+            self._retry(group, leases, exc)
             return
         with self._cond:
             self._failures.pop(group, None)
@@ -215,13 +238,16 @@ class Renewer:
         for lease in lost:
             _announce_lost(lease)
 
-    def _retry(self, group: Group, exc: Exception) -> None:
-        """Retry sooner than the interval, doubling the wait; reconnect first."""
+    def _retry(self, group: Group, leases: list[_Lease], exc: Exception) -> None:
+        """Retry sooner than the interval, doubling the wait, and sooner still as the lock's
+        end nears (:func:`retry_wait`); reconnect first."""
+        now = time.monotonic()
+        left = min(lease.claim.held_until for lease in leases) - now
         with self._cond:
             failures = self._failures[group] = self._failures.get(group, 0) + 1
-            wait = min(FIRST_RETRY * 2 ** (failures - 1), interval(group[1]), LAST_RETRY)
+            wait = retry_wait(failures, group[1], left)
             if group in self._due:
-                self._due[group] = time.monotonic() + wait
+                self._due[group] = now + wait
         logger.warning(
             "Could not renew idempotency locks on %r (failure %s, retrying in %.2gs): %s",
             group[0],

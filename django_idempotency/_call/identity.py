@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from django_idempotency._call import telemetry
-from django_idempotency._call.claim import Claim, RecordStore
+from django_idempotency._call.claim import Claim
 
 
 @dataclass(slots=True)
@@ -44,7 +44,6 @@ class Identity:
         recovery_data: Any,
         alias: str,
         lock_timeout: timedelta,
-        store: RecordStore,
         held_until: float,
         uncommitted: bool,
     ) -> Claim:
@@ -58,7 +57,6 @@ class Identity:
             recovery_data,
             alias,
             lock_timeout,
-            store,
             held_until=held_until,
             uncommitted=uncommitted,
         )

@@ -24,7 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
+from django_idempotency._base.errors import LockLost, LockWaitTimeout, StoreUnavailable
 from django_idempotency._call import engine, heartbeat
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
@@ -46,6 +46,10 @@ class _Run:
 
 
 RUN = _Run()
+#: The app's own exceptions that may stop two-phase protected code after its claim
+#: (:meth:`.Claim.set_recovery_point`'s); each an answer of the adapter's (issue 39).
+INTERRUPTIONS = (StoreUnavailable, LockWaitTimeout, LockLost)
+Interruption = StoreUnavailable | LockWaitTimeout | LockLost
 Step = float | _Run
 _UNKNOWN: Any = object()
 
@@ -99,6 +103,11 @@ class Adapter(Generic[R]):
     def refused(self, exc: StoreUnavailable | LockWaitTimeout, policy: Policy) -> Answer[R]:
         """The answer when the store cannot claim (or raise); ``policy.atomic``: the error
         ended the whole transaction."""
+        raise exc
+
+    def interrupted(self, exc: Interruption) -> Answer[R]:
+        """The answer when the protected code stopped on the app's own exception after its
+        claim (a recovery point the store could not save, a lock lost), or raise it."""
         raise exc
 
     def finish(self, claim: Claim, result: R, policy: Policy) -> R:
@@ -178,8 +187,9 @@ def steps(adapter: Adapter[R], policy: Policy) -> Generator[Step, Any, R]:
             result = yield RUN
         finally:  # before the final write, and when abandoned (a cancelled task, a dying process)
             heartbeat.stop(adapter.claim)
-    except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-        if adapter.claim is not None:
+    except Exception as exc:  # a dying process (SystemExit...) is a crash: recovered later
+        # A lost lock is not this attempt's to release: another owns the record.
+        if adapter.claim is not None and not isinstance(exc, LockLost):
             assert adapter.identity is not None
             engine.release(adapter.claim, adapter.identity, policy, reason="exception", raised=True)
         raise
@@ -204,7 +214,10 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
     if policy is None:
         return adapter.unprotected(call(None))
     if not policy.atomic:
-        return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
+        try:
+            return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
+        except INTERRUPTIONS as exc:
+            return adapter.interrupted(exc).value
     refusal: StoreUnavailable | LockWaitTimeout
     try:
         for tries in range(engine.RECONNECTS + 1):
@@ -266,6 +279,15 @@ async def arun(adapter: Adapter[R], call: Callable[[Claim | None], Awaitable[R]]
         return adapter.misconfigured(exc)
     if policy is None:
         return adapter.unprotected(await call(None))
+    try:
+        return await _arun_steps(adapter, policy, call)
+    except INTERRUPTIONS as exc:
+        return adapter.interrupted(exc).value
+
+
+async def _arun_steps(
+    adapter: Adapter[R], policy: Policy, call: Callable[[Claim | None], Awaitable[R]]
+) -> R:
     lifecycle = steps(adapter, policy)
     advance = sync_to_async(_advance)
     sent: Any = None

@@ -152,6 +152,13 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             return Answer(problems.in_progress(conf.RETRY_AFTER))
         return Answer(problems.unavailable())
 
+    def interrupted(self, exc: lifecycle.Interruption) -> Answer[HttpResponseBase]:
+        """A view stopped by its recovery point: ``503`` when the store did not answer, ``409``
+        when another attempt owns the key (its result is replayed to the next retry)."""
+        if isinstance(exc, StoreUnavailable):
+            return Answer(problems.unavailable())
+        return Answer(problems.in_progress(conf.RETRY_AFTER))
+
     def finish(self, claim: Claim, result: HttpResponseBase, policy: Policy) -> HttpResponseBase:
         """Store the view's response (or release the claim) and return the response."""
         identity = self.identity

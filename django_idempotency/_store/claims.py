@@ -53,7 +53,6 @@ class Claimant(Protocol[C]):
         recovery_data: Any,
         alias: str,
         lock_timeout: timedelta,
-        store: Any,
         held_until: float,
         uncommitted: bool,
     ) -> C:
@@ -241,7 +240,6 @@ class Claims(BoundStore):
             recovery_data=None if record is None else record.recovery_data,
             alias=self.alias,
             lock_timeout=lock_timeout,
-            store=self,  # a Store: its FencedWrites save recovery points
             held_until=started + lock_timeout.total_seconds(),
             uncommitted=connection.in_atomic_block,
         )

@@ -63,24 +63,20 @@ class FencedWrites(BoundStore):
         connection: BaseDatabaseWrapper | None = None,
         bound: float | None = None,
     ) -> bool:
-        """Store the final response; ``False`` when the lock was lost (the result is refused).
-        An owner's write gives its ``bound`` (seconds, :meth:`bounded`).
+        """Store the final response; ``False`` when the lock was lost (the result is refused),
+        or when an earlier write of it was applied (:meth:`finished` tells which). An owner's
+        write gives its ``bound`` (seconds, :meth:`bounded`).
 
         With ``stale_at`` (an operator failing a stuck record) only while the lock is still
         expired at that time. A result with its own ``ttl`` sets ``expires_at`` in the same
         statement; any other leaves it out, so the default costs nothing more.
-
-        On a ``connection`` of the owner's own (a write tried again after a fault) an earlier
-        write may have been applied with its reply lost: when nothing matches, the record
-        finished under this lock token says it was, and it counts as stored.
         """
         now = timezone.now()
         expiry = {} if stored.ttl is None else {"expires_at": now + stored.ttl}
-        retried = connection is not None
         on = self.connection if connection is None else connection
 
         def write() -> bool:
-            stored_now = self._fenced_update(
+            return self._fenced_update(
                 on,
                 pk,
                 token,
@@ -93,33 +89,71 @@ class FencedWrites(BoundStore):
                 updated_at=now,
                 **expiry,
             )
-            return stored_now or (retried and self._finished(on, pk, token))
 
         return write() if bound is None else self.bounded(on, bound, write)
 
-    def _finished(self, connection: BaseDatabaseWrapper, pk: int, token: uuid.UUID | str) -> bool:
+    def finished(self, pk: int, token: uuid.UUID | str, connection: BaseDatabaseWrapper) -> bool:
         """Whether the record is no longer ``processing`` under this lock token: a takeover
-        changes the token and a release deletes the row, so only the owner's result did it."""
+        changes the token and a release deletes the row, so only the owner's result did it
+        (a result write applied whose reply was lost, issue 25)."""
+        return self._holds(connection, pk, token, f"{{status}} <> '{rules.PROCESSING}'", [])
+
+    def has_recovery_point(
+        self, pk: int, token: uuid.UUID | str, name: str, connection: BaseDatabaseWrapper
+    ) -> bool:
+        """Whether the record is still ``processing`` under this lock token at recovery point
+        ``name``: a recovery point write applied whose reply was lost (issue 39)."""
+        return self._holds(
+            connection,
+            pk,
+            token,
+            f"{{status}} = '{rules.PROCESSING}' AND {{recovery_point}} = %s",
+            [name],
+        )
+
+    def _holds(
+        self,
+        connection: BaseDatabaseWrapper,
+        pk: int,
+        token: uuid.UUID | str,
+        condition: str,
+        params: list[Any],
+    ) -> bool:
+        """Whether the record ``pk`` under this lock token meets ``condition`` (its column
+        names in braces): an owner reading back a write whose reply was lost."""
         q = connection.ops.quote_name
+        names = {name: q(name) for name in ("status", "recovery_point")}
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT 1 FROM {q(IdempotencyKey._meta.db_table)} WHERE {q('id')} = %s "
-                f"AND {q('lock_token')} = %s AND {q('status')} <> %s",
-                [pk, prep("lock_token", token, connection), rules.PROCESSING],
+                f"AND {q('lock_token')} = %s AND {condition.format(**names)}",
+                [pk, prep("lock_token", token, connection), *params],
             )
             return cursor.fetchone() is not None
 
     def save_recovery_point(
-        self, pk: int, token: uuid.UUID | str, name: str, data: Any, lock_timeout: timedelta
+        self,
+        pk: int,
+        token: uuid.UUID | str,
+        name: str,
+        data: Any,
+        lock_timeout: timedelta,
+        *,
+        connection: BaseDatabaseWrapper | None = None,
+        bound: float | None = None,
     ) -> bool:
-        """Record progress and renew the lock: an attempt that makes progress is alive."""
+        """Record progress and renew the lock: an attempt that makes progress is alive.
+
+        Tried again after its reply was lost, it matches again (the fence is the token and
+        ``processing``, which the first did not change) and counts as saved.
+        """
         now = timezone.now()
-        connection = self.connection
+        on = self.connection if connection is None else connection
         return self.bounded(
-            connection,
-            deadlines.bound(lock_timeout),
+            on,
+            deadlines.bound(lock_timeout) if bound is None else bound,
             lambda: self._fenced_update(
-                connection,
+                on,
                 pk,
                 token,
                 None,
@@ -129,6 +163,26 @@ class FencedWrites(BoundStore):
                 updated_at=now,
             ),
         )
+
+    def unlock(
+        self,
+        pk: int,
+        token: uuid.UUID | str,
+        *,
+        connection: BaseDatabaseWrapper | None = None,
+        bound: float | None = None,
+    ) -> bool:
+        """Leave the claim's record, with its recovery point, to the next attempt: still
+        ``processing``, its lock lapsed now, so the next request takes it over and resumes
+        from the point (a release that keeps the progress, issue 39). ``False`` if the lock
+        was lost."""
+        now = timezone.now()
+        on = self.connection if connection is None else connection
+
+        def unlock() -> bool:
+            return self._fenced_update(on, pk, token, None, unlock_at=now, updated_at=now)
+
+        return unlock() if bound is None else self.bounded(on, bound, unlock)
 
     def renew(
         self, leases: Sequence[tuple[int, uuid.UUID | str]], lock_timeout: timedelta

@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
+from tests import own_servers
 from tests.faults import app as apps
 from tests.faults.databases import MariaDBServer, PostgresCluster, SQLiteFile, free_port
 from tests.faults.proxy import FaultProxy
@@ -85,3 +87,32 @@ def sqlite_app(request: pytest.FixtureRequest, sqlite: SQLiteFile) -> Iterator[A
 @pytest.fixture(scope="session")
 def sqlite_store(sqlite: SQLiteFile) -> Store:
     return Store(sqlite.execute, marker="?")
+
+
+#: The database alias of :func:`proxied_store`.
+PROXIED = "proxied"
+
+
+@pytest.fixture(scope="module")
+def server_proxy(server: PostgresCluster | MariaDBServer) -> Iterator[FaultProxy]:
+    """A proxy in front of the module's server."""
+    yield from proxying(server.port)
+
+
+@pytest.fixture
+def proxied_store(
+    server: PostgresCluster | MariaDBServer, server_proxy: FaultProxy, django_db_blocker: Any
+) -> Iterator[FaultProxy]:
+    """The module's server, through its proxy, as this process's idempotency store (the alias
+    :data:`PROXIED`), for a view or function run in the test's process (issue 39). A module
+    using it names its servers' parameters apart from the vendor markers: a test's keywords
+    include its ids, and ``postgresql`` alone would skip it on the suite's SQLite."""
+    with django_db_blocker.unblock():
+        own_servers.register(PROXIED, server, server_proxy.port)
+        try:
+            with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": PROXIED}):
+                yield server_proxy
+        finally:
+            server_proxy.disarm()
+            server_proxy.admit()
+            own_servers.unregister(PROXIED)

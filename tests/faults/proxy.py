@@ -16,6 +16,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +36,8 @@ class _Pair:
     closed: bool = False
     #: Blackholed: what either side sends is dropped, and nothing is closed.
     silent: bool = False
+    #: Seconds a cut connection stays silent before it is reset (:meth:`FaultProxy.arm`).
+    hold: float = 0.0
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Trigger:
     after: re.Pattern[bytes] | None
     remaining: int
     fired: int = 0
+    hold: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -58,6 +62,9 @@ class FaultProxy:
         self._trigger: Trigger | None = None
         self._silent = False
         self._listener = socket.create_server(("127.0.0.1", port), backlog=256)
+        self._refusing = False
+        #: When (``time.monotonic()``) each connection refused since :meth:`refuse` came.
+        self.refused: list[float] = []
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
 
@@ -74,12 +81,25 @@ class FaultProxy:
 
     # Faults -----------------------------------------------------------------------------------
 
-    def arm(self, mode: str, pattern: bytes, *, after: bytes | None = None, count: int) -> Trigger:
+    def arm(
+        self,
+        mode: str,
+        pattern: bytes,
+        *,
+        after: bytes | None = None,
+        count: int,
+        hold: float = 0.0,
+    ) -> Trigger:
         """Cut the next ``count`` connections that send ``pattern`` (after ``after``), dropping
-        the request (``mode="request"``) or the reply (``mode="reply"``)."""
+        the request (``mode="request"``) or the reply (``mode="reply"``); with ``hold``, the
+        connection stays silent that many seconds before it is reset (issue 39)."""
         assert mode in ("request", "reply")
         trigger = Trigger(
-            mode, re.compile(pattern), re.compile(after) if after else None, remaining=count
+            mode,
+            re.compile(pattern),
+            re.compile(after) if after else None,
+            remaining=count,
+            hold=hold,
         )
         with self._lock:
             self._trigger = trigger
@@ -110,6 +130,19 @@ class FaultProxy:
             self._silent = False
             return sum(1 for pair in self._pairs if pair.silent and not pair.closed)
 
+    def refuse(self) -> int:
+        """Go away as a server that stops does: reset every open connection, and every new one
+        until :meth:`admit` (issue 39); how many were open."""
+        with self._lock:
+            self._refusing = True
+            self.refused = []
+        return self.cut_all()
+
+    def admit(self) -> None:
+        """Take connections again, as a server back up does."""
+        with self._lock:
+            self._refusing = False
+
     def cut_all(self) -> int:
         """Reset every open connection at once, as a network failure does: how many."""
         with self._lock:
@@ -126,6 +159,13 @@ class FaultProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            with self._lock:
+                refusing = self._refusing
+                if refusing:
+                    self.refused.append(time.monotonic())
+            if refusing:  # at once, here: no thread for a connection refused
+                _reset(client)
+                continue
             # Connecting upstream in a thread of its own: a slow server must not hold the
             # accept loop (nor an error end it).
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
@@ -173,6 +213,7 @@ class FaultProxy:
                 continue
             action = self._check(pair, chunk)
             if action == "request":
+                time.sleep(pair.hold)
                 self._close(pair)
                 return
             try:
@@ -188,6 +229,8 @@ class FaultProxy:
             except OSError:
                 chunk = b""
             if not chunk or pair.cut_on_reply:
+                if chunk:
+                    time.sleep(pair.hold)
                 self._close(pair)
                 return
             if pair.silent:
@@ -220,6 +263,7 @@ class FaultProxy:
             trigger.fired += 1
             if trigger.remaining <= 0:
                 trigger.done.set()
+            pair.hold = trigger.hold
             if trigger.mode == "reply":
                 pair.cut_on_reply = True
             return trigger.mode

@@ -36,7 +36,10 @@ for _alias in ("default", "idempotency"):
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(process)d %(levelname)s %(name)s: %(message)s"}},
+    # With the time: the renewals' and takeovers' timing is what a scenario's log shows (issue 39).
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"}
+    },
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "django_idempotency": {"handlers": ["stderr"], "level": "INFO"},

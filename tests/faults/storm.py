@@ -9,7 +9,8 @@ until one is served. :class:`Figures` holds the counts, and every broken promise
 ``violations``:
 
 The new keys sent during the fault come from a logged-in client (its scope is read from the
-database); every other request is anonymous.
+database); every other request is anonymous. A fault with a ``hold`` keeps the views waiting past
+its end (renewal meets it, not the result write) while each key's duplicate keeps coming.
 
 - a key whose effect ran other than once;
 - an answer other than the result, its byte-identical replay, ``409`` or ``503`` (a ``500``),
@@ -47,6 +48,7 @@ FINISHED_BEFORE = 3
 SLACK = 5.0
 FIGURES_VARIABLE = "IDEMPOTENCY_FAULT_FIGURES"
 OPEN = "open"  # a gate that is always open
+PESTER = 0.5  # seconds between a held key's duplicates (Fault.hold)
 
 
 @dataclass
@@ -86,6 +88,12 @@ class Fault:
     #: Django's own statement first). Not under a blackhole on a pool: that read waits on a
     #: silenced pooled connection, which no bound of the app's reaches (docs/failure-modes.rst).
     logged_in: bool = True
+    #: Renewal, not the result write, meets the fault (issue 39): the gate opens this long after
+    #: the fault's end, and until then each key's duplicate is sent every :data:`PESTER` s, to
+    #: take over any lock that lapsed while its owner still ran.
+    hold: float = 0.0
+    #: The view's path, when not the mode's own (``/two-phase/``).
+    path: str = ""
 
 
 @dataclass
@@ -165,7 +173,7 @@ class Scenario:
         assert mode in ("two-phase", "atomic")
         self.app, self.store, self.fault, self.mode = app, store, fault, mode
         suffix = "-long" if fault.lock == LONG_LOCK else ""
-        self.path = f"/{mode}{suffix}/"
+        self.path = fault.path or f"/{mode}{suffix}/"
         self.bound = fault.lock + SLACK
         self.gate = uuid.uuid4().hex[:16]
         self.gate_opened: float | None = None
@@ -225,10 +233,16 @@ class Scenario:
             for _ in range(FRESH_DURING):
                 pool.submit(self.send, str(uuid.uuid4()), "fresh-during", OPEN)
             replays = [(key, self.send(key, "replay", OPEN)) for key in finished]
-            if not fault.early:
+            pestering = threading.Event()
+            if fault.hold:
+                for key in keys:
+                    pool.submit(self._pester, key, pestering)
+            elif not fault.early:
                 self._open_gate()
             fault.recover()
             fault_end = time.monotonic()
+            if fault.hold:
+                pool.submit(self._open_gate_at, fault_end + fault.hold, pestering)
             figures.fault_seconds = round(fault_end - fault_started, 2)
             deadline = fault_end + fault.lock + SLACK
             settling = {key: pool.submit(self._settle, key, owners[key], deadline) for key in keys}
@@ -241,6 +255,15 @@ class Scenario:
     def _open_gate(self) -> None:
         (self.app.folder / f"gate-{self.gate}").touch()
         self.gate_opened = time.monotonic()
+
+    def _pester(self, key: str, stop: threading.Event) -> None:
+        while not stop.wait(PESTER):
+            self.send(key, "duplicate")
+
+    def _open_gate_at(self, when: float, pestering: threading.Event) -> None:
+        time.sleep(max(0.0, when - time.monotonic()))
+        pestering.set()
+        self._open_gate()
 
     def _wait_started(self, keys: list[str], owners: dict[str, Future[Answer]]) -> None:
         """Until every owner runs its view (past its effect) and waits at the gate."""

@@ -12,4 +12,6 @@ urlpatterns = [
     path("two-phase-long/", views.two_phase_long),
     path("atomic/", views.atomic),
     path("atomic-long/", views.atomic_long),
+    path("two-phase-renewed/", views.two_phase_renewed),
+    path("recovery/", views.recovery),
 ]

@@ -25,6 +25,8 @@ from tests.testapp.models import Execution
 
 SHORT_LOCK = 10
 LONG_LOCK = 30
+#: The renewal scenarios' lock (issue 39): renewed every second, outlasted by their views.
+RENEWED_LOCK = 3
 GATE_TIMEOUT = 120.0
 ATOMIC_LABEL = "fault-atomic"
 
@@ -102,3 +104,27 @@ def atomic(request: HttpRequest) -> HttpResponse:
 @idempotent(atomic=True, lock_timeout=LONG_LOCK)
 def atomic_long(request: HttpRequest) -> HttpResponse:
     return _run(request, "table")
+
+
+@idempotent(lock_timeout=RENEWED_LOCK)
+def two_phase_renewed(request: HttpRequest) -> HttpResponse:
+    return _run(request, "file")
+
+
+@idempotent(lock_timeout=SHORT_LOCK)
+def recovery(request: HttpRequest) -> HttpResponse:
+    """The recovery-point view of docs/recovery.rst (issue 39): reserve, charge (its effect,
+    counted as the others'), record ``"charged"`` and ship. It waits at the gate between the
+    charge and that recovery point, so the fault lands on the point's write; a retry that
+    takes the record over at ``"charged"`` ships without charging again."""
+    claim = request.idempotency  # type: ignore[attr-defined]
+    key = request.headers.get("Idempotency-Key", "")
+    if claim.recovery_point == "":
+        claim.set_recovery_point("reserved", {"reservation": key})
+    if claim.recovery_point == "reserved":
+        charge = uuid.uuid4().hex
+        _append("started", f"{key} {charge}")
+        _append("effects", f"{key} {charge}")
+        _wait_gate(request)
+        claim.set_recovery_point("charged", {"charge": charge})
+    return JsonResponse({"key": key, "shipped": claim.recovery_data["charge"]}, status=201)
