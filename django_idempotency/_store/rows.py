@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from django_idempotency._json import acyclic_encoder
+from django_idempotency._store import libpq
 from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
@@ -100,7 +101,11 @@ def fetch_row(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> A
 
 def count_rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
     """Send one store statement that writes: the rows it matched."""
-    return int(_send(connection, sql, params, _row_count))
+    return int(_send(connection, sql, params, _row_count, _libpq_row_count))
+
+
+def _libpq_row_count(connection: BaseDatabaseWrapper, raw: Any, result: Any) -> int:
+    return libpq.row_count(result)
 
 
 def _first_row(cursor: Any) -> Any:
@@ -112,11 +117,16 @@ def _row_count(cursor: Any) -> Any:
 
 
 def _send(
-    connection: BaseDatabaseWrapper, sql: str, params: list[Any], read: Callable[[Any], T]
+    connection: BaseDatabaseWrapper,
+    sql: str,
+    params: list[Any],
+    read: Callable[[Any], T],
+    read_result: Callable[[BaseDatabaseWrapper, Any, Any], T] | None = None,
 ) -> T:
     """Run a store statement and ``read`` its cursor: on the kept cursor's driver cursor
     when nothing else would see the statement (without a generator's context manager: the
-    hot path of every claim and write, issue 28)."""
+    hot path of every claim and write, issue 28); on PostgreSQL, with ``read_result`` to read
+    libpq's result, below that cursor (:mod:`.libpq`, issue 42)."""
     cursor = kept_cursor(connection)
     if cursor is None:
         with connection.cursor() as made:
@@ -128,6 +138,12 @@ def _send(
         return read(cursor)
     connection.validate_no_broken_transaction()
     with connection.wrap_database_errors:
+        if read_result is not None:
+            raw = libpq.driver_connection(driver)
+            if raw is not None:
+                result = libpq.execute(raw, sql, params)
+                if result is not None:
+                    return read_result(connection, raw, result)
         driver.execute(sql, params)
         return read(driver)
 
@@ -316,7 +332,7 @@ def instance_of(record: IdempotencyKey | Record) -> IdempotencyKey:
 
 def read_record(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Record | None:
     """The record a lean statement returns (every column, :data:`AS_TEXT` as text)."""
-    row = fetch_row(connection, sql, params)
+    row = _send(connection, sql, params, _first_row, libpq.first_row)
     return None if row is None else Record(row, record_converters(connection))
 
 
