@@ -194,6 +194,9 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
         return adapter.unprotected(call(None))
     if not policy.atomic:
         return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
+    answer = _answered_before(adapter, policy)
+    if answer is not None:
+        return answer.value
     try:
         with engine.atomic_attempt(policy) as adapter.connection:
             return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
@@ -209,6 +212,21 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
     finally:
         if adapter.claim is not None:  # its transaction ended: committed or rolled back
             engine.let_go(adapter.claim, policy)
+
+
+def _answered_before(adapter: Adapter[R], policy: Policy) -> Answer[R] | None:
+    """Atomic mode's answer from a finished record, read before its transaction opens (a
+    replay, a mismatch: :func:`._engine.finished`, issue 42); ``None``: run the transaction."""
+    if adapter.claims_inside:
+        return None
+    identity = adapter.identified(policy)
+    if not isinstance(identity, Identity):
+        return None  # answered (a bad key) or run unprotected, as before
+    found = engine.finished(identity, policy)
+    if found is None:
+        return None
+    adapter.identity = identity
+    return adapter.found(found)
 
 
 def run_steps(lifecycle: Generator[Step, Any, T], call: Callable[[], Any] | None = None) -> T:

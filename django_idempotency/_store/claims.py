@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
 
 from django_idempotency import _rules as rules
 from django_idempotency._store.bound import BoundStore
@@ -201,6 +202,30 @@ class Claims(BoundStore):
         statement that also took over an expired or stale record (PostgreSQL's function).
         """
         raise NotImplementedError
+
+    def read_finished(self, identity: Identity) -> IdempotencyKey | Record | None:
+        """The key's record when it is finished and not expired, read on its own: what a
+        replay (or a mismatch) answers from, with no claim and no transaction; ``None``: no
+        such record, so the key is claimed (atomic mode, issue 42).
+
+        The claim finds such a record and leaves it as it is, so the answer is the claim's.
+        Raises :class:`~.exceptions.StoreUnavailable`.
+        """
+        try:
+            connection = self.connection
+            return self.select_finished(connection, identity)
+        except DatabaseError as exc:
+            raise self.refusal(exc) from exc
+
+    def select_finished(
+        self, connection: BaseDatabaseWrapper, identity: Identity
+    ) -> IdempotencyKey | Record | None:
+        now = prep("expires_at", timezone.now(), connection)
+        return first(
+            connection,
+            self.statements(connection).finished,
+            [identity.scope, identity.key_hash, now],
+        )
 
     def take_over(
         self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: str
