@@ -133,7 +133,7 @@ def fill(first: int, last: int) -> float:
 def claim(alias: str, key_hash: str, scope: str) -> Any:
     """One claim of ``key_hash`` through the database ``alias``, as a ``POST`` would make it."""
     from django_idempotency import _store as store
-    from django_idempotency._identity import Identity
+    from django_idempotency._call.identity import Identity
 
     identity = Identity(
         key="",
@@ -152,7 +152,7 @@ def claim_stream(count: int | None, stop: Any, results: Any) -> None:
     """In a child process: claim fresh keys one after another, timing each claim."""
     from django.db import connections
 
-    from django_idempotency.claim import Claim
+    from django_idempotency import Claim
 
     connections.close_all()  # never share the parent's socket
     latencies: list[float] = []

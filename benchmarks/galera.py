@@ -131,8 +131,8 @@ def fresh_hash() -> str:
 
 def completed_key(alias: str) -> str:
     """A key claimed and completed through ``alias``: claiming it again is a replay."""
+    from django_idempotency import Claim
     from django_idempotency import _store as store
-    from django_idempotency.claim import Claim
 
     key_hash = fresh_hash()
     claimed = claim(alias, key_hash)
@@ -149,8 +149,7 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def latency(targets: list[str], rounds: int) -> None:
-    from django_idempotency.claim import Claim
-    from django_idempotency.models import IdempotencyKey
+    from django_idempotency import Claim, IdempotencyKey
 
     replayed = {alias: completed_key(alias) for alias in targets}
     samples: dict[str, dict[str, list[float]]] = {a: {"claim": [], "replay": []} for a in targets}
@@ -356,7 +355,7 @@ def cleanup_figures(args: argparse.Namespace) -> None:
             f"{outcome['deadlocks']} deadlocks (1213) met"
             + (f"; FAILED: {outcome['error']}" if outcome["error"] else "")
         )
-    from django_idempotency.models import IdempotencyKey
+    from django_idempotency import IdempotencyKey
 
     held = claim("node2", live)
     assert isinstance(held, IdempotencyKey) and held.status == "completed", held

@@ -280,14 +280,16 @@ def capture(path: str) -> Captured | None:
         sent.append((sql, list(params or [])))
         return execute(sql, params, *args)
 
-    from django_idempotency._keys import hash_key
-    from django_idempotency.models import IdempotencyKey
+    from django_idempotency import IdempotencyKey
+    from django_idempotency._base.keys import hash_key
 
     key = str(uuid.uuid4())
     with connection.execute_wrapper(record):
         assert wsgi_call(path, key) == 201
     claims = [one for one in sent if "django_idempotency_claim(" in one[0]]
-    reads = [one for one in sent if FINISHED_READ in one[0] and "django_idempotency_claim(" not in one[0]]
+    reads = [
+        one for one in sent if FINISHED_READ in one[0] and "django_idempotency_claim(" not in one[0]
+    ]
     writes = [one for one in sent if one[0].startswith("UPDATE") and "idempotencykey" in one[0]]
     if len(claims) != 1 or len(writes) != 1:
         return None
@@ -428,8 +430,8 @@ GOALS = {
 def latency(rounds: int, database: str) -> None:
     from django.db import connection
 
-    from django_idempotency._keys import hash_key
-    from django_idempotency.models import IdempotencyKey
+    from django_idempotency import IdempotencyKey
+    from django_idempotency._base.keys import hash_key
 
     operations = [
         "bare",
@@ -623,7 +625,7 @@ def telemetry_cost(rounds: int) -> None:
         SpanExportResult,
     )
 
-    from django_idempotency import _telemetry as telemetry
+    from django_idempotency._call import telemetry
 
     class NoMetrics(MetricExporter):
         def export(self, metrics_data: Any, timeout_millis: float = 0, **kwargs: Any) -> Any:

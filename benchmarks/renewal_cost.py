@@ -1,7 +1,7 @@
 """Benchmark: renewing the locks of 100 attempts in flight, one statement against one each.
 
 A script, not a test: it prints figures and asserts nothing. The shared renewer of
-``django_idempotency._heartbeat`` renews every live attempt of a process in one ``UPDATE``; a
+``django_idempotency._call.heartbeat`` renews every live attempt of a process in one ``UPDATE``; a
 thread per attempt would send one ``UPDATE`` per attempt. It creates its own PostgreSQL
 database (``bench_renewal`` by default), drops it at the end, and prints the time of each way
 per renewal interval.
@@ -52,8 +52,8 @@ def run(url: str, attempts: int, rounds: int) -> None:
     from django.db import connection
     from django.utils import timezone
 
+    from django_idempotency import IdempotencyKey
     from django_idempotency import _store as store
-    from django_idempotency.models import IdempotencyKey
 
     call_command("migrate", verbosity=0)
     now = timezone.now()

@@ -137,8 +137,8 @@ def _example_records() -> list[tuple[str, list[list[str]], bytes]]:
     from django.core.management import call_command
     from django.test import Client
 
-    from django_idempotency import _sealing as sealing
-    from django_idempotency.models import IdempotencyKey
+    from django_idempotency import IdempotencyKey
+    from django_idempotency._store import sealing
 
     call_command("migrate", verbosity=0)
     client = Client()
@@ -172,7 +172,7 @@ def sizes() -> None:
         from cryptography.fernet import Fernet
         from django.test import override_settings
 
-        from django_idempotency import _sealing as sealing
+        from django_idempotency._store import sealing
 
         records = _example_records()
         big = charges(200_000)

@@ -1,6 +1,6 @@
 """A read-only admin for support and operators: look a key up, read its stored response, and
 release stale locks, mark them failed or delete expired records (the same statements as the
-commands, from :mod:`django_idempotency._maintenance`)."""
+commands, from :mod:`django_idempotency._ops.maintenance`)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import _maintenance as maintenance
-from django_idempotency import _rules as rules
-from django_idempotency import _sealing as sealing
 from django_idempotency import _store as store
-from django_idempotency import _time_zones as time_zones
-from django_idempotency._conf import conf
-from django_idempotency._keys import InvalidKey, hash_key, parse_key
-from django_idempotency.functions._calls import METHOD as CALL
+from django_idempotency._base import rules
+from django_idempotency._base.errors import InvalidKey
+from django_idempotency._base.keys import hash_key, parse_key
+from django_idempotency._conf.settings import conf
+from django_idempotency._function.calls import METHOD as CALL
+from django_idempotency._ops import maintenance
+from django_idempotency._store import sealing, time_zones
 from django_idempotency.models import IdempotencyKey
 
 __all__ = ["IdempotencyKeyAdmin"]
@@ -296,7 +296,20 @@ class IdempotencyKeyAdmin(_ModelAdmin):
 
     @admin.display(description=_("stored response"))
     def response_hidden(self, record: IdempotencyKey) -> str:
-        return str(_("Encrypted; shown to staff with the “Can view stored responses” permission."))
+        # Say what is at rest: a record stored before the keys were set is in the clear, and
+        # calling it encrypted misled its readers (issue 38).
+        if record.response_body is None and not record.response_headers:
+            return "-"
+        if sealing.encrypted(record.response_headers):
+            return str(
+                _("Encrypted; shown to staff with the “Can view stored responses” permission.")
+            )
+        return str(
+            _(
+                "Stored in the clear (before ENCRYPTION_KEYS were set), not encrypted; shown to "
+                "staff with the “Can view stored responses” permission."
+            )
+        )
 
     @admin.display(description=_("response headers"))
     def stored_headers(self, record: IdempotencyKey) -> str:

@@ -15,13 +15,16 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency import _checks as checks
-        from django_idempotency._conf import connect_signals
+        from django_idempotency._conf.settings import connect_signals, usable
+        from django_idempotency._ops import checks
 
         register(Tags.compatibility)(checks.check_settings)
         register(Tags.database)(checks.check_database)
         register(Tags.urls)(checks.check_views)
         connect_signals()
+        # A setting that can never work stops the server here, before any view runs: gunicorn
+        # and uvicorn run no system checks (issue 38).
+        usable()
         if find_spec("drf_spectacular") is not None:
             # Registers the schema extension: protected views document themselves.
-            from django_idempotency import _openapi as openapi  # noqa: F401
+            from django_idempotency._publish import openapi  # noqa: F401

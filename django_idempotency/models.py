@@ -4,7 +4,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import _rules as rules
+from django_idempotency._base import rules
 
 __all__ = ["IdempotencyKey"]
 
@@ -67,10 +67,10 @@ class IdempotencyKey(models.Model):
 
     @property
     def is_expired(self) -> bool:
-        """:data:`~django_idempotency._rules.EXPIRED` now."""
+        """:data:`~django_idempotency._base.rules.EXPIRED` now."""
         return rules.EXPIRED.holds(self, timezone.now())
 
     @property
     def is_stale(self) -> bool:
-        """:data:`~django_idempotency._rules.STALE` now."""
+        """:data:`~django_idempotency._base.rules.STALE` now."""
         return rules.STALE.holds(self, timezone.now())

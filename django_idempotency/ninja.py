@@ -19,7 +19,7 @@ from dataclasses import replace
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from asgiref.sync import iscoroutinefunction
+from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
@@ -27,19 +27,18 @@ from django.http import HttpRequest, HttpResponseBase
 from ninja.decorators import decorate_view
 from ninja.operation import Operation
 
-from django_idempotency import _engine as engine
-from django_idempotency import _http as protocol
-from django_idempotency import _lifecycle as lifecycle
-from django_idempotency import _ninja_openapi as openapi
-from django_idempotency._conf import conf, derived
-from django_idempotency._identity import Identity
-from django_idempotency._lifecycle import Answer
-from django_idempotency._limits import sha256_hex
-from django_idempotency._options import VIEW_OPTIONS, Options, Policy, ViewOptions
-from django_idempotency._values import SAFE_METHODS
-from django_idempotency.claim import Claim
-from django_idempotency.exceptions import UnreplayableResponse
-from django_idempotency.scopes import user_scope
+from django_idempotency._base.errors import UnreplayableResponse
+from django_idempotency._call import engine, lifecycle
+from django_idempotency._call.claim import Claim
+from django_idempotency._call.identity import Identity
+from django_idempotency._call.lifecycle import Answer
+from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
+from django_idempotency._conf.settings import conf, derived
+from django_idempotency._conf.values import SAFE_METHODS
+from django_idempotency._http import adapter as protocol
+from django_idempotency._http.scopes import user_scope
+from django_idempotency._publish import ninja_openapi as openapi
+from django_idempotency._store.limits import sha256_hex
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack: Python 3.11
@@ -109,7 +108,7 @@ def idempotent(
 def auth_scope(auth: object) -> str:
     """The scope of a request ninja authenticated as ``auth`` (its ``request.auth``).
 
-    A user is ``user:<pk>``, as :func:`~django_idempotency.scopes.user_scope` says, so a user's
+    A user is ``user:<pk>``, as :func:`~django_idempotency.user_scope` says, so a user's
     keys are the same through ninja and through Django views; another model instance is
     ``<app_label>.<model>:<pk>``; any other value (an API key, a token) is the SHA-256 of its
     string, ``auth:<hex>``, so that a secret is never stored in clear. Erasure
@@ -163,17 +162,92 @@ def _operation_policy(options: Options, methods: frozenset[str], authenticated: 
     return replace(policy, **changes) if changes else policy
 
 
-def _published_policy(operation: Operation) -> Policy | None:
-    """The policy the operation's schema shows; ``None`` when it protects nothing."""
+def _options_of(operation: Operation) -> Options | None:
+    """The options ``idempotent`` gave the operation's function (under other decorators'
+    ``functools.wraps``); ``None``: the operation is not protected."""
     func: Any = operation.view_func
     while func is not None and not isinstance(getattr(func, "idempotency_options", None), Options):
         func = getattr(func, "__wrapped__", None)
-    if func is None or not conf.ENABLED:
+    return None if func is None else func.idempotency_options
+
+
+def _published_policy(operation: Operation) -> Policy | None:
+    """The policy the operation's schema shows; ``None`` when it protects nothing."""
+    options = _options_of(operation)
+    if options is None or not conf.ENABLED:
         return None
-    policy = _policy(
-        func.idempotency_options, operation, authenticated=bool(operation.auth_callbacks)
-    )
+    policy = _policy(options, operation, authenticated=bool(operation.auth_callbacks))
     return policy if any(policy.protects(method) for method in operation.methods) else None
+
+
+def _operations(view: object) -> list[Operation] | None:
+    """The operations behind what a URL of a ``NinjaAPI`` resolves to (ninja's ``PathView``
+    makes one view function of a path's operations, which it closes over, or binds);
+    ``None``: not a ninja view."""
+    owners = [getattr(view, "__self__", None)]
+    for cell in getattr(view, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):  # an empty cell
+            owners.append(cell.cell_contents)
+    for owner in owners:
+        operations = getattr(owner, "operations", None)
+        if isinstance(operations, list) and all(isinstance(op, Operation) for op in operations):
+            return operations
+    return None
+
+
+def testing_options(view: object, method: str | None = None) -> Options | None:
+    """For :mod:`django_idempotency.testing`: the options of the protected operation at a
+    ninja URL's view (``method``'s, or the path's only protected one); ``None``: not a ninja
+    view. ``ValueError`` when the path has no such operation (issue 38)."""
+    operations = _operations(view)
+    if operations is None:
+        return None
+    found = [
+        (operation, options)
+        for operation in operations
+        if (method is None or method in operation.methods)
+        and (options := _options_of(operation)) is not None
+    ]
+    if len({options for _, options in found}) != 1:
+        methods = sorted({m for operation, _ in found for m in operation.methods})
+        raise ValueError(
+            f"{'No' if not found else 'More than one'} protected ninja operation answers "
+            + (f"{method} here" if method else f"this path ({', '.join(methods)}): give the method")
+            + "."
+        )
+    return found[0][1]
+
+
+def testing_adapter(request: HttpRequest, view: object) -> protocol.HttpAdapter | None:
+    """For :mod:`django_idempotency.testing`: the adapter of the ninja operation ``request``
+    reaches through ``view`` (what its URL resolves to), with ``request.auth`` as ninja's
+    authentication makes it unless the test set it; ``None``: not a ninja view. ``ValueError``
+    for an operation that is not protected, or a request ninja's authentication refuses
+    (issue 38)."""
+    operations = _operations(view)
+    if operations is None:
+        return None
+    method = request.method or ""
+    operation = next((op for op in operations if method in op.methods), None)
+    options = None if operation is None else _options_of(operation)
+    if operation is None or options is None:
+        raise ValueError(f"No protected ninja operation answers {method} {request.path}.")
+    if getattr(request, "auth", None) is None and operation.auth_callbacks:
+        refusal = operation._run_authentication(request)
+        if inspect.isawaitable(refusal):  # an async operation's
+            refusal = async_to_sync(_awaited)(refusal)
+        if refusal is not None:
+            raise ValueError(
+                f"ninja's authentication refuses {method} {request.path} "
+                f"({refusal.status_code}), so it would never claim a key: describe the "
+                "request with the credentials the test sends (headers=...), or set "
+                "request.auth."
+            )
+    return _Adapter(request, options, operation, {})
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 class _Adapter(protocol.HttpAdapter):
@@ -188,10 +262,11 @@ class _Adapter(protocol.HttpAdapter):
         self.kwargs = kwargs
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
-        authenticated = getattr(self.request, "auth", None) is not None
-        policy = _policy(self.options, self.operation, authenticated=authenticated)
-        if conf.ENABLED and policy.protects(self.request.method):
-            return policy
+        if conf.ENABLED:
+            authenticated = getattr(self.request, "auth", None) is not None
+            policy = _policy(self.options, self.operation, authenticated=authenticated)
+            if policy.protects(self.request.method):
+                return policy
         protocol.attach(self.request, None)
         return None
 

@@ -30,16 +30,16 @@ from django.test import RequestFactory
 from django.urls import Resolver404, resolve
 from django.utils import timezone
 
-from django_idempotency import _http as protocol
-from django_idempotency import _responses as responses
-from django_idempotency._conf import conf
-from django_idempotency._identity import Identity
-from django_idempotency._keys import ANY, MAX_KEY_LENGTH, KeyFormat, hash_key
-from django_idempotency._lifecycle import Answer
-from django_idempotency._options import Options, Policy
-from django_idempotency._published import view_options
+from django_idempotency._base.keys import ANY, MAX_KEY_LENGTH, KeyFormat, hash_key
+from django_idempotency._call.claim import Claim
+from django_idempotency._call.identity import Identity
+from django_idempotency._call.lifecycle import Answer
+from django_idempotency._conf.options import Options, Policy
+from django_idempotency._conf.settings import conf
+from django_idempotency._http import adapter as protocol
+from django_idempotency._http import responses
+from django_idempotency._publish.policy import view_options
 from django_idempotency._store import using
-from django_idempotency.claim import Claim
 from django_idempotency.models import IdempotencyKey
 
 __all__ = [
@@ -458,7 +458,7 @@ def _identify_request(key: str, request: HttpRequest) -> tuple[Identity, Policy]
     except Resolver404:
         raise ValueError(f"No view answers {request.path_info!r}.") from None
     request.resolver_match = match
-    adapter = protocol.HttpAdapter(request, view_options(match.func))
+    adapter = _adapter(request, match.func)
     policy = adapter.resolve(asynchronous=False)
     if policy is None:
         why = "IDEMPOTENCY['ENABLED'] is off" if not conf.ENABLED else "not a protected method"
@@ -470,6 +470,16 @@ def _identify_request(key: str, request: HttpRequest) -> tuple[Identity, Policy]
         raise ValueError(f"The view refuses key {key!r}: {detail}")
     assert identity is not None  # the request carries the key
     return identity, policy
+
+
+def _adapter(request: HttpRequest, view: object) -> protocol.HttpAdapter:
+    """The adapter the app makes for the request: a django-ninja operation's, with ninja's
+    ``request.auth``, or a view's (issue 38)."""
+    ninja = protocol.ninja()
+    adapter: protocol.HttpAdapter | None = None
+    if ninja is not None:
+        adapter = ninja.testing_adapter(request, view)
+    return adapter or protocol.HttpAdapter(request, view_options(view))
 
 
 def _request(key: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpRequest:
@@ -487,6 +497,8 @@ def _request(key: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any
         request: HttpRequest = getattr(factory, method.lower())(path, **body, **kwargs)
     else:
         request = factory.generic(method, path, "" if data is None else data, **kwargs)
+    # As the test client's requests: a CSRF check (ninja's session authentication) passes.
+    request._dont_enforce_csrf_checks = True  # type: ignore[attr-defined]
     if user is not None:
         request.user = user
     elif apps.is_installed("django.contrib.auth"):
@@ -502,6 +514,9 @@ def _policy_of(view: object) -> Policy:
             view = resolve(view.split("?", 1)[0]).func
         except Resolver404:
             raise ValueError(f"No view answers {view!r}.") from None
+        ninja = protocol.ninja()
+        if ninja is not None and (options := ninja.testing_options(view)) is not None:
+            return options.resolve()  # type: ignore[no-any-return]
     if isinstance(view, Options):
         return view.resolve()
     return view_options(view).resolve()

@@ -13,7 +13,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 # Just enough for autodoc to import the app: the docs extra installs Sphinx, furo and DRF (for
 # IdempotencyMixin), not the test suite's dependencies.
 settings.configure(
-    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_idempotency"],
+    INSTALLED_APPS=[
+        "django.contrib.admin",  # for IdempotencyKeyAdmin
+        "django.contrib.contenttypes",
+        "django.contrib.auth",
+        "django.contrib.messages",
+        "django.contrib.sessions",
+        "django_idempotency",
+    ],
     DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
 )
 django.setup()
@@ -23,7 +30,7 @@ author = "django-idempotency developers"
 copyright = "2026, django-idempotency developers"
 
 # No intersphinx: CI has no network beyond the package index, and -W would fail on a fetch.
-# declarations: the settings' and options' tables and entries, from django_idempotency._conf.
+# declarations: the settings' and options' tables and entries, from _conf.settings.
 extensions = ["sphinx.ext.autodoc", "declarations"]
 
 autodoc_member_order = "bysource"

@@ -107,6 +107,11 @@ IDEMPOTENCY = {
     "METHODS": ["POST", "PATCH"],
     "TTL": 24 * 60 * 60,
     "LOCK_TIMEOUT": 30,
+    # Stored responses encrypted at rest when keys are given, comma-separated (docs: "Storage");
+    # a bad key stops the server at startup.
+    "ENCRYPTION_KEYS": [
+        k for k in os.environ.get("IDEMPOTENCY_ENCRYPTION_KEYS", "").split(",") if k
+    ],
 }
 
 LOGGING = {

@@ -8,10 +8,10 @@ from datetime import timedelta
 import factory
 from django.utils import timezone
 
+from django_idempotency import IdempotencyKey
 from django_idempotency import _store as store
-from django_idempotency._identity import Identity
-from django_idempotency._keys import hash_key
-from django_idempotency.models import IdempotencyKey
+from django_idempotency._base.keys import hash_key
+from django_idempotency._call.identity import Identity
 
 
 class IdempotencyKeyFactory(factory.django.DjangoModelFactory):

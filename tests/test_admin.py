@@ -13,8 +13,8 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from django_idempotency import _maintenance as maintenance
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey
+from django_idempotency._ops import maintenance
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db
@@ -349,7 +349,7 @@ def test_delete_expired_needs_the_delete_permission(records: dict[str, Idempoten
 def test_table_health_can_be_turned_off(
     admin_client: Client, records: dict[str, IdempotencyKey], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from django_idempotency.admin import IdempotencyKeyAdmin
+    from django_idempotency import IdempotencyKeyAdmin
 
     monkeypatch.setattr(IdempotencyKeyAdmin, "show_table_health", False)
 

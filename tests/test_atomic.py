@@ -10,8 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 
-from django_idempotency.decorators import idempotent
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey, idempotent
 from tests.conftest import executions
 from tests.vendors import LOCK_WAIT
 

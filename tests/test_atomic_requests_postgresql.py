@@ -12,8 +12,8 @@ import pytest
 from django.db import connections
 from django.test import Client, override_settings
 
-from django_idempotency._keys import hash_key
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey
+from django_idempotency._base.keys import hash_key
 from tests.conftest import executions
 
 pytestmark = [

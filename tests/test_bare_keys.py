@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from django_idempotency._keys import BARE_KEY_REFUSED
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey, idempotent_function
+from django_idempotency._base.keys import BARE_KEY_REFUSED
 from tests.conftest import executions, problem_slug
 from tests.testapp.models import Execution
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey
 from tests.conftest import worker_environment
 from tests.testapp.models import Execution
 

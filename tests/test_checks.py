@@ -12,7 +12,9 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 from django.test import override_settings
 
-from django_idempotency._checks import check_database, check_settings
+from django_idempotency._base import durations
+from django_idempotency._ops.checks import check_database, check_settings, eviction_warnings
+from django_idempotency._store import galera
 
 
 def ids(config: Any) -> list[str]:
@@ -32,7 +34,7 @@ def test_defaults_pass() -> None:
         {"KEY_FORMAT": "uuid"},
         {"KEY_FORMAT": re.compile(r"[a-z]{8,}")},
         {"SCOPE_FUNCTION": lambda request, *rest: "s"},
-        {"FINGERPRINT_FUNCTION": "django_idempotency.fingerprints.request_fingerprint"},
+        {"FINGERPRINT_FUNCTION": "django_idempotency.request_fingerprint"},
         {"BARE_KEYS": False},
         {"BARE_KEYS": True},
     ],
@@ -72,7 +74,7 @@ def test_good_values_pass(config: Any) -> None:
         ({"FINGERPRINT_FUNCTION": "django_idempotency.nope"}, "E016"),
         ({"SCOPE_FUNCTION": lambda: "x"}, "E024"),
         ({"SCOPE_FUNCTION": "tests.testapp.policy_views.method_scope"}, "E024"),
-        ({"FINGERPRINT_FUNCTION": "django_idempotency.scopes.user_scope"}, "E025"),
+        ({"FINGERPRINT_FUNCTION": "django_idempotency.user_scope"}, "E025"),
         ({"KEY_FORMAT": "uuid4"}, "E023"),
         ({"KEY_FORMAT": "^[0-9]+$"}, "E023"),
         ({"KEY_FORMAT": None}, "E023"),
@@ -206,3 +208,83 @@ def test_w002_says_the_admin_has_no_date_hierarchy_without_time_zone_tables(zone
     assert "cannot convert dates to TIME_ZONE 'Europe/Berlin'" in warning.msg
     assert "date hierarchy" in warning.msg
     assert "mariadb-tzinfo-to-sql" in (warning.hint or "")
+
+
+# --- W003: Galera's eviction stall against the lock timeouts (issue 38) -------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("PT5S", 5),
+        ("PT0.5S", 0.5),
+        ("PT1M30S", 90),
+        ("pt2m", 120),
+        ("P1DT2H", 93_600),
+        ("P1W", 604_800),
+        (" PT15S ", 15),
+        ("7", 7),
+        ("2.5", 2.5),
+    ],
+)
+def test_iso8601_durations_as_galera_writes_them(text: str, seconds: float) -> None:
+    assert durations.iso8601(text, "evs.suspect_timeout") == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "P", "PT", "P1Y", "P1M", "PT5", "5S", "PT-5S", "PTxS", "nan"])
+def test_what_is_no_iso8601_duration_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=r"evs\.suspect_timeout"):
+        durations.iso8601(text, "evs.suspect_timeout")
+
+
+def test_provider_options_are_read_as_the_server_lists_them() -> None:
+    listed = (
+        "base_dir = /var/lib/mysql/; base_host = 127.0.0.1; evs.inactive_timeout = PT15S; "
+        "evs.suspect_timeout = PT5S; gcache.size = 128M; gmcast.listen_addr = tcp://0.0.0.0:4567"
+    )
+    options = galera.provider_options(listed)
+    assert options["evs.suspect_timeout"] == "PT5S"
+    assert options["gmcast.listen_addr"] == "tcp://0.0.0.0:4567"
+    assert galera.provider_options("") == {}
+
+
+def test_a_lock_must_outlast_the_stall_by_its_renewed_two_thirds() -> None:
+    stall = timedelta(seconds=5)
+    assert galera.least_lock_timeout(stall) == timedelta(seconds=7.5)
+    assert not galera.outlasts(timedelta(seconds=7.5), stall)
+    assert galera.outlasts(timedelta(seconds=7.6), stall)
+
+
+@pytest.mark.django_db
+def test_w003_names_each_lock_timeout_the_stall_outlasts() -> None:
+    """The setting and the two-phase views (and ninja operations) of the URLconf with a lock of
+    their own; the atomic view with one is not concerned."""
+    stall = timedelta(seconds=5)
+    names = {warning.msg.split(" is ", 1)[0] for warning in eviction_warnings(stall)}
+    assert names == {
+        "tests.testapp.views.short_lock: lock_timeout",
+        "tests.testapp.ninja_api.short_lock: lock_timeout",
+    }
+    with override_settings(IDEMPOTENCY={"LOCK_TIMEOUT": 7.5}):
+        (setting, *_) = eviction_warnings(stall)
+    assert setting.id == "django_idempotency.W003"
+    assert setting.msg.startswith("IDEMPOTENCY['LOCK_TIMEOUT'] is 0:00:07.500000, and on this")
+    assert "evs.suspect_timeout (0:00:05)" in setting.msg
+    assert "longer than 0:00:07.500000" in (setting.hint or "")
+    with override_settings(IDEMPOTENCY={"LOCK_TIMEOUT": 8}):
+        assert len(eviction_warnings(stall)) == 2
+    assert eviction_warnings(timedelta(seconds=0.5)) == []
+
+
+@pytest.mark.django_db
+def test_w003_is_silent_on_a_server_that_is_no_galera_node() -> None:
+    """On this suite's database (SQLite, PostgreSQL, and MariaDB in CI's MariaDB legs, where
+    ``wsrep_on`` is OFF): no stall to read, no warning, even for a one-second lock."""
+    assert galera.alias_suspect_timeout("default") is None
+    with override_settings(IDEMPOTENCY={"LOCK_TIMEOUT": 1, "TTL": 60}):
+        messages = check_database(databases=["default"])
+    assert [m for m in messages if m.id == "django_idempotency.W003"] == []
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+            assert cursor.fetchone() in (None, ("wsrep_on", "OFF"))

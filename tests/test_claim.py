@@ -19,12 +19,9 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 import django_idempotency
-from django_idempotency import signals
+import django_idempotency as signals
+from django_idempotency import Claim, IdempotencyKey, LockLost, idempotent
 from django_idempotency._store.rows import prep
-from django_idempotency.claim import Claim
-from django_idempotency.decorators import idempotent
-from django_idempotency.exceptions import LockLost
-from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 
 pytestmark = pytest.mark.django_db
@@ -202,8 +199,10 @@ def test_the_claim_imports_without_settings_or_models() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [
-        "django_idempotency.claim",
-        "django_idempotency.exceptions",
+        "django_idempotency._base",
+        "django_idempotency._base.errors",
+        "django_idempotency._call",
+        "django_idempotency._call.claim",
     ]
 
 

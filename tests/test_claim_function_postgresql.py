@@ -13,14 +13,12 @@ from django.db import connection, connections, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import _rules as rules
+from django_idempotency import Claim, IdempotencyKey, LockWaitTimeout
 from django_idempotency import _store as store
+from django_idempotency._base import rules
 from django_idempotency._store import postgresql, rows, statements
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
 from django_idempotency._store.rows import Record
-from django_idempotency.claim import Claim
-from django_idempotency.exceptions import LockWaitTimeout
-from django_idempotency.models import IdempotencyKey
 from tests import factories
 from tests.factories import IdempotencyKeyFactory
 

@@ -12,13 +12,11 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from django_idempotency import Claim, IdempotencyKey, LockWaitTimeout
 from django_idempotency import _store as store
 from django_idempotency._store import mysql
 from django_idempotency._store.mysql import CLAIM_PROCEDURE, MySQLStore
 from django_idempotency._store.statements import CLAIM_PARAMS
-from django_idempotency.claim import Claim
-from django_idempotency.exceptions import LockWaitTimeout
-from django_idempotency.models import IdempotencyKey
 from tests import factories
 from tests.conftest import NEEDS_MYSQLCLIENT
 from tests.factories import IdempotencyKeyFactory
@@ -26,7 +24,7 @@ from tests.factories import IdempotencyKeyFactory
 pytest.importorskip("MySQLdb", reason=NEEDS_MYSQLCLIENT)
 pytestmark = [pytest.mark.mysql]
 
-#: The latest migration that made the procedure.
+#: The migration whose text makes the procedure (0007 makes it again from it, issue 38).
 MIGRATION = importlib.import_module("django_idempotency.migrations.0006_mysql_claim_procedure")
 FINGERPRINT = "f" * 64
 

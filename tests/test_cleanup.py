@@ -10,8 +10,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from django_idempotency import IdempotencyKey
 from django_idempotency import _store as store
-from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db

@@ -14,8 +14,7 @@ from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_idempotency.claim import Claim
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import Claim, IdempotencyKey
 from tests import factories
 from tests.factories import IdempotencyKeyFactory
 

@@ -13,8 +13,8 @@ import pytest
 from django.core.management import CommandError, call_command, load_command_class
 from django.utils import timezone
 
+from django_idempotency import IdempotencyKey
 from django_idempotency.management import _arguments as arguments
-from django_idempotency.models import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db
@@ -170,3 +170,73 @@ def test_a_negative_value_on_the_command_line_is_named_with_its_range(
     assert exited.value.code == 1
     assert capsys.readouterr().err.strip() == f"CommandError: {message}"
     assert untouched(records)
+
+
+# --- --verbosity 0 prints nothing (issue 38) ----------------------------------------------------
+
+#: Run in a project that configures no logging for the app, as a newcomer's does: a log line
+#: then reaches stderr through Python's last resort.
+_QUIET_RUNS = r"""
+import contextlib, io, json, sys
+from datetime import timedelta
+import django
+django.setup()
+from django.core.management import call_command
+from django.utils import timezone
+call_command("migrate", verbosity=0)
+from tests.factories import IdempotencyKeyFactory
+IdempotencyKeyFactory.create_batch(2, completed=True, scope="user:1")
+IdempotencyKeyFactory.create_batch(2, expired=True, completed=True)
+IdempotencyKeyFactory.create_batch(2, unlock_at=timezone.now() - timedelta(hours=1))
+printed = {}
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        call_command(*argv, "--verbosity", "0")
+    printed[" ".join(argv)] = out.getvalue() + err.getvalue()
+print(json.dumps(printed))
+"""
+
+
+def test_every_command_prints_nothing_at_verbosity_0(tmp_path: Any) -> None:
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "quiet_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n"
+        "LOGGING = {'version': 1, 'disable_existing_loggers': False}\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3', "
+        f"'NAME': {str(tmp_path / 'db.sqlite3')!r}}}}}\n"
+    )
+    runs = [
+        ["idempotency_cleanup", "--scope", "user:1", "--dry-run"],
+        ["idempotency_cleanup", "--scope", "user:1"],
+        ["idempotency_cleanup", "--scope", "user:404"],
+        ["idempotency_cleanup", "--dry-run"],
+        ["idempotency_cleanup"],
+        ["idempotency_recover"],
+        ["idempotency_recover", "--release", "--dry-run"],
+        ["idempotency_recover", "--fail", "--limit", "1"],
+        ["idempotency_recover", "--release"],
+        ["idempotency_stats"],
+    ]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "quiet_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)]),
+    }
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _QUIET_RUNS, json.dumps(runs)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    printed = json.loads(done.stdout)
+    assert printed == {" ".join(argv): "" for argv in runs}, done.stderr

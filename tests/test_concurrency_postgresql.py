@@ -16,11 +16,9 @@ from django.db import connection, connections, transaction
 from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
 
+from django_idempotency import Claim, IdempotencyKey, request_fingerprint
 from django_idempotency._store.postgresql import CLAIM_FUNCTION, PostgreSQLStore
 from django_idempotency._store.rows import Record
-from django_idempotency.claim import Claim
-from django_idempotency.fingerprints import request_fingerprint
-from django_idempotency.models import IdempotencyKey
 from tests import factories
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory

@@ -6,9 +6,9 @@ from datetime import timedelta
 
 from django.test import override_settings
 
-from django_idempotency._conf import conf
-from django_idempotency._options import Options
-from django_idempotency.scopes import user_scope
+from django_idempotency import user_scope
+from django_idempotency._conf.options import Options
+from django_idempotency._conf.settings import conf
 
 
 def custom_scope(request: object) -> str:

@@ -19,9 +19,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.db.models import F
 
-from django_idempotency.claim import Claim
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import Claim, IdempotencyKey, idempotent_function
 from tests.conftest import executions
 from tests.testapp.models import Execution
 

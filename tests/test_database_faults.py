@@ -24,9 +24,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, override_settings
 from django.urls import path
 
-from django_idempotency import idempotent, idempotent_function
-from django_idempotency._keys import hash_key
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey, idempotent, idempotent_function
+from django_idempotency._base.keys import hash_key
 from tests import own_servers
 
 ALIAS = "own_server"

@@ -15,9 +15,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from rest_framework.views import APIView
 
-from django_idempotency import _checks as checks
-from django_idempotency._conf import DEFAULTS, OPTIONS, SETTINGS, Settings, conf
-from django_idempotency._options import (
+from django_idempotency import idempotent_function
+from django_idempotency._conf.options import (
     CALL_OPTIONS,
     VIEW_OPTIONS,
     CallOptions,
@@ -25,7 +24,8 @@ from django_idempotency._options import (
     Policy,
     ViewOptions,
 )
-from django_idempotency.functions import idempotent_function
+from django_idempotency._conf.settings import DEFAULTS, OPTIONS, SETTINGS, Settings, conf
+from django_idempotency._ops import checks
 from django_idempotency.rest_framework import IdempotencyMixin
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey
 from django_idempotency.testing import assert_replayed, key_records
 from tests.conftest import executions, problem_slug
 

@@ -13,14 +13,20 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connections
-from django.test import Client
+from django.http import HttpResponse
+from django.test import Client, RequestFactory
 from django.utils import timezone
 
-from django_idempotency import Erasure, erase_scope
-from django_idempotency._keys import hash_key
-from django_idempotency._limits import bounded_scope
-from django_idempotency.models import IdempotencyKey
-from django_idempotency.signals import late_result_refused
+from django_idempotency import (
+    Erasure,
+    IdempotencyKey,
+    erase_scope,
+    idempotent,
+    idempotent_function,
+    late_result_refused,
+)
+from django_idempotency._base.keys import hash_key
+from django_idempotency._store.limits import bounded_scope
 from tests.conftest import executions
 from tests.testapp import sealing_views
 
@@ -136,6 +142,68 @@ def test_erasure_refuses_what_it_cannot_do() -> None:
         call_command("idempotency_cleanup", "--scope", "")
     with pytest.raises(ValueError, match="batch_size"):
         erase_scope("user:1", batch_size=0)
+
+
+def _finished(scope: str, key_hash: str = "0" * 64) -> None:
+    IdempotencyKey.objects.create(
+        scope=bounded_scope(scope),
+        key_hash=key_hash,
+        method="POST",
+        path="/",
+        request_hash="",
+        status=IdempotencyKey.Status.COMPLETED,
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+
+
+def test_a_scope_that_matches_nothing_says_so() -> None:
+    """It exits 0 (a principal without records has nothing to erase) but says so, where it
+    said "Deleted 0" (issue 38)."""
+    for dry_run in ((), ("--dry-run",)):
+        out = StringIO()
+        call_command("idempotency_cleanup", "--scope", "user:404", *dry_run, stdout=out)
+        assert out.getvalue() == "No idempotency record has scope 'user:404': nothing to delete.\n"
+
+
+@pytest.mark.parametrize("padded", ["user:7 ", " user:7", "user:7\n", "\tuser:7"])
+def test_no_scope_has_whitespace_around_it(padded: str) -> None:
+    """MySQL and MariaDB compare text without its trailing spaces: ``--scope 'user:7 '`` erased
+    user:7's records there, and matched nothing elsewhere. The app never makes such a scope
+    (a scope function returning one is refused before the claim), so erasing one is refused,
+    and nothing is deleted (issue 38)."""
+    _finished("user:7")
+    with pytest.raises(CommandError, match="with whitespace around it, which no scope may have"):
+        call_command("idempotency_cleanup", "--scope", padded)
+    with pytest.raises(ValueError, match="give it without"):
+        erase_scope(padded, dry_run=True)
+    assert IdempotencyKey.objects.filter(scope="user:7").count() == 1
+
+    @idempotent(scope=lambda request: padded)
+    def view(request: Any) -> HttpResponse:
+        raise AssertionError("never runs")
+
+    request = RequestFactory().post("/", {}, headers={"Idempotency-Key": "k"})
+    with pytest.raises(ValueError, match="returned a scope with whitespace around it"):
+        view(request)
+
+    @idempotent_function(key="event_id", scope=padded.strip() + " ")
+    def handle(event_id: str) -> None:
+        raise AssertionError("never runs")
+
+    with pytest.raises(ValueError, match="its scope was given with whitespace around it"):
+        handle("e-1")
+    assert IdempotencyKey.objects.count() == 1
+
+
+def test_a_long_scope_is_cut_in_the_output() -> None:
+    long = "tenant:" + "x" * 100_000
+    _finished(long)
+    for scope, verb in ((long, "Deleted 1 finished"), (long + "y", "No idempotency record")):
+        out = StringIO()
+        call_command("idempotency_cleanup", "--scope", scope, stdout=out)
+        assert verb in out.getvalue()
+        assert f"… ({len(scope):,} characters)" in out.getvalue()
+        assert len(out.getvalue()) < 300
 
 
 def test_a_scope_longer_than_the_column_is_erased_by_its_stored_hash() -> None:

@@ -381,6 +381,11 @@ def test_the_ninja_api_charges_once_and_publishes_its_policy(example: Example) -
         f"/ninja/charges/{first.json()['id']}/receipts", {"email": "ada@example.com"}, key
     )
     assert receipt.json()["type"].endswith("#idempotency-key-reuse")
+    # What fuzzing docs/ninja.rst's first example (amount: int, currency: str) found: 500s
+    # from the database. The documented example is this one, bounded (issue 38).
+    for fuzzed in ({"amount": 2**63, "currency": "eur"}, {"amount": 9, "currency": "x" * 4}):
+        refused = example.post("/ninja/charges", fuzzed, str(uuid.uuid4()))
+        assert refused.status_code == 422, refused.text
     schema = httpx.get(example.url + "/ninja/openapi.json", timeout=10).json()
     operation = schema["paths"]["/ninja/charges"]["post"]
     assert operation["x-idempotency"]["keyFormat"] == "uuid"
@@ -511,7 +516,7 @@ def test_the_readmes_curl_session_prints_what_the_readme_says(
 
 def test_the_examples_idempotency_settings_are_the_defaults_it_says_they_are() -> None:
     """example_project/settings.py calls its IDEMPOTENCY values the defaults (issue 26)."""
-    from django_idempotency._conf import SETTINGS
+    from django_idempotency._conf.settings import SETTINGS
     from example_project import settings as example_settings
 
     declared = {setting.name: setting for setting in SETTINGS}
@@ -519,3 +524,22 @@ def test_the_examples_idempotency_settings_are_the_defaults_it_says_they_are() -
     for name, value in example_settings.IDEMPOTENCY.items():
         setting = declared[name]
         assert setting.convert(value, name) == setting.convert(setting.default, name), name
+
+
+def test_the_docs_show_the_examples_code_and_its_environment() -> None:
+    """docs/ninja.rst's protected operation is the example project's, which CI's schemathesis
+    leg fuzzes; the docs name the encryption keys' variable the example reads (issue 38)."""
+    docs = ROOT / "docs"
+    ninja = (docs / "ninja.rst").read_text()
+    for marker in ("schemas", "operation"):
+        assert (
+            f".. literalinclude:: ../example_project/payments/ninja_api.py\n"
+            f"   :language: python\n   :start-after: # docs: {marker}\n"
+        ) in ninja
+    assert "amount: int\n" not in ninja and "currency: str =" not in ninja
+    settings = (ROOT / "example_project/settings.py").read_text()
+    assert 'os.environ.get("IDEMPOTENCY_ENCRYPTION_KEYS"' in settings
+    named = set()
+    for page in [*docs.glob("*.rst"), ROOT / "README.rst"]:
+        named |= set(re.findall(r"os\.environ(?:\.get\(|\[)\"(IDEMPOTENCY_\w+)", page.read_text()))
+    assert named == {"IDEMPOTENCY_ENCRYPTION_KEYS"}

@@ -16,9 +16,7 @@ from django.contrib.auth.models import User
 from django.db import connection, connections
 from django.test import Client, override_settings
 
-from django_idempotency.exceptions import StoreUnavailable
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey, StoreUnavailable, idempotent_function
 from tests.conftest import executions, problem_slug, unreachable
 from tests.testapp.models import Execution
 

@@ -6,8 +6,9 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import RequestFactory, override_settings
 
-from django_idempotency._canonical_json import canonical_json, written
-from django_idempotency.fingerprints import canonical_body, json_fingerprint, request_fingerprint
+from django_idempotency import json_fingerprint, request_fingerprint
+from django_idempotency._http.canonical_json import canonical_json, written
+from django_idempotency._http.fingerprints import canonical_body
 
 factory = RequestFactory()
 

@@ -25,15 +25,16 @@ from django.db import connections, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency.claim import Claim
-from django_idempotency.exceptions import (
+from django_idempotency import (
+    Claim,
     IdempotencyFailed,
     IdempotencyInProgress,
+    IdempotencyKey,
     IdempotencyKeyMismatch,
+    JSONSerializer,
     LockLost,
+    idempotent_function,
 )
-from django_idempotency.functions import JSONSerializer, idempotent_function
-from django_idempotency.models import IdempotencyKey
 from django_idempotency.testing import expire_key
 from tests.conftest import executions
 from tests.testapp.models import Execution
@@ -730,7 +731,7 @@ def test_late_result_of_an_overtaken_call_is_refused(key: str) -> None:
 
 
 def test_signals_fire_as_for_views_without_a_request(key: str) -> None:
-    from django_idempotency import signals
+    import django_idempotency as signals
 
     received: list[tuple[str, dict[str, Any]]] = []
 

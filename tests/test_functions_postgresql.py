@@ -20,10 +20,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from django_idempotency.claim import Claim
-from django_idempotency.exceptions import IdempotencyInProgress
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import Claim, IdempotencyInProgress, IdempotencyKey, idempotent_function
 from tests.conftest import executions, worker_environment
 from tests.testapp.models import Execution
 from tests.vendors import LOCK_WAIT

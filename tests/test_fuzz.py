@@ -23,9 +23,9 @@ from django.test import RequestFactory, override_settings
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from django_idempotency._canonical_json import canonical_json, written
-from django_idempotency._keys import MAX_KEY_LENGTH, InvalidKey, parse_key
-from django_idempotency.fingerprints import request_fingerprint
+from django_idempotency import InvalidKey, request_fingerprint
+from django_idempotency._base.keys import MAX_KEY_LENGTH, parse_key
+from django_idempotency._http.canonical_json import canonical_json, written
 from tests.strategies import CONTENT_TYPES, header_values, json_texts, same_document
 
 SECONDS = float(os.environ.get("IDEMPOTENCY_FUZZ_SECONDS", "0"))

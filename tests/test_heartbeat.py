@@ -28,14 +28,18 @@ from django.test import RequestFactory
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import _heartbeat as heartbeat
-from django_idempotency import signals
-from django_idempotency._options import Options
-from django_idempotency.claim import Claim
-from django_idempotency.decorators import idempotent
-from django_idempotency.exceptions import IdempotencyInProgress, LockLost
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import (
+    Claim,
+    IdempotencyInProgress,
+    IdempotencyKey,
+    LockLost,
+    idempotent,
+    idempotent_function,
+    late_result_refused,
+    lock_lost,
+)
+from django_idempotency._call import heartbeat
+from django_idempotency._conf.options import Options
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.conftest import executions, on_postgresql
 from tests.testapp.models import Execution
@@ -242,8 +246,8 @@ def test_a_lost_lock_is_reported_and_the_late_result_refused(
     """An operator releases the record while the attempt runs: the next renewal finds it gone."""
     lost: list[Claim] = []
     refused: list[Claim] = []
-    signals.lock_lost.connect(lambda claim, **_: lost.append(claim), weak=False, dispatch_uid="t1")
-    signals.late_result_refused.connect(
+    lock_lost.connect(lambda claim, **_: lost.append(claim), weak=False, dispatch_uid="t1")
+    late_result_refused.connect(
         lambda claim, **_: refused.append(claim), weak=False, dispatch_uid="t2"
     )
     raised: list[Exception] = []
@@ -270,8 +274,8 @@ def test_a_lost_lock_is_reported_and_the_late_result_refused(
             IdempotencyKey.objects.all().delete()  # what idempotency_recover --release does
             assert done() == "late"
     finally:
-        signals.lock_lost.disconnect(dispatch_uid="t1")
-        signals.late_result_refused.disconnect(dispatch_uid="t2")
+        lock_lost.disconnect(dispatch_uid="t1")
+        late_result_refused.disconnect(dispatch_uid="t2")
     assert len(lost) == 1 and lost[0].lock_lost
     assert refused == lost
     assert len(raised) == 2

@@ -24,9 +24,7 @@ from django.http import HttpRequest
 from django.test import Client, override_settings
 from rest_framework.views import APIView
 
-from django_idempotency.decorators import idempotent
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey, idempotent, idempotent_function
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.conftest import executions, problem_slug
 
@@ -104,12 +102,14 @@ def test_bad_mixin_attribute_fails_when_the_class_is_made(value: Any) -> None:
             idempotency_ttl = value
 
 
-def test_a_bad_setting_that_slipped_past_the_checks_says_which(key: str) -> None:
-    with (
-        override_settings(IDEMPOTENCY={"TTL": timedelta.max}),
-        pytest.raises(ImproperlyConfigured, match="TTL"),
-    ):
-        send("/echo/", b"{}", key)
+def test_a_bad_setting_that_slipped_past_the_checks_says_which(
+    key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with override_settings(IDEMPOTENCY={"TTL": timedelta.max}):
+        response = send("/echo/", b"{}", key)
+    # A problem, not a traceback; the log names the setting (issue 38).
+    assert problem_slug(response) == "idempotency-misconfigured"
+    assert "IDEMPOTENCY['TTL']" in caplog.text
 
 
 # --- JSON bodies -------------------------------------------------------------------------------

@@ -13,13 +13,14 @@ import pytest
 from django.db import connection
 from django.test import RequestFactory, override_settings
 
-from django_idempotency import _canonical_json, _json
-from django_idempotency._identity import Identity, full_path
+from django_idempotency import Claim, IdempotencyKey
+from django_idempotency._base import json as _json
+from django_idempotency._call.identity import Identity
+from django_idempotency._http import canonical_json as _canonical_json
+from django_idempotency._http.fingerprints import full_path
 from django_idempotency._store.claims import ClaimValues, new_token
 from django_idempotency._store.postgresql import interval
 from django_idempotency._store.rows import POSTGRESQL_TIME, microseconds
-from django_idempotency.claim import Claim
-from django_idempotency.models import IdempotencyKey
 from tests import factories
 
 
@@ -60,9 +61,7 @@ def test_a_claims_time_is_its_clock(use_tz: bool) -> None:
 def test_a_claims_lock_token_reads_as_a_uuid() -> None:
     token = new_token()
     claim = Claim(
-        key="k",
-        scope="s",
-        key_hash="h",
+        identity=Identity("k", "s", "h", "f", "POST", "/"),
         pk=1,
         token_text=token,
         attempt=1,

@@ -14,9 +14,8 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_idempotency._keys import hash_key
-from django_idempotency.fingerprints import request_fingerprint
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey, request_fingerprint
+from django_idempotency._base.keys import hash_key
 from django_idempotency.testing import expire_key, hold_key
 from tests.conftest import executions, problem_slug
 from tests.factories import IdempotencyKeyFactory
@@ -290,7 +289,7 @@ def test_long_query_string_is_stored(post: Post, key: str) -> None:
 
 
 def test_streaming_response_is_refused_with_a_clear_error(post: Post, key: str) -> None:
-    from django_idempotency.exceptions import UnreplayableResponse
+    from django_idempotency import UnreplayableResponse
 
     with pytest.raises(UnreplayableResponse, match="streaming responses cannot be stored"):
         post("/streaming/", key=key)

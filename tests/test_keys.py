@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency._keys import (
+from django_idempotency import InvalidKey
+from django_idempotency._base.keys import (
     BARE_KEY_REFUSED,
     MAX_KEY_LENGTH,
-    InvalidKey,
     hash_key,
     parse_key,
 )

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 from ninja import NinjaAPI, Router
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey
 from django_idempotency.ninja import auth_scope, idempotent
 from tests.conftest import executions, problem_slug
 from tests.testapp.ninja_api import ChargeIn

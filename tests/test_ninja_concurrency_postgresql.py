@@ -14,7 +14,7 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey
 from tests.conftest import executions, problem_slug
 from tests.test_concurrency_postgresql import outcome, storm
 from tests.testapp import ninja_api

@@ -12,9 +12,9 @@ from drf_spectacular.plumbing import ComponentRegistry
 from ninja import NinjaAPI, Router
 from ninja.responses import NinjaJSONEncoder
 
-from django_idempotency import _openapi
-from django_idempotency._options import Options
-from django_idempotency._published import key_schema
+from django_idempotency._conf.options import Options
+from django_idempotency._publish import openapi as _openapi
+from django_idempotency._publish.policy import key_schema
 from django_idempotency.ninja import idempotent
 from tests.testapp.ninja_api import api
 

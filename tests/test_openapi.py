@@ -1,7 +1,7 @@
 """drf-spectacular documents protected views with no work from the user.
 
 The schema extension is registered by the app config (this module never imports
-``django_idempotency._openapi``); the schemas are generated with drf-spectacular's own generator.
+``_publish.openapi``); the schemas are generated with drf-spectacular's own generator.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
-from django_idempotency._keys import MAX_HEADER_LENGTH, key_format
-from django_idempotency._published import key_pattern
-from django_idempotency.decorators import idempotent
+from django_idempotency import idempotent
+from django_idempotency._base.keys import MAX_HEADER_LENGTH, key_format
+from django_idempotency._publish.policy import key_pattern
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
 from tests.testapp.policy_views import ORDER_KEY, tenant_scope

@@ -1,5 +1,6 @@
-"""One import path: ``from django_idempotency import ...``, loaded lazily; ``__all__`` in every
-public module; the documented homes of renamed modules still importable."""
+"""One import path: ``from django_idempotency import ...``, loaded lazily, documented name for
+name in ``docs/api.rst``; ``__all__`` in every public module; the private modules in layer
+folders, none importing from a layer above its own (issue 40)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import sys
 from pathlib import Path
 
 import django_idempotency
-from django_idempotency import _keys, _published, _storing
+from django_idempotency import IdempotencyError, InvalidKey
+from django_idempotency._call import storing as _storing
 
 PACKAGE = Path(django_idempotency.__file__).parent
 
@@ -96,21 +98,68 @@ def test_every_public_module_says_what_it_exports() -> None:
             assert hasattr(module, exported), f"{name}.{exported}"
 
 
-def test_the_renamed_modules_documented_names_still_import() -> None:
-    from django_idempotency.keys import InvalidKey
-    from django_idempotency.published import describe
+#: The package's layers from the ground up: a module imports from its own layer or one below.
+LAYERS = [
+    {"_base"},
+    {"models"},
+    {"_conf"},
+    {"_store"},
+    {"_call"},
+    {"_http", "_function"},
+    {"_publish", "_ops"},
+    # What a project or Django imports: the public modules and Django's own places.
+    {"__init__", "admin", "apps", "management", "migrations", "ninja", "rest_framework"},
+    # (``templates``: the admin's, where Django looks for them; no module.)
+    {"testing", "_pytest_fixtures", "_pytest_plugin"},
+]
 
-    assert InvalidKey is _keys.InvalidKey
-    assert describe is _published.describe
+
+def _layer(module: str) -> int:
+    room = [*module.split("."), "__init__"][1]
+    return next(n for n, layer in enumerate(LAYERS) if room in layer)
 
 
-def test_the_module_map_names_every_module() -> None:
-    """``docs/how-it-works.rst`` gives each module its line."""
-    text = (PACKAGE.parent / "docs" / "how-it-works.rst").read_text()
-    mapped = set(re.findall(r"``([\w/]+)``", text))
-    for module in pkgutil.walk_packages([str(PACKAGE)], ""):
-        parts = module.name.split(".")
-        # A package's modules are in its line (_store, migrations, management/commands).
-        if not any("/".join(parts[:n]) in mapped for n in range(1, len(parts) + 1)):
-            raise AssertionError(f"{module.name} is not in the module map")
-    assert "__init__" in mapped
+def test_every_module_stands_in_a_layer() -> None:
+    """Nothing but the layers at the top level: a private module goes in its layer's folder."""
+    rooms = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.name != "__pycache__"}
+    assert rooms - {"py.typed", "templates"} == set().union(*LAYERS)
+
+
+def test_each_folder_says_what_it_owns_and_what_it_may_import() -> None:
+    for folder in ("_base", "_conf", "_store", "_call", "_http", "_function", "_publish", "_ops"):
+        doc = importlib.import_module(f"django_idempotency.{folder}").__doc__ or ""
+        assert re.search(r"\bOwns\b", doc) and re.search(r"\bimport", doc, re.I), folder
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    """Type-only imports and imports inside functions count too: a cycle of any kind starts
+    with an arrow that runs up."""
+    upward = set()
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE.name):
+                assert node.module is not None
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                targets = names if node.module == PACKAGE.name else [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith(PACKAGE.name)]
+            else:
+                continue
+            upward |= {(module, t) for t in targets if _layer(t) > _layer(module)}
+    assert not upward
+
+
+def test_the_api_page_documents_exactly_the_exports() -> None:
+    text = (PACKAGE.parent / "docs" / "api.rst").read_text()
+    documented = re.findall(r"^\.\. auto\w+:: (django_idempotency[\w.]*)$", text, re.M)
+    exported = [f"django_idempotency.{name}" for name in django_idempotency.__all__]
+    for framework in ("rest_framework", "ninja", "testing"):
+        module = importlib.import_module(f"django_idempotency.{framework}")
+        exported += [f"{module.__name__}.{name}" for name in module.__all__]
+    assert sorted(documented) == sorted(exported)
+
+
+def test_invalid_key_is_one_of_the_app_s_errors() -> None:
+    assert issubclass(InvalidKey, IdempotencyError)
+    assert issubclass(InvalidKey, ValueError)  # as before 1.0

@@ -28,7 +28,7 @@ from django.db import connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from django_idempotency import _problems as problems
+from django_idempotency._http import problems
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "problems.rst"
 

@@ -12,23 +12,21 @@ from django.test import override_settings
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from django_idempotency._keys import (
+from django_idempotency import InvalidKey, describe, idempotent
+from django_idempotency._base.keys import (
     MAX_HEADER_LENGTH,
     MAX_KEY_LENGTH,
-    InvalidKey,
     key_format,
     parse_key,
 )
-from django_idempotency._options import Options
-from django_idempotency._published import (
-    describe,
+from django_idempotency._conf.options import Options
+from django_idempotency._publish.policy import (
     duration_text,
     ecma_pattern,
     key_pattern,
     key_schema,
     not_stored,
 )
-from django_idempotency.decorators import idempotent
 from tests.testapp import views
 
 # What clients send, and what hostile ones do: printable ASCII, quotes, escapes, the

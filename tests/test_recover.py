@@ -12,10 +12,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from django_idempotency import _maintenance as maintenance
+from django_idempotency import Claim, IdempotencyKey
 from django_idempotency import _store as store
-from django_idempotency.claim import Claim
-from django_idempotency.models import IdempotencyKey
+from django_idempotency._ops import maintenance
 from tests import factories
 from tests.conftest import executions, problem_slug
 from tests.factories import IdempotencyKeyFactory

@@ -182,7 +182,9 @@ def test_a_connection_with_its_own_isolation_level_begins_through_the_cursor() -
             assert libpq.driver_connection(cursor.cursor) is None
             rows.fetch_row(connection, "SELECT 1", [])  # the cursor begins it
             assert libpq.driver_connection(cursor.cursor) is raw  # begun: libpq may go on
-            row = rows.read_record(connection, "SELECT current_setting('transaction_isolation')", [])  # noqa: E501
+            row = rows.read_record(
+                connection, "SELECT current_setting('transaction_isolation')", []
+            )
             assert row is not None
     finally:
         raw.isolation_level = None
@@ -234,6 +236,6 @@ def test_an_atomic_claim_on_mariadb_carries_its_bound(post: Post, key: str) -> N
     sent = _sent(queries)
     assert not [sql for sql in sent if sql.startswith(("SET @", "SET SESSION"))], sent
     claims = [sql for sql in sent if "django_idempotency_claim" in sql]
-    assert len(claims) == 1 and claims[0].startswith(
-        "SET STATEMENT innodb_lock_wait_timeout = "
-    ), sent
+    assert len(claims) == 1 and claims[0].startswith("SET STATEMENT innodb_lock_wait_timeout = "), (
+        sent
+    )

@@ -26,9 +26,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db.backends.signals import connection_created
 
-from django_idempotency import _heartbeat as heartbeat
-from django_idempotency.exceptions import IdempotencyInProgress
-from django_idempotency.functions import idempotent_function
+from django_idempotency import IdempotencyInProgress, idempotent_function
+from django_idempotency._call import heartbeat
 from tests.conftest import executions, worker_environment
 from tests.servers import harness
 from tests.test_servers_postgresql import (
@@ -207,7 +206,7 @@ def spawn(code: str, *args: str) -> subprocess.Popen[str]:
 def spawn_job(job_id: str, seconds: float) -> subprocess.Popen[str]:
     return spawn(
         "from tests.test_servers_heartbeat_postgresql import job, job_lost_receiver; "
-        "from django_idempotency.signals import lock_lost; "
+        "from django_idempotency import lock_lost; "
         "lock_lost.connect(job_lost_receiver); "
         "job(sys.argv[1], float(sys.argv[2]))",
         job_id,

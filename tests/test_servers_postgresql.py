@@ -22,8 +22,8 @@ import pytest
 from django.db import connection, connections
 from django.utils import timezone
 
-from django_idempotency._keys import hash_key
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey
+from django_idempotency._base.keys import hash_key
 from tests.conftest import executions
 from tests.servers import harness
 from tests.testapp.models import Execution

@@ -12,8 +12,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
+from django_idempotency._ops import maintenance
 from django_idempotency._store.maintenance import SizeQuery
 from tests.factories import IdempotencyKeyFactory
 

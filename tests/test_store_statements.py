@@ -14,8 +14,8 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
+from django_idempotency import IdempotencyKey
 from django_idempotency._store import rows
-from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 
 pytestmark = pytest.mark.django_db

@@ -13,9 +13,7 @@ from django.http import HttpResponse
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency import no_store, store_for
-from django_idempotency.models import IdempotencyKey
-from django_idempotency.signals import key_released
+from django_idempotency import IdempotencyKey, key_released, no_store, store_for
 from tests.conftest import executions
 from tests.test_functions import FLAVOURS, protect
 from tests.testapp.models import Execution

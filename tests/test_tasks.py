@@ -17,8 +17,8 @@ import pytest
 
 tasks = pytest.importorskip("django.tasks", reason="needs Django 6.0+ (django.tasks)")
 
+from django_idempotency import IdempotencyKey  # noqa: E402
 from django_idempotency._store.claims import Claims  # noqa: E402
-from django_idempotency.models import IdempotencyKey  # noqa: E402
 from tests.conftest import executions  # noqa: E402
 from tests.testapp import tasks as testapp_tasks  # noqa: E402
 from tests.testapp.tasks import (  # noqa: E402

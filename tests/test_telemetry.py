@@ -26,12 +26,14 @@ from django.core.management import call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency import _lifecycle as lifecycle
-from django_idempotency import _telemetry as telemetry
-from django_idempotency._keys import hash_key
-from django_idempotency.exceptions import IdempotencyInProgress, IdempotencyKeyMismatch
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import (
+    IdempotencyInProgress,
+    IdempotencyKey,
+    IdempotencyKeyMismatch,
+    idempotent_function,
+)
+from django_idempotency._base.keys import hash_key
+from django_idempotency._call import lifecycle, telemetry
 from tests.conftest import executions
 from tests.test_unavailable import unreachable_store  # noqa: F401  (a fixture)
 from tests.testapp.models import Execution
@@ -373,7 +375,7 @@ django.setup()
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
 from django.test import Client
-from django_idempotency import _telemetry
+from django_idempotency._call import telemetry as _telemetry
 assert not _telemetry.ENABLED
 client = Client()
 headers = {"Idempotency-Key": "no-otel-key"}
@@ -399,7 +401,7 @@ django.setup()
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
 from django.test import Client
-from django_idempotency import _telemetry
+from django_idempotency._call import telemetry as _telemetry
 assert _telemetry.ENABLED
 def refuse(*args, **kwargs):
     raise AssertionError("an OpenTelemetry call without a provider")

@@ -15,9 +15,8 @@ from django.contrib.auth.models import User
 from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 
-from django_idempotency import IdempotencyInProgress, idempotent_function
-from django_idempotency._keys import hash_key
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyInProgress, IdempotencyKey, idempotent_function
+from django_idempotency._base.keys import hash_key
 from django_idempotency.testing import (
     assert_replayed,
     concurrently,
@@ -188,6 +187,87 @@ def test_key_records_are_every_scopes(client: Any, post: Post, key: str) -> None
     assert key_records(key)[0].scope == "anonymous"
     assert key_records(key).count() == 2
     assert set(key_records(key).values_list("key_hash", flat=True)) == {hash_key(key)}
+
+
+# --- django-ninja operations (issue 38) ---------------------------------------------------------
+
+CHARGE = {"amount": 4200, "currency": "eur"}
+
+
+def _ninja(path: str, key: str, **headers: str) -> Any:
+    headers["Idempotency-Key"] = key
+    return Client().post(f"/ninja/{path}", CHARGE, headers=headers, **JSON)
+
+
+def test_new_key_of_a_ninja_operation_by_path_or_function() -> None:
+    from tests.testapp import ninja_api
+
+    uuid.UUID(new_key("/ninja/required"))  # key_format="uuid"
+    assert new_key(ninja_api.required) != new_key(ninja_api.required)
+    uuid.UUID(new_key("/ninja/things/1"))  # PUT and DELETE, protected alike
+    with pytest.raises(ValueError, match="No view answers"):
+        new_key("/ninja/nowhere")
+
+
+def test_hold_key_on_a_ninja_operation_by_path(key: str) -> None:
+    claim = hold_key(key, "POST", "/ninja/charges", CHARGE, **JSON)
+    response = _ninja("charges", key)
+    assert response.status_code == 409
+    assert problem_slug(response) == "request-in-progress"
+    assert executions("ninja-charge") == 0
+    assert key_records(key).get().pk == claim.pk
+    assert _ninja("charges", key, X_Other="1").status_code == 409  # headers are not the body
+    changed = Client().post(
+        "/ninja/charges", {**CHARGE, "amount": 1}, headers={"Idempotency-Key": key}, **JSON
+    )
+    assert changed.status_code == 422
+
+
+def test_hold_key_on_a_ninja_operation_uses_ninjas_authentication(key: str) -> None:
+    """The scope is ninja's ``request.auth``, as the operation computes it: made by the
+    operation's own authentication from the headers the test describes, or set on a request."""
+    api_key = {"X-API-Key": "key-one"}
+    hold_key(key, "POST", "/ninja/api-key", CHARGE, headers=api_key, **JSON)
+    assert _ninja("api-key", key, **api_key).status_code == 409
+    assert _ninja("api-key", key, **{"X-API-Key": "key-two"}).status_code == 201  # another's
+    assert executions("ninja-api-key") == 1
+    with pytest.raises(ValueError, match=r"authentication refuses POST /ninja/api-key \(401\)"):
+        hold_key(new_key(), "POST", "/ninja/api-key", CHARGE, **JSON)
+
+    other = new_key()
+    request = RequestFactory().post("/ninja/api-key", CHARGE, **JSON)
+    request.auth = "key-two"  # type: ignore[attr-defined]
+    hold_key(other, request)
+    assert _ninja("api-key", other, **{"X-API-Key": "key-two"}).status_code == 409
+    assert _ninja("api-key", other, **api_key).status_code == 201
+
+
+def test_hold_key_on_an_async_ninja_operation_with_a_users_password(key: str) -> None:
+    User.objects.create_user("alice", password="secret")
+    basic = {"Authorization": "Basic YWxpY2U6c2VjcmV0"}  # alice:secret
+    hold_key(key, "POST", "/ninja/basic", CHARGE, headers=basic, **JSON)
+    assert _ninja("basic", key, **basic).status_code == 409
+    hold_key(key, "POST", "/ninja/async", CHARGE, **JSON)
+    assert _ninja("async", key).status_code == 409
+    assert executions("ninja-basic") == executions("ninja-async") == 0
+
+
+def test_stale_and_expire_key_on_a_ninja_operation(key: str) -> None:
+    stale_key(key, "POST", "/ninja/recovery", CHARGE, **JSON, recovery_point="charged")
+    response = _ninja("recovery", key)
+    assert response.status_code == 201 and response.json()["attempt"] == 2
+    assert executions("ninja-recovery-charge") == 0 and executions("ninja-recovery-ship") == 1
+    expire_key(key, "POST", "/ninja/recovery", CHARGE, **JSON)
+    again = _ninja("recovery", key)
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    assert again.json()["attempt"] == 1
+
+
+def test_the_helpers_refuse_a_ninja_operation_that_is_not_protected(key: str) -> None:
+    with pytest.raises(ValueError, match="not protected"):
+        hold_key(key, "GET", "/ninja/things")  # protected, but a safe method
+    with pytest.raises(ValueError, match="No protected ninja operation answers PATCH"):
+        hold_key(key, "PATCH", "/ninja/charges", CHARGE, **JSON)
 
 
 def test_function_states(key: str) -> None:

@@ -1,5 +1,6 @@
 """The tests docs/testing.rst shows, run as written (its literalinclude blocks are cut from this
-file between the ``# docs:`` markers): a DRF viewset, a function view, a consumer, unittest."""
+file between the ``# docs:`` markers): a DRF viewset, a function view, a consumer, a django-ninja
+operation, unittest."""
 
 # docs: imports
 import pytest
@@ -139,6 +140,51 @@ def test_simultaneous_deliveries_place_one_order(idempotency):
 
 
 # docs: end consumer
+
+
+# docs: ninja
+NINJA_ORDERS = "/shop/ninja/orders"
+ALICE = {"X-API-Key": "alice-key"}
+
+
+@pytest.mark.django_db
+def test_a_ninja_retry_is_replayed(client):
+    key = new_key(NINJA_ORDERS)
+    headers = {**ALICE, "Idempotency-Key": key}
+    first = client.post(NINJA_ORDERS, ORDER, content_type="application/json", headers=headers)
+    retry = client.post(NINJA_ORDERS, ORDER, content_type="application/json", headers=headers)
+    assert first.status_code == 201
+    assert_replayed(retry, first)
+
+
+@pytest.mark.django_db
+def test_a_ninja_retry_while_the_first_runs_is_409(client, idempotency_key):
+    # The same headers as the request: ninja's authentication names whose key it is.
+    hold_key(
+        idempotency_key, "POST", NINJA_ORDERS, ORDER,
+        content_type="application/json", headers=ALICE,
+    )  # fmt: skip
+    headers = {**ALICE, "Idempotency-Key": idempotency_key}
+    response = client.post(NINJA_ORDERS, ORDER, content_type="application/json", headers=headers)
+    assert response.status_code == 409
+    bob = {"X-API-Key": "bob-key", "Idempotency-Key": idempotency_key}  # his own keys
+    response = client.post(NINJA_ORDERS, ORDER, content_type="application/json", headers=bob)
+    assert response.status_code == 201
+
+
+@pytest.mark.django_db
+def test_a_ninja_order_resumes_after_its_lock_expired(client, idempotency_key):
+    stale_key(
+        idempotency_key, "POST", NINJA_ORDERS, ORDER,
+        content_type="application/json", headers=ALICE,
+    )  # fmt: skip
+    headers = {**ALICE, "Idempotency-Key": idempotency_key}
+    response = client.post(NINJA_ORDERS, ORDER, content_type="application/json", headers=headers)
+    assert response.status_code == 201
+    assert key_records(idempotency_key).get().attempt == 2
+
+
+# docs: end ninja
 
 
 # docs: unittest

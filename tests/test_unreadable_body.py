@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.test import Client, override_settings
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey
 from tests.conftest import executions, problem_slug
 
 pytestmark = pytest.mark.django_db

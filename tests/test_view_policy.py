@@ -18,13 +18,16 @@ from django.test import RequestFactory, override_settings
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency._keys import InvalidKey, hash_key
-from django_idempotency._options import Options
-from django_idempotency.decorators import idempotent
-from django_idempotency.exceptions import IdempotencyKeyMismatch
-from django_idempotency.fingerprints import json_fingerprint
-from django_idempotency.functions import idempotent_function
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import (
+    IdempotencyKey,
+    IdempotencyKeyMismatch,
+    InvalidKey,
+    idempotent,
+    idempotent_function,
+    json_fingerprint,
+)
+from django_idempotency._base.keys import hash_key
+from django_idempotency._conf.options import Options
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.conftest import executions, problem_slug
 from tests.testapp.models import Execution

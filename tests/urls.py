@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from tests.testapp import ninja_api, policy_views, shop, views
+from tests.testapp import ninja_api, policy_views, shop, shop_ninja, views
 
 router = SimpleRouter()
 router.register("executions", views.ExecutionViewSet)
@@ -39,6 +39,7 @@ urlpatterns = [
     path("api/", include(router.urls)),
     path("ninja/", ninja_api.api.urls),
     path("shop/checkout/", shop.checkout),
+    path("shop/ninja/", shop_ninja.api.urls),
     path("policy/uuid/", policy_views.uuid_keys),
     path("policy/order/", policy_views.order_keys),
     path("policy/volatile/", policy_views.volatile),

@@ -14,7 +14,7 @@ import json
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from django_idempotency.decorators import idempotent
+from django_idempotency import idempotent
 from example_project.payments.models import Charge
 
 

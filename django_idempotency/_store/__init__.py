@@ -1,5 +1,9 @@
-"""The store: every statement the app runs against its table.
+"""The store: every statement the app runs against its table, and the record at rest.
 
+Owns all SQL (nowhere else in the package runs any), the record's lengths (:mod:`.limits`), a
+stored response sealed and unsealed (:mod:`.sealing`: compression, encryption), the database's
+time zones (:mod:`.time_zones`) and a Galera node's eviction stall
+(:mod:`.galera`). May import :mod:`.._conf`, :mod:`.._base` and the model.
 :class:`~.base.Store` is the interface and what every database shares; each vendor's
 statements live in a module of their own (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`),
 so another database is one more module and one line in :data:`VENDORS`. :func:`using` gives the

@@ -4,7 +4,7 @@ A vendor module (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`) subclasses :
 and writes the statements its database needs: the claim's insert-or-read, the lock-wait bound,
 the cleanup's batch delete, how it measures the table and how it reports a lock wait that timed
 out. Everything else is written once, by concern, from the rules in
-:mod:`django_idempotency._rules`: the claim and its takeover (:mod:`.claims`), the fenced writes
+:mod:`.._base.rules`: the claim and its takeover (:mod:`.claims`), the fenced writes
 (:mod:`.writes`), the operators' queries (:mod:`.maintenance`).
 """
 

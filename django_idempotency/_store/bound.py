@@ -10,8 +10,8 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
 from django_idempotency._store.statements import Statements
-from django_idempotency.exceptions import LockWaitTimeout, StoreUnavailable
 
 
 class BoundStore:
@@ -56,7 +56,7 @@ class BoundStore:
     def is_contention(self, exc: BaseException) -> bool:
         """Whether a write failed only because another writer held a lock it needed (a lock
         wait that ran out, a deadlock's victim): the same statement may succeed when tried
-        again. An owner's fenced write is (:func:`django_idempotency._engine.complete`)."""
+        again. An owner's fenced write is (:func:`django_idempotency._call.engine.complete`)."""
         return self.is_lock_timeout(exc)
 
     def is_fault(self, exc: BaseException) -> bool:

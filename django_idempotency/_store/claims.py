@@ -11,27 +11,60 @@ import os
 import time
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar, Union
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from django_idempotency import _rules as rules
+from django_idempotency._base import rules
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import EPOCH, Record, first, prep, preparers
 from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
-from django_idempotency.claim import Claim, RecordStore
 from django_idempotency.models import IdempotencyKey
 
-if TYPE_CHECKING:
-    from django_idempotency._identity import Identity
+C = TypeVar("C", covariant=True)
+T = TypeVar("T")
+
+
+class Claimant(Protocol[C]):
+    """What the store needs of a call to claim its key, and how the call takes its claim: the
+    store knows no type of the layers above it (issue 40). ``Identity`` is the one claimant."""
+
+    @property
+    def scope(self) -> str: ...
+    @property
+    def key_hash(self) -> str: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+
+    def claimed(
+        self,
+        *,
+        pk: int,
+        token_text: str,
+        attempt: int,
+        recovery_point: str,
+        recovery_data: Any,
+        alias: str,
+        lock_timeout: timedelta,
+        store: Any,
+        held_until: float,
+        uncommitted: bool,
+    ) -> C:
+        """The call's claim on record ``pk``, which the store has just made."""
+        ...
+
 
 #: What :meth:`Claims.claim` returns: the claim, the record of another call that holds the key
 #: (a :class:`~.rows.Record` from PostgreSQL's claim function, a model instance elsewhere), or
 #: ``None`` when a concurrent claim or release came between two statements (claim again).
-ClaimOutcome = Claim | IdempotencyKey | Record | None
+ClaimOutcome: TypeAlias = Union[T, IdempotencyKey, Record, None]  # noqa: UP007
 
 
 def new_token() -> str:
@@ -62,7 +95,7 @@ class ClaimValues:
     __slots__ = ("_now", "clock", "identity", "lock_timeout", "token", "ttl")
 
     def __init__(
-        self, identity: Identity, token: str, lock_timeout: timedelta, ttl: timedelta
+        self, identity: Claimant[Any], token: str, lock_timeout: timedelta, ttl: timedelta
     ) -> None:
         self.identity = identity
         #: The claim's fresh lock token, as text (:func:`new_token`).
@@ -119,12 +152,12 @@ class Claims(BoundStore):
 
     def claim(
         self,
-        identity: Identity,
+        identity: Claimant[C],
         *,
         ttl: timedelta,
         lock_timeout: timedelta,
         token: str | None = None,
-    ) -> ClaimOutcome:
+    ) -> ClaimOutcome[C]:
         """Claim the call's key, or return the record that holds it.
 
         A new key costs one statement and so does a live key's record (the replay's only one).
@@ -144,10 +177,12 @@ class Claims(BoundStore):
             if found is None:
                 return None
             if isinstance(found, int):  # inserted, not read back: a first attempt
-                return self._claim(connection, values, lock_timeout, started, found)
+                return self._claim(identity, connection, values, lock_timeout, started, found)
             if isinstance(found, Record):  # the claim function took over what it could
                 return (
-                    self._claim(connection, values, lock_timeout, started, found.pk, found)
+                    self._claim(
+                        identity, connection, values, lock_timeout, started, found.pk, found
+                    )
                     if found.holds_token(token)
                     else found
                 )
@@ -161,25 +196,22 @@ class Claims(BoundStore):
                 found = self.take_over(connection, found.pk, again, token)
                 if found is None:
                     return None
-            return self._claim(connection, values, lock_timeout, started, found.pk, found)
+            return self._claim(identity, connection, values, lock_timeout, started, found.pk, found)
         except DatabaseError as exc:
             raise self.refusal(exc) from exc
 
     def _claim(
         self,
+        identity: Claimant[C],
         connection: BaseDatabaseWrapper,
         values: ClaimValues,
         lock_timeout: timedelta,
         started: float,
         pk: int,
         record: IdempotencyKey | Record | None = None,
-    ) -> Claim:
+    ) -> C:
         """The claim on record ``pk``, as ``record`` reads (``None``: a first attempt's)."""
-        identity = values.identity
-        return Claim(
-            key=identity.key,
-            scope=identity.scope,
-            key_hash=identity.key_hash,
+        return identity.claimed(
             pk=pk,
             token_text=values.token,
             attempt=1 if record is None else record.attempt,
@@ -187,7 +219,7 @@ class Claims(BoundStore):
             recovery_data=None if record is None else record.recovery_data,
             alias=self.alias,
             lock_timeout=lock_timeout,
-            store=cast(RecordStore, self),  # a Store: its FencedWrites save recovery points
+            store=self,  # a Store: its FencedWrites save recovery points
             held_until=started + lock_timeout.total_seconds(),
             uncommitted=connection.in_atomic_block,
         )
@@ -203,7 +235,7 @@ class Claims(BoundStore):
         """
         raise NotImplementedError
 
-    def read_finished(self, identity: Identity) -> IdempotencyKey | Record | None:
+    def read_finished(self, identity: Claimant[Any]) -> IdempotencyKey | Record | None:
         """The key's record when it is finished and not expired, read on its own: what a
         replay (or a mismatch) answers from, with no claim and no transaction; ``None``: no
         such record, so the key is claimed (atomic mode, issue 42).
@@ -218,7 +250,7 @@ class Claims(BoundStore):
             raise self.refusal(exc) from exc
 
     def select_finished(
-        self, connection: BaseDatabaseWrapper, identity: Identity
+        self, connection: BaseDatabaseWrapper, identity: Claimant[Any]
     ) -> IdempotencyKey | Record | None:
         now = prep("expires_at", timezone.now(), connection)
         return first(
@@ -233,7 +265,7 @@ class Claims(BoundStore):
         """Make an expired or stale record this call's, if it still is one: the record as
         taken over, or ``None``. ``values`` are :func:`take_over_params`.
 
-        The ``WHERE`` repeats the test (:data:`~django_idempotency._rules.TAKEOVER`), so of
+        The ``WHERE`` repeats the test (:data:`~django_idempotency._base.rules.TAKEOVER`), so of
         concurrent calls exactly one wins: the database re-checks it against the row a
         concurrent winner left. An expired record starts afresh; a stale one keeps its recovery
         point, attempt + 1.
@@ -264,10 +296,10 @@ class Claims(BoundStore):
         for the write lock where the database takes it for the whole transaction (SQLite)."""
         return transaction.atomic(using=self.alias)
 
-    def hold(self, claim: Claim) -> None:
+    def hold(self, scope: str, key_hash: str) -> None:
         """An atomic attempt of this process claimed its key (see :meth:`holds`)."""
 
-    def let_go(self, claim: Claim) -> None:
+    def let_go(self, scope: str, key_hash: str) -> None:
         """That attempt's transaction ended."""
 
     def holds(self, scope: str, key_hash: str) -> bool:

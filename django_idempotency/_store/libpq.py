@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+pq: Any
 try:
     from psycopg import OperationalError, errors, pq
     from psycopg.adapt import Transformer
@@ -52,7 +53,7 @@ def driver_connection(driver_cursor: Any) -> Any:
     ``None``."""
     if pq is None:
         return None
-    raw = getattr(driver_cursor, "connection", None)
+    raw: Any = getattr(driver_cursor, "connection", None)
     pgconn = getattr(raw, "pgconn", None)
     if pgconn is None or pgconn.status != _CONNECTION_OK or raw.prepare_threshold is not None:
         return None  # a connection that prepares statements: psycopg prepares the claim

@@ -1,4 +1,4 @@
-"""The operators' queries (:mod:`django_idempotency._maintenance`): the stale scan, the
+"""The operators' queries (:mod:`django_idempotency._ops.maintenance`): the stale scan, the
 cleanup's batches, and the table's size."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from django_idempotency import _rules as rules
+from django_idempotency._base import rules
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import prep
 from django_idempotency.models import IdempotencyKey
@@ -73,7 +73,7 @@ class Maintenance(BoundStore):
         after: datetime | None = None,
         pks: list[int] | None = None,
     ) -> Batch:
-        """Delete up to ``batch_size`` :data:`~django_idempotency._rules.DELETABLE` records in
+        """Delete up to ``batch_size`` :data:`~django_idempotency._base.rules.DELETABLE` records in
         one short transaction of its own.
 
         The rows are picked by primary key on the ``expires_at`` index, from ``after`` on (so a

@@ -27,14 +27,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import InterfaceError, OperationalError, ProgrammingError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
-from django_idempotency._store.claims import ClaimValues
+from django_idempotency._store.claims import Claimant, ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import (
     MICROSECOND,
@@ -45,11 +46,7 @@ from django_idempotency._store.rows import (
     read_record,
 )
 from django_idempotency._store.statements import Statements, finished_where
-from django_idempotency.exceptions import StoreUnavailable
 from django_idempotency.models import IdempotencyKey
-
-if TYPE_CHECKING:
-    from django_idempotency._identity import Identity
 
 #: The claim function's name and its arguments: the claim's values (the claim's time once, for
 #: its ``created_at`` and ``updated_at``), then the lock wait's bound.
@@ -137,7 +134,9 @@ class PostgreSQLStore(Store):
             ),
         )
 
-    def select_finished(self, connection: BaseDatabaseWrapper, identity: Identity) -> Record | None:
+    def select_finished(
+        self, connection: BaseDatabaseWrapper, identity: Claimant[Any]
+    ) -> Record | None:
         """One indexed read, sent through libpq (:mod:`.libpq`) where it can be: a replay's
         only statement in atomic mode (issue 42)."""
         statements = self.statements(connection)

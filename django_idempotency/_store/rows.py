@@ -21,7 +21,7 @@ from django.db.models import CharField, DateTimeField, Field, IntegerField, Text
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_idempotency._json import acyclic_encoder
+from django_idempotency._base.json import acyclic_encoder
 from django_idempotency._store import libpq
 from django_idempotency.models import IdempotencyKey
 

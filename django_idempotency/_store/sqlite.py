@@ -25,7 +25,6 @@ from django_idempotency._store.base import Store
 from django_idempotency._store.claims import ClaimValues, Lock
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import aware, first
-from django_idempotency.claim import Claim
 from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
@@ -126,13 +125,13 @@ class SQLiteStore(Store):
         in this process, for the length of one statement or transaction."""
         return isinstance(exc, OperationalError) and any(lock in str(exc) for lock in _TABLE_LOCKS)
 
-    def hold(self, claim: Claim) -> None:
+    def hold(self, scope: str, key_hash: str) -> None:
         with self._held_lock:
-            self._held[claim.scope, claim.key_hash] += 1
+            self._held[scope, key_hash] += 1
 
-    def let_go(self, claim: Claim) -> None:
+    def let_go(self, scope: str, key_hash: str) -> None:
         with self._held_lock:
-            key = (claim.scope, claim.key_hash)
+            key = (scope, key_hash)
             self._held[key] -= 1
             if self._held[key] <= 0:
                 del self._held[key]

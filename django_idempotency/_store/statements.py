@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import _rules as rules
+from django_idempotency._base import rules
 from django_idempotency._store.rows import COLUMNS
 from django_idempotency.models import IdempotencyKey
 
@@ -127,8 +127,7 @@ def finished_where(quote: Callable[[str], str], select: str, now: str) -> str:
     """``select`` narrowed to a finished record that is not expired at ``now`` (SQL): what the
     claim would find and leave as it is, a replay's or a mismatch's (issue 42)."""
     return (
-        f"{select} AND {quote('status')} <> '{rules.PROCESSING}' "
-        f"AND {quote('expires_at')} > {now}"
+        f"{select} AND {quote('status')} <> '{rules.PROCESSING}' AND {quote('expires_at')} > {now}"
     )
 
 

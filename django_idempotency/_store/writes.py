@@ -12,8 +12,8 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from django_idempotency import _rules as rules
-from django_idempotency import _sealing as sealing
+from django_idempotency._base import rules
+from django_idempotency._store import sealing
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import (
     count_rows,
@@ -123,7 +123,7 @@ class FencedWrites(BoundStore):
         self, leases: Sequence[tuple[int, uuid.UUID | str]], lock_timeout: timedelta
     ) -> set[int]:
         """Push ``unlock_at`` of many claims' records forward in one fenced statement
-        (:mod:`django_idempotency._heartbeat`); returns the primary keys still held.
+        (:mod:`django_idempotency._call.heartbeat`); returns the primary keys still held.
 
         Every record's own lock token must still be on it (tokens are fresh for every claim,
         so ``lock_token IN (...)`` cannot match one record with another's token), and it must
@@ -187,7 +187,7 @@ class FencedWrites(BoundStore):
         stale_at: datetime | None,
     ) -> bool:
         """Run a write on the claim's own record only: its lock token, still ``processing``
-        (and with ``stale_at``, still :data:`~django_idempotency._rules.STALE` then).
+        (and with ``stale_at``, still :data:`~django_idempotency._base.rules.STALE` then).
 
         Plain SQL: a queryset's ``update()`` and ``delete()`` compile on every call, and
         ``delete()`` may first ``SELECT`` the rows to send signals, which would lose the fence

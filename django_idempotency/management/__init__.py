@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.db import connections
 
-from django_idempotency._conf import conf
+from django_idempotency._conf.settings import conf
 
 
 def database_alias(alias: str | None) -> str:

@@ -9,13 +9,15 @@ The bounds are documented in docs/commands.rst.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Collection, Sequence
 from datetime import timedelta
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_idempotency import _durations as durations
+from django_idempotency._base import durations
 
 #: The largest count a command takes (``--batch-size``, ``--limit``, ``--max-batches``): the
 #: largest signed 32-bit integer, which every supported database's ``LIMIT`` and integer
@@ -50,7 +52,7 @@ def seconds(name: str, value: object, *, zero: bool, most: float) -> float:
 
 def duration(name: str, value: object) -> timedelta:
     """A duration from 0 to the longest the app takes anywhere
-    (:data:`~django_idempotency._durations.MAX_DURATION`, a thousand years): ``90``, ``90s``,
+    (:data:`~django_idempotency._base.durations.MAX_DURATION`, a thousand years): ``90``, ``90s``,
     ``15m``, ``2h``, ``1d``."""
     try:
         parsed = durations.parse(value, name)
@@ -98,3 +100,17 @@ class Command(BaseCommand):
 
     def run_from_argv(self, argv: list[str]) -> None:
         super().run_from_argv(negative_values_joined(argv, self.numeric))
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        """Under ``--verbosity 0``, print nothing: the app's own log lines (an erasure, a
+        released record) too, which reach stderr through Python's last resort when the project
+        configures no logging for them; a configured handler still gets them (issue 38)."""
+        logger = logging.getLogger("django_idempotency")
+        if options.get("verbosity", 1) >= 1 or logger.hasHandlers():
+            return super().execute(*args, **options)
+        quiet = logging.NullHandler()
+        logger.addHandler(quiet)
+        try:
+            return super().execute(*args, **options)
+        finally:
+            logger.removeHandler(quiet)

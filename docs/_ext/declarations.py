@@ -20,7 +20,7 @@ from sphinx.environment import BuildEnvironment
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from django_idempotency._conf import OPTIONS, SETTINGS, Option, Setting
+from django_idempotency._conf.settings import OPTIONS, SETTINGS, Option, Setting
 
 logger = logging.getLogger(__name__)
 _BY_NAME = {setting.name: setting for setting in SETTINGS}

@@ -30,6 +30,7 @@ api = NinjaAPI(
     urls_namespace="ninja-payments",
 )
 
+# docs: schemas
 Currency = Literal["usd", "eur", "gbp"]
 # Strict: a JSON string is not an amount, as the schema says (schemathesis checks it).
 Amount = Annotated[int, Field(strict=True, ge=1, le=MAX_AMOUNT)]
@@ -47,6 +48,9 @@ class ChargeOut(Schema):
     currency: str
     description: str
     provider_id: str
+
+
+# docs: end schemas
 
 
 class ReceiptIn(Schema):
@@ -69,6 +73,7 @@ class Invalid(Schema):
     detail: list[dict[str, object]]
 
 
+# docs: operation
 @api.post("/charges", response={201: ChargeOut})
 @idempotent(required=True, key_format="uuid", fingerprint=json_fingerprint(exclude=["/sent_at"]))
 def create_charge(request: HttpRequest, payload: ChargeIn) -> Charge:
@@ -82,6 +87,9 @@ def create_charge(request: HttpRequest, payload: ChargeIn) -> Charge:
         payload.amount, payload.currency, idempotency_key=claim.derived_key("charge")
     )
     return Charge.objects.create(**payload.dict(), provider_id=reference)
+
+
+# docs: end operation
 
 
 @api.get("/charges/{charge_id}", response={200: ChargeOut, 404: NotFound, 422: Invalid})

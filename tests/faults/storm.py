@@ -35,8 +35,8 @@ from typing import Any
 
 import httpx
 
-from django_idempotency._keys import hash_key
-from django_idempotency._responses import REPLAYED_HEADER
+from django_idempotency._base.keys import hash_key
+from django_idempotency._http.responses import REPLAYED_HEADER
 from tests.faults.app import App
 from tests.faults.views import ATOMIC_LABEL, LONG_LOCK, SHORT_LOCK
 

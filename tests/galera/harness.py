@@ -65,8 +65,13 @@ class ClusterError(RuntimeError):
 
 def free_ports(count: int) -> list[int]:
     """``count`` distinct ports free on loopback now, below the kernel's ephemeral ports: a
-    killed node's ports must be free when it restarts (:mod:`tests.ports` says why)."""
-    return ports.free(count, ports.below_ephemeral())
+    killed node's ports must be free when it restarts (:mod:`tests.ports` says why). Taken from
+    ``IDEMPOTENCY_GALERA_PORTS=first-last`` when set: a range of one's own on a shared machine."""
+    within = ports.below_ephemeral()
+    if chosen := os.environ.get("IDEMPOTENCY_GALERA_PORTS"):
+        first, last = (int(port) for port in chosen.split("-"))
+        within = range(first, last + 1)
+    return ports.free(count, within)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from django_idempotency._keys import hash_key
+from django_idempotency._base.keys import hash_key
 from tests.galera.harness import Cluster, Node
 from tests.galera.test_cluster import connect
 from tests.servers import harness

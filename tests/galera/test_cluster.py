@@ -7,10 +7,16 @@ commits, the other's ``COMMIT`` fails with 1213, and looking again shows the win
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import closing
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -236,3 +242,51 @@ def test_autocommit_fenced_updates_through_three_nodes_affect_one_row_in_all(
     with closing(connect(galera.nodes[2], claims)) as conn, conn.cursor() as cursor:
         cursor.execute("SELECT COUNT(*) FROM claims WHERE lock_token = CONCAT('new-', owner)")
         assert cursor.fetchall() == ((len(keys),),)
+
+
+# --- W003 on a real node (issue 38) ---------------------------------------------------------
+
+
+def test_each_node_tells_its_suspect_timeout(galera: Cluster) -> None:
+    """What the system check W003 reads: the harness starts the nodes with Galera's default,
+    ``evs.suspect_timeout=PT5S``."""
+    from django_idempotency._store import galera as galera_settings
+
+    for node in galera.nodes:
+        with closing(node.connect()) as conn, conn.cursor() as cursor:
+            assert galera_settings.suspect_timeout(cursor) == timedelta(seconds=5)
+
+
+def test_check_database_warns_of_a_lock_shorter_than_the_eviction(
+    galera: Cluster, galera_database: str, tmp_path: Path
+) -> None:
+    """``manage.py check --database default`` through a node: the test app's views with a 1 s
+    lock, and a ``LOCK_TIMEOUT`` of 7 s, are each W003; the default of 30 s is not."""
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "galera_check_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\nIDEMPOTENCY = {'LOCK_TIMEOUT': 7}\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "galera_check_settings",
+        "DATABASE_URL": galera.nodes[1].url + galera_database,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)]),
+    }
+    checked = subprocess.run(
+        [sys.executable, "-m", "django", "check", "--database", "default"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    output = checked.stdout + checked.stderr
+    assert checked.returncode == 0, output
+    warned = re.findall(r"\(django_idempotency\.W003\) (.+?) is ", output)
+    assert sorted(warned) == [
+        "IDEMPOTENCY['LOCK_TIMEOUT']",
+        "tests.testapp.ninja_api.short_lock: lock_timeout",
+        "tests.testapp.views.short_lock: lock_timeout",
+    ], output
+    assert "evs.suspect_timeout (0:00:05)" in output

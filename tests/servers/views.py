@@ -17,9 +17,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import override_settings
 
-from django_idempotency import signals
-from django_idempotency.decorators import idempotent
-from django_idempotency.models import IdempotencyKey
+from django_idempotency import IdempotencyKey, idempotent, late_result_refused, lock_lost
 from tests.testapp.models import Execution
 from tests.vendors import BACKEND_ID
 
@@ -119,7 +117,7 @@ def _record_refusal(sender: type[IdempotencyKey], claim: Any, **kwargs: Any) -> 
     _record("late-refused", claim.attempt)
 
 
-signals.late_result_refused.connect(_record_refusal, dispatch_uid="servers-late-refused")
+late_result_refused.connect(_record_refusal, dispatch_uid="servers-late-refused")
 
 
 @idempotent(in_progress="wait", wait_timeout=5, lock_timeout=60)
@@ -214,4 +212,4 @@ def _record_lost(sender: type[IdempotencyKey], claim: Any, **kwargs: Any) -> Non
     _record("lock-lost", claim.attempt)
 
 
-signals.lock_lost.connect(_record_lost, dispatch_uid="servers-lock-lost")
+lock_lost.connect(_record_lost, dispatch_uid="servers-lock-lost")

@@ -11,8 +11,7 @@ from rest_framework import viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency.decorators import idempotent
-from django_idempotency.fingerprints import json_fingerprint
+from django_idempotency import idempotent, json_fingerprint
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
 from tests.testapp.views import ExecutionSerializer

@@ -18,8 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import no_store, store_for
-from django_idempotency.decorators import idempotent
+from django_idempotency import idempotent, no_store, store_for
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
 

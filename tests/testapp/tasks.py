@@ -7,7 +7,7 @@ import threading
 
 from django.tasks import TaskContext, task
 
-from django_idempotency.functions import idempotent_function
+from django_idempotency import idempotent_function
 from tests.testapp.models import Execution
 
 

@@ -15,7 +15,7 @@ from rest_framework.decorators import api_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency.decorators import idempotent
+from django_idempotency import idempotent
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
 from tests.vendors import LOCK_WAIT

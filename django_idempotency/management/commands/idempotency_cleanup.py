@@ -12,9 +12,9 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
-from django_idempotency._erasure import erase_scope
+from django_idempotency._ops import maintenance
+from django_idempotency._ops.erasure import erase_scope
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 
@@ -91,7 +91,8 @@ class Command(arguments.Command):
             )
         alias = database_alias(database)
         if scope is not None:
-            self._erase(scope, alias, batch_size, dry_run, (max_batches, limit, max_runtime))
+            bounds = (max_batches, limit, max_runtime)
+            self._erase(scope, alias, batch_size, dry_run, bounds, verbosity)
             return
         now = timezone.now()
         if dry_run:
@@ -152,6 +153,7 @@ class Command(arguments.Command):
         batch_size: int,
         dry_run: bool,
         bounds: tuple[int | float | None, ...],
+        verbosity: int,
     ) -> None:
         if any(bound is not None for bound in bounds):
             raise CommandError(
@@ -162,11 +164,22 @@ class Command(arguments.Command):
             erasure = erase_scope(scope, using=alias, batch_size=batch_size, dry_run=dry_run)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+        shown = _shown(scope)
+        if not (erasure.deleted or erasure.in_progress):
+            if verbosity >= 1:
+                self.stdout.write(
+                    self.style.WARNING(
+                        f"No idempotency record has scope {shown}: nothing to delete."
+                    )
+                )
+            return
+        if verbosity < 1:
+            return
         verb = "Would delete" if dry_run else "Deleted"
         self.stdout.write(
             self.style.SUCCESS(
                 f"{verb} {erasure.deleted} finished idempotency record{_s(erasure.deleted)} "
-                f"of scope {scope!r}."
+                f"of scope {shown}."
             )
         )
         if erasure.in_progress:
@@ -204,6 +217,17 @@ class Command(arguments.Command):
 
 def _rate(rows: int, seconds: float) -> str:
     return f"{rows / seconds:,.0f}" if seconds > 0 else "-"
+
+
+#: The longest scope a message repeats whole; a longer one is cut (issue 38).
+SHOWN_SCOPE = 80
+
+
+def _shown(scope: str) -> str:
+    """The scope as messages show it: quoted, and cut with its length when it is long."""
+    if len(scope) <= SHOWN_SCOPE:
+        return repr(scope)
+    return f"{scope[: SHOWN_SCOPE - 20]!r}… ({len(scope):,} characters)"
 
 
 def _s(count: int) -> str:

@@ -9,10 +9,10 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from django_idempotency import _durations as durations
-from django_idempotency import _maintenance as maintenance
 from django_idempotency import _store as store
-from django_idempotency._durations import human
+from django_idempotency._base import durations
+from django_idempotency._base.durations import human
+from django_idempotency._ops import maintenance
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 from django_idempotency.models import IdempotencyKey

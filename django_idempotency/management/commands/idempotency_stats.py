@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_idempotency import _maintenance as maintenance
+from django_idempotency._ops import maintenance
 from django_idempotency.management import database_alias
 
 

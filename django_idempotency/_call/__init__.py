@@ -1,0 +1,8 @@
+"""The HTTP-free core of one attempt: it knows a key, a scope and a fingerprint, never a request.
+
+Owns the lifecycle of a protected call (:mod:`.lifecycle`), the claim loop and the fenced writes
+at its end (:mod:`.engine`), lock renewal (:mod:`.heartbeat`), what a call claims as
+(:mod:`.identity`), the claim a view sees (:mod:`.claim`), the marks of ``no_store()`` and
+``store_for()`` (:mod:`.storing`), and telemetry (:mod:`.telemetry`). May import :mod:`.._store`,
+:mod:`.._conf`, :mod:`.._base` and the model.
+"""

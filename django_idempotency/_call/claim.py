@@ -1,0 +1,159 @@
+"""``request.idempotency``: what a protected view knows of its own attempt."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+from django_idempotency._base.errors import LockLost
+
+__all__ = ["Claim"]
+
+logger = logging.getLogger("django_idempotency")
+
+_DERIVED_NAMESPACE = uuid.UUID("5b0c3c52-7e4b-4a43-9d0c-2a7c1c0f6d11")
+
+
+class RecordStore(Protocol):
+    """Where a claim's record is kept: what :class:`Claim` needs of the store that made it."""
+
+    def save_recovery_point(
+        self, pk: int, token: uuid.UUID | str, name: str, data: Any, lock_timeout: timedelta
+    ) -> bool: ...
+
+
+class Holder(Protocol):
+    """Whose claim it is, as :class:`Claim` reads it (an ``Identity``: typed here without
+    importing it, so that the two modules make no cycle)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def scope(self) -> str: ...
+    @property
+    def key_hash(self) -> str: ...
+
+
+@dataclass
+class Claim:
+    """An attempt's ownership of a record: made by the claim, fenced by ``lock_token``.
+
+    ``attempt`` is 1 for the first attempt and grows with each takeover of a stale record;
+    ``recovery_point`` and ``recovery_data`` are where the previous attempt got to.
+    """
+
+    #: The call that holds the claim: its key, scope and fingerprint, never copied here.
+    identity: Holder = field(repr=False)
+    pk: int
+    #: The lock token (a random UUID's text), as the record and the fenced writes have it:
+    #: the claim makes it as text, which costs a fraction of a ``uuid.UUID`` (issue 28).
+    token_text: str
+    attempt: int
+    recovery_point: str
+    recovery_data: Any
+    alias: str = field(repr=False)
+    lock_timeout: timedelta = field(repr=False)
+    #: The store that made the claim (bound to ``alias``): recovery points go there.
+    store: RecordStore = field(repr=False, compare=False)
+    #: Set (from the renewer's thread) when a renewal found the record no longer this
+    #: attempt's: taken over after its lock expired, or released by an operator.
+    lock_lost: bool = field(default=False, repr=False, compare=False)
+    #: Until when (``time.monotonic()``) the lock is known held: the claim's or the last
+    #: renewal's start plus ``lock_timeout``. An owner's final write is tried again until then
+    #: (issue 25); after it, a retry may have taken the key over.
+    held_until: float = field(default=0.0, repr=False, compare=False)
+    #: Made inside a transaction (atomic mode, or a caller's): no other connection sees the
+    #: record until that transaction commits, so none renews it or writes it again after a
+    #: fault.
+    uncommitted: bool = field(default=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.held_until:
+            self.held_until = time.monotonic() + self.lock_timeout.total_seconds()
+
+    @property
+    def key(self) -> str:
+        """The client's idempotency key."""
+        return self.identity.key
+
+    @property
+    def scope(self) -> str:
+        """Whose key it is."""
+        return self.identity.scope
+
+    @property
+    def key_hash(self) -> str:
+        """The key as the record keeps it (SHA-256)."""
+        return self.identity.key_hash
+
+    @property
+    def lock_token(self) -> uuid.UUID:
+        """The lock token fencing every write of this attempt (:attr:`token_text` as a UUID)."""
+        return uuid.UUID(self.token_text)
+
+    def held_for(self, since: float) -> None:
+        """The lock was pushed forward by a write started at ``since`` (monotonic)."""
+        self.held_until = max(self.held_until, since + self.lock_timeout.total_seconds())
+
+    @property
+    def is_takeover(self) -> bool:
+        return self.attempt > 1
+
+    def check_held(self) -> None:
+        """Raise :class:`~django_idempotency.LockLost` if the attempt is known to
+        have lost its record (:attr:`lock_lost`)."""
+        if self.lock_lost:
+            raise LockLost(
+                f"The lock on idempotency record {self.pk} was lost (taken over or released); "
+                "stop: another attempt owns the key."
+            )
+
+    def set_recovery_point(self, name: str, data: Any = None) -> None:
+        """Record that the view got as far as ``name`` (with JSON ``data``) and renew the lock.
+
+        In two-phase mode this commits at once, so a retry that takes over after a crash
+        resumes from here. Raises :class:`~django_idempotency.LockLost` when another
+        attempt has taken the record over: stop, the new owner is doing the work.
+        """
+        # Imported here: Claim is a name of the package, importable before Django is set up
+        # (a type hint's import), and these read the model's fields.
+        from django_idempotency._store.limits import MAX_RECOVERY_POINT
+
+        self.check_held()
+        if len(name) > MAX_RECOVERY_POINT:
+            raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
+        since = time.monotonic()
+        if not self.store.save_recovery_point(
+            self.pk, self.token_text, name, data, self.lock_timeout
+        ):
+            raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
+        self.held_for(since)
+        logger.debug(
+            "Idempotency record %s: recovery point %r.",
+            self.pk,
+            name,
+            extra=self.facts("recovery_point"),
+        )
+        self.recovery_point = name
+        self.recovery_data = data
+
+    def facts(self, outcome: str) -> dict[str, Any]:
+        """The ``extra`` of a log line about this claim (:func:`.telemetry.log_facts`)."""
+        from django_idempotency._call.telemetry import log_facts  # see set_recovery_point
+
+        return log_facts(outcome, self.key_hash, self.scope, self.attempt, self.token_text)
+
+    def derived_key(self, purpose: str = "") -> str:
+        """A UUID for a downstream service's own idempotency key, stable across every attempt.
+
+        It depends only on the scope, the key and ``purpose``, so a retried or taken-over attempt
+        hands the payment provider the same key and cannot charge twice downstream. Raises
+        :class:`~django_idempotency.LockLost` once lock renewal found the record
+        taken: the new owner makes the downstream call.
+        """
+        self.check_held()
+        return str(uuid.uuid5(_DERIVED_NAMESPACE, f"{self.scope}\0{self.key_hash}\0{purpose}"))

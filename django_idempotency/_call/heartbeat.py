@@ -1,0 +1,274 @@
+"""Lock renewal (the heartbeat): a live attempt keeps its record's lock, a dead one loses it.
+
+With renewal, ``lock_timeout`` means "time since the owner last showed it was alive" rather
+than "the longest a run may take". Every process has one renewer thread, started with the
+first attempt it renews and ended after the last one finishes: at once if it had opened a
+connection, else at its next scheduled renewal (waking it as each request starts and ends
+would cost every request a thread switch), then ``LINGER`` later. Every
+``lock_timeout / 3`` it renews all live attempts of the process that share a database alias and
+a ``lock_timeout`` in one fenced ``UPDATE`` (:meth:`._store.writes.FencedWrites.renew`); a
+per-attempt thread would send one statement per attempt instead. The thread has its own
+connection (Django's connections are per thread), so renewal commits at once whatever
+transaction the attempt's own code is in; the connection is closed as soon as nothing is left
+to renew.
+
+Async attempts are renewed by the same thread rather than by a task on their event loop: one
+statement covers them all, and a loop kept busy by other coroutines (or by sync code run on it)
+cannot delay a renewal past ``lock_timeout`` and get a live attempt taken over.
+
+Only a committed claim is renewed: one made inside a transaction on the store's database
+(atomic mode, or a caller's transaction) is invisible to every other connection until it
+commits, so there is nothing to renew, and no thread is started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connections
+
+from django_idempotency import _store as store
+from django_idempotency._base import signals
+from django_idempotency._call.claim import Claim
+from django_idempotency._conf.options import Policy
+from django_idempotency.models import IdempotencyKey
+
+logger = logging.getLogger("django_idempotency")
+
+#: Renewals per ``lock_timeout``: two may fail (a database hiccup) before the lock is lost.
+RENEWALS_PER_LOCK_TIMEOUT = 3
+#: Attempts renewed by one statement: two parameters each, within SQLite's 999.
+BATCH = 400
+#: How long the idle thread waits for another attempt before it exits (its connection is
+#: closed at once): a busy server keeps one thread rather than starting one per request.
+LINGER = 2.0
+#: The first wait before a failed renewal is retried; it doubles up to the interval or
+#: :data:`LAST_RETRY`, whichever is shorter: renewals resume within a second of the database
+#: answering again, however long it was away (issue 25).
+FIRST_RETRY = 0.25
+LAST_RETRY = 1.0
+THREAD_NAME = "django-idempotency-renewer"
+
+Group = tuple[str, timedelta]  # the database alias and the lock_timeout of the attempts
+
+
+def interval(lock_timeout: timedelta) -> float:
+    """Seconds between two renewals of an attempt's lock."""
+    return lock_timeout.total_seconds() / RENEWALS_PER_LOCK_TIMEOUT
+
+
+@dataclass(eq=False)
+class _Lease:
+    claim: Claim
+    request: object
+
+    @property
+    def group(self) -> Group:
+        return (self.claim.alias, self.claim.lock_timeout)
+
+
+class Renewer:
+    """The process's renewer: the live attempts, and the thread renewing them."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything; a forked child has no renewer thread and renews none of its
+        parent's attempts."""
+        self._cond = threading.Condition()
+        self._leases: dict[int, _Lease] = {}
+        self._due: dict[Group, float] = {}
+        self._failures: dict[Group, int] = {}
+        self._thread: threading.Thread | None = None
+        #: Whether the thread holds a connection it opened to renew (closed once idle).
+        self._connected = False
+
+    def start(self, claim: Claim, policy: Policy, request: object) -> None:
+        """Renew ``claim``'s lock until :meth:`stop`, if the policy asks and it is committed."""
+        if not policy.heartbeat or claim.uncommitted:
+            return
+        lease = _Lease(claim, request)
+        group = lease.group
+        with self._cond:
+            self._leases[id(claim)] = lease
+            if self._thread is None:
+                self._due[group] = time.monotonic() + interval(claim.lock_timeout)
+                self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+                self._thread.start()
+            elif group not in self._due:
+                self._due[group] = time.monotonic() + interval(claim.lock_timeout)
+                self._cond.notify()
+            # Otherwise the thread already wakes at the group's next renewal, no later than
+            # this attempt's first is due: waking it now would cost every request a thread
+            # switch (renewing early is harmless; late is what loses a lock).
+
+    def stop(self, claim: Claim | None) -> None:
+        """Stop renewing ``claim``'s lock (at once; nothing if it was not renewed)."""
+        if claim is None or id(claim) not in self._leases:
+            # Not renewed (atomic mode, heartbeat off), or no longer: its lease was added in
+            # this thread before, so its absence needs no lock to be seen.
+            return
+        with self._cond:
+            if (
+                self._leases.pop(id(claim), None) is not None
+                and not self._leases
+                and self._connected
+            ):
+                self._cond.notify()  # close the connection now
+            # A thread that never connected (every attempt was shorter than an interval)
+            # finds out at its next wake-up: no thread switch per request.
+
+    def live(self) -> int:
+        """How many attempts are being renewed."""
+        with self._cond:
+            return len(self._leases)
+
+    def running(self) -> bool:
+        with self._cond:
+            return self._thread is not None
+
+    def _run(self) -> None:
+        try:
+            while (work := self._next()) is not None:
+                if not work:
+                    self._disconnect()
+                for group, leases in work:
+                    self._renew(group, leases)
+        finally:
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        with self._cond:
+            self._connected = False
+        _close_connections()
+
+    def _next(self) -> list[tuple[Group, list[_Lease]]] | None:
+        """The groups due for renewal; ``[]``: close the connection; ``None``: exit."""
+        idle_until: float | None = None
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if not self._leases:
+                    if self._due:  # just became idle
+                        self._due.clear()
+                        self._failures.clear()
+                        return []
+                    idle_until = idle_until or now + LINGER
+                    if now >= idle_until:
+                        self._thread = None
+                        return None
+                    self._cond.wait(idle_until - now)
+                    continue
+                idle_until = None
+                due = [group for group, at in self._due.items() if at <= now]
+                if due:
+                    return self._take(due, now)
+                self._cond.wait(min(self._due.values()) - now)
+
+    def _take(self, due: list[Group], now: float) -> list[tuple[Group, list[_Lease]]]:
+        work = []
+        for group in due:
+            leases = [lease for lease in self._leases.values() if lease.group == group]
+            if leases:
+                self._due[group] = now + interval(group[1])
+                work.append((group, leases))
+            else:
+                del self._due[group]
+                self._failures.pop(group, None)
+        return work
+
+    def _renew(self, group: Group, leases: list[_Lease]) -> None:
+        alias, lock_timeout = group
+        held: set[int] = set()
+        since = time.monotonic()
+        with self._cond:
+            self._connected = True
+        try:
+            for start in range(0, len(leases), BATCH):
+                batch = leases[start : start + BATCH]
+                pairs = [(lease.claim.pk, lease.claim.token_text) for lease in batch]
+                held |= store.using(alias).renew(pairs, lock_timeout)
+        except Exception as exc:  # never let a database error end the thread
+            self._retry(group, exc)
+            return
+        with self._cond:
+            self._failures.pop(group, None)
+            # A lease stopped meanwhile is not lost: its attempt stopped renewal before its
+            # final write, which may be what the renewal missed.
+            lost = [
+                lease
+                for lease in leases
+                if lease.claim.pk not in held and id(lease.claim) in self._leases
+            ]
+            for lease in lost:
+                del self._leases[id(lease.claim)]
+        for lease in leases:
+            if lease.claim.pk in held:
+                lease.claim.held_for(since)
+        for lease in lost:
+            _announce_lost(lease)
+
+    def _retry(self, group: Group, exc: Exception) -> None:
+        """Retry sooner than the interval, doubling the wait; reconnect first."""
+        with self._cond:
+            failures = self._failures[group] = self._failures.get(group, 0) + 1
+            wait = min(FIRST_RETRY * 2 ** (failures - 1), interval(group[1]), LAST_RETRY)
+            if group in self._due:
+                self._due[group] = time.monotonic() + wait
+        logger.warning(
+            "Could not renew idempotency locks on %r (failure %s, retrying in %.2gs): %s",
+            group[0],
+            failures,
+            wait,
+            exc,
+        )
+        self._disconnect()
+
+
+def _close_connections() -> None:
+    """Close this thread's connections (only the renewer's own: connections are per thread),
+    and forget them: the next renewal makes its connection from the alias's settings as they
+    are then. The thread outlives requests while attempts keep coming; a connection object it
+    kept would carry the settings of its first renewal (a test suite that points an alias at
+    another server, another vendor, renewed through the old one and lost the lock)."""
+    for connection in connections.all(initialized_only=True):
+        try:
+            connection.close()
+        except Exception:  # a connection already broken: nothing left to close
+            logger.debug("Closing the renewer's connection failed.", exc_info=True)
+        with suppress(AttributeError):
+            del connections[connection.alias]
+
+
+def _announce_lost(lease: _Lease) -> None:
+    claim = lease.claim
+    claim.lock_lost = True
+    logger.error(
+        "Idempotency record %s: attempt %s lost its lock (taken over or released while it "
+        "ran); its result will be refused. Recovery points and derived keys now raise LockLost.",
+        claim.pk,
+        claim.attempt,
+    )
+    try:
+        signals.lock_lost.send(
+            IdempotencyKey,
+            claim=claim,
+            request=lease.request,
+            scope=claim.scope,
+            key_hash=claim.key_hash,
+        )
+    except Exception:  # a receiver's error must not end the renewer
+        logger.exception("A lock_lost receiver raised.")
+
+
+renewer = Renewer()
+start = renewer.start
+stop = renewer.stop
+os.register_at_fork(after_in_child=renewer.reset)

@@ -1,0 +1,72 @@
+"""What a protected call claims as: its key, whose it is, and what must match on a retry; and the
+claim it takes (``claimed``: the store's ``Claimant``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django_idempotency._call import telemetry
+from django_idempotency._call.claim import Claim, RecordStore
+
+
+@dataclass(slots=True)
+class Identity:
+    """One protected call as the store and the reports see it; computed once per call (the
+    scope and fingerprint functions are the project's, and may be costly). Not changed once
+    made; not ``frozen``, whose ``__init__`` costs every protected call three times as much
+    (issue 28)."""
+
+    #: The client's idempotency key (a header's value, or a function's argument).
+    key: str
+    #: Whose key it is (``SCOPE_FUNCTION``, a view's ``scope``, a function's name and scope).
+    scope: str
+    #: The key as the record keeps it (SHA-256).
+    key_hash: str
+    #: What a retry must repeat to be the same request (the record's ``request_hash``).
+    fingerprint: str
+    method: str
+    path: str
+    #: The caller's request (``None`` for a function), handed to signal receivers as it is: the
+    #: core never reads it, and knows no HTTP type (issue 40).
+    request: object = None
+    #: What metrics and spans name the call by: the URL route, or the function's name.
+    operation: str = ""
+
+    def claimed(
+        self,
+        *,
+        pk: int,
+        token_text: str,
+        attempt: int,
+        recovery_point: str,
+        recovery_data: Any,
+        alias: str,
+        lock_timeout: timedelta,
+        store: RecordStore,
+        held_until: float,
+        uncommitted: bool,
+    ) -> Claim:
+        """This call's claim on record ``pk``, made by the store (a ``Claimant``'s part)."""
+        return Claim(
+            self,
+            pk,
+            token_text,
+            attempt,
+            recovery_point,
+            recovery_data,
+            alias,
+            lock_timeout,
+            store,
+            held_until=held_until,
+            uncommitted=uncommitted,
+        )
+
+    def context(self) -> dict[str, Any]:
+        """The keyword arguments every signal gets."""
+        return {"request": self.request, "scope": self.scope, "key_hash": self.key_hash}
+
+    def attributes(self, atomic: bool) -> dict[str, str]:
+        """The low-cardinality attributes of its metrics and spans (never key or scope)."""
+        return telemetry.labels(self.method, self.operation, atomic)

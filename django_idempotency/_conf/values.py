@@ -1,0 +1,254 @@
+"""What each setting and view option may be: one test per kind of value.
+
+A test takes the value and the name to call it by (``IDEMPOTENCY['TTL']`` for a setting, ``ttl``
+for a view's option) and returns the value as the code uses it, or raises ``TypeError`` or
+``ValueError`` with a message that names it. The system checks and a view's options run the
+same tests (:mod:`._conf` says which apply where), so a value is refused in the same words
+wherever it is given.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib.util
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from functools import cache
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.utils.module_loading import import_string
+
+from django_idempotency._base import durations
+from django_idempotency._base.keys import MAX_KEY_LENGTH, KeyFormat
+from django_idempotency._base.keys import key_format as _key_format
+
+#: ``(value, name) -> value as used``; raises ``TypeError`` or ``ValueError`` naming it.
+Test = Callable[[Any, str], Any]
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+IN_PROGRESS_POLICIES = ("conflict", "wait")
+#: Never stored, whatever ``REPLAYED_HEADERS`` says: cookies belong to one client's session,
+#: and hop-by-hop headers to one connection.
+NEVER_STORED = frozenset(
+    {
+        "set-cookie",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+    }
+)
+#: The arguments each function of the request is called with.
+SCOPE_ARGUMENTS = ("request",)
+FINGERPRINT_ARGUMENTS = ("request", "scope")
+
+
+def boolean(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}.")
+    return value
+
+
+def header_name(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value or not value.isascii() or " " in value:
+        raise ValueError(f"{name} must be a non-empty header name, not {value!r}.")
+    return value
+
+
+def methods(value: Any, name: str) -> frozenset[str]:
+    items = _strings(value, name, "a non-empty list of HTTP methods", empty=False)
+    return frozenset(method.upper() for method in items)
+
+
+def unsafe_methods(value: frozenset[str], name: str) -> frozenset[str]:
+    if safe := value & SAFE_METHODS:
+        raise ValueError(f"{name} lists safe methods {sorted(safe)}, which are never protected.")
+    return value
+
+
+def positive_duration(value: Any, name: str) -> timedelta:
+    return durations.positive(value, name)
+
+
+def in_progress(value: Any, name: str) -> str:
+    if value not in IN_PROGRESS_POLICIES:
+        raise ValueError(f"{name} must be one of {IN_PROGRESS_POLICIES}, not {value!r}.")
+    return str(value)
+
+
+def positive_int(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, not {value!r}.")
+    return value
+
+
+def statuses(value: Any, name: str) -> frozenset[int]:
+    items = _items(value)
+    if not all(isinstance(code, int) and 100 <= code <= 599 for code in items or [None]):
+        raise TypeError(f"{name} must be a collection of HTTP statuses, not {value!r}.")
+    return frozenset(items or ())
+
+
+def mismatch_status(value: Any, name: str) -> int:
+    if value not in (400, 422) or isinstance(value, bool):
+        raise ValueError(f"{name} must be 422 or 400, not {value!r}.")
+    return int(value)
+
+
+def key_length(value: Any, name: str) -> int:
+    if positive_int(value, name) > MAX_KEY_LENGTH:
+        raise ValueError(f"{name} must be an integer from 1 to {MAX_KEY_LENGTH}, not {value!r}.")
+    return int(value)
+
+
+def header_names(value: Any, name: str) -> frozenset[str]:
+    return frozenset(header.lower() for header in _strings(value, name, "a list of header names"))
+
+
+def stored_headers(value: frozenset[str], name: str) -> frozenset[str]:
+    if forbidden := value & NEVER_STORED:
+        raise ValueError(f"{name} lists {sorted(forbidden)}, which are never stored.")
+    return value
+
+
+def importable(value: Any, name: str) -> Callable[..., Any]:
+    """A dotted path to a callable, or the callable itself."""
+    try:
+        return import_callable(value)
+    except (ImportError, TypeError, ValueError) as exc:
+        raise TypeError(f"{name} cannot be used: {exc}") from exc
+
+
+def import_callable(path_or_callable: object) -> Callable[..., Any]:
+    resolved = (
+        import_string(path_or_callable) if isinstance(path_or_callable, str) else path_or_callable
+    )
+    if not callable(resolved):
+        raise TypeError(f"{path_or_callable!r} is not callable.")
+    return resolved  # type: ignore[no-any-return]
+
+
+def hashable(value: Any, name: str) -> Any:
+    """A view's options are cached with it (``Options.resolve``)."""
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be hashable, and {type(value).__name__} is not: a dataclass needs "
+            "frozen=True (or eq=False), a class defining __eq__ needs __hash__."
+        ) from None
+    return value
+
+
+def called_as(*arguments: str) -> Test:
+    """The test of a function called with ``arguments`` (a scope or a fingerprint function)."""
+
+    def test(value: Any, name: str) -> Callable[..., Any]:
+        if error := signature_error(value, arguments):
+            raise TypeError(f"{name} {error}")
+        return value  # type: ignore[no-any-return]
+
+    return test
+
+
+@cache
+def signature_error(function: Callable[..., Any], arguments: tuple[str, ...]) -> str | None:
+    """Why ``function`` cannot be called with ``arguments`` positionally, or ``None``.
+
+    Checked when the view is decorated (and by the system checks for the settings), so a
+    ``def scope(self, request)`` fails at import rather than on the first request. Cached: the
+    DRF mixin builds its options on every request.
+    """
+    if not callable(function):
+        return f"must be a callable taking ({', '.join(arguments)}), not {function!r}."
+    wanted = f"f({', '.join(arguments)})"
+    try:
+        signature = inspect.signature(function)
+    except ValueError:  # no signature to read (some builtins): trust it
+        return None
+    if next(iter(signature.parameters), None) in ("self", "cls"):
+        # A method written in a view class: it is read from the class, and called unbound.
+        return f"{function!r} is called as {wanted}, without self: use a staticmethod."
+    try:
+        signature.bind(*arguments)
+    except TypeError:
+        return f"{function!r} cannot be called as {wanted}."
+    return None
+
+
+def key_format(value: Any, name: str) -> KeyFormat:
+    return _key_format(value, name)
+
+
+# RFC 3986: a scheme, then no space or control character; http(s) URIs need a host.
+_ABSOLUTE_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[!-~]+")
+
+
+def absolute_uri(value: Any, name: str) -> str:
+    if isinstance(value, str) and _ABSOLUTE_URI.fullmatch(value):
+        parts = urlsplit(value)
+        if parts.scheme.lower() not in ("http", "https") or parts.hostname:
+            return value
+    raise ValueError(f"{name} must be an absolute URI, not {value!r}.")
+
+
+def optional_positive_int(value: Any, name: str) -> int | None:
+    return None if value is None else positive_int(value, name)
+
+
+def fernet_keys(value: Any, name: str) -> tuple[bytes, ...]:
+    """Fernet keys (URL-safe base64 of 32 bytes, as ``Fernet.generate_key()`` makes them), as
+    bytes; the message names a bad key by its position, never by its value (a secret)."""
+    items = _items(value)
+    if items is None:
+        raise TypeError(f"{name} must be a list of Fernet keys, not {type(value).__name__}.")
+    keys = []
+    for index, key in enumerate(items):
+        raw = key.encode("ascii", "replace") if isinstance(key, str) else key
+        if not isinstance(raw, bytes) or len(_urlsafe_b64decode(raw)) != 32:
+            raise ValueError(
+                f"{name}[{index}] is not a Fernet key (URL-safe base64 of 32 bytes, as "
+                "cryptography's Fernet.generate_key() returns)."
+            )
+        keys.append(raw)
+    return tuple(keys)
+
+
+def encryption_available(value: tuple[bytes, ...], name: str) -> tuple[bytes, ...]:
+    if value and importlib.util.find_spec("cryptography") is None:
+        raise ValueError(
+            f"{name} is set, but the cryptography package is not installed: "
+            "pip install 'django-idempotency[encryption]'."
+        )
+    return value
+
+
+def _urlsafe_b64decode(raw: bytes) -> bytes:
+    try:
+        return base64.urlsafe_b64decode(raw)
+    except (ValueError, binascii.Error):
+        return b""
+
+
+def _items(value: object) -> list[Any] | None:
+    """The items of a collection; ``None`` for a string or a value that is none."""
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        return None
+    return list(value)
+
+
+def _strings(value: object, name: str, what: str, *, empty: bool = True) -> list[str]:
+    """The strings of a list; ``TypeError`` saying it must be ``what`` if it is not one."""
+    items = _items(value)
+    if items is None or not all(isinstance(item, str) for item in items) or not (items or empty):
+        raise TypeError(f"{name} must be {what}, not {value!r}.")
+    return items

@@ -1,0 +1,378 @@
+"""The HTTP side of a protected request, shared by the decorator and the DRF mixin, sync and
+async: :class:`HttpAdapter` is what :mod:`._lifecycle` needs to know of HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+from functools import cache
+from importlib import import_module
+from importlib.util import find_spec
+from types import ModuleType
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponseBase
+from django.http.request import HttpHeaders
+
+from django_idempotency._base.errors import (
+    InvalidKey,
+    LockWaitTimeout,
+    StoreUnavailable,
+    UnreplayableResponse,
+)
+from django_idempotency._base.keys import hash_key, parse_key
+from django_idempotency._call import engine, lifecycle, storing, telemetry
+from django_idempotency._call.claim import Claim
+from django_idempotency._call.identity import Identity
+from django_idempotency._call.lifecycle import Answer
+from django_idempotency._conf.options import Options, Policy
+from django_idempotency._conf.settings import conf
+from django_idempotency._http import bodies, problems, responses
+from django_idempotency._http.fingerprints import full_path
+from django_idempotency._store import StoredResponse, sealing, using
+from django_idempotency._store.limits import (
+    PADDED_SCOPE,
+    bounded_fingerprint,
+    bounded_scope,
+    padded,
+)
+from django_idempotency._store.rows import Record
+from django_idempotency.models import IdempotencyKey
+
+logger = logging.getLogger("django_idempotency")
+
+
+class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
+    """A protected request: its policy from its view's options, the key from its header, the
+    answers as HTTP responses."""
+
+    def __init__(self, request: HttpRequest, options: Options) -> None:
+        super().__init__()
+        self.request = request
+        self.options = options
+
+    def resolve(self, *, asynchronous: bool) -> Policy | None:
+        """The view's policy for this request; ``None`` (and no claim on the request) when the
+        app is off or the method is not protected."""
+        if conf.ENABLED:
+            policy = self.options.resolve()
+            if policy.protects(self.request.method):
+                return policy
+        attach(self.request, None)
+        return None
+
+    def misconfigured(self, exc: ImproperlyConfigured) -> HttpResponseBase:
+        """``500 idempotency-misconfigured``: a setting that can never work, met before the
+        claim (issue 38); its message goes to the log, not to the client."""
+        request = self.request
+        logger.error(
+            "Idempotency settings cannot be used: %s The %s %s request was refused before its "
+            "view ran.",
+            exc,
+            request.method,
+            request.path,
+            extra=telemetry.log_facts("misconfigured"),
+        )
+        return problems.misconfigured()
+
+    def identify(self, policy: Policy) -> Identity | Answer[HttpResponseBase] | None:
+        request = self.request
+        header = request.META.get(_wsgi_name(conf.HEADER))
+        if header is None:
+            if not policy.required:
+                return None
+            self._key_refused("missing_key", policy, f"no {conf.HEADER} header")
+            return Answer(problems.missing_key(conf.HEADER))
+        try:
+            key = parse_key(header, min_length=conf.MIN_KEY_LENGTH, bare=conf.BARE_KEYS)
+            key = policy.key_format.check(key)
+        except InvalidKey as exc:
+            self._key_refused("invalid_key", policy, str(exc))
+            return Answer(problems.invalid_key(str(exc)))
+        try:
+            scope = bounded_scope(_call(policy, policy.scope, "scope", request))
+            fingerprint = _call(policy, policy.fingerprint, "fingerprint", request, scope)
+        except StoreUnavailable as exc:
+            engine.identity_unavailable(self._attributes(policy), policy, exc)
+            return Answer(problems.unavailable())
+        except bodies.UNREADABLE as exc:
+            return Answer(problems.invalid_body(_sentence(exc)))
+        return Identity(
+            key=key,
+            scope=scope,
+            key_hash=hash_key(key),
+            fingerprint=bounded_fingerprint(fingerprint),
+            method=request.method or "",
+            path=full_path(request),
+            request=request,
+            operation=_operation(request),
+        )
+
+    def fault(self, exc: DatabaseError) -> Answer[HttpResponseBase] | None:
+        """The ``503`` of a keyed, protected request whose user could not be read (a
+        database fault); ``None``: not this app's to answer."""
+        policy = self.policy
+        if (
+            policy is None
+            or _wsgi_name(conf.HEADER) not in self.request.META
+            or not using(policy.alias).is_transient(exc)
+        ):
+            return None
+        refusal = StoreUnavailable(f"The request's user could not be read: {exc}")
+        engine.identity_unavailable(self._attributes(policy), policy, refusal)
+        return Answer(problems.unavailable())
+
+    def _key_refused(self, outcome: str, policy: Policy, reason: str) -> None:
+        engine.key_refused(outcome, self._attributes(policy), reason)
+
+    def _attributes(self, policy: Policy) -> dict[str, str]:
+        method = self.request.method or ""
+        return telemetry.labels(method, _operation(self.request), policy.atomic)
+
+    def hold(self, claim: Claim | None) -> None:
+        self.claim = claim
+        attach(self.request, claim)
+
+    def found(self, found: engine.Found) -> Answer[HttpResponseBase]:
+        if found.kind is engine.Kind.MISMATCH:
+            return Answer(problems.key_reuse(conf.MISMATCH_STATUS))
+        if found.kind is engine.Kind.REPLAY:
+            return Answer(_replay(found.record))
+        return Answer(problems.in_progress(conf.RETRY_AFTER))
+
+    def refused(
+        self, exc: StoreUnavailable | LockWaitTimeout, policy: Policy
+    ) -> Answer[HttpResponseBase]:
+        if isinstance(exc, LockWaitTimeout):
+            return Answer(problems.in_progress(conf.RETRY_AFTER))
+        return Answer(problems.unavailable())
+
+    def finish(self, claim: Claim, result: HttpResponseBase, policy: Policy) -> HttpResponseBase:
+        """Store the view's response (or release the claim) and return the response."""
+        identity = self.identity
+        assert identity is not None
+        try:
+            responses.check_replayable(result)
+            if responses.needs_deferred_render(result):
+                if policy.atomic:
+                    raise UnreplayableResponse(
+                        "An atomic idempotent view returned a DRF Response that is not rendered "
+                        "yet; put @idempotent above @api_view, or use IdempotencyMixin."
+                    )
+                responses.add_post_render_callback(
+                    result, lambda rendered: _conclude(identity, claim, rendered, policy)
+                )
+                return result
+            responses.render(result)
+        except Exception:  # a dying process (SystemExit...) is a crash: recovered later
+            engine.release(claim, identity, policy, reason="unreplayable response", raised=True)
+            raise
+        connection = self.connection  # atomic mode's
+        _conclude(
+            identity, claim, result, policy, connection is not None and connection.needs_rollback
+        )
+        return result
+
+
+def view_adapter(
+    options: Options,
+) -> Callable[[tuple[Any, ...], dict[str, Any]], HttpAdapter]:
+    """What :func:`._lifecycle.wrap` makes for each call of a decorated view."""
+
+    def adapter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpAdapter:
+        request = args[0] if args else kwargs.get("request")
+        return HttpAdapter(http_request(request), options)
+
+    return adapter
+
+
+def keep_body(request: HttpRequest) -> None:
+    """Read a keyed request's body now, and keep it readable for the view (:mod:`._bodies`).
+
+    Without a key the request runs as if unprotected: its body is the view's business, and an
+    upload over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` must not fail for being read (issue 20).
+    """
+    if _wsgi_name(conf.HEADER) in request.META:
+        bodies.keep_readable(request)
+
+
+@cache
+def _wsgi_name(header: str) -> str:
+    """The header's key in ``request.META``: cheaper than ``request.headers``, which parses
+    every header of the request on first use."""
+    return HttpHeaders.to_wsgi_name(header)
+
+
+def _operation(request: HttpRequest) -> str:
+    """The view's URL route (``orders/<int:pk>/``) or name: one value per view, not per URL."""
+    match = request.resolver_match
+    if match is None:
+        return ""
+    return match.route or match.view_name
+
+
+def _call(
+    policy: Policy,
+    function: Callable[..., object],
+    option: str,
+    request: HttpRequest,
+    *args: str,
+) -> str:
+    """The view's scope or fingerprint, from its function or the setting's.
+
+    One that raises, or returns anything but a ``str``, is a bug in the project: the exception
+    propagates (its type kept: a database error stays one), with a note and an ERROR log naming
+    the function, before anything is claimed or the view runs (issue 18). A database fault
+    (the default scope reads ``request.user``, a query while the database is down) is no bug:
+    :class:`~.exceptions.StoreUnavailable`, a ``503`` (issue 25).
+    """
+    try:
+        value = function(request, *args)
+    except bodies.UNREADABLE:
+        raise  # the client's body, not the function: answered 400 invalid-request-body
+    except DatabaseError as exc:
+        if using(policy.alias).is_transient(exc):
+            raise StoreUnavailable(f"The {option} function met a database fault: {exc}") from exc
+        _note(exc, function, option, request)
+        raise
+    except Exception as exc:
+        _note(exc, function, option, request)
+        raise
+    if isinstance(value, str):
+        if option == "scope" and padded(value):
+            raise ValueError(_failed(function, option, request, f"returned a scope {PADDED_SCOPE}"))
+        return value
+    raise TypeError(
+        _failed(function, option, request, f"returned {type(value).__name__}, not a str")
+    )
+
+
+def _note(
+    exc: Exception, function: Callable[..., object], option: str, request: HttpRequest
+) -> None:
+    """Note and log the function's own exception as the project's bug."""
+    note = _failed(function, option, request, f"raised {type(exc).__name__}: {exc}")
+    if sys.version_info >= (3, 11):  # shown under the traceback, by Django's too
+        exc.add_note(note)
+
+
+def _sentence(exc: Exception) -> str:
+    """Django's message about a body, as the end of a sentence."""
+    text = str(exc).strip() or type(exc).__name__
+    return text if text.endswith(".") else text + "."
+
+
+def _failed(function: Callable[..., object], option: str, request: HttpRequest, what: str) -> str:
+    setting = f"{option.upper()}_FUNCTION"
+    where = (
+        f"IDEMPOTENCY[{setting!r}]"
+        if function is getattr(conf, setting)
+        else f"the view's {option} option"
+    )
+    name = getattr(function, "__qualname__", None) or repr(function)
+    message = (
+        f"The {option} function {getattr(function, '__module__', '')}.{name} ({where}) {what}; "
+        f"the {request.method} {request.path} request was refused before its view ran."
+    )
+    logger.error(message, extra=telemetry.log_facts("policy_function_failed"))
+    return message
+
+
+def _replay(record: IdempotencyKey | Record) -> HttpResponseBase:
+    if record.response_status is None:
+        return problems.response_not_stored()
+    try:
+        headers, body = sealing.unseal(record.response_headers, record.response_body)
+    except sealing.Unreadable as exc:
+        logger.error(
+            "Idempotency record %s: %s It is answered 500 response-not-stored, and never run "
+            "again.",
+            record.pk,
+            exc,
+            extra=telemetry.log_facts("unreadable", record.key_hash, record.scope),
+        )
+        return problems.response_not_stored(unreadable=True)
+    if body is None:
+        return problems.response_not_stored()
+    return responses.replay(record.response_status, headers, body)
+
+
+def _conclude(
+    identity: Identity,
+    claim: Claim,
+    response: HttpResponseBase,
+    policy: Policy,
+    rolled_back: bool = False,
+) -> None:
+    """Store the response, or release the claim; ``rolled_back``: atomic mode's transaction
+    is marked for rollback."""
+    if rolled_back:
+        # DRF marks an ATOMIC_REQUESTS transaction for rollback when it answers an exception
+        # (a serializer's 400, an APIException's 503): the claim rolls back with the view's
+        # work, as after a crash, and a retry runs again (issue 20). First: no statement may
+        # run in that transaction, not even a retryable status's release.
+        engine.release(claim, identity, policy, reason="transaction rolled back", raised=True)
+        return
+    if response.status_code in conf.RETRYABLE_STATUSES:
+        reason = f"status {response.status_code}"
+        engine.release(claim, identity, policy, reason=reason, raised=False)
+        return
+    engine.conclude(
+        claim,
+        identity,
+        policy,
+        storing.storage(response),
+        lambda ttl: _capture(claim, response, ttl),
+    )
+
+
+def _capture(claim: Claim, response: HttpResponseBase, ttl: timedelta | None) -> StoredResponse:
+    stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE, ttl)
+    limit, setting = conf.MAX_BODY_SIZE, "MAX_BODY_SIZE"
+    if stored.body is not None and conf.MAX_STORED_BODY_SIZE is not None:
+        size = len(stored.sealed[1] or b"")
+        if size > conf.MAX_STORED_BODY_SIZE:
+            stored = replace(stored, body=None)
+            limit, setting = conf.MAX_STORED_BODY_SIZE, "MAX_STORED_BODY_SIZE"
+    if stored.body is None:
+        logger.error(
+            "Idempotency record %s: the response body is over %s (%s bytes); "
+            "it was not stored, and replays will answer 500 response-not-stored.",
+            claim.pk,
+            setting,
+            limit,
+            extra=claim.facts("body_not_stored"),
+        )
+    return stored
+
+
+def ninja() -> ModuleType | None:
+    """``django_idempotency.ninja`` where django-ninja is installed (an optional extra): the
+    testing toolkit and the checks reach its operations through it (issue 38)."""
+    if find_spec("ninja") is None:
+        return None
+    return import_module("django_idempotency.ninja")
+
+
+def http_request(request: Any) -> HttpRequest:
+    """The ``HttpRequest`` behind a view's first argument (a DRF ``Request`` wraps one)."""
+    if isinstance(request, HttpRequest):
+        return request
+    inner = getattr(request, "_request", None)
+    if isinstance(inner, HttpRequest):
+        return inner
+    raise TypeError(
+        f"An idempotent view was called with {type(request).__name__!r} where a request was "
+        "expected. On a class-based view's method use "
+        "method_decorator(idempotent, name='dispatch'), or IdempotencyMixin for DRF."
+    )
+
+
+def attach(request: HttpRequest, claim: Claim | None) -> None:
+    request.idempotency = claim  # type: ignore[attr-defined]

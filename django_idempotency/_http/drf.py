@@ -1,0 +1,114 @@
+"""``IdempotencyMixin`` for Django REST framework views, public as
+:mod:`django_idempotency.rest_framework`: with the OpenAPI extension (:mod:`.._publish.openapi`),
+the only code importing DRF."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponseBase
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from django_idempotency._call import lifecycle
+from django_idempotency._call.lifecycle import Answer
+from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
+from django_idempotency._conf.settings import OPTIONS
+from django_idempotency._http import adapter as protocol
+
+if TYPE_CHECKING:
+    from rest_framework.views import APIView
+
+    _Base = APIView
+else:
+    _Base = object
+
+
+class _Answer(Exception):
+    """Carries the app's own response (replay, 409, 422, 400) out of ``initial()``."""
+
+    def __init__(self, response: HttpResponseBase) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+class _DispatchAdapter(protocol.HttpAdapter):
+    """The claim is made in ``initial()``, inside the dispatch the lifecycle runs."""
+
+    claims_inside = True
+
+    def resolve(self, *, asynchronous: bool) -> Policy | None:
+        policy = super().resolve(asynchronous=asynchronous)
+        if policy is not None:
+            # Read the body before DRF's parsers or authenticators consume the stream.
+            protocol.keep_body(self.request)
+        return policy
+
+
+class IdempotencyMixin(_Base):
+    """Protect an ``APIView``, generic view or viewset with the ``Idempotency-Key`` header.
+
+    The key is claimed after DRF's authentication, permissions and throttling (so the scope is
+    the authenticated principal and refused requests use no key), and the response is stored
+    once DRF has rendered it. Each view option is a class attribute ``idempotency_<name>``
+    (``None``: as ``settings.IDEMPOTENCY`` says); ``idempotency_scope`` and
+    ``idempotency_fingerprint`` are functions, not methods: read from the class, they are
+    called without ``self``.
+    """
+
+    _idempotency: _DispatchAdapter | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Bad attributes fail at import, as the decorator's options do, not as a 500 (issue 20).
+        super().__init_subclass__(**kwargs)
+        cls.get_idempotency_options()
+
+    @classmethod
+    def get_idempotency_options(cls) -> Options:
+        # Read from the class, a function attribute is the function itself (a staticmethod's
+        # too), never a method bound to the view.
+        given = {name: getattr(cls, attribute) for name, attribute in _ATTRIBUTES}
+        return Options.build(VIEW_OPTIONS, cls.__name__, **cast(ViewOptions, given))
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        self._idempotency = _DispatchAdapter(request, self.get_idempotency_options())
+        return lifecycle.run(
+            self._idempotency,
+            lambda _: super(IdempotencyMixin, self).dispatch(request, *args, **kwargs),
+        )
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().initial(request, *args, **kwargs)
+        except DatabaseError as exc:
+            # Authentication reads the user the scope is made of: a fault there is the
+            # scope's, a 503 (issue 25).
+            answer = None if self._idempotency is None else self._idempotency.fault(exc)
+            if answer is None:
+                raise
+            raise _Answer(answer.value) from exc
+        adapter = self._idempotency
+        if adapter is None or adapter.policy is None or not self._handles(request.method):
+            return  # unprotected, or DRF's 405 answers untouched and nothing is stored
+        decision = lifecycle.run_steps(lifecycle.begin(adapter, adapter.policy))
+        if isinstance(decision, Answer):
+            raise _Answer(decision.value)
+        adapter.hold(decision)
+
+    def _handles(self, method: str | None) -> bool:
+        """Whether the view has a handler for ``method``: if not, DRF's 405 answers first."""
+        name = (method or "").lower()
+        return name in self.http_method_names and hasattr(self, name)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, _Answer):
+            # Not a DRF Response, but finalize_response() accepts any HttpResponseBase.
+            return exc.response  # type: ignore[return-value]
+        return super().handle_exception(exc)
+
+
+# One attribute per view option, declared with the settings (._conf).
+_ATTRIBUTES = [(option.name, option.attribute) for option in OPTIONS]
+for _option in OPTIONS:
+    setattr(IdempotencyMixin, _option.attribute, _option.default)

@@ -1,0 +1,72 @@
+"""Turning a view's response into a stored record and back, byte for byte."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from datetime import timedelta
+from typing import Any
+
+from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http.response import FileResponse
+
+from django_idempotency._base.errors import UnreplayableResponse
+from django_idempotency._conf.values import NEVER_STORED
+from django_idempotency._store.writes import StoredResponse as StoredResponse
+
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def check_replayable(response: HttpResponseBase) -> None:
+    if isinstance(response, (StreamingHttpResponse, FileResponse)) or response.streaming:
+        raise UnreplayableResponse(
+            f"An idempotent view returned a {type(response).__name__}; streaming responses "
+            "cannot be stored and replayed. Return a regular HttpResponse, or remove the "
+            "idempotency protection from this view."
+        )
+
+
+def needs_deferred_render(response: HttpResponseBase) -> bool:
+    """A DRF ``Response`` returned below ``@api_view`` has no renderer yet: store it later."""
+    return (
+        not getattr(response, "is_rendered", True)
+        and hasattr(response, "data")
+        and getattr(response, "accepted_renderer", None) is None
+    )
+
+
+def render(response: HttpResponseBase) -> None:
+    if not getattr(response, "is_rendered", True):
+        response.render()  # type: ignore[attr-defined]
+
+
+def capture(
+    response: HttpResponseBase,
+    allowed: Collection[str],
+    max_body: int,
+    ttl: timedelta | None = None,
+) -> StoredResponse:
+    assert isinstance(response, HttpResponse)
+    headers = [
+        [name, value]
+        for name, value in response.items()
+        if name.lower() in allowed and name.lower() not in NEVER_STORED
+    ]
+    body = response.content
+    kept = body if len(body) <= max_body else None
+    return StoredResponse(response.status_code, headers, kept, ttl)
+
+
+def replay(status: int, headers: list[list[str]], body: bytes) -> HttpResponse:
+    """The stored response again. Its headers are given to the constructor, which sets them
+    as ``response[name] = value`` would, in order (checked as any header is), and makes no
+    default ``Content-Type`` for the stored one to replace (issue 42)."""
+    return HttpResponse(bytes(body), status=status, headers=[*headers, _REPLAYED])
+
+
+_REPLAYED = (REPLAYED_HEADER, "true")
+
+
+def add_post_render_callback(
+    response: HttpResponseBase, callback: Callable[[HttpResponseBase], Any]
+) -> None:
+    response.add_post_render_callback(callback)  # type: ignore[attr-defined]

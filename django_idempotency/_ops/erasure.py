@@ -1,0 +1,100 @@
+"""Erasure of one principal's records now, not at their expiry (issue 31): GDPR's right to
+erasure, for code handling erasure requests and ``idempotency_cleanup --scope``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from django.db import DatabaseError
+from django.db.models import QuerySet
+
+from django_idempotency import _store as store
+from django_idempotency._base import rules
+from django_idempotency._call import telemetry
+from django_idempotency._conf.settings import conf
+from django_idempotency._store.limits import PADDED_SCOPE, bounded_scope, padded
+from django_idempotency.models import IdempotencyKey
+
+__all__ = ["Erasure", "erase_scope"]
+
+logger = logging.getLogger("django_idempotency")
+
+#: The most records one statement deletes: a short lock on each database.
+BATCH_SIZE = 1000
+#: Times a batch that met another writer's lock (a claim, a cleanup) is tried again.
+_CONTENTION_TRIES = 5
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """What :func:`erase_scope` did (or, with ``dry_run``, would do)."""
+
+    scope: str
+    #: Finished records deleted (with ``dry_run``: that would be).
+    deleted: int
+    #: Records still ``processing``, left to finish: erase again once they have.
+    in_progress: int
+    dry_run: bool = False
+
+
+def erase_scope(
+    scope: str, *, using: str | None = None, batch_size: int = BATCH_SIZE, dry_run: bool = False
+) -> Erasure:
+    """Delete every finished record (``completed`` or ``failed``) of ``scope`` now, expired or
+    not, in short batches; a record still ``processing`` is left to finish and counted in
+    :attr:`Erasure.in_progress`, so call again once it has.
+
+    ``scope`` is what the scope function returns for the principal (``user:42`` for
+    :func:`~django_idempotency.user_scope`); ``using`` is the database alias
+    (``DATABASE_ALIAS`` by default). With ``dry_run`` nothing is deleted: the counts say what
+    would be. Retries of the erased keys run their views again, as for new keys.
+    """
+    if not isinstance(scope, str) or not scope:
+        raise ValueError(f"The scope to erase must be a non-empty string, not {scope!r}.")
+    if padded(scope):
+        # Never made (issue 38): on MySQL and MariaDB it would erase the scope without it.
+        raise ValueError(f"The scope to erase is given {PADDED_SCOPE}; give it without.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
+    alias = using or conf.DATABASE_ALIAS
+    stored = bounded_scope(scope)
+    records = IdempotencyKey.objects.using(alias).filter(scope=stored)
+    if dry_run:
+        finished = records.exclude(status=rules.PROCESSING).count()
+        return Erasure(scope, finished, _in_progress(records), dry_run=True)
+    bound = store.using(alias)
+    size = min(batch_size, BATCH_SIZE)
+    deleted = 0
+    while True:  # until a batch finds fewer than it may delete: the scope's are gone
+        batch = _batch(bound, stored, size)
+        deleted += batch
+        if batch < size:
+            break
+    erasure = Erasure(scope, deleted, _in_progress(records))
+    logger.warning(
+        "Erased %s finished idempotency record%s of a scope; %s in progress left to finish.",
+        deleted,
+        "" if deleted == 1 else "s",
+        erasure.in_progress,
+        extra=telemetry.log_facts("erased", scope=stored),
+    )
+    return erasure
+
+
+def _batch(bound: store.Store, scope: str, size: int) -> int:
+    delay = 0.02
+    for attempt in range(_CONTENTION_TRIES):
+        try:
+            return bound.erase_batch(scope, size=size)
+        except DatabaseError as exc:
+            if not bound.is_contention(exc) or attempt == _CONTENTION_TRIES - 1:
+                raise
+        time.sleep(delay)
+        delay *= 2
+    raise AssertionError("unreachable")
+
+
+def _in_progress(records: QuerySet[IdempotencyKey]) -> int:
+    return records.filter(status=rules.PROCESSING).count()

@@ -1,0 +1,192 @@
+"""The operators' actions: releasing or failing stale records, and the counts of :func:`stats`.
+
+The two commands and the admin actions all go through these functions, and read and delete
+through the store's queries (:class:`~django_idempotency._store.maintenance.Maintenance`), so
+there is one way to do each thing. Every write is fenced like an attempt's own: a
+record is only released or failed while it is still ``processing`` under the same
+``lock_token`` and its lock is still expired, so a record that a retry has just taken over (or
+that its owner renewed) is left alone; and an expired record whose lock is still live is never
+deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Count, Min
+from django.utils import timezone
+
+from django_idempotency import _store as store
+from django_idempotency._base import rules
+from django_idempotency._base.durations import human
+from django_idempotency._call import telemetry
+from django_idempotency._http import problems
+from django_idempotency._store import StoredResponse
+from django_idempotency.models import IdempotencyKey
+
+__all__ = ["Stats", "mark_failed", "release", "stats"]
+
+logger = logging.getLogger("django_idempotency")
+
+
+def release(alias: str, record: IdempotencyKey) -> bool:
+    """Delete a stale record so the client's retry claims it afresh and runs the view again.
+
+    ``False`` when the record is gone, was taken over, or its lock was renewed meanwhile.
+    """
+    released = record.lock_token is not None and store.using(alias).release(
+        record.pk, record.lock_token, stale_at=timezone.now()
+    )
+    if released:
+        _log_resolved("Released", record)
+    return released
+
+
+def _abandoned_response() -> StoredResponse:
+    """What :func:`mark_failed` stores."""
+    response = problems.request_abandoned()
+    return StoredResponse(
+        response.status_code, [["Content-Type", problems.CONTENT_TYPE]], response.content
+    )
+
+
+def mark_failed(alias: str, record: IdempotencyKey) -> bool:
+    """Give a stale record a definite stored failure: retries replay it and never run again.
+
+    ``False`` when the record is gone, was taken over, or its lock was renewed meanwhile.
+    """
+    failed = record.lock_token is not None and store.using(alias).store_response(
+        record.pk, record.lock_token, _abandoned_response(), stale_at=timezone.now()
+    )
+    if failed:
+        _log_resolved("Marked as failed", record)
+    return failed
+
+
+def _log_resolved(action: str, record: IdempotencyKey) -> None:
+    logger.warning(
+        "%s stale idempotency record %s (scope %r, key %s).",
+        action,
+        record.pk,
+        record.scope,
+        record.key_hash[:12],
+        extra=telemetry.log_facts(
+            "recovered", record.key_hash, record.scope, record.attempt, record.lock_token
+        ),
+    )
+
+
+#: ``idempotency_cleanup --batch-size``'s default.
+DEFAULT_BATCH_SIZE = 1000
+#: Expired records one ``idempotency_cleanup`` run with the defaults (no ``--sleep``) is relied on
+#: to delete in a minute: a default batch every 20 ms, the 50,000 rows per second that
+#: ``docs/scale.rst`` sets as the cleanup's floor (it measured about 300,000 on PostgreSQL on two
+#: cores, a batch's statement taking 2.6 ms at the median and 4.8 ms at p99; the floor leaves room
+#: for a busy server, SQLite or MySQL). A backlog above it means cleanup is not running, or not
+#: often enough.
+CLEANUP_ROWS_PER_MINUTE = DEFAULT_BATCH_SIZE * 50 * 60
+
+
+@dataclass(frozen=True)
+class Stats:
+    """The table's health, as ``idempotency_stats`` and the admin's list show it."""
+
+    by_status: dict[str, int]
+    #: What ``idempotency_cleanup`` would delete now.
+    expired: int
+    stale: int
+    #: Since the oldest stale record's claim, and since the longest-expired lock (seconds).
+    oldest_stale_age: float | None
+    longest_stale_for: float | None
+    #: Bytes on disk; ``None`` when the database does not say (``size_source`` says how).
+    table_bytes: int | None
+    index_bytes: int | None
+    size_source: str
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_status.values())
+
+    @property
+    def warnings(self) -> list[str]:
+        if self.expired <= CLEANUP_ROWS_PER_MINUTE:
+            return []
+        return [
+            f"{self.expired:,} expired records are more than one idempotency_cleanup run deletes "
+            f"in a minute ({CLEANUP_ROWS_PER_MINUTE:,} at the defaults): is it scheduled?"
+        ]
+
+    @property
+    def stale_ages(self) -> str:
+        """``oldest claimed 42m ago, stale for 41m``; empty when nothing is stale."""
+        if self.oldest_stale_age is None or self.longest_stale_for is None:
+            return ""
+        return (
+            f"oldest claimed {human(self.oldest_stale_age)} ago, "
+            f"stale for {human(self.longest_stale_for)}"
+        )
+
+    @property
+    def size(self) -> str:
+        if self.table_bytes is None:
+            return self.size_source
+        text = f"table {_bytes(self.table_bytes)}"
+        if self.index_bytes is not None:
+            text += f", indexes {_bytes(self.index_bytes)}"
+        return f"{text} ({self.size_source})"
+
+
+def stats(alias: str) -> Stats:
+    """Counts in one scan of the table (conditional aggregates), then its size on disk."""
+    now = timezone.now()
+    is_stale = rules.STALE.filter(now)
+    rows = (
+        IdempotencyKey.objects.using(alias)
+        .order_by()
+        .values("status")
+        .annotate(
+            count=Count("pk"),
+            expired=Count("pk", filter=rules.DELETABLE.filter(now)),
+            stale=Count("pk", filter=is_stale),
+            oldest_claim=Min("created_at", filter=is_stale),
+            oldest_unlock=Min("unlock_at", filter=is_stale),
+        )
+    )
+    by_status = dict.fromkeys(IdempotencyKey.Status.values, 0)
+    expired = stale_count = 0
+    oldest_claim: datetime | None = None
+    oldest_unlock: datetime | None = None
+    for row in rows:
+        by_status[row["status"]] = row["count"]
+        expired += row["expired"]
+        stale_count += row["stale"]
+        oldest_claim = row["oldest_claim"] or oldest_claim  # only processing rows are stale
+        oldest_unlock = row["oldest_unlock"] or oldest_unlock
+    table_bytes, index_bytes, source = store.using(alias).table_size()
+    return Stats(
+        by_status=by_status,
+        expired=expired,
+        stale=stale_count,
+        oldest_stale_age=_seconds_since(oldest_claim, now),
+        longest_stale_for=_seconds_since(oldest_unlock, now),
+        table_bytes=table_bytes,
+        index_bytes=index_bytes,
+        size_source=source,
+    )
+
+
+def _seconds_since(moment: datetime | None, now: datetime) -> float | None:
+    return None if moment is None else round((now - moment).total_seconds(), 3)
+
+
+def _bytes(count: int) -> str:
+    if count < 1024:
+        return f"{count:,} bytes"
+    value = count / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{value:,.1f} {unit}"

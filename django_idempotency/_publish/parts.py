@@ -1,0 +1,124 @@
+"""The parts of a protected operation's OpenAPI description, whichever generator publishes
+them: drf-spectacular's extension (:mod:`._openapi`) and ninja's schema
+(:mod:`._ninja_openapi`) show the same header, problems and replay header."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import HttpResponse
+
+from django_idempotency._base.keys import MAX_KEY_LENGTH
+from django_idempotency._conf.options import Policy
+from django_idempotency._conf.settings import conf
+from django_idempotency._http import problems as _problems
+from django_idempotency._publish import policy as published
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "An RFC 9457 problem detail answered by django-idempotency.",
+    "properties": {
+        "type": {"type": "string", "format": "uri"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+    },
+    "required": ["type", "title", "status", "detail"],
+}
+
+
+REPLAYED: dict[str, Any] = {
+    "schema": {"type": "string", "enum": ["true"]},
+    "description": "Present when this is the stored response of an earlier request with the "
+    "same idempotency key, replayed.",
+}
+
+
+def replayable(code: object) -> bool:
+    code = str(code).upper()
+    if code[:1] not in ("2", "3", "4"):
+        return False
+    return not code.isdigit() or int(code) not in conf.RETRYABLE_STATUSES
+
+
+def key_parameter(policy: Policy) -> dict[str, Any]:
+    spelling = "or a bare value" if conf.BARE_KEYS else "(quoted: a bare value is refused)"
+    description = (
+        "A unique key (a UUID) for this operation; retrying with the same key and request "
+        "returns the first response instead of running the operation again. A Structured Field "
+        f'string (`"…"`) {spelling}, {conf.MIN_KEY_LENGTH} to {MAX_KEY_LENGTH} printable '
+        f"ASCII characters{published.format_text(policy)}. Remembered for "
+        f"{published.duration_text(policy.ttl)}."
+    )
+    if not policy.required:
+        description += " Optional: without it the request is not protected."
+    return {
+        "in": "header",
+        "name": conf.HEADER,
+        "required": policy.required,
+        "schema": published.key_schema(policy),
+        "description": description,
+    }
+
+
+Problem = tuple[int, str, dict[str, Any], dict[str, Any]]
+
+
+def problems(policy: Policy) -> list[Problem]:
+    """Each status the app may answer on this operation: description, examples, headers."""
+    header = conf.HEADER
+    by_status: dict[int, list[tuple[str, HttpResponse]]] = {}
+
+    def add(description: str, response: HttpResponse) -> None:
+        by_status.setdefault(response.status_code, []).append((description, response))
+
+    if policy.required:
+        add(f"The {header} header is missing.", _problems.missing_key(header))
+    add(
+        f"The {header} header is invalid.",
+        _problems.invalid_key(f"The {header} must be printable ASCII."),
+    )
+    add(
+        "The request body could not be read (a multipart body without its boundary, say).",
+        _problems.invalid_body("Invalid boundary in multipart: None."),
+    )
+    add(
+        f"The {header} was already used for a different request.",
+        _problems.key_reuse(conf.MISMATCH_STATUS),
+    )
+    add(
+        f"A request with this {header} is still being processed.",
+        _problems.in_progress(conf.RETRY_AFTER),
+    )
+    add(
+        "The first request's response cannot be replayed: it was too large to store, or an "
+        "operator marked the request as abandoned.",
+        _problems.response_not_stored(),
+    )
+    add("", _problems.request_abandoned())
+    add(
+        "The idempotency store is unreachable; the request was not processed.",
+        _problems.unavailable(),
+    )
+    answers: list[Problem] = []
+    for status, entries in sorted(by_status.items()):
+        description = " Or: ".join(text for text, _ in entries if text)
+        examples = {
+            response.idempotency_problem: {  # type: ignore[attr-defined]
+                "value": json.loads(response.content)
+            }
+            for _, response in entries
+        }
+        headers = RETRY_AFTER if status in (409, 503) else {}
+        answers.append((status, description, examples, headers))
+    return answers
+
+
+RETRY_AFTER = {
+    "Retry-After": {
+        "schema": {"type": "integer", "minimum": 1},
+        "description": "Seconds to wait before retrying.",
+        "required": True,
+    }
+}

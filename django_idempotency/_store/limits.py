@@ -1,0 +1,59 @@
+"""The lengths the record holds, read from the model's fields, and how a value is kept within
+them."""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.db.models import CharField
+
+from django_idempotency.models import IdempotencyKey
+
+
+def _max_length(name: str) -> int:
+    field = IdempotencyKey._meta.get_field(name)
+    assert isinstance(field, CharField) and field.max_length is not None, name
+    return field.max_length
+
+
+#: The longest scope the record holds; a longer one is stored as its hash (:func:`bounded_scope`).
+MAX_SCOPE = _max_length("scope")
+#: The longest fingerprint the record holds (a SHA-256 in hex); a longer one is hashed
+#: (:func:`bounded_fingerprint`).
+MAX_FINGERPRINT = _max_length("request_hash")
+#: The longest recovery point name (``Claim.set_recovery_point``).
+MAX_RECOVERY_POINT = _max_length("recovery_point")
+
+
+def sha256_hex(text: str) -> str:
+    """The SHA-256 of a text, as hex digits (a lone surrogate is hashed, not refused)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def bounded_scope(scope: str) -> str:
+    """The scope as stored: itself, or ``sha256:<hex>`` when it is longer than the column."""
+    return scope if len(scope) <= MAX_SCOPE else "sha256:" + sha256_hex(scope)
+
+
+#: Why no scope may have whitespace around it (issue 38): MySQL and MariaDB compare text
+#: without its trailing spaces (PAD SPACE collations), so ``"user:7 "`` would be ``"user:7"``
+#: there and another principal elsewhere.
+PADDED_SCOPE = (
+    "with whitespace around it, which no scope may have: MySQL and MariaDB would not tell it "
+    "from the scope without it"
+)
+
+
+def padded(scope: str) -> bool:
+    """Whether ``scope`` has whitespace around it (:data:`PADDED_SCOPE`)."""
+    return scope != scope.strip()
+
+
+def bounded_fingerprint(value: object) -> str:
+    """What ``FINGERPRINT_FUNCTION`` returned, as stored: itself, or its SHA-256 when longer
+    than the column (a SHA-512 in hex): the docs promise only "a string" (issue 20)."""
+    if not isinstance(value, str):
+        raise TypeError(
+            f"IDEMPOTENCY['FINGERPRINT_FUNCTION'] must return a str, not {type(value).__name__}."
+        )
+    return value if len(value) <= MAX_FINGERPRINT else sha256_hex(value)
