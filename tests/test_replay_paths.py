@@ -177,11 +177,9 @@ def test_a_connection_with_its_own_isolation_level_begins_through_the_cursor() -
     raw.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
     try:
         with transaction.atomic():
-            cursor = rows.kept_cursor(connection)
-            assert cursor is not None
-            assert libpq.driver_connection(cursor.cursor) is None
+            assert libpq.usable(raw) is None
             rows.fetch_row(connection, "SELECT 1", [])  # the cursor begins it
-            assert libpq.driver_connection(cursor.cursor) is raw  # begun: libpq may go on
+            assert libpq.usable(raw) is raw  # begun: libpq may go on
             row = rows.read_record(
                 connection, "SELECT current_setting('transaction_isolation')", []
             )

@@ -47,13 +47,12 @@ if pq is not None:
     _DONE = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 
 
-def driver_connection(driver_cursor: Any) -> Any:
-    """The psycopg 3 connection of a driver cursor when a statement may be sent through its
-    libpq connection now: open, and in autocommit or inside a begun transaction; else
-    ``None``."""
+def usable(raw: Any) -> Any:
+    """``raw`` (a driver's connection) when a statement may be sent through its libpq
+    connection now: psycopg 3's, open, not preparing statements, in autocommit or in a
+    transaction that is begun or that a plain ``BEGIN`` begins; else ``None``."""
     if pq is None:
         return None
-    raw: Any = getattr(driver_cursor, "connection", None)
     pgconn = getattr(raw, "pgconn", None)
     if pgconn is None or pgconn.status != _CONNECTION_OK or raw.prepare_threshold is not None:
         return None  # a connection that prepares statements: psycopg prepares the claim

@@ -127,6 +127,14 @@ def _send(
     when nothing else would see the statement (without a generator's context manager: the
     hot path of every claim and write, issue 28); on PostgreSQL, with ``read_result`` to read
     libpq's result, below that cursor (:mod:`.libpq`, issue 42)."""
+    if read_result is not None:
+        raw = _libpq_connection(connection)
+        if raw is not None:
+            connection.validate_no_broken_transaction()
+            with connection.wrap_database_errors:
+                result = libpq.execute(raw, sql, params)
+                if result is not None:
+                    return read_result(connection, raw, result)
     cursor = kept_cursor(connection)
     if cursor is None:
         with connection.cursor() as made:
@@ -138,14 +146,26 @@ def _send(
         return read(cursor)
     connection.validate_no_broken_transaction()
     with connection.wrap_database_errors:
-        if read_result is not None:
-            raw = libpq.driver_connection(driver)
-            if raw is not None:
-                result = libpq.execute(raw, sql, params)
-                if result is not None:
-                    return read_result(connection, raw, result)
         driver.execute(sql, params)
         return read(driver)
+
+
+def _libpq_connection(connection: BaseDatabaseWrapper) -> Any:
+    """The driver's connection, when a statement may go through its libpq connection now
+    (:func:`.libpq.usable`) and nothing but Django's plain cursor would see it: open, no
+    ``execute_wrapper()`` hook, no query logging, no health check due."""
+    raw = connection.connection
+    if (
+        raw is None
+        or connection.execute_wrappers
+        or connection.queries_logged
+        or (
+            getattr(connection, "health_check_enabled", False)
+            and not getattr(connection, "health_check_done", True)
+        )
+    ):
+        return None
+    return libpq.usable(raw)
 
 
 def _driver_cursor(connection: BaseDatabaseWrapper, cursor: Any) -> Any:
