@@ -265,7 +265,10 @@ def _print_client(timed: dict[str, list[float]], requests: int) -> None:
         median = statistics.median(values)
         total += median * per_request
         print(f"  {per_request:4.1f} x {median:7.3f} ms  {sql}")
-    print(f"  total {total:.3f} ms per request (psycopg sends BEGIN with the first statement)")
+    print(
+        f"  total {total:.3f} ms per request "
+        "(on PostgreSQL psycopg sends BEGIN before a transaction's first statement, in its time)"
+    )
 
 
 class _Stats:
@@ -287,8 +290,15 @@ class _Stats:
                 "ORDER BY toplevel DESC, total_exec_time DESC"
             )
             found = cursor.fetchall()
-        total = 0.0
+        # Each savepoint has a name of its own: counted together, as one statement.
+        merged: dict[tuple[str, bool], list[float]] = {}
         for query, calls, plan, execution, toplevel in found:
+            sums = merged.setdefault((_short(query), toplevel), [0, 0.0, 0.0])
+            sums[0] += calls
+            sums[1] += plan
+            sums[2] += execution
+        total = 0.0
+        for (query, toplevel), (calls, plan, execution) in merged.items():
             if calls < requests / 2:
                 continue  # the warm-up's or the reset's
             per_request = calls / requests
@@ -298,7 +308,7 @@ class _Stats:
             where = "" if toplevel else " (inside the function)"
             print(
                 f"  {per_request:4.1f} x {each:7.3f} ms (plan {plan / calls:.3f}, "
-                f"run {execution / calls:.3f}){where}  {_short(query)}"
+                f"run {execution / calls:.3f}){where}  {query}"
             )
         print(f"  total {total:.3f} ms per request (statements sent by the client)")
 
