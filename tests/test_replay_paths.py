@@ -5,6 +5,7 @@ MariaDB's atomic claim carries its lock-wait bound in its own statement.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -237,3 +238,81 @@ def test_an_atomic_claim_on_mariadb_carries_its_bound(post: Post, key: str) -> N
     assert len(claims) == 1 and claims[0].startswith("SET STATEMENT innodb_lock_wait_timeout = "), (
         sent
     )
+
+
+# --- MySQL and MariaDB: the claim on mysqlclient's connection, its times written once --------
+
+mysql_only = pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL or MariaDB")
+
+
+@mysql_only
+def test_the_claim_and_the_read_go_through_mysqlclients_connection(
+    post: Post, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_idempotency._store import mysqlclient
+
+    sent: list[str] = []
+    first_row = mysqlclient.first_row
+
+    def counted(raw: Any, sql: str, params: list[Any]) -> Any:
+        sent.append(sql)
+        return first_row(raw, sql, params)
+
+    monkeypatch.setattr(mysqlclient, "first_row", counted)
+    first = post("/create/", {"a": 1}, key=key)
+    replay = post("/create/", {"a": 1}, key=key)
+    atomic = post("/atomic/", {"a": 1}, key=key + "-atomic")
+    atomic_replay = post("/atomic/", {"a": 1}, key=key + "-atomic")
+    assert (replay.content, replay["Idempotent-Replayed"]) == (first.content, "true")
+    assert atomic_replay.content == atomic.content
+    calls = [sql for sql in sent if "django_idempotency_claim" in sql]
+    reads = [sql for sql in sent if "<> 'processing'" in sql]
+    assert len(calls) == 3, sent  # two-phase twice, atomic's first once
+    assert len(reads) == 2, sent  # atomic mode's read, before each transaction
+    # The procedure's status was read: the connection takes the next statement.
+    assert IdempotencyKey.objects.count() == 2
+
+
+@mysql_only
+def test_errors_on_mysqlclients_connection_are_djangos() -> None:
+    connection.ensure_connection()
+    with pytest.raises(DatabaseError) as raised:
+        rows.fetch_row(connection, "SELECT no_such_column FROM no_such_table WHERE 1 = %s", [1])
+    assert raised.value.__cause__ is not None
+    assert raised.value.__cause__.args[0] == 1146  # type: ignore[attr-defined]  # no table
+    assert rows.fetch_row(connection, "SELECT %s, %s", ["a'b", None]) == ("a'b", None)
+
+
+@mysql_only
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_mysqls_claim_values_are_what_the_fields_write(use_tz: bool) -> None:
+    """The times written from the clock and the token's text are what the fields make of
+    ``timezone.now()`` and the token (the slow way, kept where the zone is not UTC)."""
+    from django.test import override_settings
+
+    from django_idempotency._store.claims import ClaimValues
+    from django_idempotency._store.rows import preparers
+    from django_idempotency._store.statements import CLAIM_PARAMS
+
+    class Who:
+        scope, key_hash, fingerprint, method, path = "s", "k" * 64, "f" * 64, "POST", "/p"
+
+    with override_settings(USE_TZ=use_tz):
+        connection.ensure_connection()
+        values = ClaimValues(Who(), str(uuid.uuid4()), timedelta(seconds=30), timedelta(days=1))  # type: ignore[arg-type]
+        fast = values.params(connection)
+        prepare = preparers(connection)
+        slow_values = {
+            "scope": "s",
+            "key_hash": "k" * 64,
+            "method": "POST",
+            "path": "/p",
+            "request_hash": "f" * 64,
+            "lock_token": values.token,
+            "created_at": values.now,
+            "updated_at": values.now,
+            "unlock_at": values.unlock_at,
+            "expires_at": values.expires_at,
+        }
+        slow = [prepare[name](slow_values[name]) for name in CLAIM_PARAMS]
+    assert [str(value) for value in fast] == [str(value) for value in slow]

@@ -126,20 +126,50 @@ class ClaimValues:
         """The values of the claim's placeholders (:data:`.statements.CLAIM_PARAMS`), as
         the fields send them to this database."""
         identity = self.identity
-        values = {
+        prepare = preparers(connection)
+        values: dict[str, Any] = {
             "scope": identity.scope,
             "key_hash": identity.key_hash,
             "method": identity.method,
             "path": identity.path,
             "request_hash": identity.fingerprint,
             "lock_token": self.token,
-            "created_at": self.now,
-            "updated_at": self.now,
-            "unlock_at": self.unlock_at,
-            "expires_at": self.expires_at,
         }
-        prepare = preparers(connection)
+        if connection.vendor == "mysql" and settings.USE_TZ and connection.timezone_name == "UTC":
+            # MySQL's times are naive text in the connection's zone, UTC: written from the
+            # clock, as the field would write them (``str()`` of the naive time), without an
+            # aware time made and converted four times (issue 42).
+            # The lock token as its field writes it: the text of a UUID for MariaDB's own
+            # type, its 32 hex digits for a char(32) column, with no uuid.UUID made.
+            token = self.token
+            if not connection.features.has_native_uuid_field:
+                token = token.replace("-", "")
+            instant = NAIVE_EPOCH + timedelta(microseconds=self.clock)
+            now = str(instant)
+            params = [prepare[name](values[name]) for name in CLAIM_PARAMS[:5]]
+            return [
+                *params,
+                token,
+                now,
+                now,
+                str(instant + self.lock_timeout),
+                str(instant + self.ttl),
+            ]
+        values["created_at"] = values["updated_at"] = self.now
+        values["unlock_at"] = self.unlock_at
+        values["expires_at"] = self.expires_at
         return [prepare[name](values[name]) for name in CLAIM_PARAMS]
+
+
+#: The epoch as a naive time (UTC).
+NAIVE_EPOCH = datetime(1970, 1, 1)
+assert CLAIM_PARAMS[5:] == (
+    "lock_token",
+    "created_at",
+    "updated_at",
+    "unlock_at",
+    "expires_at",
+), CLAIM_PARAMS
 
 
 class Claims(BoundStore):

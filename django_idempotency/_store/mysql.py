@@ -23,7 +23,15 @@ from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
-from django_idempotency._store.rows import aware, first, loaded, prep, statement_cursor
+from django_idempotency._store.rows import (
+    aware,
+    fetch_row,
+    first,
+    loaded,
+    plain_connection,
+    prep,
+    statement_cursor,
+)
 from django_idempotency._store.statements import CLAIM_PARAMS, Statements, fill
 from django_idempotency.models import IdempotencyKey
 
@@ -201,11 +209,15 @@ class MySQLStore(Store):
 
         The call's results are read to the end (the procedure's status follows its rows):
         a connection with results left unread refuses the next statement."""
-        with statement_cursor(connection) as cursor:
-            cursor.execute(_bound(connection) + CALL, values.params(connection))
-            row = cursor.fetchone()
-            while cursor.nextset():
-                pass
+        sql, params = _bound(connection) + CALL, values.params(connection)
+        if plain_connection(connection) is not None:  # on mysqlclient's connection (issue 42)
+            row = fetch_row(connection, sql, params)
+        else:
+            with statement_cursor(connection) as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+                while cursor.nextset():
+                    pass
         return None if row is None else loaded(connection, row)
 
     def has_procedure(self, connection: BaseDatabaseWrapper) -> bool:

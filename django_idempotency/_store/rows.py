@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from django_idempotency._base.json import acyclic_encoder
-from django_idempotency._store import libpq
+from django_idempotency._store import libpq, mysqlclient
 from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
@@ -95,7 +95,15 @@ def statement_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
 
 
 def fetch_row(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Any:
-    """Send one store statement that returns rows: its first row (``None``: none)."""
+    """Send one store statement that returns rows: its first row (``None``: none). On MySQL
+    through mysqlclient's connection itself where nothing else would see it
+    (:mod:`.mysqlclient`, issue 42); every result it leaves is read."""
+    if connection.vendor == "mysql":
+        raw = plain_connection(connection)
+        if raw is not None:
+            connection.validate_no_broken_transaction()
+            with connection.wrap_database_errors:
+                return mysqlclient.first_row(raw, sql, params)
     return _send(connection, sql, params, _first_row)
 
 
@@ -150,10 +158,10 @@ def _send(
         return read(driver)
 
 
-def _libpq_connection(connection: BaseDatabaseWrapper) -> Any:
-    """The driver's connection, when a statement may go through its libpq connection now
-    (:func:`.libpq.usable`) and nothing but Django's plain cursor would see it: open, no
-    ``execute_wrapper()`` hook, no query logging, no health check due."""
+def plain_connection(connection: BaseDatabaseWrapper) -> Any:
+    """The driver's connection, when nothing but Django's plain cursor would see a statement
+    sent on it: open, no ``execute_wrapper()`` hook, no query logging, no health check due;
+    else ``None`` (issue 42)."""
     raw = connection.connection
     if (
         raw is None
@@ -165,7 +173,14 @@ def _libpq_connection(connection: BaseDatabaseWrapper) -> Any:
         )
     ):
         return None
-    return libpq.usable(raw)
+    return raw
+
+
+def _libpq_connection(connection: BaseDatabaseWrapper) -> Any:
+    """:func:`plain_connection`, when a statement may go through its libpq connection now
+    (:func:`.libpq.usable`)."""
+    raw = plain_connection(connection)
+    return None if raw is None else libpq.usable(raw)
 
 
 def _driver_cursor(connection: BaseDatabaseWrapper, cursor: Any) -> Any:
