@@ -23,11 +23,15 @@ run before each path and kept off during it, so that where its passes happen to 
 move the figures.
 
 It runs in an environment of its own (``--env``, made at the first run): the versions pinned
-in ``benchmarks/instructions-requirements.txt`` and this checkout, installed editable. It
-creates its own database on the PostgreSQL server given (``--database``) and drops it at the
-end. From the repository root::
+in ``benchmarks/instructions-requirements.txt`` and this checkout, installed editable (and,
+for a MySQL or MariaDB server, ``mysqlclient``). It creates its own database on the server
+given (``--database``) and drops it at the end. From the repository root::
 
     python3.11 benchmarks/instructions.py --server postgres://postgres@127.0.0.1:5432/test
+    python3.11 benchmarks/instructions.py --server mysql://root@127.0.0.1:3306/test
+
+``--auth lazy`` reads the request's user only when something reads it, as Django's
+``AuthenticationMiddleware`` does (``overhead.py --auth``).
 
 ``--check benchmarks/instructions-baseline.json`` fails (exit 1) when any of our paths runs
 more than 3% more instructions per request than the baseline file says; ``--write-baseline
@@ -61,6 +65,9 @@ REQUIREMENTS = ROOT / "benchmarks" / "instructions-requirements.txt"
 BASELINE = ROOT / "benchmarks" / "instructions-baseline.json"
 #: How much more than the baseline one of our paths may cost before the check fails.
 TOLERANCE = 0.03
+#: The driver installed in the environment for a MySQL or MariaDB server (not pinned in the
+#: requirements: it builds from source, against the client library).
+MYSQL_DRIVER = "mysqlclient==2.3.2"
 #: The issue's goal for a first execution: at most this many instructions over the bare view.
 FIRST_GOAL = 900_000
 
@@ -104,8 +111,10 @@ def main() -> None:
     parser.add_argument(
         "--server",
         default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
-        help="a PostgreSQL URL whose server gets the benchmark database (default: DATABASE_URL)",
+        help="a PostgreSQL or MySQL/MariaDB URL whose server gets the benchmark database "
+        "(default: DATABASE_URL)",
     )
+    parser.add_argument("--auth", choices=["eager", "lazy"], default="eager")
     parser.add_argument("--database", default="bench_instructions", help="created, then dropped")
     parser.add_argument("--requests", type=int, default=20, help="measured requests per path")
     parser.add_argument("--warmup", type=int, default=20, help="requests per path before")
@@ -129,8 +138,8 @@ def main() -> None:
         parser.error("--requests and --warmup must be positive")
     if not args.database.isidentifier():
         parser.error("--database must be a plain identifier")
-    if not urlsplit(args.server).scheme.startswith("postgres"):
-        parser.error("--server must be a postgres:// URL")
+    if not urlsplit(args.server).scheme.startswith(("postgres", "mysql")):
+        parser.error("--server must be a postgres:// or mysql:// URL")
     if args.write_baseline and not args.why:
         parser.error("--write-baseline needs --why: the baseline changes only with a reason")
     bench_url = urlunsplit(urlsplit(args.server)._replace(path=f"/{args.database}"))
@@ -158,6 +167,8 @@ def run(args: argparse.Namespace, bench_url: str) -> int:
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed (Debian: apt-get install {tool})")
     python = environment(args.env)
+    if urlsplit(args.server).scheme.startswith("mysql"):
+        with_mysql_driver(python)
     helper = compile_helper(args.env)
     itself = [str(python), str(Path(__file__).resolve())]
     common = ["--server", args.server, "--database", args.database]
@@ -189,6 +200,7 @@ def run(args: argparse.Namespace, bench_url: str) -> int:
                 "BENCH_CALLGRIND_HELPER": str(helper),
                 "BENCH_DATABASE_URL": bench_url,
                 "DJANGO_SETTINGS_MODULE": "benchmarks.overhead_project.settings",
+                "BENCH_AUTH": args.auth,
             }
             done = subprocess.run(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
             if done.returncode:
@@ -238,6 +250,17 @@ def environment(venv: Path) -> Path:
     return python
 
 
+def with_mysql_driver(python: Path) -> None:
+    """``mysqlclient`` in the environment, for a MySQL or MariaDB server."""
+    found = subprocess.run([str(python), "-c", "import MySQLdb"], capture_output=True)
+    if found.returncode:
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             MYSQL_DRIVER],
+            check=True,
+        )  # fmt: skip
+
+
 def compile_helper(venv: Path) -> Path:
     """The shared library whose two functions start and stop counting (callgrind.h's macros)."""
     source = venv / "callgrind_helper.c"
@@ -273,7 +296,7 @@ def report(figures: dict[str, Any], elapsed: float, before: str, after: str) -> 
     print(
         f"Python {described['python']}, Django {described['django']}, psycopg "
         f"{described['psycopg']}, drf-idempotency {described['drf-idempotency']}, "
-        f"{described['valgrind']}, {described['server']}"
+        f"{described['valgrind']}, {described['server']}, auth {described.get('auth', 'eager')}"
     )
     print(
         f"Instructions of the app's process per request (callgrind Ir), {figures['requests']} "
@@ -315,6 +338,14 @@ def _m(value: float, *, sign: bool = False) -> str:
 
 def check(figures: dict[str, Any], baseline: dict[str, Any], path: Path) -> int:
     """1 when a path of ours costs more than the baseline allows, else 0."""
+    for what in ("server", "auth"):
+        was = baseline["environment"].get(what, "eager" if what == "auth" else None)
+        now = figures["environment"].get(what, "eager" if what == "auth" else None)
+        if what == "server":  # the server's kind, not its minor version
+            was, now = str(was).split(" ")[0], str(now).split(" ")[0]
+        if was != now:
+            print(f"The baseline ({path}) was measured with {what} {was}, this run {now}.")
+            return 1
     if baseline["environment"]["versions"] != figures["environment"]["versions"]:
         print(
             f"The baseline ({path}) was measured with other versions: "
@@ -404,8 +435,13 @@ def measure(args: argparse.Namespace, bench_url: str) -> None:
         helper.bench_stop(name.encode())
         gc.enable()
     with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
+        cursor.execute("SELECT version()")
         (server,) = cursor.fetchone()
+    if connection.vendor == "mysql":
+        number = server.split("-")[0]
+        server = f"MariaDB {number}" if "MariaDB" in server else f"MySQL {number}"
+    else:
+        server = f"PostgreSQL {server.split()[1]}"
     from importlib.metadata import version
 
     versions = {
@@ -419,7 +455,8 @@ def measure(args: argparse.Namespace, bench_url: str) -> None:
         **versions,
         "versions": versions,
         "valgrind": valgrind.stdout.strip(),
-        "server": f"PostgreSQL {server.split()[0]}",
+        "server": server,
+        "auth": os.environ.get("BENCH_AUTH", "eager"),
     }
     args.out.write_text(json.dumps(described))
 

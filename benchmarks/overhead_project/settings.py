@@ -34,7 +34,10 @@ except ImportError:
 else:
     # Its settings are read from IDEMPOTENCY too: this project sets none, so both use defaults.
     INSTALLED_APPS.append("drf_idempotency")
-MIDDLEWARE = ["benchmarks.overhead_project.middleware.bearer_user"]
+MIDDLEWARE = [
+    "benchmarks.overhead_project.middleware."
+    + ("lazy_bearer_user" if os.environ.get("BENCH_AUTH") == "lazy" else "bearer_user")
+]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

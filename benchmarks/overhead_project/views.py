@@ -19,6 +19,8 @@ from example_project.payments.models import Charge
 
 
 def create_charge(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_authenticated:  # with --auth lazy, this reads the user
+        return JsonResponse({"detail": "Authentication required."}, status=401)
     data = json.loads(request.body)
     charge = Charge.objects.create(
         amount=data["amount"], currency=data["currency"], description=data.get("description", "")

@@ -100,6 +100,34 @@ def acquire(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
         return outcome
 
 
+def finished(identity: Identity, policy: Policy) -> Found | None:
+    """Atomic mode: the key's finished record, read before the transaction opens, as a replay
+    (or a mismatch); ``None``: there is none, so the key is claimed in the transaction.
+
+    A replay then sends one statement, with no ``BEGIN`` and no ``COMMIT`` (and on MySQL no
+    bound on the lock wait to set and put back): the claim would find the same record and
+    change nothing (issue 42). A fault here is left to the claim, which meets it again and
+    answers it; a connection that died in a restart is closed first, so that the transaction
+    opens on a new one.
+    """
+    store = using(policy.alias)
+    try:
+        record = store.read_finished(identity, deadlines.bound(policy.lock_timeout))
+    except (StoreUnavailable, LockWaitTimeout) as exc:
+        if isinstance(exc, StoreUnavailable):
+            _reconnect_thread(store, exc)
+        return None
+    if record is None:
+        return None
+    with telemetry.span(
+        "idempotency.claim", identity.method, identity.operation, policy.atomic, duration=True
+    ) as span:
+        kind = Kind.REPLAY if record.request_hash == identity.fingerprint else Kind.MISMATCH
+        found = _found(kind, record, identity, policy)
+        span.finish(found.outcome)
+    return found
+
+
 def _bounded_claim(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
     """Atomic mode's claim, its lock wait bounded by ``wait_timeout`` (see :func:`acquire`)."""
     store = using(policy.alias)

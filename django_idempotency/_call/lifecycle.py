@@ -218,6 +218,9 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
             return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
         except INTERRUPTIONS as exc:
             return adapter.interrupted(exc).value
+    answer = _answered_before(adapter, policy)
+    if answer is not None:
+        return answer.value
     refusal: StoreUnavailable | LockWaitTimeout
     try:
         for tries in range(engine.RECONNECTS + 1):
@@ -245,6 +248,21 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
                 refusal = engine.held_here(identity, policy, refusal)
             engine.refused(identity, policy, refusal)
     return adapter.refused(refusal, policy).value
+
+
+def _answered_before(adapter: Adapter[R], policy: Policy) -> Answer[R] | None:
+    """Atomic mode's answer from a finished record, read before its transaction opens (a
+    replay, a mismatch: :func:`._engine.finished`, issue 42); ``None``: run the transaction."""
+    if adapter.claims_inside:
+        return None
+    identity = adapter.identified(policy)
+    if not isinstance(identity, Identity):
+        return None  # answered (a bad key) or run unprotected, as before
+    found = engine.finished(identity, policy)
+    if found is None:
+        return None
+    adapter.identity = identity
+    return adapter.found(found)
 
 
 def run_steps(lifecycle: Generator[Step, Any, T], call: Callable[[], Any] | None = None) -> T:

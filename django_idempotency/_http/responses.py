@@ -57,11 +57,13 @@ def capture(
 
 
 def replay(status: int, headers: list[list[str]], body: bytes) -> HttpResponse:
-    response = HttpResponse(bytes(body), status=status)
-    for name, value in headers:
-        response[name] = value
-    response[REPLAYED_HEADER] = "true"
-    return response
+    """The stored response again. Its headers are given to the constructor, which sets them
+    as ``response[name] = value`` would, in order (checked as any header is), and makes no
+    default ``Content-Type`` for the stored one to replace (issue 42)."""
+    return HttpResponse(bytes(body), status=status, headers=[*headers, _REPLAYED])
+
+
+_REPLAYED = (REPLAYED_HEADER, "true")
 
 
 def add_post_render_callback(

@@ -6,7 +6,9 @@ time zones (:mod:`.time_zones`) and a Galera node's eviction stall
 (:mod:`.galera`). May import :mod:`.._conf`, :mod:`.._base` and the model.
 :class:`~.base.Store` is the interface and what every database shares; each vendor's
 statements live in a module of their own (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`),
-so another database is one more module and one line in :data:`VENDORS`. :func:`using` gives the
+so another database is one more module and one line in :data:`VENDORS`; the hot statements
+(the claim, the fenced writes, atomic mode's read) go below the drivers' cursors where nothing
+else would see them (:mod:`.libpq`, :mod:`.mysqlclient`, issue 42). :func:`using` gives the
 store of a database alias; the engine, the lock renewer and the operators' actions call nothing
 else.
 """

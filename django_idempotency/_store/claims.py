@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar, Union
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
 
 from django_idempotency._base import rules
 from django_idempotency._store import deadlines
@@ -125,20 +126,50 @@ class ClaimValues:
         """The values of the claim's placeholders (:data:`.statements.CLAIM_PARAMS`), as
         the fields send them to this database."""
         identity = self.identity
-        values = {
+        prepare = preparers(connection)
+        values: dict[str, Any] = {
             "scope": identity.scope,
             "key_hash": identity.key_hash,
             "method": identity.method,
             "path": identity.path,
             "request_hash": identity.fingerprint,
             "lock_token": self.token,
-            "created_at": self.now,
-            "updated_at": self.now,
-            "unlock_at": self.unlock_at,
-            "expires_at": self.expires_at,
         }
-        prepare = preparers(connection)
+        if connection.vendor == "mysql" and settings.USE_TZ and connection.timezone_name == "UTC":
+            # MySQL's times are naive text in the connection's zone, UTC: written from the
+            # clock, as the field would write them (``str()`` of the naive time), without an
+            # aware time made and converted four times (issue 42).
+            # The lock token as its field writes it: the text of a UUID for MariaDB's own
+            # type, its 32 hex digits for a char(32) column, with no uuid.UUID made.
+            token = self.token
+            if not connection.features.has_native_uuid_field:
+                token = token.replace("-", "")
+            instant = NAIVE_EPOCH + timedelta(microseconds=self.clock)
+            now = str(instant)
+            params = [prepare[name](values[name]) for name in CLAIM_PARAMS[:5]]
+            return [
+                *params,
+                token,
+                now,
+                now,
+                str(instant + self.lock_timeout),
+                str(instant + self.ttl),
+            ]
+        values["created_at"] = values["updated_at"] = self.now
+        values["unlock_at"] = self.unlock_at
+        values["expires_at"] = self.expires_at
         return [prepare[name](values[name]) for name in CLAIM_PARAMS]
+
+
+#: The epoch as a naive time (UTC).
+NAIVE_EPOCH = datetime(1970, 1, 1)
+assert CLAIM_PARAMS[5:] == (
+    "lock_token",
+    "created_at",
+    "updated_at",
+    "unlock_at",
+    "expires_at",
+), CLAIM_PARAMS
 
 
 class Claims(BoundStore):
@@ -254,6 +285,35 @@ class Claims(BoundStore):
         statement that also took over an expired or stale record (PostgreSQL's function).
         """
         raise NotImplementedError
+
+    def read_finished(
+        self, identity: Claimant[Any], bound: float
+    ) -> IdempotencyKey | Record | None:
+        """The key's record when it is finished and not expired, read on its own: what a
+        replay (or a mismatch) answers from, with no claim and no transaction; ``None``: no
+        such record, so the key is claimed (atomic mode, issue 42).
+
+        The claim finds such a record and leaves it as it is, so the answer is the claim's.
+        The read ends within ``bound`` seconds, as every statement of the app does (issue 39).
+        Raises :class:`~.exceptions.StoreUnavailable`.
+        """
+        try:
+            connection = self.connection
+            return self.bounded(
+                connection, bound, lambda: self.select_finished(connection, identity)
+            )
+        except DatabaseError as exc:
+            raise self.refusal(exc) from exc
+
+    def select_finished(
+        self, connection: BaseDatabaseWrapper, identity: Claimant[Any]
+    ) -> IdempotencyKey | Record | None:
+        now = prep("expires_at", timezone.now(), connection)
+        return first(
+            connection,
+            self.statements(connection).finished,
+            [identity.scope, identity.key_hash, now],
+        )
 
     def take_over(
         self, connection: BaseDatabaseWrapper, pk: int, values: list[Any], token: str

@@ -24,7 +24,15 @@ from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
-from django_idempotency._store.rows import aware, first, loaded, prep, statement_cursor
+from django_idempotency._store.rows import (
+    aware,
+    fetch_row,
+    first,
+    loaded,
+    plain_connection,
+    prep,
+    statement_cursor,
+)
 from django_idempotency._store.statements import CLAIM_PARAMS, Statements, fill
 from django_idempotency.models import IdempotencyKey
 
@@ -51,6 +59,9 @@ _PREVIOUS = "@django_idempotency_lock_wait"
 #: not a transaction's: unlike PostgreSQL's ``SET LOCAL`` it outlives the transaction, so it is
 #: always put back.
 RESTORE_LOCK_WAIT = f"SET SESSION innodb_lock_wait_timeout = {_PREVIOUS}"
+#: The attribute of a connection holding the bound of atomic mode's claim on MariaDB, written
+#: into the claim's own statements (``SET STATEMENT ... FOR``, issue 42).
+_IN_STATEMENT = "_django_idempotency_lock_wait"
 #: Two cleanups' locks on the secondary indexes can deadlock: the victim's batch is run again.
 _DEADLOCK_RETRIES = 5
 _EXPIRES_INDEX = next(i.name for i in IdempotencyKey._meta.indexes if i.fields == ["expires_at"])
@@ -175,18 +186,19 @@ class MySQLStore(Store):
                         raise
                     # Dropped since (the migration unapplied): plain statements from now on.
                     _HAS_PROCEDURE[database_key(connection)] = False
-            found = first(connection, statements.select, key)
+            bound = _bound(connection)
+            found = first(connection, bound + statements.select, key)
             if found is not None:
                 return found
             with connection.cursor() as cursor:
                 try:
-                    cursor.execute(statements.insert, values.params(connection))
+                    cursor.execute(bound + statements.insert, values.params(connection))
                 except IntegrityError as exc:
                     if error_code(exc) != DUPLICATE_KEY:
                         raise
                 else:
                     return int(cursor.lastrowid)
-            return first(connection, statements.select, key)
+            return first(connection, bound + statements.select, key)
         except OperationalError as exc:
             if error_code(exc) == DEADLOCK and not connection.in_atomic_block:
                 return None
@@ -198,11 +210,15 @@ class MySQLStore(Store):
 
         The call's results are read to the end (the procedure's status follows its rows):
         a connection with results left unread refuses the next statement."""
-        with statement_cursor(connection) as cursor:
-            cursor.execute(CALL, values.params(connection))
-            row = cursor.fetchone()
-            while cursor.nextset():
-                pass
+        sql, params = _bound(connection) + CALL, values.params(connection)
+        if plain_connection(connection) is not None:  # on mysqlclient's connection (issue 42)
+            row = fetch_row(connection, sql, params)
+        else:
+            with statement_cursor(connection) as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+                while cursor.nextset():
+                    pass
         return None if row is None else loaded(connection, row)
 
     def has_procedure(self, connection: BaseDatabaseWrapper) -> bool:
@@ -221,7 +237,7 @@ class MySQLStore(Store):
         statements = self.statements(connection)
         assert isinstance(statements, MySQLStatements)
         with connection.cursor() as cursor:
-            cursor.execute(statements.take_over, values)
+            cursor.execute(_bound(connection) + statements.take_over, values)
             if not cursor.rowcount:
                 return None
         owned = [pk, prep("lock_token", token, connection)]
@@ -230,13 +246,28 @@ class MySQLStore(Store):
     def limit_lock_wait(self, timeout: timedelta) -> object:
         """Keep the session's lock wait limit aside and set ``timeout``, in one round trip.
 
+        On MariaDB nothing is sent: each claim statement carries the bound itself
+        (``SET STATEMENT innodb_lock_wait_timeout = ... FOR``), which sets it for that
+        statement alone and puts the session's back after it, even when it fails: two round
+        trips fewer for every atomic claim (issue 42). MySQL has no such clause.
+
         The limit is whole seconds, at least one: a wait limit below a second waits a second.
         """
-        with self.guard(), self.connection.cursor() as cursor:
+        connection = self.connection
+        if getattr(connection, "mysql_is_mariadb", False):
+            seconds = max(1, math.ceil(timeout.total_seconds()))
+            connection.__dict__[_IN_STATEMENT] = (
+                f"SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR "
+            )
+            return _InTheStatement(connection)
+        with self.guard(), connection.cursor() as cursor:
             cursor.execute(limit_lock_wait_sql(timeout))
         return RESTORE_LOCK_WAIT
 
     def restore_lock_wait(self, previous: object) -> None:
+        if isinstance(previous, _InTheStatement):
+            previous.connection.__dict__.pop(_IN_STATEMENT, None)
+            return
         if previous is None:
             return
         with self.guard(), self.connection.cursor() as cursor:
@@ -306,6 +337,21 @@ class MySQLStore(Store):
             [table],
             "information_schema.TABLES",
         )
+
+
+class _InTheStatement:
+    """What :meth:`MySQLStore.limit_lock_wait` returns on MariaDB: the connection whose claim
+    statements carry the bound."""
+
+    __slots__ = ("connection",)
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+
+
+def _bound(connection: BaseDatabaseWrapper) -> str:
+    """The ``SET STATEMENT ... FOR`` a claim statement starts with (``""``: none)."""
+    return connection.__dict__.get(_IN_STATEMENT, "")  # type: ignore[no-any-return]
 
 
 def limit_lock_wait_sql(timeout: timedelta) -> str:

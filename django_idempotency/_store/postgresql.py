@@ -24,6 +24,7 @@ migration that replaces the function.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -34,7 +35,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
-from django_idempotency._store.claims import ClaimValues
+from django_idempotency._store.claims import Claimant, ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import (
     MICROSECOND,
@@ -44,9 +45,7 @@ from django_idempotency._store.rows import (
     lean_columns,
     read_record,
 )
-from django_idempotency._store.statements import (
-    Statements,
-)
+from django_idempotency._store.statements import Statements, finished_where
 from django_idempotency.models import IdempotencyKey
 
 #: The claim function's name and its arguments: the claim's values (the claim's time once, for
@@ -86,6 +85,9 @@ class PostgreSQLStatements(Statements):
     insert_or_select: str
     #: The same (and the takeover, and the lock wait's bound) in one call of the claim function.
     call: str
+    #: :attr:`~.Statements.finished`, every column as :func:`~.rows.read_record` reads them,
+    #: its time the claim's clock (microseconds since the epoch).
+    lean_finished: str
 
 
 #: Whether the claim function is there, per database (checked once per process): without the
@@ -123,7 +125,24 @@ class PostgreSQLStore(Store):
             f"UNION ALL {built.select}",
             call=f"SELECT {lean_columns(connection.ops.quote_name)} "
             f"FROM (SELECT {POSTGRESQL_TIME} AS now) AS clock, {CLAIM_FUNCTION}({arguments})",
+            lean_finished=finished_where(
+                connection.ops.quote_name,
+                f"SELECT {lean_columns(connection.ops.quote_name)} FROM {built.table} "
+                f"WHERE {connection.ops.quote_name('scope')} = %s "
+                f"AND {connection.ops.quote_name('key_hash')} = %s",
+                POSTGRESQL_TIME,
+            ),
         )
+
+    def select_finished(
+        self, connection: BaseDatabaseWrapper, identity: Claimant[Any]
+    ) -> Record | None:
+        """One indexed read, sent through libpq (:mod:`.libpq`) where it can be: a replay's
+        only statement in atomic mode (issue 42)."""
+        statements = self.statements(connection)
+        assert isinstance(statements, PostgreSQLStatements)
+        params = [identity.scope, identity.key_hash, time.time_ns() // 1000]
+        return read_record(connection, statements.lean_finished, params)
 
     def insert_or_load(
         self, connection: BaseDatabaseWrapper, values: ClaimValues

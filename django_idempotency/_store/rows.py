@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from django_idempotency._base.json import acyclic_encoder
+from django_idempotency._store import libpq, mysqlclient
 from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
@@ -94,13 +95,25 @@ def statement_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
 
 
 def fetch_row(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Any:
-    """Send one store statement that returns rows: its first row (``None``: none)."""
+    """Send one store statement that returns rows: its first row (``None``: none). On MySQL
+    through mysqlclient's connection itself where nothing else would see it
+    (:mod:`.mysqlclient`, issue 42); every result it leaves is read."""
+    if connection.vendor == "mysql":
+        raw = plain_connection(connection)
+        if raw is not None:
+            connection.validate_no_broken_transaction()
+            with connection.wrap_database_errors:
+                return mysqlclient.first_row(raw, sql, params)
     return _send(connection, sql, params, _first_row)
 
 
 def count_rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
     """Send one store statement that writes: the rows it matched."""
-    return int(_send(connection, sql, params, _row_count))
+    return int(_send(connection, sql, params, _row_count, _libpq_row_count))
+
+
+def _libpq_row_count(connection: BaseDatabaseWrapper, raw: Any, result: Any) -> int:
+    return libpq.row_count(result)
 
 
 def _first_row(cursor: Any) -> Any:
@@ -112,11 +125,24 @@ def _row_count(cursor: Any) -> Any:
 
 
 def _send(
-    connection: BaseDatabaseWrapper, sql: str, params: list[Any], read: Callable[[Any], T]
+    connection: BaseDatabaseWrapper,
+    sql: str,
+    params: list[Any],
+    read: Callable[[Any], T],
+    read_result: Callable[[BaseDatabaseWrapper, Any, Any], T] | None = None,
 ) -> T:
     """Run a store statement and ``read`` its cursor: on the kept cursor's driver cursor
     when nothing else would see the statement (without a generator's context manager: the
-    hot path of every claim and write, issue 28)."""
+    hot path of every claim and write, issue 28); on PostgreSQL, with ``read_result`` to read
+    libpq's result, below that cursor (:mod:`.libpq`, issue 42)."""
+    if read_result is not None:
+        raw = _libpq_connection(connection)
+        if raw is not None:
+            connection.validate_no_broken_transaction()
+            with connection.wrap_database_errors:
+                result = libpq.execute(raw, sql, params)
+                if result is not None:
+                    return read_result(connection, raw, result)
     cursor = kept_cursor(connection)
     if cursor is None:
         with connection.cursor() as made:
@@ -130,6 +156,31 @@ def _send(
     with connection.wrap_database_errors:
         driver.execute(sql, params)
         return read(driver)
+
+
+def plain_connection(connection: BaseDatabaseWrapper) -> Any:
+    """The driver's connection, when nothing but Django's plain cursor would see a statement
+    sent on it: open, no ``execute_wrapper()`` hook, no query logging, no health check due;
+    else ``None`` (issue 42)."""
+    raw = connection.connection
+    if (
+        raw is None
+        or connection.execute_wrappers
+        or connection.queries_logged
+        or (
+            getattr(connection, "health_check_enabled", False)
+            and not getattr(connection, "health_check_done", True)
+        )
+    ):
+        return None
+    return raw
+
+
+def _libpq_connection(connection: BaseDatabaseWrapper) -> Any:
+    """:func:`plain_connection`, when a statement may go through its libpq connection now
+    (:func:`.libpq.usable`)."""
+    raw = plain_connection(connection)
+    return None if raw is None else libpq.usable(raw)
 
 
 def _driver_cursor(connection: BaseDatabaseWrapper, cursor: Any) -> Any:
@@ -316,7 +367,7 @@ def instance_of(record: IdempotencyKey | Record) -> IdempotencyKey:
 
 def read_record(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Record | None:
     """The record a lean statement returns (every column, :data:`AS_TEXT` as text)."""
-    row = fetch_row(connection, sql, params)
+    row = _send(connection, sql, params, _first_row, libpq.first_row)
     return None if row is None else Record(row, record_converters(connection))
 
 

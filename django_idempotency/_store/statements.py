@@ -6,6 +6,7 @@ too, and its migration carries a copy a test compares).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -64,6 +65,9 @@ class Statements:
     insert: str
     select: str
     take_over: str
+    #: The key's record when it is finished (not ``processing``) and not expired: read before
+    #: atomic mode's transaction opens (issue 42). Its parameters: ``select``'s, then the time.
+    finished: str
 
     @classmethod
     def build(cls, connection: BaseDatabaseWrapper) -> Statements:
@@ -79,6 +83,7 @@ class Statements:
             plain.insert + on_conflict + returning,
             plain.select,
             plain.take_over + returning,
+            plain.finished,
         )
 
     @classmethod
@@ -114,7 +119,16 @@ class Statements:
             f"UPDATE {table} SET {', '.join(assignments)} "
             f"WHERE {q('id')} = %s AND {rules.TAKEOVER.where(q)}"
         )
-        return Statements(table, columns, insert, select, take_over)
+        finished = finished_where(q, select, "%s")
+        return Statements(table, columns, insert, select, take_over, finished)
+
+
+def finished_where(quote: Callable[[str], str], select: str, now: str) -> str:
+    """``select`` narrowed to a finished record that is not expired at ``now`` (SQL): what the
+    claim would find and leave as it is, a replay's or a mismatch's (issue 42)."""
+    return (
+        f"{select} AND {quote('status')} <> '{rules.PROCESSING}' AND {quote('expires_at')} > {now}"
+    )
 
 
 def fill(sql: str, names: list[str]) -> str:
