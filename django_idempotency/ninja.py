@@ -28,7 +28,7 @@ from ninja.decorators import decorate_view
 from ninja.operation import Operation
 
 from django_idempotency._base.errors import UnreplayableResponse
-from django_idempotency._call import engine, lifecycle
+from django_idempotency._call import lifecycle, writing
 from django_idempotency._call.claim import Claim
 from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
 from django_idempotency._conf.settings import conf, derived
@@ -280,7 +280,7 @@ class _Adapter(protocol.HttpAdapter):
             response = self._render(result)
         except Exception:  # a dying process (SystemExit...) is a crash: recovered later
             assert self.identity is not None
-            engine.release(claim, self.identity, policy, reason="unrenderable result", raised=True)
+            writing.release(claim, self.identity, policy, reason="unrenderable result", raised=True)
             raise
         return super().finish(claim, response, policy)
 

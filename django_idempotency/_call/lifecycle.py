@@ -25,7 +25,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base.errors import LockLost, LockWaitTimeout, StoreUnavailable
-from django_idempotency._call import engine, heartbeat
+from django_idempotency._call import claiming, heartbeat, writing
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Policy
@@ -65,7 +65,7 @@ class Adapter(Generic[R]):
         #: Set by :func:`run` or :func:`arun` (``None``: the call runs unprotected).
         self.policy: Policy | None = None
         self.claim: Claim | None = None
-        #: The identity a claim was asked for (what the engine's reports are about).
+        #: The identity a claim was asked for (what the reports are about).
         self.identity: Identity | None = None
         #: Atomic mode's: the connection whose transaction the call runs in.
         self.connection: BaseDatabaseWrapper | None = None
@@ -91,7 +91,7 @@ class Adapter(Generic[R]):
         """Keep the claim the protected code runs with (``None``: it runs without one)."""
         self.claim = claim
 
-    def found(self, found: engine.Found) -> Answer[R]:
+    def found(self, found: claiming.Found) -> Answer[R]:
         """The answer when another call's record holds the key (or raise)."""
         raise NotImplementedError
 
@@ -155,14 +155,14 @@ def wrap(
     return async_wrapper
 
 
-def begin(adapter: Adapter[R], policy: Policy) -> engine.Steps[Answer[R] | Claim | None]:
+def begin(adapter: Adapter[R], policy: Policy) -> claiming.Steps[Answer[R] | Claim | None]:
     """Claim the adapter's identity, or say what to answer instead."""
     identity = adapter.identified(policy)
     if not isinstance(identity, Identity):
         return identity
     adapter.identity = identity
     try:
-        outcome = yield from engine.acquire(identity, policy)
+        outcome = yield from claiming.acquire(identity, policy)
     except (LockWaitTimeout, StoreUnavailable) as exc:
         if policy.atomic:
             # The transaction is broken: run() answers outside it, or starts it again on a new
@@ -191,7 +191,9 @@ def steps(adapter: Adapter[R], policy: Policy) -> Generator[Step, Any, R]:
         # A lost lock is not this attempt's to release: another owns the record.
         if adapter.claim is not None and not isinstance(exc, LockLost):
             assert adapter.identity is not None
-            engine.release(adapter.claim, adapter.identity, policy, reason="exception", raised=True)
+            writing.release(
+                adapter.claim, adapter.identity, policy, reason="exception", raised=True
+            )
         raise
     if adapter.claim is None:
         return result  # type: ignore[no-any-return]
@@ -205,7 +207,7 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
     ``wait_timeout``, and a crash rolls everything back and leaves no record behind. A claim
     that met a fault on a connection it left unusable (a pooled or persistent connection a
     restart killed, one cut at its bound) is made again in a new transaction on a new
-    connection, the view not having run (:func:`.engine.claim_again`).
+    connection, the view not having run (:func:`.claiming.claim_again`).
     """
     try:
         policy = adapter.policy = adapter.resolve(asynchronous=False)
@@ -220,9 +222,9 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
             return adapter.interrupted(exc).value
     refusal: StoreUnavailable | LockWaitTimeout
     try:
-        for tries in range(engine.RECONNECTS + 1):
+        for tries in range(claiming.RECONNECTS + 1):
             try:
-                with engine.atomic_attempt(policy) as adapter.connection:
+                with claiming.atomic_attempt(policy) as adapter.connection:
                     return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
             except (StoreUnavailable, LockWaitTimeout) as exc:
                 refusal = exc
@@ -230,25 +232,25 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
                 isinstance(refusal, StoreUnavailable)
                 and adapter.claim is None  # the view has not run
                 and not adapter.claims_inside
-                and not isinstance(refusal, engine.Unreachable)  # connecting again would fail too
-                and tries < engine.RECONNECTS
-                and engine.claim_again(policy, connections[policy.alias], refusal)
+                and not isinstance(refusal, claiming.Unreachable)  # connecting again would fail too
+                and tries < claiming.RECONNECTS
+                and claiming.claim_again(policy, connections[policy.alias], refusal)
             ):
                 break
     finally:
         if adapter.claim is not None:  # its transaction ended: committed or rolled back
-            engine.let_go(adapter.claim, policy)
+            claiming.let_go(adapter.claim, policy)
     if adapter.identity is None:  # refused before the claim: connecting, SQLite's BEGIN
         identity = adapter.identified(policy)
         if isinstance(identity, Identity):
             if isinstance(refusal, StoreUnavailable):
-                refusal = engine.held_here(identity, policy, refusal)
-            engine.refused(identity, policy, refusal)
+                refusal = claiming.held_here(identity, policy, refusal)
+            claiming.refused(identity, policy, refusal)
     return adapter.refused(refusal, policy).value
 
 
 def run_steps(lifecycle: Generator[Step, Any, T], call: Callable[[], Any] | None = None) -> T:
-    """Drive a generator of this module or of the engine synchronously; ``call`` runs the
+    """Drive a generator of this module or of the claim loop synchronously; ``call`` runs the
     protected code when it is due."""
     sent: Any = None
     thrown: Exception | None = None

@@ -32,7 +32,7 @@ from django_idempotency._base.errors import (
     StoreUnavailable,
 )
 from django_idempotency._base.keys import KeyFormat, hash_key
-from django_idempotency._call import engine, lifecycle, storing, telemetry
+from django_idempotency._call import claiming, lifecycle, reports, storing, telemetry, writing
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Options, Policy
@@ -307,7 +307,7 @@ class CallAdapter(lifecycle.Adapter[Any]):
                 raise
             refusal = StoreUnavailable(f"{self.spec.name}: {exc}")
             attributes = telemetry.labels(METHOD, self.spec.name, policy.atomic)
-            engine.identity_unavailable(attributes, policy, refusal, "function")
+            reports.identity_unavailable(attributes, policy, refusal, "function")
             raise refusal from exc
 
     def arguments(self, kwargs: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
@@ -316,17 +316,17 @@ class CallAdapter(lifecycle.Adapter[Any]):
     def unprotected(self, result: Any) -> Any:
         return storing.plain(result)
 
-    def found(self, found: engine.Found) -> lifecycle.Answer[Any]:
+    def found(self, found: claiming.Found) -> lifecycle.Answer[Any]:
         """The stored result; raises :class:`IdempotencyInProgress`,
         :class:`IdempotencyKeyMismatch` and :class:`IdempotencyFailed`."""
         spec, identity = self.spec, self.identity
         assert identity is not None
-        if found.kind is engine.Kind.MISMATCH:
+        if found.kind is claiming.Kind.MISMATCH:
             raise IdempotencyKeyMismatch(
                 f"{spec.name}: key {identity.key_hash[:12]}… was used before by a call with "
                 "another payload, or by another function of the same name; nothing ran."
             )
-        if found.kind is engine.Kind.IN_PROGRESS:
+        if found.kind is claiming.Kind.IN_PROGRESS:
             raise IdempotencyInProgress(
                 _in_progress_message(spec, identity), unlock_at=found.record.unlock_at
             )
@@ -353,7 +353,7 @@ class CallAdapter(lifecycle.Adapter[Any]):
         assert identity is not None
         result, mark = storing.unwrap(result)
         self.result = result
-        engine.conclude(claim, identity, policy, mark, partial(self._serialized, claim, policy))
+        writing.conclude(claim, identity, policy, mark, partial(self._serialized, claim, policy))
         return self.result
 
     def _serialized(self, claim: Claim, policy: Policy, ttl: timedelta | None) -> StoredResponse:
@@ -366,7 +366,7 @@ class CallAdapter(lifecycle.Adapter[Any]):
         except Exception:
             # Its effects may have happened, but nothing can be replayed: release so a fixed
             # deployment's retry runs it (atomic mode rolls the effects back with the claim).
-            engine.release(claim, identity, policy, reason="unserialisable result", raised=True)
+            writing.release(claim, identity, policy, reason="unserialisable result", raised=True)
             raise
         return StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body, ttl)
 

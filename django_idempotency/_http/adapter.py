@@ -25,7 +25,7 @@ from django_idempotency._base.errors import (
     UnreplayableResponse,
 )
 from django_idempotency._base.keys import hash_key, parse_key
-from django_idempotency._call import engine, lifecycle, storing, telemetry
+from django_idempotency._call import claiming, lifecycle, reports, storing, telemetry, writing
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._call.lifecycle import Answer
@@ -102,7 +102,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             scope = bounded_scope(_call(policy, policy.scope, "scope", request))
             fingerprint = _call(policy, policy.fingerprint, "fingerprint", request, scope)
         except StoreUnavailable as exc:
-            engine.identity_unavailable(self._attributes(policy), policy, exc)
+            reports.identity_unavailable(self._attributes(policy), policy, exc)
             return Answer(problems.unavailable())
         except bodies.UNREADABLE as exc:
             return Answer(problems.invalid_body(_sentence(exc)))
@@ -124,11 +124,11 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         if policy is None or self.key_header() is None or not using(policy.alias).is_transient(exc):
             return None
         refusal = StoreUnavailable(f"The request's user could not be read: {exc}")
-        engine.identity_unavailable(self._attributes(policy), policy, refusal)
+        reports.identity_unavailable(self._attributes(policy), policy, refusal)
         return Answer(problems.unavailable())
 
     def _key_refused(self, outcome: str, policy: Policy, reason: str) -> None:
-        engine.key_refused(outcome, self._attributes(policy), reason)
+        reports.key_refused(outcome, self._attributes(policy), reason)
 
     def _attributes(self, policy: Policy) -> dict[str, str]:
         method = self.request.method or ""
@@ -138,10 +138,10 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         self.claim = claim
         attach(self.request, claim)
 
-    def found(self, found: engine.Found) -> Answer[HttpResponseBase]:
-        if found.kind is engine.Kind.MISMATCH:
+    def found(self, found: claiming.Found) -> Answer[HttpResponseBase]:
+        if found.kind is claiming.Kind.MISMATCH:
             return Answer(problems.key_reuse(conf.MISMATCH_STATUS))
-        if found.kind is engine.Kind.REPLAY:
+        if found.kind is claiming.Kind.REPLAY:
             return Answer(_replay(found.record))
         return Answer(problems.in_progress(conf.RETRY_AFTER))
 
@@ -177,7 +177,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
                 return result
             responses.render(result)
         except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-            engine.release(claim, identity, policy, reason="unreplayable response", raised=True)
+            writing.release(claim, identity, policy, reason="unreplayable response", raised=True)
             raise
         connection = self.connection  # atomic mode's
         _conclude(
@@ -323,13 +323,13 @@ def _conclude(
         # (a serializer's 400, an APIException's 503): the claim rolls back with the view's
         # work, as after a crash, and a retry runs again (issue 20). First: no statement may
         # run in that transaction, not even a retryable status's release.
-        engine.release(claim, identity, policy, reason="transaction rolled back", raised=True)
+        writing.release(claim, identity, policy, reason="transaction rolled back", raised=True)
         return
     if response.status_code in conf.RETRYABLE_STATUSES:
         reason = f"status {response.status_code}"
-        engine.release(claim, identity, policy, reason=reason, raised=False)
+        writing.release(claim, identity, policy, reason=reason, raised=False)
         return
-    engine.conclude(
+    writing.conclude(
         claim,
         identity,
         policy,
