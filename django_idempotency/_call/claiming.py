@@ -23,6 +23,7 @@ from django.utils import timezone
 from django_idempotency._base import rules, signals
 from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
 from django_idempotency._call import telemetry
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._call.reports import report
@@ -69,8 +70,9 @@ class Found:
     outcome: str
 
 
-def acquire(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
-    """Claim the key, or say why not; waits (by yielding) when the policy is ``"wait"``.
+def acquire(attempt: Attempt) -> Steps[Claim | Found]:
+    """Claim the key (the claim made is also :attr:`.Attempt.claim`), or say why not; waits
+    (by yielding) when the policy is ``"wait"``.
 
     In atomic mode the claim may wait on a concurrent call's uncommitted row, for at most
     ``wait_timeout``; that limit is lifted again before any code of the caller's runs in the
@@ -79,16 +81,17 @@ def acquire(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
     which lifts it for free.) Raises :class:`~.exceptions.StoreUnavailable` and
     :class:`~.exceptions.LockWaitTimeout`.
     """
+    identity, policy = attempt.identity, attempt.policy
     with telemetry.span(
         "idempotency.claim", identity.method, identity.operation, policy.atomic, duration=True
     ) as span:
         try:
             if not policy.atomic:
-                outcome = yield from _claim(identity, policy, using(policy.alias))
+                outcome = yield from _claim(attempt, using(policy.alias))
             else:
-                outcome = yield from _bounded_claim(identity, policy)
+                outcome = yield from _bounded_claim(attempt)
         except (StoreUnavailable, LockWaitTimeout) as exc:
-            span.finish(refused(identity, policy, exc))
+            span.finish(refused(attempt, exc))
             raise
         if isinstance(outcome, Claim):
             span.finish("takeover" if outcome.is_takeover else "claimed", outcome.attempt)
@@ -97,14 +100,15 @@ def acquire(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
         return outcome
 
 
-def _bounded_claim(identity: Identity, policy: Policy) -> Steps[Claim | Found]:
+def _bounded_claim(attempt: Attempt) -> Steps[Claim | Found]:
     """Atomic mode's claim, its lock wait bounded by ``wait_timeout`` (see :func:`acquire`)."""
+    policy = attempt.policy
     store = using(policy.alias)
     previous = _watched(store, policy, lambda: store.limit_lock_wait(policy.wait_timeout))
     # A session setting (MySQL) outlives the transaction: it is put back whatever happens.
     always = store.lock_wait_outlives_transaction
     try:
-        outcome = yield from _claim(identity, policy, store)
+        outcome = yield from _claim(attempt, store)
     except BaseException:
         if always:
             _watched(store, policy, lambda: store.restore_lock_wait(previous))
@@ -127,50 +131,48 @@ def _watched(store: Store, policy: Policy, statement: Callable[[], T]) -> T:
         raise store.refusal(exc) from exc
 
 
-def refused(identity: Identity, policy: Policy, exc: StoreUnavailable | LockWaitTimeout) -> str:
+def refused(attempt: Attempt, exc: StoreUnavailable | LockWaitTimeout) -> str:
     """Report a claim the store refused; returns the outcome (``unavailable``, ``conflict``)."""
     if isinstance(exc, LockWaitTimeout):
         report(
             "conflict",
-            identity,
-            policy,
+            attempt,
             logging.INFO,
             "Idempotency key %s: an uncommitted claim held it past wait_timeout.",
-            identity.key_hash[:12],
+            attempt.identity.key_hash[:12],
         )
         return "conflict"
     report(
         "unavailable",
-        identity,
-        policy,
+        attempt,
         logging.ERROR,
         "Idempotency store %r unavailable; the %s was not run.",
-        policy.alias,
-        "function" if identity.request is None else "view",
+        attempt.policy.alias,
+        attempt.code,
         exc_info=True,
     )
     return "unavailable"
 
 
-def held_here(
-    identity: Identity, policy: Policy, exc: StoreUnavailable
-) -> StoreUnavailable | LockWaitTimeout:
+def held_here(attempt: Attempt, exc: StoreUnavailable) -> StoreUnavailable | LockWaitTimeout:
     """What a wait for the database's write lock that ran out before the claim is: a ``409``
     (:class:`~.exceptions.LockWaitTimeout`) when an atomic attempt of this process holds the
     key, as a wait on a server's row lock is; otherwise the store unavailable, a ``503``:
     SQLite does not say who holds its lock (issue 38)."""
-    store = using(policy.alias)
+    store, identity = using(attempt.policy.alias), attempt.identity
     if store.is_contention(exc.__cause__ or exc) and store.holds(identity.scope, identity.key_hash):
         return LockWaitTimeout(str(exc))
     return exc
 
 
-def let_go(claim: Claim, policy: Policy) -> None:
+def let_go(attempt: Attempt) -> None:
     """An atomic attempt's transaction ended: its key is no longer held here (:func:`held_here`)."""
-    using(policy.alias).let_go(claim.scope, claim.key_hash)
+    identity = attempt.identity
+    using(attempt.policy.alias).let_go(identity.scope, identity.key_hash)
 
 
-def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Found]:
+def _claim(attempt: Attempt, store: Store) -> Steps[Claim | Found]:
+    identity, policy = attempt.identity, attempt.policy
     deadline = time.monotonic() + policy.wait_timeout.total_seconds()
     delay = _FIRST_WAIT
     record: IdempotencyKey | Record | None = None
@@ -194,13 +196,14 @@ def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Fo
         if outcome is None:
             continue  # raced with another call's claim or release: claim again
         if isinstance(outcome, Claim):
-            _announce_claim(outcome, identity, policy)
+            attempt.claim = outcome
+            _announce_claim(attempt, outcome)
             return outcome
         record = outcome
         if record.request_hash != identity.fingerprint:
-            return _found(Kind.MISMATCH, record, identity, policy)
+            return _found(Kind.MISMATCH, record, attempt)
         if record.status != rules.PROCESSING:
-            return _found(Kind.REPLAY, record, identity, policy, waited=waited)
+            return _found(Kind.REPLAY, record, attempt, waited=waited)
         if policy.in_progress != "wait" or time.monotonic() >= deadline:
             break
         waited = True
@@ -210,10 +213,10 @@ def _claim(identity: Identity, policy: Policy, store: Store) -> Steps[Claim | Fo
             delay = min(delay * 2, _MAX_WAIT)
             if time.monotonic() >= deadline or _settled(store, identity, bound):
                 break
-        telemetry.record_wait(time.monotonic() - started, identity.attributes(policy.atomic))
+        telemetry.record_wait(time.monotonic() - started, attempt.attributes())
     if record is None:
         record = IdempotencyKey(scope=identity.scope, key_hash=identity.key_hash)
-    return _found(Kind.IN_PROGRESS, record, identity, policy)
+    return _found(Kind.IN_PROGRESS, record, attempt)
 
 
 def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
@@ -276,29 +279,25 @@ def _settled(store: Store, identity: Identity, bound: float) -> bool:
     )
 
 
-def _announce_claim(claim: Claim, identity: Identity, policy: Policy) -> None:
+def _announce_claim(attempt: Attempt, claim: Claim) -> None:
     if claim.is_takeover:
         report(
             "takeover",
-            identity,
-            policy,
+            attempt,
             logging.WARNING,
             "Took over stale idempotency record %s (attempt %s, recovery point %r).",
             claim.pk,
             claim.attempt,
             claim.recovery_point,
-            claim=claim,
             signal=signals.key_taken_over,
         )
     else:
         report(
             "claimed",
-            identity,
-            policy,
+            attempt,
             logging.DEBUG,
             "Claimed idempotency record %s.",
             claim.pk,
-            claim=claim,
             signal=signals.key_claimed,
         )
 
@@ -312,21 +311,15 @@ _FOUND_OUTCOMES = {Kind.REPLAY: "replayed", Kind.MISMATCH: "mismatch", Kind.IN_P
 
 
 def _found(
-    kind: Kind,
-    record: IdempotencyKey | Record,
-    identity: Identity,
-    policy: Policy,
-    *,
-    waited: bool = False,
+    kind: Kind, record: IdempotencyKey | Record, attempt: Attempt, *, waited: bool = False
 ) -> Found:
     outcome = "waited" if waited and kind is Kind.REPLAY else _FOUND_OUTCOMES[kind]
     report(
         outcome,
-        identity,
-        policy,
+        attempt,
         logging.DEBUG if kind is Kind.REPLAY else logging.INFO,
         "Idempotency key %s: %s.",
-        identity.key_hash[:12],
+        attempt.identity.key_hash[:12],
         kind.replace("_", " "),
         signal=_FOUND_SIGNALS[kind],
         record=record,

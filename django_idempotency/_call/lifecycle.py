@@ -26,6 +26,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base.errors import LockLost, LockWaitTimeout, StoreUnavailable
 from django_idempotency._call import claiming, heartbeat, writing
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Policy
@@ -60,16 +61,24 @@ class Adapter(Generic[R]):
     #: Whether the claim is made inside the protected code (DRF claims after authentication,
     #: in ``initial()``) rather than before it; :attr:`claim` is then read after it ran.
     claims_inside = False
+    #: What signal receivers get as ``request`` (:attr:`.Attempt.request`): the view
+    #: adapter's ``HttpRequest``; ``None`` for a function.
+    request: object = None
 
     def __init__(self) -> None:
         #: Set by :func:`run` or :func:`arun` (``None``: the call runs unprotected).
         self.policy: Policy | None = None
-        self.claim: Claim | None = None
-        #: The identity a claim was asked for (what the reports are about).
-        self.identity: Identity | None = None
+        #: The attempt a claim was asked for (what the reports are about), and its claim.
+        self.attempt: Attempt | None = None
         #: Atomic mode's: the connection whose transaction the call runs in.
         self.connection: BaseDatabaseWrapper | None = None
         self._identified: Identity | Answer[R] | None = _UNKNOWN
+
+    @property
+    def claim(self) -> Claim | None:
+        """The claim the protected code runs with (``None``: it runs without one)."""
+        attempt = self.attempt
+        return None if attempt is None else attempt.claim
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The policy of this call; ``None``: run the protected code as if undecorated."""
@@ -88,8 +97,7 @@ class Adapter(Generic[R]):
         return self._identified
 
     def hold(self, claim: Claim | None) -> None:
-        """Keep the claim the protected code runs with (``None``: it runs without one)."""
-        self.claim = claim
+        """Hand the protected code its claim (``None``: it runs without one)."""
 
     def found(self, found: claiming.Found) -> Answer[R]:
         """The answer when another call's record holds the key (or raise)."""
@@ -110,9 +118,9 @@ class Adapter(Generic[R]):
         claim (a recovery point the store could not save, a lock lost), or raise it."""
         raise exc
 
-    def finish(self, claim: Claim, result: R, policy: Policy) -> R:
-        """Store the protected code's result (or release the claim) and return what the
-        caller gets."""
+    def finish(self, attempt: Attempt, result: R) -> R:
+        """Store the protected code's result (or release the attempt's claim) and return
+        what the caller gets."""
         raise NotImplementedError
 
     def arguments(self, kwargs: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
@@ -160,9 +168,9 @@ def begin(adapter: Adapter[R], policy: Policy) -> claiming.Steps[Answer[R] | Cla
     identity = adapter.identified(policy)
     if not isinstance(identity, Identity):
         return identity
-    adapter.identity = identity
+    attempt = adapter.attempt = Attempt(identity, policy, adapter.request)
     try:
-        outcome = yield from claiming.acquire(identity, policy)
+        outcome = yield from claiming.acquire(attempt)
     except (LockWaitTimeout, StoreUnavailable) as exc:
         if policy.atomic:
             # The transaction is broken: run() answers outside it, or starts it again on a new
@@ -170,7 +178,7 @@ def begin(adapter: Adapter[R], policy: Policy) -> claiming.Steps[Answer[R] | Cla
             raise
         return adapter.refused(exc, policy)
     if isinstance(outcome, Claim):
-        heartbeat.start(outcome, policy, identity.request)
+        heartbeat.start(attempt)
         return outcome
     return adapter.found(outcome)
 
@@ -190,14 +198,13 @@ def steps(adapter: Adapter[R], policy: Policy) -> Generator[Step, Any, R]:
     except Exception as exc:  # a dying process (SystemExit...) is a crash: recovered later
         # A lost lock is not this attempt's to release: another owns the record.
         if adapter.claim is not None and not isinstance(exc, LockLost):
-            assert adapter.identity is not None
-            writing.release(
-                adapter.claim, adapter.identity, policy, reason="exception", raised=True
-            )
+            assert adapter.attempt is not None
+            writing.release(adapter.attempt, reason="exception", raised=True)
         raise
-    if adapter.claim is None:
+    attempt = adapter.attempt
+    if attempt is None or attempt.claim is None:
         return result  # type: ignore[no-any-return]
-    return adapter.finish(adapter.claim, result, policy)
+    return adapter.finish(attempt, result)
 
 
 def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
@@ -239,13 +246,15 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
                 break
     finally:
         if adapter.claim is not None:  # its transaction ended: committed or rolled back
-            claiming.let_go(adapter.claim, policy)
-    if adapter.identity is None:  # refused before the claim: connecting, SQLite's BEGIN
+            assert adapter.attempt is not None
+            claiming.let_go(adapter.attempt)
+    if adapter.attempt is None:  # refused before the claim: connecting, SQLite's BEGIN
         identity = adapter.identified(policy)
         if isinstance(identity, Identity):
+            attempt = Attempt(identity, policy, adapter.request)
             if isinstance(refusal, StoreUnavailable):
-                refusal = claiming.held_here(identity, policy, refusal)
-            claiming.refused(identity, policy, refusal)
+                refusal = claiming.held_here(attempt, refusal)
+            claiming.refused(attempt, refusal)
     return adapter.refused(refusal, policy).value
 
 

@@ -11,8 +11,7 @@ from django.dispatch import Signal
 
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._call import telemetry
-from django_idempotency._call.claim import Claim
-from django_idempotency._call.identity import Identity
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._conf.options import Policy
 from django_idempotency._store.rows import instance_of
 from django_idempotency.models import IdempotencyKey
@@ -44,22 +43,23 @@ def key_refused(outcome: str, attributes: dict[str, str], reason: str) -> None:
 
 def report(
     outcome: str,
-    identity: Identity,
-    policy: Policy,
+    attempt: Attempt,
     level: int,
     message: str,
     *args: Any,
-    claim: Claim | None = None,
     signal: Signal | None = None,
     exc_info: bool = False,
     **sent: Any,
 ) -> None:
     """Log, signal and count one outcome: from one place, so the three cannot drift.
 
-    ``claimed`` is logged and signalled but not counted: the attempt's end is.
+    ``claimed`` is logged and signalled but not counted: the attempt's end is. What it says of
+    the claim is the attempt's (:attr:`.Attempt.claim`: none until it is made).
     """
+    claim = attempt.claim
     if logger.isEnabledFor(level):  # the facts hash the scope: not for a line not logged
         if claim is None:
+            identity = attempt.identity
             facts = telemetry.log_facts(outcome, identity.key_hash, identity.scope)
         else:
             facts = claim.facts(outcome)
@@ -69,6 +69,6 @@ def report(
             sent["claim"] = claim
         if "record" in sent:
             sent["record"] = instance_of(sent["record"])
-        signal.send(IdempotencyKey, **identity.context(), **sent)
+        signal.send(IdempotencyKey, **attempt.context(), **sent)
     if outcome in telemetry.OUTCOMES and telemetry.counting():  # attributes for a kept count
-        telemetry.count(outcome, identity.attributes(policy.atomic))
+        telemetry.count(outcome, attempt.attributes())

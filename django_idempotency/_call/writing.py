@@ -18,10 +18,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django_idempotency._base import signals
 from django_idempotency._base.errors import LockLost
 from django_idempotency._call import storing, telemetry
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
-from django_idempotency._call.identity import Identity
 from django_idempotency._call.reports import report
-from django_idempotency._conf.options import Policy
 from django_idempotency._store import Store, StoredResponse, deadlines, using
 from django_idempotency._store.bound import discard
 
@@ -35,9 +34,7 @@ _CONNECT_TIMEOUT = 5
 
 
 def conclude(
-    claim: Claim,
-    identity: Identity,
-    policy: Policy,
+    attempt: Attempt,
     mark: storing.Storage | None,
     capture: Callable[[timedelta | None], StoredResponse],
 ) -> None:
@@ -45,12 +42,12 @@ def conclude(
     ``no_store()`` releases the key; any other is stored, ``capture(ttl)`` making it what the
     record keeps with the TTL of ``store_for()`` (``None``: the claim's)."""
     if mark is not None and not mark.stored:
-        release(claim, identity, policy, reason=storing.NO_STORE_REASON, raised=False)
+        release(attempt, reason=storing.NO_STORE_REASON, raised=False)
         return
-    complete(claim, identity, policy, capture(None if mark is None else mark.ttl))
+    complete(attempt, capture(None if mark is None else mark.ttl))
 
 
-def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredResponse) -> None:
+def complete(attempt: Attempt, stored: StoredResponse) -> None:
     """Store an attempt's final result, fenced by its lock token.
 
     In two-phase mode a database error is logged, not raised: the record stays ``processing``
@@ -58,6 +55,8 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
     is raised as :class:`~.exceptions.LockWaitTimeout` (a deadlock: on a Galera cluster another
     node's claim of the key aborted this transaction) or :class:`~.exceptions.StoreUnavailable`.
     """
+    claim, identity, policy = attempt.claim, attempt.identity, attempt.policy
+    assert claim is not None, "a write of an attempt whose claim was not made"
     store = using(policy.alias)
     with telemetry.span(
         "idempotency.store", identity.method, identity.operation, policy.atomic
@@ -79,14 +78,12 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
             if not claim.lock_lost:
                 report(
                     "unavailable",
-                    identity,
-                    policy,
+                    attempt,
                     logging.ERROR,
                     "Could not store the result of idempotency record %s: the database did not "
                     "answer before its lock could lapse. A retry after that runs the %s again.",
                     claim.pk,
-                    "function" if identity.request is None else "view",
-                    claim=claim,
+                    attempt.code,
                     exc_info=True,
                 )
                 span.finish("unavailable", claim.attempt)
@@ -96,13 +93,11 @@ def complete(claim: Claim, identity: Identity, policy: Policy, stored: StoredRes
         outcome = "late_result_refused" if written is Written.REFUSED else "executed"
         report(
             outcome,
-            identity,
-            policy,
+            attempt,
             _STORED_LEVELS[written],
             _STORED_MESSAGES[written],
             claim.pk,
             claim.attempt,
-            claim=claim,
             signal=signals.late_result_refused if written is Written.REFUSED else None,
             response=stored,
         )
@@ -265,7 +260,7 @@ def _reconnect(previous: BaseDatabaseWrapper | None, store: Store) -> BaseDataba
     return connection
 
 
-def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, raised: bool) -> None:
+def release(attempt: Attempt, *, reason: str, raised: bool) -> None:
     """Release the claim so a retry runs again.
 
     A record that may hold a recovery point (:attr:`.Claim.progressed`) is kept, unlocked, so
@@ -275,6 +270,8 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
     included; only a retryable status needs the row written, and that commits with the view's
     work.
     """
+    claim, identity, policy = attempt.claim, attempt.identity, attempt.policy
+    assert claim is not None, "a write of an attempt whose claim was not made"
     keep = claim.progressed
     with telemetry.span(
         "idempotency.release", identity.method, identity.operation, policy.atomic
@@ -297,27 +294,23 @@ def release(claim: Claim, identity: Identity, policy: Policy, *, reason: str, ra
             span.finish("unavailable", claim.attempt)
             report(
                 "unavailable",
-                identity,
-                policy,
+                attempt,
                 logging.ERROR,
                 "Could not release idempotency record %s.",
                 claim.pk,
-                claim=claim,
                 exc_info=True,
             )
             return
         span.finish("released", claim.attempt)
         report(
             "released",
-            identity,
-            policy,
+            attempt,
             logging.INFO,
             "Released idempotency record %s (%s); kept at its recovery point for the retry."
             if keep and not (policy.atomic and raised)
             else "Released idempotency record %s (%s).",
             claim.pk,
             reason,
-            claim=claim,
             signal=signals.key_released,
             reason=reason,
         )

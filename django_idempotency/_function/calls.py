@@ -33,6 +33,7 @@ from django_idempotency._base.errors import (
 )
 from django_idempotency._base.keys import KeyFormat, hash_key
 from django_idempotency._call import claiming, lifecycle, reports, storing, telemetry, writing
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Options, Policy
@@ -319,8 +320,9 @@ class CallAdapter(lifecycle.Adapter[Any]):
     def found(self, found: claiming.Found) -> lifecycle.Answer[Any]:
         """The stored result; raises :class:`IdempotencyInProgress`,
         :class:`IdempotencyKeyMismatch` and :class:`IdempotencyFailed`."""
-        spec, identity = self.spec, self.identity
-        assert identity is not None
+        spec, attempt = self.spec, self.attempt
+        assert attempt is not None
+        identity = attempt.identity
         if found.kind is claiming.Kind.MISMATCH:
             raise IdempotencyKeyMismatch(
                 f"{spec.name}: key {identity.key_hash[:12]}… was used before by a call with "
@@ -346,27 +348,24 @@ class CallAdapter(lifecycle.Adapter[Any]):
         assert isinstance(identity, Identity)
         raise IdempotencyInProgress(_in_progress_message(self.spec, identity)) from exc
 
-    def finish(self, claim: Claim, result: Any, policy: Policy) -> Any:
+    def finish(self, attempt: Attempt, result: Any) -> Any:
         """Store the result, fenced by the claim's lock token, and return it as later calls
         will; a result marked by ``no_store()`` releases the key and is returned as it is."""
-        identity = self.identity
-        assert identity is not None
         result, mark = storing.unwrap(result)
         self.result = result
-        writing.conclude(claim, identity, policy, mark, partial(self._serialized, claim, policy))
+        writing.conclude(attempt, mark, partial(self._serialized, attempt))
         return self.result
 
-    def _serialized(self, claim: Claim, policy: Policy, ttl: timedelta | None) -> StoredResponse:
+    def _serialized(self, attempt: Attempt, ttl: timedelta | None) -> StoredResponse:
         """The result as the record keeps it; :attr:`result` becomes what later calls get."""
-        spec, identity = self.spec, self.identity
-        assert identity is not None
+        spec = self.spec
         try:
             body = spec.serializer.dumps(self.result)
             self.result = spec.serializer.loads(body)
         except Exception:
             # Its effects may have happened, but nothing can be replayed: release so a fixed
             # deployment's retry runs it (atomic mode rolls the effects back with the claim).
-            writing.release(claim, identity, policy, reason="unserialisable result", raised=True)
+            writing.release(attempt, reason="unserialisable result", raised=True)
             raise
         return StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body, ttl)
 
