@@ -367,7 +367,7 @@ class CallAdapter(lifecycle.Adapter[Any]):
             # deployment's retry runs it (atomic mode rolls the effects back with the claim).
             writing.release(attempt, reason="unserialisable result", raised=True)
             raise
-        return StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body, ttl)
+        return StoredResponse(None, [], body, ttl)  # a result, not a response (issue 40)
 
 
 def _in_progress_message(spec: Spec, identity: Identity) -> str:
@@ -378,6 +378,9 @@ def _in_progress_message(spec: Spec, identity: Identity) -> str:
 
 
 def _stored_result(spec: Spec, record: IdempotencyKey | Record) -> Any:
+    """The stored result, from the body alone: a record has no status and no headers, and one
+    stored in the former shape, an HTTP ``200`` with a ``Content-Type``
+    (:class:`.StoredResponse`), reads the same (issue 40)."""
     if record.status == IdempotencyKey.Status.FAILED:
         raise IdempotencyFailed(
             f"{spec.name}: the record of key {record.key_hash[:12]}… was marked failed "
