@@ -262,6 +262,9 @@ class IdempotencyKeyAdmin(_ModelAdmin):
 
     @admin.display(description=_("response"), ordering="response_status")
     def response(self, record: IdempotencyKey) -> str:
+        """The stored response's status; a function's stored result has none (issue 40)."""
+        if record.response_status is None and record.status == record.Status.COMPLETED:
+            return str(_("result"))
         return str(record.response_status or "-")
 
     @admin.display(description=_("request"), ordering="path")

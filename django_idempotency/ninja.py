@@ -28,8 +28,8 @@ from ninja.decorators import decorate_view
 from ninja.operation import Operation
 
 from django_idempotency._base.errors import UnreplayableResponse
-from django_idempotency._call import engine, lifecycle
-from django_idempotency._call.claim import Claim
+from django_idempotency._call import lifecycle, writing
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
 from django_idempotency._conf.settings import conf, derived
 from django_idempotency._conf.values import SAFE_METHODS
@@ -275,14 +275,13 @@ class _Adapter(protocol.HttpAdapter):
         header = super().key_header()
         return self.request.headers.get(conf.HEADER) if header is None else header
 
-    def finish(self, claim: Claim, result: Any, policy: Policy) -> HttpResponseBase:
+    def finish(self, attempt: Attempt, result: Any) -> HttpResponseBase:
         try:
             response = self._render(result)
         except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-            assert self.identity is not None
-            engine.release(claim, self.identity, policy, reason="unrenderable result", raised=True)
+            writing.release(attempt, reason="unrenderable result", raised=True)
             raise
-        return super().finish(claim, response, policy)
+        return super().finish(attempt, response)
 
     def _render(self, result: Any) -> HttpResponseBase:
         """The response ninja would make of ``result``, made now so that it can be stored."""

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from django_idempotency import IdempotencyKey
+from django_idempotency import IdempotencyKey, idempotent_function
 from django_idempotency._ops import maintenance
 from tests.factories import IdempotencyKeyFactory
 
@@ -247,6 +247,22 @@ def test_change_page_truncates_a_long_body(admin_client: Client) -> None:
 
     assert "truncated (50,000 bytes in all)" in content
     assert "x" * 10_001 not in content
+
+
+def test_a_functions_stored_result_is_shown_as_a_result(admin_client: Client) -> None:
+    """It has no response status (issue 40): the list says *result*, the page shows it."""
+
+    @idempotent_function(key="message_id", name="tests.admin.handle")
+    def handle(message_id: str) -> dict[str, int]:
+        return {"id": 7}
+
+    handle("message-1")
+    record = IdempotencyKey.objects.get()
+
+    row = admin_client.get(CHANGELIST).content.decode()
+    assert re.search(r'class="field-response">result</td>', row), row
+    page = admin_client.get(change_url(record)).content.decode()
+    assert "&quot;id&quot;: 7" in page
 
 
 def test_change_page_of_a_record_without_a_response(admin_client: Client) -> None:

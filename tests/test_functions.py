@@ -35,6 +35,7 @@ from django_idempotency import (
     LockLost,
     idempotent_function,
 )
+from django_idempotency._store import sealing
 from django_idempotency.testing import expire_key
 from tests.conftest import executions
 from tests.testapp.models import Execution
@@ -90,8 +91,29 @@ def test_first_call_runs_and_stores_later_calls_return_it(flavour: str, key: str
     assert row.scope == row.path
     assert row.key_hash == key_hash(key)
     assert json.loads(bytes(row.response_body or b"")) == first
-    assert row.response_headers == [["Content-Type", "application/json"]]
+    # A result, not an HTTP response: no status, no headers (issue 40).
+    assert (row.response_status, row.response_headers) == (None, [])
     assert row.unlock_at is None
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_result_stored_as_an_http_200_before_1_0_is_still_returned(
+    flavour: str, key: str
+) -> None:
+    """Records of the former shape kept a function's result as a response: status 200 and
+    the serializer's Content-Type. They are read as they are (issue 40)."""
+
+    @protect(flavour, key="message_id")
+    def handle(message_id: str) -> dict[str, Any]:
+        execution = Execution.objects.create(label="handle")
+        return {"id": execution.pk}
+
+    handle(key)
+    headers, body = sealing.seal([["Content-Type", "application/json"]], b'{"stored": "before"}')
+    IdempotencyKey.objects.update(response_status=200, response_headers=headers, response_body=body)
+
+    assert handle(key) == {"stored": "before"}
+    assert executions("handle") == 1
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

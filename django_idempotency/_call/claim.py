@@ -65,8 +65,8 @@ class Claim:
     #: tried to set) one. Its release then keeps the record at the point (issue 39).
     progressed: bool = field(default=False, repr=False, compare=False)
     #: How a recovery point is written, as durably as the result
-    #: (:func:`.engine.save_recovery_point`): set by the engine, which imports this module, so
-    #: that the claim imports nothing of it (no import cycle, issue 40).
+    #: (:func:`.writing.save_recovery_point`): set by :mod:`.writing`, which imports this
+    #: module, so that the claim imports nothing of it (no import cycle, issue 40).
     save_point: ClassVar[Callable[[Claim, str, Any], None]]
 
     def __post_init__(self) -> None:

@@ -35,8 +35,8 @@ from django.db import connections
 
 from django_idempotency import _store as store
 from django_idempotency._base import signals
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
-from django_idempotency._conf.options import Policy
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
@@ -113,11 +113,14 @@ class Renewer:
         #: Whether the thread holds a connection it opened to renew (closed once idle).
         self._connected = False
 
-    def start(self, claim: Claim, policy: Policy, request: object) -> None:
-        """Renew ``claim``'s lock until :meth:`stop`, if the policy asks and it is committed."""
-        if not policy.heartbeat or claim.uncommitted:
+    def start(self, attempt: Attempt) -> None:
+        """Renew the lock of the attempt's claim until :meth:`stop`, if its policy asks and the
+        claim is committed."""
+        claim = attempt.claim
+        assert claim is not None, "an attempt whose claim was not made"
+        if not attempt.policy.heartbeat or claim.uncommitted:
             return
-        lease = _Lease(claim, request)
+        lease = _Lease(claim, attempt.request)
         group = lease.group
         with self._cond:
             self._leases[id(claim)] = lease

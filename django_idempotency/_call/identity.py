@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django_idempotency._call import telemetry
 from django_idempotency._call.claim import Claim
 
 
@@ -28,9 +27,6 @@ class Identity:
     fingerprint: str
     method: str
     path: str
-    #: The caller's request (``None`` for a function), handed to signal receivers as it is: the
-    #: core never reads it, and knows no HTTP type (issue 40).
-    request: object = None
     #: What metrics and spans name the call by: the URL route, or the function's name.
     operation: str = ""
 
@@ -60,11 +56,3 @@ class Identity:
             held_until=held_until,
             uncommitted=uncommitted,
         )
-
-    def context(self) -> dict[str, Any]:
-        """The keyword arguments every signal gets."""
-        return {"request": self.request, "scope": self.scope, "key_hash": self.key_hash}
-
-    def attributes(self, atomic: bool) -> dict[str, str]:
-        """The low-cardinality attributes of its metrics and spans (never key or scope)."""
-        return telemetry.labels(self.method, self.operation, atomic)

@@ -25,7 +25,8 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base.errors import LockLost, LockWaitTimeout, StoreUnavailable
-from django_idempotency._call import engine, heartbeat
+from django_idempotency._call import claiming, heartbeat, writing
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Policy
@@ -60,16 +61,24 @@ class Adapter(Generic[R]):
     #: Whether the claim is made inside the protected code (DRF claims after authentication,
     #: in ``initial()``) rather than before it; :attr:`claim` is then read after it ran.
     claims_inside = False
+    #: What signal receivers get as ``request`` (:attr:`.Attempt.request`): the view
+    #: adapter's ``HttpRequest``; ``None`` for a function.
+    request: object = None
 
     def __init__(self) -> None:
         #: Set by :func:`run` or :func:`arun` (``None``: the call runs unprotected).
         self.policy: Policy | None = None
-        self.claim: Claim | None = None
-        #: The identity a claim was asked for (what the engine's reports are about).
-        self.identity: Identity | None = None
+        #: The attempt a claim was asked for (what the reports are about), and its claim.
+        self.attempt: Attempt | None = None
         #: Atomic mode's: the connection whose transaction the call runs in.
         self.connection: BaseDatabaseWrapper | None = None
         self._identified: Identity | Answer[R] | None = _UNKNOWN
+
+    @property
+    def claim(self) -> Claim | None:
+        """The claim the protected code runs with (``None``: it runs without one)."""
+        attempt = self.attempt
+        return None if attempt is None else attempt.claim
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The policy of this call; ``None``: run the protected code as if undecorated."""
@@ -88,10 +97,9 @@ class Adapter(Generic[R]):
         return self._identified
 
     def hold(self, claim: Claim | None) -> None:
-        """Keep the claim the protected code runs with (``None``: it runs without one)."""
-        self.claim = claim
+        """Hand the protected code its claim (``None``: it runs without one)."""
 
-    def found(self, found: engine.Found) -> Answer[R]:
+    def found(self, found: claiming.Found) -> Answer[R]:
         """The answer when another call's record holds the key (or raise)."""
         raise NotImplementedError
 
@@ -110,9 +118,9 @@ class Adapter(Generic[R]):
         claim (a recovery point the store could not save, a lock lost), or raise it."""
         raise exc
 
-    def finish(self, claim: Claim, result: R, policy: Policy) -> R:
-        """Store the protected code's result (or release the claim) and return what the
-        caller gets."""
+    def finish(self, attempt: Attempt, result: R) -> R:
+        """Store the protected code's result (or release the attempt's claim) and return
+        what the caller gets."""
         raise NotImplementedError
 
     def arguments(self, kwargs: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
@@ -155,14 +163,14 @@ def wrap(
     return async_wrapper
 
 
-def begin(adapter: Adapter[R], policy: Policy) -> engine.Steps[Answer[R] | Claim | None]:
+def begin(adapter: Adapter[R], policy: Policy) -> claiming.Steps[Answer[R] | Claim | None]:
     """Claim the adapter's identity, or say what to answer instead."""
     identity = adapter.identified(policy)
     if not isinstance(identity, Identity):
         return identity
-    adapter.identity = identity
+    attempt = adapter.attempt = Attempt(identity, policy, adapter.request)
     try:
-        outcome = yield from engine.acquire(identity, policy)
+        outcome = yield from claiming.acquire(attempt)
     except (LockWaitTimeout, StoreUnavailable) as exc:
         if policy.atomic:
             # The transaction is broken: run() answers outside it, or starts it again on a new
@@ -170,7 +178,7 @@ def begin(adapter: Adapter[R], policy: Policy) -> engine.Steps[Answer[R] | Claim
             raise
         return adapter.refused(exc, policy)
     if isinstance(outcome, Claim):
-        heartbeat.start(outcome, policy, identity.request)
+        heartbeat.start(attempt)
         return outcome
     return adapter.found(outcome)
 
@@ -190,12 +198,13 @@ def steps(adapter: Adapter[R], policy: Policy) -> Generator[Step, Any, R]:
     except Exception as exc:  # a dying process (SystemExit...) is a crash: recovered later
         # A lost lock is not this attempt's to release: another owns the record.
         if adapter.claim is not None and not isinstance(exc, LockLost):
-            assert adapter.identity is not None
-            engine.release(adapter.claim, adapter.identity, policy, reason="exception", raised=True)
+            assert adapter.attempt is not None
+            writing.release(adapter.attempt, reason="exception", raised=True)
         raise
-    if adapter.claim is None:
+    attempt = adapter.attempt
+    if attempt is None or attempt.claim is None:
         return result  # type: ignore[no-any-return]
-    return adapter.finish(adapter.claim, result, policy)
+    return adapter.finish(attempt, result)
 
 
 def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
@@ -205,7 +214,7 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
     ``wait_timeout``, and a crash rolls everything back and leaves no record behind. A claim
     that met a fault on a connection it left unusable (a pooled or persistent connection a
     restart killed, one cut at its bound) is made again in a new transaction on a new
-    connection, the view not having run (:func:`.engine.claim_again`).
+    connection, the view not having run (:func:`.claiming.claim_again`).
     """
     try:
         policy = adapter.policy = adapter.resolve(asynchronous=False)
@@ -223,9 +232,9 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
         return answer.value
     refusal: StoreUnavailable | LockWaitTimeout
     try:
-        for tries in range(engine.RECONNECTS + 1):
+        for tries in range(claiming.RECONNECTS + 1):
             try:
-                with engine.atomic_attempt(policy) as adapter.connection:
+                with claiming.atomic_attempt(policy) as adapter.connection:
                     return run_steps(steps(adapter, policy), lambda: call(adapter.claim))
             except (StoreUnavailable, LockWaitTimeout) as exc:
                 refusal = exc
@@ -233,40 +242,44 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
                 isinstance(refusal, StoreUnavailable)
                 and adapter.claim is None  # the view has not run
                 and not adapter.claims_inside
-                and not isinstance(refusal, engine.Unreachable)  # connecting again would fail too
-                and tries < engine.RECONNECTS
-                and engine.claim_again(policy, connections[policy.alias], refusal)
+                and not isinstance(refusal, claiming.Unreachable)  # connecting again would fail too
+                and tries < claiming.RECONNECTS
+                and claiming.claim_again(policy, connections[policy.alias], refusal)
             ):
                 break
     finally:
         if adapter.claim is not None:  # its transaction ended: committed or rolled back
-            engine.let_go(adapter.claim, policy)
-    if adapter.identity is None:  # refused before the claim: connecting, SQLite's BEGIN
+            assert adapter.attempt is not None
+            claiming.let_go(adapter.attempt)
+    if adapter.attempt is None:  # refused before the claim: connecting, SQLite's BEGIN
         identity = adapter.identified(policy)
         if isinstance(identity, Identity):
+            attempt = Attempt(identity, policy, adapter.request)
             if isinstance(refusal, StoreUnavailable):
-                refusal = engine.held_here(identity, policy, refusal)
-            engine.refused(identity, policy, refusal)
+                refusal = claiming.held_here(attempt, refusal)
+            claiming.refused(attempt, refusal)
     return adapter.refused(refusal, policy).value
 
 
 def _answered_before(adapter: Adapter[R], policy: Policy) -> Answer[R] | None:
     """Atomic mode's answer from a finished record, read before its transaction opens (a
-    replay, a mismatch: :func:`._engine.finished`, issue 42); ``None``: run the transaction."""
+    replay, a mismatch: :func:`.claiming.finished`, issue 42); ``None``: run the transaction,
+    whose :func:`begin` makes the attempt that claims."""
     if adapter.claims_inside:
         return None
     identity = adapter.identified(policy)
     if not isinstance(identity, Identity):
         return None  # answered (a bad key) or run unprotected, as before
-    found = engine.finished(identity, policy)
+    attempt = Attempt(identity, policy, adapter.request)
+    found = claiming.finished(attempt)
     if found is None:
         return None
-    adapter.identity = identity
+    adapter.attempt = attempt
     return adapter.found(found)
 
 
 def run_steps(lifecycle: Generator[Step, Any, T], call: Callable[[], Any] | None = None) -> T:
-    """Drive a generator of this module or of the engine synchronously; ``call`` runs the
+    """Drive a generator of this module or of the claim loop synchronously; ``call`` runs the
     protected code when it is due."""
     sent: Any = None
     thrown: Exception | None = None

@@ -162,7 +162,7 @@ def span(
     :func:`labels` of a call (made only if something records them): plain values, so that
     telemetry knows no type of the layers that use it (issue 40).
 
-    It is not made current: the engine's generators yield inside it and may resume in another
+    It is not made current: the claim loop's generators yield inside it and may resume in another
     thread, where a context attached here could not be detached. ``duration`` records it in
     ``idempotency.claim.duration``.
     """

@@ -32,7 +32,8 @@ from django_idempotency._base.errors import (
     StoreUnavailable,
 )
 from django_idempotency._base.keys import KeyFormat, hash_key
-from django_idempotency._call import engine, lifecycle, storing, telemetry
+from django_idempotency._call import claiming, lifecycle, reports, storing, telemetry, writing
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Options, Policy
@@ -307,7 +308,7 @@ class CallAdapter(lifecycle.Adapter[Any]):
                 raise
             refusal = StoreUnavailable(f"{self.spec.name}: {exc}")
             attributes = telemetry.labels(METHOD, self.spec.name, policy.atomic)
-            engine.identity_unavailable(attributes, policy, refusal, "function")
+            reports.identity_unavailable(attributes, policy, refusal, "function")
             raise refusal from exc
 
     def arguments(self, kwargs: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
@@ -316,17 +317,18 @@ class CallAdapter(lifecycle.Adapter[Any]):
     def unprotected(self, result: Any) -> Any:
         return storing.plain(result)
 
-    def found(self, found: engine.Found) -> lifecycle.Answer[Any]:
+    def found(self, found: claiming.Found) -> lifecycle.Answer[Any]:
         """The stored result; raises :class:`IdempotencyInProgress`,
         :class:`IdempotencyKeyMismatch` and :class:`IdempotencyFailed`."""
-        spec, identity = self.spec, self.identity
-        assert identity is not None
-        if found.kind is engine.Kind.MISMATCH:
+        spec, attempt = self.spec, self.attempt
+        assert attempt is not None
+        identity = attempt.identity
+        if found.kind is claiming.Kind.MISMATCH:
             raise IdempotencyKeyMismatch(
                 f"{spec.name}: key {identity.key_hash[:12]}… was used before by a call with "
                 "another payload, or by another function of the same name; nothing ran."
             )
-        if found.kind is engine.Kind.IN_PROGRESS:
+        if found.kind is claiming.Kind.IN_PROGRESS:
             raise IdempotencyInProgress(
                 _in_progress_message(spec, identity), unlock_at=found.record.unlock_at
             )
@@ -346,29 +348,26 @@ class CallAdapter(lifecycle.Adapter[Any]):
         assert isinstance(identity, Identity)
         raise IdempotencyInProgress(_in_progress_message(self.spec, identity)) from exc
 
-    def finish(self, claim: Claim, result: Any, policy: Policy) -> Any:
+    def finish(self, attempt: Attempt, result: Any) -> Any:
         """Store the result, fenced by the claim's lock token, and return it as later calls
         will; a result marked by ``no_store()`` releases the key and is returned as it is."""
-        identity = self.identity
-        assert identity is not None
         result, mark = storing.unwrap(result)
         self.result = result
-        engine.conclude(claim, identity, policy, mark, partial(self._serialized, claim, policy))
+        writing.conclude(attempt, mark, partial(self._serialized, attempt))
         return self.result
 
-    def _serialized(self, claim: Claim, policy: Policy, ttl: timedelta | None) -> StoredResponse:
+    def _serialized(self, attempt: Attempt, ttl: timedelta | None) -> StoredResponse:
         """The result as the record keeps it; :attr:`result` becomes what later calls get."""
-        spec, identity = self.spec, self.identity
-        assert identity is not None
+        spec = self.spec
         try:
             body = spec.serializer.dumps(self.result)
             self.result = spec.serializer.loads(body)
         except Exception:
             # Its effects may have happened, but nothing can be replayed: release so a fixed
             # deployment's retry runs it (atomic mode rolls the effects back with the claim).
-            engine.release(claim, identity, policy, reason="unserialisable result", raised=True)
+            writing.release(attempt, reason="unserialisable result", raised=True)
             raise
-        return StoredResponse(200, [["Content-Type", spec.serializer.content_type]], body, ttl)
+        return StoredResponse(None, [], body, ttl)  # a result, not a response (issue 40)
 
 
 def _in_progress_message(spec: Spec, identity: Identity) -> str:
@@ -379,6 +378,9 @@ def _in_progress_message(spec: Spec, identity: Identity) -> str:
 
 
 def _stored_result(spec: Spec, record: IdempotencyKey | Record) -> Any:
+    """The stored result, from the body alone: a record has no status and no headers, and one
+    stored in the former shape, an HTTP ``200`` with a ``Content-Type``
+    (:class:`.StoredResponse`), reads the same (issue 40)."""
     if record.status == IdempotencyKey.Status.FAILED:
         raise IdempotencyFailed(
             f"{spec.name}: the record of key {record.key_hash[:12]}… was marked failed "

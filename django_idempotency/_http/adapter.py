@@ -25,7 +25,8 @@ from django_idempotency._base.errors import (
     UnreplayableResponse,
 )
 from django_idempotency._base.keys import hash_key, parse_key
-from django_idempotency._call import engine, lifecycle, storing, telemetry
+from django_idempotency._call import claiming, lifecycle, reports, storing, telemetry, writing
+from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._call.lifecycle import Answer
@@ -49,6 +50,9 @@ logger = logging.getLogger("django_idempotency")
 class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     """A protected request: its policy from its view's options, the key from its header, the
     answers as HTTP responses."""
+
+    #: The request, which signal receivers get too (:attr:`.Attempt.request`).
+    request: HttpRequest
 
     def __init__(self, request: HttpRequest, options: Options) -> None:
         super().__init__()
@@ -102,7 +106,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             scope = bounded_scope(_call(policy, policy.scope, "scope", request))
             fingerprint = _call(policy, policy.fingerprint, "fingerprint", request, scope)
         except StoreUnavailable as exc:
-            engine.identity_unavailable(self._attributes(policy), policy, exc)
+            reports.identity_unavailable(self._attributes(policy), policy, exc)
             return Answer(problems.unavailable())
         except bodies.UNREADABLE as exc:
             return Answer(problems.invalid_body(_sentence(exc)))
@@ -113,7 +117,6 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             fingerprint=bounded_fingerprint(fingerprint),
             method=request.method or "",
             path=full_path(request),
-            request=request,
             operation=_operation(request),
         )
 
@@ -124,24 +127,23 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         if policy is None or self.key_header() is None or not using(policy.alias).is_transient(exc):
             return None
         refusal = StoreUnavailable(f"The request's user could not be read: {exc}")
-        engine.identity_unavailable(self._attributes(policy), policy, refusal)
+        reports.identity_unavailable(self._attributes(policy), policy, refusal)
         return Answer(problems.unavailable())
 
     def _key_refused(self, outcome: str, policy: Policy, reason: str) -> None:
-        engine.key_refused(outcome, self._attributes(policy), reason)
+        reports.key_refused(outcome, self._attributes(policy), reason)
 
     def _attributes(self, policy: Policy) -> dict[str, str]:
         method = self.request.method or ""
         return telemetry.labels(method, _operation(self.request), policy.atomic)
 
     def hold(self, claim: Claim | None) -> None:
-        self.claim = claim
         attach(self.request, claim)
 
-    def found(self, found: engine.Found) -> Answer[HttpResponseBase]:
-        if found.kind is engine.Kind.MISMATCH:
+    def found(self, found: claiming.Found) -> Answer[HttpResponseBase]:
+        if found.kind is claiming.Kind.MISMATCH:
             return Answer(problems.key_reuse(conf.MISMATCH_STATUS))
-        if found.kind is engine.Kind.REPLAY:
+        if found.kind is claiming.Kind.REPLAY:
             return Answer(_replay(found.record))
         return Answer(problems.in_progress(conf.RETRY_AFTER))
 
@@ -159,30 +161,26 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             return Answer(problems.unavailable())
         return Answer(problems.in_progress(conf.RETRY_AFTER))
 
-    def finish(self, claim: Claim, result: HttpResponseBase, policy: Policy) -> HttpResponseBase:
+    def finish(self, attempt: Attempt, result: HttpResponseBase) -> HttpResponseBase:
         """Store the view's response (or release the claim) and return the response."""
-        identity = self.identity
-        assert identity is not None
         try:
             responses.check_replayable(result)
             if responses.needs_deferred_render(result):
-                if policy.atomic:
+                if attempt.policy.atomic:
                     raise UnreplayableResponse(
                         "An atomic idempotent view returned a DRF Response that is not rendered "
                         "yet; put @idempotent above @api_view, or use IdempotencyMixin."
                     )
                 responses.add_post_render_callback(
-                    result, lambda rendered: _conclude(identity, claim, rendered, policy)
+                    result, lambda rendered: _conclude(attempt, rendered)
                 )
                 return result
             responses.render(result)
         except Exception:  # a dying process (SystemExit...) is a crash: recovered later
-            engine.release(claim, identity, policy, reason="unreplayable response", raised=True)
+            writing.release(attempt, reason="unreplayable response", raised=True)
             raise
         connection = self.connection  # atomic mode's
-        _conclude(
-            identity, claim, result, policy, connection is not None and connection.needs_rollback
-        )
+        _conclude(attempt, result, connection is not None and connection.needs_rollback)
         return result
 
 
@@ -309,13 +307,7 @@ def _replay(record: IdempotencyKey | Record) -> HttpResponseBase:
     return responses.replay(record.response_status, headers, body)
 
 
-def _conclude(
-    identity: Identity,
-    claim: Claim,
-    response: HttpResponseBase,
-    policy: Policy,
-    rolled_back: bool = False,
-) -> None:
+def _conclude(attempt: Attempt, response: HttpResponseBase, rolled_back: bool = False) -> None:
     """Store the response, or release the claim; ``rolled_back``: atomic mode's transaction
     is marked for rollback."""
     if rolled_back:
@@ -323,22 +315,18 @@ def _conclude(
         # (a serializer's 400, an APIException's 503): the claim rolls back with the view's
         # work, as after a crash, and a retry runs again (issue 20). First: no statement may
         # run in that transaction, not even a retryable status's release.
-        engine.release(claim, identity, policy, reason="transaction rolled back", raised=True)
+        writing.release(attempt, reason="transaction rolled back", raised=True)
         return
     if response.status_code in conf.RETRYABLE_STATUSES:
         reason = f"status {response.status_code}"
-        engine.release(claim, identity, policy, reason=reason, raised=False)
+        writing.release(attempt, reason=reason, raised=False)
         return
-    engine.conclude(
-        claim,
-        identity,
-        policy,
-        storing.storage(response),
-        lambda ttl: _capture(claim, response, ttl),
+    writing.conclude(
+        attempt, storing.storage(response), lambda ttl: _capture(attempt, response, ttl)
     )
 
 
-def _capture(claim: Claim, response: HttpResponseBase, ttl: timedelta | None) -> StoredResponse:
+def _capture(attempt: Attempt, response: HttpResponseBase, ttl: timedelta | None) -> StoredResponse:
     stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE, ttl)
     limit, setting = conf.MAX_BODY_SIZE, "MAX_BODY_SIZE"
     if stored.body is not None and conf.MAX_STORED_BODY_SIZE is not None:
@@ -347,6 +335,8 @@ def _capture(claim: Claim, response: HttpResponseBase, ttl: timedelta | None) ->
             stored = replace(stored, body=None)
             limit, setting = conf.MAX_STORED_BODY_SIZE, "MAX_STORED_BODY_SIZE"
     if stored.body is None:
+        claim = attempt.claim
+        assert claim is not None  # a result is captured for its claim's write
         logger.error(
             "Idempotency record %s: the response body is over %s (%s bytes); "
             "it was not stored, and replays will answer 500 response-not-stored.",

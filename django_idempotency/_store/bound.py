@@ -69,7 +69,7 @@ class BoundStore:
     def is_contention(self, exc: BaseException) -> bool:
         """Whether a write failed only because another writer held a lock it needed (a lock
         wait that ran out, a deadlock's victim): the same statement may succeed when tried
-        again. An owner's fenced write is (:func:`django_idempotency._call.engine.complete`)."""
+        again. An owner's fenced write is (:func:`django_idempotency._call.writing.complete`)."""
         return self.is_lock_timeout(exc)
 
     def is_fault(self, exc: BaseException) -> bool:

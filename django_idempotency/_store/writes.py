@@ -30,9 +30,17 @@ FAILED = IdempotencyKey.Status.FAILED
 
 @dataclass(frozen=True)
 class StoredResponse:
-    """A final result as the record keeps it (a view's response, a function's result)."""
+    """A final result as the record keeps it: a view's response, or a function's result.
 
-    status: int
+    A function's result has no status and no headers (``response_status`` NULL, the headers
+    ``[]``): it is no HTTP response (issue 40). It was once stored shaped as one, status ``200``
+    with the serializer's ``Content-Type``; a record stored so is read as it is, since a
+    function's replay reads the body alone (and an operator's ``failed`` from the status).
+    No migration: ``response_status`` has always been nullable.
+    """
+
+    #: The response's status code; ``None``: a function's result.
+    status: int | None
     headers: list[list[str]]
     #: ``None``: the body was over ``MAX_BODY_SIZE`` (or ``MAX_STORED_BODY_SIZE``), not kept
     body: bytes | None
@@ -81,7 +89,7 @@ class FencedWrites(BoundStore):
                 pk,
                 token,
                 stale_at,
-                status=COMPLETED if stored.status < 400 else FAILED,
+                status=COMPLETED if stored.status is None or stored.status < 400 else FAILED,
                 response_status=stored.status,
                 response_headers=stored.sealed[0],
                 response_body=stored.sealed[1],
