@@ -78,6 +78,8 @@ def test_an_unfinished_record_goes_to_the_claim(post: Post, key: str) -> None:
 #: Left out on MySQL and MariaDB, skipped on SQLite (tests/conftest.py): CI fails on a skip on a
 #: server. The test extra installs psycopg 3, whose libpq the statements go through.
 postgresql = pytest.mark.postgresql
+#: Through libpq: not on a connection that prepares statements (it keeps the cursor).
+unprepared = pytest.mark.unprepared
 
 
 @pytest.fixture
@@ -97,6 +99,7 @@ def through_libpq(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @postgresql
+@unprepared
 @pytest.mark.parametrize("path", ["/create/", "/atomic/"])
 def test_the_claim_and_the_result_go_through_libpq(
     post: Post, key: str, path: str, through_libpq: list[str]
@@ -114,6 +117,7 @@ def test_the_claim_and_the_result_go_through_libpq(
 
 
 @postgresql
+@unprepared
 def test_values_go_and_come_back_as_the_cursor_sends_them(through_libpq: list[str]) -> None:
     """Text (a text choice's enum too), integers, ``NULL`` and any bytes (sent as binary)."""
     connection.ensure_connection()
@@ -145,6 +149,7 @@ def test_values_go_and_come_back_as_the_cursor_sends_them(through_libpq: list[st
 
 
 @postgresql
+@unprepared
 @pytest.mark.django_db(transaction=True)
 def test_a_transaction_not_begun_yet_is_begun_and_rolled_back(through_libpq: list[str]) -> None:
     """Inside an atomic block whose ``BEGIN`` psycopg has not sent yet, libpq's first
@@ -169,6 +174,7 @@ def test_a_transaction_not_begun_yet_is_begun_and_rolled_back(through_libpq: lis
 
 
 @postgresql
+@unprepared
 @pytest.mark.django_db(transaction=True)
 def test_a_connection_with_its_own_isolation_level_begins_through_the_cursor() -> None:
     import psycopg
