@@ -16,11 +16,13 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         from django_idempotency._conf.settings import connect_signals, usable
-        from django_idempotency._ops import checks
+        from django_idempotency._ops import checks, store_checks
 
         register(Tags.compatibility)(checks.check_settings)
         register(Tags.database)(checks.check_database)
         register(Tags.urls)(checks.check_views)
+        register(Tags.urls)(store_checks.check_stores)
+        register(Tags.database, deploy=True)(store_checks.check_stores_deploy)
         connect_signals()
         # A setting that can never work stops the server here, before any view runs: gunicorn
         # and uvicorn run no system checks (issue 38).

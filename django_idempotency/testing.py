@@ -36,6 +36,7 @@ from django_idempotency._call.identity import Identity
 from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
+from django_idempotency._conf.values import DATABASE
 from django_idempotency._http import adapter as protocol
 from django_idempotency._http import responses
 from django_idempotency._publish.policy import view_options
@@ -295,6 +296,13 @@ def expire_key(key: str, target: Target, /, *args: Any, **kwargs: Any) -> Idempo
     The request is described as for :func:`hold_key`.
     """
     identity, policy = _identify(key, target, args, kwargs)
+    if policy.store != DATABASE:  # Redis (issue 44): its TTL passes as it deletes the key
+        expired = using(policy.alias).expire(identity.scope, identity.key_hash)  # type: ignore[attr-defined]
+        if expired is None:
+            raise LookupError(
+                f"Key {key!r} has no record in scope {identity.scope!r}: send the request first."
+            )
+        return expired  # type: ignore[no-any-return]
     records = IdempotencyKey.objects.using(policy.alias).filter(
         scope=identity.scope, key_hash=identity.key_hash
     )

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +30,26 @@ _OWN_LEG = {
     "galera_app": "IDEMPOTENCY_GALERA_APP",
     "faults": "IDEMPOTENCY_FAULTS",  # .ci/leg-faults
     "celery": "IDEMPOTENCY_TEST_CELERY",  # .ci/leg-celery (RabbitMQ and Redis)
+    "redis": "IDEMPOTENCY_TEST_REDIS_URL",  # .ci/leg-redis: the Redis store's own tests
 }
+
+#: ``IDEMPOTENCY_TEST_STORE=redis`` (.ci/leg-redis) runs these modules' semantic tests on the
+#: Redis store (issue 44): ``STORE`` defaults to the ``redis`` cache alias, every other
+#: module is left out, and so is each test marked ``database_store`` (it reads or writes the
+#: table itself, which is the database store's).
+REDIS_STORE = os.environ.get("IDEMPOTENCY_TEST_STORE") == "redis"
+STORE_MODULES = frozenset(
+    {
+        "test_http_contract",
+        "test_storing",
+        "test_sealing",
+        "test_functions",
+        "test_drf",
+        "test_ninja",
+        "test_erasure",
+        "test_redis_store",
+    }
+)
 
 #: Each marker and the database vendors its tests need.
 _VENDOR_MARKERS = {
@@ -39,6 +60,24 @@ _VENDOR_MARKERS = {
 }
 
 
+#: What a test that reads or writes the records' table itself says (the model, its factory, a
+#: helper of its module reading a row): such a test is the database store's.
+_TABLE = re.compile(r"\bIdempotencyKey\b|IdempotencyKeyFactory|\brecords?\(|\brow\(|_row\b")
+
+
+def _reads_the_table(item: pytest.Item) -> bool:
+    """Whether a test is the database store's: marked ``database_store``, or its body names
+    the table (:data:`_TABLE`)."""
+    if "database_store" in item.keywords:
+        return True
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function is not None else ""
+    except (OSError, TypeError):
+        return False
+    return bool(_TABLE.search(source))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip on SQLite what needs a server; on a server, leave out what is for another one.
 
@@ -46,6 +85,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     so are the suites of a leg of their own (PgBouncer, Galera) outside that leg.
     """
     elsewhere = {marker for marker, variable in _OWN_LEG.items() if not os.environ.get(variable)}
+    if REDIS_STORE:
+        elsewhere.add("database_store")
+        kept = [
+            item
+            for item in items
+            if item.module.__name__.rpartition(".")[2] in STORE_MODULES
+            and not _reads_the_table(item)
+        ]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            items[:] = kept
     if os.environ.get("IDEMPOTENCY_TEST_PREPARED"):
         # Connections that prepare statements keep psycopg's cursor (issue 42's libpq path
         # is not theirs): its tests are left out there, as another vendor's are.
@@ -83,6 +133,51 @@ def _close_pools(request: pytest.FixtureRequest) -> Iterator[None]:
     for each in connections.all(initialized_only=True):
         if getattr(each, "pool", None) is not None:
             each.close_pool()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _redis_store_default() -> Iterator[None]:
+    """Under ``IDEMPOTENCY_TEST_STORE=redis``, ``STORE``'s default is the ``redis`` cache
+    alias: a test's ``override_settings(IDEMPOTENCY=...)`` keeps it, as it keeps every other
+    default."""
+    if not REDIS_STORE:
+        yield
+        return
+    from django_idempotency._conf.settings import Settings, _clear_caches
+
+    Settings.STORE.default = "redis"
+    _clear_caches(setting="IDEMPOTENCY")
+    yield
+    Settings.STORE.default = "database"
+    _clear_caches(setting="IDEMPOTENCY")
+
+
+@pytest.fixture(autouse=True)
+def _redis_store_empty() -> None:
+    """Each test on the Redis store starts with no record (the test database's are rolled
+    back; Redis keeps what it was given)."""
+    if REDIS_STORE:
+        flush_redis()
+
+
+def redis_raw(key_hash: str | None) -> tuple[str, bytes | None]:
+    """A record's headers and body as the Redis store holds them (``None``: the only record)."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    found = list(client.scan_iter(match=f"idempotency:r:*{key_hash or ''}}}"))
+    assert len(found) == 1, found
+    headers, body = client.hmget(found[0], "rh", "rb")
+    return headers.decode(), body
+
+
+def flush_redis() -> None:
+    """Empty the tests' Redis database (``IDEMPOTENCY_TEST_REDIS_URL``'s: its own number)."""
+    import redis
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from django_idempotency._conf.options import (
     ViewOptions,
 )
 from django_idempotency._conf.settings import DEFAULTS, OPTIONS, SETTINGS, Settings, conf
-from django_idempotency._ops import checks
+from django_idempotency._ops import checks, store_checks
 from django_idempotency.rest_framework import IdempotencyMixin
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -121,7 +121,7 @@ def test_check_ids_read_in_source_order() -> None:
 
 def _ids_in_code() -> set[str]:
     declared = {f"E{check.id:03d}" for setting in SETTINGS for check in setting.checks}
-    source = inspect.getsource(checks)
+    source = inspect.getsource(checks) + inspect.getsource(store_checks)
     functions = {m.upper() for m in re.findall(r"^def ([ew]\d{3})_", source, re.MULTILINE)}
     return declared | functions
 

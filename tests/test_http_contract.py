@@ -370,6 +370,7 @@ def test_fingerprint_function_is_a_setting(post: Post, key: str) -> None:
     assert post("/create/", {"a": 2}, key=key)["Idempotent-Replayed"] == "true"
 
 
+@pytest.mark.database_store
 def test_query_counts(post: Post, key: str, django_assert_num_queries: Any) -> None:
     with django_assert_num_queries(1):  # the view's own INSERT: no key, no statement of ours
         post("/status/201/", key=None)

@@ -25,7 +25,7 @@ from django_idempotency import IdempotencyError, IdempotencyKey, idempotent_func
 from django_idempotency._base.keys import hash_key
 from django_idempotency._ops import checks
 from django_idempotency._store import sealing
-from tests.conftest import executions
+from tests.conftest import REDIS_STORE, executions, redis_raw
 from tests.testapp.sealing_views import CARD, LOCATION, NAME
 
 pytestmark = [pytest.mark.urls("tests.sealing_urls"), pytest.mark.django_db]
@@ -35,7 +35,10 @@ Post = Callable[..., Any]
 
 
 def raw(key: str) -> tuple[str, bytes | None]:
-    """The record's headers and body columns as the database holds them."""
+    """The record's headers and body columns as the database holds them (or, on the Redis
+    store, its hash's fields)."""
+    if REDIS_STORE:
+        return redis_raw(None if key == "only" else _hash(key))
     table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
     q = connection.ops.quote_name
     with connection.cursor() as cursor:
@@ -234,6 +237,7 @@ def _staff(*codenames: str) -> Client:
     return client
 
 
+@pytest.mark.database_store
 def test_the_admin_shows_the_decrypted_response_to_staff_allowed_to_see_it(
     post: Post, key: str
 ) -> None:
@@ -253,6 +257,7 @@ def test_the_admin_shows_the_decrypted_response_to_staff_allowed_to_see_it(
     assert "Cannot decrypt" in page and NAME not in page
 
 
+@pytest.mark.database_store
 def test_the_admin_says_a_record_stored_before_the_keys_is_in_the_clear(
     post: Post, key: str
 ) -> None:
@@ -266,6 +271,7 @@ def test_the_admin_says_a_record_stored_before_the_keys_is_in_the_clear(
     assert "Encrypted;" not in hidden
 
 
+@pytest.mark.database_store
 def test_without_keys_the_admin_shows_a_compressed_response_to_whoever_views_records(
     post: Post, key: str
 ) -> None:

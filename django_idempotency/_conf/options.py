@@ -25,7 +25,7 @@ from django_idempotency._conf.settings import (
     derived,
     usable,
 )
-from django_idempotency._conf.values import SAFE_METHODS
+from django_idempotency._conf.values import DATABASE, SAFE_METHODS, store_alias
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack: Python 3.11
@@ -41,6 +41,7 @@ class CallOptions(TypedDict, total=False):
     wait_timeout: Duration | None
     heartbeat: bool | None
     key_format: str | re.Pattern[str] | None
+    store: str | None
 
 
 class ViewOptions(CallOptions, total=False):
@@ -88,6 +89,8 @@ class Options:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
         if error := ttl_error(given.get("ttl"), given.get("lock_timeout")):
             raise ImproperlyConfigured(f"Invalid idempotency option: {error}")
+        if error := atomic_error(given.get("atomic", False), given.get("store", DATABASE)):
+            raise ImproperlyConfigured(f"Invalid idempotency option: {error}")
         return cls(tuple(sorted(given.items())))  # names differ: values are never compared
 
     def get(self, name: str) -> Any:
@@ -126,6 +129,9 @@ class Policy:
     heartbeat: bool = True
     #: What a key must look like (``KEY_FORMAT``, or the view's ``key_format``).
     key_format: KeyFormat = ANY
+    #: Where records live (``STORE``, or the view's ``store``): ``"database"`` (at
+    #: :attr:`alias`), or a Redis store's cache alias or URL (:attr:`alias` its name).
+    store: str = DATABASE
 
     def protects(self, method: str | None) -> bool:
         return method in self.methods and method not in SAFE_METHODS
@@ -148,6 +154,18 @@ def ttl_error(
     return (
         f"{names[0]} ({ttl}) is shorter than {names[1]} ({lock_timeout}); the record would "
         "expire while its first attempt still runs."
+    )
+
+
+def atomic_error(atomic: bool, store: str) -> str | None:
+    """The rule that atomic mode needs the database store: the claim, the view's writes and
+    the result commit in one transaction of the view's database, which Redis cannot join."""
+    if not atomic or store == DATABASE:
+        return None
+    return (
+        f"atomic=True needs the database store, not {store!r}: Redis shares no transaction "
+        "with the view's database, so the claim, the view's writes and its result could not "
+        "commit or roll back together. Use the database store, or two-phase mode."
     )
 
 
@@ -174,4 +192,6 @@ def _policy(options: Options) -> Policy:
         # settings changed at run time meet no check, and their record must still outlive
         # its lock. Keeping it that long, not refusing the request, keeps them working.
         values["ttl"] = values["lock_timeout"]
-    return Policy(alias=conf.DATABASE_ALIAS, **values)
+    if error := atomic_error(values["atomic"], values["store"]):
+        raise ImproperlyConfigured(error)
+    return Policy(alias=store_alias(values["store"], conf.DATABASE_ALIAS), **values)

@@ -306,6 +306,7 @@ class Settings:
     ENCRYPTION_KEYS: Setting[MultiFernet | None] = Setting(
         (), _fernet, {41: fernet_keys, 42: encryption_available}, shown="none"
     )
+    STORE = Setting(values.DATABASE, values.store, {60: values.store}, CALLS)
 
 
 #: A view's option with no setting: its claim and its view in one transaction.

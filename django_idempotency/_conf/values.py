@@ -305,3 +305,51 @@ def _strings(value: object, name: str, what: str, *, empty: bool = True) -> list
     if items is None or not all(isinstance(item, str) for item in items) or not (items or empty):
         raise TypeError(f"{name} must be {what}, not {value!r}.")
     return items
+
+
+#: ``STORE``'s value for the database (``DATABASE_ALIAS``), and the Redis cache backends a
+#: store may name (issue 44).
+DATABASE = "database"
+REDIS_CACHES = ("django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache")
+REDIS_URLS = ("redis://", "rediss://", "unix://")
+#: The prefix of a Redis store's name made from a cache alias (a URL is its own name).
+CACHE_PREFIX = "cache:"
+
+
+@refusing(
+    '``STORE`` is not ``"database"``, an alias of ``CACHES`` whose backend is Redis, or a '
+    "``redis://`` URL",
+    "Name a CACHES alias with django.core.cache.backends.redis.RedisCache (or django-redis), "
+    "or give a redis:// URL (docs: 'Choosing the store').",
+)
+def store(value: Any, name: str) -> str:
+    """Where records live: the database, or Redis through a cache alias or a URL. One that can
+    never work (a cache that is not Redis) is refused before any view runs."""
+    from django.conf import settings
+
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{name} must be 'database', a CACHES alias or a redis:// URL.")
+    if value == DATABASE:
+        return value
+    if importlib.util.find_spec("redis") is None:
+        raise ValueError(
+            f"{name} {value!r} is a Redis store, but the redis package is not installed: "
+            "pip install 'django-idempotency[redis]'."
+        )
+    if value.startswith(REDIS_URLS):
+        return value
+    caches = getattr(settings, "CACHES", {})
+    if value not in caches:
+        raise ValueError(f"{name} {value!r} is not 'database', an alias of CACHES or a URL.")
+    backend = caches[value].get("BACKEND", "")
+    if backend not in REDIS_CACHES:
+        raise ValueError(f"{name}: CACHES[{value!r}] uses {backend!r}, which is not Redis.")
+    return value
+
+
+def store_alias(value: str, database_alias: str) -> str:
+    """The name the store layer knows a store by: the database alias, ``cache:<alias>`` or
+    the URL (a name with a colon is a Redis store's)."""
+    if value == DATABASE:
+        return database_alias
+    return value if "://" in value else CACHE_PREFIX + value

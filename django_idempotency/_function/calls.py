@@ -38,6 +38,7 @@ from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
+from django_idempotency._conf.values import DATABASE
 from django_idempotency._function.serializers import ResultSerializer
 from django_idempotency._store import StoredResponse, sealing, using
 from django_idempotency._store.limits import PADDED_SCOPE, bounded_scope, padded
@@ -293,7 +294,11 @@ class CallAdapter(lifecycle.Adapter[Any]):
         if not conf.ENABLED:
             return None
         policy = self.spec.options.resolve()
-        if not (asynchronous or policy.atomic) and connections[policy.alias].in_atomic_block:
+        if (
+            not (asynchronous or policy.atomic)
+            and policy.store == DATABASE
+            and connections[policy.alias].in_atomic_block
+        ):
             policy = replace(policy, atomic=True)
         self.identified(policy)  # bad arguments fail before any claim, or any connection
         return policy

@@ -14,7 +14,9 @@ from django_idempotency import _store as store
 from django_idempotency._base import rules
 from django_idempotency._call import telemetry
 from django_idempotency._conf.settings import conf
+from django_idempotency._conf.values import store_alias
 from django_idempotency._ops import maintenance
+from django_idempotency._ops.store_checks import redis_stores
 from django_idempotency._store.limits import PADDED_SCOPE, bounded_scope, padded
 from django_idempotency.models import IdempotencyKey
 
@@ -49,8 +51,10 @@ def erase_scope(
 
     ``scope`` is what the scope function returns for the principal (``user:42`` for
     :func:`~django_idempotency.user_scope`); ``using`` is the database alias
-    (``DATABASE_ALIAS`` by default). With ``dry_run`` nothing is deleted: the counts say what
-    would be. Retries of the erased keys run their views again, as for new keys.
+    (``DATABASE_ALIAS`` by default). Without ``using``, the records of the Redis stores that
+    ``STORE`` and the URLconf's views name are erased too. With ``dry_run`` nothing is
+    deleted: the counts say what would be. Retries of the erased keys run their views again,
+    as for new keys.
     """
     if not isinstance(scope, str) or not scope:
         raise ValueError(f"The scope to erase must be a non-empty string, not {scope!r}.")
@@ -61,15 +65,20 @@ def erase_scope(
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     alias = using or conf.DATABASE_ALIAS
     stored = bounded_scope(scope)
+    # And in each Redis store the settings and the URLconf's views name (issue 44).
+    elsewhere = [0, 0]
+    for name in () if using else redis_stores():
+        found = store.using(store_alias(name, alias)).erase_scope(stored, dry_run=dry_run)  # type: ignore[attr-defined]
+        elsewhere = [elsewhere[0] + found[0], elsewhere[1] + found[1]]
     records = IdempotencyKey.objects.using(alias).filter(scope=stored)
     if dry_run:
-        finished = records.exclude(status=rules.PROCESSING).count()
-        return Erasure(scope, finished, _in_progress(records), dry_run=True)
+        finished = records.exclude(status=rules.PROCESSING).count() + elsewhere[0]
+        return Erasure(scope, finished, _in_progress(records) + elsewhere[1], dry_run=True)
     bound = store.using(alias)
     deleted = maintenance.in_batches(
         lambda size: _batch(bound, stored, size), min(batch_size, BATCH_SIZE)
     ).deleted
-    erasure = Erasure(scope, deleted, _in_progress(records))
+    erasure = Erasure(scope, deleted + elsewhere[0], _in_progress(records) + elsewhere[1])
     logger.warning(
         "Erased %s finished idempotency record%s of a scope; %s in progress left to finish.",
         deleted,

@@ -46,11 +46,17 @@ _BOUND: dict[str, Store] = {}
 
 def using(alias: str) -> Store:
     """The store of the database ``alias``, made once per alias and shared by every thread
-    (it keeps no connection); an unsupported database is unavailable (a ``503``)."""
+    (it keeps no connection); an unsupported database is unavailable (a ``503``). A name with
+    a colon is a Redis store's (:mod:`.redis`: ``cache:<alias>`` or a URL), which speaks the
+    same interface."""
     try:
         return _BOUND[alias]
     except KeyError:
         pass
+    if ":" in alias:  # a Redis store's name (issue 44): a cache alias's, or a URL
+        from django_idempotency._store.redis import RedisStore
+
+        return _BOUND.setdefault(alias, RedisStore(alias))  # type: ignore[arg-type]
     connection = connections[alias]
     vendor = VENDORS.get(connection.vendor)
     if vendor is None:

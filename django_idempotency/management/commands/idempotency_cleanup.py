@@ -13,7 +13,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from django_idempotency import _store as store
-from django_idempotency._ops import maintenance
+from django_idempotency._ops import maintenance, store_checks
 from django_idempotency._ops.erasure import erase_scope
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
@@ -94,6 +94,9 @@ class Command(arguments.Command):
             bounds = (max_batches, limit, max_runtime)
             self._erase(scope, alias, batch_size, dry_run, bounds, verbosity)
             return
+        if verbosity >= 1:
+            for note in store_checks.redis_notes("nothing to delete there"):
+                self.stdout.write(note)
         now = timezone.now()
         if dry_run:
             self._dry_run(alias, now, batch_size, limit, max_batches, verbosity)

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_idempotency._ops import maintenance
+from django_idempotency._ops import maintenance, store_checks
 from django_idempotency.management import database_alias
 
 
@@ -47,6 +47,8 @@ class Command(BaseCommand):
             self.stdout.write(f"{label + ':':<22}{value}")
         for warning in stats.warnings:
             self.stdout.write(self.style.WARNING(f"Warning: {warning}"))
+        for note in store_checks.redis_notes("idempotency_cleanup has nothing to delete there"):
+            self.stdout.write(note)
 
 
 def as_dict(stats: maintenance.Stats) -> dict[str, Any]:

@@ -1,0 +1,134 @@
+"""System checks of the Redis store (issue 44): atomic views on it (E061), and at
+``check --deploy`` whether each Redis store answers (E062) and keeps what it acknowledged
+(W060). ``STORE``'s own value is checked on its setting's line (E060)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Warning
+from django.core.exceptions import ImproperlyConfigured
+
+from django_idempotency._conf.options import atomic_error
+from django_idempotency._conf.settings import check_name, conf
+from django_idempotency._conf.values import DATABASE, store_alias
+from django_idempotency._ops.checks import _protected_views, refusing
+
+
+def check_stores(**kwargs: Any) -> list[CheckMessage]:
+    return e061_atomic_on_redis()
+
+
+def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
+    """At ``check --deploy``: each Redis store the settings and views name answers, and
+    persists every write."""
+    messages: list[CheckMessage] = []
+    for store in sorted(redis_stores()):
+        if error := e062_unreachable(store):
+            messages.append(error)
+        else:
+            messages += w060_appendonly(store)
+    return messages
+
+
+def _views() -> Iterator[tuple[str, Any]]:
+    for name, found in _protected_views():
+        yield name, found() if callable(found) else found
+
+
+def _setting_store() -> str | None:
+    try:
+        return str(conf.STORE)
+    except ImproperlyConfigured:
+        return None  # E060 says so
+
+
+def redis_stores() -> set[str]:
+    """The Redis stores (``STORE``'s values) the settings and the URLconf's views name."""
+    stores = {_setting_store()}
+    stores |= {options.get("store") for _, options in _views()}
+    return {store for store in stores if store is not None and store != DATABASE}
+
+
+@refusing(
+    "a protected view in the URLconf is ``atomic=True`` on a Redis store (``STORE`` or its "
+    "``store``): Redis shares no transaction with the view's database"
+)
+def e061_atomic_on_redis() -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    setting = _setting_store()
+    seen: set[str] = set()
+    for name, options in _views():
+        store = options.get("store") or setting
+        if name in seen or store is None:
+            continue
+        seen.add(name)
+        if error := atomic_error(options.atomic, store):
+            errors.append(
+                Error(
+                    f"{name}: {error}",
+                    hint="Drop atomic=True, or give the view store='database' "
+                    "(docs: 'Choosing the store').",
+                    id=check_name(61),
+                )
+            )
+    return errors
+
+
+@refusing("a Redis store does not answer; asked with ``--deploy`` only")
+def e062_unreachable(store: str) -> Error | None:
+    from django_idempotency._store import using
+
+    try:
+        using(store_alias(store, "")).client.ping()  # type: ignore[attr-defined]
+    except Exception as exc:
+        return Error(
+            f"The Redis store {store!r} does not answer: {exc}",
+            hint="Start it, or point STORE (or the view's store) at one that runs.",
+            id=check_name(62),
+        )
+    return None
+
+
+@refusing(
+    "a Redis store runs without ``appendonly``: a restart loses the records written since "
+    "its last snapshot, and their views run again; asked with ``--deploy`` only"
+)
+def w060_appendonly(store: str) -> list[CheckMessage]:
+    from django_idempotency._store import using
+
+    try:
+        info = using(store_alias(store, "")).client.info("persistence")  # type: ignore[attr-defined]
+    except Exception:
+        return []  # not ours to read (a managed server): nothing to say
+    if str(info.get("aof_enabled", "1")) != "0":
+        return []
+    return [
+        Warning(
+            f"The Redis store {store!r} runs with appendonly no: a restart or a crash loses "
+            "every record written since its last snapshot, and retries of those keys run "
+            "their views again.",
+            hint="Set appendonly yes (appendfsync everysec loses at most a second), or keep "
+            "such views on the database store (docs: 'Choosing the store').",
+            id=check_name(60, "W"),
+        )
+    ]
+
+
+def redis_notes(verb: str) -> list[str]:
+    """What an operator's command says of each Redis store: it holds records this command
+    does not see, and how many (a ``SCAN``)."""
+    from django_idempotency._store import using
+
+    notes = []
+    for store in sorted(redis_stores()):
+        bound: Any = using(store_alias(store, ""))
+        try:
+            count = f"{bound.count():,} record(s)"
+        except Exception as exc:  # unreachable: say so, and go on
+            count = f"not reachable ({exc})"
+        notes.append(
+            f"Redis store {store!r}: {count}; records there expire by Redis's own TTL, so {verb}."
+        )
+    return notes

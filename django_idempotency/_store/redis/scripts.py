@@ -1,0 +1,135 @@
+"""The Redis store's Lua scripts: each decision and each fenced write is one script, run
+atomically by the server, its time read from the server's own clock (``TIME``) inside it.
+
+One record is one hash (``KEYS[1]``), so a script touches one key, and one cluster slot. Its
+fields: ``st`` status, ``fp`` fingerprint, ``m`` method, ``p`` path, ``tok`` lock token, ``att``
+attempt, ``rp``/``rd`` recovery point and its data (JSON), ``ca``/``ua``/``ea`` created, unlock
+and expiry times (milliseconds since the epoch, the server's clock), ``rs``/``rh``/``rb`` the
+response's status, headers (JSON, :mod:`.._store.sealing`'s shapes) and body. The record expires
+by Redis's own TTL (``PEXPIREAT ea``): an expired record is absent, and a new claim starts
+afresh.
+"""
+
+from __future__ import annotations
+
+#: The fields a claim that finds another call's record returns, in this order.
+FIELDS = ("st", "fp", "tok", "ua", "att", "rp", "rd", "ea", "rs", "rh", "rb", "m", "p", "ca")
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+#: ARGV: token, fingerprint, method, path, lock (ms), ttl (ms). Returns
+#: ``{"new", now}``, ``{"own", now, attempt, rp, rd}`` (this token's claim, applied with its
+#: reply lost), ``{"takeover", now, attempt, rp, rd}``, or ``{"found", now, fields...}``.
+#:
+#: A takeover needs the lock to have lapsed by the server's clock, now, inside the script, and
+#: the same fingerprint: a live owner's lock is never taken (the duplicate gets its record,
+#: a ``409``), whatever the caller's clock says.
+CLAIM = (
+    _NOW
+    + """
+local key = KEYS[1]
+local r = redis.call('HMGET', key, 'st', 'fp', 'tok', 'ua', 'att', 'rp', 'rd', 'ea', 'rs',
+                     'rh', 'rb', 'm', 'p', 'ca')
+if not r[1] then
+  local expires = now + tonumber(ARGV[6])
+  redis.call('HSET', key, 'st', 'processing', 'fp', ARGV[2], 'm', ARGV[3], 'p', ARGV[4],
+             'tok', ARGV[1], 'att', 1, 'rp', '', 'ca', now, 'ua', now + tonumber(ARGV[5]),
+             'ea', expires)
+  redis.call('PEXPIREAT', key, expires)
+  return {'new', now}
+end
+if r[3] == ARGV[1] then
+  if r[1] == 'processing' then
+    return {'own', now, r[5], r[6], r[7] or false}
+  end
+end
+if r[1] == 'processing' and r[2] == ARGV[2] and r[4] and tonumber(r[4]) <= now then
+  local attempt = tonumber(r[5]) + 1
+  redis.call('HSET', key, 'tok', ARGV[1], 'att', attempt, 'ua', now + tonumber(ARGV[5]))
+  return {'takeover', now, attempt, r[6], r[7] or false}
+end
+local out = {'found', now}
+for i = 1, 14 do out[i + 2] = r[i] or false end
+return out
+"""
+)
+
+_FENCE = """
+local key = KEYS[1]
+local r = redis.call('HMGET', key, 'st', 'tok')
+if r[2] ~= ARGV[1] then return 0 end
+"""
+
+#: ARGV: token, status, response status ('' none), headers JSON, body, ('' no body), own
+#: ttl (ms, '' none). 1: stored; 2: this token's result was stored already (a reply lost).
+COMPLETE = (
+    _NOW
+    + _FENCE
+    + """
+if r[1] ~= 'processing' then return 2 end
+redis.call('HSET', key, 'st', ARGV[2], 'rs', ARGV[3], 'rh', ARGV[4], 'ua', '')
+if ARGV[6] == '1' then redis.call('HSET', key, 'rb', ARGV[5]) end
+if ARGV[7] ~= '' then
+  local expires = now + tonumber(ARGV[7])
+  redis.call('HSET', key, 'ea', expires)
+  redis.call('PEXPIREAT', key, expires)
+end
+return 1
+"""
+)
+
+#: ARGV: token. Deletes the record (a retry claims afresh).
+RELEASE = (
+    _FENCE
+    + """
+if r[1] ~= 'processing' then return 0 end
+redis.call('DEL', key)
+return 1
+"""
+)
+
+#: ARGV: token. Keeps the record at its recovery point, its lock lapsed now.
+UNLOCK = (
+    _NOW
+    + _FENCE
+    + """
+if r[1] ~= 'processing' then return 0 end
+redis.call('HSET', key, 'ua', now)
+return 1
+"""
+)
+
+#: ARGV: token, name, data (JSON), lock (ms). Records progress and renews the lock.
+RECOVERY_POINT = (
+    _NOW
+    + _FENCE
+    + """
+if r[1] ~= 'processing' then return 0 end
+redis.call('HSET', key, 'rp', ARGV[2], 'rd', ARGV[3], 'ua', now + tonumber(ARGV[4]))
+return 1
+"""
+)
+
+#: ARGV: token, lock (ms). Pushes the lock forward while the owner lives.
+RENEW = (
+    _NOW
+    + _FENCE
+    + """
+if r[1] ~= 'processing' then return 0 end
+redis.call('HSET', key, 'ua', now + tonumber(ARGV[2]))
+return 1
+"""
+)
+
+#: ARGV: none. Erasure: deletes the record unless it is still processing (1 deleted,
+#: 0 absent, -1 in progress).
+ERASE = """
+local st = redis.call('HGET', KEYS[1], 'st')
+if not st then return 0 end
+if st == 'processing' then return -1 end
+redis.call('DEL', KEYS[1])
+return 1
+"""

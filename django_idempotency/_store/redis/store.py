@@ -1,0 +1,521 @@
+"""The Redis store: the same contract as the database's (SPEC sections 2 and 3) but atomic
+mode, on one Redis server (or a Sentinel's master), through the client of a Django cache alias
+(Django's ``RedisCache``, django-redis) or one made from a ``redis://`` URL.
+
+It speaks the interface the core calls (:class:`.._store.Store`'s claim, fenced writes,
+renewal, status poll), each a Lua script of :mod:`.scripts`; no transaction is shared with the
+view's database. A record's Redis key carries its scope and key hash in a hash tag, so on a
+cluster each record is one key in one slot. The core's ``pk`` of a claim is a number of this
+process (the claim's writes are always this process's), mapped to the record's Redis key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.utils import timezone
+
+from django_idempotency._base.errors import StoreUnavailable
+from django_idempotency._conf.values import CACHE_PREFIX
+from django_idempotency._store import deadlines
+from django_idempotency._store.claims import Lock, new_token
+from django_idempotency._store.redis import scripts
+from django_idempotency._store.writes import COMPLETED, FAILED, StoredResponse
+from django_idempotency.models import IdempotencyKey
+
+logger = logging.getLogger("django_idempotency")
+
+T = TypeVar("T")
+
+#: The prefix of every key the store writes (``IDEMPOTENCY_REDIS_PREFIX`` is not a setting:
+#: the cache's own ``KEY_PREFIX`` is not used either, so records never mix with cache entries).
+PREFIX = "idempotency:"
+#: How often a script that met a fault is tried again within its bound, and the first pause.
+_FIRST_RETRY = 0.02
+_MAX_RETRY = 0.25
+#: The socket timeout given to a client made from a URL (seconds).
+SOCKET_TIMEOUT = 5.0
+
+
+class RedisFault(DatabaseError):
+    """A Redis command that failed for its connection or its server (a ``DatabaseError``, so
+    that the core's writes report it as they report the database's)."""
+
+
+class _NoConnection:
+    """What the core reads of a store's Django connection: the Redis store has none, and is
+    never in the view's transaction."""
+
+    in_atomic_block = False
+    connection = None
+    alias = ""
+
+
+_NO_CONNECTION = _NoConnection()
+
+
+def is_redis(name: str) -> bool:
+    """Whether a policy's store name is a Redis store's (a cache alias's or a URL)."""
+    return ":" in name
+
+
+def record_key(scope: str, key_hash: str) -> str:
+    """The record's Redis key: its scope (hashed: any length, any character) and key hash in
+    one hash tag, so that its one key has one slot on a cluster, and records spread."""
+    scope_hash = hashlib.sha256(scope.encode()).hexdigest()[:32]
+    return f"{PREFIX}r:{{{scope_hash}:{key_hash}}}"
+
+
+def scope_index(scope: str) -> str:
+    """The sorted set of a scope's finished records (key hash, scored by expiry): erasure."""
+    scope_hash = hashlib.sha256(scope.encode()).hexdigest()[:32]
+    return f"{PREFIX}s:{{{scope_hash}}}"
+
+
+def client_for(name: str) -> Any:
+    """The redis-py client of a store name: the cache alias's own (its connection pool), or
+    one made from the URL."""
+    import redis
+
+    if name.startswith(CACHE_PREFIX):
+        from django.core.cache import caches
+
+        cache = caches[name[len(CACHE_PREFIX) :]]
+        inner = getattr(cache, "_cache", None)  # Django's RedisCache
+        if inner is not None and hasattr(inner, "get_client"):
+            return inner.get_client(write=True)
+        client = getattr(cache, "client", None)  # django-redis
+        if client is not None and hasattr(client, "get_client"):
+            return client.get_client(write=True)
+        raise StoreUnavailable(f"CACHES[{name[len(CACHE_PREFIX) :]!r}] is not a Redis cache.")
+    return redis.Redis.from_url(
+        name, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
+    )
+
+
+def _ms(delta: timedelta) -> int:
+    return max(0, int(delta.total_seconds() * 1000))
+
+
+def _time(ms: Any) -> datetime | None:
+    if ms is None or ms is False or ms == b"":
+        return None
+    instant = datetime.fromtimestamp(int(ms) / 1000, tz=dt_timezone.utc)
+    return instant if settings.USE_TZ else timezone.make_naive(instant)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _data(value: Any) -> Any:
+    return None if value in (None, False, b"") else json.loads(value)
+
+
+class RedisStore:
+    """The store of one Redis server (see the module's docstring)."""
+
+    vendor = "redis"
+    name = "Redis"
+    lock_wait_outlives_transaction = False
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self._client: Any = None
+        self._scripts: dict[str, Any] = {}
+        #: The records of this process's live claims: pk -> (Redis key, scope, key hash).
+        self._records: dict[int, tuple[str, str, str]] = {}
+        self._numbers = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # -- what the core reads of every store --------------------------------------------------
+
+    @property
+    def connection(self) -> Any:
+        return _NO_CONNECTION
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = client_for(self.alias)
+        return self._client
+
+    def _script(self, name: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.client.register_script(getattr(scripts, name))
+        return script
+
+    def is_lock_timeout(self, exc: BaseException) -> bool:
+        return False
+
+    def is_contention(self, exc: BaseException) -> bool:
+        return False
+
+    def is_fault(self, exc: BaseException) -> bool:
+        # Faults are ridden out inside each call (:meth:`_run`), within its bound: the core's
+        # reconnection on a new Django connection has nothing to do here.
+        return False
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """A database error of the project's code (the scope function reading the user):
+        as the database's store says."""
+        if isinstance(exc, RedisFault):
+            return True
+        from django_idempotency._conf.settings import conf
+        from django_idempotency._store import using
+
+        return using(conf.DATABASE_ALIAS).is_transient(exc)
+
+    def faulted(self, exc: BaseException) -> None:
+        pass
+
+    def refusal(self, exc: BaseException) -> StoreUnavailable:
+        return StoreUnavailable(str(exc))
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        try:
+            yield
+        except DatabaseError as exc:
+            raise self.refusal(exc) from exc
+
+    def bounded(self, connection: Any, seconds: float, statement: Callable[[], T]) -> T:
+        return statement()
+
+    def hold(self, scope: str, key_hash: str) -> None:
+        pass
+
+    def let_go(self, scope: str, key_hash: str) -> None:
+        pass
+
+    def holds(self, scope: str, key_hash: str) -> bool:
+        return False
+
+    def in_nested_transaction(self) -> bool:
+        return False
+
+    # -- running a script --------------------------------------------------------------------
+
+    def _run(self, name: str, keys: list[str], args: list[Any], bound: float | None) -> Any:
+        """Run a script, again after a fault (a lost connection, a timeout, a server loading
+        or refusing writes) until ``bound`` seconds have passed; then :class:`RedisFault`.
+        Every script is safe to run twice: the second finds the first's effect by the token."""
+        import redis
+
+        deadline = time.monotonic() + (deadlines.LEAST if bound is None else bound)
+        delay = _FIRST_RETRY
+        while True:
+            try:
+                return self._script(name)(keys=keys, args=args)
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+                if isinstance(exc, redis.ResponseError) and not _passing(exc):
+                    raise RedisFault(f"Redis refused {name}: {exc}") from exc
+                if time.monotonic() + delay >= deadline:
+                    raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
+                logger.warning(
+                    "Idempotency store %r failed (%s); trying again in %.2gs.",
+                    self.alias,
+                    exc,
+                    delay,
+                )
+            except redis.RedisError as exc:
+                raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_RETRY)
+
+    # -- the claim ---------------------------------------------------------------------------
+
+    def claim(
+        self,
+        identity: Any,
+        *,
+        ttl: timedelta,
+        lock_timeout: timedelta,
+        token: str | None = None,
+        bound: float | None = None,
+    ) -> Any:
+        started = time.monotonic()
+        token = token or new_token()
+        key = record_key(identity.scope, identity.key_hash)
+        if bound is None:
+            bound = deadlines.bound(lock_timeout)
+        try:
+            reply = self._run(
+                "CLAIM",
+                [key],
+                [
+                    token,
+                    identity.fingerprint,
+                    identity.method,
+                    identity.path,
+                    _ms(lock_timeout),
+                    _ms(ttl),
+                ],
+                bound,
+            )
+        except RedisFault as exc:
+            raise self.refusal(exc) from exc
+        kind = reply[0]
+        if kind == b"found":
+            return self._record(identity, reply)
+        attempt, point, data = 1, "", None
+        if kind != b"new":
+            attempt, point, data = int(reply[2]), _text(reply[3] or b""), _data(reply[4])
+        with self._lock:
+            pk = next(self._numbers)
+        self._records[pk] = (key, identity.scope, identity.key_hash)
+        return identity.claimed(
+            pk=pk,
+            token_text=token,
+            attempt=attempt,
+            recovery_point=point,
+            recovery_data=data,
+            alias=self.alias,
+            lock_timeout=lock_timeout,
+            held_until=started + lock_timeout.total_seconds(),
+            uncommitted=False,
+        )
+
+    def _record(self, identity: Any, reply: list[Any]) -> IdempotencyKey:
+        """Another call's record as the model's instance (unsaved: it lives in Redis)."""
+        values = dict(zip(scripts.FIELDS, reply[2:], strict=True))
+        status = _text(values["st"])
+        now = _time(reply[1])
+        assert now is not None
+        headers = values["rh"]
+        response_status = values["rs"]
+        return IdempotencyKey(
+            scope=identity.scope,
+            key_hash=identity.key_hash,
+            method=_text(values["m"] or b""),
+            path=_text(values["p"] or b""),
+            request_hash=_text(values["fp"] or b""),
+            status=status,
+            response_status=int(response_status) if response_status else None,
+            response_headers=json.loads(headers) if headers else [],
+            response_body=values["rb"] if values["rb"] is not False else None,
+            recovery_point=_text(values["rp"] or b""),
+            recovery_data=_data(values["rd"]),
+            attempt=int(values["att"] or 1),
+            created_at=_time(values["ca"]) or now,
+            updated_at=now,
+            unlock_at=_time(values["ua"]),
+            expires_at=_time(values["ea"]) or now,
+        )
+
+    def read(self, scope: str, key_hash: str) -> IdempotencyKey | None:
+        """The key's record, as a claim that found it would read it (tests, operators)."""
+        import redis
+
+        try:
+            values = self.client.hmget(record_key(scope, key_hash), *scripts.FIELDS)
+            now = self.client.time()
+        except redis.RedisError as exc:
+            raise self.refusal(exc) from exc
+        if values[0] is None:
+            return None
+        holder = _Holder(scope, key_hash)
+        return self._record(holder, [b"found", now[0] * 1000 + now[1] // 1000, *values])
+
+    def expire(self, scope: str, key_hash: str) -> IdempotencyKey | None:
+        """Expire the key's record now, as its TTL would: Redis deletes it
+        (:func:`django_idempotency.testing.expire_key`). Returns it as it was."""
+        record = self.read(scope, key_hash)
+        if record is not None:
+            self.client.delete(record_key(scope, key_hash))
+        return record
+
+    def read_finished(self, identity: Any, bound: float) -> None:
+        return None  # atomic mode only, which the Redis store refuses
+
+    def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
+        import redis
+
+        try:
+            status, unlock = self.client.hmget(record_key(scope, key_hash), "st", "ua")
+        except redis.RedisError as exc:
+            raise self.refusal(exc) from exc
+        if status is None:
+            return None
+        return Lock(_text(status), _time(unlock))
+
+    # -- the fenced writes -------------------------------------------------------------------
+
+    def _key(self, pk: int) -> str:
+        return self._records[pk][0]
+
+    def store_response(
+        self,
+        pk: int,
+        token: Any,
+        stored: StoredResponse,
+        *,
+        stale_at: datetime | None = None,
+        connection: Any = None,
+        bound: float | None = None,
+    ) -> bool:
+        headers, body = stored.sealed
+        status = COMPLETED if stored.status is None or stored.status < 400 else FAILED
+        key, scope, key_hash = self._records[pk]
+        done = self._run(
+            "COMPLETE",
+            [key],
+            [
+                str(token),
+                status,
+                "" if stored.status is None else stored.status,
+                json.dumps(headers, separators=(",", ":")),
+                b"" if body is None else body,
+                "0" if body is None else "1",
+                "" if stored.ttl is None else _ms(stored.ttl),
+            ],
+            bound,
+        )
+        if done:
+            self._index(scope, key_hash, stored.ttl)
+        self._records.pop(pk, None)
+        return bool(done)
+
+    def _index(self, scope: str, key_hash: str, ttl: timedelta | None) -> None:
+        """Add a finished record to its scope's index (erasure); the index forgets records
+        past their expiry, and expires itself after the last."""
+        from django_idempotency._conf.settings import conf
+
+        lasts = ttl or conf.TTL
+        now = time.time()
+        index = scope_index(scope)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zadd(index, {key_hash: now + lasts.total_seconds()})
+            pipe.zremrangebyscore(index, "-inf", now)
+            pipe.expire(index, int(lasts.total_seconds()) + 1, gt=True)
+            pipe.expire(index, int(lasts.total_seconds()) + 1, nx=True)
+            pipe.execute()
+        except Exception:  # the result is stored: only erasure would miss it
+            logger.warning("Could not index an idempotency record for erasure.", exc_info=True)
+
+    def finished(self, pk: int, token: Any, connection: Any) -> bool:
+        return False  # a result stored whose reply was lost returns 2: never asked
+
+    def has_recovery_point(self, pk: int, token: Any, name: str, connection: Any) -> bool:
+        return False  # a recovery point written again matches again: never asked
+
+    def save_recovery_point(
+        self,
+        pk: int,
+        token: Any,
+        name: str,
+        data: Any,
+        lock_timeout: timedelta,
+        *,
+        connection: Any = None,
+        bound: float | None = None,
+    ) -> bool:
+        encoded = json.dumps(data, separators=(",", ":"))
+        return bool(
+            self._run(
+                "RECOVERY_POINT",
+                [self._key(pk)],
+                [str(token), name, encoded, _ms(lock_timeout)],
+                deadlines.bound(lock_timeout) if bound is None else bound,
+            )
+        )
+
+    def unlock(
+        self, pk: int, token: Any, *, connection: Any = None, bound: float | None = None
+    ) -> bool:
+        try:
+            return bool(self._run("UNLOCK", [self._key(pk)], [str(token)], bound))
+        finally:
+            self._records.pop(pk, None)
+
+    def release(
+        self,
+        pk: int,
+        token: Any,
+        *,
+        stale_at: datetime | None = None,
+        connection: Any = None,
+        bound: float | None = None,
+    ) -> bool:
+        try:
+            return bool(self._run("RELEASE", [self._key(pk)], [str(token)], bound))
+        finally:
+            self._records.pop(pk, None)
+
+    def renew(self, leases: Sequence[tuple[int, Any]], lock_timeout: timedelta) -> set[int]:
+        """Push the locks of many claims forward: one pipeline of fenced scripts (one round
+        trip; each its own key, so a cluster routes each to its slot)."""
+        import redis
+
+        known = [(pk, token) for pk, token in leases if pk in self._records]
+        if not known:
+            return set()
+        script = self._script("RENEW")
+        lock = _ms(lock_timeout)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for pk, token in known:
+                script(keys=[self._key(pk)], args=[str(token), lock], client=pipe)
+            results = pipe.execute()
+        except redis.RedisError as exc:
+            raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
+        held = {pk for (pk, _), result in zip(known, results, strict=True) if result}
+        for pk, _ in known:
+            if pk not in held:
+                self._records.pop(pk, None)
+        return held
+
+    # -- operations --------------------------------------------------------------------------
+
+    def erase_scope(self, scope: str, *, dry_run: bool = False) -> tuple[int, int]:
+        """Delete the scope's finished records now: (deleted, in progress)."""
+        index = scope_index(scope)
+        deleted = in_progress = 0
+        for member in self.client.zrange(index, 0, -1):
+            key_hash = _text(member)
+            key = record_key(scope, key_hash)
+            if dry_run:
+                status = self.client.hget(key, "st")
+                if status == b"processing":
+                    in_progress += 1
+                elif status is not None:
+                    deleted += 1
+                continue
+            outcome = self._run("ERASE", [key], [], None)
+            if outcome == 1:
+                deleted += 1
+            elif outcome == -1:
+                in_progress += 1
+            if outcome != -1:
+                self.client.zrem(index, member)
+        return deleted, in_progress
+
+    def count(self) -> int:
+        """How many records the store holds (a ``SCAN`` of its prefix: an operator's figure)."""
+        return sum(1 for _ in self.client.scan_iter(match=f"{PREFIX}r:*", count=1000))
+
+
+class _Holder:
+    def __init__(self, scope: str, key_hash: str) -> None:
+        self.scope, self.key_hash = scope, key_hash
+
+
+def _passing(exc: Exception) -> bool:
+    """Whether a server's refusal passes: loading its data after a restart, a replica that
+    became read-only in a failover, a cluster's slot moving."""
+    text = str(exc).upper()
+    return text.startswith(("LOADING", "READONLY", "TRYAGAIN", "MOVED", "ASK", "MASTERDOWN"))

@@ -1,0 +1,368 @@
+"""The Redis store's own behaviour (issue 44): its configuration and checks, expiry by Redis's
+TTL, the claim's takeover refused while the owner lives (under real threads), fencing, renewal,
+erasure and the cluster hash tags. The semantic suite runs on it too (``IDEMPOTENCY_TEST_STORE=
+redis``, tests/conftest.py). Needs a Redis server at ``IDEMPOTENCY_TEST_REDIS_URL`` (its own db
+number); the ``appendonly`` check starts private ``redis-server`` processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_idempotency import (
+    IdempotencyInProgress,
+    erase_scope,
+    idempotent,
+    idempotent_function,
+)
+from django_idempotency._base.keys import hash_key
+from django_idempotency._conf.options import Options
+from django_idempotency._conf.settings import usable
+from django_idempotency._ops import checks, store_checks
+from django_idempotency._store import StoredResponse, using
+from django_idempotency._store.redis.store import record_key
+from django_idempotency.testing import stale_key
+from tests.conftest import flush_redis
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db]
+
+STORE = "redis"
+ALIAS = "cache:redis"
+
+
+@pytest.fixture(autouse=True)
+def _empty() -> None:
+    flush_redis()
+
+
+def client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def on_redis(**more: Any) -> Any:
+    return override_settings(IDEMPOTENCY={"STORE": STORE, **more})
+
+
+def function_scope(function: Any) -> str:
+    return str(function.idempotency_spec.identify(("k",), {}).scope)
+
+
+# --- configuration and checks -------------------------------------------------------------
+
+
+def test_e060_a_store_that_is_not_redis_stops_the_app() -> None:
+    with override_settings(IDEMPOTENCY={"STORE": "default"}):  # a LocMemCache
+        errors = checks.check_settings()
+        assert [e.id for e in errors] == ["django_idempotency.E060"]
+        assert "is not Redis" in errors[0].msg
+        with pytest.raises(ImproperlyConfigured, match="E060"):
+            usable()
+    with override_settings(IDEMPOTENCY={"STORE": "nowhere"}):
+        assert [e.id for e in checks.check_settings()] == ["django_idempotency.E060"]
+    for good in ("database", "redis", "redis://127.0.0.1:1/0"):
+        with override_settings(IDEMPOTENCY={"STORE": good}):
+            assert checks.check_settings() == []
+
+
+def test_e061_atomic_is_refused_on_redis_and_says_why() -> None:
+    with pytest.raises(ImproperlyConfigured, match="shares no transaction"):
+        Options.build(atomic=True, store=STORE)
+    # The URLconf's atomic views, on the Redis store by the setting.
+    with on_redis():
+        errors = store_checks.check_stores()
+    assert errors and {e.id for e in errors} == {"django_idempotency.E061"}
+    assert any("tests.testapp.views.atomic" in e.msg for e in errors)
+    with override_settings(IDEMPOTENCY={"STORE": "database"}):
+        assert store_checks.check_stores() == []
+
+    @idempotent_function(key="event_id", atomic=True)
+    def handle(event_id: str) -> None: ...
+
+    with on_redis(), pytest.raises(ImproperlyConfigured, match="shares no transaction"):
+        handle("k")
+
+
+def test_e062_a_store_that_does_not_answer_at_deploy() -> None:
+    dead = f"redis://127.0.0.1:{_free_port()}/0"
+    with override_settings(IDEMPOTENCY={"STORE": dead}):
+        errors = store_checks.check_stores_deploy()
+    assert [e.id for e in errors] == ["django_idempotency.E062"]
+
+
+@pytest.mark.parametrize("appendonly", ["no", "yes"])
+def test_w060_appendonly_no_is_warned_at_deploy(appendonly: str) -> None:
+    with (
+        private_redis("--appendonly", appendonly) as url,
+        override_settings(IDEMPOTENCY={"STORE": url}),
+    ):
+        messages = store_checks.check_stores_deploy()
+    expected = ["django_idempotency.W060"] if appendonly == "no" else []
+    assert [m.id for m in messages] == expected
+
+
+def test_the_cache_alias_client_and_pool_are_reused() -> None:
+    from django.core.cache import caches
+
+    store: Any = using(ALIAS)
+    assert (
+        store.client.connection_pool
+        is caches["redis"]._cache.get_client(write=True).connection_pool
+    )
+
+
+# --- the record in Redis ------------------------------------------------------------------
+
+
+def test_expiry_is_redis_ttl_and_store_for_sets_its_own() -> None:
+    @idempotent_function(key="event_id", ttl=60)
+    def handle(event_id: str) -> int:
+        return 1
+
+    with on_redis():
+        handle("k1")
+    keys = list(client().scan_iter(match="idempotency:r:*"))
+    assert len(keys) == 1
+    assert 55_000 < client().pttl(keys[0]) <= 60_000
+    # One hash tag holding scope and key: one record is one key in one cluster slot.
+    name = keys[0].decode()
+    assert name.count("{") == 1 and name.endswith(f":{hash_key('k1')}}}")
+
+
+def test_an_expired_record_is_gone_and_the_key_runs_afresh() -> None:
+    runs: list[str] = []
+
+    @idempotent_function(key="event_id", ttl=timedelta(milliseconds=300), lock_timeout=0.2)
+    def handle(event_id: str) -> int:
+        runs.append(event_id)
+        return len(runs)
+
+    with on_redis():
+        assert handle("k") == 1
+        assert handle("k") == 1
+        time.sleep(0.4)
+        assert handle("k") == 2
+
+
+def test_takeover_is_refused_while_the_owner_lives_under_real_threads() -> None:
+    """The Powertools/idempot-js bug: duplicates must not take a live owner's lock. The owner
+    runs past several lock timeouts, renewing; twenty threads hammer the key meanwhile."""
+    runs: list[int] = []
+    started = threading.Event()
+
+    @idempotent_function(key="event_id", lock_timeout=0.3, ttl=60)
+    def handle(event_id: str) -> str:
+        runs.append(1)
+        started.set()
+        time.sleep(1.2)  # four lock timeouts: only renewal keeps it
+        return "done"
+
+    outcomes: list[str] = []
+
+    def duplicate() -> None:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                outcomes.append(handle("k"))
+            except IdempotencyInProgress:
+                outcomes.append("409")
+            time.sleep(0.01)
+
+    with on_redis():
+        owner = threading.Thread(target=handle, args=("k",))
+        owner.start()
+        started.wait(5)
+        threads = [threading.Thread(target=duplicate) for _ in range(20)]
+        for thread in threads:
+            thread.start()
+        for thread in [owner, *threads]:
+            thread.join()
+        assert handle("k") == "done"
+    assert runs == [1]
+    assert outcomes and set(outcomes) == {"409"}
+
+
+def test_a_stale_record_is_taken_over_by_exactly_one_of_many_threads() -> None:
+    runs: list[int] = []
+
+    @idempotent_function(key="event_id", lock_timeout=5, ttl=60)
+    def handle(event_id: str) -> str:
+        runs.append(1)
+        time.sleep(0.2)
+        return "ok"
+
+    barrier = threading.Barrier(16)
+    outcomes: list[str] = []
+
+    def retry() -> None:
+        barrier.wait()
+        try:
+            outcomes.append(handle("k"))
+        except IdempotencyInProgress:
+            outcomes.append("409")
+
+    with on_redis():
+        stale = stale_key("k", handle, "k", recovery_point="half", recovery_data={"n": 1})
+        assert stale.attempt == 1
+        threads = [threading.Thread(target=retry) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        record: Any = using(ALIAS).read(stale.scope, stale.key_hash)  # type: ignore[attr-defined]
+    assert runs == [1]
+    assert outcomes.count("ok") == 1 and outcomes.count("409") == 15
+    assert record.attempt == 2 and record.recovery_point == "half"
+    assert record.recovery_data == {"n": 1}
+
+
+def test_a_late_owner_is_fenced_by_its_lock_token() -> None:
+    @idempotent_function(key="event_id", ttl=60)
+    def handle(event_id: str) -> str:
+        return "new owner"
+
+    with on_redis():
+        first = stale_key("k", handle, "k")
+        assert handle("k") == "new owner"  # took over: attempt 2
+        store: Any = using(ALIAS)
+        store._records[first.pk] = (record_key(first.scope, first.key_hash), "", "")
+        late = StoredResponse(None, [], b'"late"')
+        assert store.store_response(first.pk, first.token_text, late) is False
+        store._records[first.pk] = (record_key(first.scope, first.key_hash), "", "")
+        assert store.release(first.pk, first.token_text) is False
+        assert handle("k") == "new owner"
+
+
+def test_a_live_owner_keeps_its_lock_by_renewal_past_its_timeout() -> None:
+    @idempotent_function(key="event_id", lock_timeout=0.3, ttl=60)
+    def handle(event_id: str) -> str:
+        time.sleep(0.5)
+        return "ok"
+
+    with on_redis():
+        scope_key = record_key(function_scope(handle), hash_key("k"))
+        owner = threading.Thread(target=handle, args=("k",))
+        owner.start()
+        time.sleep(0.1)
+        first = int(client().hget(scope_key, "ua") or 0)
+        time.sleep(0.3)
+        renewed = int(client().hget(scope_key, "ua") or 0)
+        owner.join()
+    assert renewed > first
+
+
+# --- erasure and operations ---------------------------------------------------------------
+
+
+def test_erasure_by_scope_deletes_finished_records_and_leaves_those_in_flight() -> None:
+    @idempotent_function(key="event_id", scope=lambda event_id: "tenant-1")
+    def handle(event_id: str) -> str:
+        return event_id
+
+    with on_redis():
+        handle("a")
+        handle("b")
+        held = stale_key("c", handle, "c")
+        scope = held.scope
+        dry = erase_scope(scope, dry_run=True)
+        assert (dry.deleted, dry.dry_run) == (2, True)
+        erased = erase_scope(scope)
+        assert (erased.deleted, erased.in_progress) == (2, 0)
+        assert erase_scope(scope).deleted == 0
+    remaining = list(client().scan_iter(match="idempotency:r:*"))
+    assert len(remaining) == 1  # the record in flight
+
+
+def test_cleanup_and_stats_say_what_they_do_on_redis(capsys: Any) -> None:
+    from django.core.management import call_command
+
+    @idempotent_function(key="event_id")
+    def handle(event_id: str) -> str:
+        return event_id
+
+    with on_redis():
+        handle("a")
+        call_command("idempotency_cleanup")
+        call_command("idempotency_stats")
+    out = capsys.readouterr().out
+    assert "Redis" in out and "nothing to delete" in out
+    assert "1 record" in out
+
+
+def test_a_view_on_redis_by_its_own_option() -> None:
+    @idempotent(store=STORE)
+    def view(request: Any) -> Any:
+        from django.http import JsonResponse
+
+        return JsonResponse({"ok": True}, status=201)
+
+    from django.test import RequestFactory
+
+    factory = RequestFactory()
+    first = view(factory.post("/x/", headers={"Idempotency-Key": "v1"}))
+    second = view(factory.post("/x/", headers={"Idempotency-Key": "v1"}))
+    assert first.status_code == second.status_code == 201
+    assert second["Idempotent-Replayed"] == "true"
+    assert len(list(client().scan_iter(match="idempotency:r:*"))) == 1
+
+
+# --- a private server ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    first, last = (
+        int(p) for p in os.environ.get("IDEMPOTENCY_REDIS_PORTS", "47300-47399").split("-")
+    )
+    for port in range(first, last + 1):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("No free port for a private redis-server.")
+
+
+class private_redis:
+    """A ``redis-server`` of the test's own, in a temporary directory, stopped after."""
+
+    def __init__(self, *options: str) -> None:
+        self.options = options
+
+    def __enter__(self) -> str:
+        server = shutil.which("redis-server")
+        assert server, "redis-server is not installed"
+        self.dir = tempfile.mkdtemp(prefix="idempotency-redis-")
+        self.port = _free_port()
+        self.process = subprocess.Popen(
+            [server, "--port", str(self.port), "--dir", self.dir, "--save", "", *self.options],
+            stdout=subprocess.DEVNULL,
+        )
+        url = f"redis://127.0.0.1:{self.port}/0"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                return url
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.process.kill()
+        self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
