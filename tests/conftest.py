@@ -30,7 +30,7 @@ _OWN_LEG = {
     "galera_app": "IDEMPOTENCY_GALERA_APP",
     "faults": "IDEMPOTENCY_FAULTS",  # .ci/leg-faults
     "celery": "IDEMPOTENCY_TEST_CELERY",  # .ci/leg-celery (RabbitMQ and Redis)
-    "redis": "IDEMPOTENCY_TEST_REDIS_URL",  # .ci/leg-redis: the Redis store's own tests
+    "redis": "IDEMPOTENCY_TEST_REDIS_STORE_URL",  # .ci/leg-redis: the Redis store's own tests
 }
 
 #: ``IDEMPOTENCY_TEST_STORE=redis`` (.ci/leg-redis) runs these modules' semantic tests on the
@@ -62,7 +62,10 @@ _VENDOR_MARKERS = {
 
 #: What a test that reads or writes the records' table itself says (the model, its factory, a
 #: helper of its module reading a row): such a test is the database store's.
-_TABLE = re.compile(r"\bIdempotencyKey\b|IdempotencyKeyFactory|\brecords?\(|\brow\(|_row\b")
+_TABLE = re.compile(
+    r"\bIdempotencyKey\.objects|IdempotencyKeyFactory|\bkey_records\(|\brecords\(|\brow\("
+    r"|_row\b|connection\.cursor|uncommitted_record"
+)
 
 
 def _reads_the_table(item: pytest.Item) -> bool:
@@ -172,8 +175,26 @@ def redis_raw(key_hash: str | None) -> tuple[str, bytes | None]:
     return headers.decode(), body
 
 
+def redis_records(key_hash: str | None = None) -> list[Any]:
+    """The Redis store's records (of one key hash, or all), as the model's unsaved instances:
+    what a test of the semantic suite reads of a record, on either store."""
+    import redis
+    from django.conf import settings
+
+    from django_idempotency._store import using
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    store: Any = using("cache:redis")
+    found = []
+    for name in client.scan_iter(match=f"idempotency:r:*{key_hash or ''}}}"):
+        scope = client.hget(name, "sc")
+        if scope is not None:
+            found.append(store.read(scope.decode(), name.decode().rpartition(":")[2][:-1]))
+    return [record for record in found if record is not None]
+
+
 def flush_redis() -> None:
-    """Empty the tests' Redis database (``IDEMPOTENCY_TEST_REDIS_URL``'s: its own number)."""
+    """Empty the tests' Redis database (``IDEMPOTENCY_TEST_REDIS_STORE_URL``'s: its own number)."""
     import redis
     from django.conf import settings
 

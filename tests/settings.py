@@ -84,8 +84,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     }
 
 # The Redis store's tests (issue 44): a Redis cache alias, on the server .ci/leg-redis starts (or
-# IDEMPOTENCY_TEST_REDIS_URL); IDEMPOTENCY_TEST_STORE=redis runs the semantic suite on it.
-REDIS_URL = os.environ.get("IDEMPOTENCY_TEST_REDIS_URL", "redis://127.0.0.1:6379/8")
+# IDEMPOTENCY_TEST_REDIS_STORE_URL); IDEMPOTENCY_TEST_STORE=redis runs the semantic suite on it.
+REDIS_URL = os.environ.get("IDEMPOTENCY_TEST_REDIS_STORE_URL", "redis://127.0.0.1:6379/8")
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     "redis": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL},

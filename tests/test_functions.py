@@ -37,7 +37,7 @@ from django_idempotency import (
 )
 from django_idempotency._store import sealing
 from django_idempotency.testing import expire_key
-from tests.conftest import executions
+from tests.conftest import REDIS_STORE, executions, redis_records
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db
@@ -67,6 +67,10 @@ def protect(flavour: str, **options: Any) -> Callable[[Callable[..., Any]], Call
 
 
 def record() -> IdempotencyKey:
+    """The one record, on either store."""
+    if REDIS_STORE:
+        (found,) = redis_records()
+        return found  # type: ignore[no-any-return]
     return IdempotencyKey.objects.get()
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from django_idempotency import IdempotencyKey, request_fingerprint
 from django_idempotency._base.keys import hash_key
 from django_idempotency.testing import expire_key, hold_key
-from tests.conftest import executions, problem_slug
+from tests.conftest import REDIS_STORE, executions, problem_slug, redis_records
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db
@@ -29,6 +29,10 @@ SYNC_AND_ASYNC = pytest.mark.parametrize(
 
 
 def record(key: str) -> IdempotencyKey:
+    """The key's one record, on either store."""
+    if REDIS_STORE:
+        (found,) = redis_records(hash_key(key))
+        return found  # type: ignore[no-any-return]
     return IdempotencyKey.objects.get(key_hash=hash_key(key))
 
 

@@ -1,8 +1,9 @@
 """The Redis store's own behaviour (issue 44): its configuration and checks, expiry by Redis's
 TTL, the claim's takeover refused while the owner lives (under real threads), fencing, renewal,
-erasure and the cluster hash tags. The semantic suite runs on it too (``IDEMPOTENCY_TEST_STORE=
-redis``, tests/conftest.py). Needs a Redis server at ``IDEMPOTENCY_TEST_REDIS_URL`` (its own db
-number); the ``appendonly`` check starts private ``redis-server`` processes.
+erasure and the cluster hash tags. The semantic suite runs on it too
+(``IDEMPOTENCY_TEST_STORE=redis``, tests/conftest.py). Needs a Redis server at
+``IDEMPOTENCY_TEST_REDIS_STORE_URL`` (a db number of its own); the ``appendonly`` check starts
+private ``redis-server`` processes.
 """
 
 from __future__ import annotations

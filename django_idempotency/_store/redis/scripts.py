@@ -2,9 +2,10 @@
 atomically by the server, its time read from the server's own clock (``TIME``) inside it.
 
 One record is one hash (``KEYS[1]``), so a script touches one key, and one cluster slot. Its
-fields: ``st`` status, ``fp`` fingerprint, ``m`` method, ``p`` path, ``tok`` lock token, ``att``
-attempt, ``rp``/``rd`` recovery point and its data (JSON), ``ca``/``ua``/``ea`` created, unlock
-and expiry times (milliseconds since the epoch, the server's clock), ``rs``/``rh``/``rb`` the
+fields: ``st`` status, ``fp`` fingerprint, ``m`` method, ``p`` path, ``sc`` scope (for an
+operator: the key's name has only its hash), ``tok`` lock token, ``att`` attempt, ``rp``/``rd``
+recovery point and its data (JSON), ``ca``/``up``/``ua``/``ea`` created, updated, unlock and
+expiry times (microseconds since the epoch, the server's clock), ``rs``/``rh``/``rb`` the
 response's status, headers (JSON, :mod:`.._store.sealing`'s shapes) and body. The record expires
 by Redis's own TTL (``PEXPIREAT ea``): an expired record is absent, and a new claim starts
 afresh.
@@ -13,14 +14,14 @@ afresh.
 from __future__ import annotations
 
 #: The fields a claim that finds another call's record returns, in this order.
-FIELDS = ("st", "fp", "tok", "ua", "att", "rp", "rd", "ea", "rs", "rh", "rb", "m", "p", "ca")
+FIELDS = ("st", "fp", "tok", "ua", "att", "rp", "rd", "ea", "rs", "rh", "rb", "m", "p", "ca", "up")
 
 _NOW = """
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 """
 
-#: ARGV: token, fingerprint, method, path, lock (ms), ttl (ms). Returns
+#: ARGV: token, fingerprint, method, path, lock (µs), ttl (µs), scope. Returns
 #: ``{"new", now}``, ``{"own", now, attempt, rp, rd}`` (this token's claim, applied with its
 #: reply lost), ``{"takeover", now, attempt, rp, rd}``, or ``{"found", now, fields...}``.
 #:
@@ -32,13 +33,13 @@ CLAIM = (
     + """
 local key = KEYS[1]
 local r = redis.call('HMGET', key, 'st', 'fp', 'tok', 'ua', 'att', 'rp', 'rd', 'ea', 'rs',
-                     'rh', 'rb', 'm', 'p', 'ca')
+                     'rh', 'rb', 'm', 'p', 'ca', 'up')
 if not r[1] then
   local expires = now + tonumber(ARGV[6])
   redis.call('HSET', key, 'st', 'processing', 'fp', ARGV[2], 'm', ARGV[3], 'p', ARGV[4],
              'tok', ARGV[1], 'att', 1, 'rp', '', 'ca', now, 'ua', now + tonumber(ARGV[5]),
-             'ea', expires)
-  redis.call('PEXPIREAT', key, expires)
+             'ea', expires, 'up', now, 'sc', ARGV[7])
+  redis.call('PEXPIREAT', key, math.ceil(expires / 1000))
   return {'new', now}
 end
 if r[3] == ARGV[1] then
@@ -48,11 +49,12 @@ if r[3] == ARGV[1] then
 end
 if r[1] == 'processing' and r[2] == ARGV[2] and r[4] and tonumber(r[4]) <= now then
   local attempt = tonumber(r[5]) + 1
-  redis.call('HSET', key, 'tok', ARGV[1], 'att', attempt, 'ua', now + tonumber(ARGV[5]))
+  redis.call('HSET', key, 'tok', ARGV[1], 'att', attempt, 'ua', now + tonumber(ARGV[5]),
+             'up', now)
   return {'takeover', now, attempt, r[6], r[7] or false}
 end
 local out = {'found', now}
-for i = 1, 14 do out[i + 2] = r[i] or false end
+for i = 1, 15 do out[i + 2] = r[i] or false end
 return out
 """
 )
@@ -64,18 +66,18 @@ if r[2] ~= ARGV[1] then return 0 end
 """
 
 #: ARGV: token, status, response status ('' none), headers JSON, body, ('' no body), own
-#: ttl (ms, '' none). 1: stored; 2: this token's result was stored already (a reply lost).
+#: ttl (µs, '' none). 1: stored; 2: this token's result was stored already (a reply lost).
 COMPLETE = (
     _NOW
     + _FENCE
     + """
 if r[1] ~= 'processing' then return 2 end
-redis.call('HSET', key, 'st', ARGV[2], 'rs', ARGV[3], 'rh', ARGV[4], 'ua', '')
+redis.call('HSET', key, 'st', ARGV[2], 'rs', ARGV[3], 'rh', ARGV[4], 'ua', '', 'up', now)
 if ARGV[6] == '1' then redis.call('HSET', key, 'rb', ARGV[5]) end
 if ARGV[7] ~= '' then
   local expires = now + tonumber(ARGV[7])
   redis.call('HSET', key, 'ea', expires)
-  redis.call('PEXPIREAT', key, expires)
+  redis.call('PEXPIREAT', key, math.ceil(expires / 1000))
 end
 return 1
 """
@@ -97,23 +99,24 @@ UNLOCK = (
     + _FENCE
     + """
 if r[1] ~= 'processing' then return 0 end
-redis.call('HSET', key, 'ua', now)
+redis.call('HSET', key, 'ua', now, 'up', now)
 return 1
 """
 )
 
-#: ARGV: token, name, data (JSON), lock (ms). Records progress and renews the lock.
+#: ARGV: token, name, data (JSON), lock (µs). Records progress and renews the lock.
 RECOVERY_POINT = (
     _NOW
     + _FENCE
     + """
 if r[1] ~= 'processing' then return 0 end
-redis.call('HSET', key, 'rp', ARGV[2], 'rd', ARGV[3], 'ua', now + tonumber(ARGV[4]))
+redis.call('HSET', key, 'rp', ARGV[2], 'rd', ARGV[3], 'ua', now + tonumber(ARGV[4]),
+           'up', now)
 return 1
 """
 )
 
-#: ARGV: token, lock (ms). Pushes the lock forward while the owner lives.
+#: ARGV: token, lock (µs). Pushes the lock forward while the owner lives.
 RENEW = (
     _NOW
     + _FENCE

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -32,6 +31,7 @@ from django_idempotency._conf.values import CACHE_PREFIX
 from django_idempotency._store import deadlines
 from django_idempotency._store.claims import Lock, new_token
 from django_idempotency._store.redis import scripts
+from django_idempotency._store.rows import EPOCH
 from django_idempotency._store.writes import COMPLETED, FAILED, StoredResponse
 from django_idempotency.models import IdempotencyKey
 
@@ -105,14 +105,15 @@ def client_for(name: str) -> Any:
     )
 
 
-def _ms(delta: timedelta) -> int:
-    return max(0, int(delta.total_seconds() * 1000))
+def _us(delta: timedelta) -> int:
+    """A duration as the scripts take it: microseconds."""
+    return max(0, delta // timedelta(microseconds=1))
 
 
-def _time(ms: Any) -> datetime | None:
-    if ms is None or ms is False or ms == b"":
+def _time(us: Any) -> datetime | None:
+    if us is None or us is False or us == b"":
         return None
-    instant = datetime.fromtimestamp(int(ms) / 1000, tz=dt_timezone.utc)
+    instant = EPOCH + timedelta(microseconds=int(us))
     return instant if settings.USE_TZ else timezone.make_naive(instant)
 
 
@@ -261,8 +262,9 @@ class RedisStore:
                     identity.fingerprint,
                     identity.method,
                     identity.path,
-                    _ms(lock_timeout),
-                    _ms(ttl),
+                    _us(lock_timeout),
+                    _us(ttl),
+                    identity.scope,
                 ],
                 bound,
             )
@@ -311,7 +313,7 @@ class RedisStore:
             recovery_data=_data(values["rd"]),
             attempt=int(values["att"] or 1),
             created_at=_time(values["ca"]) or now,
-            updated_at=now,
+            updated_at=_time(values["up"]) or now,
             unlock_at=_time(values["ua"]),
             expires_at=_time(values["ea"]) or now,
         )
@@ -328,7 +330,7 @@ class RedisStore:
         if values[0] is None:
             return None
         holder = _Holder(scope, key_hash)
-        return self._record(holder, [b"found", now[0] * 1000 + now[1] // 1000, *values])
+        return self._record(holder, [b"found", now[0] * 1_000_000 + now[1], *values])
 
     def expire(self, scope: str, key_hash: str) -> IdempotencyKey | None:
         """Expire the key's record now, as its TTL would: Redis deletes it
@@ -380,7 +382,7 @@ class RedisStore:
                 json.dumps(headers, separators=(",", ":")),
                 b"" if body is None else body,
                 "0" if body is None else "1",
-                "" if stored.ttl is None else _ms(stored.ttl),
+                "" if stored.ttl is None else _us(stored.ttl),
             ],
             bound,
         )
@@ -429,7 +431,7 @@ class RedisStore:
             self._run(
                 "RECOVERY_POINT",
                 [self._key(pk)],
-                [str(token), name, encoded, _ms(lock_timeout)],
+                [str(token), name, encoded, _us(lock_timeout)],
                 deadlines.bound(lock_timeout) if bound is None else bound,
             )
         )
@@ -465,7 +467,7 @@ class RedisStore:
         if not known:
             return set()
         script = self._script("RENEW")
-        lock = _ms(lock_timeout)
+        lock = _us(lock_timeout)
         try:
             pipe = self.client.pipeline(transaction=False)
             for pk, token in known:
