@@ -12,7 +12,7 @@ from rest_framework.authtoken.models import Token
 
 from django_idempotency import IdempotencyKey
 from django_idempotency.testing import assert_replayed, key_records
-from tests.conftest import executions, problem_slug
+from tests.conftest import executions, only_record, problem_slug, stored
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +38,7 @@ def test_viewset_key_required(post: Post) -> None:
 
 def test_viewset_safe_methods_pass_through(client: Client) -> None:
     assert client.get("/api/executions/").status_code == 200
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_viewset_partial_update_is_protected(client: Client, post: Post, key: str) -> None:
@@ -66,7 +66,7 @@ def test_validation_error_is_stored_as_failed_and_replayed(post: Post, key: str)
     assert first.status_code == retry.status_code == 400
     assert retry.content == first.content
     assert retry["Idempotent-Replayed"] == "true"
-    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.FAILED
+    assert only_record().status == IdempotencyKey.Status.FAILED
 
 
 def test_apiview_with_mixin(post: Post, key: str) -> None:
@@ -108,7 +108,7 @@ def test_refused_authentication_uses_no_key(client: Client, key: str) -> None:
         headers={"Idempotency-Key": key, "Authorization": "Token not-a-token"},
     )
     assert response.status_code == 401
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_decorated_apiview_post_is_protected(post: Post, key: str) -> None:
@@ -157,4 +157,4 @@ def test_a_method_the_route_does_not_handle_is_405_before_the_key(
     created = post("/api/executions/", {"label": "x"}, key="create-405").json()
     response = post(f"/api/executions/{created['id']}/", {"label": "y"}, key=key)
     assert response.status_code == 405
-    assert IdempotencyKey.objects.count() == 1
+    assert len(stored()) == 1

@@ -27,7 +27,7 @@ from django_idempotency import (
 )
 from django_idempotency._base.keys import hash_key
 from django_idempotency._store.limits import bounded_scope
-from tests.conftest import executions
+from tests.conftest import executions, stored
 from tests.testapp import sealing_views
 
 pytestmark = [pytest.mark.urls("tests.sealing_urls"), pytest.mark.django_db(transaction=True)]
@@ -192,7 +192,7 @@ def test_no_scope_has_whitespace_around_it(padded: str) -> None:
 
     with pytest.raises(ValueError, match="its scope was given with whitespace around it"):
         handle("e-1")
-    assert IdempotencyKey.objects.count() == 1
+    assert len(stored()) == 1
 
 
 def test_a_long_scope_is_cut_in_the_output() -> None:

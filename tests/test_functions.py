@@ -37,7 +37,7 @@ from django_idempotency import (
 )
 from django_idempotency._store import sealing
 from django_idempotency.testing import expire_key
-from tests.conftest import REDIS_STORE, executions, redis_records
+from tests.conftest import REDIS_STORE, executions, only_record, redis_records, stored
 from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db
@@ -71,7 +71,7 @@ def record() -> IdempotencyKey:
     if REDIS_STORE:
         (found,) = redis_records()
         return found  # type: ignore[no-any-return]
-    return IdempotencyKey.objects.get()
+    return only_record()
 
 
 def key_hash(key: str) -> str:
@@ -153,7 +153,7 @@ def test_exception_releases_the_key_and_propagates(flavour: str, key: str) -> No
 
     with pytest.raises(RuntimeError, match="downstream down"):
         handle(key)
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
     fail[0] = False
     assert handle(key) == "done"
     assert handle(key) == "done"
@@ -172,7 +172,7 @@ def test_two_phase_exception_keeps_effects_and_releases(flavour: str, key: str) 
         with pytest.raises(RuntimeError):
             handle(key)
     assert executions("handle") == 2  # two-phase: the effect committed, the key was released
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -249,7 +249,7 @@ def test_unserialisable_result_raises_and_releases(flavour: str, key: str) -> No
 
     with pytest.raises(TypeError, match="not JSON-serialisable"):
         handle(key)
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_encoder_serializer_stores_more_types(key: str) -> None:
@@ -312,7 +312,7 @@ def test_bad_key_values_raise_before_running(value: Any, error: type, message: s
     with pytest.raises(error, match=message):
         handle(value)
     assert executions() == 0
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_wrong_arguments_fail_as_the_call_would(key: str) -> None:
@@ -602,7 +602,7 @@ def test_disabled_runs_every_call_with_no_claim(flavour: str, key: str) -> None:
     with override_settings(IDEMPOTENCY={"ENABLED": False}):
         assert handle(key) and handle(key)
     assert executions("handle") == 2
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 @pytest.mark.django_db(transaction=True)
@@ -653,7 +653,7 @@ def test_atomic_mode_rolls_back_the_function_and_the_claim(key: str) -> None:
     with pytest.raises(RuntimeError):
         handle(key)
     assert executions() == 0
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
     fail[0] = False
     first = handle(key)
     assert handle(key) == first
@@ -673,9 +673,9 @@ def test_inside_a_transaction_the_record_commits_with_it(atomic: bool, key: str)
 
     with pytest.raises(Rollback), transaction.atomic():
         handle(key)
-        assert IdempotencyKey.objects.exists()
+        assert bool(stored())
         raise Rollback
-    assert not IdempotencyKey.objects.exists()  # no "completed" for work that rolled back
+    assert not bool(stored())  # no "completed" for work that rolled back
     assert executions() == 0
     with transaction.atomic():
         first = handle(key)
@@ -698,7 +698,7 @@ def test_inside_a_transaction_an_exception_rolls_back_to_a_savepoint(
         with pytest.raises(RuntimeError):
             handle(key)
         # The caller's transaction is still usable, and the key is free again.
-        assert not IdempotencyKey.objects.exists()
+        assert not bool(stored())
         Execution.objects.create(label="caller")
     assert (executions("caller"), executions("handle")) == (2, 0)
 
@@ -731,7 +731,7 @@ def test_atomic_mode_crash_leaves_no_record(key: str) -> None:
 
     with pytest.raises(Crash):
         handle(key, fail=True)
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
     assert executions() == 0
     assert handle(key) == 1  # at once: no stale lock to wait for
 

@@ -15,7 +15,7 @@ from ninja import NinjaAPI, Router
 
 from django_idempotency import IdempotencyKey
 from django_idempotency.ninja import auth_scope, idempotent
-from tests.conftest import executions, problem_slug
+from tests.conftest import executions, only_record, problem_slug, stored
 from tests.testapp.ninja_api import ChargeIn
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +62,7 @@ def test_the_operation_runs_once_and_its_rendered_response_is_replayed(
     assert first.status_code == status, first.content
     assert_replay(first, again)
     assert executions(label) == 1
-    record = IdempotencyKey.objects.get()
+    record = only_record()
     assert bytes(record.response_body) == first.content
 
 
@@ -81,7 +81,7 @@ def test_a_4xx_status_the_operation_returns_is_stored(key: str) -> None:
     again = send("status", {"amount": 0}, key=key)
     assert (first.status_code, first.json()) == (400, {"error": "amount"})
     assert_replay(first, again)
-    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.FAILED
+    assert only_record().status == IdempotencyKey.Status.FAILED
 
 
 def test_headers_set_on_ninja_s_response_are_stored(key: str) -> None:
@@ -121,13 +121,13 @@ def test_a_safe_method_passes_through(key: str) -> None:
         response = Client().get("/ninja/things", headers={"Idempotency-Key": key})
         assert response.status_code == 200
         assert "Idempotent-Replayed" not in response
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_without_a_key_the_operation_runs_unprotected() -> None:
     assert send("charges", key=None).status_code == 201
     assert send("charges", key=None).json()["executions"] == 2
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_a_changed_body_is_a_key_reuse(key: str) -> None:
@@ -141,7 +141,7 @@ def test_ninja_s_422_for_an_invalid_body_is_not_stored(key: str) -> None:
     invalid = send("charges", {"amount": "lots"}, key=key)
     assert invalid.status_code == 422
     assert invalid["Content-Type"] == "application/json; charset=utf-8"
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
     assert send("charges", key=key).status_code == 201
     assert executions("ninja-charge") == 1
 
@@ -154,7 +154,7 @@ def test_ninja_s_400_for_a_body_it_cannot_parse_is_not_stored(key: str) -> None:
         headers={"Idempotency-Key": key},
     )
     assert unparsed.status_code == 400
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
     assert send("charges", key=key).status_code == 201
 
 
@@ -163,13 +163,13 @@ def test_an_http_error_the_operation_raises_is_answered_by_ninja_and_released(ke
         refused = send("http-error", key=key)
         assert (refused.status_code, refused.json()) == (403, {"detail": "Not yours."})
     assert executions("ninja-http-error") == 2
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_a_401_is_not_stored_and_the_key_then_runs_with_good_credentials(key: str) -> None:
     refused = send("api-key", key=key, **{"X-API-Key": "wrong"})
     assert refused.status_code == 401
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
     accepted = send("api-key", key=key, **{"X-API-Key": "key-one"})
     assert accepted.status_code == 201
     assert executions("ninja-api-key") == 1
@@ -191,7 +191,7 @@ def test_a_model_instance_authenticated_by_ninja_is_the_scope(key: str) -> None:
     credentials = {"Authorization": "Basic " + _basic("ada", "secret-pw")}
     first = send("basic", key=key, **credentials)
     assert first.status_code == 201
-    assert IdempotencyKey.objects.get().scope == f"user:{user.pk}"
+    assert only_record().scope == f"user:{user.pk}"
     assert_replay(first, send("basic", key=key, **credentials))
 
 
@@ -222,7 +222,7 @@ def test_an_auth_value_that_names_no_principal_is_refused_before_the_claim(key: 
         auth_scope(Principal())
     with pytest.raises(TypeError, match="address in memory"):
         send("opaque-auth", key=key)
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
     assert executions("ninja-opaque") == 0
 
 
@@ -230,7 +230,7 @@ def test_a_scope_option_wins_over_ninja_s_auth(key: str) -> None:
     one = send("scoped", key=key, **{"X-API-Key": "key-one", "X-Tenant": "t1"})
     two = send("scoped", key=key, **{"X-API-Key": "key-two", "X-Tenant": "t1"})
     assert_replay(one, two)
-    assert IdempotencyKey.objects.get().scope == "tenant:t1"
+    assert only_record().scope == "tenant:t1"
 
 
 def test_the_operation_s_fingerprint_option_is_used(key: str) -> None:
@@ -247,7 +247,7 @@ def test_the_operation_s_required_key_format_and_ttl(key: str) -> None:
     assert (invalid.status_code, problem_slug(invalid)) == (400, "invalid-idempotency-key")
     assert send("required", key=key).status_code == 201
     assert send("required", key=key)["Idempotent-Replayed"] == "true"
-    record = IdempotencyKey.objects.get()
+    record = only_record()
     assert record.expires_at - record.created_at == timedelta(seconds=120)
     assert executions("ninja-required") == 1
 
@@ -257,7 +257,7 @@ def test_a_retryable_status_releases_the_key(code: int, key: str) -> None:
     assert send(f"status-code/{code}", key=key).status_code == code
     assert send(f"status-code/{code}", key=key).status_code == code
     assert executions("ninja-status-code") == 2
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_an_exception_releases_the_key(key: str) -> None:
@@ -265,7 +265,7 @@ def test_an_exception_releases_the_key(key: str) -> None:
         with pytest.raises(RuntimeError, match="boom"):
             send("explode", key=key)
     assert executions("ninja-explode") == 2
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_the_request_carries_its_claim(key: str) -> None:
@@ -375,7 +375,7 @@ def test_a_router_mounted_twice_protects_both_mounts(key: str) -> None:
     again = client.post("/b/x", json={}, headers={"Idempotency-Key": key})
     assert first.status_code == 200
     # Two paths: two requests, each with its own record.
-    assert IdempotencyKey.objects.count() == 1
+    assert len(stored()) == 1
     assert again.status_code == 422
 
 

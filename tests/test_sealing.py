@@ -25,7 +25,7 @@ from django_idempotency import IdempotencyError, IdempotencyKey, idempotent_func
 from django_idempotency._base.keys import hash_key
 from django_idempotency._ops import checks
 from django_idempotency._store import sealing
-from tests.conftest import REDIS_STORE, executions, redis_raw
+from tests.conftest import REDIS_STORE, executions, only_record, redis_raw
 from tests.testapp.sealing_views import CARD, LOCATION, NAME
 
 pytestmark = [pytest.mark.urls("tests.sealing_urls"), pytest.mark.django_db]
@@ -45,7 +45,7 @@ def raw(key: str) -> tuple[str, bytes | None]:
         cursor.execute(
             f"SELECT {q('response_headers')}, {q('response_body')} FROM {table} "
             f"WHERE {q('key_hash')} = %s",
-            [IdempotencyKey.objects.get().key_hash if key == "only" else _hash(key)],
+            [only_record().key_hash if key == "only" else _hash(key)],
         )
         headers, body = cursor.fetchone()
     if isinstance(headers, bytes):
@@ -223,7 +223,7 @@ def test_a_function_result_is_encrypted_and_an_unreadable_one_raises(key: str) -
 
 
 def _page(client: Client) -> str:
-    record = IdempotencyKey.objects.get()
+    record = only_record()
     response = client.get(f"/admin/django_idempotency/idempotencykey/{record.pk}/change/")
     assert response.status_code == 200
     return response.content.decode()

@@ -14,7 +14,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency import IdempotencyKey, key_released, no_store, store_for
-from tests.conftest import executions
+from tests.conftest import executions, only_record, stored
 from tests.test_functions import FLAVOURS, protect
 from tests.testapp.models import Execution
 
@@ -46,7 +46,7 @@ def test_an_unmarked_response_is_stored_and_replayed(post: Post, key: str, path:
     retry = post(path, key=key)
     assert first.json() == retry.json() == {"runs": 1}
     assert retry["Idempotent-Replayed"] == "true"
-    row = IdempotencyKey.objects.get()
+    row = only_record()
     assert row.status == IdempotencyKey.Status.COMPLETED
     # Storing left expires_at as the claim set it: claim time plus the default TTL.
     assert row.expires_at == row.created_at + timedelta(hours=24)
@@ -62,7 +62,7 @@ def test_no_store_releases_the_key_and_the_retry_runs_again(
     assert (first.json(), retry.json()) == ({"runs": 1}, {"runs": 2})
     assert "Idempotent-Replayed" not in first
     assert "Idempotent-Replayed" not in retry
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 @pytest.mark.parametrize("path", VIEWS)
@@ -72,7 +72,7 @@ def test_store_for_counts_its_ttl_from_when_the_result_is_stored(
     before = timezone.now()
     first = post(f"{path}?store=90", key=key)
     after = timezone.now()
-    row = IdempotencyKey.objects.get()
+    row = only_record()
     assert row.status == IdempotencyKey.Status.COMPLETED
     assert before + timedelta(seconds=90) <= row.expires_at <= after + timedelta(seconds=90)
     assert row.updated_at + timedelta(seconds=90) == row.expires_at
@@ -85,7 +85,7 @@ def test_store_for_may_keep_a_result_longer_than_the_views_ttl(post: Post, key: 
     two_days = 2 * 24 * 3600
     before = timezone.now()
     post(f"/drf/?store={two_days}", key=key)
-    row = IdempotencyKey.objects.get()
+    row = only_record()
     assert row.expires_at >= before + timedelta(seconds=two_days)
 
 
@@ -95,7 +95,7 @@ def test_after_a_store_for_ttl_shorter_than_the_lock_the_key_is_absent(
 ) -> None:
     first = post(f"{path}?store=0.3", key=key)
     assert post(f"{path}?store=0.3", key=key)["Idempotent-Replayed"] == "true"
-    _wait_past(IdempotencyKey.objects.get().expires_at)
+    _wait_past(only_record().expires_at)
     retry = post(f"{path}?store=0.3", key=key)
     assert (first.json(), retry.json()) == ({"runs": 1}, {"runs": 2})
     assert "Idempotent-Replayed" not in retry
@@ -105,7 +105,7 @@ def test_a_retryable_status_is_released_whatever_its_mark(post: Post, key: str) 
     first = post("/function/?status=503&store=60", key=key)
     retry = post("/function/?status=503&store=60", key=key)
     assert (first.json(), retry.json()) == ({"runs": 1}, {"runs": 2})
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_store_for_keeps_a_deterministic_4xx_for_its_ttl(post: Post, key: str) -> None:
@@ -113,7 +113,7 @@ def test_store_for_keeps_a_deterministic_4xx_for_its_ttl(post: Post, key: str) -
     post("/function/?status=409&store=30", key=key)
     retry = post("/function/?status=409&store=30", key=key)
     assert retry["Idempotent-Replayed"] == "true"
-    row = IdempotencyKey.objects.get()
+    row = only_record()
     assert row.status == IdempotencyKey.Status.FAILED
     ttl = timedelta(seconds=30)
     assert before + ttl <= row.expires_at <= timezone.now() + ttl
@@ -122,7 +122,7 @@ def test_store_for_keeps_a_deterministic_4xx_for_its_ttl(post: Post, key: str) -
 def test_a_response_without_a_key_passes_through_marked(post: Post) -> None:
     assert post("/function/?store=no", key=None).json() == {"runs": 1}
     assert post("/function/?store=5", key=None).json() == {"runs": 2}
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_no_store_is_reported_as_a_release(post: Post, key: str) -> None:
@@ -184,7 +184,7 @@ def test_function_no_store_returns_the_plain_result_and_runs_again(
     assert handle(key) is result
     assert handle(key) is result
     assert executions("handle") == 2
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 def test_atomic_function_no_store_keeps_its_work_and_releases(key: str) -> None:
@@ -194,7 +194,7 @@ def test_atomic_function_no_store_keeps_its_work_and_releases(key: str) -> None:
         return no_store(executions("handle"))
 
     assert (handle(key), handle(key)) == (1, 2)
-    assert not IdempotencyKey.objects.exists()
+    assert not bool(stored())
 
 
 @pytest.mark.django_db(transaction=True)
@@ -209,7 +209,7 @@ def test_function_store_for_sets_the_records_expiry(flavour: str, key: str) -> N
     first = handle(key)
     after = timezone.now()
     assert first == {"runs": 1}
-    row = IdempotencyKey.objects.get()
+    row = only_record()
     assert before + timedelta(minutes=5) <= row.expires_at <= after + timedelta(minutes=5)
     assert handle(key) == first
     assert executions("handle") == 1
@@ -223,7 +223,7 @@ def test_function_runs_again_once_its_store_for_ttl_passed(flavour: str, key: st
         return store_for(executions("handle"), 0.3)
 
     assert (handle(key), handle(key)) == (1, 1)
-    _wait_past(IdempotencyKey.objects.get().expires_at)
+    _wait_past(only_record().expires_at)
     assert handle(key) == 2
 
 
@@ -234,7 +234,7 @@ def test_function_last_mark_decides(key: str) -> None:
         return store_for(no_store(executions("handle")), 60)
 
     assert (handle(key), handle(key)) == (1, 1)
-    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.COMPLETED
+    assert only_record().status == IdempotencyKey.Status.COMPLETED
 
 
 @override_settings(IDEMPOTENCY={"ENABLED": False})
