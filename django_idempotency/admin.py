@@ -25,7 +25,7 @@ from django_idempotency._base.errors import InvalidKey
 from django_idempotency._base.keys import hash_key, parse_key
 from django_idempotency._conf.settings import conf
 from django_idempotency._function.calls import METHOD as CALL
-from django_idempotency._ops import maintenance
+from django_idempotency._ops import maintenance, store_checks
 from django_idempotency._store import sealing, time_zones
 from django_idempotency.models import IdempotencyKey
 
@@ -190,7 +190,11 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        """A read-only admin selects nothing to change; the table's health above the list."""
+        """A read-only admin selects nothing to change; the table's health above the list, and
+        where the records of views on a Redis store live (issue 44), not an empty table."""
+        if request.method == "GET":
+            for note in store_checks.admin_notes():
+                messages.warning(request, note)
         context = {
             "title": capfirst(self.opts.verbose_name_plural),
             # A callable the template calls once: a 403 or an action's redirect scans nothing.

@@ -367,3 +367,14 @@ class private_redis:
         self.process.kill()
         self.process.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def test_the_admin_says_where_records_live_and_that_it_cannot_list_them(admin_client: Any) -> None:
+    with on_redis():
+        page = admin_client.get("/admin/django_idempotency/idempotencykey/")
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "live in the Redis store" in text and "cannot show" in text
+    with override_settings(IDEMPOTENCY={"STORE": "database"}):
+        page = admin_client.get("/admin/django_idempotency/idempotencykey/")
+    assert "live in the Redis store" not in page.content.decode()  # the database's says nothing

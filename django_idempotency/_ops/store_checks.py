@@ -132,3 +132,27 @@ def redis_notes(verb: str) -> list[str]:
             f"Redis store {store!r}: {count}; records there expire by Redis's own TTL, so {verb}."
         )
     return notes
+
+
+def admin_notes() -> list[str]:
+    """What the admin's list says above the table: which views keep their records in which
+    Redis store, and that the list cannot show them (it is the database's table)."""
+    setting = _setting_store()
+    where: dict[str, list[str]] = {}
+    for name, options in _views():
+        store = options.get("store") or setting
+        if store is not None and store != DATABASE and name not in where.setdefault(store, []):
+            where[store].append(name)
+    if setting is not None and setting != DATABASE:
+        where.setdefault(setting, [])
+    notes = []
+    for store, views in sorted(where.items()):
+        which = "STORE, the default" if store == setting else "their store option"
+        listed = ", ".join(views[:5]) + (f" and {len(views) - 5} more" if len(views) > 5 else "")
+        notes.append(
+            f"Records of {'the views ' + listed if views else 'every protected view'} "
+            f"({which}) live in the Redis store {store!r}, which this list cannot show: it "
+            "lists the database's table only. They expire by Redis's own TTL; "
+            "idempotency_stats counts them, and erasure by scope reaches them."
+        )
+    return notes
