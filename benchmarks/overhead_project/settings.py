@@ -34,6 +34,15 @@ except ImportError:
 else:
     # Its settings are read from IDEMPOTENCY too: this project sets none, so both use defaults.
     INSTALLED_APPS.append("drf_idempotency")
+# benchmarks/stores.py: the Redis store (issue 44) through a Django cache alias.
+if os.environ.get("BENCH_REDIS_URL"):
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "redis": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": os.environ["BENCH_REDIS_URL"],
+        },
+    }
 MIDDLEWARE = [
     "benchmarks.overhead_project.middleware."
     + ("lazy_bearer_user" if os.environ.get("BENCH_AUTH") == "lazy" else "bearer_user")

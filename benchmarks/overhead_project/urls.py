@@ -16,3 +16,5 @@ if views.PEER:
         path("peer-two-phase/", views.peer_two_phase),
         path("peer-atomic/", views.peer_atomic),
     ]
+if views.REDIS:
+    urlpatterns += [path("two-phase-redis/", views.two_phase_redis)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
@@ -47,6 +48,10 @@ bare = create_charge
 bare_atomic = transaction.atomic(create_charge)
 two_phase = idempotent(required=True)(create_charge)
 atomic = idempotent(required=True, atomic=True)(create_charge)
+#: benchmarks/stores.py: the same view with its records in Redis (issue 44).
+REDIS = "redis" in getattr(settings, "CACHES", {})
+if REDIS:
+    two_phase_redis = idempotent(required=True, store="redis")(create_charge)
 
 try:
     from drf_idempotency import idempotent as peer_idempotent

@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -31,7 +32,7 @@ from django_idempotency._conf.values import CACHE_PREFIX
 from django_idempotency._store import deadlines
 from django_idempotency._store.claims import Lock, new_token
 from django_idempotency._store.redis import scripts
-from django_idempotency._store.rows import EPOCH
+from django_idempotency._store.rows import ATTNAMES, EPOCH, Record, _Converters
 from django_idempotency._store.writes import COMPLETED, FAILED, StoredResponse
 from django_idempotency.models import IdempotencyKey
 
@@ -291,32 +292,24 @@ class RedisStore:
             uncommitted=False,
         )
 
-    def _record(self, identity: Any, reply: list[Any]) -> IdempotencyKey:
-        """Another call's record as the model's instance (unsaved: it lives in Redis)."""
+    def _record(self, identity: Any, reply: list[Any]) -> Record:
+        """Another call's record, as the claim read it: a :class:`~.rows.Record` that converts
+        a field when it is first read (a replay reads five), and makes the model's instance
+        (unsaved: it lives in Redis) only for a signal's receivers."""
         values = dict(zip(scripts.FIELDS, reply[2:], strict=True))
-        status = _text(values["st"])
-        now = _time(reply[1])
-        assert now is not None
-        headers = values["rh"]
-        response_status = values["rs"]
-        return IdempotencyKey(
-            scope=identity.scope,
-            key_hash=identity.key_hash,
-            method=_text(values["m"] or b""),
-            path=_text(values["p"] or b""),
-            request_hash=_text(values["fp"] or b""),
-            status=status,
-            response_status=int(response_status) if response_status else None,
-            response_headers=json.loads(headers) if headers else [],
-            response_body=values["rb"] if values["rb"] is not False else None,
-            recovery_point=_text(values["rp"] or b""),
-            recovery_data=_data(values["rd"]),
-            attempt=int(values["att"] or 1),
-            created_at=_time(values["ca"]) or now,
-            updated_at=_time(values["up"]) or now,
-            unlock_at=_time(values["ua"]),
-            expires_at=_time(values["ea"]) or now,
-        )
+        row = [
+            None,
+            identity.scope,
+            identity.key_hash,
+            *(values[name] for name in _ROW_FIELDS[3:14]),
+            values["ca"] or reply[1],
+            values["up"] or reply[1],
+            values["ua"],
+            values["ea"] or reply[1],
+        ]
+        if row[_RP] is None:
+            row[_RP] = b""
+        return Record(row, _CONVERTERS)
 
     def read(self, scope: str, key_hash: str) -> IdempotencyKey | None:
         """The key's record, as a claim that found it would read it (tests, operators)."""
@@ -330,7 +323,8 @@ class RedisStore:
         if values[0] is None:
             return None
         holder = _Holder(scope, key_hash)
-        return self._record(holder, [b"found", now[0] * 1_000_000 + now[1], *values])
+        record = self._record(holder, [b"found", now[0] * 1_000_000 + now[1], *values])
+        return record.instance()
 
     def expire(self, scope: str, key_hash: str) -> IdempotencyKey | None:
         """Expire the key's record now, as its TTL would: Redis deletes it
@@ -509,6 +503,46 @@ class RedisStore:
     def count(self) -> int:
         """How many records the store holds (a ``SCAN`` of its prefix: an operator's figure)."""
         return sum(1 for _ in self.client.scan_iter(match=f"{PREFIX}r:*", count=1000))
+
+
+def _optional_int(value: bytes) -> int | None:
+    return int(value) if value else None
+
+
+def _token(value: bytes) -> uuid.UUID:
+    return uuid.UUID(value.decode())
+
+
+#: The Redis fields of the model's attributes, in their order (``rows.ATTNAMES``).
+_ROW_FIELDS = (
+    "id", "scope", "key_hash", "m", "p", "fp", "st", "rs", "rh", "rb", "rp", "rd", "tok", "att",
+    "ca", "up", "ua", "ea",
+)  # fmt: skip
+assert len(_ROW_FIELDS) == len(ATTNAMES), ATTNAMES
+_RP = _ROW_FIELDS.index("rp")
+#: How each becomes the field's value (``None``: kept as it is), when first read.
+_CONVERTERS = _Converters(
+    [
+        None,
+        None,
+        None,
+        _text,
+        _text,
+        _text,
+        _text,
+        _optional_int,
+        json.loads,
+        bytes,
+        _text,
+        _data,
+        _token,
+        int,
+        _time,
+        _time,
+        _time,
+        _time,
+    ]
+)
 
 
 class _Holder:
