@@ -65,8 +65,11 @@ local r = redis.call('HMGET', key, 'st', 'tok')
 if r[2] ~= ARGV[1] then return 0 end
 """
 
-#: ARGV: token, status, response status ('' none), headers JSON, body, ('' no body), own
-#: ttl (µs, '' none). 1: stored; 2: this token's result was stored already (a reply lost).
+#: ARGV: token, status, response status ('' none), headers JSON, body, '1' if a body, own
+#: ttl (µs, '' none), key hash, the scope's TTL (µs). 1: stored; 2: this token's result was
+#: stored already (a reply lost). With ``KEYS[2]`` (one server: not on a cluster, where it is
+#: another slot's), the record joins its scope's index (erasure), which forgets those past
+#: their expiry, and lasts as long as its last record.
 COMPLETE = (
     _NOW
     + _FENCE
@@ -74,10 +77,17 @@ COMPLETE = (
 if r[1] ~= 'processing' then return 2 end
 redis.call('HSET', key, 'st', ARGV[2], 'rs', ARGV[3], 'rh', ARGV[4], 'ua', '', 'up', now)
 if ARGV[6] == '1' then redis.call('HSET', key, 'rb', ARGV[5]) end
+local expires = tonumber(redis.call('HGET', key, 'ea'))
 if ARGV[7] ~= '' then
-  local expires = now + tonumber(ARGV[7])
+  expires = now + tonumber(ARGV[7])
   redis.call('HSET', key, 'ea', expires)
   redis.call('PEXPIREAT', key, math.ceil(expires / 1000))
+end
+if KEYS[2] then
+  redis.call('ZADD', KEYS[2], expires, ARGV[8])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[2], math.ceil(tonumber(last[2]) / 1000) + 1000)
 end
 return 1
 """

@@ -136,6 +136,7 @@ class RedisStore:
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self._client: Any = None
+        self._cluster: bool | None = None
         self._scripts: dict[str, Any] = {}
         #: The records of this process's live claims: pk -> (Redis key, scope, key hash).
         self._records: dict[int, tuple[str, str, str]] = {}
@@ -151,7 +152,11 @@ class RedisStore:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = client_for(self.alias)
+            client = client_for(self.alias)
+            #: A cluster's client: a script touches one slot, so a record's index is written
+            #: apart from it (:meth:`_index`).
+            self._cluster = type(client).__name__ == "RedisCluster"
+            self._client = client
         return self._client
 
     def _script(self, name: str) -> Any:
@@ -366,9 +371,10 @@ class RedisStore:
         headers, body = stored.sealed
         status = COMPLETED if stored.status is None or stored.status < 400 else FAILED
         key, scope, key_hash = self._records[pk]
+        index = self._cluster is False
         done = self._run(
             "COMPLETE",
-            [key],
+            [key, scope_index(scope)] if index else [key],
             [
                 str(token),
                 status,
@@ -377,17 +383,18 @@ class RedisStore:
                 b"" if body is None else body,
                 "0" if body is None else "1",
                 "" if stored.ttl is None else _us(stored.ttl),
+                key_hash,
             ],
             bound,
         )
-        if done:
+        if done and not index:
             self._index(scope, key_hash, stored.ttl)
         self._records.pop(pk, None)
         return bool(done)
 
     def _index(self, scope: str, key_hash: str, ttl: timedelta | None) -> None:
-        """Add a finished record to its scope's index (erasure); the index forgets records
-        past their expiry, and expires itself after the last."""
+        """On a cluster: add a finished record to its scope's index (erasure), after its
+        script; the index forgets records past their expiry, and expires after the last."""
         from django_idempotency._conf.settings import conf
 
         lasts = ttl or conf.TTL
