@@ -378,3 +378,28 @@ def test_the_admin_says_where_records_live_and_that_it_cannot_list_them(admin_cl
     with override_settings(IDEMPOTENCY={"STORE": "database"}):
         page = admin_client.get("/admin/django_idempotency/idempotencykey/")
     assert "live in the Redis store" not in page.content.decode()  # the database's says nothing
+
+
+def test_scripts_a_restarted_server_lost_are_loaded_again() -> None:
+    @idempotent_function(key="event_id")
+    def handle(event_id: str) -> str:
+        return event_id
+
+    with on_redis():
+        assert handle("a") == "a"
+        client().script_flush()
+        assert handle("b") == "b"
+        assert handle("a") == "a"
+
+
+def test_an_unreachable_redis_store_is_a_503_and_the_view_does_not_run(post: Any) -> None:
+    from tests.conftest import executions, problem_slug
+
+    dead = f"redis://127.0.0.1:{_free_port()}/0"
+    with override_settings(IDEMPOTENCY={"STORE": dead}):
+        started = time.monotonic()
+        response = post("/create/", {"a": 1}, key="k")
+    assert response.status_code == 503
+    assert problem_slug(response) == "idempotency-unavailable"
+    assert executions() == 0
+    assert time.monotonic() - started < 2

@@ -48,6 +48,9 @@ _FIRST_RETRY = 0.02
 _MAX_RETRY = 0.25
 #: The socket timeout given to a client made from a URL (seconds).
 SOCKET_TIMEOUT = 5.0
+#: How many times a claim is sent when it meets a fault (its reply lost: the second finds the
+#: first's record by its token).
+_CLAIM_TRIES = 2
 
 
 class RedisFault(DatabaseError):
@@ -216,21 +219,32 @@ class RedisStore:
 
     # -- running a script --------------------------------------------------------------------
 
-    def _run(self, name: str, keys: list[str], args: list[Any], bound: float | None) -> Any:
+    def _run(
+        self,
+        name: str,
+        keys: list[str],
+        args: list[Any],
+        bound: float | None,
+        tries: int | None = None,
+    ) -> Any:
         """Run a script, again after a fault (a lost connection, a timeout, a server loading
-        or refusing writes) until ``bound`` seconds have passed; then :class:`RedisFault`.
-        Every script is safe to run twice: the second finds the first's effect by the token."""
+        or refusing writes) until ``bound`` seconds have passed (or ``tries`` were made);
+        then :class:`RedisFault`. Every script is safe to run twice: the second finds the
+        first's effect by the token. An owner's write rides a fault out while its lock holds;
+        a claim tries twice (a new connection after a dead one), then answers ``503``."""
         import redis
 
         deadline = time.monotonic() + (deadlines.LEAST if bound is None else bound)
         delay = _FIRST_RETRY
         while True:
+            if tries is not None:
+                tries -= 1
             try:
-                return self._script(name)(keys=keys, args=args)
+                return self._eval(name, keys, args)
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
                 if isinstance(exc, redis.ResponseError) and not _passing(exc):
                     raise RedisFault(f"Redis refused {name}: {exc}") from exc
-                if time.monotonic() + delay >= deadline:
+                if tries == 0 or time.monotonic() + delay >= deadline:
                     raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
                 logger.warning(
                     "Idempotency store %r failed (%s); trying again in %.2gs.",
@@ -242,6 +256,31 @@ class RedisStore:
                 raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
             time.sleep(delay)
             delay = min(delay * 2, _MAX_RETRY)
+
+    def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """``EVALSHA`` on a connection of the client's pool, sent and read below redis-py's
+        command machinery (its retry wrapper, its timing): every protected call's claim and
+        result, as the database store's statements go below the drivers' cursors (issue
+        42). A server that lost its scripts (a restart) gets it loaded by redis-py's
+        ``Script``; so does a cluster, or a client without a pool."""
+        import redis
+
+        client = self.client
+        pool = getattr(client, "connection_pool", None)
+        script = self._script(name)
+        if pool is None or self._cluster or getattr(client, "connection", None) is not None:
+            return script(keys=keys, args=args)
+        connection = pool.get_connection()
+        try:
+            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            return connection.read_response()
+        except redis.exceptions.NoScriptError:
+            return script(keys=keys, args=args)
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
 
     # -- the claim ---------------------------------------------------------------------------
 
@@ -273,6 +312,7 @@ class RedisStore:
                     identity.scope,
                 ],
                 bound,
+                tries=_CLAIM_TRIES,
             )
         except RedisFault as exc:
             raise self.refusal(exc) from exc
