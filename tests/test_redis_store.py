@@ -340,8 +340,12 @@ def _free_port() -> int:
 class private_redis:
     """A ``redis-server`` of the test's own, in a temporary directory, stopped after."""
 
+    #: The one entered last (a test's handle on its process).
+    last: private_redis
+
     def __init__(self, *options: str) -> None:
         self.options = options
+        private_redis.last = self
 
     def __enter__(self) -> str:
         server = shutil.which("redis-server")
@@ -403,3 +407,92 @@ def test_an_unreachable_redis_store_is_a_503_and_the_view_does_not_run(post: Any
     assert problem_slug(response) == "idempotency-unavailable"
     assert executions() == 0
     assert time.monotonic() - started < 2
+
+
+# --- faults on a private server -----------------------------------------------------------
+
+
+def _restart(server: private_redis, *options: str) -> None:
+    """SIGKILL the server (no shutdown save), then start it again on its directory."""
+    server.process.kill()
+    server.process.wait()
+    server.process = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(server.port), "--dir",
+         server.dir, "--save", "", *options],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            redis.Redis(port=server.port).ping()
+            return
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("fsync", ["always", "everysec", "no AOF"])
+def test_sigkill_and_restart_with_aof_executions_per_key(fsync: str, capsys: Any) -> None:
+    """Results acknowledged, then the server SIGKILLed and started again from its directory.
+    With the AOF (``appendfsync always`` or ``everysec``) none is lost: Redis writes the AOF
+    before it replies, and a killed process leaves it in the kernel (``everysec`` risks the
+    last second only when the machine itself dies), so every retry replays: one execution per
+    key. Without it (``appendonly no``, no snapshot), every record is lost and every key runs
+    again (W060). The figures are printed (docs/stores.rst). A call while the server is down
+    raises ``StoreUnavailable`` (a view's 503), never another error."""
+    from django_idempotency import StoreUnavailable
+
+    runs: dict[str, int] = {}
+
+    @idempotent_function(key="event_id")
+    def handle(event_id: str) -> str:
+        runs[event_id] = runs.get(event_id, 0) + 1
+        return event_id
+
+    aof = fsync != "no AOF"
+    options = ("--appendonly", "yes", "--appendfsync", fsync) if aof else ("--appendonly", "no")
+    with private_redis(*options) as url, override_settings(IDEMPOTENCY={"STORE": url}):
+        server = private_redis.last
+        keys = [f"k{n}" for n in range(300)]
+        for key in keys:
+            handle(key)
+        server.process.kill()
+        server.process.wait()
+        with pytest.raises(StoreUnavailable):
+            handle("during the outage")
+        _restart(server, *options)
+        for key in keys:
+            handle(key)
+    twice = sum(1 for key in keys if runs[key] > 1)
+    assert all(runs[key] <= 2 for key in keys)
+    assert twice == (0 if aof else len(keys))
+    with capsys.disabled():
+        print(f"\nappendfsync {fsync}: {twice} of {len(keys)} keys ran again after SIGKILL")
+
+
+def test_an_owner_rides_out_a_restart_mid_run_and_its_result_is_kept() -> None:
+    """The server is SIGKILLed and started again (AOF) while the owner runs: its claim is in
+    the AOF, its result write is tried again until the server answers, within its lock; the
+    retry replays. One execution, no error."""
+    runs: list[str] = []
+    server_box: list[private_redis] = []
+
+    @idempotent_function(key="event_id", lock_timeout=5)
+    def handle(event_id: str) -> str:
+        runs.append(event_id)
+        _restart(server_box[0], "--appendonly", "yes", "--appendfsync", "always")
+        return "kept"
+
+    with (
+        private_redis("--appendonly", "yes", "--appendfsync", "always") as url,
+        override_settings(IDEMPOTENCY={"STORE": url}),
+    ):
+        server_box.append(private_redis.last)
+        assert handle("k") == "kept"
+        assert handle("k") == "kept"
+        record: Any = using(url).read(  # type: ignore[attr-defined]
+            function_scope(handle), hash_key("k")
+        )
+    assert runs == ["k"]
+    assert record.status == "completed"
