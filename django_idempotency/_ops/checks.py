@@ -370,7 +370,3 @@ def _vendor(engine: str) -> str:
         return str(load_backend(engine).DatabaseWrapper.vendor)
     except (ImportError, ImproperlyConfigured):
         return engine.rsplit(".", 1)[-1]
-
-
-# The Redis store's checks (E061, E062, W060) live in their module, and join REFUSES here.
-from django_idempotency._ops import store_checks  # noqa: E402, F401
