@@ -496,3 +496,72 @@ def test_an_owner_rides_out_a_restart_mid_run_and_its_result_is_kept() -> None:
         )
     assert runs == ["k"]
     assert record.status == "completed"
+
+
+def test_a_function_and_a_drf_view_on_redis_by_their_own_option() -> None:
+    from django.http import HttpRequest
+    from rest_framework.response import Response
+    from rest_framework.test import APIRequestFactory
+    from rest_framework.views import APIView
+
+    from django_idempotency.rest_framework import IdempotencyMixin
+
+    runs: list[str] = []
+
+    @idempotent_function(key="event_id", store=STORE)
+    def handle(event_id: str) -> str:
+        runs.append(event_id)
+        return event_id
+
+    class Create(IdempotencyMixin, APIView):
+        idempotency_store = STORE
+        authentication_classes: list[Any] = []
+        permission_classes: list[Any] = []
+
+        def post(self, request: HttpRequest) -> Response:
+            runs.append("view")
+            return Response({"ok": True}, status=201)
+
+    with override_settings(IDEMPOTENCY={"STORE": "database"}):
+        assert handle("f") == handle("f") == "f"
+        view = Create.as_view()
+        factory = APIRequestFactory()
+        for _ in range(2):
+            response = view(factory.post("/x/", {}, format="json", HTTP_IDEMPOTENCY_KEY="d"))
+            assert response.status_code == 201
+    assert runs == ["f", "view"]
+    assert len(list(client().scan_iter(match="idempotency:r:*"))) == 2
+
+
+@pytest.mark.parametrize("fault", ["connections killed", "server paused (a blackhole)"])
+def test_a_fault_shorter_than_the_lock_never_runs_a_view_twice(fault: str) -> None:
+    """While the owner runs, every client connection is killed (a network cut: ``CLIENT
+    KILL``), or the server answers nothing for 1.5 s (``CLIENT PAUSE``: a blackhole shorter
+    than the lock); duplicates meanwhile get ``IdempotencyInProgress`` or ``StoreUnavailable``,
+    never a run; the owner's result is kept, and the retry replays it."""
+    from django_idempotency import StoreUnavailable
+
+    runs: list[str] = []
+    outcomes: list[str] = []
+
+    @idempotent_function(key="event_id", lock_timeout=6)
+    def handle(event_id: str) -> str:
+        runs.append(event_id)
+        admin = redis.Redis.from_url(url)
+        if fault == "connections killed":
+            admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        else:
+            admin.execute_command("CLIENT", "PAUSE", "1500", "ALL")
+        try:
+            handle(event_id)  # a duplicate during the fault
+        except IdempotencyInProgress:
+            outcomes.append("409")
+        except StoreUnavailable:
+            outcomes.append("503")
+        return "kept"
+
+    with private_redis("--appendonly", "yes") as url, override_settings(IDEMPOTENCY={"STORE": url}):
+        assert handle("k") == "kept"
+        assert handle("k") == "kept"
+    assert runs == ["k"]
+    assert outcomes and set(outcomes) <= {"409", "503"}

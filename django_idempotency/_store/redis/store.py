@@ -468,7 +468,7 @@ class RedisStore:
         bound: float | None = None,
     ) -> bool:
         encoded = json.dumps(data, separators=(",", ":"))
-        return bool(
+        saved = bool(
             self._run(
                 "RECOVERY_POINT",
                 [self._key(pk)],
@@ -476,6 +476,9 @@ class RedisStore:
                 deadlines.bound(lock_timeout) if bound is None else bound,
             )
         )
+        if not saved:  # the lock was lost (LockLost): no write of this claim follows
+            self._records.pop(pk, None)
+        return saved
 
     def unlock(
         self, pk: int, token: Any, *, connection: Any = None, bound: float | None = None
