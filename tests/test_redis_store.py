@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -565,3 +566,104 @@ def test_a_fault_shorter_than_the_lock_never_runs_a_view_twice(fault: str) -> No
         assert handle("k") == "kept"
     assert runs == ["k"]
     assert outcomes and set(outcomes) <= {"409", "503"}
+
+
+# --- Redis Sentinel: a failover -----------------------------------------------------------
+
+
+def _server(port: int, directory: str, *options: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--dir",
+         directory, "--save", "", *options],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _answers(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            redis.Redis(port=port).ping()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_a_sentinel_failover_keeps_replicated_records_and_answers_503_meanwhile(
+    capsys: Any,
+) -> None:
+    """A master, its replica and a sentinel of the test's own (Debian's ``redis-server``, in
+    sentinel mode for the third). Results are stored and replicated (``WAIT``), the master is
+    SIGKILLed, and calls go on through the failover: each is its function's result or
+    ``StoreUnavailable`` (a view's 503), never another error; after it every replicated key
+    replays from the promoted replica (one execution per key). The unavailability is printed
+    (docs/stores.rst)."""
+    from django_idempotency import StoreUnavailable
+
+    directory = tempfile.mkdtemp(prefix="idempotency-sentinel-")
+    master, replica, watcher = _free_port(), 0, 0
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        processes.append(_server(master, directory, "--appendonly", "yes"))
+        _answers(master)
+        replica = _free_port()
+        os.makedirs(f"{directory}/replica")
+        processes.append(
+            _server(replica, f"{directory}/replica", "--replicaof", "127.0.0.1", str(master))
+        )
+        _answers(replica)
+        watcher = _free_port()
+        config = Path(directory, "sentinel.conf")
+        config.write_text(
+            f"port {watcher}\ndir {directory}\n"
+            f"sentinel monitor m 127.0.0.1 {master} 1\n"
+            "sentinel down-after-milliseconds m 500\nsentinel failover-timeout m 3000\n"
+        )
+        processes.append(
+            subprocess.Popen(
+                [shutil.which("redis-server") or "redis-server", str(config), "--sentinel"],
+                stdout=subprocess.DEVNULL,
+            )
+        )
+        _answers(watcher)
+        url = f"redis+sentinel://127.0.0.1:{watcher}/m/0"
+        runs: dict[str, int] = {}
+
+        @idempotent_function(key="event_id")
+        def handle(event_id: str) -> str:
+            runs[event_id] = runs.get(event_id, 0) + 1
+            return event_id
+
+        with override_settings(IDEMPOTENCY={"STORE": url}):
+            keys = [f"k{n}" for n in range(100)]
+            for key in keys:
+                handle(key)
+            assert redis.Redis(port=master).wait(1, 5000) == 1
+            processes[0].kill()
+            processes[0].wait()
+            started = time.monotonic()
+            refused = 0
+            while True:
+                try:
+                    handle("after")
+                    break
+                except StoreUnavailable:
+                    refused += 1
+                    time.sleep(0.1)
+                assert time.monotonic() - started < 30, "no failover in 30 s"
+            unavailable = time.monotonic() - started
+            for key in keys:
+                assert handle(key) == key
+        assert all(runs[key] == 1 for key in keys)
+        with capsys.disabled():
+            print(
+                f"\nsentinel failover: unavailable {unavailable:.1f} s ({refused} calls refused"
+                f" with StoreUnavailable), 0 of {len(keys)} replicated keys ran again"
+            )
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+        shutil.rmtree(directory, ignore_errors=True)

@@ -48,6 +48,8 @@ _FIRST_RETRY = 0.02
 _MAX_RETRY = 0.25
 #: The socket timeout given to a client made from a URL (seconds).
 SOCKET_TIMEOUT = 5.0
+#: A store named by Redis Sentinel: its sentinels, and the master's name.
+SENTINEL = "redis+sentinel://"
 #: How many times a claim is sent when it meets a fault (its reply lost: the second finds the
 #: first's record by its token).
 _CLAIM_TRIES = 2
@@ -104,9 +106,32 @@ def client_for(name: str) -> Any:
         if client is not None and hasattr(client, "get_client"):
             return client.get_client(write=True)
         raise StoreUnavailable(f"CACHES[{name[len(CACHE_PREFIX) :]!r}] is not a Redis cache.")
+    if name.startswith(SENTINEL):
+        return sentinel_client(name)
     return redis.Redis.from_url(
         name, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
     )
+
+
+def sentinel_client(url: str) -> Any:
+    """The master's client of ``redis+sentinel://host:port[,host:port...]/master[/db]``: Redis
+    Sentinel's, which asks the sentinels for the master again after a failover."""
+    from urllib.parse import urlsplit
+
+    from redis.sentinel import Sentinel
+
+    parts = urlsplit(url)
+    hosts = []
+    for place in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = place.rpartition(":")
+        hosts.append((host or "127.0.0.1", int(port or 26379)))
+    names = [part for part in parts.path.split("/") if part]
+    if not names:
+        raise StoreUnavailable(f"{url!r} names no master: redis+sentinel://host:port/master.")
+    db = int(names[1]) if len(names) > 1 else 0
+    options = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT}
+    sentinel = Sentinel(hosts, sentinel_kwargs=options, **options)  # type: ignore[no-untyped-call]
+    return sentinel.master_for(names[0], db=db)  # type: ignore[no-untyped-call]
 
 
 def _us(delta: timedelta) -> int:
