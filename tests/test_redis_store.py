@@ -439,7 +439,8 @@ def test_sigkill_and_restart_with_aof_executions_per_key(fsync: str, capsys: Any
     With ``appendfsync always`` none is lost: Redis writes and syncs the AOF before it
     replies, so every retry replays, one execution per key. With ``everysec`` usually none
     either (a killed process leaves what was written in the kernel), but Redis postpones the
-    write while a slow fsync runs, up to two seconds, and a key written then runs again. Without it (``appendonly no``, no snapshot), every record is lost and every key runs
+    write while a slow fsync runs, up to two seconds, and a key written then runs again.
+    Without it (``appendonly no``, no snapshot), every record is lost and every key runs
     again (W060). The figures are printed (docs/stores.rst). A call while the server is down
     raises ``StoreUnavailable`` (a view's 503), never another error."""
     from django_idempotency import StoreUnavailable
