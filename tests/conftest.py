@@ -47,6 +47,9 @@ STORE_MODULES = frozenset(
         "test_drf",
         "test_ninja",
         "test_erasure",
+        "test_telemetry",
+        "test_testing",
+        "test_view_policy",
         "test_redis_store",
     }
 )
@@ -61,11 +64,11 @@ _VENDOR_MARKERS = {
 
 
 #: What a test that reads or writes the records' table itself says (the model's queries, its
-#: factory, a helper of its module reading a row), or one of atomic mode, or one in a
-#: transaction the claim joins: such a test is the database store's.
+#: factory, a helper reading or forging a row, an unreachable database alias), or one of
+#: atomic mode, or one in a transaction the claim joins: such a test is the database store's.
 _TABLE = re.compile(
     r"\bIdempotencyKey\.objects|IdempotencyKeyFactory|\bkey_records\(|\brecords\(|\brow\("
-    r"|_row\b|connection\.cursor|uncommitted_record|atomic"
+    r"|_row\b|connection\.cursor|uncommitted_record|atomic|live_again|late_owner|unreachable"
 )
 
 

@@ -398,10 +398,11 @@ class RedisStore:
 
     def expire(self, scope: str, key_hash: str) -> IdempotencyKey | None:
         """Expire the key's record now, as its TTL would: Redis deletes it
-        (:func:`django_idempotency.testing.expire_key`). Returns it as it was."""
+        (:func:`django_idempotency.testing.expire_key`). Returns it, expired now."""
         record = self.read(scope, key_hash)
         if record is not None:
             self.client.delete(record_key(scope, key_hash))
+            record.expires_at = timezone.now()  # as the database's expire_key leaves it
         return record
 
     def read_finished(self, identity: Any, bound: float) -> None:
