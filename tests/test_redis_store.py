@@ -299,9 +299,11 @@ def test_cleanup_and_stats_say_what_they_do_on_redis(capsys: Any) -> None:
         handle("a")
         call_command("idempotency_cleanup")
         call_command("idempotency_stats")
+        call_command("idempotency_recover")
     out = capsys.readouterr().out
     assert "Redis" in out and "nothing to delete" in out
     assert "1 record" in out
+    assert "taken over by the key's next request" in out
 
 
 def test_a_view_on_redis_by_its_own_option() -> None:

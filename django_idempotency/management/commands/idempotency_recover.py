@@ -12,7 +12,7 @@ from django.utils import timezone
 from django_idempotency import _store as store
 from django_idempotency._base import durations
 from django_idempotency._base.durations import human
-from django_idempotency._ops import maintenance
+from django_idempotency._ops import maintenance, store_checks
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 from django_idempotency.models import IdempotencyKey
@@ -113,6 +113,10 @@ class Command(arguments.Command):
             if done < count:
                 message += f" {count - done} were resolved meanwhile and left alone."
             self.stdout.write(self.style.SUCCESS(message))
+        for note in store_checks.redis_notes(
+            "a stale record there is taken over by the key's next request (it is not listed)"
+        ):
+            self.stdout.write(note)
 
     def _table(self, rows: list[dict[str, Any]]) -> None:
         columns = ["scope", "key", "method", "path", "age", "stale for", "attempt"]
