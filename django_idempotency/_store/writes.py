@@ -75,8 +75,8 @@ class FencedWrites(BoundStore):
     ) -> bool:
         """Store the final response (and insert the outbox's messages in ``release``, in
         the same transaction: :mod:`.outbox`); ``False`` when the lock was lost (the result
-        is refused), or when an earlier write of it was applied (:meth:`finished` tells which). An owner's
-        write gives its ``bound`` (seconds, :meth:`bounded`).
+        is refused), or when an earlier write of it was applied (:meth:`finished` tells
+        which). An owner's write gives its ``bound`` (seconds, :meth:`bounded`).
 
         With ``stale_at`` (an operator failing a stuck record) only while the lock is still
         expired at that time. A result with its own ``ttl`` sets ``expires_at`` in the same
