@@ -90,7 +90,7 @@ def describe(task: Any) -> tuple[str, str]:
     """The engine and the name a task is sent by; ``TypeError`` for anything else."""
     tasks_task = _tasks_task()
     if tasks_task is not None and isinstance(task, tasks_task):
-        return TASKS, str(task.module_path)
+        return TASKS, str(getattr(task, "module_path"))  # noqa: B009 (Django 6.0's Task)
     if callable(getattr(task, "apply_async", None)) and isinstance(
         getattr(task, "name", None), str
     ):
@@ -187,7 +187,7 @@ def send(engine: str, task: str, arguments: str, message_id: str) -> None:
 
 
 def _celery_task(name: str) -> Any:
-    from celery import current_app
+    from celery import current_app  # type: ignore[import-untyped]
 
     try:
         return current_app.tasks[name]
