@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib import admin
 from django.urls import path
 
 from tests.testapp import outbox_views as views
@@ -11,4 +12,5 @@ urlpatterns = [
     path("atomic/", views.atomic_order),
     path("short/", views.lock_lost_order),
     path("drf/", views.DrfOrder.as_view()),
+    path("admin/", admin.site.urls),
 ]

@@ -410,3 +410,42 @@ def _stats() -> str:
     out = StringIO()
     call_command("idempotency_stats", "--json", stdout=out)
     return out.getvalue()
+
+
+def test_the_admin_shows_a_records_messages_and_re_sends_them(
+    post: Post, key: str, admin_client: Client
+) -> None:
+    receipt.failing = 2
+    post("/order/", {"order": "1"}, key=key)
+    record = IdempotencyKey.objects.get()
+    page = admin_client.get(f"/admin/django_idempotency/idempotencykey/{record.pk}/change/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    for message in OutboxMessage.objects.all():
+        assert message.message_id in text
+    assert "ConnectionError: broker unreachable" in text
+    response = admin_client.post(
+        "/admin/django_idempotency/outboxmessage/",
+        {
+            "action": "resend",
+            "_selected_action": list(OutboxMessage.objects.values_list("pk", flat=True)),
+        },
+    )
+    assert response.status_code == 302
+    assert all(row.available_at <= timezone.now() for row in OutboxMessage.objects.all())
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert len(receipt.sent) == 2
+    assert set(OutboxMessage.objects.values_list("state", flat=True)) == {"sent"}
+
+
+def test_a_configured_outbox_with_nothing_to_deliver_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_idempotency._ops import checks
+
+    with override_settings(IDEMPOTENCY={"OUTBOX_BATCH_SIZE": 10}):
+        assert checks.e056_outbox_undeliverable({"OUTBOX_BATCH_SIZE": 10}) == []
+        monkeypatch.setattr(checks, "_outbox_deliverable", lambda: False)
+        [error] = checks.check_settings()
+        assert error.id == "django_idempotency.E056"
+    assert checks.e056_outbox_undeliverable({}) == []

@@ -189,3 +189,8 @@ def delete_delivered(alias: str, batch_size: int, *, sleep: float = 0.0) -> int:
             break
         time.sleep(sleep)
     return deleted
+
+
+def resend(alias: str, ids: list[int]) -> int:
+    """Make messages pending and due now (the admin's re-send)."""
+    return store.resend(connections[alias], ids)
