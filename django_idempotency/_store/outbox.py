@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, TypeVar
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from django_idempotency._store.rows import count_rows
+from django_idempotency._store.rows import MICROSECOND, aware, count_rows
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 
 T = TypeVar("T")
@@ -103,8 +103,6 @@ def fenced_release(
 def _fenced_release_postgresql(
     connection: BaseDatabaseWrapper, sql: str, params: list[Any], release: Release
 ) -> int:
-    from django_idempotency._store.postgresql import interval
-
     q = connection.ops.quote_name
     table = _table(connection)
     values = ", ".join(["(%s, %s, %s, %s)"] * len(release.messages))
@@ -119,7 +117,7 @@ def _fenced_release_postgresql(
         f"ON CONFLICT ({q('message_id')}) DO NOTHING RETURNING {q('message_id')}) "
         f"SELECT released.{q('message_id')}{notify} FROM fenced LEFT JOIN released ON true"
     )
-    arguments = [*params, interval(release.lease)]
+    arguments = [*params, f"{release.lease // MICROSECOND} microseconds"]
     for message in release.messages:
         arguments += message
     if release.notify:
@@ -308,8 +306,6 @@ def backlog(connection: BaseDatabaseWrapper) -> Backlog:
 
 
 def _aware(connection: BaseDatabaseWrapper, value: Any) -> datetime:
-    from django_idempotency._store.rows import aware
-
     return aware(connection, value)
 
 
