@@ -187,14 +187,16 @@ def send(engine: str, task: str, arguments: str, message_id: str) -> None:
 
 
 def _celery_task(name: str) -> Any:
-    from celery import current_app  # type: ignore[import-untyped]
-
+    """The task registered as ``name`` with the current Celery app, else the object at that
+    dotted path (a task's default name is its path)."""
     try:
+        from celery import current_app  # type: ignore[import-untyped]
+
         return current_app.tasks[name]
-    except KeyError:  # not registered with the current app: its default name is its path
+    except (ImportError, KeyError):
         found = import_string(name)
         if not callable(getattr(found, "apply_async", None)):
-            raise
+            raise TypeError(f"{name} is not a Celery task.") from None
         return found
 
 
