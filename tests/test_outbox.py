@@ -389,6 +389,43 @@ def test_the_relay_stops_on_sigterm_after_its_batch() -> None:
     assert timezone.now() - started < timedelta(seconds=3)
 
 
+def test_the_relay_process_ends_cleanly_on_sigterm(post: Post, key: str) -> None:
+    """A relay started as operators start it (``manage.py idempotency_relay``), waiting for
+    work, exits with status 0 soon after ``SIGTERM``; what it sent before is marked."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tests.conftest import worker_environment
+
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "django", "idempotency_relay", "--interval", "30", "-v", "2"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=worker_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        time.sleep(3)  # started, and waiting
+        assert relay.poll() is None
+        started = time.monotonic()
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=10) == 0
+        assert time.monotonic() - started < 3
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+    assert b"Sent 0 message(s)" in (relay.stdout.read() if relay.stdout else b"")
+
+
+def test_async_views_enqueue(post: Post, key: str) -> None:
+    response = post("/async/", {"order": "1"}, key=key)
+    assert response.status_code == 201
+    assert sent_ids() == response.json()["messages"]
+
+
 def test_stats_and_cleanup(post: Post, key: str) -> None:
     post("/order/", {"order": "1"}, key=key)
     out = json.loads(_stats())
