@@ -369,9 +369,11 @@ def test_the_result_and_its_messages_are_one_statement_on_postgresql(post: Post,
         if query["sql"].startswith(("UPDATE", "WITH")) and "response_body" in query["sql"]
     ]
     assert len(writes) == 1 and writes[0].startswith("WITH fenced AS (UPDATE")
-    # The same statements until the answer; then the fast path marks what it sent.
-    assert len(staged) == len(plain) + 1
+    # One more round trip before the answer (the record's life, read once by the first
+    # enqueue: an expired key's new messages get new ids); then the fast path's mark.
+    assert len(staged) == len(plain) + 2
     assert staged[-1]["sql"].startswith('UPDATE "django_idempotency_outboxmessage"')
+    assert any(query["sql"].startswith('SELECT "created_at"') for query in staged)
 
 
 def test_a_request_staging_nothing_runs_no_more_statements(post: Post, key: str) -> None:
@@ -486,3 +488,16 @@ def test_a_configured_outbox_with_nothing_to_deliver_is_refused(
         [error] = checks.check_settings()
         assert error.id == "django_idempotency.E056"
     assert checks.e056_outbox_undeliverable({}) == []
+
+
+def test_an_expired_key_used_again_sends_its_new_messages(post: Post, key: str) -> None:
+    """An expired record claimed again keeps its primary key but starts a new life (attempt 1):
+    its messages are new ones, with new ids, and are sent."""
+    first = post("/order/", {"order": "1"}, key=key).json()["messages"]
+    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    again = post("/order/", {"order": "1"}, key=key)
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    second = again.json()["messages"]
+    assert IdempotencyKey.objects.get().attempt == 1
+    assert not set(first) & set(second)
+    assert sent_ids() == first + second

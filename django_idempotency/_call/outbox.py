@@ -47,6 +47,9 @@ class Staged:
     """An attempt's messages staged and not yet released, and the positions used so far
     since each recovery point (an unnamed message's id)."""
 
+    #: Which life of the record (its ``created_at``, in microseconds): an expired record
+    #: claimed again keeps its primary key but starts anew, and its messages are new ones.
+    life: int = 0
     messages: list[Message] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)
@@ -66,7 +69,7 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
         ) from exc
     staged: Staged | None = claim.outbox
     if staged is None:
-        staged = claim.outbox = Staged()
+        staged = claim.outbox = Staged(life=_life(claim))
     if name is None:
         segment = claim.recovery_point
         position = staged.positions.get(segment, 0)
@@ -80,10 +83,23 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
         staged.names.add(name)
         label = f"={name}"
     message_id = str(
-        uuid.uuid5(_NAMESPACE, f"{claim.scope}\0{claim.key_hash}\0{claim.pk}\0{label}")
+        uuid.uuid5(
+            _NAMESPACE, f"{claim.scope}\0{claim.key_hash}\0{claim.pk}\0{staged.life}\0{label}"
+        )
     )
     staged.messages.append(Message(message_id, engine, path, arguments))
     return message_id
+
+
+def _life(claim: Any) -> int:
+    """The record's ``created_at`` (microseconds since the epoch), read once per attempt that
+    stages a message: a takeover of a stale record keeps it, a claim of an expired one resets
+    it (with ``attempt``). :class:`~django_idempotency.LockLost` if the record is gone."""
+    created = store.created_at(connections[claim.alias], claim.pk)
+    if created is None:
+        claim.lock_lost = True
+        claim.check_held()
+    return int(created.timestamp() * 1_000_000) if created is not None else 0
 
 
 def describe(task: Any) -> tuple[str, str]:
