@@ -3,9 +3,10 @@
 
 Staging checks the task (a Celery task, or a ``django.tasks`` task on Django 6.0+) and
 serialises the arguments at once, so a mistake is the view's exception, not the relay's. Each
-message's id is a UUID derived from the record (scope, key hash, primary key) and the message's
-``name``, or its position among the messages staged since the attempt's recovery point: stable
-across takeovers of the record, so the insert of a message staged again inserts nothing.
+message's id is a UUID derived from the record (scope, key hash, primary key, creation time)
+and the message's ``name``, or its position among the messages staged since the attempt's
+recovery point: stable across takeovers of the record, so the insert of a message staged again
+inserts nothing.
 
 Sending (:func:`send`) is shared by the fast path (:func:`released`: in the web process, once
 the release committed) and the relay (``manage.py idempotency_relay``): Celery's
