@@ -501,3 +501,12 @@ def test_an_expired_key_used_again_sends_its_new_messages(post: Post, key: str) 
     assert IdempotencyKey.objects.get().attempt == 1
     assert not set(first) & set(second)
     assert sent_ids() == first + second
+
+
+def test_erasing_a_scope_deletes_its_delivered_messages(post: Post, key: str) -> None:
+    post("/order/", {"order": "1"}, key=key)
+    scope = IdempotencyKey.objects.get().scope
+    assert OutboxMessage.objects.count() == 2
+    call_command("idempotency_cleanup", "--scope", scope, verbosity=0)
+    assert IdempotencyKey.objects.count() == 0
+    assert OutboxMessage.objects.count() == 0
