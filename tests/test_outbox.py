@@ -510,3 +510,21 @@ def test_erasing_a_scope_deletes_its_delivered_messages(post: Post, key: str) ->
     call_command("idempotency_cleanup", "--scope", scope, verbosity=0)
     assert IdempotencyKey.objects.count() == 0
     assert OutboxMessage.objects.count() == 0
+
+
+def test_a_web_process_dead_after_the_commit_leaves_its_messages_to_the_relay(
+    post: Post, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path never ran (the process died between the commit and the send): the
+    messages are leased to it, so the relay leaves them until the lease has passed, then sends
+    them."""
+    from django_idempotency._call import outbox
+
+    monkeypatch.setattr(outbox, "deliver", lambda alias, messages: None)
+    ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+    assert states() == dict.fromkeys(ids, "pending")
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert receipt.sent == []
+    OutboxMessage.objects.update(available_at=timezone.now())  # the lease has passed
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert sorted(sent_ids()) == sorted(ids)
