@@ -46,6 +46,7 @@ from django_idempotency._conf.values import (
     methods,
     mismatch_status,
     optional_positive_int,
+    optional_scope_function,
     positive_duration,
     positive_int,
     statuses,
@@ -305,6 +306,9 @@ class Settings:
     MAX_STORED_BODY_SIZE = Setting(None, optional_positive_int, {40: optional_positive_int})
     ENCRYPTION_KEYS: Setting[MultiFernet | None] = Setting(
         (), _fernet, {41: fernet_keys, 42: encryption_available}, shown="none"
+    )
+    OPERATION_SCOPE_FUNCTION: Setting[ScopeFunction | None] = Setting(
+        None, optional_scope_function, {50: optional_scope_function}, shown="none"
     )
 
 
