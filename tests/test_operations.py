@@ -160,7 +160,10 @@ def test_an_expired_operation_is_refused_and_not_shown(
     assert status(client, first["Location"]).status_code == 404
 
 
-@pytest.mark.parametrize("operation_id", ["", "1", "x.y", "1.AAAAAAAAAAAAAAAAAAAAAA", "1.2.3"])
+@pytest.mark.parametrize(
+    "operation_id",
+    ["", "1", "x.y", "1.AAAAAAAAAAAAAAAAAAAAAA", "1.2.3", "9999999999999999999.x", "\u0661.x"],
+)
 def test_an_unknown_operation_is_refused(operation_id: str) -> None:
     with pytest.raises(OperationError, match="No operation") as refused:
         complete_operation(operation_id, status=201, data={})
@@ -219,6 +222,7 @@ def test_another_principal_and_an_unknown_id_are_the_same_404(
     pk, mac = operation_id.split(".")
     forged = [
         f"{pk}.{mac[:-1]}{'A' if mac[-1] != 'A' else 'B'}",
+        f"9999999999999999999.{mac}",
         f"{int(pk) + 1}.{mac}",
         f"{pk}.",
         "nothing",

@@ -42,7 +42,13 @@ def parse_id(operation_id: str) -> int | None:
     pk, dot, mac = operation_id.partition(".")
     if not dot or not pk.isascii() or not pk.isdigit() or len(pk) > 19 or not mac:
         return None
-    return int(pk)
+    number = int(pk)
+    # A primary key is a signed 64-bit integer: a larger one names nothing, and a database
+    # would refuse it (SQLite raises OverflowError).
+    return number if number < _BIGINT else None
+
+
+_BIGINT = 2**63
 
 
 def verify(operation_id: str, pk: int, scope: str, key_hash: str) -> bool:

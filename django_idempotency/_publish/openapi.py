@@ -230,6 +230,12 @@ def _with_schema(handler: Callable[..., Any], schema: type[AutoSchema]) -> Calla
 class _OperationStatusSchema(AutoSchema):
     """The status endpoint's operation, as ``docs/operations.rst`` defines it."""
 
+    def get_request_serializer(self) -> Any:
+        return None  # a GET: no body (and no serializer for drf-spectacular to guess)
+
+    def get_response_serializers(self) -> Any:
+        return None  # the responses are written below
+
     def get_operation(
         self,
         path: str,

@@ -152,7 +152,9 @@ ACCEPTED_HEADERS: dict[str, Any] = {
         "description": "The operation's status URL (GET).",
         "required": True,
     },
-    **RETRY_AFTER,
+    # Required on the 202 of a duplicate, not on the view's own 202 replayed, whose headers
+    # are the REPLAYED_HEADERS kept.
+    "Retry-After": {**RETRY_AFTER["Retry-After"], "required": False},
 }
 
 
