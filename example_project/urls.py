@@ -16,7 +16,7 @@ urlpatterns = [
     path("api/", include(router.urls)),
     path("api/charges/<int:charge_id>/refunds/", views.RefundView.as_view(), name="refund"),
     path("api/exports/", exports.ExportView.as_view(), name="export"),
-    path("idempotency/", include("django_idempotency.urls")),
+    path("api/idempotency/", include("django_idempotency.urls")),
     path("payouts/", views.create_payout, name="payout"),
     path("charges/<int:charge_id>/receipt/", views.send_receipt, name="receipt"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

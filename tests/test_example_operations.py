@@ -88,5 +88,5 @@ def test_the_example_schema_publishes_the_export_and_the_status_endpoint() -> No
     )
     assert done.returncode == 0, done.stderr.decode()
     schema = done.stdout.decode()
-    assert "/idempotency/operations/{operation_id}:" in schema
+    assert "/api/idempotency/operations/{operation_id}:" in schema
     assert "/api/exports/:" in schema
