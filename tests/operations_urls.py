@@ -9,6 +9,7 @@ from tests.testapp import operations_views as views
 urlpatterns = [
     path("idempotency/", include("django_idempotency.urls")),
     path("export/", views.export),
+    path("async-export/", views.async_export),
     path("conflicting/", views.conflicting),
     path("created/", views.created),
     path("drf-export/", views.DrfExport.as_view()),

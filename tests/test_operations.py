@@ -295,6 +295,28 @@ def test_in_progress_accepted_answers_202_with_the_status_url(
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.PROCESSING
 
 
+def test_an_async_view_with_accepted(post: Post, client: Client, key: str) -> None:
+    first = start(post, key, "/async-export/")
+    assert json.loads(status(client, first["Location"]).content)["state"] == "running"
+    IdempotencyKey.objects.update(status=IdempotencyKey.Status.PROCESSING)  # as if running
+    duplicate = post("/async-export/", {"rows": 3}, key=key)
+    assert duplicate.status_code == 202
+    assert duplicate["Location"] == first["Location"]
+    assert executions("async-export") == 1
+
+
+def test_a_function_with_accepted_raises_in_progress(key: str) -> None:
+    from django_idempotency import IdempotencyInProgress, idempotent_function
+
+    @idempotent_function(key="key", in_progress="accepted")
+    def work(key: str) -> int:
+        return 1
+
+    hold_key(key, work, key)
+    with pytest.raises(IdempotencyInProgress):
+        work(key)
+
+
 def test_in_progress_conflict_is_still_409(post: Post, key: str) -> None:
     hold_key(key, "POST", "/conflicting/", {"rows": 3}, content_type="application/json")
     assert post("/conflicting/", {"rows": 3}, key=key).status_code == 409

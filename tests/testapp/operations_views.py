@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import NinjaAPI
 from rest_framework.authentication import TokenAuthentication
@@ -34,6 +35,11 @@ def _accepted(request: HttpRequest, label: str) -> HttpResponse:
 @idempotent(in_progress="accepted")
 def export(request: HttpRequest) -> HttpResponse:
     return _accepted(request, "export")
+
+
+@idempotent(in_progress="accepted")
+async def async_export(request: HttpRequest) -> HttpResponse:
+    return await sync_to_async(_accepted)(request, "async-export")
 
 
 @idempotent
