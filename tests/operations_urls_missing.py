@@ -1,5 +1,5 @@
 """tests/test_operations.py's URLconf of views using ``in_progress="accepted"`` without the
-status endpoint (check E051)."""
+status endpoint (check E071)."""
 
 from __future__ import annotations
 

@@ -351,9 +351,9 @@ def test_ninja_in_progress_accepted(client: Client, key: str) -> None:
 def test_accepted_without_the_status_urls_is_refused_by_a_check() -> None:
     from django_idempotency._ops.checks import check_views
 
-    assert not [error for error in check_views() if error.id == "django_idempotency.E051"]
+    assert not [error for error in check_views() if error.id == "django_idempotency.E071"]
     with override_settings(IDEMPOTENCY={"IN_PROGRESS": "accepted"}):
-        errors = [error for error in check_views() if error.id == "django_idempotency.E051"]
+        errors = [error for error in check_views() if error.id == "django_idempotency.E071"]
     assert len(errors) == 1
     assert "IDEMPOTENCY['IN_PROGRESS']" in errors[0].msg
     assert "django_idempotency.urls" in errors[0].hint
@@ -362,14 +362,14 @@ def test_accepted_without_the_status_urls_is_refused_by_a_check() -> None:
 def test_a_view_with_accepted_and_the_status_urls_passes_the_check() -> None:
     from django_idempotency._ops.checks import check_views
 
-    assert not [error for error in check_views() if error.id == "django_idempotency.E051"]
+    assert not [error for error in check_views() if error.id == "django_idempotency.E071"]
 
 
 @pytest.mark.urls("tests.operations_urls_missing")
 def test_a_view_with_accepted_without_the_status_urls_is_named() -> None:
     from django_idempotency._ops.checks import check_views
 
-    errors = [error for error in check_views() if error.id == "django_idempotency.E051"]
+    errors = [error for error in check_views() if error.id == "django_idempotency.E071"]
     assert len(errors) == 1
     assert "operations_views.export" in errors[0].msg
     assert "DrfExport" in errors[0].msg and "ninja_export" in errors[0].msg
@@ -392,7 +392,7 @@ def test_operation_scope_function_is_checked(value: object) -> None:
 
     with override_settings(IDEMPOTENCY={"OPERATION_SCOPE_FUNCTION": value}):
         ids = [error.id for error in check_settings()]
-    assert "django_idempotency.E050" in ids
+    assert "django_idempotency.E070" in ids
 
 
 def test_the_admin_shows_the_operation(post: Post, key: str) -> None:

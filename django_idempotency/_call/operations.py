@@ -61,7 +61,7 @@ def verify(operation_id: str, pk: int, scope: str, key_hash: str) -> bool:
 
 def status_url(operation_id: str) -> str:
     """The operation's status URL (a path), from ``django_idempotency.urls`` as the project
-    includes it. Raises ``ImproperlyConfigured`` when the project does not (check E050)."""
+    includes it. Raises ``ImproperlyConfigured`` when the project does not (check E071)."""
     from django.core.exceptions import ImproperlyConfigured
     from django.urls import NoReverseMatch, reverse
 

@@ -308,7 +308,7 @@ class Settings:
         (), _fernet, {41: fernet_keys, 42: encryption_available}, shown="none"
     )
     OPERATION_SCOPE_FUNCTION: Setting[ScopeFunction | None] = Setting(
-        None, optional_scope_function, {50: optional_scope_function}, shown="none"
+        None, optional_scope_function, {70: optional_scope_function}, shown="none"
     )
 
 
