@@ -68,6 +68,9 @@ class Claim:
     #: (:func:`.writing.save_recovery_point`): set by :mod:`.writing`, which imports this
     #: module, so that the claim imports nothing of it (no import cycle, issue 40).
     save_point: ClassVar[Callable[[Claim, str, Any], None]]
+    #: The outbox's messages staged and not yet released (an ``outbox.Staged``; ``None``:
+    #: none staged, and a write has nothing more to do, issue 41).
+    outbox: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.recovery_point:
@@ -158,6 +161,25 @@ class Claim:
         )
         self.recovery_point = name
         self.recovery_data = data
+
+    def enqueue(self, task: Any, /, *args: Any, name: str | None = None, **kwargs: Any) -> str:
+        """Stage a message for ``task`` (a Celery task, or a ``django.tasks`` task on Django
+        6.0+) with JSON-serialisable ``args`` and ``kwargs``; nothing is sent now.
+
+        The message is released with the attempt's result (in the same transaction), or with
+        the next recovery point, and then delivered at least once (``docs/outbox.rst``);
+        nothing staged by an attempt that raises, is released (a 5xx), loses its lock or whose
+        result is not stored is ever sent. Returns the message's id, which the consumer gets
+        (Celery's ``task_id``): derived from the record and ``name`` (default: the message's
+        position since the last recovery point), it is the same when a takeover stages the
+        message again, which then releases nothing new. ``TypeError`` for anything but a
+        task, or arguments that do not serialise; :class:`~django_idempotency.LockLost`
+        once the attempt is known to have lost its record.
+        """
+        from django_idempotency._call.outbox import stage  # see set_recovery_point
+
+        self.check_held()
+        return stage(self, task, args, name, kwargs)
 
     def facts(self, outcome: str) -> dict[str, Any]:
         """The ``extra`` of a log line about this claim (:func:`.telemetry.log_facts`)."""

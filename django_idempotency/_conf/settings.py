@@ -307,6 +307,12 @@ class Settings:
     ENCRYPTION_KEYS: Setting[MultiFernet | None] = Setting(
         (), _fernet, {41: fernet_keys, 42: encryption_available}, shown="none"
     )
+    OUTBOX_FAST_PATH = Setting(True, _bool, {50: boolean})
+    OUTBOX_LEASE = Setting(timedelta(seconds=60), _to_timedelta, {51: positive_duration})
+    OUTBOX_RETRY_DELAY = Setting(timedelta(seconds=5), _to_timedelta, {52: positive_duration})
+    OUTBOX_MAX_ATTEMPTS = Setting(10, _int, {53: positive_int})
+    OUTBOX_BATCH_SIZE = Setting(100, _int, {54: positive_int})
+    OUTBOX_POLL_INTERVAL = Setting(timedelta(seconds=5), _to_timedelta, {55: positive_duration})
     OPERATION_SCOPE_FUNCTION: Setting[ScopeFunction | None] = Setting(
         None, optional_scope_function, {70: optional_scope_function}, shown="none"
     )

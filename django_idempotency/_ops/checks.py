@@ -68,6 +68,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     for setting in SETTINGS:
         errors += _declared(setting, raw.get(setting.name, setting.default))
     errors += e008_lock_outlives_ttl(raw)
+    errors += e056_outbox_undeliverable(raw)
     return errors
 
 
@@ -307,6 +308,33 @@ def e033_view_ttl_under_lock() -> list[CheckMessage]:
                 )
             )
     return errors
+
+
+@refusing(
+    "the outbox is configured (an ``OUTBOX_*`` key) but nothing can deliver its messages: "
+    "neither Celery installed nor ``django.tasks`` with a ``TASKS`` backend (Django 6.0+)"
+)
+def e056_outbox_undeliverable(raw: Mapping[str, Any]) -> list[CheckMessage]:
+    if not any(name.startswith("OUTBOX_") for name in raw) or _outbox_deliverable():
+        return []
+    return [
+        _error(
+            56,
+            "IDEMPOTENCY configures the outbox, but neither Celery nor django.tasks (with "
+            "TASKS) is available to deliver its messages.",
+            hint="Install Celery, or configure TASKS on Django 6.0+ (docs: outbox).",
+        )
+    ]
+
+
+def _outbox_deliverable() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("celery") is not None:
+        return True
+    return importlib.util.find_spec("django.tasks") is not None and bool(
+        getattr(settings, "TASKS", None)
+    )
 
 
 @refusing(

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_idempotency import _store as store
 from django_idempotency._ops import maintenance
 from django_idempotency._ops.erasure import erase_scope
+from django_idempotency._ops.relay import delete_delivered
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 
@@ -129,6 +130,10 @@ class Command(arguments.Command):
             )
             if done.stopped_by:
                 self.stdout.write(f"Stopped by {done.stopped_by}; expired records may remain.")
+        # The outbox's delivered messages go with their record (issue 41).
+        messages = delete_delivered(alias, batch_size, sleep=sleep)
+        if verbosity >= 1 and messages:
+            self.stdout.write(f"Deleted {messages} delivered outbox message{_s(messages)}.")
 
     def _erase(
         self,
