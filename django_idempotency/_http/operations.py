@@ -21,7 +21,7 @@ from django.views.decorators.http import require_safe
 
 from django_idempotency._base.errors import OperationError, StoreUnavailable
 from django_idempotency._call import operations as ids
-from django_idempotency._call import storing
+from django_idempotency._call import storing, telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._http import problems, responses
 from django_idempotency._store import operations as store
@@ -88,7 +88,7 @@ def complete_operation(
             "Idempotency operation %s completed with status %s.",
             operation_id,
             stored.status,
-            extra={"idempotency_outcome": "operation_completed"},
+            extra=telemetry.log_facts("operation_completed", operation.key_hash, operation.scope),
         )
         return
     # Refused: read it again to say why (a concurrent completion, an expiry meanwhile).
