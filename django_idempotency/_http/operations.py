@@ -162,7 +162,6 @@ def accepted(pk: int, scope: str, key_hash: str) -> HttpResponse:
     response = _json({"id": operation_id, "state": RUNNING}, 202)
     response["Location"] = ids.status_url(operation_id)
     response["Retry-After"] = str(conf.RETRY_AFTER)
-    response.idempotency_problem = "accepted"  # type: ignore[attr-defined]  # never stored
     return response
 
 
