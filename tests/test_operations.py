@@ -419,3 +419,22 @@ def test_cleanup_removes_an_operation_with_its_record(post: Post, key: str) -> N
     with pytest.raises(OperationError) as refused:
         complete_operation(operation_id, status=201, data={})
     assert refused.value.reason == "unknown"
+
+
+def test_a_functions_record_is_a_finished_operation_without_a_response(client: Client) -> None:
+    from django_idempotency import idempotent_function
+    from django_idempotency._call.operations import make_id, status_url
+
+    @idempotent_function(key="order")
+    def work(order: int) -> int:
+        return order
+
+    work(7)
+    record = IdempotencyKey.objects.get()
+    url = status_url(make_id(record.pk, record.scope, record.key_hash))
+    assert status(client, url).status_code == 404  # a function's scope is no request's
+    scope = {"OPERATION_SCOPE_FUNCTION": lambda request: record.scope}
+    with override_settings(IDEMPOTENCY=scope):
+        shown = json.loads(status(client, url).content)
+    assert shown["state"] == "succeeded"
+    assert shown["response"] is None

@@ -26,6 +26,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._http import problems, responses
 from django_idempotency._store import operations as store
 from django_idempotency._store import sealing
+from django_idempotency._store.writes import COMPLETED
 
 __all__ = ["accepted", "complete_operation", "operation_status"]
 
@@ -171,7 +172,10 @@ def _state(operation_id: str, operation: store.Operation) -> HttpResponse:
         response["Retry-After"] = str(conf.RETRY_AFTER)
         return response
     final = operation.response_status
-    if final is None or operation.response_body is None:
+    if final is None:  # an idempotent_function's record: its result is no HTTP response
+        state = SUCCEEDED if operation.status == COMPLETED else FAILED
+        return _json({"id": operation_id, "state": state, "response": None}, 200)
+    if operation.response_body is None:  # over MAX_BODY_SIZE: not stored
         return _json({"id": operation_id, "state": FAILED, "response": None}, 200)
     try:
         headers, body = sealing.unseal(operation.response_headers, operation.response_body)
