@@ -319,7 +319,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     @admin.display(description=_("operation id"))
     def operation(self, record: IdempotencyKey) -> str:
         """The record's operation (issue 43), as its status endpoint names it."""
-        return operation_ids.make_id(record.pk, record.scope, record.key_hash)
+        return operation_ids.make_id(record.pk, record.scope, record.key_hash, record.created_at)
 
     @admin.display(description=_("operation state"))
     def operation_state(self, record: IdempotencyKey) -> str:

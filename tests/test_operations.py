@@ -195,7 +195,7 @@ def test_a_view_that_finished_its_work_is_a_finished_operation(
     record = IdempotencyKey.objects.get()
     from django_idempotency._call.operations import make_id, status_url
 
-    operation_id = make_id(record.pk, record.scope, record.key_hash)
+    operation_id = make_id(record.pk, record.scope, record.key_hash, record.created_at)
     shown = json.loads(status(client, status_url(operation_id)).content)
     assert shown["state"] == "succeeded"
     assert shown["response"]["status"] == 201
@@ -431,10 +431,37 @@ def test_a_functions_record_is_a_finished_operation_without_a_response(client: C
 
     work(7)
     record = IdempotencyKey.objects.get()
-    url = status_url(make_id(record.pk, record.scope, record.key_hash))
+    url = status_url(make_id(record.pk, record.scope, record.key_hash, record.created_at))
     assert status(client, url).status_code == 404  # a function's scope is no request's
     scope = {"OPERATION_SCOPE_FUNCTION": lambda request: record.scope}
     with override_settings(IDEMPOTENCY=scope):
         shown = json.loads(status(client, url).content)
     assert shown["state"] == "succeeded"
     assert shown["response"] is None
+
+
+def test_an_expired_key_used_again_is_a_new_operation(post: Post, client: Client, key: str) -> None:
+    first = start(post, key)
+    old = operation_of(first)
+    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    second = start(post, key)
+    new = operation_of(second)
+    assert new != old  # the row may be the same (PostgreSQL reuses it), its life is not
+    assert status(client, first["Location"]).status_code == 404
+    with pytest.raises(OperationError) as refused:
+        complete_operation(old, status=201, data={"life": 1})
+    assert refused.value.reason == "unknown"
+    complete_operation(new, status=201, data={"life": 2})
+    assert json.loads(post("/export/", {"rows": 3}, key=key).content) == {"life": 2}
+    assert executions("export") == 2
+
+
+def test_the_claim_reads_the_records_life_once(post: Post, key: str) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    claim = hold_key(key, "POST", "/export/", {"rows": 3}, content_type="application/json")
+    with CaptureQueriesContext(connection) as queries:
+        assert claim.operation_id == claim.operation_id
+        assert claim.operation_url.endswith(claim.operation_id)
+    assert len(queries) == 1

@@ -102,11 +102,18 @@ class Claim:
     def operation_id(self) -> str:
         """The record's operation id (issue 43): stable across every attempt, unguessable,
         never the key. Hand it to the background task that finishes the work, which calls
-        :func:`~django_idempotency.complete_operation` with it. Made when read: a claim that
-        never reads it costs nothing."""
-        from django_idempotency._call.operations import make_id  # see set_recovery_point
+        :func:`~django_idempotency.complete_operation` with it. Made when first read, from the
+        record's ``created_at`` (one read by primary key): a claim that never reads it costs
+        nothing."""
+        made = self.__dict__.get("_operation_id")
+        if made is None:
+            # Imported here: see set_recovery_point.
+            from django_idempotency._call.operations import make_id
+            from django_idempotency._store.operations import created_at
 
-        return make_id(self.pk, self.scope, self.key_hash)
+            made = make_id(self.pk, self.scope, self.key_hash, created_at(self.alias, self.pk))
+            self.__dict__["_operation_id"] = made
+        return str(made)
 
     @property
     def operation_url(self) -> str:

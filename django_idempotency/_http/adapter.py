@@ -148,7 +148,9 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         record, policy = found.record, self.policy
         if policy is not None and policy.in_progress == "accepted" and record.pk is not None:
             # The first request still runs: its operation's status URL (issue 43).
-            return Answer(operations.accepted(record.pk, record.scope, record.key_hash))
+            return Answer(
+                operations.accepted(record.pk, record.scope, record.key_hash, record.created_at)
+            )
         return Answer(problems.in_progress(conf.RETRY_AFTER))
 
     def refused(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -102,7 +103,7 @@ def _operation(alias: str, operation_id: str) -> store.Operation | None:
     if pk is None:
         return None
     operation = store.read(alias, pk)
-    if operation is None or not ids.verify(operation_id, pk, operation.scope, operation.key_hash):
+    if operation is None or not _verified(operation_id, operation):
         return None
     return operation
 
@@ -148,7 +149,7 @@ def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
     if (
         scope is None
         or operation is None
-        or not ids.verify(operation_id, pk, operation.scope, operation.key_hash)
+        or not _verified(operation_id, operation)
         or scope != operation.scope
         or operation.expired(timezone.now())
     ):
@@ -156,10 +157,16 @@ def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
     return _state(operation_id, operation)
 
 
-def accepted(pk: int, scope: str, key_hash: str) -> HttpResponse:
+def _verified(operation_id: str, operation: store.Operation) -> bool:
+    return ids.verify(
+        operation_id, operation.pk, operation.scope, operation.key_hash, operation.created_at
+    )
+
+
+def accepted(pk: int, scope: str, key_hash: str, created_at: datetime) -> HttpResponse:
     """``in_progress="accepted"``: the ``202`` of a duplicate of a request still running,
     with its operation's status URL; never stored (the first request's response will be)."""
-    operation_id = ids.make_id(pk, scope, key_hash)
+    operation_id = ids.make_id(pk, scope, key_hash, created_at)
     response = _json({"id": operation_id, "state": RUNNING}, 202)
     response["Location"] = ids.status_url(operation_id)
     response["Retry-After"] = str(conf.RETRY_AFTER)

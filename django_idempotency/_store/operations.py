@@ -21,7 +21,7 @@ from django_idempotency._store import using
 from django_idempotency._store.writes import COMPLETED, FAILED, StoredResponse
 from django_idempotency.models import IdempotencyKey
 
-__all__ = ["ACCEPTED", "Operation", "complete", "read"]
+__all__ = ["ACCEPTED", "Operation", "complete", "created_at", "read"]
 
 #: The status of a stored response that hands the work on: its operation is still running.
 ACCEPTED = 202
@@ -33,6 +33,7 @@ _FIELDS = (
     "response_status",
     "response_headers",
     "response_body",
+    "created_at",
     "expires_at",
 )
 
@@ -48,6 +49,7 @@ class Operation:
     response_status: int | None
     response_headers: Any
     response_body: bytes | None
+    created_at: datetime
     expires_at: datetime
 
     @property
@@ -67,10 +69,21 @@ def read(alias: str, pk: int) -> Operation | None:
         row = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list(*_FIELDS).first()
     if row is None:
         return None
-    scope, key_hash, status, response_status, headers, body, expires_at = row
+    scope, key_hash, status, response_status, headers, body, created_at, expires_at = row
     if isinstance(body, memoryview):
         body = bytes(body)
-    return Operation(pk, scope, key_hash, status, response_status, headers, body, expires_at)
+    return Operation(
+        pk, scope, key_hash, status, response_status, headers, body, created_at, expires_at
+    )
+
+
+def created_at(alias: str, pk: int) -> datetime:
+    """When record ``pk``'s life began (its operation id's part): read on the claim's own
+    connection, so atomic mode's uncommitted record is found too."""
+    store = using(alias)
+    with store.guard():
+        value = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list("created_at").get()
+    return value[0]
 
 
 def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
@@ -99,6 +112,7 @@ def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
                 pk=operation.pk,
                 scope=operation.scope,
                 key_hash=operation.key_hash,
+                created_at=operation.created_at,  # this life of the record, not a later one
                 status=COMPLETED,
                 response_status=ACCEPTED,
                 expires_at__gt=now,
