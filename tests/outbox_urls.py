@@ -10,6 +10,7 @@ from tests.testapp import outbox_views as views
 urlpatterns = [
     path("order/", views.order),
     path("atomic/", views.atomic_order),
+    path("async/", views.async_order),
     path("short/", views.lock_lost_order),
     path("drf/", views.DrfOrder.as_view()),
     path("admin/", admin.site.urls),

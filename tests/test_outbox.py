@@ -369,9 +369,11 @@ def test_the_result_and_its_messages_are_one_statement_on_postgresql(post: Post,
         if query["sql"].startswith(("UPDATE", "WITH")) and "response_body" in query["sql"]
     ]
     assert len(writes) == 1 and writes[0].startswith("WITH fenced AS (UPDATE")
-    # The same statements until the answer; then the fast path marks what it sent.
-    assert len(staged) == len(plain) + 1
+    # One more round trip before the answer (the record's life, read once by the first
+    # enqueue: an expired key's new messages get new ids); then the fast path's mark.
+    assert len(staged) == len(plain) + 2
     assert staged[-1]["sql"].startswith('UPDATE "django_idempotency_outboxmessage"')
+    assert any(query["sql"].startswith('SELECT "created_at"') for query in staged)
 
 
 def test_a_request_staging_nothing_runs_no_more_statements(post: Post, key: str) -> None:
@@ -387,6 +389,43 @@ def test_the_relay_stops_on_sigterm_after_its_batch() -> None:
     started = timezone.now()
     relay.run()
     assert timezone.now() - started < timedelta(seconds=3)
+
+
+def test_the_relay_process_ends_cleanly_on_sigterm(post: Post, key: str) -> None:
+    """A relay started as operators start it (``manage.py idempotency_relay``), waiting for
+    work, exits with status 0 soon after ``SIGTERM``; what it sent before is marked."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tests.conftest import worker_environment
+
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "django", "idempotency_relay", "--interval", "30", "-v", "2"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=worker_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        time.sleep(3)  # started, and waiting
+        assert relay.poll() is None
+        started = time.monotonic()
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=10) == 0
+        assert time.monotonic() - started < 3
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+    assert b"Sent 0 message(s)" in (relay.stdout.read() if relay.stdout else b"")
+
+
+def test_async_views_enqueue(post: Post, key: str) -> None:
+    response = post("/async/", {"order": "1"}, key=key)
+    assert response.status_code == 201
+    assert sent_ids() == response.json()["messages"]
 
 
 def test_stats_and_cleanup(post: Post, key: str) -> None:
@@ -449,3 +488,25 @@ def test_a_configured_outbox_with_nothing_to_deliver_is_refused(
         [error] = checks.check_settings()
         assert error.id == "django_idempotency.E056"
     assert checks.e056_outbox_undeliverable({}) == []
+
+
+def test_an_expired_key_used_again_sends_its_new_messages(post: Post, key: str) -> None:
+    """An expired record claimed again keeps its primary key but starts a new life (attempt 1):
+    its messages are new ones, with new ids, and are sent."""
+    first = post("/order/", {"order": "1"}, key=key).json()["messages"]
+    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    again = post("/order/", {"order": "1"}, key=key)
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    second = again.json()["messages"]
+    assert IdempotencyKey.objects.get().attempt == 1
+    assert not set(first) & set(second)
+    assert sent_ids() == first + second
+
+
+def test_erasing_a_scope_deletes_its_delivered_messages(post: Post, key: str) -> None:
+    post("/order/", {"order": "1"}, key=key)
+    scope = IdempotencyKey.objects.get().scope
+    assert OutboxMessage.objects.count() == 2
+    call_command("idempotency_cleanup", "--scope", scope, verbosity=0)
+    assert IdempotencyKey.objects.count() == 0
+    assert OutboxMessage.objects.count() == 0

@@ -3,9 +3,10 @@
 
 Staging checks the task (a Celery task, or a ``django.tasks`` task on Django 6.0+) and
 serialises the arguments at once, so a mistake is the view's exception, not the relay's. Each
-message's id is a UUID derived from the record (scope, key hash, primary key) and the message's
-``name``, or its position among the messages staged since the attempt's recovery point: stable
-across takeovers of the record, so the insert of a message staged again inserts nothing.
+message's id is a UUID derived from the record (scope, key hash, primary key, creation time)
+and the message's ``name``, or its position among the messages staged since the attempt's
+recovery point: stable across takeovers of the record, so the insert of a message staged again
+inserts nothing.
 
 Sending (:func:`send`) is shared by the fast path (:func:`released`: in the web process, once
 the release committed) and the relay (``manage.py idempotency_relay``): Celery's
@@ -47,6 +48,9 @@ class Staged:
     """An attempt's messages staged and not yet released, and the positions used so far
     since each recovery point (an unnamed message's id)."""
 
+    #: Which life of the record (its ``created_at``, in microseconds): an expired record
+    #: claimed again keeps its primary key but starts anew, and its messages are new ones.
+    life: int = 0
     messages: list[Message] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)
@@ -66,7 +70,7 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
         ) from exc
     staged: Staged | None = claim.outbox
     if staged is None:
-        staged = claim.outbox = Staged()
+        staged = claim.outbox = Staged(life=_life(claim))
     if name is None:
         segment = claim.recovery_point
         position = staged.positions.get(segment, 0)
@@ -80,10 +84,23 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
         staged.names.add(name)
         label = f"={name}"
     message_id = str(
-        uuid.uuid5(_NAMESPACE, f"{claim.scope}\0{claim.key_hash}\0{claim.pk}\0{label}")
+        uuid.uuid5(
+            _NAMESPACE, f"{claim.scope}\0{claim.key_hash}\0{claim.pk}\0{staged.life}\0{label}"
+        )
     )
     staged.messages.append(Message(message_id, engine, path, arguments))
     return message_id
+
+
+def _life(claim: Any) -> int:
+    """The record's ``created_at`` (microseconds since the epoch), read once per attempt that
+    stages a message: a takeover of a stale record keeps it, a claim of an expired one resets
+    it (with ``attempt``). :class:`~django_idempotency.LockLost` if the record is gone."""
+    created = store.created_at(connections[claim.alias], claim.pk)
+    if created is None:
+        claim.lock_lost = True
+        claim.check_held()
+    return int(created.timestamp() * 1_000_000) if created is not None else 0
 
 
 def describe(task: Any) -> tuple[str, str]:
@@ -187,14 +204,16 @@ def send(engine: str, task: str, arguments: str, message_id: str) -> None:
 
 
 def _celery_task(name: str) -> Any:
-    from celery import current_app  # type: ignore[import-untyped]
-
+    """The task registered as ``name`` with the current Celery app, else the object at that
+    dotted path (a task's default name is its path)."""
     try:
+        from celery import current_app  # type: ignore[import-untyped]
+
         return current_app.tasks[name]
-    except KeyError:  # not registered with the current app: its default name is its path
+    except (ImportError, KeyError):
         found = import_string(name)
         if not callable(getattr(found, "apply_async", None)):
-            raise
+            raise TypeError(f"{name} is not a Celery task.") from None
         return found
 
 

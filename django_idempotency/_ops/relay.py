@@ -23,7 +23,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from django_idempotency._call import outbox
+from django_idempotency._call import outbox, telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._store import outbox as store
 from django_idempotency._store.bound import discard
@@ -114,6 +114,8 @@ class Relay:
                     logger.warning("Outbox relay: the database failed (%s); trying again.", exc)
                     discard(connections[self.alias])
                     done = Pass()
+                if telemetry.gauging_outbox():
+                    self._gauge()
                 total.sent += done.sent
                 total.failed += done.failed
                 total.batches += done.batches
@@ -127,6 +129,15 @@ class Relay:
             if listener is not None:
                 discard(listener)
         return total
+
+    def _gauge(self) -> None:
+        """Set the backlog's gauges (OpenTelemetry), read once per pass."""
+        try:
+            figures = backlog(self.alias)
+        except DatabaseError:
+            return
+        age = figures["outbox_oldest_undelivered_age_seconds"] or 0.0
+        telemetry.outbox_backlog(figures["outbox_pending"], figures["outbox_failed"], age)
 
     def _listen(self, listener: Any) -> Callable[[float], bool] | None:
         if listener is None:

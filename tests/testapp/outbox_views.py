@@ -49,6 +49,15 @@ def _order(request: HttpRequest) -> HttpResponse:
 
 
 order = idempotent(_order)
+
+
+@idempotent
+async def async_order(request: HttpRequest) -> HttpResponse:
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(_order)(request)
+
+
 atomic_order = idempotent(atomic=True)(_order)
 lock_lost_order = idempotent(lock_timeout=1, heartbeat=False)(_order)
 

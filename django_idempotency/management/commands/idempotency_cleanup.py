@@ -94,6 +94,8 @@ class Command(arguments.Command):
         if scope is not None:
             bounds = (max_batches, limit, max_runtime)
             self._erase(scope, alias, batch_size, dry_run, bounds, verbosity)
+            if not dry_run:  # the erased records' delivered messages go with them
+                delete_delivered(alias, batch_size)
             return
         now = timezone.now()
         if dry_run:
