@@ -23,10 +23,12 @@ from django_idempotency import _store as store
 from django_idempotency._base import rules
 from django_idempotency._base.errors import InvalidKey
 from django_idempotency._base.keys import hash_key, parse_key
+from django_idempotency._call import operations as operation_ids
 from django_idempotency._conf.settings import conf
 from django_idempotency._function.calls import METHOD as CALL
 from django_idempotency._ops import maintenance, relay
 from django_idempotency._store import sealing, time_zones
+from django_idempotency._store.operations import ACCEPTED
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 
 __all__ = ["IdempotencyKeyAdmin"]
@@ -197,12 +199,14 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             },
         ),
         (_("Dates"), {"fields": ("created", "updated", "unlock", "expires")}),
+        (_("Operation"), {"fields": ("operation", "operation_state")}),
     )
     readonly_fields = (
         *("scope", "key_hash", "method", "path", "request_hash", "status"),
         *("response_status", "stored_headers", "stored_body", "response_hidden"),
         *("attempt", "lock_token", "recovery_point", "recovery_data", "stale", "expired"),
         *("created", "updated", "unlock", "expires"),
+        *("operation", "operation_state"),
     )
     #: The table's health above the list: one scan of the table per page view (about 0.3 s per
     #: million rows, docs/admin.rst). A subclass sets it to ``False`` for a very large table.
@@ -311,6 +315,21 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     @admin.display(description=_("expired"))
     def expired(self, record: IdempotencyKey) -> str:
         return format_html("<em>{}</em>", _("expired")) if record.is_expired else str(_("no"))
+
+    @admin.display(description=_("operation id"))
+    def operation(self, record: IdempotencyKey) -> str:
+        """The record's operation (issue 43), as its status endpoint names it."""
+        return operation_ids.make_id(record.pk, record.scope, record.key_hash, record.created_at)
+
+    @admin.display(description=_("operation state"))
+    def operation_state(self, record: IdempotencyKey) -> str:
+        """Running while the request runs or its stored response is a ``202`` (the final
+        response, once stored, is the stored response above)."""
+        if record.status == record.Status.PROCESSING or record.response_status == ACCEPTED:
+            return str(_("running"))
+        if record.response_status is not None and record.response_status >= 400:
+            return str(_("failed"))
+        return str(_("succeeded"))
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """With ``ENCRYPTION_KEYS``, the decrypted response only for staff with the

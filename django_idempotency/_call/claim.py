@@ -98,6 +98,32 @@ class Claim:
         """The lock token fencing every write of this attempt (:attr:`token_text` as a UUID)."""
         return uuid.UUID(self.token_text)
 
+    @property
+    def operation_id(self) -> str:
+        """The record's operation id (issue 43): stable across every attempt, unguessable,
+        never the key. Hand it to the background task that finishes the work, which calls
+        :func:`~django_idempotency.complete_operation` with it. Made when first read, from the
+        record's ``created_at`` (one read by primary key): a claim that never reads it costs
+        nothing."""
+        made = self.__dict__.get("_operation_id")
+        if made is None:
+            # Imported here: see set_recovery_point.
+            from django_idempotency._call.operations import make_id
+            from django_idempotency._store.operations import created_at
+
+            made = make_id(self.pk, self.scope, self.key_hash, created_at(self.alias, self.pk))
+            self.__dict__["_operation_id"] = made
+        return str(made)
+
+    @property
+    def operation_url(self) -> str:
+        """The operation's status URL (a path, ``GET``), from ``django_idempotency.urls``:
+        the ``Location`` of a ``202 Accepted``. Raises ``ImproperlyConfigured`` when the
+        URLconf does not include them."""
+        from django_idempotency._call.operations import status_url  # see set_recovery_point
+
+        return status_url(self.operation_id)
+
     def held_for(self, since: float) -> None:
         """The lock was pushed forward by a write started at ``since`` (monotonic)."""
         self.held_until = max(self.held_until, since + self.lock_timeout.total_seconds())
