@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what type checkers see; ``X as X``: re-exported
     from django_idempotency._base.errors import InvalidKey as InvalidKey
     from django_idempotency._base.errors import LockLost as LockLost
     from django_idempotency._base.errors import LockWaitTimeout as LockWaitTimeout
+    from django_idempotency._base.errors import OperationError as OperationError
     from django_idempotency._base.errors import StoreUnavailable as StoreUnavailable
     from django_idempotency._base.errors import UnreplayableResponse as UnreplayableResponse
     from django_idempotency._base.signals import fingerprint_mismatch as fingerprint_mismatch
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # what type checkers see; ``X as X``: re-exported
     from django_idempotency._http.decorators import idempotent as idempotent
     from django_idempotency._http.fingerprints import json_fingerprint as json_fingerprint
     from django_idempotency._http.fingerprints import request_fingerprint as request_fingerprint
+    from django_idempotency._http.operations import complete_operation as complete_operation
     from django_idempotency._http.scopes import user_scope as user_scope
     from django_idempotency._ops.erasure import Erasure as Erasure
     from django_idempotency._ops.erasure import erase_scope as erase_scope
@@ -66,6 +68,7 @@ _HOMES = {
     "user_scope": "_http.scopes",
     "describe": "_publish.policy",
     "erase_scope": "_ops.erasure",
+    "complete_operation": "_http.operations",
     "Erasure": "_ops.erasure",
     "Claim": "_call.claim",
     "IdempotencyKey": "models",
@@ -77,6 +80,7 @@ _HOMES = {
     "InvalidKey": "_base.errors",
     "LockLost": "_base.errors",
     "LockWaitTimeout": "_base.errors",
+    "OperationError": "_base.errors",
     "StoreUnavailable": "_base.errors",
     "UnreplayableResponse": "_base.errors",
     "key_claimed": "_base.signals",

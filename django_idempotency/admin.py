@@ -23,11 +23,13 @@ from django_idempotency import _store as store
 from django_idempotency._base import rules
 from django_idempotency._base.errors import InvalidKey
 from django_idempotency._base.keys import hash_key, parse_key
+from django_idempotency._call import operations as operation_ids
 from django_idempotency._conf.settings import conf
 from django_idempotency._function.calls import METHOD as CALL
-from django_idempotency._ops import maintenance, store_checks
+from django_idempotency._ops import maintenance, relay, store_checks
 from django_idempotency._store import sealing, time_zones
-from django_idempotency.models import IdempotencyKey
+from django_idempotency._store.operations import ACCEPTED
+from django_idempotency.models import IdempotencyKey, OutboxMessage
 
 __all__ = ["IdempotencyKeyAdmin"]
 
@@ -35,8 +37,11 @@ if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise as StrOrPromise
 
     _ModelAdmin = admin.ModelAdmin[IdempotencyKey]
+    _MessageAdmin = admin.ModelAdmin[OutboxMessage]
+    _Inline = admin.TabularInline[OutboxMessage, IdempotencyKey]
 else:  # ModelAdmin is generic in django-stubs only
-    _ModelAdmin = admin.ModelAdmin
+    _ModelAdmin = _MessageAdmin = admin.ModelAdmin
+    _Inline = admin.TabularInline
 
 #: Who sees a decrypted response when ``ENCRYPTION_KEYS`` is set.
 VIEW_STORED_RESPONSE = "django_idempotency.view_stored_response"
@@ -136,6 +141,27 @@ def _warning(text: StrOrPromise) -> str:
     )
 
 
+class OutboxMessageInline(_Inline):
+    """A record's outbox messages (issue 41), read-only; re-sent from their own admin."""
+
+    model = OutboxMessage
+    fk_name = "record"
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    fields = ("message_id", "task", "state", "attempts", "last_error", "released_at", "sent_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
+        return super().get_queryset(request).using(conf.DATABASE_ALIAS)
+
+
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(_ModelAdmin):
     # Seven narrow columns fit at 1400 px beside both sidebars; the stale and expired flags go
@@ -152,6 +178,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     ordering = ("-created_at",)
     show_full_result_count = False
     actions = ("release_stale", "mark_failed", "delete_expired")
+    inlines = (OutboxMessageInline,)
     fieldsets = (
         (None, {"fields": ("scope", "key_hash", "method", "path", "request_hash", "status")}),
         (
@@ -172,12 +199,14 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             },
         ),
         (_("Dates"), {"fields": ("created", "updated", "unlock", "expires")}),
+        (_("Operation"), {"fields": ("operation", "operation_state")}),
     )
     readonly_fields = (
         *("scope", "key_hash", "method", "path", "request_hash", "status"),
         *("response_status", "stored_headers", "stored_body", "response_hidden"),
         *("attempt", "lock_token", "recovery_point", "recovery_data", "stale", "expired"),
         *("created", "updated", "unlock", "expires"),
+        *("operation", "operation_state"),
     )
     #: The table's health above the list: one scan of the table per page view (about 0.3 s per
     #: million rows, docs/admin.rst). A subclass sets it to ``False`` for a very large table.
@@ -290,6 +319,21 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     @admin.display(description=_("expired"))
     def expired(self, record: IdempotencyKey) -> str:
         return format_html("<em>{}</em>", _("expired")) if record.is_expired else str(_("no"))
+
+    @admin.display(description=_("operation id"))
+    def operation(self, record: IdempotencyKey) -> str:
+        """The record's operation (issue 43), as its status endpoint names it."""
+        return operation_ids.make_id(record.pk, record.scope, record.key_hash, record.created_at)
+
+    @admin.display(description=_("operation state"))
+    def operation_state(self, record: IdempotencyKey) -> str:
+        """Running while the request runs or its stored response is a ``202`` (the final
+        response, once stored, is the stored response above)."""
+        if record.status == record.Status.PROCESSING or record.response_status == ACCEPTED:
+            return str(_("running"))
+        if record.response_status is not None and record.response_status >= 400:
+            return str(_("failed"))
+        return str(_("succeeded"))
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """With ``ENCRYPTION_KEYS``, the decrypted response only for staff with the
@@ -439,3 +483,36 @@ def _content_type(record: IdempotencyKey) -> str:
         if str(name).lower() == "content-type":
             return str(value)
     return "no content type"
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(_MessageAdmin):
+    """The outbox's messages (issue 41): read-only, filtered by state, with a re-send action
+    (pending and due now: the relay, or the next pass, sends it again)."""
+
+    list_display = ("message_id", "task", "state", "attempts", "released_at", "sent_at")
+    list_filter = ("state", "engine")
+    search_fields = ("message_id", "task")
+    ordering = ("-released_at",)
+    actions = ("resend",)
+    readonly_fields = (
+        *("record", "message_id", "engine", "task", "arguments", "state", "attempts"),
+        *("last_error", "released_at", "available_at", "sent_at"),
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
+        return super().get_queryset(request).using(conf.DATABASE_ALIAS)
+
+    @admin.action(description=_("Re-send the selected messages"), permissions=["change"])
+    def resend(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+        count = relay.resend(conf.DATABASE_ALIAS, list(queryset.values_list("pk", flat=True)))
+        self.message_user(request, _("%(count)d message(s) will be sent again.") % {"count": count})

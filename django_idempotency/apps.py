@@ -28,5 +28,8 @@ class IdempotencyConfig(AppConfig):
         # and uvicorn run no system checks (issue 38).
         usable()
         if find_spec("drf_spectacular") is not None:
-            # Registers the schema extension: protected views document themselves.
-            from django_idempotency._publish import openapi  # noqa: F401
+            # Registers the schema extension: protected views document themselves, and so
+            # does the operation status endpoint (issue 43).
+            from django_idempotency._publish import openapi
+
+            openapi.publish_operation_status()

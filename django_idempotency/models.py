@@ -6,7 +6,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency._base import rules
 
-__all__ = ["IdempotencyKey"]
+__all__ = ["IdempotencyKey", "OutboxMessage"]
 
 
 class IdempotencyKey(models.Model):
@@ -74,3 +74,52 @@ class IdempotencyKey(models.Model):
     def is_stale(self) -> bool:
         """:data:`~django_idempotency._base.rules.STALE` now."""
         return rules.STALE.holds(self, timezone.now())
+
+
+class OutboxMessage(models.Model):
+    """A message an attempt staged with :meth:`~django_idempotency.Claim.enqueue`, released
+    with the attempt's result (or a recovery point) and delivered by the fast path or
+    ``manage.py idempotency_relay`` (issue 41, ``docs/outbox.rst``).
+
+    ``record`` has no foreign key constraint: the app deletes records with plain SQL (a
+    release, the cleanup), and a message released by a recovery point outlives a record an
+    operator released. ``idempotency_cleanup`` deletes delivered messages once their record is
+    gone. ``available_at`` is when a sender may take the message: a lease while the fast path
+    or a relay sends it, a backoff after a failed send.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", _("pending")
+        SENT = "sent", _("sent")
+        FAILED = "failed", _("failed")
+
+    record = models.ForeignKey(
+        IdempotencyKey,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="outbox_messages",
+        verbose_name=_("record"),
+    )
+    message_id = models.CharField(_("message id"), max_length=36, unique=True)
+    engine = models.CharField(_("engine"), max_length=16)
+    task = models.CharField(_("task"), max_length=255)
+    arguments = models.TextField(_("arguments"), help_text=_("JSON: args and kwargs."))
+    state = models.CharField(
+        _("state"), max_length=16, choices=State.choices, default=State.PENDING
+    )
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    last_error = models.TextField(_("last error"), blank=True, default="")
+    released_at = models.DateTimeField(_("released"), default=timezone.now)
+    available_at = models.DateTimeField(_("available at"), default=timezone.now)
+    sent_at = models.DateTimeField(_("sent"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
+        indexes = [
+            # The relay's scan: pending messages by when they may be sent.
+            models.Index(fields=["state", "available_at"], name="django_idempotency_outbox"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task} {self.message_id} ({self.state})"

@@ -6,7 +6,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from example_project.payments import ninja_api, views
+from example_project.payments import exports, ninja_api, views
 
 router = DefaultRouter()
 router.register("charges", views.ChargeViewSet, basename="charge")
@@ -15,6 +15,8 @@ urlpatterns = [
     path("", RedirectView.as_view(pattern_name="swagger-ui", permanent=False)),
     path("api/", include(router.urls)),
     path("api/charges/<int:charge_id>/refunds/", views.RefundView.as_view(), name="refund"),
+    path("api/exports/", exports.ExportView.as_view(), name="export"),
+    path("api/idempotency/", include("django_idempotency.urls")),
     path("payouts/", views.create_payout, name="payout"),
     path("charges/<int:charge_id>/receipt/", views.send_receipt, name="receipt"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -12,7 +12,7 @@ from celery.signals import task_postrun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.celery_settings")
 
-app = Celery("tests", include=["tests.testapp.celery_tasks"])
+app = Celery("tests", include=["tests.testapp.celery_tasks", "tests.testapp.operations_tasks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 

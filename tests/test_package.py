@@ -108,7 +108,7 @@ LAYERS = [
     {"_http", "_function"},
     {"_publish", "_ops"},
     # What a project or Django imports: the public modules and Django's own places.
-    {"__init__", "admin", "apps", "management", "migrations", "ninja", "rest_framework"},
+    {"__init__", "admin", "apps", "management", "migrations", "ninja", "rest_framework", "urls"},
     # (``templates``: the admin's, where Django looks for them; no module.)
     {"testing", "_pytest_fixtures", "_pytest_plugin"},
 ]

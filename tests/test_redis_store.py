@@ -675,3 +675,16 @@ def test_a_sentinel_failover_keeps_replicated_records_and_answers_503_meanwhile(
             process.kill()
             process.wait()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_accepted_and_the_outbox_need_the_database_store() -> None:
+    with pytest.raises(ImproperlyConfigured, match="operation status endpoint"):
+        Options.build(in_progress="accepted", store=STORE)
+
+    @idempotent_function(key="event_id")
+    def handle(event_id: str, *, idempotency: Any) -> str:
+        idempotency.enqueue(print, "x")
+        return event_id
+
+    with on_redis(), pytest.raises(ImproperlyConfigured, match="outbox needs the database"):
+        handle("k")

@@ -81,7 +81,8 @@ def test_text(table: None) -> None:
     assert lines[1] == "Expired, to clean up: 3"
     assert lines[2] == "Stale processing:     2 (oldest claimed 42m ago, stale for 41m)"
     assert lines[3].startswith("Size:                 table ")
-    assert len(lines) == 4
+    assert lines[4] == "Outbox undelivered:   0 pending, 0 failed"
+    assert len(lines) == 5
     assert stats("--verbosity", "0") == ""
 
 

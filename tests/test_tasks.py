@@ -122,3 +122,34 @@ def test_a_duplicate_waiting_while_the_first_fails_runs_the_task_once(
     assert results["first"].errors[0].exception_class is ConnectionError
     assert results["duplicate"].status == SUCCESSFUL, results["duplicate"].errors
     assert executions("receipt") == 1
+
+
+def test_the_outbox_enqueues_a_task_with_its_message_id() -> None:
+    """Issue 41: ``claim.enqueue`` takes a ``django.tasks`` task; the message id reaches it as
+    ``outbox_message_id``, so a consumer keyed by it has one effect when the message is sent
+    again (an operator's re-send here; a relay killed before marking it, in production)."""
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from django_idempotency import Claim, idempotent_function
+    from django_idempotency.models import OutboxMessage
+    from tests.testapp.tasks import outbox_plain, outbox_receipt
+
+    @idempotent_function(key="order_id", name="tests.tasks.place_order")
+    def place_order(order_id: int, *, idempotency: Claim) -> str:
+        idempotency.enqueue(outbox_plain, order_id)
+        return idempotency.enqueue(outbox_receipt, order_id)
+
+    message = place_order(order_id=7)
+    assert list(payloads("outbox-receipt")) == [f"7:{message}"]
+    assert list(payloads("outbox-plain")) == ["7"]
+    OutboxMessage.objects.update(state="pending", available_at=timezone.now())  # re-sent
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert list(payloads("outbox-receipt")) == [f"7:{message}"]  # once per message
+    assert list(payloads("outbox-plain")) == ["7", "7"]  # unprotected: twice
+
+
+def payloads(label: str) -> Any:
+    from tests.testapp.models import Execution
+
+    return Execution.objects.filter(label=label).values_list("payload", flat=True)

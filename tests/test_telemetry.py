@@ -465,3 +465,42 @@ def test_every_log_line_of_the_app_carries_the_fields(
     assert {"invalid_key", "recovered"} <= set(outcomes)
     for record in ours:
         assert fields <= set(vars(record)), record.getMessage()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_relay_gauges_the_outbox_backlog() -> None:
+    """Issue 41: after each pass the relay sets the undelivered messages by state and the
+    oldest one's age."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_idempotency import IdempotencyKey
+    from django_idempotency._ops.relay import Relay
+    from django_idempotency.models import OutboxMessage
+
+    record = IdempotencyKey.objects.create(
+        scope="s",
+        key_hash="h" * 64,
+        method="POST",
+        path="/",
+        request_hash="r",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    OutboxMessage.objects.create(
+        record=record,
+        message_id="m1",
+        engine="celery",
+        task="t",
+        arguments="{}",
+        state="failed",
+        released_at=timezone.now() - timedelta(hours=1),
+    )
+    Relay("default").run(once=True)
+    pending = {
+        p.attributes["idempotency.outbox.state"]: p.value
+        for p in points("idempotency.outbox.pending")
+    }
+    assert pending == {"pending": 0, "failed": 1}
+    [age] = points("idempotency.outbox.oldest_age")
+    assert 3600 <= age.value < 3700

@@ -12,6 +12,7 @@ __all__ = [
     "InvalidKey",
     "LockLost",
     "LockWaitTimeout",
+    "OperationError",
     "StoreUnavailable",
     "UnreplayableResponse",
 ]
@@ -75,3 +76,14 @@ class IdempotencyFailed(IdempotencyError):
     Only an operator makes one for a function call (``idempotency_recover --fail`` on a stale
     record). The outcome is final, so a consumer acknowledges the message.
     """
+
+
+class OperationError(IdempotencyError):
+    """``complete_operation()`` refused: the operation is unknown (or its record was erased),
+    expired, already completed, or its request has not stored its own response yet.
+    :attr:`reason` says which: ``"unknown"``, ``"expired"``, ``"completed"`` or ``"running"``
+    (issue 43). A redelivered task that finds ``"completed"`` has nothing left to do."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

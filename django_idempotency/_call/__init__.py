@@ -5,6 +5,7 @@ claim, wait, take over; atomic mode's transaction), the fenced writes at its end
 (:mod:`.writing`: the result, the release, recovery points), the report of each outcome
 (:mod:`.reports`: logged, signalled, counted), lock renewal (:mod:`.heartbeat`), what a call
 claims as (:mod:`.identity`), the claim a view sees (:mod:`.claim`), the marks of
-``no_store()`` and ``store_for()`` (:mod:`.storing`), and telemetry (:mod:`.telemetry`). May
+``no_store()`` and ``store_for()`` (:mod:`.storing`), a record's operation id and status URL
+(:mod:`.operations`), and telemetry (:mod:`.telemetry`). May
 import :mod:`.._store`, :mod:`.._conf`, :mod:`.._base` and the model.
 """

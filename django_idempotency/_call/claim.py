@@ -68,6 +68,9 @@ class Claim:
     #: (:func:`.writing.save_recovery_point`): set by :mod:`.writing`, which imports this
     #: module, so that the claim imports nothing of it (no import cycle, issue 40).
     save_point: ClassVar[Callable[[Claim, str, Any], None]]
+    #: The outbox's messages staged and not yet released (an ``outbox.Staged``; ``None``:
+    #: none staged, and a write has nothing more to do, issue 41).
+    outbox: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.recovery_point:
@@ -94,6 +97,32 @@ class Claim:
     def lock_token(self) -> uuid.UUID:
         """The lock token fencing every write of this attempt (:attr:`token_text` as a UUID)."""
         return uuid.UUID(self.token_text)
+
+    @property
+    def operation_id(self) -> str:
+        """The record's operation id (issue 43): stable across every attempt, unguessable,
+        never the key. Hand it to the background task that finishes the work, which calls
+        :func:`~django_idempotency.complete_operation` with it. Made when first read, from the
+        record's ``created_at`` (one read by primary key): a claim that never reads it costs
+        nothing."""
+        made = self.__dict__.get("_operation_id")
+        if made is None:
+            # Imported here: see set_recovery_point.
+            from django_idempotency._call.operations import make_id
+            from django_idempotency._store.operations import created_at
+
+            made = make_id(self.pk, self.scope, self.key_hash, created_at(self.alias, self.pk))
+            self.__dict__["_operation_id"] = made
+        return str(made)
+
+    @property
+    def operation_url(self) -> str:
+        """The operation's status URL (a path, ``GET``), from ``django_idempotency.urls``:
+        the ``Location`` of a ``202 Accepted``. Raises ``ImproperlyConfigured`` when the
+        URLconf does not include them."""
+        from django_idempotency._call.operations import status_url  # see set_recovery_point
+
+        return status_url(self.operation_id)
 
     def held_for(self, since: float) -> None:
         """The lock was pushed forward by a write started at ``since`` (monotonic)."""
@@ -139,6 +168,32 @@ class Claim:
         )
         self.recovery_point = name
         self.recovery_data = data
+
+    def enqueue(self, task: Any, /, *args: Any, name: str | None = None, **kwargs: Any) -> str:
+        """Stage a message for ``task`` (a Celery task, or a ``django.tasks`` task on Django
+        6.0+) with JSON-serialisable ``args`` and ``kwargs``; nothing is sent now.
+
+        The message is released with the attempt's result (in the same transaction), or with
+        the next recovery point, and then delivered at least once (``docs/outbox.rst``);
+        nothing staged by an attempt that raises, is released (a 5xx), loses its lock or whose
+        result is not stored is ever sent. Returns the message's id, which the consumer gets
+        (Celery's ``task_id``): derived from the record and ``name`` (default: the message's
+        position since the last recovery point), it is the same when a takeover stages the
+        message again, which then releases nothing new. ``TypeError`` for anything but a
+        task, or arguments that do not serialise; :class:`~django_idempotency.LockLost`
+        once the attempt is known to have lost its record.
+        """
+        from django_idempotency._call.outbox import stage  # see set_recovery_point
+
+        self.check_held()
+        if ":" in self.alias:  # a Redis store's (issue 44)
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                f"The outbox needs the database store: this claim's record is in the Redis "
+                f"store {self.alias!r}, which shares no transaction with the outbox's table."
+            )
+        return stage(self, task, args, name, kwargs)
 
     def facts(self, outcome: str) -> dict[str, Any]:
         """The ``extra`` of a log line about this claim (:func:`.telemetry.log_facts`)."""

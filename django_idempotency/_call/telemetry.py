@@ -56,6 +56,15 @@ if metrics is not None and trace is not None:
         unit="s",
         description="Time a wait-mode retry waited for the attempt in flight.",
     )
+    #: The outbox's backlog, set by the relay after each pass (issue 41).
+    _outbox_pending: Any = _meter.create_gauge(
+        "idempotency.outbox.pending", unit="{message}", description="Undelivered messages."
+    )
+    _outbox_age: Any = _meter.create_gauge(
+        "idempotency.outbox.oldest_age",
+        unit="s",
+        description="Age of the oldest undelivered outbox message (0: none).",
+    )
     ENABLED = True
 else:
     ENABLED = False
@@ -95,6 +104,19 @@ def count(outcome: str, attributes: dict[str, str]) -> None:
 def counting() -> bool:
     """Whether :func:`count` records (ask first where its attributes cost something to make)."""
     return ENABLED and _metering(_requests)
+
+
+def gauging_outbox() -> bool:
+    """Whether :func:`outbox_backlog` records (the relay reads the backlog only then)."""
+    return ENABLED and _metering(_outbox_pending)
+
+
+def outbox_backlog(pending: int, failed: int, oldest_age: float) -> None:
+    """The outbox's backlog: pending and failed messages (``idempotency.outbox.state``), and
+    the oldest undelivered one's age in seconds."""
+    _outbox_pending.set(pending, {"idempotency.outbox.state": "pending"})
+    _outbox_pending.set(failed, {"idempotency.outbox.state": "failed"})
+    _outbox_age.set(oldest_age)
 
 
 def record_wait(seconds: float, attributes: dict[str, str]) -> None:

@@ -17,7 +17,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base import signals
 from django_idempotency._base.errors import LockLost
-from django_idempotency._call import storing, telemetry
+from django_idempotency._call import outbox, storing, telemetry
 from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.reports import report
@@ -58,6 +58,8 @@ def complete(attempt: Attempt, stored: StoredResponse) -> None:
     claim, identity, policy = attempt.claim, attempt.identity, attempt.policy
     assert claim is not None, "a write of an attempt whose claim was not made"
     store = using(policy.alias)
+    # The outbox's staged messages go with the result (issue 41); None for most requests.
+    messages = None if claim.outbox is None else outbox.release(claim)
     with telemetry.span(
         "idempotency.store", identity.method, identity.operation, policy.atomic
     ) as span:
@@ -66,7 +68,12 @@ def complete(attempt: Attempt, stored: StoredResponse) -> None:
                 store,
                 claim,
                 lambda connection, bound: store.store_response(
-                    claim.pk, claim.token_text, stored, connection=connection, bound=bound
+                    claim.pk,
+                    claim.token_text,
+                    stored,
+                    connection=connection,
+                    bound=bound,
+                    release=messages,
                 ),
                 atomic=policy.atomic,
                 applied=lambda connection: store.finished(claim.pk, claim.token_text, connection),
@@ -90,6 +97,8 @@ def complete(attempt: Attempt, stored: StoredResponse) -> None:
                 return
             # Renewal found the record another attempt's: the fence would refuse the result.
             written = Written.REFUSED
+        if messages is not None and written is not Written.REFUSED:
+            outbox.released(claim, policy.alias, messages)
         outcome = "late_result_refused" if written is Written.REFUSED else "executed"
         report(
             outcome,
@@ -333,6 +342,7 @@ def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
     connection = store.connection
     claim.progressed = True  # applied or not, from now on the record may hold it
     since = time.monotonic()
+    messages = None if claim.outbox is None else outbox.release(claim)
     try:
         written = _fenced_write(
             store,
@@ -345,6 +355,7 @@ def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
                 claim.lock_timeout,
                 connection=own,
                 bound=bound,
+                release=messages,
             ),
             atomic=connection.in_atomic_block,
             applied=lambda own: store.has_recovery_point(claim.pk, claim.token_text, name, own),
@@ -356,6 +367,7 @@ def save_recovery_point(claim: Claim, name: str, data: Any) -> None:
         raise store.refusal(exc) from exc
     if written is Written.REFUSED:
         raise LockLost(f"The lock on idempotency record {claim.pk} was taken over.")
+    outbox.released(claim, store.alias, messages)
     claim.held_for(since)
 
 

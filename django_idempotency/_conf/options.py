@@ -89,7 +89,9 @@ class Options:
             raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
         if error := ttl_error(given.get("ttl"), given.get("lock_timeout")):
             raise ImproperlyConfigured(f"Invalid idempotency option: {error}")
-        if error := atomic_error(given.get("atomic", False), given.get("store", DATABASE)):
+        if error := atomic_error(
+            given.get("atomic", False), given.get("store", DATABASE), given.get("in_progress")
+        ):
             raise ImproperlyConfigured(f"Invalid idempotency option: {error}")
         return cls(tuple(sorted(given.items())))  # names differ: values are never compared
 
@@ -157,16 +159,25 @@ def ttl_error(
     )
 
 
-def atomic_error(atomic: bool, store: str) -> str | None:
-    """The rule that atomic mode needs the database store: the claim, the view's writes and
-    the result commit in one transaction of the view's database, which Redis cannot join."""
-    if not atomic or store == DATABASE:
+def atomic_error(atomic: bool, store: str, in_progress: str | None = None) -> str | None:
+    """The rules of what needs the database store: atomic mode (the claim, the view's writes
+    and the result commit in one transaction of the view's database, which Redis cannot join)
+    and ``in_progress="accepted"`` (its operation status endpoint reads the table)."""
+    if store == DATABASE:
         return None
-    return (
-        f"atomic=True needs the database store, not {store!r}: Redis shares no transaction "
-        "with the view's database, so the claim, the view's writes and its result could not "
-        "commit or roll back together. Use the database store, or two-phase mode."
-    )
+    if atomic:
+        return (
+            f"atomic=True needs the database store, not {store!r}: Redis shares no transaction "
+            "with the view's database, so the claim, the view's writes and its result could "
+            "not commit or roll back together. Use the database store, or two-phase mode."
+        )
+    if in_progress == "accepted":
+        return (
+            f'in_progress="accepted" needs the database store, not {store!r}: the operation '
+            "status endpoint reads its record from the table. Use the database store, or "
+            '"conflict" or "wait".'
+        )
+    return None
 
 
 def ttl_under_lock(options: Options) -> str | None:
@@ -192,6 +203,6 @@ def _policy(options: Options) -> Policy:
         # settings changed at run time meet no check, and their record must still outlive
         # its lock. Keeping it that long, not refusing the request, keeps them working.
         values["ttl"] = values["lock_timeout"]
-    if error := atomic_error(values["atomic"], values["store"]):
+    if error := atomic_error(values["atomic"], values["store"], values["in_progress"]):
         raise ImproperlyConfigured(error)
     return Policy(alias=store_alias(values["store"], conf.DATABASE_ALIAS), **values)

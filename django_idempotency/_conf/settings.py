@@ -46,6 +46,7 @@ from django_idempotency._conf.values import (
     methods,
     mismatch_status,
     optional_positive_int,
+    optional_scope_function,
     positive_duration,
     positive_int,
     statuses,
@@ -306,7 +307,16 @@ class Settings:
     ENCRYPTION_KEYS: Setting[MultiFernet | None] = Setting(
         (), _fernet, {41: fernet_keys, 42: encryption_available}, shown="none"
     )
+    OUTBOX_FAST_PATH = Setting(True, _bool, {50: boolean})
+    OUTBOX_LEASE = Setting(timedelta(seconds=60), _to_timedelta, {51: positive_duration})
+    OUTBOX_RETRY_DELAY = Setting(timedelta(seconds=5), _to_timedelta, {52: positive_duration})
+    OUTBOX_MAX_ATTEMPTS = Setting(10, _int, {53: positive_int})
+    OUTBOX_BATCH_SIZE = Setting(100, _int, {54: positive_int})
+    OUTBOX_POLL_INTERVAL = Setting(timedelta(seconds=5), _to_timedelta, {55: positive_duration})
     STORE = Setting(values.DATABASE, values.store, {60: values.store}, CALLS)
+    OPERATION_SCOPE_FUNCTION: Setting[ScopeFunction | None] = Setting(
+        None, optional_scope_function, {70: optional_scope_function}, shown="none"
+    )
 
 
 #: A view's option with no setting: its claim and its view in one transaction.

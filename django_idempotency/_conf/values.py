@@ -47,7 +47,7 @@ def refusing(refuses: str, hint: str = DOCS) -> Callable[[Test], Test]:
 
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
-IN_PROGRESS_POLICIES = ("conflict", "wait")
+IN_PROGRESS_POLICIES = ("conflict", "wait", "accepted")
 #: Never stored, whatever ``REPLAYED_HEADERS`` says: cookies belong to one client's session,
 #: and hop-by-hop headers to one connection.
 NEVER_STORED = frozenset(
@@ -104,7 +104,7 @@ def positive_duration(value: Any, name: str) -> timedelta:
     return durations.positive(value, name)
 
 
-@refusing('is not ``"conflict"`` or ``"wait"``')
+@refusing('is not ``"conflict"``, ``"wait"`` or ``"accepted"``')
 def in_progress(value: Any, name: str) -> str:
     if value not in IN_PROGRESS_POLICIES:
         raise ValueError(f"{name} must be one of {IN_PROGRESS_POLICIES}, not {value!r}.")
@@ -162,6 +162,17 @@ def importable(value: Any, name: str) -> Callable[..., Any]:
         return import_callable(value)
     except (ImportError, TypeError, ValueError) as exc:
         raise TypeError(f"{name} cannot be used: {exc}") from exc
+
+
+@refusing("is not ``None`` or a function called as ``f(request)``")
+def optional_scope_function(value: Any, name: str) -> Callable[..., Any] | None:
+    """The status endpoint's scope function (issue 43); ``None``: the scope setting's."""
+    if value is None:
+        return None
+    function: Callable[..., Any] = importable(value, name)
+    if error := signature_error(function, SCOPE_ARGUMENTS):
+        raise TypeError(f"{name} {error}")
+    return function
 
 
 def import_callable(path_or_callable: object) -> Callable[..., Any]:

@@ -32,7 +32,7 @@ from django_idempotency._call.identity import Identity
 from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
-from django_idempotency._http import bodies, problems, responses
+from django_idempotency._http import bodies, operations, problems, responses
 from django_idempotency._http.fingerprints import full_path
 from django_idempotency._store import StoredResponse, sealing, using
 from django_idempotency._store.limits import (
@@ -145,6 +145,12 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             return Answer(problems.key_reuse(conf.MISMATCH_STATUS))
         if found.kind is claiming.Kind.REPLAY:
             return Answer(_replay(found.record))
+        record, policy = found.record, self.policy
+        if policy is not None and policy.in_progress == "accepted" and record.pk is not None:
+            # The first request still runs: its operation's status URL (issue 43).
+            return Answer(
+                operations.accepted(record.pk, record.scope, record.key_hash, record.created_at)
+            )
         return Answer(problems.in_progress(conf.RETRY_AFTER))
 
     def refused(

@@ -1,6 +1,6 @@
 """``IdempotencyMixin`` for Django REST framework views, public as
-:mod:`django_idempotency.rest_framework`: with the OpenAPI extension (:mod:`.._publish.openapi`),
-the only code importing DRF."""
+:mod:`django_idempotency.rest_framework`: with the OpenAPI extension (:mod:`.._publish.openapi`)
+and the status endpoint's authentication (:mod:`.drf_auth`), the only code importing DRF."""
 
 from __future__ import annotations
 

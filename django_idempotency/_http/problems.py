@@ -122,3 +122,14 @@ def request_abandoned() -> HttpResponse:
         "marked as failed by an operator; it will not run again with this key. Check whether "
         "its effects took place before retrying with a new key.",
     )
+
+
+def operation_not_found() -> HttpResponse:
+    """The status endpoint's answer to an unknown id, another principal's operation or an
+    expired one, alike: never a hint that the id exists (issue 43)."""
+    return problem(
+        404,
+        "operation-not-found",
+        "Operation not found",
+        "No operation with this id is visible to you.",
+    )

@@ -1,7 +1,7 @@
 """System checks of ``settings.IDEMPOTENCY``, of its database and of the protected views the
 URLconf reaches: one id per kind of mistake, each with a hint.
 
-The checks of one value (E002 to E017, E020 to E025, E040 to E042) are declared on their
+The checks of one value (E002 to E017, E020 to E025, E040 to E042, E070) are declared on their
 setting's line in :mod:`.._conf.settings`, their words with their tests, and run here in its
 order, which is that of their ids; those that look at more than one value, the database or the
 views follow, one function each, in the order of their ids, with their row of
@@ -24,6 +24,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from django_idempotency._base import durations
+from django_idempotency._call import operations
 from django_idempotency._conf.options import Options, ttl_error, ttl_under_lock
 from django_idempotency._conf.settings import (
     DEFAULTS,
@@ -67,6 +68,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     for setting in SETTINGS:
         errors += _declared(setting, raw.get(setting.name, setting.default))
     errors += e008_lock_outlives_ttl(raw)
+    errors += e056_outbox_undeliverable(raw)
     return errors
 
 
@@ -278,7 +280,7 @@ def e032_sqlite_shared(alias: str) -> Error | None:
 
 
 def check_views(**kwargs: Any) -> list[CheckMessage]:
-    return e033_view_ttl_under_lock()
+    return [*e033_view_ttl_under_lock(), *e071_accepted_without_status_urls()]
 
 
 @refusing(
@@ -306,6 +308,63 @@ def e033_view_ttl_under_lock() -> list[CheckMessage]:
                 )
             )
     return errors
+
+
+@refusing(
+    "the outbox is configured (an ``OUTBOX_*`` key) but nothing can deliver its messages: "
+    "neither Celery installed nor ``django.tasks`` with a ``TASKS`` backend (Django 6.0+)"
+)
+def e056_outbox_undeliverable(raw: Mapping[str, Any]) -> list[CheckMessage]:
+    if not any(name.startswith("OUTBOX_") for name in raw) or _outbox_deliverable():
+        return []
+    return [
+        _error(
+            56,
+            "IDEMPOTENCY configures the outbox, but neither Celery nor django.tasks (with "
+            "TASKS) is available to deliver its messages.",
+            hint="Install Celery, or configure TASKS on Django 6.0+ (docs: outbox).",
+        )
+    ]
+
+
+def _outbox_deliverable() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("celery") is not None:
+        return True
+    return importlib.util.find_spec("django.tasks") is not None and bool(
+        getattr(settings, "TASKS", None)
+    )
+
+
+@refusing(
+    '``in_progress="accepted"`` (the setting or a protected view\'s option) without '
+    "``django_idempotency.urls`` in the URLconf"
+)
+def e071_accepted_without_status_urls() -> list[CheckMessage]:
+    """A ``202`` points at its operation's status URL, reversed from the app's URLconf: without
+    it every duplicate of a running request would fail (issue 43)."""
+    users = ["IDEMPOTENCY['IN_PROGRESS']"] if conf.IN_PROGRESS == "accepted" else []
+    for name, found in _protected_views():
+        options = found() if callable(found) else found
+        if isinstance(options, Options) and options.get("in_progress") == "accepted":
+            users.append(name)
+    if not users:
+        return []
+    try:
+        operations.status_url("0.x")
+    except ImproperlyConfigured:
+        return [
+            _error(
+                71,
+                f"{', '.join(sorted(set(users)))} answer{'s' if len(users) == 1 else ''} "
+                "duplicates 202 Accepted with their operation's status URL, but "
+                "django_idempotency.urls is not in the URLconf.",
+                hint='Add path("idempotency/", include("django_idempotency.urls")) to your '
+                "URLconf (docs: 'Long-running operations').",
+            )
+        ]
+    return []
 
 
 def _protected_views() -> Iterator[tuple[str, Any]]:

@@ -52,8 +52,9 @@ def redis_stores() -> set[str]:
 
 
 @refusing(
-    "a protected view in the URLconf is ``atomic=True`` on a Redis store (``STORE`` or its "
-    "``store``): Redis shares no transaction with the view's database"
+    'a protected view in the URLconf is ``atomic=True`` or ``in_progress="accepted"`` on a '
+    "Redis store (``STORE`` or its ``store``): Redis shares no transaction with the view's "
+    "database, and the operation status endpoint reads the table"
 )
 def e061_atomic_on_redis() -> list[CheckMessage]:
     errors: list[CheckMessage] = []
@@ -64,7 +65,7 @@ def e061_atomic_on_redis() -> list[CheckMessage]:
         if name in seen or store is None:
             continue
         seen.add(name)
-        if error := atomic_error(options.atomic, store):
+        if error := atomic_error(options.atomic, store, options.get("in_progress")):
             errors.append(
                 Error(
                     f"{name}: {error}",

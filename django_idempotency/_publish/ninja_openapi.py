@@ -103,6 +103,15 @@ def document(operation: Operation, policy: Policy) -> dict[str, Any]:
         )
     for status, description, schema in _refusals(operation):
         _add(responses, status, description, declared, {"application/json": {"schema": schema}})
+    if (running := parts.accepted(policy)) is not None:
+        _add(
+            responses,
+            202,
+            running,
+            declared,
+            {"application/json": {"schema": parts.OPERATION_SCHEMA}},
+            parts.ACCEPTED_HEADERS,
+        )
     extra: dict[str, Any] = {
         "responses": responses,
         "x-idempotency": published.policy_document(policy),

@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
 from django_idempotency._http.drf import IdempotencyMixin
+from django_idempotency._http.operations import operation_status
 from django_idempotency._http.problems import CONTENT_TYPE
 from django_idempotency._http.responses import REPLAYED_HEADER
 from django_idempotency._publish import parts
@@ -144,6 +145,14 @@ def document(operation: dict[str, Any], policy: Policy, registry: ComponentRegis
         )
         if headers:
             response.setdefault("headers", {}).update(headers)
+    if (running := parts.accepted(policy)) is not None:
+        response = responses.setdefault("202", {"description": running})
+        if response.get("description") != running:
+            response["description"] = f"{response.get('description', '')} Or: {running}"
+        response.setdefault("headers", {}).update(parts.ACCEPTED_HEADERS)
+        response.setdefault("content", {}).setdefault(
+            "application/json", {"schema": parts.OPERATION_SCHEMA}
+        )
     for code in replayable:
         responses[code].setdefault("headers", {}).setdefault(REPLAYED_HEADER, parts.REPLAYED)
     operation["responses"] = dict(sorted(responses.items()))
@@ -216,3 +225,75 @@ def _with_schema(handler: Callable[..., Any], schema: type[AutoSchema]) -> Calla
 
     copy.kwargs = {**handler.kwargs, "schema": schema}  # type: ignore[attr-defined]
     return copy
+
+
+class _OperationStatusSchema(AutoSchema):
+    """The status endpoint's operation, as ``docs/operations.rst`` defines it."""
+
+    def get_request_serializer(self) -> Any:
+        return None  # a GET: no body (and no serializer for drf-spectacular to guess)
+
+    def get_response_serializers(self) -> Any:
+        return None  # the responses are written below
+
+    def get_operation(
+        self,
+        path: str,
+        path_regex: str,
+        path_prefix: str,
+        method: str,
+        registry: ComponentRegistry,
+    ) -> _SchemaType | None:
+        operation = super().get_operation(path, path_regex, path_prefix, method, registry)
+        if operation is None:
+            return None
+        component = ResolvedComponent(  # type: ignore[no-untyped-call]
+            name=PROBLEM_COMPONENT,
+            type=ResolvedComponent.SCHEMA,
+            object=PROBLEM_COMPONENT,
+            schema=parts.PROBLEM_SCHEMA,
+        )
+        registry.register_on_missing(component)
+        problem = {CONTENT_TYPE: {"schema": component.ref}}
+        operation["operationId"] = "idempotency_operation_status"
+        operation["tags"] = ["idempotency"]
+        operation["description"] = (
+            "A long-running operation's state, to its own principal only (django-idempotency): "
+            "running (with Retry-After), then succeeded or failed with its final response."
+        )
+        operation["responses"] = {
+            "200": {
+                "description": "The operation (while running: with Retry-After).",
+                "headers": {"Retry-After": {**parts.RETRY_AFTER["Retry-After"], "required": False}},
+                "content": {"application/json": {"schema": parts.OPERATION_SCHEMA}},
+            },
+            "404": {
+                "description": "No operation with this id is visible to you.",
+                "content": problem,
+            },
+            "503": {
+                "description": "The idempotency store is unreachable.",
+                "headers": parts.RETRY_AFTER,
+                "content": problem,
+            },
+        }
+        return operation
+
+
+class OperationStatusView(APIView):
+    """What drf-spectacular (and DRF's own generator) sees of the operation status endpoint,
+    a plain Django view: its schema only (issue 43). :func:`publish_operation_status` hands it
+    to the view as DRF's ``as_view()`` would (``cls``), so the generators, which document DRF
+    views alone, include the endpoint; requests never reach it."""
+
+    schema = _OperationStatusSchema()
+
+    def get(self, request: Any, operation_id: str) -> Any:  # pragma: no cover: never routed
+        raise NotImplementedError
+
+
+def publish_operation_status() -> None:
+    """Show the status endpoint to drf-spectacular: called once, when the app is ready."""
+    view: Any = operation_status
+    view.cls = OperationStatusView
+    view.initkwargs = {}

@@ -122,3 +122,48 @@ RETRY_AFTER = {
         "required": True,
     }
 }
+
+
+#: The body of the operation status endpoint, and of an ``in_progress="accepted"`` ``202``
+#: (issue 43, ``docs/operations.rst``).
+OPERATION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A long-running operation's state (django-idempotency).",
+    "properties": {
+        "id": {"type": "string", "description": "The operation's id."},
+        "state": {"type": "string", "enum": ["running", "succeeded", "failed"]},
+        "response": {
+            "description": "Once finished: the final response (null if it was not stored).",
+            "properties": {
+                "status": {"type": "integer"},
+                "content_type": {"type": "string"},
+                "location": {"type": "string"},
+                "body": {"description": "JSON as JSON, other text as a string."},
+            },
+        },
+    },
+    "required": ["id", "state"],
+}
+
+#: The headers of an ``in_progress="accepted"`` ``202``.
+ACCEPTED_HEADERS: dict[str, Any] = {
+    "Location": {
+        "schema": {"type": "string"},
+        "description": "The operation's status URL (GET).",
+        "required": True,
+    },
+    # Required on the 202 of a duplicate, not on the view's own 202 replayed, whose headers
+    # are the REPLAYED_HEADERS kept.
+    "Retry-After": {**RETRY_AFTER["Retry-After"], "required": False},
+}
+
+
+def accepted(policy: Policy) -> str | None:
+    """The description of the ``202`` a duplicate gets under ``in_progress="accepted"``;
+    ``None``: the operation's duplicates get ``409``."""
+    if policy.in_progress != "accepted":
+        return None
+    return (
+        f"A request with this {conf.HEADER} is still running: its operation's status URL "
+        "(Location), not stored."
+    )

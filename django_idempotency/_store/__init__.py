@@ -2,8 +2,9 @@
 
 Owns all SQL (nowhere else in the package runs any), the record's lengths (:mod:`.limits`), a
 stored response sealed and unsealed (:mod:`.sealing`: compression, encryption), the database's
-time zones (:mod:`.time_zones`) and a Galera node's eviction stall
-(:mod:`.galera`). May import :mod:`.._conf`, :mod:`.._base` and the model.
+time zones (:mod:`.time_zones`), a Galera node's eviction stall (:mod:`.galera`) and a record
+read and completed as an operation (:mod:`.operations`). May import :mod:`.._conf`,
+:mod:`.._base` and the model.
 :class:`~.base.Store` is the interface and what every database shares; each vendor's
 statements live in a module of their own (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`),
 so another database is one more module and one line in :data:`VENDORS`; the hot statements

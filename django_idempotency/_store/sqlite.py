@@ -189,11 +189,13 @@ class SQLiteStore(Store):
         pk: int,
         token: Any,
         stale_at: datetime | None,
+        release: Any = None,
     ) -> bool:
         """Every fenced write: the result, a release, a recovery point."""
         fenced = super()._fenced
         return self.waited_out(
-            connection, lambda: fenced(connection, statement, params, pk, token, stale_at)
+            connection,
+            lambda: fenced(connection, statement, params, pk, token, stale_at, release),
         )
 
     def delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_idempotency._base import rules
 from django_idempotency._store import deadlines, sealing
 from django_idempotency._store.bound import BoundStore
+from django_idempotency._store.outbox import Release, fenced_release
 from django_idempotency._store.rows import (
     count_rows,
     per_connection,
@@ -70,10 +71,12 @@ class FencedWrites(BoundStore):
         stale_at: datetime | None = None,
         connection: BaseDatabaseWrapper | None = None,
         bound: float | None = None,
+        release: Release | None = None,
     ) -> bool:
-        """Store the final response; ``False`` when the lock was lost (the result is refused),
-        or when an earlier write of it was applied (:meth:`finished` tells which). An owner's
-        write gives its ``bound`` (seconds, :meth:`bounded`).
+        """Store the final response (and insert the outbox's messages in ``release``, in
+        the same transaction: :mod:`.outbox`); ``False`` when the lock was lost (the result
+        is refused), or when an earlier write of it was applied (:meth:`finished` tells
+        which). An owner's write gives its ``bound`` (seconds, :meth:`bounded`).
 
         With ``stale_at`` (an operator failing a stuck record) only while the lock is still
         expired at that time. A result with its own ``ttl`` sets ``expires_at`` in the same
@@ -89,6 +92,7 @@ class FencedWrites(BoundStore):
                 pk,
                 token,
                 stale_at,
+                release,
                 status=COMPLETED if stored.status is None or stored.status < 400 else FAILED,
                 response_status=stored.status,
                 response_headers=stored.sealed[0],
@@ -149,8 +153,10 @@ class FencedWrites(BoundStore):
         *,
         connection: BaseDatabaseWrapper | None = None,
         bound: float | None = None,
+        release: Release | None = None,
     ) -> bool:
-        """Record progress and renew the lock: an attempt that makes progress is alive.
+        """Record progress and renew the lock: an attempt that makes progress is alive; the
+        outbox's messages staged before it are released with it (``release``).
 
         Tried again after its reply was lost, it matches again (the fence is the token and
         ``processing``, which the first did not change) and counts as saved.
@@ -165,6 +171,7 @@ class FencedWrites(BoundStore):
                 pk,
                 token,
                 None,
+                release,
                 recovery_point=name,
                 recovery_data=data,
                 unlock_at=now + lock_timeout,
@@ -188,7 +195,7 @@ class FencedWrites(BoundStore):
         on = self.connection if connection is None else connection
 
         def unlock() -> bool:
-            return self._fenced_update(on, pk, token, None, unlock_at=now, updated_at=now)
+            return self._fenced_update(on, pk, token, None, None, unlock_at=now, updated_at=now)
 
         return unlock() if bound is None else self.bounded(on, bound, unlock)
 
@@ -253,11 +260,12 @@ class FencedWrites(BoundStore):
         pk: int,
         token: uuid.UUID | str,
         stale_at: datetime | None,
+        release: Release | None,
         **changes: Any,
     ) -> bool:
         prepare = text_preparers(connection)
         values = [prepare[name](value) for name, value in changes.items()]
-        return self._fenced(connection, tuple(changes), values, pk, token, stale_at)
+        return self._fenced(connection, tuple(changes), values, pk, token, stale_at, release)
 
     def _fenced(
         self,
@@ -267,6 +275,7 @@ class FencedWrites(BoundStore):
         pk: int,
         token: uuid.UUID | str,
         stale_at: datetime | None,
+        release: Release | None = None,
     ) -> bool:
         """Run a write on the claim's own record only: its lock token, still ``processing``
         (and with ``stale_at``, still :data:`~django_idempotency._base.rules.STALE` then).
@@ -279,6 +288,8 @@ class FencedWrites(BoundStore):
         params = [*params, pk, text_preparers(connection)["lock_token"](token)]
         if stale_at is not None:
             params += rules.STALE.args(prep("unlock_at", stale_at, connection))
+        if release is not None:  # with the outbox's messages it releases (issue 41)
+            return bool(fenced_release(connection, sql, params, release))
         return bool(count_rows(connection, sql, params))
 
 

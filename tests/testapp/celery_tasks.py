@@ -45,3 +45,22 @@ class mailer:  # stands for a mail provider's client module
             while True:
                 time.sleep(60)
         Execution.objects.create(label="email", payload=idempotency_key)
+
+
+@shared_task(
+    bind=True,
+    autoretry_for=(IdempotencyInProgress,),
+    retry_backoff=1,
+    retry_backoff_max=10,
+    max_retries=None,
+)
+def send_receipt(self, order_id: int) -> None:
+    """The outbox's consumer (docs/outbox.rst): protected by ``idempotent_function`` keyed by
+    the message id (Celery's ``task_id``), so a message delivered twice has one effect (a
+    ``receipt`` row)."""
+    _send_receipt(order_id=order_id, message_id=self.request.id)
+
+
+@idempotent_function(key="message_id", name="tests.receipt")
+def _send_receipt(order_id: int, message_id: str, *, idempotency: Claim) -> None:
+    Execution.objects.create(label="receipt", payload=str(order_id))

@@ -55,3 +55,20 @@ def send_receipt_failing_first(order_id: int, email: str) -> dict[str, int]:
         raise ConnectionError("the mail server hung up")
     receipt = Execution.objects.create(label="receipt", payload=email)
     return {"receipt": receipt.pk}
+
+
+@task()
+def outbox_receipt(order_id: int, outbox_message_id: str) -> None:
+    """The outbox's consumer (docs/outbox.rst): the message id comes as ``outbox_message_id``."""
+    _outbox_receipt(order_id=order_id, message_id=outbox_message_id)
+
+
+@idempotent_function(key="message_id", name="tests.tasks.outbox_receipt")
+def _outbox_receipt(order_id: int, message_id: str) -> None:
+    Execution.objects.create(label="outbox-receipt", payload=f"{order_id}:{message_id}")
+
+
+@task()
+def outbox_plain(order_id: int) -> None:
+    """A task that does not ask for its message id."""
+    Execution.objects.create(label="outbox-plain", payload=str(order_id))

@@ -433,7 +433,9 @@ class RedisStore:
         stale_at: datetime | None = None,
         connection: Any = None,
         bound: float | None = None,
+        release: Any = None,
     ) -> bool:
+        assert release is None, "the outbox needs the database store (Claim.enqueue refuses)"
         headers, body = stored.sealed
         status = COMPLETED if stored.status is None or stored.status < 400 else FAILED
         key, scope, key_hash = self._records[pk]
@@ -492,7 +494,9 @@ class RedisStore:
         *,
         connection: Any = None,
         bound: float | None = None,
+        release: Any = None,
     ) -> bool:
+        assert release is None, "the outbox needs the database store (Claim.enqueue refuses)"
         encoded = json.dumps(data, separators=(",", ":"))
         saved = bool(
             self._run(

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_idempotency import _store as store
 from django_idempotency._ops import maintenance, store_checks
 from django_idempotency._ops.erasure import erase_scope
+from django_idempotency._ops.relay import delete_delivered
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 
@@ -93,6 +94,8 @@ class Command(arguments.Command):
         if scope is not None:
             bounds = (max_batches, limit, max_runtime)
             self._erase(scope, alias, batch_size, dry_run, bounds, verbosity)
+            if not dry_run:  # the erased records' delivered messages go with them
+                delete_delivered(alias, batch_size)
             return
         if verbosity >= 1:
             for note in store_checks.redis_notes("nothing to delete there"):
@@ -132,6 +135,10 @@ class Command(arguments.Command):
             )
             if done.stopped_by:
                 self.stdout.write(f"Stopped by {done.stopped_by}; expired records may remain.")
+        # The outbox's delivered messages go with their record (issue 41).
+        messages = delete_delivered(alias, batch_size, sleep=sleep)
+        if verbosity >= 1 and messages:
+            self.stdout.write(f"Deleted {messages} delivered outbox message{_s(messages)}.")
 
     def _erase(
         self,

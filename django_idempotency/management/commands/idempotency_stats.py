@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_idempotency._ops import maintenance, store_checks
+from django_idempotency._ops import maintenance, relay, store_checks
 from django_idempotency.management import database_alias
 
 
@@ -30,9 +30,11 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, as_json: bool, database: str | None, verbosity: int, **options: Any
     ) -> None:
-        stats = maintenance.stats(database_alias(database))
+        alias = database_alias(database)
+        stats = maintenance.stats(alias)
+        outbox = relay.backlog(alias)
         if as_json:
-            self.stdout.write(json.dumps(as_dict(stats), indent=2))
+            self.stdout.write(json.dumps({**as_dict(stats), **outbox}, indent=2))
             return
         if verbosity < 1:
             return
@@ -43,6 +45,7 @@ class Command(BaseCommand):
             ("Expired, to clean up", f"{stats.expired:,}"),
             ("Stale processing", stale),
             ("Size", stats.size),
+            ("Outbox undelivered", relay.describe(outbox)),
         ):
             self.stdout.write(f"{label + ':':<22}{value}")
         for warning in stats.warnings:

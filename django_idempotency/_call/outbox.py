@@ -1,0 +1,231 @@
+"""The outbox (issue 41, ``docs/outbox.rst``): messages an attempt stages with
+:meth:`.Claim.enqueue`, released by the write that makes the attempt durable, then sent.
+
+Staging checks the task (a Celery task, or a ``django.tasks`` task on Django 6.0+) and
+serialises the arguments at once, so a mistake is the view's exception, not the relay's. Each
+message's id is a UUID derived from the record (scope, key hash, primary key, creation time)
+and the message's ``name``, or its position among the messages staged since the attempt's
+recovery point: stable across takeovers of the record, so the insert of a message staged again
+inserts nothing.
+
+Sending (:func:`send`) is shared by the fast path (:func:`released`: in the web process, once
+the release committed) and the relay (``manage.py idempotency_relay``): Celery's
+``apply_async(args, kwargs, task_id=message_id)``; a ``django.tasks`` task's ``enqueue(*args,
+**kwargs)``, the message id given as the keyword argument ``outbox_message_id`` when the task's
+function takes it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from django_idempotency._conf.settings import conf
+from django_idempotency._store import outbox as store
+from django_idempotency._store.outbox import Message, Release
+
+logger = logging.getLogger("django_idempotency")
+
+_NAMESPACE = uuid.UUID("0b7d5d0e-3c1f-4a53-9f57-64a8e4c2a7b1")
+CELERY = "celery"
+TASKS = "tasks"
+#: The keyword argument a ``django.tasks`` task's function takes to learn its message's id.
+MESSAGE_ID_ARGUMENT = "outbox_message_id"
+
+
+@dataclass(slots=True)
+class Staged:
+    """An attempt's messages staged and not yet released, and the positions used so far
+    since each recovery point (an unnamed message's id)."""
+
+    #: Which life of the record (its ``created_at``, in microseconds): an expired record
+    #: claimed again keeps its primary key but starts anew, and its messages are new ones.
+    life: int = 0
+    messages: list[Message] = field(default_factory=list)
+    positions: dict[str, int] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)
+
+
+def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs: Any) -> str:
+    """Stage a message for ``task`` on ``claim`` (a :class:`.Claim`): its id."""
+    engine, path = describe(task)
+    try:
+        arguments = json.dumps(
+            {"args": list(args), "kwargs": kwargs}, separators=(",", ":"), allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"enqueue({path}): the arguments must serialise to JSON ({exc}); pass ids and "
+            "plain values, and convert dates, decimals and UUIDs to strings."
+        ) from exc
+    staged: Staged | None = claim.outbox
+    if staged is None:
+        staged = claim.outbox = Staged(life=_life(claim))
+    if name is None:
+        segment = claim.recovery_point
+        position = staged.positions.get(segment, 0)
+        staged.positions[segment] = position + 1
+        label = f"#{segment}\0{position}"
+    else:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"enqueue({path}): name must be a non-empty string, not {name!r}.")
+        if name in staged.names:
+            raise ValueError(f"enqueue({path}): the attempt already staged a message {name!r}.")
+        staged.names.add(name)
+        label = f"={name}"
+    message_id = str(
+        uuid.uuid5(
+            _NAMESPACE, f"{claim.scope}\0{claim.key_hash}\0{claim.pk}\0{staged.life}\0{label}"
+        )
+    )
+    staged.messages.append(Message(message_id, engine, path, arguments))
+    return message_id
+
+
+def _life(claim: Any) -> int:
+    """The record's ``created_at`` (microseconds since the epoch), read once per attempt that
+    stages a message: a takeover of a stale record keeps it, a claim of an expired one resets
+    it (with ``attempt``). :class:`~django_idempotency.LockLost` if the record is gone."""
+    created = store.created_at(connections[claim.alias], claim.pk)
+    if created is None:
+        claim.lock_lost = True
+        claim.check_held()
+    return int(created.timestamp() * 1_000_000) if created is not None else 0
+
+
+def describe(task: Any) -> tuple[str, str]:
+    """The engine and the name a task is sent by; ``TypeError`` for anything else."""
+    tasks_task = _tasks_task()
+    if tasks_task is not None and isinstance(task, tasks_task):
+        return TASKS, str(getattr(task, "module_path"))  # noqa: B009 (Django 6.0's Task)
+    if callable(getattr(task, "apply_async", None)) and isinstance(
+        getattr(task, "name", None), str
+    ):
+        return CELERY, str(task.name)
+    raise TypeError(
+        f"enqueue() takes a Celery task (with apply_async) or a django.tasks task (Django "
+        f"6.0+), not {task!r}: a plain function cannot be sent to a worker."
+    )
+
+
+def _tasks_task() -> type | None:
+    try:
+        from django.tasks import Task  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # Django before 6.0
+        return None
+    return Task  # type: ignore[no-any-return,unused-ignore]
+
+
+def release(claim: Any) -> Release | None:
+    """What a fenced write of ``claim`` releases: its staged messages (``None``: none)."""
+    staged: Staged | None = claim.outbox
+    if staged is None or not staged.messages:
+        return None
+    fast = conf.OUTBOX_FAST_PATH
+    return Release(
+        claim.pk,
+        list(staged.messages),
+        conf.OUTBOX_LEASE if fast else timedelta(0),
+        notify=not fast,
+        fresh=claim.attempt == 1,
+    )
+
+
+def released(claim: Any, alias: str, release: Release | None) -> None:
+    """The write carrying ``release`` applied: its messages leave the attempt, and those it
+    inserted are sent once the transaction commits (the fast path), unless it is off."""
+    if release is None:
+        return
+    claim.outbox.messages.clear()
+    if not conf.OUTBOX_FAST_PATH or not release.inserted:
+        return
+    inserted = set(release.inserted)
+    messages = [message for message in release.messages if message.message_id in inserted]
+    transaction.on_commit(lambda: deliver(alias, messages), using=alias, robust=True)
+
+
+def deliver(alias: str, messages: Sequence[Message]) -> None:
+    """The fast path: send messages just released (leased to this process), and mark them.
+    A failure is recorded with its backoff; a message not marked is the relay's once its
+    lease passes."""
+    sent: list[str] = []
+    failed: list[tuple[str, str]] = []
+    for message in messages:
+        try:
+            send(message.engine, message.task, message.arguments, message.message_id)
+        except Exception as exc:  # a broker down, a task renamed: the relay tries again
+            logger.warning("Outbox message %s not sent (%s).", message.message_id, exc)
+            failed.append((message.message_id, f"{type(exc).__name__}: {exc}"))
+        else:
+            sent.append(message.message_id)
+    connection = connections[alias]
+    try:
+        store.mark_sent(connection, sent, counted=False)
+        for message_id, error in failed:
+            store.mark_failed(connection, message_id, error, retry_at(1), counted=False)
+    except DatabaseError:
+        logger.warning(
+            "Outbox messages sent but not marked; the relay sends them again.", exc_info=True
+        )
+
+
+def retry_at(attempts: int) -> Any:
+    """When a message that failed ``attempts`` times is tried again (``None``: never)."""
+    if attempts >= conf.OUTBOX_MAX_ATTEMPTS:
+        return None
+    delay = conf.OUTBOX_RETRY_DELAY * (2 ** min(attempts - 1, 16))
+    return timezone.now() + min(delay, timedelta(hours=6))
+
+
+def send(engine: str, task: str, arguments: str, message_id: str) -> None:
+    """Hand one message to its engine (raises what the engine raises)."""
+    loaded = json.loads(arguments)
+    args, kwargs = loaded["args"], loaded["kwargs"]
+    if engine == CELERY:
+        _celery_task(task).apply_async(args, kwargs, task_id=message_id)
+        return
+    if engine == TASKS:
+        found = import_string(task)
+        if _takes_message_id(found.func):
+            kwargs = {**kwargs, MESSAGE_ID_ARGUMENT: message_id}
+        found.enqueue(*args, **kwargs)
+        return
+    raise ValueError(f"Unknown outbox engine {engine!r}.")
+
+
+def _celery_task(name: str) -> Any:
+    """The task registered as ``name`` with the current Celery app, else the object at that
+    dotted path (a task's default name is its path)."""
+    try:
+        from celery import current_app  # type: ignore[import-untyped]
+
+        return current_app.tasks[name]
+    except (ImportError, KeyError):
+        found = import_string(name)
+        if not callable(getattr(found, "apply_async", None)):
+            raise TypeError(f"{name} is not a Celery task.") from None
+        return found
+
+
+_TAKES: dict[Any, bool] = {}
+
+
+def _takes_message_id(func: Any) -> bool:
+    takes = _TAKES.get(func)
+    if takes is None:
+        parameters = inspect.signature(func).parameters.values()
+        takes = _TAKES[func] = any(
+            parameter.name == MESSAGE_ID_ARGUMENT or parameter.kind is parameter.VAR_KEYWORD
+            for parameter in parameters
+        )
+    return takes

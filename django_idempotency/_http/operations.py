@@ -1,0 +1,240 @@
+"""Long-running operations over HTTP (issue 43, SPEC 4c): the status endpoint, the ``202`` a
+duplicate gets under ``in_progress="accepted"``, and ``complete_operation()``.
+
+The status endpoint answers JSON of its own, never the final response itself: its ``200``
+means "this operation exists and is yours", whatever the operation ended with, so a final
+``404`` or ``500`` cannot be mistaken for the endpoint's own (an unknown id, a fault). The final
+response itself is what a retry of the original request replays, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.utils import timezone
+from django.views.decorators.http import require_safe
+
+from django_idempotency._base.errors import OperationError, StoreUnavailable
+from django_idempotency._call import operations as ids
+from django_idempotency._call import storing, telemetry
+from django_idempotency._conf.settings import conf
+from django_idempotency._http import problems, responses
+from django_idempotency._store import operations as store
+from django_idempotency._store import sealing
+from django_idempotency._store.writes import COMPLETED
+
+__all__ = ["accepted", "complete_operation", "operation_status"]
+
+logger = logging.getLogger("django_idempotency")
+
+#: The status endpoint's ``state`` of an operation.
+RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+
+
+def complete_operation(
+    operation_id: str,
+    response: HttpResponseBase | None = None,
+    *,
+    status: int = 200,
+    data: Any = None,
+) -> None:
+    """Store the final response of the operation ``operation_id``, once.
+
+    Give an ``HttpResponse`` (a ``JsonResponse``, a problem), or ``status`` and ``data`` (made
+    into a JSON response). From then on a retry of the request that started the operation
+    replays this response (``Idempotent-Replayed: true``, byte for byte, its headers as a
+    view's are kept), and the status endpoint reports it. A response marked with
+    :func:`~django_idempotency.store_for` sets the record's TTL from now; any other keeps the
+    record's expiry. A ``4xx`` or ``5xx`` is the operation's failure, stored the same way.
+
+    Raises :class:`~django_idempotency.OperationError` when the operation is unknown or its
+    record erased (``reason`` ``"unknown"``), expired (``"expired"``), already completed
+    (``"completed"``), or when the request that started it has not stored its own response
+    yet (``"running"``: start the work through the outbox, which waits for it); ``ValueError``
+    for a ``202`` (a final response is no ``202``) or a body over ``MAX_BODY_SIZE``;
+    :class:`~django_idempotency.StoreUnavailable` when the database did not answer.
+    """
+    if response is None:
+        response = JsonResponse(data, status=status, encoder=DjangoJSONEncoder, safe=False)
+    responses.check_replayable(response)
+    if not isinstance(response, HttpResponse):
+        raise TypeError(f"complete_operation() takes an HttpResponse, not {response!r}.")
+    if not getattr(response, "is_rendered", True):
+        raise TypeError(
+            "complete_operation() was given a DRF Response, which has no renderer outside a "
+            "view; give a JsonResponse, or status= and data=."
+        )
+    if response.status_code == store.ACCEPTED:
+        raise ValueError(
+            "An operation's final response cannot be a 202 Accepted: that is the answer of "
+            "an operation still running."
+        )
+    mark = storing.storage(response)
+    stored = responses.capture(
+        response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE, None if mark is None else mark.ttl
+    )
+    if stored.body is None:
+        raise ValueError(
+            f"The operation's final response is over MAX_BODY_SIZE ({conf.MAX_BODY_SIZE} bytes)."
+        )
+    alias = conf.DATABASE_ALIAS
+    operation = _operation(alias, operation_id)
+    if operation is not None and store.complete(alias, operation, stored):
+        logger.info(
+            "Idempotency operation %s completed with status %s.",
+            operation_id,
+            stored.status,
+            extra=telemetry.log_facts("operation_completed", operation.key_hash, operation.scope),
+        )
+        return
+    # Refused: read it again to say why (a concurrent completion, an expiry meanwhile).
+    raise _refusal(operation_id, operation and _operation(alias, operation_id))
+
+
+def _operation(alias: str, operation_id: str) -> store.Operation | None:
+    """The operation ``operation_id`` names, its MAC checked; ``None``: no such operation."""
+    pk = ids.parse_id(operation_id)
+    if pk is None:
+        return None
+    operation = store.read(alias, pk)
+    if operation is None or not _verified(operation_id, operation):
+        return None
+    return operation
+
+
+def _refusal(operation_id: str, operation: store.Operation | None) -> OperationError:
+    if operation is None:
+        return OperationError(
+            f"No operation {operation_id!r}: the id is not one, or its record was erased.",
+            reason="unknown",
+        )
+    if operation.expired(timezone.now()):
+        return OperationError(
+            f"Operation {operation_id!r} expired with its record ({operation.expires_at:%c}): "
+            "its final response would never be read. Give the view a ttl longer than the "
+            "work takes (docs: 'Long-running operations').",
+            reason="expired",
+        )
+    if operation.running:  # still processing: the request has not stored its 202 yet
+        return OperationError(
+            f"Operation {operation_id!r}: the request that started it has not stored its "
+            "response yet; start the work through request.idempotency.enqueue(), which "
+            "sends it once that response is stored.",
+            reason="running",
+        )
+    return OperationError(
+        f"Operation {operation_id!r} is already completed (status "
+        f"{operation.response_status}); its final response is stored once.",
+        reason="completed",
+    )
+
+
+@require_safe
+def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
+    """``GET operations/<id>``: the operation's state as JSON, to its own principal only."""
+    pk = ids.parse_id(operation_id)
+    if pk is None:
+        return problems.operation_not_found()
+    try:
+        scope = _scope(request)
+        operation = store.read(conf.DATABASE_ALIAS, pk)
+    except StoreUnavailable:
+        return problems.unavailable()
+    if (
+        scope is None
+        or operation is None
+        or not _verified(operation_id, operation)
+        or scope != operation.scope
+        or operation.expired(timezone.now())
+    ):
+        return problems.operation_not_found()
+    return _state(operation_id, operation)
+
+
+def _verified(operation_id: str, operation: store.Operation) -> bool:
+    return ids.verify(
+        operation_id, operation.pk, operation.scope, operation.key_hash, operation.created_at
+    )
+
+
+def accepted(pk: int, scope: str, key_hash: str, created_at: datetime) -> HttpResponse:
+    """``in_progress="accepted"``: the ``202`` of a duplicate of a request still running,
+    with its operation's status URL; never stored (the first request's response will be)."""
+    operation_id = ids.make_id(pk, scope, key_hash, created_at)
+    response = _json({"id": operation_id, "state": RUNNING}, 202)
+    response["Location"] = ids.status_url(operation_id)
+    response["Retry-After"] = str(conf.RETRY_AFTER)
+    return response
+
+
+def _state(operation_id: str, operation: store.Operation) -> HttpResponse:
+    if operation.running:
+        response = _json({"id": operation_id, "state": RUNNING}, 200)
+        response["Retry-After"] = str(conf.RETRY_AFTER)
+        return response
+    final = operation.response_status
+    if final is None:  # an idempotent_function's record: its result is no HTTP response
+        state = SUCCEEDED if operation.status == COMPLETED else FAILED
+        return _json({"id": operation_id, "state": state, "response": None}, 200)
+    if operation.response_body is None:  # over MAX_BODY_SIZE: not stored
+        return _json({"id": operation_id, "state": FAILED, "response": None}, 200)
+    try:
+        headers, body = sealing.unseal(operation.response_headers, operation.response_body)
+    except sealing.Unreadable:
+        return _json({"id": operation_id, "state": FAILED, "response": None}, 200)
+    return _json(
+        {
+            "id": operation_id,
+            "state": SUCCEEDED if final < 400 else FAILED,
+            "response": _response(final, headers, body or b""),
+        },
+        200,
+    )
+
+
+def _response(status: int, headers: list[list[str]], body: bytes) -> dict[str, Any]:
+    """The final response as the status endpoint shows it: its status, its ``Content-Type``,
+    its ``Location`` (if any), and its body: JSON as JSON, other text as a string."""
+    kept = {name.lower(): value for name, value in headers}
+    content_type = kept.get("content-type", "")
+    shown: dict[str, Any] = {"status": status, "content_type": content_type}
+    if "location" in kept:
+        shown["location"] = kept["location"]
+    media = content_type.partition(";")[0].strip().lower()
+    text = body.decode("utf-8", "replace")
+    if media == "application/json" or media.endswith("+json"):
+        try:
+            shown["body"] = json.loads(text)
+            return shown
+        except ValueError:
+            pass
+    shown["body"] = text
+    return shown
+
+
+def _json(data: dict[str, Any], status: int) -> HttpResponse:
+    response = JsonResponse(data, status=status, encoder=DjangoJSONEncoder)
+    # The state changes: no cache may keep it, nor serve one principal's to another.
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _scope(request: HttpRequest) -> str | None:
+    """The principal asking, as the view's records have it: ``OPERATION_SCOPE_FUNCTION``,
+    or the scope setting's function after DRF's default authentication (when DRF is
+    installed: a token is DRF's business, not the request's middleware's)."""
+    function = conf.OPERATION_SCOPE_FUNCTION
+    if function is not None:
+        return function(request)
+    if "rest_framework" in settings.INSTALLED_APPS:
+        from django_idempotency._http.drf_auth import authenticate
+
+        if not authenticate(request):
+            return None
+    return conf.SCOPE_FUNCTION(request)

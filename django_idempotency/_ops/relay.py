@@ -1,0 +1,207 @@
+"""The outbox's relay (issue 41, ``manage.py idempotency_relay``): the safety net and the worker
+for what the fast path did not send.
+
+One pass takes batches (:func:`.._store.outbox.take`: leased, never shared with another relay
+or the fast path) until one comes back short, sends each message (:func:`.._call.outbox.send`)
+and marks it sent, or failed with its backoff. Between passes it waits for a release's
+``NOTIFY`` on PostgreSQL (psycopg 3), and polls elsewhere. ``SIGTERM`` and ``SIGINT`` end it
+after the batch in hand: no message is left half sent; one killed harder is sent again once
+its lease passes (at least once).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.utils import timezone
+
+from django_idempotency._call import outbox, telemetry
+from django_idempotency._conf.settings import conf
+from django_idempotency._store import outbox as store
+from django_idempotency._store.bound import discard
+
+logger = logging.getLogger("django_idempotency")
+
+
+@dataclass
+class Pass:
+    """What one pass did."""
+
+    sent: int = 0
+    failed: int = 0
+    batches: int = 0
+
+
+class Relay:
+    def __init__(
+        self,
+        alias: str,
+        *,
+        batch_size: int | None = None,
+        interval: float | None = None,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self.alias = alias
+        self.batch_size = batch_size or conf.OUTBOX_BATCH_SIZE
+        self.interval = conf.OUTBOX_POLL_INTERVAL.total_seconds() if interval is None else interval
+        self.stopping = threading.Event()
+        self.report = report or (lambda line: None)
+
+    def stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        """End after the batch in hand (a signal handler)."""
+        self.stopping.set()
+
+    def one_pass(self) -> Pass:
+        """Send every message due now, batch by batch."""
+        done = Pass()
+        connection = connections[self.alias]
+        while not self.stopping.is_set():
+            taken = store.take(connection, self.batch_size, conf.OUTBOX_LEASE)
+            if not taken:
+                break
+            done.batches += 1
+            self._send(connection, taken, done)
+            if len(taken) < self.batch_size:
+                break
+        return done
+
+    def _send(self, connection: Any, taken: list[store.Taken], done: Pass) -> None:
+        sent: list[str] = []
+        for message in taken:
+            try:
+                outbox.send(message.engine, message.task, message.arguments, message.message_id)
+            except Exception as exc:  # the broker's, the task's: recorded, tried again later
+                error = f"{type(exc).__name__}: {exc}"
+                retry = outbox.retry_at(message.attempts)
+                logger.warning(
+                    "Outbox message %s not sent (attempt %s%s): %s",
+                    message.message_id,
+                    message.attempts,
+                    "" if retry else ", the last",
+                    error,
+                )
+                store.mark_failed(connection, message.message_id, error, retry, counted=True)
+                done.failed += 1
+            else:
+                sent.append(message.message_id)
+        store.mark_sent(connection, sent, counted=True)
+        done.sent += len(sent)
+
+    def run(self, *, once: bool = False) -> Pass:
+        """Pass after pass until stopped (``once``: one pass). Installs the ``SIGTERM`` and
+        ``SIGINT`` handlers when run in the main thread."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
+        total = Pass()
+        listener = None if once else connections[self.alias].copy()
+        wait = self._listen(listener)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    done = self.one_pass()
+                except DatabaseError as exc:
+                    if once:
+                        raise
+                    logger.warning("Outbox relay: the database failed (%s); trying again.", exc)
+                    discard(connections[self.alias])
+                    done = Pass()
+                if telemetry.gauging_outbox():
+                    self._gauge()
+                total.sent += done.sent
+                total.failed += done.failed
+                total.batches += done.batches
+                if done.sent or done.failed:
+                    self.report(f"Sent {done.sent}, failed {done.failed}.")
+                if once:
+                    break
+                if done.batches == 0 or not done.sent + done.failed:
+                    wait = self._wait(wait, listener)
+        finally:
+            if listener is not None:
+                discard(listener)
+        return total
+
+    def _gauge(self) -> None:
+        """Set the backlog's gauges (OpenTelemetry), read once per pass."""
+        try:
+            figures = backlog(self.alias)
+        except DatabaseError:
+            return
+        age = figures["outbox_oldest_undelivered_age_seconds"] or 0.0
+        telemetry.outbox_backlog(figures["outbox_pending"], figures["outbox_failed"], age)
+
+    def _listen(self, listener: Any) -> Callable[[float], bool] | None:
+        if listener is None:
+            return None
+        try:
+            return store.listening(listener)
+        except DatabaseError as exc:
+            logger.warning("Outbox relay: no LISTEN (%s); polling.", exc)
+            return None
+
+    def _wait(self, wait: Callable[[float], bool] | None, listener: Any) -> Any:
+        """Wait for a release's notification or the poll interval, a second at a time (so
+        that a stop is prompt)."""
+        deadline = time.monotonic() + self.interval
+        while not self.stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if wait is None:
+                self.stopping.wait(min(left, 1.0))
+                continue
+            try:
+                if wait(min(left, 1.0)):
+                    break
+            except Exception as exc:  # the listener's connection lost: listen again later
+                logger.warning("Outbox relay: LISTEN failed (%s).", exc)
+                wait = self._listen(listener)
+                if wait is None:
+                    self.stopping.wait(min(left, 1.0))
+        return wait
+
+
+def backlog(alias: str) -> dict[str, Any]:
+    """The outbox's figures for ``idempotency_stats --json`` (every key always present)."""
+    left = store.backlog(connections[alias])
+    age = None
+    if left.oldest is not None:
+        age = max(0.0, (timezone.now() - left.oldest).total_seconds())
+    return {
+        "outbox_pending": left.pending,
+        "outbox_failed": left.failed,
+        "outbox_oldest_undelivered_age_seconds": age,
+    }
+
+
+def describe(figures: dict[str, Any]) -> str:
+    """The outbox's line of ``idempotency_stats``."""
+    age = figures["outbox_oldest_undelivered_age_seconds"]
+    line = f"{figures['outbox_pending']:,} pending, {figures['outbox_failed']:,} failed"
+    return line if age is None else f"{line} (oldest {age:,.0f} s)"
+
+
+def delete_delivered(alias: str, batch_size: int, *, sleep: float = 0.0) -> int:
+    """Delete sent messages whose record is gone, batch by batch (``idempotency_cleanup``)."""
+    connection = connections[alias]
+    deleted = 0
+    while count := store.delete_delivered(connection, batch_size):
+        deleted += count
+        if count < batch_size:
+            break
+        time.sleep(sleep)
+    return deleted
+
+
+def resend(alias: str, ids: list[int]) -> int:
+    """Make messages pending and due now (the admin's re-send)."""
+    return store.resend(connections[alias], ids)

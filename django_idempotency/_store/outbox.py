@@ -1,0 +1,364 @@
+"""The outbox's statements (issue 41, ``docs/outbox.rst``): messages inserted with the fenced
+write that releases them, taken in batches no two senders share, marked sent or failed.
+
+A release is idempotent on the message id (``ON CONFLICT DO NOTHING``; MariaDB's ``ON DUPLICATE
+KEY UPDATE`` of the id to itself): a takeover that stages a message again inserts nothing new.
+On PostgreSQL the fenced write and the insert are one statement (a data-modifying CTE whose
+insert reads the fenced ``UPDATE``'s ``RETURNING``: nothing is inserted when the fence refuses),
+and ``pg_notify`` in it wakes the relays when the transaction commits. Elsewhere the two run in
+one transaction (the attempt's own in atomic mode, or inside a caller's).
+
+Batches are claimed by pushing each message's ``available_at`` forward by a lease: on
+PostgreSQL in one ``UPDATE`` over ``SELECT ... FOR UPDATE SKIP LOCKED``, on MariaDB and MySQL in
+a transaction of the same ``SELECT`` and an ``UPDATE``, on SQLite in one ``UPDATE ...
+RETURNING`` (the database's single writer serialises them). A sender that dies leaves its
+messages to the next one once the lease has passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple, TypeVar
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from django_idempotency._store.rows import MICROSECOND, aware, count_rows
+from django_idempotency.models import IdempotencyKey, OutboxMessage
+
+T = TypeVar("T")
+
+#: The channel ``pg_notify`` wakes the relays on (PostgreSQL).
+CHANNEL = "django_idempotency_outbox"
+PENDING = OutboxMessage.State.PENDING.value
+SENT = OutboxMessage.State.SENT.value
+FAILED = OutboxMessage.State.FAILED.value
+#: The columns a release writes, in order.
+_COLUMNS = ("message_id", "engine", "task", "arguments")
+
+
+class Message(NamedTuple):
+    """A staged message as it is inserted: its id, the engine that delivers it (``celery`` or
+    ``tasks``), the task's name, and its arguments as JSON text."""
+
+    message_id: str
+    engine: str
+    task: str
+    arguments: str
+
+
+class Taken(NamedTuple):
+    """A message a sender took (a batch's row)."""
+
+    id: int
+    message_id: str
+    engine: str
+    task: str
+    arguments: str
+    attempts: int
+
+
+@dataclass
+class Release:
+    """Messages released by one fenced write of the record ``record``: available after
+    ``lease`` (the fast path sends them meanwhile; zero: the relay takes them at once), the
+    relays woken (``notify``, PostgreSQL). ``fresh``: none can exist yet (the record's first
+    attempt), so none need be looked for. :attr:`inserted` is set to the ids the write
+    inserted (those a takeover staged again are left out)."""
+
+    record: int
+    messages: Sequence[Message]
+    lease: timedelta
+    notify: bool
+    fresh: bool = True
+    inserted: list[str] = field(default_factory=list)
+
+
+def _table(connection: BaseDatabaseWrapper) -> str:
+    return connection.ops.quote_name(OutboxMessage._meta.db_table)
+
+
+def _names(connection: BaseDatabaseWrapper, *names: str) -> str:
+    q = connection.ops.quote_name
+    return ", ".join(q(name) for name in names)
+
+
+def fenced_release(
+    connection: BaseDatabaseWrapper, sql: str, params: list[Any], release: Release
+) -> int:
+    """Run the fenced write ``sql`` and, only if it matched the record, insert the released
+    messages: the rows the write matched."""
+    if connection.vendor == "postgresql":
+        return _fenced_release_postgresql(connection, sql, params, release)
+    with _transaction(connection):
+        matched = count_rows(connection, sql, params)
+        if matched:
+            _insert(connection, release)
+        return matched
+
+
+def _fenced_release_postgresql(
+    connection: BaseDatabaseWrapper, sql: str, params: list[Any], release: Release
+) -> int:
+    q = connection.ops.quote_name
+    table = _table(connection)
+    values = ", ".join(["(%s, %s, %s, %s)"] * len(release.messages))
+    notify = ", pg_notify(%s, '')" if release.notify else ""
+    statement = (
+        f"WITH fenced AS ({sql} RETURNING {q('id')}), "
+        f"released AS (INSERT INTO {table} ({q('record_id')}, {_names(connection, *_COLUMNS)}, "
+        f"{_names(connection, 'state', 'attempts', 'last_error', 'released_at', 'available_at')})"
+        f" SELECT fenced.{q('id')}, m.message_id, m.engine, m.task, m.arguments, "
+        f"'{PENDING}', 0, '', now(), now() + %s::interval "
+        f"FROM fenced CROSS JOIN (VALUES {values}) AS m(message_id, engine, task, arguments) "
+        f"ON CONFLICT ({q('message_id')}) DO NOTHING RETURNING {q('message_id')}) "
+        f"SELECT released.{q('message_id')}{notify} FROM fenced LEFT JOIN released ON true"
+    )
+    arguments = [*params, f"{release.lease // MICROSECOND} microseconds"]
+    for message in release.messages:
+        arguments += message
+    if release.notify:
+        arguments.append(CHANNEL)
+    with connection.cursor() as cursor:
+        cursor.execute(statement, arguments)
+        rows = cursor.fetchall()
+    release.inserted = [row[0] for row in rows if row[0] is not None]
+    return 1 if rows else 0
+
+
+def _insert(connection: BaseDatabaseWrapper, release: Release) -> None:
+    """Insert the messages not there yet (MariaDB, MySQL, SQLite), in the write's
+    transaction."""
+    q = connection.ops.quote_name
+    table = _table(connection)
+    ids = [message.message_id for message in release.messages]
+    there: set[str] = set()
+    if not release.fresh:
+        marks = ", ".join(["%s"] * len(ids))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {q('message_id')} FROM {table} WHERE {q('message_id')} IN ({marks})", ids
+            )
+            there = {row[0] for row in cursor.fetchall()}
+    new = [message for message in release.messages if message.message_id not in there]
+    if not new:
+        return
+    now = timezone.now()
+    adapt = connection.ops.adapt_datetimefield_value
+    times = [adapt(now), adapt(now + release.lease)]
+    columns = (*_COLUMNS, "state", "attempts", "last_error", "released_at", "available_at")
+    row = "(%s, " + ", ".join(["%s"] * len(columns)) + ")"
+    params: list[Any] = []
+    for message in new:
+        params += [release.record, *message, PENDING, 0, "", *times]
+    ignore = (
+        f" ON DUPLICATE KEY UPDATE {q('message_id')} = {q('message_id')}"
+        if connection.vendor == "mysql"
+        else f" ON CONFLICT ({q('message_id')}) DO NOTHING"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({q('record_id')}, {_names(connection, *columns)}) "
+            f"VALUES {', '.join([row] * len(new))}{ignore}",
+            params,
+        )
+    release.inserted = [message.message_id for message in new]
+
+
+@contextmanager
+def _transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """A transaction on ``connection`` (the thread's, or a write's own connection), unless
+    one is open there already (atomic mode, a caller's block), whose commit is the caller's."""
+    if connection.in_atomic_block or not connection.get_autocommit():
+        yield
+        return
+    connection.set_autocommit(False)
+    try:
+        yield
+    except BaseException:
+        try:
+            connection.rollback()
+        finally:
+            connection.set_autocommit(True)
+        raise
+    try:
+        connection.commit()
+    finally:
+        connection.set_autocommit(True)
+
+
+def created_at(connection: BaseDatabaseWrapper, pk: int) -> datetime | None:
+    """When the record ``pk`` was created (claimed anew); ``None``: no such record."""
+    q = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {q('created_at')} FROM {q(IdempotencyKey._meta.db_table)} "
+            f"WHERE {q('id')} = %s",
+            [pk],
+        )
+        row = cursor.fetchone()
+    return None if row is None else aware(connection, row[0])
+
+
+def take(connection: BaseDatabaseWrapper, size: int, lease: timedelta) -> list[Taken]:
+    """Claim up to ``size`` messages that may be sent now, for ``lease``: no other sender
+    takes them until it has passed (or they are marked). Their ``attempts`` is counted."""
+    q = connection.ops.quote_name
+    table = _table(connection)
+    columns = _names(connection, "id", "message_id", "engine", "task", "arguments", "attempts")
+    now = timezone.now()
+    adapt = connection.ops.adapt_datetimefield_value
+    due = f"{q('state')} = '{PENDING}' AND {q('available_at')} <= %s"
+    pick = f"SELECT {q('id')} FROM {table} WHERE {due} ORDER BY {q('available_at')} LIMIT %s"
+    push = f"{q('available_at')} = %s, {q('attempts')} = {q('attempts')} + 1"
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"WITH batch AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE {table} SET {push} "
+                f"FROM batch WHERE {table}.{q('id')} = batch.{q('id')} RETURNING "
+                + ", ".join(f"{table}.{q(name)}" for name in Taken._fields),
+                [adapt(now), size, adapt(now + lease)],
+            )
+            rows = cursor.fetchall()
+        elif connection.vendor == "sqlite":
+            cursor.execute(
+                f"UPDATE {table} SET {push} WHERE {q('id')} IN ({pick}) RETURNING {columns}",
+                [adapt(now + lease), adapt(now), size],
+            )
+            rows = cursor.fetchall()
+        else:
+            with _transaction(connection):
+                cursor.execute(f"{pick} FOR UPDATE SKIP LOCKED", [adapt(now), size])
+                ids = [row[0] for row in cursor.fetchall()]
+                if not ids:
+                    return []
+                marks = ", ".join(["%s"] * len(ids))
+                cursor.execute(
+                    f"UPDATE {table} SET {push} WHERE {q('id')} IN ({marks})",
+                    [adapt(now + lease), *ids],
+                )
+                cursor.execute(f"SELECT {columns} FROM {table} WHERE {q('id')} IN ({marks})", ids)
+                rows = cursor.fetchall()
+    return sorted((Taken(*row) for row in rows), key=lambda taken: taken.id)
+
+
+def mark_sent(connection: BaseDatabaseWrapper, message_ids: Sequence[str], *, counted: bool) -> int:
+    """Mark messages sent (``counted``: their attempt was counted when they were taken; the
+    fast path's was not)."""
+    if not message_ids:
+        return 0
+    q = connection.ops.quote_name
+    marks = ", ".join(["%s"] * len(message_ids))
+    count = "" if counted else f", {q('attempts')} = {q('attempts')} + 1"
+    return count_rows(
+        connection,
+        f"UPDATE {_table(connection)} SET {q('state')} = '{SENT}', {q('sent_at')} = %s"
+        f"{count} WHERE {q('message_id')} IN ({marks})",
+        [connection.ops.adapt_datetimefield_value(timezone.now()), *message_ids],
+    )
+
+
+def mark_failed(
+    connection: BaseDatabaseWrapper,
+    message_id: str,
+    error: str,
+    retry_at: datetime | None,
+    *,
+    counted: bool,
+) -> int:
+    """Record a failed send: tried again at ``retry_at``, or ``failed`` for good (``None``)."""
+    q = connection.ops.quote_name
+    count = "" if counted else f", {q('attempts')} = {q('attempts')} + 1"
+    state = FAILED if retry_at is None else PENDING
+    adapt = connection.ops.adapt_datetimefield_value
+    return count_rows(
+        connection,
+        f"UPDATE {_table(connection)} SET {q('state')} = %s, {q('last_error')} = %s, "
+        f"{q('available_at')} = %s{count} WHERE {q('message_id')} = %s",
+        [state, error[:4000], adapt(retry_at or timezone.now()), message_id],
+    )
+
+
+def resend(connection: BaseDatabaseWrapper, ids: Sequence[int]) -> int:
+    """Make messages pending and due now (an operator's re-send, the admin's action)."""
+    if not ids:
+        return 0
+    q = connection.ops.quote_name
+    marks = ", ".join(["%s"] * len(ids))
+    return count_rows(
+        connection,
+        f"UPDATE {_table(connection)} SET {q('state')} = '{PENDING}', {q('available_at')} = %s, "
+        f"{q('sent_at')} = NULL WHERE {q('id')} IN ({marks})",
+        [connection.ops.adapt_datetimefield_value(timezone.now()), *ids],
+    )
+
+
+class Backlog(NamedTuple):
+    """What is left to deliver: pending messages, failed ones, the oldest undelivered one's
+    release time (``None``: none)."""
+
+    pending: int
+    failed: int
+    oldest: datetime | None
+
+
+def backlog(connection: BaseDatabaseWrapper) -> Backlog:
+    q = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {q('state')}, count(*), min({q('released_at')}) FROM {_table(connection)} "
+            f"WHERE {q('state')} <> '{SENT}' GROUP BY {q('state')}"
+        )
+        rows = cursor.fetchall()
+    counts = {state: count for state, count, _ in rows}
+    times = [_aware(connection, oldest) for _, _, oldest in rows if oldest is not None]
+    return Backlog(counts.get(PENDING, 0), counts.get(FAILED, 0), min(times, default=None))
+
+
+def _aware(connection: BaseDatabaseWrapper, value: Any) -> datetime:
+    return aware(connection, value)
+
+
+def delete_delivered(connection: BaseDatabaseWrapper, size: int) -> int:
+    """Delete up to ``size`` sent messages whose record is gone (deleted by the cleanup, or
+    released): one batch, the messages deleted."""
+    q = connection.ops.quote_name
+    table = _table(connection)
+    records = q(IdempotencyKey._meta.db_table)
+    orphans = (
+        f"SELECT m.{q('id')} FROM {table} m WHERE m.{q('state')} = '{SENT}' AND NOT EXISTS "
+        f"(SELECT 1 FROM {records} r WHERE r.{q('id')} = m.{q('record_id')}) LIMIT %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(orphans, [size])
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return 0
+        marks = ", ".join(["%s"] * len(ids))
+        cursor.execute(f"DELETE FROM {table} WHERE {q('id')} IN ({marks})", ids)
+        return int(cursor.rowcount)
+
+
+def listening(connection: BaseDatabaseWrapper) -> Callable[[float], bool] | None:
+    """On PostgreSQL with psycopg 3, ``LISTEN`` on ``connection`` (autocommit, the listener's
+    own) and return a wait: ``wait(seconds)`` is ``True`` when woken by a release before
+    ``seconds`` passed. ``None`` elsewhere (the relay polls)."""
+    if connection.vendor != "postgresql":
+        return None
+    connection.ensure_connection()
+    raw = connection.connection
+    if not hasattr(raw, "notifies"):  # psycopg 2
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(f"LISTEN {CHANNEL}")
+
+    def wait(seconds: float) -> bool:
+        woken = False
+        for _ in raw.notifies(timeout=seconds, stop_after=1):
+            woken = True
+        return woken
+
+    return wait

@@ -1,0 +1,103 @@
+"""The example project's long-running export (issue 43): the curl session of
+docs/operations.rst, run as written against the example on a fresh database, prints what the
+page says (as tests/test_example_project.py runs the README's)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_example_project import (
+    ROOT,
+    TRIMMED,
+    Exchange,
+    run_curl,
+    same_status,
+    serve,
+)
+
+PAGE = ROOT / "docs" / "operations.rst"
+OPERATION_ID = re.compile(r"1\.[A-Za-z0-9_-]{22}")
+
+
+def docs_session() -> list[Exchange | float]:
+    """The page's example session: each ``$ curl`` with what it prints, and each ``$ sleep``
+    (its seconds)."""
+    lines = PAGE.read_text().split(".. _operations-example:")[1].splitlines()
+    session: list[Exchange | float] = []
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith("    $ sleep "):
+            session.append(float(line.removeprefix("    $ sleep ")))
+            index += 1
+            continue
+        if not line.startswith("    $ curl "):
+            index += 1
+            continue
+        command = line.removeprefix("    $ ")
+        while command.endswith("\\"):
+            index += 1
+            command = command[:-1] + " " + lines[index].strip()
+        printed = []
+        index += 1
+        while index < len(lines) and not lines[index].startswith("    $ "):
+            if lines[index] and not lines[index].startswith("    "):
+                break
+            printed.append(lines[index].removeprefix("    "))
+            index += 1
+        status, *rest = "\n".join(printed).strip().split("\n")
+        blank = rest.index("")
+        headers = dict(line.split(": ", 1) for line in rest[:blank])
+        body = "\n".join(rest[blank + 1 :])
+        session.append(Exchange(command, status, {k.lower(): v for k, v in headers.items()}, body))
+    return session
+
+
+def test_the_export_session_prints_what_the_docs_say(tmp_path: Path) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("needs curl, which the session runs")
+    session = docs_session()
+    assert len([step for step in session if isinstance(step, Exchange)]) == 5
+    # The operation id is the record's primary key and a MAC of its life (created_at): the
+    # page's stands for the one the first answer names, wherever it appears.
+    shown_id = session[0].headers["location"].rsplit("/", 1)[1]  # type: ignore[union-attr]
+    assert OPERATION_ID.fullmatch(shown_id)
+    with serve(f"sqlite:///{tmp_path / 'db.sqlite3'}", tmp_path / "runserver.log") as (url, _):
+        actual = shown_id
+        for step in session:
+            if isinstance(step, float):
+                time.sleep(step)
+                continue
+            observed = run_curl(step.command.replace(shown_id, actual), url)
+            if actual == shown_id:
+                actual = observed.headers["location"].rsplit("/", 1)[1]
+                assert OPERATION_ID.fullmatch(actual) and len(actual) == len(shown_id)
+            where = f"docs/operations.rst: {step.command}"
+            assert same_status(step.status, observed.status), (where, observed.status)
+            shown = {k: v for k, v in observed.headers.items() if k not in TRIMMED}
+            expected = {k: v.replace(shown_id, actual) for k, v in step.headers.items()}
+            assert shown == expected, (where, shown)
+            assert observed.body == step.body.replace(shown_id, actual), (where, observed.body)
+
+
+def test_the_example_schema_publishes_the_export_and_the_status_endpoint() -> None:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "spectacular", "--validate", "--fail-on-warn"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "example_project.settings"},
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    schema = done.stdout.decode()
+    assert "/api/idempotency/operations/{operation_id}:" in schema
+    assert "/api/exports/:" in schema

@@ -1,0 +1,75 @@
+"""The OpenAPI of long-running operations (issue 43): drf-spectacular publishes the status
+endpoint, and both generators the ``202`` of ``in_progress="accepted"``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from drf_spectacular.generators import SchemaGenerator
+
+from tests import operations_urls
+from tests.test_openapi import SPECTACULAR
+from tests.testapp import operations_views
+
+pytestmark = pytest.mark.urls("tests.operations_urls")
+
+STATUS_PATH = "/idempotency/operations/{operation_id}"
+
+
+def drf_schema() -> dict[str, Any]:
+    with override_settings(REST_FRAMEWORK=SPECTACULAR):
+        generator = SchemaGenerator(patterns=operations_urls.urlpatterns)
+        return generator.get_schema(request=None, public=True)  # type: ignore[no-any-return]
+
+
+def test_drf_spectacular_publishes_the_status_endpoint() -> None:
+    schema = drf_schema()
+    operation = schema["paths"][STATUS_PATH]["get"]
+    assert set(schema["paths"][STATUS_PATH]) == {"get"}
+    assert operation["operationId"] == "idempotency_operation_status"
+    assert [p["name"] for p in operation["parameters"]] == ["operation_id"]
+    assert set(operation["responses"]) == {"200", "404", "503"}
+    state = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    assert state["properties"]["state"]["enum"] == ["running", "succeeded", "failed"]
+    assert "Retry-After" in operation["responses"]["200"]["headers"]
+    problem = operation["responses"]["404"]["content"]["application/problem+json"]["schema"]
+    assert problem == {"$ref": "#/components/schemas/IdempotencyProblem"}
+
+
+def test_drf_spectacular_publishes_the_202_of_accepted() -> None:
+    responses = drf_schema()["paths"]["/drf-export/"]["post"]["responses"]
+    accepted = responses["202"]
+    assert accepted["headers"]["Location"]["required"] is True
+    assert "Retry-After" in accepted["headers"]
+    assert "still running" in accepted["description"]
+
+
+def test_ninja_publishes_the_202_of_accepted() -> None:
+    schema = operations_views.api.get_openapi_schema(path_prefix="")
+    accepted = schema["paths"]["/exports"]["post"]["responses"][202]
+    assert set(accepted["headers"]) >= {"Location", "Retry-After"}
+    body = accepted["content"]["application/json"]["schema"]
+    assert body["properties"]["state"]["enum"] == ["running", "succeeded", "failed"]
+
+
+def _accepted_operations(settings: dict[str, Any]) -> set[str]:
+    from tests import test_openapi
+
+    with override_settings(REST_FRAMEWORK=SPECTACULAR, IDEMPOTENCY=settings):
+        generator = SchemaGenerator(patterns=test_openapi.urlpatterns)
+        schema = generator.get_schema(request=None, public=True)
+    return {
+        f"{method} {path}"
+        for path, methods in schema["paths"].items()
+        for method, operation in methods.items()
+        if "Location" in operation["responses"].get("202", {}).get("headers", {})
+    }
+
+
+def test_the_in_progress_setting_decides_the_202() -> None:
+    assert _accepted_operations({}) == set()
+    accepted = _accepted_operations({"IN_PROGRESS": "accepted"})
+    assert {"post /required/", "post /payments/", "post /outside/"} <= accepted
+    assert not any(operation.startswith("get ") for operation in accepted)

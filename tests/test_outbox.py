@@ -1,0 +1,530 @@
+"""The outbox (issue 41, SPEC 4b): messages staged with ``claim.enqueue`` leave exactly when the
+attempt's result is kept, with ids stable across takeovers; the fast path and the relay deliver
+them, with retries, a failed state, and batches no two relays share."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, connections
+from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_idempotency import Claim, IdempotencyKey, idempotent_function
+from django_idempotency._ops.relay import Relay
+from django_idempotency._store import outbox as store
+from django_idempotency.models import OutboxMessage
+from tests.testapp.outbox_tasks import receipt
+
+pytestmark = [pytest.mark.urls("tests.outbox_urls"), pytest.mark.django_db(transaction=True)]
+
+Post = Callable[..., Any]
+NO_FAST_PATH = {"OUTBOX_FAST_PATH": False}
+
+
+@pytest.fixture
+def post(client: Client) -> Post:
+    """POST to an order view, ``spec`` (how the attempt ends) in its ``X-Spec`` header: a
+    retry that ends otherwise is the same request."""
+
+    def send(path: str, spec: dict[str, Any] | None = None, *, key: str, **extra: Any) -> Any:
+        headers = {"Idempotency-Key": key, "X-Spec": json.dumps(spec or {})}
+        return client.post(path, {}, content_type="application/json", headers=headers)
+
+    return send
+
+
+@pytest.fixture(autouse=True)
+def _fresh_recorder() -> Iterator[None]:
+    receipt.reset()
+    yield
+    receipt.reset()
+
+
+def sent_ids() -> list[str]:
+    return [task_id for task_id, _, _ in receipt.sent]
+
+
+def states() -> dict[str, str]:
+    return dict(OutboxMessage.objects.values_list("message_id", "state"))
+
+
+@pytest.mark.parametrize("path", ["/order/", "/atomic/"])
+def test_messages_are_released_with_the_result_and_sent_after_commit(
+    post: Post, key: str, path: str
+) -> None:
+    response = post(path, {"order": "1"}, key=key)
+    assert response.status_code == 201
+    ids = response.json()["messages"]
+    assert sent_ids() == ids
+    assert [kwargs["kind"] for _, _, kwargs in receipt.sent] == ["first", "second"]
+    assert states() == dict.fromkeys(ids, "sent")
+    assert set(OutboxMessage.objects.values_list("record_id", flat=True)) == {
+        IdempotencyKey.objects.get().pk
+    }
+    # A replay sends nothing again.
+    assert post(path, {"order": "1"}, key=key).json()["messages"] == ids
+    assert sent_ids() == ids
+
+
+@pytest.mark.parametrize("path", ["/order/", "/atomic/"])
+@pytest.mark.parametrize(
+    "ending",
+    [
+        {"status": 500},
+        {"status": 503},
+        {"status": 429},
+        {"status": 408},
+        {"raise": True},
+        {"no_store": True},
+        {"steal": True},
+    ],
+    ids=["500", "503", "429", "408", "raised", "no_store", "lock_lost"],
+)
+def test_an_attempt_whose_result_is_not_kept_releases_nothing(
+    post: Post, key: str, path: str, ending: dict[str, Any]
+) -> None:
+    try:
+        post(path, {"order": "1", **ending}, key=key)
+    except RuntimeError:
+        assert ending.get("raise")
+    assert OutboxMessage.objects.count() == 0
+    assert receipt.sent == []
+
+
+def test_a_deterministic_4xx_is_stored_and_releases_its_messages(post: Post, key: str) -> None:
+    response = post("/order/", {"status": 409}, key=key)
+    assert response.status_code == 409
+    assert sent_ids() == response.json()["messages"]
+
+
+def test_the_result_write_failing_releases_nothing(post: Post, key: str) -> None:
+    """A result the database refuses to store (the fence's statement fails) inserts nothing:
+    the messages go in the same statement or transaction as the result."""
+    with connection.execute_wrapper(_fail_result_write):
+        response = post("/order/", {"order": "1"}, key=key)
+    assert response.status_code == 201  # the client gets its answer; the record stays processing
+    assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.PROCESSING
+    assert OutboxMessage.objects.count() == 0
+    assert receipt.sent == []
+
+
+def _fail_result_write(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+    if "response_body" in sql and sql.lstrip().upper().startswith(("UPDATE", "WITH")):
+        from django.db import IntegrityError
+
+        raise IntegrityError("refused for the test")
+    return execute(sql, params, many, context)
+
+
+def test_a_recovery_point_releases_what_was_staged_before_it(post: Post, key: str) -> None:
+    """The first message leaves with the point; the second, staged after it by an attempt
+    that then raises, never does; the takeover resumes, stages the second again under the
+    same id, and releases it with its result."""
+    with pytest.raises(RuntimeError):
+        post("/order/", {"point": True, "raise": True}, key=key)
+    [first] = sent_ids()
+    assert states() == {first: "sent"}
+    record = IdempotencyKey.objects.get()
+    assert record.recovery_point == "charged"
+    response = post("/order/", {"point": True}, key=key)
+    assert response.status_code == 201
+    [second] = response.json()["messages"]
+    assert sent_ids() == [first, second]
+    assert IdempotencyKey.objects.get().attempt == 2
+
+
+def test_a_takeover_staging_a_released_message_again_inserts_nothing(post: Post, key: str) -> None:
+    """Named messages keep their id whatever the attempt: the takeover's copy of the one its
+    predecessor released at the recovery point is not inserted or sent again."""
+    with pytest.raises(RuntimeError):
+        post("/order/", {"point": True, "raise": True, "name": "receipt", "always": 1}, key=key)
+    [first] = sent_ids()
+    response = post("/order/", {"point": True, "name": "receipt", "always": 1}, key=key)
+    ids = response.json()["messages"]
+    assert ids[0] == first
+    assert sent_ids() == [first, ids[1]]
+    assert OutboxMessage.objects.count() == 2
+
+
+def test_message_ids_are_stable_for_the_record_and_differ_between_records(
+    post: Post, key: str
+) -> None:
+    with pytest.raises(RuntimeError):
+        post("/order/", {"raise": True, "point": True}, key=key)
+    dead = IdempotencyKey.objects.get()
+    first = post("/order/", {"point": True}, key=key).json()["messages"]
+    other = post("/order/", {"point": True}, key=str(uuid.uuid4())).json()["messages"]
+    assert len(set(first) | set(other)) == 3  # resumed: only the second message is new
+    assert IdempotencyKey.objects.get(pk=dead.pk).attempt == 2
+
+
+def test_drf_views_enqueue(post: Post, key: str) -> None:
+    response = post("/drf/", key=key)
+    assert sent_ids() == [response.json()["message"]]
+
+
+def test_a_functions_claim_enqueues() -> None:
+    @idempotent_function(key="order_id", name="tests.outbox.ship")
+    def ship(order_id: int, *, idempotency: Claim) -> str:
+        return idempotency.enqueue(receipt, order_id)
+
+    message = ship(order_id=5)
+    assert ship(order_id=5) == message
+    assert sent_ids() == [message]
+
+
+def test_enqueue_refuses_what_cannot_be_sent(post: Post, key: str) -> None:
+    cases = {1: (print, 1), 2: (receipt, timezone.now())}
+
+    @idempotent_function(key="order_id", name="tests.outbox.refuse")
+    def refuse(order_id: int, *, idempotency: Claim) -> None:
+        idempotency.enqueue(*cases[order_id])
+
+    with pytest.raises(TypeError, match="takes a Celery task"):
+        refuse(order_id=1)
+    with pytest.raises(TypeError, match="serialise to JSON"):
+        refuse(order_id=2)
+    assert OutboxMessage.objects.count() == 0
+
+
+def test_a_name_is_staged_once_per_attempt() -> None:
+    @idempotent_function(key="order_id", name="tests.outbox.twice")
+    def twice(order_id: int, *, idempotency: Claim) -> None:
+        idempotency.enqueue(receipt, 1, name="a")
+        idempotency.enqueue(receipt, 2, name="a")
+
+    with pytest.raises(ValueError, match="already staged"):
+        twice(order_id=1)
+    assert OutboxMessage.objects.count() == 0
+
+
+@override_settings(IDEMPOTENCY=NO_FAST_PATH)
+def test_without_the_fast_path_the_relay_delivers(post: Post, key: str) -> None:
+    ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+    assert receipt.sent == []
+    assert states() == dict.fromkeys(ids, "pending")
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert sent_ids() == ids
+    assert states() == dict.fromkeys(ids, "sent")
+    assert list(OutboxMessage.objects.values_list("attempts", flat=True)) == [1, 1]
+
+
+def test_the_relay_leaves_the_fast_paths_messages_to_it_until_the_lease_passes(
+    post: Post, key: str
+) -> None:
+    receipt.failing = 2  # the fast path's sends fail: the messages wait for their backoff
+    post("/order/", {"order": "1"}, key=key)
+    assert receipt.sent == []
+    row = OutboxMessage.objects.first()
+    assert row is not None and row.state == "pending" and row.attempts == 1
+    assert "broker unreachable" in row.last_error
+    assert row.available_at > timezone.now()
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert receipt.sent == []  # not due yet
+    OutboxMessage.objects.update(available_at=timezone.now())
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert len(receipt.sent) == 2
+
+
+@override_settings(IDEMPOTENCY={**NO_FAST_PATH, "OUTBOX_MAX_ATTEMPTS": 3, "OUTBOX_RETRY_DELAY": 10})
+def test_failed_sends_back_off_then_end_failed_with_the_last_error(post: Post, key: str) -> None:
+    post("/drf/", key=key)
+    receipt.failing = 100
+    delays = []
+    for _ in range(3):
+        before = timezone.now()
+        call_command("idempotency_relay", "--once", verbosity=0)
+        row = OutboxMessage.objects.get()
+        delays.append(row.available_at - before)
+        OutboxMessage.objects.update(available_at=timezone.now())
+    row = OutboxMessage.objects.get()
+    assert (row.state, row.attempts) == ("failed", 3)
+    assert row.last_error == "ConnectionError: broker unreachable"
+    assert timedelta(seconds=10) <= delays[0] < timedelta(seconds=11)
+    assert timedelta(seconds=20) <= delays[1] < timedelta(seconds=21)
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert OutboxMessage.objects.get().attempts == 3  # failed for good: not taken again
+    receipt.failing = 0
+    store.resend(connection, [row.pk])  # the admin's re-send
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert OutboxMessage.objects.get().state == "sent"
+    assert len(receipt.sent) == 1
+
+
+def _released(count: int) -> list[str]:
+    """``count`` messages released and due, as a relay finds them."""
+    record = IdempotencyKey.objects.create(
+        scope="s",
+        key_hash=uuid.uuid4().hex,
+        method="POST",
+        path="/",
+        request_hash="h",
+        status="completed",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    now = timezone.now()
+    rows = [
+        OutboxMessage(
+            record=record,
+            message_id=str(uuid.uuid4()),
+            engine="celery",
+            task=receipt.name,
+            arguments='{"args":[],"kwargs":{}}',
+            available_at=now,
+        )
+        for _ in range(count)
+    ]
+    OutboxMessage.objects.bulk_create(rows)
+    return [row.message_id for row in rows]
+
+
+def test_a_batch_is_leased_to_its_relay() -> None:
+    ids = _released(5)
+    taken = store.take(connection, 3, timedelta(minutes=1))
+    assert [message.message_id for message in taken] == ids[:3]
+    assert [
+        message.message_id for message in store.take(connection, 10, timedelta(minutes=1))
+    ] == ids[3:]
+    assert store.take(connection, 10, timedelta(minutes=1)) == []
+
+
+@pytest.mark.server_db
+def test_concurrent_relays_never_share_a_batch() -> None:
+    """Relays on threads of their own (each its own connection) take batches at once: every
+    message is taken exactly once."""
+    ids = _released(300)
+    taken: list[list[str]] = [[] for _ in range(4)]
+    start = threading.Barrier(4)
+
+    def relay(index: int) -> None:
+        try:
+            start.wait()
+            while batch := store.take(connections["default"], 7, timedelta(minutes=1)):
+                taken[index] += [message.message_id for message in batch]
+        finally:
+            connections["default"].close()
+
+    threads = [threading.Thread(target=relay, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [message for batch in taken for message in batch]
+    assert sorted(every) == sorted(ids)
+    assert sum(1 for batch in taken if batch) >= 2, "one relay took every batch"
+
+
+@pytest.mark.server_db
+def test_two_relays_send_each_message_once() -> None:
+    ids = _released(200)
+    relays = [Relay("default", batch_size=5, interval=0.1) for _ in range(2)]
+
+    def run(relay: Relay) -> None:
+        try:
+            relay.run(once=True)
+        finally:
+            connections["default"].close()
+
+    threads = [threading.Thread(target=run, args=(relay,)) for relay in relays]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(sent_ids()) == sorted(ids)
+
+
+@pytest.mark.postgresql
+@override_settings(IDEMPOTENCY=NO_FAST_PATH)
+def test_a_release_notifies_the_relay_on_postgresql(post: Post, key: str) -> None:
+    listener = connections["default"].copy()
+    try:
+        wait = store.listening(listener)
+        assert wait is not None
+        assert not wait(0.2)
+        post("/order/", {"order": "1"}, key=key)
+        assert wait(5)
+    finally:
+        listener.close()
+
+
+@pytest.mark.postgresql
+def test_the_result_and_its_messages_are_one_statement_on_postgresql(post: Post, key: str) -> None:
+    post("/order/", {"bare": True}, key=str(uuid.uuid4()))  # the process's first claim
+    with CaptureQueriesContext(connection) as plain:
+        post("/order/", {"bare": True}, key=key)
+    with CaptureQueriesContext(connection) as staged:
+        post("/order/", {"order": "2"}, key=str(uuid.uuid4()))
+    writes = [
+        query["sql"]
+        for query in staged
+        if query["sql"].startswith(("UPDATE", "WITH")) and "response_body" in query["sql"]
+    ]
+    assert len(writes) == 1 and writes[0].startswith("WITH fenced AS (UPDATE")
+    # One more round trip before the answer (the record's life, read once by the first
+    # enqueue: an expired key's new messages get new ids); then the fast path's mark.
+    assert len(staged) == len(plain) + 2
+    assert staged[-1]["sql"].startswith('UPDATE "django_idempotency_outboxmessage"')
+    assert any(query["sql"].startswith('SELECT "created_at"') for query in staged)
+
+
+def test_a_request_staging_nothing_runs_no_more_statements(post: Post, key: str) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        post("/order/", {"order": "1", "bare": True}, key=key)
+    assert not any("outbox" in query["sql"] for query in queries)
+
+
+def test_the_relay_stops_on_sigterm_after_its_batch() -> None:
+    relay = Relay("default", interval=30)
+    timer = threading.Timer(0.3, relay.stop)
+    timer.start()
+    started = timezone.now()
+    relay.run()
+    assert timezone.now() - started < timedelta(seconds=3)
+
+
+def test_the_relay_process_ends_cleanly_on_sigterm(post: Post, key: str) -> None:
+    """A relay started as operators start it (``manage.py idempotency_relay``), waiting for
+    work, exits with status 0 soon after ``SIGTERM``; what it sent before is marked."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tests.conftest import worker_environment
+
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "django", "idempotency_relay", "--interval", "30", "-v", "2"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=worker_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        time.sleep(3)  # started, and waiting
+        assert relay.poll() is None
+        started = time.monotonic()
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=10) == 0
+        assert time.monotonic() - started < 3
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+    assert b"Sent 0 message(s)" in (relay.stdout.read() if relay.stdout else b"")
+
+
+def test_async_views_enqueue(post: Post, key: str) -> None:
+    response = post("/async/", {"order": "1"}, key=key)
+    assert response.status_code == 201
+    assert sent_ids() == response.json()["messages"]
+
+
+def test_stats_and_cleanup(post: Post, key: str) -> None:
+    post("/order/", {"order": "1"}, key=key)
+    out = json.loads(_stats())
+    assert out["outbox_pending"] == 0
+    with override_settings(IDEMPOTENCY=NO_FAST_PATH):
+        post("/order/", {"order": "2"}, key=str(uuid.uuid4()))
+    out = json.loads(_stats())
+    assert out["outbox_pending"] == 2
+    assert out["outbox_oldest_undelivered_age_seconds"] >= 0
+    IdempotencyKey.objects.all().delete()  # expired and cleaned up
+    call_command("idempotency_cleanup", verbosity=0)
+    # The delivered messages went with their record; the undelivered ones wait for the relay.
+    assert sorted(OutboxMessage.objects.values_list("state", flat=True)) == ["pending", "pending"]
+
+
+def _stats() -> str:
+    from io import StringIO
+
+    out = StringIO()
+    call_command("idempotency_stats", "--json", stdout=out)
+    return out.getvalue()
+
+
+def test_the_admin_shows_a_records_messages_and_re_sends_them(
+    post: Post, key: str, admin_client: Client
+) -> None:
+    receipt.failing = 2
+    post("/order/", {"order": "1"}, key=key)
+    record = IdempotencyKey.objects.get()
+    page = admin_client.get(f"/admin/django_idempotency/idempotencykey/{record.pk}/change/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    for message in OutboxMessage.objects.all():
+        assert message.message_id in text
+    assert "ConnectionError: broker unreachable" in text
+    response = admin_client.post(
+        "/admin/django_idempotency/outboxmessage/",
+        {
+            "action": "resend",
+            "_selected_action": list(OutboxMessage.objects.values_list("pk", flat=True)),
+        },
+    )
+    assert response.status_code == 302
+    assert all(row.available_at <= timezone.now() for row in OutboxMessage.objects.all())
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert len(receipt.sent) == 2
+    assert set(OutboxMessage.objects.values_list("state", flat=True)) == {"sent"}
+
+
+def test_a_configured_outbox_with_nothing_to_deliver_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_idempotency._ops import checks
+
+    with override_settings(IDEMPOTENCY={"OUTBOX_BATCH_SIZE": 10}):
+        assert checks.e056_outbox_undeliverable({"OUTBOX_BATCH_SIZE": 10}) == []
+        monkeypatch.setattr(checks, "_outbox_deliverable", lambda: False)
+        [error] = checks.check_settings()
+        assert error.id == "django_idempotency.E056"
+    assert checks.e056_outbox_undeliverable({}) == []
+
+
+def test_an_expired_key_used_again_sends_its_new_messages(post: Post, key: str) -> None:
+    """An expired record claimed again keeps its primary key but starts a new life (attempt 1):
+    its messages are new ones, with new ids, and are sent."""
+    first = post("/order/", {"order": "1"}, key=key).json()["messages"]
+    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    again = post("/order/", {"order": "1"}, key=key)
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again
+    second = again.json()["messages"]
+    assert IdempotencyKey.objects.get().attempt == 1
+    assert not set(first) & set(second)
+    assert sent_ids() == first + second
+
+
+def test_erasing_a_scope_deletes_its_delivered_messages(post: Post, key: str) -> None:
+    post("/order/", {"order": "1"}, key=key)
+    scope = IdempotencyKey.objects.get().scope
+    assert OutboxMessage.objects.count() == 2
+    call_command("idempotency_cleanup", "--scope", scope, verbosity=0)
+    assert IdempotencyKey.objects.count() == 0
+    assert OutboxMessage.objects.count() == 0
+
+
+def test_a_web_process_dead_after_the_commit_leaves_its_messages_to_the_relay(
+    post: Post, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path never ran (the process died between the commit and the send): the
+    messages are leased to it, so the relay leaves them until the lease has passed, then sends
+    them."""
+    from django_idempotency._call import outbox
+
+    monkeypatch.setattr(outbox, "deliver", lambda alias, messages: None)
+    ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+    assert states() == dict.fromkeys(ids, "pending")
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert receipt.sent == []
+    OutboxMessage.objects.update(available_at=timezone.now())  # the lease has passed
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert sorted(sent_ids()) == sorted(ids)
