@@ -207,7 +207,7 @@ def _celery_task(name: str) -> Any:
     """The task registered as ``name`` with the current Celery app, else the object at that
     dotted path (a task's default name is its path)."""
     try:
-        from celery import current_app  # type: ignore[import-untyped]
+        from celery import current_app
 
         return current_app.tasks[name]
     except (ImportError, KeyError):
