@@ -239,6 +239,16 @@ def test_the_database_restarted_under_pending_messages_and_a_running_relay(
         stopped = time.monotonic()
         go.touch()  # its result write meets the stopped server
         web.wait(timeout=60)  # its result unstored (the call raises, or returns unprotected)
+        # A relay run from cron (--once) meanwhile exits, saying why; the next run picks up.
+        cron = subprocess.run(
+            [sys.executable, "-m", "tests.outbox_processes", "relay"],
+            cwd=ROOT,
+            env=rabbitmq.environment(**env),
+            capture_output=True,
+            timeout=120,
+        )
+        assert cron.returncode != 0
+        assert "OperationalError" in cron.stderr.decode(), cron.stderr.decode()[-3000:]
         time.sleep(max(0.0, 3 - (time.monotonic() - stopped)))  # the relay's passes fail
         assert relay.poll() is None, relay_log.read_text()[-3000:]
         server.start()
