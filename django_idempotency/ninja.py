@@ -24,6 +24,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponseBase
+from ninja import Router
 from ninja.decorators import decorate_view
 from ninja.operation import Operation
 
@@ -34,14 +35,16 @@ from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, View
 from django_idempotency._conf.settings import conf, derived
 from django_idempotency._conf.values import SAFE_METHODS
 from django_idempotency._http import adapter as protocol
+from django_idempotency._http.operations import operation_status
 from django_idempotency._http.scopes import user_scope
 from django_idempotency._publish import ninja_openapi as openapi
+from django_idempotency._publish.parts import PROBLEM_SCHEMA, operation_status_operation
 from django_idempotency._store.limits import sha256_hex
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack: Python 3.11
 
-__all__ = ["auth_scope", "idempotent"]
+__all__ = ["auth_scope", "idempotent", "operations_router"]
 
 Func = TypeVar("Func", bound=Callable[..., Any])
 
@@ -390,3 +393,31 @@ def _operation_being_decorated(func: Callable[..., Any]) -> Operation | None:
         if isinstance(operation, Operation) and operation.view_func is func:
             return operation
     return None
+
+
+def operations_router() -> Router:
+    """A django-ninja ``Router`` serving the operation status endpoint (``GET
+    operations/{operation_id}``, :doc:`operations`), so that it is in your ``NinjaAPI``'s
+    OpenAPI schema (operation id ``idempotency_operation_status``, tag ``idempotency``: ``200``
+    with the state, ``404`` and ``503`` problems). Add it where you include
+    ``django_idempotency.urls``, so that the schema's path is the ``Location`` clients are
+    given: with the API at ``api/`` and ``path("api/idempotency/",
+    include("django_idempotency.urls"))``, ``api.add_router("/idempotency/",
+    operations_router())``. It answers as the status endpoint does (its own principal check:
+    ``OPERATION_SCOPE_FUNCTION``, not the API's ``auth``). A new router per call: ninja attaches
+    a router to one API."""
+    published = operation_status_operation(PROBLEM_SCHEMA)
+    router = Router(tags=published["tags"])
+
+    @router.get(
+        "/operations/{operation_id}",
+        auth=None,
+        operation_id=published["operationId"],
+        description=published["description"],
+        openapi_extra={"responses": published["responses"]},
+        include_in_schema=True,
+    )
+    def idempotency_operation_status(request: HttpRequest, operation_id: str) -> HttpResponseBase:
+        return operation_status(request, operation_id)
+
+    return router

@@ -114,6 +114,10 @@ IDEMPOTENCY = {
     ],
 }
 
+# The charges' receipts (payments/tasks.py) are printed by the server, not mailed.
+EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+DEFAULT_FROM_EMAIL = "payments@example.com"
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -14,4 +14,5 @@ urlpatterns = [
     path("created/", views.created),
     path("drf-export/", views.DrfExport.as_view()),
     path("ninja/", views.api.urls),
+    path("ninja-status/", views.status_api.urls),
 ]

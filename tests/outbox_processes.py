@@ -1,8 +1,9 @@
 """The processes of ``tests/test_outbox_celery.py``: a web worker that enqueues and may park
 before its result is stored, and a relay that may park mid-batch (each then SIGKILLed by the
 test). Run as ``python -m tests.outbox_processes web ORDER...`` (parked with
-``IDEMPOTENCY_TEST_PARK``) or ``relay [--hang-after N] [--batch-size N]``, with the Celery
-workers' settings (``tests.celery_settings``)."""
+``IDEMPOTENCY_TEST_PARK``, or made to wait for a file with ``IDEMPOTENCY_TEST_WAIT_FILE``) or
+``relay [--hang-after N] [--batch-size N] [--forever]`` (``--forever``: a relay service, until
+SIGTERM, its passes reported), with the Celery workers' settings (``tests.celery_settings``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def place_order(order_id: int, *, idempotency: Claim) -> None:
         Execution.objects.create(label="web-parked", payload=str(os.getpid()))
         while True:
             time.sleep(60)
+    if wait := os.environ.get("IDEMPOTENCY_TEST_WAIT_FILE"):  # the test stops the database
+        Execution.objects.create(label="web-waiting", payload=str(os.getpid()))
+        while not os.path.exists(wait):
+            time.sleep(0.05)
 
 
 def park_relay_after(count: int) -> None:
@@ -60,4 +65,14 @@ if __name__ == "__main__":
         if "--hang-after" in rest:
             park_relay_after(int(rest[rest.index("--hang-after") + 1]))
         size = rest[rest.index("--batch-size") + 1] if "--batch-size" in rest else "100"
-        call_command("idempotency_relay", "--once", "--batch-size", size, verbosity=0)
+        if "--forever" in rest:  # a service: its warnings in its log, as a deployment's
+            import logging
+
+            handler = logging.StreamHandler()
+            handler.setLevel(logging.WARNING)
+            logging.getLogger("django_idempotency").addHandler(handler)
+            call_command(
+                "idempotency_relay", "--batch-size", size, "--interval", "0.5", verbosity=2
+            )
+        else:
+            call_command("idempotency_relay", "--once", "--batch-size", size, verbosity=0)

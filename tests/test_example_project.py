@@ -102,8 +102,18 @@ def test_runserver_migrated_the_fresh_database_itself(example: Example) -> None:
     assert {"payments", "django_idempotency", "auth", "admin"} <= applied
 
 
+def receipts_sent(example: Example) -> int:
+    """The charges' receipts the example's outbox consumer has sent (its completed records)."""
+    ((count,),) = example.rows(
+        "SELECT COUNT(*) FROM django_idempotency_idempotencykey"
+        " WHERE path = 'example.email_receipt' AND status = 'completed'"
+    )
+    return int(count)
+
+
 def test_charge_replay_mismatch_and_missing_key(example: Example) -> None:
     key = str(uuid.uuid4())
+    receipts = receipts_sent(example)
     first = example.post("/api/charges/", {"amount": 4200, "currency": "usd"}, key)
     assert first.status_code == 201
     assert "Idempotent-Replayed" not in first.headers
@@ -132,6 +142,19 @@ def test_charge_replay_mismatch_and_missing_key(example: Example) -> None:
     )
     assert provider_key != key
     uuid.UUID(provider_key)
+
+    # Its receipt left through the outbox with the stored 201, once for the key and its
+    # replays, and its consumer (a thread of the server) sent it once.
+    messages = example.rows(
+        "SELECT state FROM django_idempotency_outboxmessage"
+        " WHERE task = 'example_project.payments.tasks.email_receipt' AND arguments LIKE ?",
+        f'{{"args":[{charge["id"]}],%',
+    )
+    assert messages == [("sent",)]
+    deadline = time.monotonic() + 10
+    while receipts_sent(example) == receipts and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert receipts_sent(example) == receipts + 1
 
 
 @pytest.mark.parametrize(

@@ -282,6 +282,33 @@ def test_ninja_api_key_authenticates_the_status_endpoint(client: Client, key: st
     assert status(client, url, headers={"X-API-Key": "key-one"}).status_code == 404
 
 
+def test_the_ninja_router_serves_the_status_endpoint_as_the_view_does(
+    client: Client, key: str
+) -> None:
+    """``operations_router()``: the same answers under a NinjaAPI (whose ``auth`` it does not
+    take: the endpoint's own principal check decides)."""
+    first = client.post(
+        "/ninja/exports",
+        {},
+        content_type="application/json",
+        headers={"Idempotency-Key": key, "X-API-Key": "key-one"},
+    )
+    operation_id = first["Location"].rsplit("/", 1)[1]
+    ninja = f"/ninja-status/operations/{operation_id}"
+    scope = {"OPERATION_SCOPE_FUNCTION": "tests.testapp.operations_views.ninja_operation_scope"}
+    with override_settings(IDEMPOTENCY=scope):
+        mine = status(client, ninja, headers={"X-API-Key": "key-one"})
+        view = status(client, first["Location"], headers={"X-API-Key": "key-one"})
+        assert mine.status_code == view.status_code == 200
+        assert mine.content == view.content
+        assert json.loads(mine.content) == {"id": operation_id, "state": "running"}
+        assert mine["Retry-After"] == "1"
+        assert status(client, ninja, headers={"X-API-Key": "key-two"}).status_code == 404
+        unknown = status(client, "/ninja-status/operations/1.nope", headers={"X-API-Key": "k"})
+        assert unknown.status_code == 404
+        assert unknown["Content-Type"] == "application/problem+json"
+
+
 def test_in_progress_accepted_answers_202_with_the_status_url(
     post: Post, client: Client, key: str
 ) -> None:

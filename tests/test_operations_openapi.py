@@ -54,6 +54,25 @@ def test_ninja_publishes_the_202_of_accepted() -> None:
     assert body["properties"]["state"]["enum"] == ["running", "succeeded", "failed"]
 
 
+def test_the_ninja_router_puts_the_status_endpoint_in_the_apis_schema() -> None:
+    """docs/openapi.rst: ``operations_router()`` added to a NinjaAPI publishes the endpoint
+    as drf-spectacular does, without the API's security."""
+    schema = operations_views.status_api.get_openapi_schema(path_prefix="")
+    operation = schema["paths"]["/operations/{operation_id}"]["get"]
+    assert operation["operationId"] == "idempotency_operation_status"
+    assert operation["tags"] == ["idempotency"]
+    assert "security" not in operation
+    assert [p["name"] for p in operation["parameters"]] == ["operation_id"]
+    responses = {str(status): answer for status, answer in operation["responses"].items()}
+    assert set(responses) == {"200", "404", "503"}
+    state = responses["200"]["content"]["application/json"]["schema"]
+    assert state["properties"]["state"]["enum"] == ["running", "succeeded", "failed"]
+    assert "Retry-After" in responses["200"]["headers"]
+    problem = responses["404"]["content"]["application/problem+json"]["schema"]
+    assert problem["properties"]["type"]["type"] == "string"
+    assert operations_views.api.get_openapi_schema(path_prefix="")["paths"].keys() == {"/exports"}
+
+
 def _accepted_operations(settings: dict[str, Any]) -> set[str]:
     from tests import test_openapi
 

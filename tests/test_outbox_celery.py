@@ -7,6 +7,14 @@ RabbitMQ; run by CI's ``celery`` leg on SQLite, PostgreSQL and MariaDB.
   the next relay sends the batch again, and the consumer, protected by ``idempotent_function``
   keyed by the message id, has one effect per message.
 - Two relays at once never send a message twice.
+- The consumer's worker SIGKILLed mid-task (its record claimed and nothing done, or its receipt
+  and result stored and the task not acknowledged): RabbitMQ hands the message to the next
+  worker, and the consumer has one effect.
+- The database (a server of the test's own, on ``IDEMPOTENCY_FAULT_PORTS``: PostgreSQL on the
+  PostgreSQL run, MariaDB on the MariaDB run) restarted while messages are pending, and stopped
+  under a running relay and an attempt that has enqueued: the relay lives on and sends every
+  released message once the database is back; the unfinished attempt's message is never sent,
+  its retry's is. Prints its figures (``-s`` or the leg's log).
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from django_idempotency.models import OutboxMessage
+from django_idempotency.models import IdempotencyKey, OutboxMessage
+from tests import own_servers
 from tests.test_celery import ROOT, Broker, Worker, rows, wait_for
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
@@ -36,13 +45,22 @@ def rabbitmq() -> Iterator[Broker]:
         own.remove()
 
 
-def process(broker: Broker, *args: str, **env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.outbox_processes", *args],
-        cwd=ROOT,
-        env=broker.environment(**env),
-        start_new_session=True,
-    )
+def process(
+    broker: Broker, *args: str, log: Path | None = None, **env: str
+) -> subprocess.Popen[bytes]:
+    output = log.open("wb") if log is not None else None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.outbox_processes", *args],
+            cwd=ROOT,
+            env=broker.environment(**env),
+            start_new_session=True,
+            stdout=output,
+            stderr=subprocess.STDOUT if output is not None else None,
+        )
+    finally:
+        if output is not None:
+            output.close()
 
 
 def finished(broker: Broker, *args: str, **env: str) -> None:
@@ -123,3 +141,159 @@ def test_two_relays_at_once_send_each_message_once(rabbitmq: Broker, tmp_path: P
     assert receipts() == [str(order) for order in range(1, 31)]
     delivered = rows("task-succeeded")
     assert len(delivered) == len(set(delivered)) == 30
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_consumer_worker_killed_mid_task_gets_its_message_again_and_has_one_effect(
+    rabbitmq: Broker, tmp_path: Path, where: str
+) -> None:
+    """``before``: killed with its record claimed and no receipt yet (the next worker waits
+    for the lock, 5 s, and takes it over); ``after``: killed with its receipt and result
+    stored, the task not acknowledged (the next worker's call replays it)."""
+    finished(rabbitmq, "web", "1", "2", "3", IDEMPOTENCY_TEST_NO_FAST_PATH="1")
+    ids = set(OutboxMessage.objects.values_list("message_id", flat=True))
+    first = Worker(
+        rabbitmq, "first", tmp_path, concurrency=1, IDEMPOTENCY_TEST_HANG_IN_RECEIPT=where
+    )
+    workers = [first]
+    try:
+        finished(rabbitmq, "relay")
+        assert set(OutboxMessage.objects.values_list("state", flat=True)) == {"sent"}
+        wait_for(lambda: rows("receipt-parked"), "the consumer to park mid-task", first)
+        assert len(receipts()) == (0 if where == "before" else 1)
+        first.kill()
+        workers.append(Worker(rabbitmq, "second", tmp_path, concurrency=2))
+        wait_for(lambda: set(rows("task-succeeded")) >= ids, "every message", workers[1])
+    finally:
+        for worker in workers:
+            worker.stop()
+    assert receipts() == ["1", "2", "3"]  # the killed task's message came back: one effect
+    consumed = IdempotencyKey.objects.filter(path="tests.receipt")
+    assert consumed.count() == 3
+    assert sorted(consumed.values_list("attempt", flat=True)) == (
+        [1, 1, 2] if where == "before" else [1, 1, 1]  # taken over, or replayed
+    )
+
+
+class Own:
+    """The test's own server, read with its own connections (not one of Django's: the test's
+    database is the run's)."""
+
+    def __init__(self, server: own_servers.Server) -> None:
+        self.server = server
+
+    def rows(self, label: str) -> list[str]:
+        found = self.server.execute(
+            "SELECT payload FROM testapp_execution WHERE label = %s", [label]
+        )
+        return [str(row[0]) for row in found]
+
+    def receipts(self) -> list[str]:
+        return sorted(self.rows("receipt"), key=int)
+
+    def states(self) -> list[str]:
+        found = self.server.execute("SELECT state FROM django_idempotency_outboxmessage")
+        return sorted(str(row[0]) for row in found)
+
+
+@pytest.mark.parametrize(
+    "vendor",
+    [
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_the_database_restarted_under_pending_messages_and_a_running_relay(
+    rabbitmq: Broker, tmp_path: Path, vendor: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = time.monotonic()
+    server = own_servers.make(vendor)
+    own = Own(server)
+    relay: subprocess.Popen[bytes] | None = None
+    worker: Worker | None = None
+    relay_log = tmp_path / "relay.log"
+    try:
+        env = {"DATABASE_URL": server.url(), "IDEMPOTENCY_TEST_NO_FAST_PATH": "1"}
+        migrated = subprocess.run(
+            [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"],
+            cwd=ROOT,
+            env=rabbitmq.environment(**env),
+            capture_output=True,
+            timeout=300,
+        )
+        assert migrated.returncode == 0, migrated.stderr.decode()[-3000:]
+        worker = Worker(rabbitmq, "consumer", tmp_path, concurrency=2, **env)
+
+        # 1. Released messages pending while the database restarts: none lost.
+        finished(rabbitmq, "web", *map(str, range(1, 6)), **env)
+        server.restart()
+        assert own.states() == ["pending"] * 5
+        relay = process(rabbitmq, "relay", "--forever", log=relay_log, **env)
+        wait_for(lambda: own.receipts() == ["1", "2", "3", "4", "5"], "orders 1 to 5", worker)
+
+        # 2. The database stopped under the running relay and an attempt that has enqueued.
+        go = tmp_path / "go"
+        web = process(rabbitmq, "web", "6", IDEMPOTENCY_TEST_WAIT_FILE=str(go), **env)
+        wait_for(lambda: own.rows("web-waiting"), "order 6 to enqueue", worker)
+        server.stop()
+        stopped = time.monotonic()
+        go.touch()  # its result write meets the stopped server
+        web.wait(timeout=60)  # its result unstored (the call raises, or returns unprotected)
+        # A relay run from cron (--once) meanwhile exits, saying why; the next run picks up.
+        cron = subprocess.run(
+            [sys.executable, "-m", "tests.outbox_processes", "relay"],
+            cwd=ROOT,
+            env=rabbitmq.environment(**env),
+            capture_output=True,
+            timeout=120,
+        )
+        assert cron.returncode != 0
+        assert "OperationalError" in cron.stderr.decode(), cron.stderr.decode()[-3000:]
+        time.sleep(max(0.0, 3 - (time.monotonic() - stopped)))  # the relay's passes fail
+        assert relay.poll() is None, relay_log.read_text()[-3000:]
+        server.start()
+        back = time.monotonic()
+        finished(rabbitmq, "web", "7", "8", "9", **env)
+        wait_for(
+            lambda: own.receipts() == [str(order) for order in (1, 2, 3, 4, 5, 7, 8, 9)],
+            "orders 7 to 9 through the relay that lived through the outage",
+            worker,
+        )
+        recovered = time.monotonic() - back
+        assert relay.poll() is None, relay_log.read_text()[-3000:]
+        assert len(own.states()) == 8  # nothing of order 6's unfinished attempt was released
+        assert own.receipts().count("6") == 0
+
+        # 3. The client's retry of order 6, once its lock (5 s, from its claim) has passed.
+        time.sleep(max(0.0, 6 - (time.monotonic() - stopped)))
+        finished(rabbitmq, "web", "6", **env)
+        wait_for(lambda: "6" in own.receipts(), "order 6's retry", worker)
+        time.sleep(1)
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=30) == 0
+    finally:
+        if relay is not None and relay.poll() is None:
+            os.killpg(relay.pid, signal.SIGKILL)
+            relay.wait(timeout=30)
+        if worker is not None:
+            worker.stop()
+        try:
+            effects = own.receipts()
+            delivered = own.rows("task-succeeded")
+            states = own.states()
+        except Exception:
+            effects, delivered, states = [], [], []
+        server.destroy()
+    log = relay_log.read_text()
+    assert "the database failed" in log  # said so, and went on
+    assert effects == [str(order) for order in range(1, 10)]  # each order's receipt once
+    assert len(delivered) == len(set(delivered)) == 9
+    assert states == ["sent"] * 9
+    with capsys.disabled():  # the leg's log shows the figures
+        print(
+            f"\noutbox, {vendor} restarted and stopped for 3 s under a relay: 9 orders, receipts "
+            f"per order {sorted(set(effects.count(str(o)) for o in range(1, 10)))}, "
+            f"deliveries {len(delivered)}, the unfinished attempt's messages sent 0, relay "
+            f"warnings {log.count('the database failed')}, orders 7 to 9 delivered "
+            f"{recovered:.1f} s after the server's start, {time.monotonic() - started:.0f} s in all"
+        )

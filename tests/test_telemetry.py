@@ -504,3 +504,23 @@ def test_the_relay_gauges_the_outbox_backlog() -> None:
     assert pending == {"pending": 0, "failed": 1}
     [age] = points("idempotency.outbox.oldest_age")
     assert 3600 <= age.value < 3700
+
+
+def test_every_instrument_is_documented_with_its_kind() -> None:
+    """docs/observability.rst lists each instrument the app creates (SPEC section 1's metrics,
+    the outbox's gauges of issue 41 among them) as ``name`` (kind): a new one, or a renamed
+    one, fails here until the docs say so."""
+    import re
+    from pathlib import Path
+
+    from django_idempotency._call import telemetry as module
+
+    source = Path(module.__file__).read_text()
+    created = re.findall(r'create_(counter|histogram|gauge)\(\s*"([a-z_.]+)"', source)
+    assert {name for _, name in created} >= {
+        "idempotency.outbox.pending",
+        "idempotency.outbox.oldest_age",
+    }
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "observability.rst").read_text()
+    for kind, name in created:
+        assert re.search(rf"^``{re.escape(name)}`` \({kind}\b", docs, re.MULTILINE), name

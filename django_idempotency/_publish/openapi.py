@@ -254,29 +254,7 @@ class _OperationStatusSchema(AutoSchema):
             schema=parts.PROBLEM_SCHEMA,
         )
         registry.register_on_missing(component)
-        problem = {CONTENT_TYPE: {"schema": component.ref}}
-        operation["operationId"] = "idempotency_operation_status"
-        operation["tags"] = ["idempotency"]
-        operation["description"] = (
-            "A long-running operation's state, to its own principal only (django-idempotency): "
-            "running (with Retry-After), then succeeded or failed with its final response."
-        )
-        operation["responses"] = {
-            "200": {
-                "description": "The operation (while running: with Retry-After).",
-                "headers": {"Retry-After": {**parts.RETRY_AFTER["Retry-After"], "required": False}},
-                "content": {"application/json": {"schema": parts.OPERATION_SCHEMA}},
-            },
-            "404": {
-                "description": "No operation with this id is visible to you.",
-                "content": problem,
-            },
-            "503": {
-                "description": "The idempotency store is unreachable.",
-                "headers": parts.RETRY_AFTER,
-                "content": problem,
-            },
-        }
+        operation.update(parts.operation_status_operation(component.ref))
         return operation
 
 

@@ -145,6 +145,38 @@ OPERATION_SCHEMA: dict[str, Any] = {
     "required": ["id", "state"],
 }
 
+
+def operation_status_operation(problem: dict[str, Any]) -> dict[str, Any]:
+    """The status endpoint's operation (its id, tag, description and responses), as
+    drf-spectacular's schema and a ninja API's (``operations_router``) publish it; ``problem``:
+    a problem's schema (a ``$ref`` or the schema itself)."""
+    content = {_problems.CONTENT_TYPE: {"schema": problem}}
+    return {
+        "operationId": "idempotency_operation_status",
+        "tags": ["idempotency"],
+        "description": (
+            "A long-running operation's state, to its own principal only (django-idempotency): "
+            "running (with Retry-After), then succeeded or failed with its final response."
+        ),
+        "responses": {
+            "200": {
+                "description": "The operation (while running: with Retry-After).",
+                "headers": {"Retry-After": {**RETRY_AFTER["Retry-After"], "required": False}},
+                "content": {"application/json": {"schema": OPERATION_SCHEMA}},
+            },
+            "404": {
+                "description": "No operation with this id is visible to you.",
+                "content": content,
+            },
+            "503": {
+                "description": "The idempotency store is unreachable.",
+                "headers": RETRY_AFTER,
+                "content": content,
+            },
+        },
+    }
+
+
 #: The headers of an ``in_progress="accepted"`` ``202``.
 ACCEPTED_HEADERS: dict[str, Any] = {
     "Location": {

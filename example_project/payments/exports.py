@@ -2,35 +2,26 @@
 the charges and answers ``202 Accepted`` with its status URL; ``GET`` that URL until it has
 finished; a retry of the ``POST`` with the same key then replays the export itself.
 
-The work runs in a thread of the server process, started once the view's ``202`` is stored
-(it waits for it): a stand-in for a real task queue that keeps the example one process. A
-project starts the work through the outbox (``request.idempotency.enqueue(task, ...)``), which
-sends it to Celery once the ``202`` is durable, and again if the process dies first, and guards
-the task with ``idempotent_function`` (the recipe of ``docs/operations.rst``).
+The view starts the work through the outbox (``request.idempotency.enqueue(task, ...)``): the
+message is released with the view's stored ``202``, sent right after its commit (and by
+``manage.py idempotency_relay`` if the process died first), and the task, protected by
+``idempotent_function`` keyed by the message id, completes the operation once
+(``tasks.py``: the recipe of ``docs/operations.rst``, with a stand-in for Celery that runs the
+task in a thread of the sending process).
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import os
-import threading
-import time
-
-from django.db import connections
-from django.http import JsonResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import OperationError, complete_operation
 from django_idempotency.rest_framework import IdempotencyMixin
-from example_project.payments.models import Charge
+from example_project.payments.tasks import EXPORT_SECONDS, export_charges
 
-#: How long the export pretends to work, in seconds (the README's session polls meanwhile).
-EXPORT_SECONDS = float(os.environ.get("EXAMPLE_EXPORT_SECONDS", "2"))
+__all__ = ["EXPORT_SECONDS", "ExportView"]
 
 
 class ExportView(IdempotencyMixin, APIView):
@@ -56,36 +47,9 @@ class ExportView(IdempotencyMixin, APIView):
     )
     def post(self, request: Request) -> Response:
         claim = request.idempotency  # type: ignore[attr-defined]
-        start(claim.operation_id)
+        claim.enqueue(export_charges, claim.operation_id)
         return Response(
             {"operation": claim.operation_id},
             status=202,
             headers={"Location": claim.operation_url, "Retry-After": "1"},
         )
-
-
-def start(operation_id: str) -> None:
-    threading.Thread(target=_export, args=(operation_id,), daemon=True).start()
-
-
-def _export(operation_id: str) -> None:
-    try:
-        time.sleep(EXPORT_SECONDS)
-        rows = list(Charge.objects.order_by("id").values_list("id", "amount", "currency"))
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["id", "amount", "currency"])
-        writer.writerows(rows)
-        final = JsonResponse({"charges": len(rows), "csv": out.getvalue()}, status=201)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                complete_operation(operation_id, final)
-                return
-            except OperationError as exc:
-                # "running": the view's 202 is not stored yet (this thread is no outbox).
-                if exc.reason != "running" or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-    finally:
-        connections.close_all()

@@ -1,7 +1,8 @@
 """The example API: one view of each kind the app protects.
 
 - ``ChargeViewSet``: a DRF viewset with ``IdempotencyMixin``; the key is required, a UUID, and a
-  client's ``sent_at`` timestamp does not count in the fingerprint.
+  client's ``sent_at`` timestamp does not count in the fingerprint; the charge's receipt is
+  sent through the outbox.
 - ``RefundView``: a DRF view that records recovery points, so a retry that takes over from a
   crashed attempt resumes where it stopped, and that hands the payment provider a derived key.
 - ``create_payout``: a plain Django function view with ``@idempotent`` (key optional).
@@ -34,6 +35,7 @@ from example_project.payments.serializers import (
     ReceiptSerializer,
     RefundSerializer,
 )
+from example_project.payments.tasks import email_receipt
 
 
 def claim_of(request: Request | HttpRequest) -> Claim:
@@ -77,7 +79,10 @@ class ChargeViewSet(
             data["currency"],
             idempotency_key=claim_of(self.request).derived_key("charge"),
         )
-        serializer.save(provider_id=reference)
+        charge = serializer.save(provider_id=reference)
+        # The receipt leaves through the outbox: only once this charge's response is stored,
+        # and once per key however often the client retries (docs/outbox.rst).
+        claim_of(self.request).enqueue(email_receipt, charge.pk)
 
 
 class RefundView(IdempotencyMixin, APIView):

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent
-from django_idempotency.ninja import auth_scope
+from django_idempotency.ninja import auth_scope, operations_router
 from django_idempotency.ninja import idempotent as ninja_idempotent
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
@@ -68,6 +68,10 @@ class DrfExport(IdempotencyMixin, APIView):
 
 
 api = NinjaAPI(urls_namespace="operations-ninja", title="Operations")
+
+#: A ninja API whose schema has the status endpoint (``operations_router``).
+status_api = NinjaAPI(urls_namespace="operations-status-ninja", title="Status")
+status_api.add_router("/", operations_router())
 
 
 @api.post("/exports", auth=ApiKey(), response={202: Any})
