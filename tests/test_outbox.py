@@ -373,7 +373,10 @@ def test_the_result_and_its_messages_are_one_statement_on_postgresql(post: Post,
     # enqueue: an expired key's new messages get new ids); then the fast path's mark.
     assert len(staged) == len(plain) + 2
     assert staged[-1]["sql"].startswith('UPDATE "django_idempotency_outboxmessage"')
-    assert any(query["sql"].startswith('SELECT "created_at"') for query in staged)
+    assert any(
+        query["sql"].startswith('SELECT "django_idempotency_idempotencykey"."created_at"')
+        for query in staged
+    )
 
 
 def test_a_request_staging_nothing_runs_no_more_statements(post: Post, key: str) -> None:

@@ -7,8 +7,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any, ClassVar, Protocol
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Protocol, cast
 
 from django_idempotency._base.errors import LockLost
 
@@ -99,19 +99,34 @@ class Claim:
         return uuid.UUID(self.token_text)
 
     @property
+    def created_at(self) -> datetime:
+        """When the record's life began: stable across every attempt on it (a takeover keeps
+        it), new when an expired record is claimed again (which keeps its primary key). The
+        outbox's message ids and the operation id are made from it. Read once, when first
+        needed (one read by primary key): a claim that never needs it costs nothing. Raises
+        :class:`~django_idempotency.LockLost` if the record is gone."""
+        made = self.__dict__.get("_created_at")
+        if made is None:
+            from django_idempotency._store.operations import created_at  # see set_recovery_point
+
+            made = created_at(self.alias, self.pk)
+            if made is None:
+                self.lock_lost = True
+                self.check_held()
+            self.__dict__["_created_at"] = made
+        return cast(datetime, made)
+
+    @property
     def operation_id(self) -> str:
         """The record's operation id (issue 43): stable across every attempt, unguessable,
         never the key. Hand it to the background task that finishes the work, which calls
-        :func:`~django_idempotency.complete_operation` with it. Made when first read, from the
-        record's ``created_at`` (one read by primary key): a claim that never reads it costs
-        nothing."""
+        :func:`~django_idempotency.complete_operation` with it. Made from
+        :attr:`created_at` when first read."""
         made = self.__dict__.get("_operation_id")
         if made is None:
-            # Imported here: see set_recovery_point.
-            from django_idempotency._call.operations import make_id
-            from django_idempotency._store.operations import created_at
+            from django_idempotency._call.operations import make_id  # see set_recovery_point
 
-            made = make_id(self.pk, self.scope, self.key_hash, created_at(self.alias, self.pk))
+            made = make_id(self.pk, self.scope, self.key_hash, self.created_at)
             self.__dict__["_operation_id"] = made
         return str(made)
 

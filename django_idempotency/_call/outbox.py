@@ -93,14 +93,9 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
 
 
 def _life(claim: Any) -> int:
-    """The record's ``created_at`` (microseconds since the epoch), read once per attempt that
-    stages a message: a takeover of a stale record keeps it, a claim of an expired one resets
-    it (with ``attempt``). :class:`~django_idempotency.LockLost` if the record is gone."""
-    created = store.created_at(connections[claim.alias], claim.pk)
-    if created is None:
-        claim.lock_lost = True
-        claim.check_held()
-    return int(created.timestamp() * 1_000_000) if created is not None else 0
+    """Which life of the record (:attr:`.Claim.created_at`, in microseconds): a takeover of a
+    stale record keeps it, a claim of an expired one resets it (with ``attempt``)."""
+    return int(claim.created_at.timestamp() * 1_000_000)
 
 
 def describe(task: Any) -> tuple[str, str]:

@@ -77,13 +77,13 @@ def read(alias: str, pk: int) -> Operation | None:
     )
 
 
-def created_at(alias: str, pk: int) -> datetime:
-    """When record ``pk``'s life began (its operation id's part): read on the claim's own
-    connection, so atomic mode's uncommitted record is found too."""
+def created_at(alias: str, pk: int) -> datetime | None:
+    """When record ``pk``'s life began (:attr:`.Claim.created_at`; ``None``: no such record):
+    read on the claim's own connection, so atomic mode's uncommitted record is found too."""
     store = using(alias)
     with store.guard():
-        value = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list("created_at").get()
-    return value[0]
+        value = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list("created_at").first()
+    return None if value is None else value[0]
 
 
 def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:

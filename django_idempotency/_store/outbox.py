@@ -190,19 +190,6 @@ def _transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
         connection.set_autocommit(True)
 
 
-def created_at(connection: BaseDatabaseWrapper, pk: int) -> datetime | None:
-    """When the record ``pk`` was created (claimed anew); ``None``: no such record."""
-    q = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {q('created_at')} FROM {q(IdempotencyKey._meta.db_table)} "
-            f"WHERE {q('id')} = %s",
-            [pk],
-        )
-        row = cursor.fetchone()
-    return None if row is None else aware(connection, row[0])
-
-
 def take(connection: BaseDatabaseWrapper, size: int, lease: timedelta) -> list[Taken]:
     """Claim up to ``size`` messages that may be sent now, for ``lease``: no other sender
     takes them until it has passed (or they are marked). Their ``attempts`` is counted."""
