@@ -7,8 +7,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, ClassVar, Protocol, cast
+from datetime import timedelta
+from typing import Any, ClassVar, Protocol
 
 from django_idempotency._base.errors import LockLost
 
@@ -68,6 +68,10 @@ class Claim:
     #: (:func:`.writing.save_recovery_point`): set by :mod:`.writing`, which imports this
     #: module, so that the claim imports nothing of it (no import cycle, issue 40).
     save_point: ClassVar[Callable[[Claim, str, Any], None]]
+    #: When the record's life began, as the claim knew it without a read: microseconds since
+    #: the epoch (a record it inserted), or the row its statement read back (with a
+    #: ``created_at``); ``None``: read when first needed (:attr:`life`).
+    known_life: Any = field(default=None, repr=False, compare=False)
     #: The outbox's messages staged and not yet released (an ``outbox.Staged``; ``None``:
     #: none staged, and a write has nothing more to do, issue 41).
     outbox: Any = field(default=None, repr=False, compare=False)
@@ -99,34 +103,40 @@ class Claim:
         return uuid.UUID(self.token_text)
 
     @property
-    def created_at(self) -> datetime:
-        """When the record's life began: stable across every attempt on it (a takeover keeps
-        it), new when an expired record is claimed again (which keeps its primary key). The
-        outbox's message ids and the operation id are made from it. Read once, when first
-        needed (one read by primary key): a claim that never needs it costs nothing. Raises
-        :class:`~django_idempotency.LockLost` if the record is gone."""
-        made = self.__dict__.get("_created_at")
-        if made is None:
-            from django_idempotency._store.operations import created_at  # see set_recovery_point
+    def life(self) -> int:
+        """When the record's life began (its ``created_at``, microseconds since the epoch):
+        stable across every attempt on it (a takeover keeps it), new when an expired record is
+        claimed again (which keeps its primary key). The outbox's message ids and the
+        operation id are made from it. Known from the claim for a record it inserted or that
+        PostgreSQL's claim function took over; otherwise read once, when first needed (one
+        read by primary key). Raises :class:`~django_idempotency.LockLost` if the record is
+        gone."""
+        known = self.known_life
+        if type(known) is int:
+            return known
+        # Imported here: see set_recovery_point.
+        from django_idempotency._call.operations import microseconds
+        from django_idempotency._store.operations import created_at
 
-            made = created_at(self.alias, self.pk)
-            if made is None:
-                self.lock_lost = True
-                self.check_held()
-            self.__dict__["_created_at"] = made
-        return cast(datetime, made)
+        made = known.created_at if known is not None else created_at(self.alias, self.pk)
+        if made is None:
+            self.lock_lost = True
+            self.check_held()
+            raise AssertionError("check_held() raises once the lock is lost")
+        self.known_life = life = microseconds(made)
+        return life
 
     @property
     def operation_id(self) -> str:
         """The record's operation id (issue 43): stable across every attempt, unguessable,
         never the key. Hand it to the background task that finishes the work, which calls
         :func:`~django_idempotency.complete_operation` with it. Made from
-        :attr:`created_at` when first read."""
+        :attr:`life` when first read."""
         made = self.__dict__.get("_operation_id")
         if made is None:
             from django_idempotency._call.operations import make_id  # see set_recovery_point
 
-            made = make_id(self.pk, self.scope, self.key_hash, self.created_at)
+            made = make_id(self.pk, self.scope, self.key_hash, self.life)
             self.__dict__["_operation_id"] = made
         return str(made)
 

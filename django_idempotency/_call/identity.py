@@ -42,6 +42,7 @@ class Identity:
         lock_timeout: timedelta,
         held_until: float,
         uncommitted: bool,
+        life: Any = None,
     ) -> Claim:
         """This call's claim on record ``pk``, made by the store (a ``Claimant``'s part)."""
         return Claim(
@@ -55,4 +56,5 @@ class Identity:
             lock_timeout,
             held_until=held_until,
             uncommitted=uncommitted,
+            known_life=life,
         )

@@ -20,7 +20,7 @@ from datetime import timezone as dt_timezone
 from django.conf import settings
 from django.utils.crypto import constant_time_compare, salted_hmac
 
-__all__ = ["URL_NAME", "make_id", "parse_id", "status_url", "verify"]
+__all__ = ["URL_NAME", "make_id", "microseconds", "parse_id", "status_url", "verify"]
 
 _SALT = "django_idempotency.operation"
 #: The status endpoint's name in ``django_idempotency.urls`` (namespace ``django_idempotency``).
@@ -28,9 +28,13 @@ URL_NAME = "django_idempotency:operation"
 
 
 def _mac(
-    pk: int, scope: str, key_hash: str, created_at: datetime, secret: str | bytes | None = None
+    pk: int,
+    scope: str,
+    key_hash: str,
+    created_at: datetime | int,
+    secret: str | bytes | None = None,
 ) -> str:
-    life = _microseconds(created_at)
+    life = created_at if isinstance(created_at, int) else microseconds(created_at)
     digest = salted_hmac(
         _SALT, f"{pk}\0{scope}\0{key_hash}\0{life}", secret=secret, algorithm="sha256"
     ).digest()
@@ -38,16 +42,16 @@ def _mac(
     return base64.urlsafe_b64encode(digest[:16]).rstrip(b"=").decode("ascii")
 
 
-def make_id(pk: int, scope: str, key_hash: str, created_at: datetime) -> str:
+def make_id(pk: int, scope: str, key_hash: str, created_at: datetime | int) -> str:
     """The operation id of record ``pk`` of ``scope`` and ``key_hash``, in the life that
-    began at ``created_at``."""
+    began at ``created_at`` (a time, or :attr:`.Claim.life`'s microseconds)."""
     return f"{pk}.{_mac(pk, scope, key_hash, created_at)}"
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
 
 
-def _microseconds(value: datetime) -> int:
+def microseconds(value: datetime) -> int:
     """A time as the database gave it, as a number: whatever its time zone (a naive one,
     ``USE_TZ = False``, is local time, as Django makes it)."""
     if value.tzinfo is None:

@@ -70,7 +70,7 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
         ) from exc
     staged: Staged | None = claim.outbox
     if staged is None:
-        staged = claim.outbox = Staged(life=_life(claim))
+        staged = claim.outbox = Staged(life=claim.life)
     if name is None:
         segment = claim.recovery_point
         position = staged.positions.get(segment, 0)
@@ -90,12 +90,6 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
     )
     staged.messages.append(Message(message_id, engine, path, arguments))
     return message_id
-
-
-def _life(claim: Any) -> int:
-    """Which life of the record (:attr:`.Claim.created_at`, in microseconds): a takeover of a
-    stale record keeps it, a claim of an expired one resets it (with ``attempt``)."""
-    return int(claim.created_at.timestamp() * 1_000_000)
 
 
 def describe(task: Any) -> tuple[str, str]:

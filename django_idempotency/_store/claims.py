@@ -56,8 +56,11 @@ class Claimant(Protocol[C]):
         lock_timeout: timedelta,
         held_until: float,
         uncommitted: bool,
+        life: int | Record | None = None,
     ) -> C:
-        """The call's claim on record ``pk``, which the store has just made."""
+        """The call's claim on record ``pk``, which the store has just made; ``life`` is when
+        the record's life began as far as the claim knows it without a read (see
+        :attr:`.Claim.life`)."""
         ...
 
 
@@ -273,6 +276,13 @@ class Claims(BoundStore):
             lock_timeout=lock_timeout,
             held_until=started + lock_timeout.total_seconds(),
             uncommitted=connection.in_atomic_block,
+            # The claim's own time for a record it inserted (exact: it wrote it, and without
+            # USE_TZ a local time read back may fall in a DST fold); the claim function's row
+            # for one it took over; otherwise (a model instance read before its takeover)
+            # nothing, and the record is read when its life is needed.
+            life=(values.clock if settings.USE_TZ else None)
+            if record is None
+            else (record if isinstance(record, Record) else None),
         )
 
     def insert_or_load(
