@@ -8,8 +8,10 @@ this app with its records in Redis (``store="redis"``, a Django ``RedisCache`` a
 PostgreSQL (the default store, two-phase), and by drf-idempotency's decorator with its
 ``RedisBackend`` (``pip install drf-idempotency``). Every request goes through Django's WSGI
 handler in this process. In each round the paths run in a random order, each a first execution
-with a fresh key followed by its replay, so the machine's noise falls on all of them alike;
-the medians (p50) and 90th percentiles are printed.
+with a fresh key, then every path's replay (see :func:`measure`), so the machine's noise
+falls on all of them alike; the medians (p50) and 90th percentiles are printed, and the ratio
+of ours to the peer's, round by round, with its spread (quartiles, and a bootstrap interval of
+its median): the figure that stays put when the machine's load moves the others.
 
 With ``--instructions`` it also counts each path's instructions per request under valgrind's
 callgrind, as ``benchmarks/instructions.py`` does (the helper it compiles), in this
@@ -115,28 +117,44 @@ def _send(path: str, key: str | None) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Each round: every path's first execution with a fresh key, then every replay, the
+    paths in an order reversed from one round to the next (ours and the peer's run side by
+    side, each first as often as the other), so that the machine's noise falls on both alike
+    and each round's ratio (ours / the peer's) compares requests a millisecond apart."""
     _peer(args.redis)
     timings: dict[str, list[float]] = {BARE[0]: []}
     for name, _ in PATHS:
         timings[f"{name}: first"] = []
         timings[f"{name}: replay"] = []
+    order = [*PATHS, BARE]
     for round_ in range(args.warmup + args.rounds):
-        order = [*PATHS, BARE]
         random.shuffle(order)
+        if round_ % 2:
+            order.reverse()
+        keys = {path: str(uuid.uuid4()) for _, path in PATHS}
+        took: dict[str, float] = {}
         for name, path in order:
             if path == BARE[1]:
-                took = [_send(path, None)]
+                took[name] = _send(path, None)
             else:
-                key = str(uuid.uuid4())
-                took = [_send(path, key), _send(path, key)]
-            if round_ < args.warmup:
-                continue
-            if path == BARE[1]:
-                timings[name].append(took[0])
-            else:
-                timings[f"{name}: first"].append(took[0])
-                timings[f"{name}: replay"].append(took[1])
+                took[f"{name}: first"] = _send(path, keys[path])
+        for name, path in reversed(order):
+            if path != BARE[1]:
+                took[f"{name}: replay"] = _send(path, keys[path])
+        if round_ >= args.warmup:
+            for name, value in took.items():
+                timings[name].append(value)
     return timings
+
+
+def ratios(ours: list[float], peer: list[float]) -> tuple[float, float, float, float, float]:
+    """The rounds' ratios (ours / the peer's, one round's two requests side by side): their
+    median, 25th and 75th percentiles, and a bootstrap 95% interval of the median."""
+    each = [a / b for a, b in zip(ours, peer, strict=True)]
+    q1, median, q3 = statistics.quantiles(each, n=4)
+    rng = random.Random(44)
+    medians = sorted(statistics.median(rng.choices(each, k=len(each))) for _ in range(1000))
+    return median, q1, q3, medians[25], medians[974]
 
 
 def instructions(args: argparse.Namespace) -> dict[str, float]:
@@ -256,6 +274,16 @@ def report(
             n = counts.get(name, 0.0)
             line += f"{n / 1e6:>14.2f}M{(n - bare_count) / 1e6:>+11.2f}M"
         print(line)
+    print()
+    print("ours / drf-idempotency, each round's two requests side by side:")
+    for stage in ("first", "replay"):
+        median, q1, q3, low, high = ratios(
+            timings[f"{PATHS[0][0]}: {stage}"], timings[f"{PATHS[2][0]}: {stage}"]
+        )
+        print(
+            f"  {stage:<7} ratio median {median:.3f} (quartiles {q1:.3f}-{q3:.3f}, "
+            f"95% interval of the median {low:.3f}-{high:.3f})"
+        )
 
 
 def _uptime() -> str:

@@ -36,7 +36,7 @@ from django_idempotency._call.identity import Identity
 from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
-from django_idempotency._conf.values import DATABASE
+from django_idempotency._conf.values import DATABASE, store_alias
 from django_idempotency._http import adapter as protocol
 from django_idempotency._http import responses
 from django_idempotency._publish.policy import view_options
@@ -313,13 +313,49 @@ def expire_key(key: str, target: Target, /, *args: Any, **kwargs: Any) -> Idempo
     return records.get()
 
 
-def key_records(key: str) -> QuerySet[IdempotencyKey]:
-    """The records of ``key`` in every scope (one per principal that sent it), oldest first."""
-    return (
+def key_records(key: str) -> QuerySet[IdempotencyKey] | _Records:
+    """The records of ``key`` in every scope (one per principal that sent it), oldest first.
+
+    A queryset of the table; when the settings or the URLconf name a Redis store, the
+    table's records and those of every Redis store (read there: unsaved instances) in one
+    list (with ``get``, ``exists``, ``count`` and ``first``)."""
+    from django_idempotency._ops.store_checks import redis_stores
+    from django_idempotency._store import using
+
+    records = (
         IdempotencyKey.objects.using(conf.DATABASE_ALIAS)
         .filter(key_hash=hash_key(key))
         .order_by("pk")
     )
+    stores = redis_stores()
+    if not stores:
+        return records
+    found = list(records)
+    for store in sorted(stores):
+        bound: Any = using(store_alias(store, ""))
+        found += bound.records_of(hash_key(key))
+    return _Records(sorted(found, key=lambda record: record.created_at))
+
+
+class _Records(list[IdempotencyKey]):
+    """:func:`key_records`'s answer when a Redis store is in use: a list with the queryset
+    methods tests call (``get``, ``exists``, ``count``, ``first``)."""
+
+    def get(self) -> IdempotencyKey:
+        if not self:
+            raise IdempotencyKey.DoesNotExist("no record")
+        if len(self) > 1:
+            raise IdempotencyKey.MultipleObjectsReturned(f"{len(self)} records, not one")
+        return self[0]
+
+    def exists(self) -> bool:
+        return bool(self)
+
+    def count(self) -> int:  # type: ignore[override]
+        return len(self)
+
+    def first(self) -> IdempotencyKey | None:
+        return self[0] if self else None
 
 
 # An async def function is a plain callable too: its overloads come first, and win.

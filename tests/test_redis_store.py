@@ -306,6 +306,57 @@ def test_cleanup_and_stats_say_what_they_do_on_redis(capsys: Any) -> None:
     assert "taken over by the key's next request" in out
 
 
+def test_stats_json_counts_the_redis_stores_records(capsys: Any) -> None:
+    import json
+
+    from django.core.management import call_command
+
+    @idempotent_function(key="event_id")
+    def handle(event_id: str) -> str:
+        return event_id
+
+    with on_redis():
+        handle("a")
+        handle("b")
+        stale_key("c", handle, "c")  # processing, its lock lapsed
+        call_command("idempotency_stats", "--json")
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["total"] == 0  # the table's
+    assert stats["redis_stores"] == {
+        STORE: {
+            "total": 3,
+            "by_status": {"completed": 2, "processing": 1},
+            "stale": 1,
+            "error": None,
+        }
+    }
+    with override_settings(IDEMPOTENCY={"STORE": "redis://127.0.0.1:1/0"}):
+        call_command("idempotency_stats", "--json")
+    unreachable = json.loads(capsys.readouterr().out)["redis_stores"]["redis://127.0.0.1:1/0"]
+    assert unreachable["total"] is None and unreachable["error"]
+
+
+def test_key_records_reads_the_redis_store(post: Any, client: Any) -> None:
+    from django.contrib.auth.models import User
+
+    from django_idempotency.testing import key_records
+
+    with on_redis():
+        assert not key_records("kr-1").exists()
+        assert post("/create/", key="kr-1").status_code == 201
+        client.force_login(User.objects.create_user("bob"))
+        assert post("/create/", key="kr-1").status_code == 201
+        records = key_records("kr-1")
+        assert records.count() == 2
+        assert records[0].scope == "anonymous" and records[1].scope.startswith("user:")
+        assert {record.status for record in records} == {"completed"}
+        assert records[0].response_status == 201
+        assert records[0].key_hash == hash_key("kr-1")
+        with pytest.raises(records[0].MultipleObjectsReturned):
+            records.get()
+    assert not key_records("kr-1").exists()  # the table's, without Redis named
+
+
 def test_a_view_on_redis_by_its_own_option() -> None:
     @idempotent(store=STORE)
     def view(request: Any) -> Any:

@@ -135,6 +135,22 @@ def redis_notes(verb: str) -> list[str]:
     return notes
 
 
+def redis_census() -> dict[str, Any]:
+    """``idempotency_stats --json``'s ``redis_stores``: each Redis store's records by status
+    and its stale ones (:meth:`~.._store.redis.store.RedisStore.census`), or ``error`` when it
+    does not answer. The table's figures beside them do not count these records."""
+    from django_idempotency._store import using
+
+    census: dict[str, Any] = {}
+    for store in sorted(redis_stores()):
+        bound: Any = using(store_alias(store, ""))
+        try:
+            census[store] = {**bound.census(), "error": None}
+        except Exception as exc:  # unreachable: say so, and go on
+            census[store] = {"total": None, "by_status": None, "stale": None, "error": str(exc)}
+    return census
+
+
 def admin_notes() -> list[str]:
     """What the admin's list says above the table: which views keep their records in which
     Redis store, and that the list cannot show them (it is the database's table)."""

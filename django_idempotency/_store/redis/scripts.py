@@ -44,18 +44,17 @@ if not r[1] then
 end
 if r[3] == ARGV[1] then
   if r[1] == 'processing' then
-    return {'own', now, r[5], r[6], r[7] or false}
+    return {'own', now, r[5], r[6], r[7]}
   end
 end
 if r[1] == 'processing' and r[2] == ARGV[2] and r[4] and tonumber(r[4]) <= now then
   local attempt = tonumber(r[5]) + 1
   redis.call('HSET', key, 'tok', ARGV[1], 'att', attempt, 'ua', now + tonumber(ARGV[5]),
              'up', now)
-  return {'takeover', now, attempt, r[6], r[7] or false}
+  return {'takeover', now, attempt, r[6], r[7]}
 end
-local out = {'found', now}
-for i = 1, 15 do out[i + 2] = r[i] or false end
-return out
+-- (a field absent is false in r: no hole for unpack)
+return {'found', now, unpack(r)}
 """
 )
 

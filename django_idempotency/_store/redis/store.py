@@ -584,6 +584,50 @@ class RedisStore:
         """How many records the store holds (a ``SCAN`` of its prefix: an operator's figure)."""
         return sum(1 for _ in self.client.scan_iter(match=f"{PREFIX}r:*", count=1000))
 
+    def records_of(self, key_hash: str) -> list[IdempotencyKey]:
+        """The key's records in every scope (a ``SCAN`` for its hash; each read as
+        :meth:`read` reads it, unsaved instances), oldest first: tests, operators."""
+        found = []
+        for name in self.client.scan_iter(match=f"{PREFIX}r:{{*:{key_hash}}}", count=1000):
+            scope = self.client.hget(name, "sc")
+            record = None if scope is None else self.read(_text(scope), key_hash)
+            if record is not None:
+                found.append(record)
+        return sorted(found, key=lambda record: record.created_at)
+
+    def census(self) -> dict[str, Any]:
+        """The store's records by status, and how many are processing with their lock lapsed
+        (taken over by their key's next request): one ``SCAN`` and pipelined ``HMGET`` calls,
+        the times by the server's clock. Expired records are absent (Redis's TTL)."""
+        client = self.client
+        seconds, micro = client.time()
+        now = int(seconds) * 1_000_000 + int(micro)
+        by_status: dict[str, int] = {}
+        stale = 0
+        batch: list[Any] = []
+
+        def tally() -> None:
+            nonlocal stale
+            pipe = client.pipeline(transaction=False)
+            for name in batch:
+                pipe.hmget(name, "st", "ua")
+            for status, unlock in pipe.execute():
+                if status is None:  # expired since the scan
+                    continue
+                text = _text(status)
+                by_status[text] = by_status.get(text, 0) + 1
+                if text == "processing" and unlock and int(unlock) <= now:
+                    stale += 1
+            batch.clear()
+
+        for name in client.scan_iter(match=f"{PREFIX}r:*", count=1000):
+            batch.append(name)
+            if len(batch) >= 1000:
+                tally()
+        if batch:
+            tally()
+        return {"total": sum(by_status.values()), "by_status": by_status, "stale": stale}
+
 
 def _optional_int(value: bytes) -> int | None:
     return int(value) if value else None

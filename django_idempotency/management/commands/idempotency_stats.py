@@ -34,7 +34,8 @@ class Command(BaseCommand):
         stats = maintenance.stats(alias)
         outbox = relay.backlog(alias)
         if as_json:
-            self.stdout.write(json.dumps({**as_dict(stats), **outbox}, indent=2))
+            redis = {"redis_stores": store_checks.redis_census()}
+            self.stdout.write(json.dumps({**as_dict(stats), **outbox, **redis}, indent=2))
             return
         if verbosity < 1:
             return
