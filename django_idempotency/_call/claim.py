@@ -69,7 +69,7 @@ class Claim:
     #: module, so that the claim imports nothing of it (no import cycle, issue 40).
     save_point: ClassVar[Callable[[Claim, str, Any], None]]
     #: When the record's life began, as the claim knew it without a read: microseconds since
-    #: the epoch (a record it inserted), or the row its statement read back (with a
+    #: the epoch (a record it inserted), or the row as its statements left it (with a
     #: ``created_at``); ``None``: read when first needed (:attr:`life`).
     known_life: Any = field(default=None, repr=False, compare=False)
     #: The outbox's messages staged and not yet released (an ``outbox.Staged``; ``None``:
@@ -107,10 +107,9 @@ class Claim:
         """When the record's life began (its ``created_at``, microseconds since the epoch):
         stable across every attempt on it (a takeover keeps it), new when an expired record is
         claimed again (which keeps its primary key). The outbox's message ids and the
-        operation id are made from it. Known from the claim for a record it inserted or that
-        PostgreSQL's claim function took over; otherwise read once, when first needed (one
-        read by primary key). Raises :class:`~django_idempotency.LockLost` if the record is
-        gone."""
+        operation id are made from it. Known from the claim's own statements; otherwise
+        (a store that did not say) read once, when first needed (one read by primary key).
+        Raises :class:`~django_idempotency.LockLost` if the record is gone."""
         known = self.known_life
         if type(known) is int:
             return known

@@ -104,6 +104,8 @@ class Relay:
         total = Pass()
         listener = None if once else connections[self.alias].copy()
         wait = self._listen(listener)
+        if not once:  # said once the signals are handled: an operator's (or a test's) cue
+            self.report("Relaying; SIGTERM or SIGINT stops after the batch in hand.")
         try:
             while not self.stopping.is_set():
                 try:

@@ -56,7 +56,7 @@ class Claimant(Protocol[C]):
         lock_timeout: timedelta,
         held_until: float,
         uncommitted: bool,
-        life: int | Record | None = None,
+        life: int | IdempotencyKey | Record | None = None,
     ) -> C:
         """The call's claim on record ``pk``, which the store has just made; ``life`` is when
         the record's life began as far as the claim knows it without a read (see
@@ -276,13 +276,10 @@ class Claims(BoundStore):
             lock_timeout=lock_timeout,
             held_until=started + lock_timeout.total_seconds(),
             uncommitted=connection.in_atomic_block,
-            # The claim's own time for a record it inserted (exact: it wrote it, and without
-            # USE_TZ a local time read back may fall in a DST fold); the claim function's row
-            # for one it took over; otherwise (a model instance read before its takeover)
-            # nothing, and the record is read when its life is needed.
-            life=(values.clock if settings.USE_TZ else None)
-            if record is None
-            else (record if isinstance(record, Record) else None),
+            # The claim's own time for a record it inserted without reading it back (exact:
+            # it wrote it; without USE_TZ a local time read back may fall in a DST fold, so
+            # it is read as the status endpoint reads it); else the row as the claim left it.
+            life=(values.clock if settings.USE_TZ else None) if record is None else record,
         )
 
     def insert_or_load(
