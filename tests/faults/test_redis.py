@@ -5,10 +5,10 @@ and started again from its AOF, has every client connection cut (``CLIENT KILL``
 for 3 s), is blackholed (SIGSTOP: connections are accepted, nothing answers, then SIGCONT), or
 is restarted gracefully (SIGTERM, then started again). Every outage is shorter than the view's
 10 s lock: each key's effect runs once, every answer is the result, its replay, ``409`` or
-``503``, never a ``500`` (:mod:`tests.faults.storm` says what else it asserts). The app's own
-tables (sessions, users) are on a SQLite file; each effect is a line in a file. The figures are
-printed. Before issue 44's fix, an owner gave its result write up after one statement's share of
-its lock (1.7 s): after a SIGKILL or a restart every key ran twice."""
+``503`` with ``Retry-After``, never a ``500`` (:mod:`tests.faults.storm` says what else it
+asserts). The app's own tables (sessions, users) are on a SQLite file; each effect is a line in
+a file. The figures are printed. Before issue 44's fix, an owner gave its result write up after
+one statement's share of its lock (1.7 s): after a SIGKILL or a restart every key ran twice."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def _fault(name: str, server: RedisServer) -> Fault:
         return recover
 
     if name == "sigkill-aof":  # the claims were synced to the AOF before they were answered
-        return Fault(name, server.kill, after(server.start))
+        return Fault(name, server.kill, after(server.start), retry_after=True)
     if name == "connections-cut":  # every client connection, again and again: a flapping link
 
         def keep_cutting() -> None:
@@ -104,11 +104,11 @@ def _fault(name: str, server: RedisServer) -> Fault:
                 time.sleep(CUT_EVERY)
             print(f"cut {cut} connections", end=" ")
 
-        return Fault(name, server.cut, keep_cutting)
+        return Fault(name, server.cut, keep_cutting, retry_after=True)
     if name == "blackhole":
-        return Fault(name, server.freeze, after(server.thaw))
+        return Fault(name, server.freeze, after(server.thaw), retry_after=True)
     if name == "graceful-restart":
-        return Fault(name, server.shutdown, after(server.start))
+        return Fault(name, server.shutdown, after(server.start), retry_after=True)
     raise ValueError(name)
 
 
