@@ -558,6 +558,33 @@ def test_an_owner_rides_out_a_restart_mid_run_and_its_result_is_kept() -> None:
     assert record.status == "completed"
 
 
+def test_an_owner_rides_out_an_outage_longer_than_a_statement_share_of_its_lock() -> None:
+    """The server is SIGKILLed as the owner returns and is back 3 s later (AOF): its result
+    write rides that out while its 10 s lock holds, not only for one statement's share of it
+    (1.7 s): before, it gave up, and every retry ran the function again (issue 44's fault
+    scenario, tests/faults/test_redis.py)."""
+    runs: list[str] = []
+    server_box: list[private_redis] = []
+    options = ("--appendonly", "yes", "--appendfsync", "always")
+
+    @idempotent_function(key="event_id", lock_timeout=10)
+    def handle(event_id: str) -> str:
+        runs.append(event_id)
+        server = server_box[0]
+        server.process.kill()
+        server.process.wait()
+        threading.Timer(3.0, _restart, (server, *options)).start()
+        return "kept"
+
+    with private_redis(*options) as url, override_settings(IDEMPOTENCY={"STORE": url}):
+        server_box.append(private_redis.last)
+        started = time.monotonic()
+        assert handle("k") == "kept"
+        assert time.monotonic() - started >= 2.5  # it waited for the server
+        assert handle("k") == "kept"
+    assert runs == ["k"]
+
+
 def test_a_function_and_a_drf_view_on_redis_by_their_own_option() -> None:
     from django.http import HttpRequest
     from rest_framework.response import Response

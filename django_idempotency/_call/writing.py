@@ -155,8 +155,10 @@ def _fenced_write(
     thread's own) within ``bound`` seconds, and says whether it matched the record. The bound
     is :func:`.deadlines.bound` of the lock, and no later than the lock could lapse (but a
     second, :data:`.deadlines.LEAST`); past it the connection is cut, a fault like any other (a
-    blackhole, issue 39). Contention (another writer holds a lock it needs: a SQLite writer, a
-    cleanup batch, an operator's transaction; issue 32) is waited out on the same connection. A
+    blackhole, issue 39). A store that rides faults out itself (``rides_out_faults``: Redis,
+    whose every try is bounded by its socket timeout) is given all the time the lock has left.
+    Contention (another writer holds a lock it needs: a SQLite writer, a cleanup batch, an
+    operator's transaction; issue 32) is waited out on the same connection. A
     fault (the connection lost, the server restarting, failing over or read-only; issue 25) is
     tried again on a connection of its own, made for the alias and closed after: never the
     thread's, which the project's code may hold in a transaction, and which Django does not
@@ -183,7 +185,9 @@ def _fenced_write(
         while True:
             left = claim.held_until - time.monotonic()
             try:
-                bound = max(min(share, left), deadlines.LEAST)
+                # A store that rides faults out itself (Redis) is given the lock's time left:
+                # it raises only when that is spent, never after one share of it (issue 44).
+                bound = max(left if store.rides_out_faults else min(share, left), deadlines.LEAST)
                 if write(own, bound):
                     return Written.WRITTEN
                 if (

@@ -72,6 +72,11 @@ class BoundStore:
         again. An owner's fenced write is (:func:`django_idempotency._call.writing.complete`)."""
         return self.is_lock_timeout(exc)
 
+    #: Whether the store's own writes ride a fault out within the bound they are given (the
+    #: Redis store: a script is tried again on its client's pool): an owner's fenced write then
+    #: gives it all the time its lock has left, not one statement's share (issue 44).
+    rides_out_faults = False
+
     def is_fault(self, exc: BaseException) -> bool:
         """Whether a statement failed for its connection or its server, not for itself: the
         connection was lost or refused, the server is shutting down or refuses writes for now

@@ -61,6 +61,7 @@ class Answer:
     sent: float
     received: float
     error: str = ""
+    retry_after: str = ""  # the answer's Retry-After header, if any
 
     @property
     def label(self) -> str:
@@ -94,6 +95,9 @@ class Fault:
     hold: float = 0.0
     #: The view's path, when not the mode's own (``/two-phase/``).
     path: str = ""
+    #: Every ``409`` and ``503`` must say when to retry (``Retry-After``): the Redis store's
+    #: scenario (issue 44) asks it.
+    retry_after: bool = False
 
 
 @dataclass
@@ -205,6 +209,7 @@ class Scenario:
                 response.headers.get(REPLAYED_HEADER) == "true",
                 sent,
                 time.monotonic(),
+                retry_after=response.headers.get("Retry-After", ""),
             )
         with self._lock:
             self.answers.append(answer)
@@ -337,6 +342,9 @@ class Scenario:
                 violations.append(
                     f"{answer.key} ({answer.role}): {answer.status} {answer.body[:300]!r}"
                 )
+            if self.fault.retry_after and answer.status in (409, 503) and not answer.retry_after:
+                violations.append(f"{answer.key} ({answer.role}): {answer.status} without "
+                                  "Retry-After")  # fmt: skip
             if answer.status == 409 and answer.role.startswith("fresh"):
                 violations.append(f"{answer.key} ({answer.role}): 409 for a key nobody holds")
             if answer.role in ("owner", "duplicate", "retry") and 200 <= answer.status < 300:

@@ -159,6 +159,9 @@ class RedisStore:
 
     vendor = "redis"
     name = "Redis"
+    #: :meth:`_run` tries a script again within its bound: an owner's result write is given
+    #: what its lock has left (:func:`django_idempotency._call.writing._fenced_write`).
+    rides_out_faults = True
     lock_wait_outlives_transaction = False
 
     def __init__(self, alias: str) -> None:
