@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import lru_cache
+from operator import itemgetter
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -81,14 +83,18 @@ def is_redis(name: str) -> bool:
 def record_key(scope: str, key_hash: str) -> str:
     """The record's Redis key: its scope (hashed: any length, any character) and key hash in
     one hash tag, so that its one key has one slot on a cluster, and records spread."""
-    scope_hash = hashlib.sha256(scope.encode()).hexdigest()[:32]
-    return f"{PREFIX}r:{{{scope_hash}:{key_hash}}}"
+    return f"{PREFIX}r:{{{_scope_hash(scope)}:{key_hash}}}"
+
+
+@lru_cache(maxsize=1024)
+def _scope_hash(scope: str) -> str:
+    """The scope's hash in its records' keys: a user's retries meet it again (issue 44)."""
+    return hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 
 def scope_index(scope: str) -> str:
     """The sorted set of a scope's finished records (key hash, scored by expiry): erasure."""
-    scope_hash = hashlib.sha256(scope.encode()).hexdigest()[:32]
-    return f"{PREFIX}s:{{{scope_hash}}}"
+    return f"{PREFIX}s:{{{_scope_hash(scope)}}}"
 
 
 def client_for(name: str) -> Any:
@@ -412,17 +418,10 @@ class RedisStore:
         """Another call's record, as the claim read it: a :class:`~.rows.Record` that converts
         a field when it is first read (a replay reads five), and makes the model's instance
         (unsaved: it lives in Redis) only for a signal's receivers."""
-        values = dict(zip(scripts.FIELDS, reply[2:], strict=True))
-        row = [
-            None,
-            identity.scope,
-            identity.key_hash,
-            *(values[name] for name in _ROW_FIELDS[3:14]),
-            values["ca"] or reply[1],
-            values["up"] or reply[1],
-            values["ua"],
-            values["ea"] or reply[1],
-        ]
+        now = reply[1]
+        row = [None, identity.scope, identity.key_hash, *_FROM_REPLY(reply)]
+        for at in _OR_NOW:  # created, updated, expiry: the server's time when absent
+            row[at] = row[at] or now
         if row[_RP] is None:
             row[_RP] = b""
         return Record(row, _CONVERTERS)
@@ -690,6 +689,11 @@ _ROW_FIELDS = (
 )  # fmt: skip
 assert len(_ROW_FIELDS) == len(ATTNAMES), ATTNAMES
 _RP = _ROW_FIELDS.index("rp")
+#: Where each row field after the key hash is in a ``found`` reply (``reply[2:]`` is the
+#: fields in :data:`.scripts.FIELDS`' order; the unlock time ``ua`` may be absent: ``None``),
+#: and the row fields the server's time stands in for when absent.
+_FROM_REPLY = itemgetter(*(2 + scripts.FIELDS.index(name) for name in _ROW_FIELDS[3:]))
+_OR_NOW = tuple(_ROW_FIELDS.index(name) for name in ("ca", "up", "ea"))
 #: How each becomes the field's value (``None``: kept as it is), when first read.
 _CONVERTERS = _Converters(
     [
