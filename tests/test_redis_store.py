@@ -126,6 +126,40 @@ def test_the_cache_alias_client_and_pool_are_reused() -> None:
     )
 
 
+def test_the_store_keeps_its_connections_and_drops_all_idle_ones_after_a_cut() -> None:
+    """Issue 44's speed: a call takes a connection of the store's own idle list, not the
+    pool's checkout; after every connection is killed (a network cut) with several idle ones
+    dead, the next call's two tries still succeed: the first fault drops them all."""
+    calls = 4
+    barrier = threading.Barrier(calls)
+
+    @idempotent_function(key="event_id", ttl=60)
+    def handle(event_id: str) -> str:
+        if event_id != "k9":
+            barrier.wait(5)  # the calls overlap: as many connections as calls
+        return event_id
+
+    with on_redis():
+        store: Any = using(ALIAS)
+        threads = [threading.Thread(target=handle, args=(f"k{n}",)) for n in range(calls)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(store._idle) >= 2
+        pool = store.client.connection_pool
+        checkouts = []
+        original = pool.get_connection
+        pool.get_connection = lambda *a, **k: checkouts.append(1) or original(*a, **k)
+        try:
+            assert handle("k0") == "k0"  # a replay, on a kept connection
+            assert checkouts == []
+            client().execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            assert handle("k9") == "k9"  # the claim, the result: no 503
+        finally:
+            del pool.get_connection
+
+
 # --- the record in Redis ------------------------------------------------------------------
 
 

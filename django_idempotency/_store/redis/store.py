@@ -15,12 +15,15 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from functools import lru_cache
+from operator import itemgetter
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -80,14 +83,18 @@ def is_redis(name: str) -> bool:
 def record_key(scope: str, key_hash: str) -> str:
     """The record's Redis key: its scope (hashed: any length, any character) and key hash in
     one hash tag, so that its one key has one slot on a cluster, and records spread."""
-    scope_hash = hashlib.sha256(scope.encode()).hexdigest()[:32]
-    return f"{PREFIX}r:{{{scope_hash}:{key_hash}}}"
+    return f"{PREFIX}r:{{{_scope_hash(scope)}:{key_hash}}}"
+
+
+@lru_cache(maxsize=1024)
+def _scope_hash(scope: str) -> str:
+    """The scope's hash in its records' keys: a user's retries meet it again (issue 44)."""
+    return hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 
 def scope_index(scope: str) -> str:
     """The sorted set of a scope's finished records (key hash, scored by expiry): erasure."""
-    scope_hash = hashlib.sha256(scope.encode()).hexdigest()[:32]
-    return f"{PREFIX}s:{{{scope_hash}}}"
+    return f"{PREFIX}s:{{{_scope_hash(scope)}}}"
 
 
 def client_for(name: str) -> Any:
@@ -169,6 +176,11 @@ class RedisStore:
         self._client: Any = None
         self._cluster: bool | None = None
         self._scripts: dict[str, Any] = {}
+        #: The client's plain connection pool (:meth:`_eval`), ``None`` where its connections
+        #: are not to be kept (a cluster, Sentinel's, a blocking or caching pool).
+        self._pool: Any = None
+        self._idle: list[Any] = []
+        self._pid = os.getpid()
         #: The records of this process's live claims: pk -> (Redis key, scope, key hash).
         self._records: dict[int, tuple[str, str, str]] = {}
         self._numbers = itertools.count(1)
@@ -183,10 +195,20 @@ class RedisStore:
     @property
     def client(self) -> Any:
         if self._client is None:
+            import redis
+
             client = client_for(self.alias)
             #: A cluster's client: a script touches one slot, so a record's index is written
             #: apart from it (:meth:`_index`).
             self._cluster = type(client).__name__ == "RedisCluster"
+            pool = getattr(client, "connection_pool", None)
+            if (
+                not self._cluster
+                and type(pool) is redis.ConnectionPool
+                and getattr(pool, "cache", None) is None
+                and getattr(client, "connection", None) is None
+            ):
+                self._pool = pool
             self._client = client
         return self._client
 
@@ -286,29 +308,59 @@ class RedisStore:
             delay = min(delay * 2, _MAX_RETRY)
 
     def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """``EVALSHA`` on a connection of the client's pool, sent and read below redis-py's
+        """``EVALSHA`` on a connection of the store's own, sent and read below redis-py's
         command machinery (its retry wrapper, its timing): every protected call's claim and
         result, as the database store's statements go below the drivers' cursors (issue
         42). A server that lost its scripts (a restart) gets it loaded by redis-py's
-        ``Script``; so does a cluster, or a client without a pool."""
+        ``Script``; so does a cluster, Sentinel's master, or a client without a plain pool.
+
+        The connections come from the client's pool once and are kept on the store's own
+        idle list, one per concurrent call (issue 44: the pool's checkout and release, its
+        check for unread data and its observability hooks cost a replay 11 µs, a tenth of
+        our Python around the Redis call). A connection that met anything but a server's
+        reply goes back to the pool, disconnected, with every idle one (a restart or a cut
+        killed them too): the next call takes one from the pool, which reconnects."""
         import redis
 
-        client = self.client
-        pool = getattr(client, "connection_pool", None)
         script = self._script(name)
-        if pool is None or self._cluster or getattr(client, "connection", None) is not None:
+        pool = self._pool
+        if pool is None:
             return script(keys=keys, args=args)
-        connection = pool.get_connection()
+        idle = self._idle
+        if self._pid != os.getpid():  # a forked child: its parent's sockets are not its own
+            idle = self._idle = []
+            self._pid = os.getpid()
         try:
-            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            return connection.read_response()
-        except redis.exceptions.NoScriptError:
-            return script(keys=keys, args=args)
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            connection.disconnect()
+            connection = idle.pop()
+        except IndexError:
+            connection = pool.get_connection()
+        try:
+            connection.send_packed_command(
+                connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            )
+            reply = connection.read_response()
+        except redis.ResponseError as exc:  # the server's reply, read whole: a sound connection
+            idle.append(connection)
+            if isinstance(exc, redis.exceptions.NoScriptError):
+                return script(keys=keys, args=args)
             raise
-        finally:
-            pool.release(connection)
+        except BaseException:
+            self._drop(pool, connection)
+            raise
+        idle.append(connection)
+        return reply
+
+    def _drop(self, pool: Any, connection: Any) -> None:
+        """A connection that failed, and every idle one, back to the pool, disconnected."""
+        idle, dropped = self._idle, [connection]
+        while idle:
+            try:
+                dropped.append(idle.pop())
+            except IndexError:  # another thread took the last
+                break
+        for each in dropped:
+            each.disconnect()
+            pool.release(each)
 
     # -- the claim ---------------------------------------------------------------------------
 
@@ -369,17 +421,10 @@ class RedisStore:
         """Another call's record, as the claim read it: a :class:`~.rows.Record` that converts
         a field when it is first read (a replay reads five), and makes the model's instance
         (unsaved: it lives in Redis) only for a signal's receivers."""
-        values = dict(zip(scripts.FIELDS, reply[2:], strict=True))
-        row = [
-            None,
-            identity.scope,
-            identity.key_hash,
-            *(values[name] for name in _ROW_FIELDS[3:14]),
-            values["ca"] or reply[1],
-            values["up"] or reply[1],
-            values["ua"],
-            values["ea"] or reply[1],
-        ]
+        now = reply[1]
+        row = [None, identity.scope, identity.key_hash, *_FROM_REPLY(reply)]
+        for at in _OR_NOW:  # created, updated, expiry: the server's time when absent
+            row[at] = row[at] or now
         if row[_RP] is None:
             row[_RP] = b""
         return Record(row, _CONVERTERS)
@@ -647,6 +692,11 @@ _ROW_FIELDS = (
 )  # fmt: skip
 assert len(_ROW_FIELDS) == len(ATTNAMES), ATTNAMES
 _RP = _ROW_FIELDS.index("rp")
+#: Where each row field after the key hash is in a ``found`` reply (``reply[2:]`` is the
+#: fields in :data:`.scripts.FIELDS`' order; the unlock time ``ua`` may be absent: ``None``),
+#: and the row fields the server's time stands in for when absent.
+_FROM_REPLY = itemgetter(*(2 + scripts.FIELDS.index(name) for name in _ROW_FIELDS[3:]))
+_OR_NOW = tuple(_ROW_FIELDS.index(name) for name in ("ca", "up", "ea"))
 #: How each becomes the field's value (``None``: kept as it is), when first read.
 _CONVERTERS = _Converters(
     [
