@@ -199,17 +199,19 @@ def test_takeover_is_refused_while_the_owner_lives_under_real_threads() -> None:
     runs: list[int] = []
     started = threading.Event()
 
-    @idempotent_function(key="event_id", lock_timeout=0.3, ttl=60)
+    # A second's lock, renewed every third of it: a renewal may come late by most of a second
+    # and still hold (0.3 s was lost once, at load 5, to a renewer that ran too late).
+    @idempotent_function(key="event_id", lock_timeout=1.0, ttl=60)
     def handle(event_id: str) -> str:
         runs.append(1)
         started.set()
-        time.sleep(1.2)  # four lock timeouts: only renewal keeps it
+        time.sleep(3.0)  # three lock timeouts: only renewal keeps it
         return "done"
 
     outcomes: list[str] = []
 
     def duplicate() -> None:
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:
             try:
                 outcomes.append(handle("k"))
