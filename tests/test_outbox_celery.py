@@ -31,7 +31,7 @@ import pytest
 
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 from tests import own_servers
-from tests.test_celery import ROOT, Broker, Worker, rows, wait_for
+from tests.test_celery import BROKERS, ROOT, Broker, Worker, rows, wait_for
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
@@ -39,6 +39,15 @@ pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def rabbitmq() -> Iterator[Broker]:
     own = Broker("rabbitmq")
+    try:
+        yield own
+    finally:
+        own.remove()
+
+
+@pytest.fixture(params=sorted(BROKERS))
+def each_broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    own = Broker(request.param)
     try:
         yield own
     finally:
@@ -145,24 +154,25 @@ def test_two_relays_at_once_send_each_message_once(rabbitmq: Broker, tmp_path: P
 
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_a_consumer_worker_killed_mid_task_gets_its_message_again_and_has_one_effect(
-    rabbitmq: Broker, tmp_path: Path, where: str
+    each_broker: Broker, tmp_path: Path, where: str
 ) -> None:
-    """``before``: killed with its record claimed and no receipt yet (the next worker waits
+    """On RabbitMQ and Redis (their redelivery of an unacknowledged task differs).
+    ``before``: killed with its record claimed and no receipt yet (the next worker waits
     for the lock, 5 s, and takes it over); ``after``: killed with its receipt and result
     stored, the task not acknowledged (the next worker's call replays it)."""
-    finished(rabbitmq, "web", "1", "2", "3", IDEMPOTENCY_TEST_NO_FAST_PATH="1")
+    finished(each_broker, "web", "1", "2", "3", IDEMPOTENCY_TEST_NO_FAST_PATH="1")
     ids = set(OutboxMessage.objects.values_list("message_id", flat=True))
     first = Worker(
-        rabbitmq, "first", tmp_path, concurrency=1, IDEMPOTENCY_TEST_HANG_IN_RECEIPT=where
+        each_broker, "first", tmp_path, concurrency=1, IDEMPOTENCY_TEST_HANG_IN_RECEIPT=where
     )
     workers = [first]
     try:
-        finished(rabbitmq, "relay")
+        finished(each_broker, "relay")
         assert set(OutboxMessage.objects.values_list("state", flat=True)) == {"sent"}
         wait_for(lambda: rows("receipt-parked"), "the consumer to park mid-task", first)
         assert len(receipts()) == (0 if where == "before" else 1)
         first.kill()
-        workers.append(Worker(rabbitmq, "second", tmp_path, concurrency=2))
+        workers.append(Worker(each_broker, "second", tmp_path, concurrency=2))
         wait_for(lambda: set(rows("task-succeeded")) >= ids, "every message", workers[1])
     finally:
         for worker in workers:
