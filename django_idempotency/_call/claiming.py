@@ -362,8 +362,12 @@ class Unreachable(StoreUnavailable):
 
 
 class _Entered:
-    """An atomic block entered within the claim's bound: on MySQL, entering it is a statement
-    (``SET autocommit``), which a silent connection would hold for good (issue 39)."""
+    """An atomic block entered and left within the claim's bound: on MySQL, entering it is a
+    statement (``SET autocommit``), and leaving it is the ``COMMIT`` (or ``ROLLBACK``), each of
+    which a silent connection would hold for good (issue 39). A commit cut off so is a fault
+    (``503``); the server, its connection closed, drops the uncommitted claim, which would
+    otherwise hold the key until its own keepalives noticed (a pooled connection, blackholed
+    mid-commit, held two keys past the fault suite's wait in CI)."""
 
     def __init__(
         self, store: Store, connection: BaseDatabaseWrapper, policy: Policy, block: Any
@@ -375,7 +379,11 @@ class _Entered:
         self.store.bounded(self.connection, seconds, self.block.__enter__)
 
     def __exit__(self, *exc_info: Any) -> bool | None:
-        return cast(bool | None, self.block.__exit__(*exc_info))
+        seconds = deadlines.bound(self.policy.lock_timeout)
+        return cast(
+            bool | None,
+            self.store.bounded(self.connection, seconds, lambda: self.block.__exit__(*exc_info)),
+        )
 
 
 @contextmanager
