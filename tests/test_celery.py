@@ -82,6 +82,12 @@ class Broker:
         result = self.app.send_task(TASK, kwargs={"order_id": order_id}, queue=self.queue)
         return str(result.id)
 
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()
+
     def remove(self) -> None:
         if self.name == "redis":
             import redis
@@ -136,11 +142,8 @@ class Worker:
 
 @pytest.fixture(params=sorted(BROKERS))
 def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
-    own = Broker(request.param)
-    try:
+    with Broker(request.param) as own:
         yield own
-    finally:
-        own.remove()
 
 
 def wait_for(condition: object, what: str, *workers: Worker) -> None:

@@ -28,11 +28,8 @@ pytestmark = [
 
 @pytest.fixture
 def rabbitmq() -> Iterator[Broker]:
-    own = Broker("rabbitmq")
-    try:
+    with Broker("rabbitmq") as own:
         yield own
-    finally:
-        own.remove()
 
 
 def first_request(broker: Broker, key: str) -> dict[str, object]:

@@ -38,20 +38,14 @@ pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def rabbitmq() -> Iterator[Broker]:
-    own = Broker("rabbitmq")
-    try:
+    with Broker("rabbitmq") as own:
         yield own
-    finally:
-        own.remove()
 
 
 @pytest.fixture(params=sorted(BROKERS))
 def each_broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
-    own = Broker(request.param)
-    try:
+    with Broker(request.param) as own:
         yield own
-    finally:
-        own.remove()
 
 
 def process(
