@@ -2,7 +2,8 @@
 
 Each runs its side effect at once, then waits for the scenario's gate (``X-Gate``: a file of that
 name in ``IDEMPOTENCY_FAULT_DIR``) so that the fault lands between the claim and the result
-write. Every start is a line in ``started``; a two-phase view's effect is a line in ``effects``
+write. A view past its effect, about to wait, is a line in ``started``; a two-phase view's
+effect is a line in ``effects``
 (a file: it survives whatever the database does), an atomic view's an ``Execution`` row in its
 own transaction (it happened only if that committed). Headers are not in the fingerprint, so a
 retry is the same request. ``log_in`` gives a client a session: its requests' scope is the
@@ -57,11 +58,14 @@ def _wait_gate(request: HttpRequest) -> None:
 def _run(request: HttpRequest, effect: str) -> HttpResponse:
     key = request.headers.get("Idempotency-Key", "")
     execution = uuid.uuid4().hex
-    _append("started", f"{key} {execution}")
     if effect == "file":
         _append("effects", f"{key} {execution}")
     else:
         Execution.objects.create(label=ATOMIC_LABEL, payload=f"{key} {execution}")
+    # Only now: a fault injected once every owner is here lands after the effects. Written
+    # before the effect, a slow worker's atomic INSERT met a blackhole injected meanwhile, a
+    # statement of the view's own that nothing bounds (CI: one key held for good).
+    _append("started", f"{key} {execution}")
     _wait_gate(request)
     return JsonResponse({"key": key, "execution": execution, "pid": os.getpid()}, status=201)
 
@@ -123,8 +127,8 @@ def recovery(request: HttpRequest) -> HttpResponse:
         claim.set_recovery_point("reserved", {"reservation": key})
     if claim.recovery_point == "reserved":
         charge = uuid.uuid4().hex
-        _append("started", f"{key} {charge}")
         _append("effects", f"{key} {charge}")
+        _append("started", f"{key} {charge}")
         _wait_gate(request)
         claim.set_recovery_point("charged", {"charge": charge})
     return JsonResponse({"key": key, "shipped": claim.recovery_data["charge"]}, status=201)
