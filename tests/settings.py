@@ -59,8 +59,8 @@ else:
 # The same database under two more aliases, test mirrors (test cases open no transaction on
 # them): "idempotency" is the separate claim connection that ATOMIC_REQUESTS projects need, and
 # tests/test_unavailable.py makes "unreachable" unreachable.
-#: Django's connection pool (PostgreSQL): what .ci/run's pool cell runs the PostgreSQL tests
-#: under (issue 39). CONN_HEALTH_CHECKS stays off, Django's default: the pool hands its
+#: Django's connection pool (PostgreSQL): what .ci/run's py3.13 leg runs the whole suite under
+#: (issue 39). CONN_HEALTH_CHECKS stays off, Django's default: the pool hands its
 #: connections out unchecked.
 POOL = {"min_size": 2, "max_size": 8}
 if os.environ.get("IDEMPOTENCY_TEST_POOL") and DATABASES["default"]["ENGINE"].endswith(

@@ -145,12 +145,17 @@ def in_memory(connection: BaseDatabaseWrapper) -> bool:
 
 
 def server_connections() -> int:
-    """The server's connections to this database (PostgreSQL; 0 elsewhere)."""
+    """The server's connections to this database that no pool holds idle (PostgreSQL; 0
+    elsewhere): a connection given back to Django's pool stays open, and is no leak."""
     if not on_postgresql():
         return 0
     with connections["default"].cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
-        return int(cursor.fetchone()[0])
+        count = int(cursor.fetchone()[0])
+    # Django's own (5.1+): the pools made so far, one per pooled alias. Not ``.pool``, which
+    # would make one.
+    pools = getattr(connections["default"], "_connection_pools", {}).values()
+    return count - sum(pool.get_stats().get("pool_available", 0) for pool in pools)
 
 
 def renewer_threads() -> list[threading.Thread]:
