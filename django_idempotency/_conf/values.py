@@ -94,9 +94,7 @@ def methods(value: Any, name: str) -> frozenset[str]:
     "Safe methods are never protected; list POST, PATCH, PUT or DELETE.",
 )
 def unsafe_methods(value: frozenset[str], name: str) -> frozenset[str]:
-    if safe := value & SAFE_METHODS:
-        raise ValueError(f"{name} lists safe methods {sorted(safe)}, which are never protected.")
-    return value
+    return _none_of(value, SAFE_METHODS, name, "safe methods {}, which are never protected")
 
 
 @refusing("is not a positive duration")
@@ -150,8 +148,15 @@ def header_names(value: Any, name: str) -> frozenset[str]:
     "Cookies belong to one client and hop-by-hop headers to one connection.",
 )
 def stored_headers(value: frozenset[str], name: str) -> frozenset[str]:
-    if forbidden := value & NEVER_STORED:
-        raise ValueError(f"{name} lists {sorted(forbidden)}, which are never stored.")
+    return _none_of(value, NEVER_STORED, name, "{}, which are never stored")
+
+
+def _none_of(
+    value: frozenset[str], refused: frozenset[str], name: str, what: str
+) -> frozenset[str]:
+    """``value``, unless it holds any of ``refused``: ``what`` says why, ``{}`` the ones found."""
+    if found := value & refused:
+        raise ValueError(f"{name} lists {what.format(sorted(found))}.")
     return value
 
 
