@@ -8,6 +8,7 @@ private ``redis-server`` processes.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import socket
@@ -124,6 +125,53 @@ def test_the_cache_alias_client_and_pool_are_reused() -> None:
         store.client.connection_pool
         is caches["redis"]._cache.get_client(write=True).connection_pool
     )
+
+
+def test_the_first_calls_of_many_threads_at_once_make_one_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fresh worker's first requests, all at once (CI's Redis fault leg): two clients made
+    by two of them, the one dropped closed its pool when collected, and with it a connection
+    another thread was reading (a ``500``). Every thread gets the one client, and after a
+    collection every connection the calls kept is still open. The client takes 50 ms to
+    make here, so that the first calls all arrive while it is being made."""
+    from django_idempotency._store.redis import RedisStore
+    from django_idempotency._store.redis import store as module
+
+    made = module.client_for
+
+    def slowly(name: str) -> Any:
+        time.sleep(0.05)
+        return made(name)
+
+    monkeypatch.setattr(module, "client_for", slowly)
+    threads = 16
+    barrier = threading.Barrier(threads)
+    clients: list[Any] = []
+    failures: list[BaseException] = []
+
+    def first(store: Any) -> None:
+        barrier.wait(5)
+        try:
+            clients.append(store.client)
+            assert store._run("UNLOCK", ["idempotency:r:{race}"], ["t"], 5.0) == 0
+        except BaseException as exc:
+            failures.append(exc)
+
+    for _ in range(5):  # a fresh store each round
+        store = RedisStore(settings.REDIS_URL)
+        clients.clear()
+        running = [threading.Thread(target=first, args=(store,)) for _ in range(threads)]
+        for thread in running:
+            thread.start()
+        for thread in running:
+            thread.join()
+        made_clients = len({id(each) for each in clients})
+        clients.clear()
+        gc.collect()  # a client made and dropped closes its pool here
+        assert failures == []
+        assert store._idle and all(each._sock is not None for each in store._idle)
+        assert made_clients == 1
 
 
 def test_the_store_keeps_its_connections_and_drops_all_idle_ones_after_a_cut() -> None:

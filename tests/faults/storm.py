@@ -163,6 +163,15 @@ def file_executions(folder: Path, keys: list[str]) -> Counter[str]:
     return Counter(key for key in _lines(folder / "effects") if key in wanted)
 
 
+def _last_server_error(log: str) -> str:
+    """The app log's last ``500`` with its traceback: in the failure's own message, which CI
+    shows whole where the log printed before it is cut (a 500 before the fault, once)."""
+    at = log.rfind("ERROR django.request: Internal Server Error")
+    if at < 0:
+        return ""
+    return "\nthe last 500 in the app's log:\n" + log[at:][:6000]
+
+
 def _lines(path: Path) -> list[str]:
     try:
         return [line.split()[0] for line in path.read_text().splitlines() if line.strip()]
@@ -286,6 +295,7 @@ class Scenario:
                     f"(the app's /health/: {health}) "
                     f"{len(started)} of the {KEYS} owners reached the gate before the fault; "
                     f"answered early: {[(a.status, a.body[:200]) for a in early]}"
+                    f"{_last_server_error(self.app.log())}"
                 )
             time.sleep(0.02)
 

@@ -195,6 +195,17 @@ class RedisStore:
     @property
     def client(self) -> Any:
         if self._client is None:
+            with self._lock:  # one client: a second one's end would close the first's sockets
+                self._make_client()
+        return self._client
+
+    def _make_client(self) -> None:
+        """The store's one client, made by the first call of the process. Made twice by two
+        first calls at once, the one dropped closed its pool when collected (redis-py's
+        ``Redis.__del__``: a client made from a URL owns its pool), with the connections our
+        idle list and the other threads' calls had from it: a read in flight met a closed
+        socket, a ``500`` (found in CI's Redis fault leg, once in about fifty fresh apps)."""
+        if self._client is None:
             import redis
 
             client = client_for(self.alias)
@@ -210,7 +221,6 @@ class RedisStore:
             ):
                 self._pool = pool
             self._client = client
-        return self._client
 
     def _script(self, name: str) -> Any:
         script = self._scripts.get(name)
