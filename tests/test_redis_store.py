@@ -39,6 +39,7 @@ from django_idempotency._ops import checks, store_checks
 from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.redis.store import record_key
 from django_idempotency.testing import stale_key
+from tests import ports
 from tests.conftest import flush_redis
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
@@ -462,17 +463,15 @@ def test_a_view_on_redis_by_its_own_option() -> None:
 
 
 def _free_port() -> int:
-    first, last = (
-        int(p) for p in os.environ.get("IDEMPOTENCY_REDIS_PORTS", "47300-47399").split("-")
-    )
-    for port in range(first, last + 1):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("No free port for a private redis-server.")
+    """A port for a private ``redis-server``, below the kernel's ephemeral ports: a probe of a
+    server not listening yet (or restarting) on one of those may connect to itself and read its
+    own ``HELLO`` back (:mod:`tests.ports`; the Sentinel test's probe once, on 47300-47399).
+    ``IDEMPOTENCY_REDIS_PORTS=first-last``: a range of one's own."""
+    within = ports.below_ephemeral()
+    if chosen := os.environ.get("IDEMPOTENCY_REDIS_PORTS"):
+        first, last = (int(port) for port in chosen.split("-"))
+        within = range(first, last + 1)
+    return ports.free(1, within)[0]
 
 
 class private_redis:
@@ -545,6 +544,69 @@ def test_an_unreachable_redis_store_is_a_503_and_the_view_does_not_run(post: Any
     assert problem_slug(response) == "idempotency-unavailable"
     assert executions() == 0
     assert time.monotonic() - started < 2
+
+
+class echo_server:
+    """A peer that sends back whatever it is sent: what a client connected to itself reads (a
+    Redis server down on a port of the ephemeral range, :mod:`tests.ports`)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        self.served: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                peer, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            self.served.append(peer)
+            threading.Thread(target=self._echo, args=(peer,), daemon=True).start()
+
+    @staticmethod
+    def _echo(peer: socket.socket) -> None:
+        with peer:
+            try:
+                while data := peer.recv(65536):
+                    peer.sendall(data)
+            except OSError:
+                return
+
+    def __enter__(self) -> echo_server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.listener.close()
+        for peer in self.served:
+            peer.close()
+
+
+@pytest.mark.parametrize("protocol", ["", "?protocol=2"])
+def test_a_store_that_reads_its_own_commands_back_is_a_503_and_never_a_claim(
+    protocol: str, post: Any
+) -> None:
+    """RESP3 (redis-py 8's default): the ``HELLO`` read back is a list, not the server's map
+    (redis-py's ``AttributeError``: a ``500`` before). RESP2: the ``EVALSHA`` read back is a
+    list that a claim took for a record, and a result write for done. Both are faults of the
+    connection: the claim answers ``503`` and the view does not run; a write is not done."""
+    from django_idempotency._store.redis import RedisStore
+    from django_idempotency._store.redis.store import RedisFault
+    from tests.conftest import executions, problem_slug
+
+    with echo_server() as echo:
+        url = echo.url + protocol
+        with override_settings(IDEMPOTENCY={"STORE": url}):
+            response = post("/create/", {"a": 1}, key="k")
+        assert response.status_code == 503
+        assert problem_slug(response) == "idempotency-unavailable"
+        assert executions() == 0
+        store: Any = RedisStore(url)
+        for script, args in [("COMPLETE", ["t", "completed", 201, "[]", b"", "0", "", "h"]),
+                             ("UNLOCK", ["t"])]:  # fmt: skip
+            with pytest.raises(RedisFault, match=r"the connection failed|not the script.s"):
+                store._run(script, ["idempotency:r:{echo}"], args, 0.5)
 
 
 # --- faults on a private server -----------------------------------------------------------
@@ -750,9 +812,10 @@ def _server(port: int, directory: str, *options: str) -> subprocess.Popen[bytes]
 
 
 def _answers(port: int) -> None:
-    """Until the server on ``port`` answers a ``PING``. RESP2, so no ``HELLO``: a replica just
-    started once answered redis-py's ``HELLO 3`` with a RESP2 array, which redis-py's
-    handshake fails on with an ``AttributeError`` (CI, the redis leg, 1 run in 5)."""
+    """Until the server on ``port`` answers a ``PING`` (RESP2: no ``HELLO``). On a port of the
+    ephemeral range this probe once connected to itself before the replica listened, and read
+    its own ``HELLO 3`` back, a list (CI, the redis leg): :func:`_free_port` no longer gives
+    one."""
     deadline = time.monotonic() + 10
     while True:
         try:

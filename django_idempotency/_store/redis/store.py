@@ -335,7 +335,7 @@ class RedisStore:
         script = self._script(name)
         pool = self._pool
         if pool is None:
-            return script(keys=keys, args=args)
+            return self._by_client(script, name, keys, args)
         idle = self._idle
         if self._pid != os.getpid():  # a forked child: its parent's sockets are not its own
             idle = self._idle = []
@@ -343,21 +343,45 @@ class RedisStore:
         try:
             connection = idle.pop()
         except IndexError:
-            connection = pool.get_connection()
+            try:
+                connection = pool.get_connection()
+            except redis.RedisError:
+                raise
+            except Exception as exc:
+                raise _connection_fault(name, exc) from exc
+        packed = connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
-            connection.send_packed_command(
-                connection.pack_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            )
+            connection.send_packed_command(packed)
             reply = connection.read_response()
         except redis.ResponseError as exc:  # the server's reply, read whole: a sound connection
             idle.append(connection)
             if isinstance(exc, redis.exceptions.NoScriptError):
-                return script(keys=keys, args=args)
+                return self._by_client(script, name, keys, args)
             raise
-        except BaseException:
+        except BaseException as exc:
             self._drop(pool, connection)
+            if isinstance(exc, Exception) and not isinstance(exc, redis.RedisError):
+                raise _connection_fault(name, exc) from exc
             raise
+        if not _understood(name, reply):
+            self._drop(pool, connection)
+            raise _connection_fault(name, reply)
         idle.append(connection)
+        return reply
+
+    @staticmethod
+    def _by_client(script: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        """The script through redis-py's ``Script`` (it loads one the server lacks)."""
+        import redis
+
+        try:
+            reply = script(keys=keys, args=args)
+        except redis.RedisError:
+            raise
+        except Exception as exc:
+            raise _connection_fault(name, exc) from exc
+        if not _understood(name, reply):
+            raise _connection_fault(name, reply)
         return reply
 
     def _drop(self, pool: Any, connection: Any) -> None:
@@ -735,6 +759,32 @@ _CONVERTERS = _Converters(
 class _Holder:
     def __init__(self, scope: str, key_hash: str) -> None:
         self.scope, self.key_hash = scope, key_hash
+
+
+#: The kinds a claim's reply starts with (:data:`.scripts.CLAIM`).
+_CLAIM_KINDS = frozenset((b"new", b"own", b"takeover", b"found"))
+
+
+def _understood(name: str, reply: Any) -> bool:
+    """Whether a reply is the script's: a claim's is a list led by its kind, every other
+    script's a number. Anything else did not come from our script on a Redis server: a
+    client connected to itself (a server down on a port of the ephemeral range: its own
+    command read back) must not take it for a claim, or a write for done."""
+    if name == "CLAIM":
+        return isinstance(reply, list) and len(reply) > 1 and reply[0] in _CLAIM_KINDS
+    return type(reply) is int
+
+
+def _connection_fault(name: str, what: Any) -> Exception:
+    """A reply that is not the script's, or a failure redis-py does not name as its own
+    (``AttributeError`` from a handshake whose ``HELLO`` was answered with a list,
+    ``ValueError`` from a socket closed under a read), as the connection's fault: tried
+    again, or answered ``503``, not a ``500``."""
+    import redis
+
+    if isinstance(what, Exception):
+        return redis.ConnectionError(f"{name}: the connection failed: {what!r}")
+    return redis.ConnectionError(f"{name}: a reply that is not the script's: {what!r:.80}")
 
 
 def _passing(exc: Exception) -> bool:
