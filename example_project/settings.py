@@ -26,6 +26,17 @@ DATABASES = {
         default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=0
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The outbox's stand-in tasks write from threads of the web process (payments/tasks.py).
+    # A SQLite transaction begun DEFERRED (Django's default) that has read cannot then wait
+    # for the write lock: the refund's check-then-insert was refused at once with "database is
+    # locked", a 500 (CI's schemathesis leg; 16 of 300 refunds beside running exports). Begun
+    # IMMEDIATE (Django 5.1+), each waits its turn, up to "timeout" seconds.
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
@@ -122,5 +133,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_idempotency": {"handlers": ["console"], "level": "INFO"}},
+    "loggers": {
+        "django_idempotency": {"handlers": ["console"], "level": "INFO"},
+        # A 500's traceback in the server's log, DEBUG or not.
+        "django.request": {"handlers": ["console"], "level": "ERROR"},
+    },
 }
