@@ -38,7 +38,7 @@ from django_idempotency._conf.settings import usable
 from django_idempotency._ops import checks, store_checks
 from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.redis.store import record_key
-from django_idempotency.testing import stale_key
+from django_idempotency.testing import concurrently, stale_key
 from tests import ports
 from tests.conftest import flush_redis
 
@@ -128,6 +128,7 @@ def test_the_cache_alias_client_and_pool_are_reused() -> None:
     )
 
 
+@pytest.mark.django_db(transaction=True)
 def test_the_first_calls_of_many_threads_at_once_make_one_client(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -146,31 +147,18 @@ def test_the_first_calls_of_many_threads_at_once_make_one_client(
         return made(name)
 
     monkeypatch.setattr(module, "client_for", slowly)
-    threads = 16
-    barrier = threading.Barrier(threads)
-    clients: list[Any] = []
-    failures: list[BaseException] = []
-
-    def first(store: Any) -> None:
-        barrier.wait(5)
-        try:
-            clients.append(store.client)
-            assert store._run("UNLOCK", ["idempotency:r:{race}"], ["t"], 5.0) == 0
-        except BaseException as exc:
-            failures.append(exc)
-
     for _ in range(5):  # a fresh store each round
         store = RedisStore(settings.REDIS_URL)
-        clients.clear()
-        running = [threading.Thread(target=first, args=(store,)) for _ in range(threads)]
-        for thread in running:
-            thread.start()
-        for thread in running:
-            thread.join()
+
+        def first(store: Any = store) -> Any:
+            client = store.client
+            assert store._run("UNLOCK", ["idempotency:r:{race}"], ["t"], 5.0) == 0
+            return client
+
+        clients = concurrently(first, 16)  # an exception of any is raised
         made_clients = len({id(each) for each in clients})
-        clients.clear()
+        del clients
         gc.collect()  # a client made and dropped closes its pool here
-        assert failures == []
         assert store._idle and all(each._sock is not None for each in store._idle)
         assert made_clients == 1
 
