@@ -137,8 +137,14 @@ def sentinel_client(url: str) -> Any:
         raise StoreUnavailable(f"{url!r} names no master: redis+sentinel://host:port/master.")
     db = int(names[1]) if len(names) > 1 else 0
     options = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT}
-    sentinel = Sentinel(hosts, sentinel_kwargs=options, **options)  # type: ignore[no-untyped-call]
-    return sentinel.master_for(names[0], db=db)  # type: ignore[no-untyped-call]
+    # redis-py types Sentinel from 8.2 on; before, it is untyped (the ignores cover both).
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
+        hosts,
+        sentinel_kwargs=options,
+        socket_timeout=SOCKET_TIMEOUT,
+        socket_connect_timeout=SOCKET_TIMEOUT,
+    )
+    return sentinel.master_for(names[0], db=db)  # type: ignore[no-untyped-call, unused-ignore]
 
 
 def _us(delta: timedelta) -> int:
