@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -462,6 +463,39 @@ def _free_port() -> int:
     return ports.free(1, within)[0]
 
 
+def _start_server(
+    port: int, directory: str, *options: str, config: str | None = None
+) -> subprocess.Popen[bytes]:
+    """A ``redis-server`` on ``port`` with its files and its log in ``directory``, returned once
+    it answers a ``PING``; if it ends or stays silent 30 s, a failure with its log's tail (a
+    restart's probe once gave up after 10 s on a loaded machine, its cause unknown). The probe
+    speaks RESP2 (no ``HELLO``): on a port of the ephemeral range one connected to itself
+    before the replica listened and read its own ``HELLO 3`` back (CI, the redis leg);
+    :func:`_free_port` no longer gives one."""
+    log = Path(directory, f"redis-{port}.log")
+    process = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", *([config] if config else []),
+         "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--logfile", str(log),
+         *([] if config else ["--save", ""]), *options],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            redis.Redis(host="127.0.0.1", port=port, protocol=2, socket_timeout=5).ping()
+            return process
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as error:
+            if process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            process.kill()
+            ended = process.wait()
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+            raise AssertionError(
+                f"redis-server on port {port} did not answer ({error}; exit {ended}):\n{tail}"
+            ) from error
+
+
 class private_redis:
     """A ``redis-server`` of the test's own, in a temporary directory, stopped after."""
 
@@ -473,24 +507,14 @@ class private_redis:
         private_redis.last = self
 
     def __enter__(self) -> str:
-        server = shutil.which("redis-server")
-        assert server, "redis-server is not installed"
         self.dir = tempfile.mkdtemp(prefix="idempotency-redis-")
         self.port = _free_port()
-        self.process = subprocess.Popen(
-            [server, "--port", str(self.port), "--dir", self.dir, "--save", "", *self.options],
-            stdout=subprocess.DEVNULL,
-        )
-        url = f"redis://127.0.0.1:{self.port}/0"
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                return url
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        try:
+            self.process = _start_server(self.port, self.dir, *self.options)
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        return f"redis://127.0.0.1:{self.port}/0"
 
     def __exit__(self, *exc: Any) -> None:
         self.process.kill()
@@ -604,20 +628,7 @@ def _restart(server: private_redis, *options: str) -> None:
     """SIGKILL the server (no shutdown save), then start it again on its directory."""
     server.process.kill()
     server.process.wait()
-    server.process = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(server.port), "--dir",
-         server.dir, "--save", "", *options],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            redis.Redis(port=server.port).ping()
-            return
-        except (redis.ConnectionError, redis.BusyLoadingError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    server.process = _start_server(server.port, server.dir, *options)
 
 
 @pytest.mark.parametrize("fsync", ["always", "everysec", "no AOF"])
@@ -700,6 +711,12 @@ def test_an_owner_rides_out_an_outage_longer_than_a_statement_share_of_its_lock(
     runs: list[str] = []
     server_box: list[private_redis] = []
     options = ("--appendonly", "yes", "--appendfsync", "always")
+    later = ThreadPoolExecutor(1)
+    restarts: list[Future[None]] = []
+
+    def restart(server: private_redis) -> None:
+        time.sleep(3.0)
+        _restart(server, *options)
 
     @idempotent_function(key="event_id", lock_timeout=10)
     def handle(event_id: str) -> str:
@@ -707,7 +724,7 @@ def test_an_owner_rides_out_an_outage_longer_than_a_statement_share_of_its_lock(
         server = server_box[0]
         server.process.kill()
         server.process.wait()
-        threading.Timer(3.0, _restart, (server, *options)).start()
+        restarts.append(later.submit(restart, server))
         return "kept"
 
     with private_redis(*options) as url, override_settings(IDEMPOTENCY={"STORE": url}):
@@ -715,7 +732,9 @@ def test_an_owner_rides_out_an_outage_longer_than_a_statement_share_of_its_lock(
         started = time.monotonic()
         assert handle("k") == "kept"
         assert time.monotonic() - started >= 2.5  # it waited for the server
+        restarts[0].result(timeout=60)  # the restart's own failure, if it failed
         assert handle("k") == "kept"
+    later.shutdown()
     assert runs == ["k"]
 
 
@@ -791,30 +810,6 @@ def test_a_fault_shorter_than_the_lock_never_runs_a_view_twice(fault: str) -> No
 # --- Redis Sentinel: a failover -----------------------------------------------------------
 
 
-def _server(port: int, directory: str, *options: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--dir",
-         directory, "--save", "", *options],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
-def _answers(port: int) -> None:
-    """Until the server on ``port`` answers a ``PING`` (RESP2: no ``HELLO``). On a port of the
-    ephemeral range this probe once connected to itself before the replica listened, and read
-    its own ``HELLO 3`` back, a list (CI, the redis leg): :func:`_free_port` no longer gives
-    one."""
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            redis.Redis(port=port, protocol=2).ping()
-            return
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 def test_a_sentinel_failover_keeps_replicated_records_and_answers_503_meanwhile(
     capsys: Any,
 ) -> None:
@@ -830,28 +825,19 @@ def test_a_sentinel_failover_keeps_replicated_records_and_answers_503_meanwhile(
     master, replica, watcher = _free_port(), 0, 0
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        processes.append(_server(master, directory, "--appendonly", "yes"))
-        _answers(master)
+        processes.append(_start_server(master, directory, "--appendonly", "yes"))
         replica = _free_port()
         os.makedirs(f"{directory}/replica")
         processes.append(
-            _server(replica, f"{directory}/replica", "--replicaof", "127.0.0.1", str(master))
+            _start_server(replica, f"{directory}/replica", "--replicaof", "127.0.0.1", str(master))
         )
-        _answers(replica)
         watcher = _free_port()
         config = Path(directory, "sentinel.conf")
         config.write_text(
-            f"port {watcher}\ndir {directory}\n"
             f"sentinel monitor m 127.0.0.1 {master} 1\n"
             "sentinel down-after-milliseconds m 500\nsentinel failover-timeout m 3000\n"
         )
-        processes.append(
-            subprocess.Popen(
-                [shutil.which("redis-server") or "redis-server", str(config), "--sentinel"],
-                stdout=subprocess.DEVNULL,
-            )
-        )
-        _answers(watcher)
+        processes.append(_start_server(watcher, directory, "--sentinel", config=str(config)))
         url = f"redis+sentinel://127.0.0.1:{watcher}/m/0"
         runs: dict[str, int] = {}
 
