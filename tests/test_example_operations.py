@@ -18,6 +18,7 @@ from tests.test_example_project import (
     ROOT,
     TRIMMED,
     Exchange,
+    console_session,
     run_curl,
     same_status,
     serve,
@@ -28,37 +29,8 @@ OPERATION_ID = re.compile(r"1\.[A-Za-z0-9_-]{22}")
 
 
 def docs_session() -> list[Exchange | float]:
-    """The page's example session: each ``$ curl`` with what it prints, and each ``$ sleep``
-    (its seconds)."""
-    lines = PAGE.read_text().split(".. _operations-example:")[1].splitlines()
-    session: list[Exchange | float] = []
-    index = 0
-    while index < len(lines):
-        line = lines[index]
-        if line.startswith("    $ sleep "):
-            session.append(float(line.removeprefix("    $ sleep ")))
-            index += 1
-            continue
-        if not line.startswith("    $ curl "):
-            index += 1
-            continue
-        command = line.removeprefix("    $ ")
-        while command.endswith("\\"):
-            index += 1
-            command = command[:-1] + " " + lines[index].strip()
-        printed = []
-        index += 1
-        while index < len(lines) and not lines[index].startswith("    $ "):
-            if lines[index] and not lines[index].startswith("    "):
-                break
-            printed.append(lines[index].removeprefix("    "))
-            index += 1
-        status, *rest = "\n".join(printed).strip().split("\n")
-        blank = rest.index("")
-        headers = dict(line.split(": ", 1) for line in rest[:blank])
-        body = "\n".join(rest[blank + 1 :])
-        session.append(Exchange(command, status, {k.lower(): v for k, v in headers.items()}, body))
-    return session
+    """The page's example session: each ``$ curl`` with what it prints, and each ``$ sleep``."""
+    return console_session(PAGE.read_text().split(".. _operations-example:")[1].splitlines())
 
 
 def test_the_export_session_prints_what_the_docs_say(tmp_path: Path) -> None:

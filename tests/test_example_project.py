@@ -487,15 +487,21 @@ class Exchange:
     body: str
 
 
-def readme_session() -> list[Exchange]:
-    lines = README.read_text().splitlines()
-    session = []
+def console_session(lines: list[str]) -> list[Exchange | float]:
+    """A console session of the docs: each ``$ curl`` with what it prints (status line, headers,
+    body), and each ``$ sleep`` (its seconds)."""
+    session: list[Exchange | float] = []
     index = 0
     while index < len(lines):
-        if not lines[index].startswith("    $ curl "):
+        line = lines[index]
+        if line.startswith("    $ sleep "):
+            session.append(float(line.removeprefix("    $ sleep ")))
             index += 1
             continue
-        command = lines[index].removeprefix("    $ ")
+        if not line.startswith("    $ curl "):
+            index += 1
+            continue
+        command = line.removeprefix("    $ ")
         while command.endswith("\\"):
             index += 1
             command = command[:-1] + " " + lines[index].strip()
@@ -509,15 +515,14 @@ def readme_session() -> list[Exchange]:
         status, *rest = "\n".join(printed).strip().split("\n")
         blank = rest.index("")
         headers = dict(line.split(": ", 1) for line in rest[:blank])
-        session.append(
-            Exchange(
-                command,
-                status,
-                {k.lower(): v for k, v in headers.items()},
-                "\n".join(rest[blank + 1 :]),
-            )
-        )
+        body = "\n".join(rest[blank + 1 :])
+        session.append(Exchange(command, status, {k.lower(): v for k, v in headers.items()}, body))
     return session
+
+
+def readme_session() -> list[Exchange]:
+    lines = README.read_text().splitlines()
+    return [step for step in console_session(lines) if isinstance(step, Exchange)]
 
 
 def run_curl(command: str, url: str) -> Exchange:
