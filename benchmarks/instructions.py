@@ -172,7 +172,7 @@ def run(args: argparse.Namespace, bench_url: str) -> int:
     helper = compile_helper(args.env)
     itself = [str(python), str(Path(__file__).resolve())]
     common = ["--server", args.server, "--database", args.database]
-    uptime_before = _uptime()
+    uptime_before = uptime()
     subprocess.run([*itself, "--stage", "prepare", *common], check=True, cwd=ROOT)
     try:
         with tempfile.TemporaryDirectory(prefix="instructions-") as out:
@@ -219,7 +219,7 @@ def run(args: argparse.Namespace, bench_url: str) -> int:
         "requests": args.requests,
         "instructions": {name: round(value) for name, value in per_request.items()},
     }
-    report(figures, elapsed, uptime_before, _uptime())
+    report(figures, elapsed, uptime_before, uptime())
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     if args.write_baseline:
@@ -273,8 +273,8 @@ def compile_helper(venv: Path) -> Path:
     return library
 
 
-def read_dumps(directory: Path) -> dict[str, int]:
-    """Each path's instructions (``Ir``), from the dump its stop wrote (named by its label)."""
+def dumps(directory: Path) -> dict[str, int]:
+    """Each label's instructions (``Ir``), from the dump its stop wrote (named by its label)."""
     totals: dict[str, int] = {}
     for dump in directory.glob("callgrind.out.*"):
         text = dump.read_text(errors="replace")
@@ -282,6 +282,12 @@ def read_dumps(directory: Path) -> dict[str, int]:
         count = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
         if trigger and count:
             totals[trigger.group(1).strip()] = int(count.group(1))
+    return totals
+
+
+def read_dumps(directory: Path) -> dict[str, int]:
+    """Each of this benchmark's paths' instructions; a path without a dump stops it."""
+    totals = dumps(directory)
     missing = [name for name, _, _ in [*OURS, *PEER] if name not in totals]
     if missing:
         raise SystemExit(f"callgrind wrote no counts for {missing}")
@@ -367,8 +373,11 @@ def check(figures: dict[str, Any], baseline: dict[str, Any], path: Path) -> int:
     return failed
 
 
-def _uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+def uptime() -> str:
+    """``uptime``'s line (the load while measuring), its clock in UTC: a process that set up
+    Django has its ``TIME_ZONE`` in ``TZ``."""
+    env = {**os.environ, "TZ": "UTC"}
+    return subprocess.run(["uptime"], capture_output=True, text=True, env=env).stdout.strip()
 
 
 # --- the stages run in the benchmark's environment ---------------------------------------------

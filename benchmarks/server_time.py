@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.databases import create_database, drop_database, is_mysql  # noqa: E402
+from benchmarks.instructions import uptime  # noqa: E402
 
 #: Each path: its name, its URL, and its key: fresh (a first execution), the previous path's
 #: (its replay), or none.
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace, bench_url: str) -> None:
         (version,) = cursor.fetchone()
     print("# Server time per statement, per path")
     print(f"{version.split(',')[0]}; {args.requests} requests per path; auth {args.auth}")
-    print(f"uptime: {_uptime()}")
+    print(f"uptime: {uptime()}")
     print()
 
     def keys(kind: str | None, previous: list[str | None]) -> list[str | None]:
@@ -344,10 +345,6 @@ def _short(sql: str) -> str:
     savepoints' names left out (each has its own)."""
     text = re.sub(r'(SAVEPOINT [`"]?)s\d+_x\d+', r"\1…", " ".join(sql.split()))
     return text if len(text) <= 110 else f"{text[:55]} … {text[-50:]}"
-
-
-def _uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 if __name__ == "__main__":

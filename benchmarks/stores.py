@@ -43,6 +43,8 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.instructions import uptime  # noqa: E402
+
 #: Each path: its name and URL (``None``: the bare view, sent without a key).
 PATHS = [
     ("ours, Redis", "/two-phase-redis/"),
@@ -77,7 +79,7 @@ def main() -> None:
     from benchmarks.databases import drop_database
     from benchmarks.instructions import prepare
 
-    before = _uptime()
+    before = uptime()
     _flush(args.redis)
     prepare(args.server, args.database)
     try:
@@ -89,7 +91,7 @@ def main() -> None:
         connections.close_all()
         drop_database(args.server, args.database)
         _flush(args.redis)
-    report(args, timings, counts, before, _uptime())
+    report(args, timings, counts, before, uptime())
 
 
 def _flush(url: str) -> None:
@@ -159,7 +161,7 @@ def ratios(ours: list[float], peer: list[float]) -> tuple[float, float, float, f
 
 def instructions(args: argparse.Namespace) -> dict[str, float]:
     """Each path's instructions per request, counted by callgrind in a process of its own."""
-    from benchmarks.instructions import compile_helper, read_dumps
+    from benchmarks.instructions import compile_helper, dumps
 
     with tempfile.TemporaryDirectory(prefix="stores-") as out:
         helper = compile_helper(Path(out))
@@ -187,24 +189,8 @@ def instructions(args: argparse.Namespace) -> dict[str, float]:
         if done.returncode:
             sys.stderr.write(done.stderr[-5000:])
             raise SystemExit(f"the counting process failed (exit {done.returncode})")
-        try:
-            totals = read_dumps(Path(out))
-        except SystemExit:  # read_dumps wants instructions.py's own paths: read them all
-            totals = _dumps(Path(out))
+        totals = dumps(Path(out))
     return {name: value / args.requests for name, value in totals.items()}
-
-
-def _dumps(directory: Path) -> dict[str, int]:
-    import re
-
-    totals: dict[str, int] = {}
-    for dump in directory.glob("callgrind.out.*"):
-        text = dump.read_text(errors="replace")
-        trigger = re.search(r"^desc: Trigger: Client Request: (.+)$", text, re.M)
-        found = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
-        if trigger and found:
-            totals[trigger.group(1).strip()] = int(found.group(1))
-    return totals
 
 
 def count(args: argparse.Namespace) -> None:
@@ -284,10 +270,6 @@ def report(
             f"  {stage:<7} ratio median {median:.3f} (quartiles {q1:.3f}-{q3:.3f}, "
             f"95% interval of the median {low:.3f}-{high:.3f})"
         )
-
-
-def _uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 if __name__ == "__main__":
