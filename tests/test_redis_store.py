@@ -595,6 +595,22 @@ class echo_server:
             peer.close()
 
 
+def test_a_script_call_is_packed_as_redis_pys_own_packer_packs_it() -> None:
+    """The store packs its ``EVALSHA`` with hiredis when it is there (redis-py 8.2's packer
+    encodes each argument in Python first): the bytes on the wire are redis-py's, for the
+    kinds of argument the scripts get (str, not ASCII too; int; bytes, a large body too)."""
+    from redis.connection import Connection, Encoder, PythonRespSerializer
+
+    from django_idempotency._store.redis.store import _packed
+
+    parts = (
+        "EVALSHA", "0" * 40, 2, "idempotency:{tenant:ä|abc}", "idempotency-scope:{tenant:ä}",
+        "tok-1", 1_234_567_890_123, 0, "", b"\x00\xff\r\n", b"x" * 100_000, "{\"a\":[1,2]}",
+    )  # fmt: skip
+    python = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+    assert b"".join(_packed(Connection(), parts)) == b"".join(python.pack(*parts))
+
+
 @pytest.mark.parametrize("protocol", ["", "?protocol=2"])
 def test_a_store_that_reads_its_own_commands_back_is_a_503_and_never_a_claim(
     protocol: str, post: Any
