@@ -38,6 +38,11 @@ _OWN_LEG = {
 #: module is left out, and so is each test marked ``database_store`` (it reads or writes the
 #: table itself, which is the database store's).
 REDIS_STORE = os.environ.get("IDEMPOTENCY_TEST_STORE") == "redis"
+#: The store those tests name: the ``redis`` cache alias, or a ``redis+cluster://`` URL itself
+#: (Django's RedisCache speaks to one server).
+_REDIS_URL = os.environ.get("IDEMPOTENCY_TEST_REDIS_STORE_URL", "")
+REDIS_CLUSTER = _REDIS_URL.startswith("redis+cluster://")
+REDIS_STORE_NAME = _REDIS_URL if REDIS_CLUSTER else "redis"
 STORE_MODULES = frozenset(
     {
         "test_http_contract",
@@ -152,7 +157,7 @@ def _redis_store_default() -> Iterator[None]:
         return
     from django_idempotency._conf.settings import Settings, _clear_caches
 
-    Settings.STORE.default = "redis"
+    Settings.STORE.default = REDIS_STORE_NAME
     _clear_caches(setting="IDEMPOTENCY")
     yield
     Settings.STORE.default = "database"
@@ -169,10 +174,7 @@ def _redis_store_empty() -> None:
 
 def redis_raw(key_hash: str | None) -> tuple[str, bytes | None]:
     """A record's headers and body as the Redis store holds them (``None``: the only record)."""
-    import redis
-    from django.conf import settings
-
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client()
     found = list(client.scan_iter(match=f"idempotency:r:*{key_hash or ''}}}"))
     assert len(found) == 1, found
     headers, body = client.hmget(found[0], "rh", "rb")
@@ -182,13 +184,11 @@ def redis_raw(key_hash: str | None) -> tuple[str, bytes | None]:
 def redis_records(key_hash: str | None = None) -> list[Any]:
     """The Redis store's records (of one key hash, or all), as the model's unsaved instances:
     what a test of the semantic suite reads of a record, on either store."""
-    import redis
-    from django.conf import settings
-
+    from django_idempotency._conf.values import store_alias
     from django_idempotency._store import using
 
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    store: Any = using("cache:redis")
+    client = redis_client()
+    store: Any = using(store_alias(REDIS_STORE_NAME, "default"))
     found = []
     for name in client.scan_iter(match=f"idempotency:r:*{key_hash or ''}}}"):
         scope = client.hget(name, "sc")
@@ -212,12 +212,25 @@ def only_record() -> Any:
     return record
 
 
-def flush_redis() -> None:
-    """Empty the tests' Redis database (``IDEMPOTENCY_TEST_REDIS_STORE_URL``'s: its own number)."""
+def redis_client() -> Any:
+    """A client of the tests' Redis server (``IDEMPOTENCY_TEST_REDIS_STORE_URL``), or cluster."""
     import redis
     from django.conf import settings
 
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+    if REDIS_CLUSTER:
+        from django_idempotency._store.redis.store import cluster_client
+
+        return cluster_client(settings.REDIS_URL)
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def flush_redis() -> None:
+    """Empty the tests' Redis database (its own number), or every primary of the cluster."""
+    client = redis_client()
+    if REDIS_CLUSTER:
+        client.flushdb(target_nodes=client.PRIMARIES)
+    else:
+        client.flushdb()
 
 
 @pytest.fixture

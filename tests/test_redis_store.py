@@ -16,7 +16,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,10 +40,10 @@ from django_idempotency._conf.options import Options
 from django_idempotency._conf.settings import usable
 from django_idempotency._ops import checks, store_checks
 from django_idempotency._store import StoredResponse, using
-from django_idempotency._store.redis.store import record_key
+from django_idempotency._store.redis.store import cluster_client, record_key
 from django_idempotency.testing import concurrently, stale_key
-from tests import ports
 from tests.conftest import flush_redis
+from tests.redis_servers import free_port, private_cluster, start_server
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
 
@@ -58,8 +60,36 @@ def client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
-def on_redis(**more: Any) -> Any:
-    return override_settings(IDEMPOTENCY={"STORE": STORE, **more})
+def on_redis(store: str = STORE, **more: Any) -> Any:
+    return override_settings(IDEMPOTENCY={"STORE": store, **more})
+
+
+@dataclass
+class Place:
+    """Where a test's records live: the store's name and a raw client of its server(s)."""
+
+    store: str
+    client: Any
+
+
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis Cluster of the module's own: three primaries (tests/redis_servers.py)."""
+    with private_cluster(tmp_path_factory.mktemp("cluster")) as url:
+        yield url
+
+
+@pytest.fixture(params=["one server", "a cluster"])
+def place(request: pytest.FixtureRequest) -> Place:
+    """The test on one Redis server (the cache alias), then on a cluster (its URL): a record
+    is one key in one slot, a scope's index in its own, and scans and erasure reach every
+    primary."""
+    if request.param == "one server":
+        return Place(STORE, client())
+    url = request.getfixturevalue("cluster_url")
+    nodes = cluster_client(url)
+    nodes.flushdb(target_nodes=nodes.PRIMARIES)
+    return Place(url, nodes)
 
 
 def function_scope(function: Any) -> str:
@@ -102,7 +132,7 @@ def test_e061_atomic_is_refused_on_redis_and_says_why() -> None:
 
 
 def test_e062_a_store_that_does_not_answer_at_deploy() -> None:
-    dead = f"redis://127.0.0.1:{_free_port()}/0"
+    dead = f"redis://127.0.0.1:{free_port()}/0"
     with override_settings(IDEMPOTENCY={"STORE": dead}):
         errors = store_checks.check_stores_deploy()
     assert [e.id for e in errors] == ["django_idempotency.E062"]
@@ -117,6 +147,21 @@ def test_w060_appendonly_no_is_warned_at_deploy(appendonly: str) -> None:
         messages = store_checks.check_stores_deploy()
     expected = ["django_idempotency.W060"] if appendonly == "no" else []
     assert [m.id for m in messages] == expected
+
+
+def test_w060_asks_every_primary_of_a_cluster(cluster_url: str) -> None:
+    """A cluster's records live on every primary: one without the AOF loses its share."""
+    nodes = cluster_client(cluster_url)
+    with override_settings(IDEMPOTENCY={"STORE": cluster_url}):
+        assert store_checks.check_stores_deploy() == []
+        last = nodes.get_primaries()[-1]
+        nodes.config_set("appendonly", "no", target_nodes=last)
+        try:
+            messages = store_checks.check_stores_deploy()
+        finally:
+            nodes.config_set("appendonly", "yes", target_nodes=last)
+    assert [m.id for m in messages] == ["django_idempotency.W060"]
+    assert f"{last.host}:{last.port}" in messages[0].msg
 
 
 def test_the_cache_alias_client_and_pool_are_reused() -> None:
@@ -231,7 +276,7 @@ def test_an_expired_record_is_gone_and_the_key_runs_afresh() -> None:
         assert handle("k") == 2
 
 
-def test_takeover_is_refused_while_the_owner_lives_under_real_threads() -> None:
+def test_takeover_is_refused_while_the_owner_lives_under_real_threads(place: Place) -> None:
     """The Powertools/idempot-js bug: duplicates must not take a live owner's lock. The owner
     runs past several lock timeouts, renewing; twenty threads hammer the key meanwhile."""
     runs: list[int] = []
@@ -257,7 +302,7 @@ def test_takeover_is_refused_while_the_owner_lives_under_real_threads() -> None:
                 outcomes.append("409")
             time.sleep(0.01)
 
-    with on_redis():
+    with on_redis(place.store):
         owner = threading.Thread(target=handle, args=("k",))
         owner.start()
         started.wait(5)
@@ -322,33 +367,60 @@ def test_a_late_owner_is_fenced_by_its_lock_token() -> None:
         assert handle("k") == "new owner"
 
 
-def test_a_live_owner_keeps_its_lock_by_renewal_past_its_timeout() -> None:
+def test_a_live_owner_keeps_its_lock_by_renewal_past_its_timeout(place: Place) -> None:
     @idempotent_function(key="event_id", lock_timeout=0.3, ttl=60)
     def handle(event_id: str) -> str:
         time.sleep(0.5)
         return "ok"
 
-    with on_redis():
+    with on_redis(place.store):
         scope_key = record_key(function_scope(handle), hash_key("k"))
         owner = threading.Thread(target=handle, args=("k",))
         owner.start()
         time.sleep(0.1)
-        first = int(client().hget(scope_key, "ua") or 0)
+        first = int(place.client.hget(scope_key, "ua") or 0)
         time.sleep(0.3)
-        renewed = int(client().hget(scope_key, "ua") or 0)
+        renewed = int(place.client.hget(scope_key, "ua") or 0)
         owner.join()
     assert renewed > first
+
+
+def test_a_cluster_spreads_records_over_its_primaries_and_runs_each_key_once(
+    cluster_url: str,
+) -> None:
+    """On a cluster each record is one key in one slot (its scope and key hash in a hash
+    tag): records spread over every primary, and each script reaches its record's node."""
+    nodes = cluster_client(cluster_url)
+    nodes.flushdb(target_nodes=nodes.PRIMARIES)
+    runs: dict[str, int] = {}
+
+    @idempotent_function(key="event_id", scope=lambda event_id: f"tenant-{event_id[-1]}")
+    def handle(event_id: str) -> str:
+        runs[event_id] = runs.get(event_id, 0) + 1
+        return event_id
+
+    keys = [f"event-{n}" for n in range(60)]
+    with on_redis(cluster_url):
+        for key in keys:
+            assert handle(key) == key
+        for key in keys:
+            assert handle(key) == key
+    assert all(runs[key] == 1 for key in keys)
+    held = {node.name: nodes.dbsize(target_nodes=node) for node in nodes.get_primaries()}
+    assert len(held) == 3 and all(count > 0 for count in held.values()), held
 
 
 # --- erasure and operations ---------------------------------------------------------------
 
 
-def test_erasure_by_scope_deletes_finished_records_and_leaves_those_in_flight() -> None:
+def test_erasure_by_scope_deletes_finished_records_and_leaves_those_in_flight(
+    place: Place,
+) -> None:
     @idempotent_function(key="event_id", scope=lambda event_id: "tenant-1")
     def handle(event_id: str) -> str:
         return event_id
 
-    with on_redis():
+    with on_redis(place.store):
         handle("a")
         handle("b")
         held = stale_key("c", handle, "c")
@@ -358,7 +430,7 @@ def test_erasure_by_scope_deletes_finished_records_and_leaves_those_in_flight() 
         erased = erase_scope(scope)
         assert (erased.deleted, erased.in_progress) == (2, 0)
         assert erase_scope(scope).deleted == 0
-    remaining = list(client().scan_iter(match="idempotency:r:*"))
+    remaining = list(place.client.scan_iter(match="idempotency:r:*"))
     assert len(remaining) == 1  # the record in flight
 
 
@@ -380,7 +452,7 @@ def test_cleanup_and_stats_say_what_they_do_on_redis(capsys: Any) -> None:
     assert "taken over by the key's next request" in out
 
 
-def test_stats_json_counts_the_redis_stores_records(capsys: Any) -> None:
+def test_stats_json_counts_the_redis_stores_records(place: Place, capsys: Any) -> None:
     import json
 
     from django.core.management import call_command
@@ -389,7 +461,7 @@ def test_stats_json_counts_the_redis_stores_records(capsys: Any) -> None:
     def handle(event_id: str) -> str:
         return event_id
 
-    with on_redis():
+    with on_redis(place.store):
         handle("a")
         handle("b")
         stale_key("c", handle, "c")  # processing, its lock lapsed
@@ -397,7 +469,7 @@ def test_stats_json_counts_the_redis_stores_records(capsys: Any) -> None:
     stats = json.loads(capsys.readouterr().out)
     assert stats["total"] == 0  # the table's
     assert stats["redis_stores"] == {
-        STORE: {
+        place.store: {
             "total": 3,
             "by_status": {"completed": 2, "processing": 1},
             "stale": 1,
@@ -451,51 +523,6 @@ def test_a_view_on_redis_by_its_own_option() -> None:
 # --- a private server ---------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    """A port for a private ``redis-server``, below the kernel's ephemeral ports: a probe of a
-    server not listening yet (or restarting) on one of those may connect to itself and read its
-    own ``HELLO`` back (:mod:`tests.ports`; the Sentinel test's probe once, on 47300-47399).
-    ``IDEMPOTENCY_REDIS_PORTS=first-last``: a range of one's own."""
-    within = ports.below_ephemeral()
-    if chosen := os.environ.get("IDEMPOTENCY_REDIS_PORTS"):
-        first, last = (int(port) for port in chosen.split("-"))
-        within = range(first, last + 1)
-    return ports.free(1, within)[0]
-
-
-def _start_server(
-    port: int, directory: str, *options: str, config: str | None = None
-) -> subprocess.Popen[bytes]:
-    """A ``redis-server`` on ``port`` with its files and its log in ``directory``, returned once
-    it answers a ``PING``; if it ends or stays silent 30 s, a failure with its log's tail (a
-    restart's probe once gave up after 10 s on a loaded machine, its cause unknown). The probe
-    speaks RESP2 (no ``HELLO``): on a port of the ephemeral range one connected to itself
-    before the replica listened and read its own ``HELLO 3`` back (CI, the redis leg);
-    :func:`_free_port` no longer gives one."""
-    log = Path(directory, f"redis-{port}.log")
-    process = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", *([config] if config else []),
-         "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--logfile", str(log),
-         *([] if config else ["--save", ""]), *options],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            redis.Redis(host="127.0.0.1", port=port, protocol=2, socket_timeout=5).ping()
-            return process
-        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as error:
-            if process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-                continue
-            process.kill()
-            ended = process.wait()
-            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
-            raise AssertionError(
-                f"redis-server on port {port} did not answer ({error}; exit {ended}):\n{tail}"
-            ) from error
-
-
 class private_redis:
     """A ``redis-server`` of the test's own, in a temporary directory, stopped after."""
 
@@ -508,9 +535,9 @@ class private_redis:
 
     def __enter__(self) -> str:
         self.dir = tempfile.mkdtemp(prefix="idempotency-redis-")
-        self.port = _free_port()
+        self.port = free_port()
         try:
-            self.process = _start_server(self.port, self.dir, *self.options)
+            self.process = start_server(self.port, self.dir, *self.options)
         except BaseException:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
@@ -548,7 +575,7 @@ def test_scripts_a_restarted_server_lost_are_loaded_again() -> None:
 def test_an_unreachable_redis_store_is_a_503_and_the_view_does_not_run(post: Any) -> None:
     from tests.conftest import executions, problem_slug
 
-    dead = f"redis://127.0.0.1:{_free_port()}/0"
+    dead = f"redis://127.0.0.1:{free_port()}/0"
     with override_settings(IDEMPOTENCY={"STORE": dead}):
         started = time.monotonic()
         response = post("/create/", {"a": 1}, key="k")
@@ -644,7 +671,7 @@ def _restart(server: private_redis, *options: str) -> None:
     """SIGKILL the server (no shutdown save), then start it again on its directory."""
     server.process.kill()
     server.process.wait()
-    server.process = _start_server(server.port, server.dir, *options)
+    server.process = start_server(server.port, server.dir, *options)
 
 
 @pytest.mark.parametrize("fsync", ["always", "everysec", "no AOF"])
@@ -838,22 +865,22 @@ def test_a_sentinel_failover_keeps_replicated_records_and_answers_503_meanwhile(
     from django_idempotency import StoreUnavailable
 
     directory = tempfile.mkdtemp(prefix="idempotency-sentinel-")
-    master, replica, watcher = _free_port(), 0, 0
+    master, replica, watcher = free_port(), 0, 0
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        processes.append(_start_server(master, directory, "--appendonly", "yes"))
-        replica = _free_port()
+        processes.append(start_server(master, directory, "--appendonly", "yes"))
+        replica = free_port()
         os.makedirs(f"{directory}/replica")
         processes.append(
-            _start_server(replica, f"{directory}/replica", "--replicaof", "127.0.0.1", str(master))
+            start_server(replica, f"{directory}/replica", "--replicaof", "127.0.0.1", str(master))
         )
-        watcher = _free_port()
+        watcher = free_port()
         config = Path(directory, "sentinel.conf")
         config.write_text(
             f"sentinel monitor m 127.0.0.1 {master} 1\n"
             "sentinel down-after-milliseconds m 500\nsentinel failover-timeout m 3000\n"
         )
-        processes.append(_start_server(watcher, directory, "--sentinel", config=str(config)))
+        processes.append(start_server(watcher, directory, "--sentinel", config=str(config)))
         url = f"redis+sentinel://127.0.0.1:{watcher}/m/0"
         runs: dict[str, int] = {}
 
@@ -893,6 +920,94 @@ def test_a_sentinel_failover_keeps_replicated_records_and_answers_503_meanwhile(
             process.kill()
             process.wait()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _replicated(port: int, key: str) -> None:
+    """Until the replica of the primary on ``port`` has all written there so far: a write to
+    ``key``'s slot and ``WAIT`` on one connection (``WAIT`` counts the connection's own writes,
+    and replication is one stream, in order)."""
+    direct = redis.Redis(port=port)
+    try:
+        pipe = direct.pipeline(transaction=False)
+        pipe.set(f"{key}:replicated", 1)
+        pipe.execute_command("WAIT", 1, 5000)
+        assert pipe.execute()[1] == 1
+    finally:
+        direct.close()
+
+
+def test_a_cluster_failover_keeps_replicated_records_and_answers_503_meanwhile(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """Three primaries with a replica each (``cluster-node-timeout 1000``). Results are stored
+    and replicated, then an owner whose claim is on the same primary kills it mid-run
+    (SIGKILL): its result write rides the failover out within its 10 s lock, and a record's
+    retries meanwhile are each a replay or ``StoreUnavailable`` (a view's 503, at once), never
+    another error; after it every key replays (one execution per key). The unavailability is
+    printed (docs/stores.rst)."""
+    from django_idempotency import StoreUnavailable
+
+    runs: dict[str, int] = {}
+    cluster = private_cluster(tmp_path, replicas=1)
+
+    @idempotent_function(key="event_id")
+    def handle(event_id: str) -> str:
+        runs[event_id] = runs.get(event_id, 0) + 1
+        return event_id
+
+    @idempotent_function(key="event_id", lock_timeout=10)
+    def owner(event_id: str) -> str:
+        runs[event_id] = runs.get(event_id, 0) + 1
+        _replicated(victim.port, record_key(function_scope(owner), hash_key(event_id)))
+        cluster.processes[victim.port].kill()
+        cluster.processes[victim.port].wait()
+        killed.set()
+        return "kept"
+
+    killed = threading.Event()
+    with cluster as url, on_redis(url):
+        nodes = cluster_client(url)
+        keys = [f"k{n}" for n in range(100)]
+        for key in keys:
+            handle(key)
+        first = record_key(function_scope(handle), hash_key("k0"))
+        victim = nodes.get_node_from_key(first)
+        owned = next(
+            f"o{n}"
+            for n in range(10_000)
+            if nodes.get_node_from_key(record_key(function_scope(owner), hash_key(f"o{n}")))
+            == victim
+        )
+        _replicated(victim.port, first)
+        running = ThreadPoolExecutor(1)
+        kept = running.submit(owner, owned)
+        assert killed.wait(10)
+        started = time.monotonic()
+        refused, longest = 0, 0.0
+        while True:
+            call = time.monotonic()
+            try:
+                assert handle("k0") == "k0"
+                break
+            except StoreUnavailable:
+                refused += 1
+                time.sleep(0.1)
+            finally:
+                longest = max(longest, time.monotonic() - call)
+            assert time.monotonic() - started < 30, "no failover in 30 s"
+        unavailable = time.monotonic() - started
+        assert kept.result(timeout=30) == "kept"
+        running.shutdown()
+        assert owner(owned) == "kept"
+        for key in keys:
+            assert handle(key) == key
+    assert all(count == 1 for count in runs.values()) and len(runs) == 101
+    with capsys.disabled():
+        print(
+            f"\ncluster failover: a primary's slots unavailable {unavailable:.1f} s ({refused}"
+            f" calls refused with StoreUnavailable, the longest call {longest:.1f} s), its"
+            f" owner's result kept, 0 of {len(keys)} replicated keys ran again"
+        )
 
 
 def test_accepted_and_the_outbox_need_the_database_store() -> None:

@@ -327,14 +327,14 @@ def _strings(value: object, name: str, what: str, *, empty: bool = True) -> list
 #: store may name (issue 44).
 DATABASE = "database"
 REDIS_CACHES = ("django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache")
-REDIS_URLS = ("redis://", "rediss://", "unix://", "redis+sentinel://")
+REDIS_URLS = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")
 #: The prefix of a Redis store's name made from a cache alias (a URL is its own name).
 CACHE_PREFIX = "cache:"
 
 
 @refusing(
     '``STORE`` is not ``"database"``, an alias of ``CACHES`` whose backend is Redis, or a '
-    "``redis://`` (or ``redis+sentinel://``) URL",
+    "``redis://`` (or ``redis+sentinel://``, ``redis+cluster://``) URL",
     "Name a CACHES alias with django.core.cache.backends.redis.RedisCache (or django-redis), "
     "or give a redis:// URL (docs: 'Choosing the store').",
 )

@@ -100,21 +100,34 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
     from django_idempotency._store import using
 
     try:
-        info = using(store_alias(store, "")).client.info("persistence")  # type: ignore[attr-defined]
+        persistence = _persistence(using(store_alias(store, "")).client)  # type: ignore[attr-defined]
     except Exception:
         return []  # not ours to read (a managed server): nothing to say
-    if str(info.get("aof_enabled", "1")) != "0":
+    without = [node for node, info in persistence.items() if str(info.get("aof_enabled")) == "0"]
+    if not without:
         return []
+    where = f" (on {', '.join(without)})" if without != [""] else ""
     return [
         Warning(
-            f"The Redis store {store!r} runs with appendonly no: a restart or a crash loses "
-            "every record written since its last snapshot, and retries of those keys run "
-            "their views again.",
+            f"The Redis store {store!r} runs with appendonly no{where}: a restart or a crash "
+            "loses every record written since its last snapshot, and retries of those keys "
+            "run their views again.",
             hint="Set appendonly yes (appendfsync everysec loses at most a second), or keep "
             "such views on the database store (docs: 'Choosing the store').",
             id=check_name(60, "W"),
         )
     ]
+
+
+def _persistence(client: Any) -> dict[str, dict[str, Any]]:
+    """``INFO persistence`` of the server (under ``""``), or of each primary of a cluster (by
+    ``host:port``): each holds its share of the records."""
+    if not hasattr(client, "get_primaries"):
+        return {"": client.info("persistence")}
+    found = client.info("persistence", target_nodes=client.PRIMARIES)
+    if "aof_enabled" in found:  # one primary: its reply itself
+        return {client.get_primaries()[0].name: found}
+    return dict(found)
 
 
 def redis_notes(verb: str) -> list[str]:

@@ -54,6 +54,8 @@ _MAX_RETRY = 0.25
 SOCKET_TIMEOUT = 5.0
 #: A store named by Redis Sentinel: its sentinels, and the master's name.
 SENTINEL = "redis+sentinel://"
+#: A store named by Redis Cluster: some of its nodes.
+CLUSTER = "redis+cluster://"
 #: How many times a claim is sent when it meets a fault (its reply lost: the second finds the
 #: first's record by its token).
 _CLAIM_TRIES = 2
@@ -124,8 +126,43 @@ def client_for(name: str) -> Any:
         raise StoreUnavailable(f"CACHES[{name[len(CACHE_PREFIX) :]!r}] is not a Redis cache.")
     if name.startswith(SENTINEL):
         return sentinel_client(name)
+    if name.startswith(CLUSTER):
+        return cluster_client(name)
     return redis.Redis.from_url(
         name, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
+    )
+
+
+def _places(url: str, port: int) -> list[tuple[str, int]]:
+    """The ``host:port`` places of a URL's comma-separated netloc."""
+    from urllib.parse import urlsplit
+
+    places = []
+    for place in urlsplit(url).netloc.rpartition("@")[2].split(","):
+        host, _, number = place.rpartition(":")
+        places.append((host or "127.0.0.1", int(number or port)))
+    return places
+
+
+def cluster_client(url: str) -> Any:
+    """The client of ``redis+cluster://host:port[,host:port...]``: redis-py's ``RedisCluster``,
+    which learns the slots from any node it is given and follows them as they move."""
+    from redis.backoff import NoBackoff
+    from redis.cluster import ClusterNode, RedisCluster
+    from redis.retry import Retry
+
+    nodes = [
+        ClusterNode(host, port)  # type: ignore[no-untyped-call, unused-ignore]
+        for host, port in _places(url, 6379)
+    ]
+    # No retries of its own (three with backoff by default, seconds in a failover): the
+    # store's own, within each call's bound, decide, so a claim meets a failover as it meets
+    # a server down (503 at once, Retry-After) and a result write rides it out within its lock.
+    return RedisCluster(
+        startup_nodes=nodes,
+        retry=Retry(NoBackoff(), 0),
+        socket_timeout=SOCKET_TIMEOUT,
+        socket_connect_timeout=SOCKET_TIMEOUT,
     )
 
 
@@ -136,12 +173,8 @@ def sentinel_client(url: str) -> Any:
 
     from redis.sentinel import Sentinel
 
-    parts = urlsplit(url)
-    hosts = []
-    for place in parts.netloc.rpartition("@")[2].split(","):
-        host, _, port = place.rpartition(":")
-        hosts.append((host or "127.0.0.1", int(port or 26379)))
-    names = [part for part in parts.path.split("/") if part]
+    hosts = _places(url, 26379)
+    names = [part for part in urlsplit(url).path.split("/") if part]
     if not names:
         raise StoreUnavailable(f"{url!r} names no master: redis+sentinel://host:port/master.")
     db = int(names[1]) if len(names) > 1 else 0
@@ -647,13 +680,25 @@ class RedisStore:
             return set()
         script = self._script("RENEW")
         lock = _us(lock_timeout)
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for pk, token in known:
-                script(keys=[self._key(pk)], args=[str(token), lock], client=pipe)
-            results = pipe.execute()
-        except redis.RedisError as exc:
-            raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
+        for loaded in (False, True):
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for pk, token in known:
+                    script(keys=[self._key(pk)], args=[str(token), lock], client=pipe)
+                results = pipe.execute()
+                break
+            except redis.exceptions.NoScriptError as exc:
+                # A cluster's pipeline loads no script (a plain one does): a primary that has
+                # not run it yet, or was restarted, lacks it. Loaded on every primary, the
+                # renewals go again (each a fenced push of its own lock: harmless twice).
+                if loaded:
+                    raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
+                try:
+                    self.client.script_load(script.script)
+                except redis.RedisError as failed:
+                    raise RedisFault(f"Redis store {self.alias!r}: {failed}") from failed
+            except redis.RedisError as exc:
+                raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
         held = {pk for (pk, _), result in zip(known, results, strict=True) if result}
         for pk, _ in known:
             if pk not in held:
