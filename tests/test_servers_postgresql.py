@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -50,7 +51,10 @@ def serving(request: pytest.FixtureRequest, server: harness.Server) -> Iterator[
     finally:
         server.stop()
         if request.session.testsfailed > failed_before:
-            print(f"\n----- {server.name} log -----\n{server.log()}")
+            # Past pytest's capture: a module fixture's teardown output is shown for no test.
+            reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"\n----- {server.name} log -----\n{server.log()}")
         server.discard_log()
 
 
@@ -395,16 +399,18 @@ def test_store_refusing_connections_is_503_and_the_view_does_not_run(
 
 
 def test_database_lost_before_the_result_is_stored_is_stored_on_a_new_connection(
-    wsgi: harness.Server,
+    wsgi: harness.Server, tmp_path: Path
 ) -> None:
-    """The worker's connection is terminated while the view runs: the owner stores its result
-    on a new connection (issue 25), so the view ran once and a retry is replayed. It used to
-    give the result up, and a retry ran the view again once the lock expired."""
+    """The worker's connection is terminated while the view runs (in its sleep, once its own
+    insert has returned): the owner stores its result on a new connection (issue 25), so the
+    view ran once and a retry is replayed. It used to give the result up, and a retry ran the
+    view again once the lock expired."""
     key = str(uuid.uuid4())
-    first = in_background(lambda: post(wsgi, "/lose-db/", key, X_Sleep="1"))
-    noted = wait_for(
-        lambda: Execution.objects.filter(label="lose-db").first(), "the view's backend pid"
-    )
+    started = tmp_path / "started"
+    headers = {"X_Sleep": "1", "X_Started_File": str(started)}
+    first = in_background(lambda: post(wsgi, "/lose-db/", key, **headers))
+    wait_for(started.exists, "the view's insert of its backend pid")
+    noted = Execution.objects.get(label="lose-db")
     backend, attempt = noted.payload.split(":")
     assert attempt == "1"
     with connection.cursor() as cursor:

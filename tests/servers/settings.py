@@ -34,5 +34,9 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(process)d %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"django_idempotency": {"handlers": ["stderr"], "level": "INFO"}},
+    "loggers": {
+        "django_idempotency": {"handlers": ["stderr"], "level": "INFO"},
+        # A 500's traceback, which the test's failure prints with the server's log.
+        "django.request": {"handlers": ["stderr"], "level": "ERROR", "propagate": False},
+    },
 }

@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from django.db import connection
@@ -171,12 +172,17 @@ def refusing(request: HttpRequest) -> HttpResponse:
 
 @idempotent(lock_timeout=3)
 def lose_db(request: HttpRequest) -> HttpResponse:
-    """Records its backend's pid, then sleeps: the test terminates that backend meanwhile."""
+    """Records its backend's pid, says so in the file of ``X-Started-File`` once its insert has
+    returned, then sleeps: the test terminates that backend meanwhile. (The row is seen before
+    the insert returns: the server commits, then replies; a kill in between failed the view's
+    own insert, a 500.)"""
     claim = request.idempotency  # type: ignore[attr-defined]
     with connection.cursor() as cursor:
         cursor.execute(BACKEND_ID[connection.vendor])
         (backend,) = cursor.fetchone()
     _record("lose-db", f"{backend}:{claim.attempt}")
+    if started := request.headers.get("X-Started-File"):
+        Path(started).touch()
     _sleep(request)
     return JsonResponse({"attempt": claim.attempt}, status=201)
 
