@@ -1,6 +1,6 @@
 """The Redis store: the same contract as the database's (SPEC sections 2 and 3) but atomic
-mode, on one Redis server (or a Sentinel's master), through the client of a Django cache alias
-(Django's ``RedisCache``, django-redis) or one made from a ``redis://`` URL.
+mode, on one Redis server (a Sentinel's master) or a Redis Cluster, through the client of a
+Django cache alias (Django's ``RedisCache``, django-redis) or one made from a URL.
 
 It speaks the interface the core calls (:class:`.._store.Store`'s claim, fenced writes,
 renewal, status poll), each a Lua script of :mod:`.scripts`; no transaction is shared with the
