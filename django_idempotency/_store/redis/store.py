@@ -672,7 +672,7 @@ class RedisStore:
 
     def renew(self, leases: Sequence[tuple[int, Any]], lock_timeout: timedelta) -> set[int]:
         """Push the locks of many claims forward: one pipeline of fenced scripts (one round
-        trip; each its own key, so a cluster routes each to its slot)."""
+        trip), or on a cluster one script each (routed to its record's slot)."""
         import redis
 
         known = [(pk, token) for pk, token in leases if pk in self._records]
@@ -680,25 +680,21 @@ class RedisStore:
             return set()
         script = self._script("RENEW")
         lock = _us(lock_timeout)
-        for loaded in (False, True):
-            try:
+        try:
+            if self._cluster:
+                # One call per lock, each routed to its record's node: a cluster's pipeline
+                # loads no script (redis-py 8) or refuses EVALSHA (redis-py 5), and a script
+                # called alone is loaded on the node that lacks it.
+                results = [
+                    script(keys=[self._key(pk)], args=[str(token), lock]) for pk, token in known
+                ]
+            else:
                 pipe = self.client.pipeline(transaction=False)
                 for pk, token in known:
                     script(keys=[self._key(pk)], args=[str(token), lock], client=pipe)
                 results = pipe.execute()
-                break
-            except redis.exceptions.NoScriptError as exc:
-                # A cluster's pipeline loads no script (a plain one does): a primary that has
-                # not run it yet, or was restarted, lacks it. Loaded on every primary, the
-                # renewals go again (each a fenced push of its own lock: harmless twice).
-                if loaded:
-                    raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
-                try:
-                    self.client.script_load(script.script)
-                except redis.RedisError as failed:
-                    raise RedisFault(f"Redis store {self.alias!r}: {failed}") from failed
-            except redis.RedisError as exc:
-                raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
+        except redis.RedisError as exc:
+            raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
         held = {pk for (pk, _), result in zip(known, results, strict=True) if result}
         for pk, _ in known:
             if pk not in held:
