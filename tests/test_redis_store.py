@@ -108,9 +108,22 @@ def test_e060_a_store_that_is_not_redis_stops_the_app() -> None:
             usable()
     with override_settings(IDEMPOTENCY={"STORE": "nowhere"}):
         assert [e.id for e in checks.check_settings()] == ["django_idempotency.E060"]
-    for good in ("database", "redis", "redis://127.0.0.1:1/0"):
+    good_ones = ["database", "redis", "redis://127.0.0.1:1/0", "redis://localhost/0"]
+    good_ones += ["redis+cluster://10.0.0.1:7000,10.0.0.2", "redis+sentinel://h:26379/m"]
+    for good in good_ones:
         with override_settings(IDEMPOTENCY={"STORE": good}):
             assert checks.check_settings() == []
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:abc/0", "redis+cluster://a:1,b:x", "redis+sentinel://h:2o/m"]
+)
+def test_e060_a_url_whose_port_is_not_a_number_stops_the_app(url: str) -> None:
+    """Refused at startup, not a ``ValueError`` (a 500) at each protected call."""
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        errors = checks.check_settings()
+        assert [e.id for e in errors] == ["django_idempotency.E060"]
+        assert "is not a number" in errors[0].msg
 
 
 def test_e061_atomic_is_refused_on_redis_and_says_why() -> None:

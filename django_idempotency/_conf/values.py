@@ -353,6 +353,8 @@ def store(value: Any, name: str) -> str:
             "pip install 'django-idempotency[redis]'."
         )
     if value.startswith(REDIS_URLS):
+        if not value.startswith("unix://"):
+            redis_places(value, 6379)  # a port that is not a number: refused here, not per call
         return value
     caches = getattr(settings, "CACHES", {})
     if value not in caches:
@@ -361,6 +363,22 @@ def store(value: Any, name: str) -> str:
     if backend not in REDIS_CACHES:
         raise ValueError(f"{name}: CACHES[{value!r}] uses {backend!r}, which is not Redis.")
     return value
+
+
+def redis_places(url: str, port: int) -> list[tuple[str, int]]:
+    """The ``host:port`` places of a Redis URL's netloc (comma-separated for Sentinel and
+    Cluster), ``port`` where one has none; ``ValueError`` for a port that is not a number."""
+    from urllib.parse import urlsplit
+
+    places = []
+    for place in urlsplit(url).netloc.rpartition("@")[2].split(","):
+        host, colon, number = place.rpartition(":")
+        if not colon:
+            host, number = number, ""
+        if number and not number.isdigit():
+            raise ValueError(f"{url!r}: the port {number!r} is not a number.")
+        places.append((host or "127.0.0.1", int(number or port)))
+    return places
 
 
 def store_alias(value: str, database_alias: str) -> str:

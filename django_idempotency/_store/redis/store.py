@@ -32,7 +32,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from django_idempotency._base.errors import StoreUnavailable
-from django_idempotency._conf.values import CACHE_PREFIX
+from django_idempotency._conf.values import CACHE_PREFIX, redis_places
 from django_idempotency._store import deadlines
 from django_idempotency._store.claims import Lock, new_token
 from django_idempotency._store.redis import scripts
@@ -133,17 +133,6 @@ def client_for(name: str) -> Any:
     )
 
 
-def _places(url: str, port: int) -> list[tuple[str, int]]:
-    """The ``host:port`` places of a URL's comma-separated netloc."""
-    from urllib.parse import urlsplit
-
-    places = []
-    for place in urlsplit(url).netloc.rpartition("@")[2].split(","):
-        host, _, number = place.rpartition(":")
-        places.append((host or "127.0.0.1", int(number or port)))
-    return places
-
-
 def cluster_client(url: str) -> Any:
     """The client of ``redis+cluster://host:port[,host:port...]``: redis-py's ``RedisCluster``,
     which learns the slots from any node it is given and follows them as they move."""
@@ -153,7 +142,7 @@ def cluster_client(url: str) -> Any:
 
     nodes = [
         ClusterNode(host, port)  # type: ignore[no-untyped-call, unused-ignore]
-        for host, port in _places(url, 6379)
+        for host, port in redis_places(url, 6379)
     ]
     # No retries of its own (three with backoff by default, seconds in a failover): the
     # store's own, within each call's bound, decide, so a claim meets a failover as it meets
@@ -173,7 +162,7 @@ def sentinel_client(url: str) -> Any:
 
     from redis.sentinel import Sentinel
 
-    hosts = _places(url, 26379)
+    hosts = redis_places(url, 26379)
     names = [part for part in urlsplit(url).path.split("/") if part]
     if not names:
         raise StoreUnavailable(f"{url!r} names no master: redis+sentinel://host:port/master.")
