@@ -633,9 +633,7 @@ class RedisStore:
                 deadlines.bound(lock_timeout) if bound is None else bound,
             )
         )
-        if not saved:  # the lock was lost (LockLost): no write of this claim follows
-            self._records.pop(pk, None)
-        return saved
+        return saved  # lost (LockLost): the claim's release still comes, and its script refuses
 
     def unlock(
         self, pk: int, token: Any, *, connection: Any = None, bound: float | None = None
@@ -684,11 +682,9 @@ class RedisStore:
                 results = pipe.execute()
         except redis.RedisError as exc:
             raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
-        held = {pk for (pk, _), result in zip(known, results, strict=True) if result}
-        for pk, _ in known:
-            if pk not in held:
-                self._records.pop(pk, None)
-        return held
+        # A lock found lost keeps its record's entry: the owner's result write or release still
+        # comes, and its script refuses it (a KeyError there was a crash instead, CI once).
+        return {pk for (pk, _), result in zip(known, results, strict=True) if result}
 
     # -- operations --------------------------------------------------------------------------
 
