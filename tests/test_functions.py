@@ -11,8 +11,10 @@ import functools
 import hashlib
 import inspect
 import json
+import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -34,6 +36,7 @@ from django_idempotency import (
     JSONSerializer,
     LockLost,
     idempotent_function,
+    key_claimed,
 )
 from django_idempotency._store import sealing
 from django_idempotency.testing import expire_key
@@ -788,3 +791,70 @@ def test_signals_fire_as_for_views_without_a_request(key: str) -> None:
     assert [name for name, _ in received] == list(receivers)
     assert all(kwargs["request"] is None for _, kwargs in received)
     assert all(kwargs["key_hash"] == key_hash(key) for _, kwargs in received)
+
+
+# Renewal ---------------------------------------------------------------------------------------
+
+#: A lock long enough that the renewer's thread, under a loaded CI machine, still renews well
+#: inside it: the owner is held 0.75 of it after its claim was sent.
+STALLED_LOCK = 3.0
+
+
+@pytest.mark.django_db(transaction=True)  # two-phase: renewal is for committed claims
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_first_renewal_counts_from_the_claim_not_from_its_reply(flavour: str, key: str) -> None:
+    """The owner learns of its claim 2.25 s after sending it (a ``key_claimed`` receiver holds
+    it, as a reply held by a slow network or an fsync would): its first renewal is due an
+    interval after the claim was sent, so at once, not an interval after the reply. Duplicates
+    sent every 0.1 s from 0.9 to 1.6 lock timeouts after the claim find the key held; with the
+    first renewal counted from the reply (2.25 + 1 s, past the lock's 3 s) one took the key over
+    and ran the function a second time."""
+    held: list[float] = []
+
+    def hold_the_reply(sender: Any, claim: Claim, **kwargs: Any) -> None:
+        if claim.key == key and not held:
+            held.append(time.monotonic())
+            time.sleep(0.75 * STALLED_LOCK)
+
+    @protect(
+        flavour,
+        key="event_id",
+        payload=lambda event_id, *_, **__: event_id,
+        lock_timeout=STALLED_LOCK,
+    )
+    def handle(event_id: str, seconds: float = 0.0) -> int:
+        time.sleep(seconds)
+        Execution.objects.create(label="handle")
+        return 1
+
+    key_claimed.connect(hold_the_reply, dispatch_uid="test-held-reply")
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        owner = pool.submit(lambda: _closing(lambda: handle(key, 1.0 * STALLED_LOCK)))
+        deadline = time.monotonic() + 10
+        while not held:
+            assert time.monotonic() < deadline, "the owner never claimed"
+            time.sleep(0.01)
+        sent = held[0]
+        duplicates: list[Any] = []
+        while (now := time.monotonic()) < sent + 1.6 * STALLED_LOCK:
+            if now >= sent + 0.9 * STALLED_LOCK:
+                try:
+                    duplicates.append(handle(key))
+                except IdempotencyInProgress as exc:
+                    duplicates.append(exc)
+            time.sleep(0.1)
+        assert owner.result(timeout=30) == 1
+    finally:
+        key_claimed.disconnect(dispatch_uid="test-held-reply")
+        pool.shutdown()
+    assert duplicates, "no duplicate was sent"
+    assert all(isinstance(each, IdempotencyInProgress) for each in duplicates), duplicates
+    assert executions("handle") == 1
+
+
+def _closing(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    finally:
+        connections.close_all()

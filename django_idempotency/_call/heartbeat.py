@@ -24,6 +24,7 @@ commits, so there is nothing to renew, and no thread is started.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -74,6 +75,15 @@ def interval(lock_timeout: timedelta) -> float:
     return lock_timeout.total_seconds() / RENEWALS_PER_LOCK_TIMEOUT
 
 
+def first_renewal(claim: Claim) -> float:
+    """When (monotonic) a claim's lock is first renewed: an interval after the claim was sent,
+    which :attr:`.Claim.held_until` counts from, not after its reply arrived. The time between
+    the two (a slow network, an fsync before the reply, a stalled process, a claim sent again
+    after a lost reply, the ``key_claimed`` receivers) would otherwise be taken from the lock:
+    a reply held 2.5 s under a 3 s lock let a duplicate take a live owner's key over."""
+    return claim.held_until - claim.lock_timeout.total_seconds() + interval(claim.lock_timeout)
+
+
 def retry_wait(failures: int, lock_timeout: timedelta, left: float) -> float:
     """Seconds before a failed renewal is tried again: after ``failures`` failures in a row,
     with ``left`` seconds before the earliest of its locks can lapse (negative: since it could).
@@ -122,14 +132,15 @@ class Renewer:
             return
         lease = _Lease(claim, attempt.request)
         group = lease.group
+        first = first_renewal(claim)
         with self._cond:
             self._leases[id(claim)] = lease
             if self._thread is None:
-                self._due[group] = time.monotonic() + interval(claim.lock_timeout)
+                self._due[group] = first
                 self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
                 self._thread.start()
-            elif group not in self._due:
-                self._due[group] = time.monotonic() + interval(claim.lock_timeout)
+            elif first < self._due.get(group, math.inf):
+                self._due[group] = first
                 self._cond.notify()
             # Otherwise the thread already wakes at the group's next renewal, no later than
             # this attempt's first is due: waking it now would cost every request a thread
