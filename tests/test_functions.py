@@ -39,7 +39,7 @@ from django_idempotency import (
     key_claimed,
 )
 from django_idempotency._store import sealing
-from django_idempotency.testing import expire_key
+from django_idempotency.testing import expire_key, stale_key
 from tests.conftest import REDIS_STORE, executions, only_record, redis_records, stored
 from tests.testapp.models import Execution
 
@@ -858,3 +858,79 @@ def _closing(call: Callable[[], Any]) -> Any:
         return call()
     finally:
         connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_run_renewed_past_its_ttl_is_neither_expired_nor_taken_over(
+    flavour: str, key: str
+) -> None:
+    """A 3 s run under a 1.5 s TTL and a 1.2 s lock, renewed every 0.4 s: duplicates sent every
+    0.1 s find it held, and a retry after it returned gets its result. With renewal moving the
+    lock alone, the record expired at 1.5 s under its live owner (the database store took it
+    over as expired, Redis deleted it), and the function ran twice."""
+
+    @protect(
+        flavour,
+        key="event_id",
+        payload=lambda event_id, *_, **__: event_id,
+        ttl=1.5,
+        lock_timeout=1.2,
+    )
+    def handle(event_id: str, seconds: float = 0.0) -> int:
+        time.sleep(seconds)
+        return Execution.objects.create(label="handle").pk
+
+    duplicates = _duplicates_while(lambda: handle(key, 3.0), lambda: handle(key), after=0.3)
+    assert all(isinstance(each, IdempotencyInProgress) for each in duplicates[1:]), duplicates
+    assert handle(key) == duplicates[0]  # the owner's result, kept past the TTL it outran
+    assert executions("handle") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_record_taken_over_near_its_expiry_lives_until_the_new_lock_ends(
+    key: str,
+) -> None:
+    """A dead attempt's record, 1.0 s into its 1.5 s TTL, is taken over with a 1.2 s lock (not
+    renewed): the record lives until that lock ends, so duplicates find it held. Keeping the
+    stale record's own expiry, it expired 0.5 s into the new owner's run, and the next claim took
+    it over as expired."""
+
+    @idempotent_function(
+        key="event_id",
+        payload=lambda event_id, *_, **__: event_id,
+        ttl=1.5,
+        lock_timeout=1.2,
+        heartbeat=False,
+    )
+    def handle(event_id: str, seconds: float = 0.0) -> int:
+        time.sleep(seconds)
+        return Execution.objects.create(label="handle").pk
+
+    stale_key(key, handle, key)
+    time.sleep(1.0)  # the stale record ages to near its expiry
+    duplicates = _duplicates_while(lambda: handle(key, 1.0), lambda: handle(key), after=0.1)
+    assert all(isinstance(each, IdempotencyInProgress) for each in duplicates[1:]), duplicates
+    assert executions("handle") == 1
+
+
+def _duplicates_while(
+    owner: Callable[[], Any], duplicate: Callable[[], Any], after: float
+) -> list[Any]:
+    """Run ``owner`` in a thread and ``duplicate`` every 0.1 s from ``after`` seconds on until
+    it returns: the owner's result, then each duplicate's (or its ``IdempotencyInProgress``)."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    started = time.monotonic()
+    try:
+        running = pool.submit(lambda: _closing(owner))
+        seen: list[Any] = []
+        while not running.done():
+            if time.monotonic() >= started + after:
+                try:
+                    seen.append(duplicate())
+                except IdempotencyInProgress as exc:
+                    seen.append(exc)
+            time.sleep(0.1)
+        return [running.result(), *seen]
+    finally:
+        pool.shutdown()
