@@ -865,23 +865,23 @@ def _closing(call: Callable[[], Any]) -> Any:
 def test_a_run_renewed_past_its_ttl_is_neither_expired_nor_taken_over(
     flavour: str, key: str
 ) -> None:
-    """A 3 s run under a 1.5 s TTL and a 1.2 s lock, renewed every 0.4 s: duplicates sent every
+    """A 4 s run under a 2 s TTL and a 1.5 s lock, renewed every 0.5 s: duplicates sent every
     0.1 s find it held, and a retry after it returned gets its result. With renewal moving the
-    lock alone, the record expired at 1.5 s under its live owner (the database store took it
+    lock alone, the record expired at 2 s under its live owner (the database store took it
     over as expired, Redis deleted it), and the function ran twice."""
 
     @protect(
         flavour,
         key="event_id",
         payload=lambda event_id, *_, **__: event_id,
-        ttl=1.5,
-        lock_timeout=1.2,
+        ttl=2.0,
+        lock_timeout=1.5,
     )
     def handle(event_id: str, seconds: float = 0.0) -> int:
         time.sleep(seconds)
         return Execution.objects.create(label="handle").pk
 
-    duplicates = _duplicates_while(lambda: handle(key, 3.0), lambda: handle(key), after=0.3)
+    duplicates = _duplicates_while(lambda: handle(key, 4.0), lambda: handle(key), after=0.3)
     assert all(isinstance(each, IdempotencyInProgress) for each in duplicates[1:]), duplicates
     assert handle(key) == duplicates[0]  # the owner's result, kept past the TTL it outran
     assert executions("handle") == 1
@@ -891,16 +891,16 @@ def test_a_run_renewed_past_its_ttl_is_neither_expired_nor_taken_over(
 def test_a_stale_record_taken_over_near_its_expiry_lives_until_the_new_lock_ends(
     key: str,
 ) -> None:
-    """A dead attempt's record, 1.0 s into its 1.5 s TTL, is taken over with a 1.2 s lock (not
-    renewed): the record lives until that lock ends, so duplicates find it held. Keeping the
-    stale record's own expiry, it expired 0.5 s into the new owner's run, and the next claim took
-    it over as expired."""
+    """A dead attempt's record, 1.8 s into its 2.5 s TTL, is taken over with a 2 s lock (not
+    renewed) by a 1 s run: the record lives until that lock ends, so duplicates find it held.
+    Keeping the stale record's own expiry, it expired 0.7 s into the new owner's run, and the
+    next claim took it over as expired."""
 
     @idempotent_function(
         key="event_id",
         payload=lambda event_id, *_, **__: event_id,
-        ttl=1.5,
-        lock_timeout=1.2,
+        ttl=2.5,
+        lock_timeout=2.0,
         heartbeat=False,
     )
     def handle(event_id: str, seconds: float = 0.0) -> int:
@@ -908,7 +908,7 @@ def test_a_stale_record_taken_over_near_its_expiry_lives_until_the_new_lock_ends
         return Execution.objects.create(label="handle").pk
 
     stale_key(key, handle, key)
-    time.sleep(1.0)  # the stale record ages to near its expiry
+    time.sleep(1.8)  # the stale record ages to near its expiry
     duplicates = _duplicates_while(lambda: handle(key, 1.0), lambda: handle(key), after=0.1)
     assert all(isinstance(each, IdempotencyInProgress) for each in duplicates[1:]), duplicates
     assert executions("handle") == 1
