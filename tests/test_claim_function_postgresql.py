@@ -25,7 +25,9 @@ from tests.factories import IdempotencyKeyFactory
 pytestmark = [pytest.mark.postgresql]
 
 #: The latest migration that made the function.
-MIGRATION = importlib.import_module("django_idempotency.migrations.0004_claim_reads_first")
+MIGRATION = importlib.import_module(
+    "django_idempotency.migrations.0009_takeover_keeps_expiry_past_lock"
+)
 FINGERPRINT = "f" * 64
 
 
@@ -72,7 +74,8 @@ def test_the_migrations_function_runs_the_statements_the_code_builds() -> None:
     # In the order of the placeholders of Statements.take_over, as Store.take_over sends them.
     fresh = statements.TAKEOVER_FRESH
     values = [ARGUMENT[name] for name in fresh if name not in statements.CLAIM_LITERALS]
-    values += ["p_now"] * 5 + ["p_now", "p_expires_at", "found_row.id"]
+    values += ["p_now"] * 5 + ["p_now", "p_expires_at", "p_unlock_at", "p_unlock_at"]
+    values += ["found_row.id"]
     values += [RULE[name] for name in rules.TAKEOVER.params]
     assert f"{_into(statements.fill(built.take_over, values))};" in create
     rule = rules.TAKEOVER.where(lambda column: f"found_row.{q(column)}")

@@ -11,8 +11,10 @@ import functools
 import hashlib
 import inspect
 import json
+import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -34,9 +36,10 @@ from django_idempotency import (
     JSONSerializer,
     LockLost,
     idempotent_function,
+    key_claimed,
 )
 from django_idempotency._store import sealing
-from django_idempotency.testing import expire_key
+from django_idempotency.testing import expire_key, stale_key
 from tests.conftest import REDIS_STORE, executions, only_record, redis_records, stored
 from tests.testapp.models import Execution
 
@@ -788,3 +791,146 @@ def test_signals_fire_as_for_views_without_a_request(key: str) -> None:
     assert [name for name, _ in received] == list(receivers)
     assert all(kwargs["request"] is None for _, kwargs in received)
     assert all(kwargs["key_hash"] == key_hash(key) for _, kwargs in received)
+
+
+# Renewal ---------------------------------------------------------------------------------------
+
+#: A lock long enough that the renewer's thread, under a loaded CI machine, still renews well
+#: inside it: the owner is held 0.75 of it after its claim was sent.
+STALLED_LOCK = 3.0
+
+
+@pytest.mark.django_db(transaction=True)  # two-phase: renewal is for committed claims
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_first_renewal_counts_from_the_claim_not_from_its_reply(flavour: str, key: str) -> None:
+    """The owner learns of its claim 2.25 s after sending it (a ``key_claimed`` receiver holds
+    it, as a reply held by a slow network or an fsync would): its first renewal is due an
+    interval after the claim was sent, so at once, not an interval after the reply. Duplicates
+    sent every 0.1 s from 0.9 to 1.6 lock timeouts after the claim find the key held; with the
+    first renewal counted from the reply (2.25 + 1 s, past the lock's 3 s) one took the key over
+    and ran the function a second time."""
+    held: list[float] = []
+
+    def hold_the_reply(sender: Any, claim: Claim, **kwargs: Any) -> None:
+        if claim.key == key and not held:
+            held.append(time.monotonic())
+            time.sleep(0.75 * STALLED_LOCK)
+
+    @protect(
+        flavour,
+        key="event_id",
+        payload=lambda event_id, *_, **__: event_id,
+        lock_timeout=STALLED_LOCK,
+    )
+    def handle(event_id: str, seconds: float = 0.0) -> int:
+        time.sleep(seconds)
+        Execution.objects.create(label="handle")
+        return 1
+
+    key_claimed.connect(hold_the_reply, dispatch_uid="test-held-reply")
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        owner = pool.submit(lambda: _closing(lambda: handle(key, 1.0 * STALLED_LOCK)))
+        deadline = time.monotonic() + 10
+        while not held:
+            assert time.monotonic() < deadline, "the owner never claimed"
+            time.sleep(0.01)
+        sent = held[0]
+        duplicates: list[Any] = []
+        while (now := time.monotonic()) < sent + 1.6 * STALLED_LOCK:
+            if now >= sent + 0.9 * STALLED_LOCK:
+                try:
+                    duplicates.append(handle(key))
+                except IdempotencyInProgress as exc:
+                    duplicates.append(exc)
+            time.sleep(0.1)
+        assert owner.result(timeout=30) == 1
+    finally:
+        key_claimed.disconnect(dispatch_uid="test-held-reply")
+        pool.shutdown()
+    assert duplicates, "no duplicate was sent"
+    assert all(isinstance(each, IdempotencyInProgress) for each in duplicates), duplicates
+    assert executions("handle") == 1
+
+
+def _closing(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    finally:
+        connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_run_renewed_past_its_ttl_is_neither_expired_nor_taken_over(
+    flavour: str, key: str
+) -> None:
+    """A 4 s run under a 2 s TTL and a 1.5 s lock, renewed every 0.5 s: duplicates sent every
+    0.1 s find it held, and a retry after it returned gets its result. With renewal moving the
+    lock alone, the record expired at 2 s under its live owner (the database store took it
+    over as expired, Redis deleted it), and the function ran twice."""
+
+    @protect(
+        flavour,
+        key="event_id",
+        payload=lambda event_id, *_, **__: event_id,
+        ttl=2.0,
+        lock_timeout=1.5,
+    )
+    def handle(event_id: str, seconds: float = 0.0) -> int:
+        time.sleep(seconds)
+        return Execution.objects.create(label="handle").pk
+
+    duplicates = _duplicates_while(lambda: handle(key, 4.0), lambda: handle(key), after=0.3)
+    assert all(isinstance(each, IdempotencyInProgress) for each in duplicates[1:]), duplicates
+    assert handle(key) == duplicates[0]  # the owner's result, kept past the TTL it outran
+    assert executions("handle") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_record_taken_over_near_its_expiry_lives_until_the_new_lock_ends(
+    key: str,
+) -> None:
+    """A dead attempt's record, 1.8 s into its 2.5 s TTL, is taken over with a 2 s lock (not
+    renewed) by a 1 s run: the record lives until that lock ends, so duplicates find it held.
+    Keeping the stale record's own expiry, it expired 0.7 s into the new owner's run, and the
+    next claim took it over as expired."""
+
+    @idempotent_function(
+        key="event_id",
+        payload=lambda event_id, *_, **__: event_id,
+        ttl=2.5,
+        lock_timeout=2.0,
+        heartbeat=False,
+    )
+    def handle(event_id: str, seconds: float = 0.0) -> int:
+        time.sleep(seconds)
+        return Execution.objects.create(label="handle").pk
+
+    stale_key(key, handle, key)
+    time.sleep(1.8)  # the stale record ages to near its expiry
+    duplicates = _duplicates_while(lambda: handle(key, 1.0), lambda: handle(key), after=0.1)
+    assert all(isinstance(each, IdempotencyInProgress) for each in duplicates[1:]), duplicates
+    assert executions("handle") == 1
+
+
+def _duplicates_while(
+    owner: Callable[[], Any], duplicate: Callable[[], Any], after: float
+) -> list[Any]:
+    """Run ``owner`` in a thread and ``duplicate`` every 0.1 s from ``after`` seconds on until
+    it returns: the owner's result, then each duplicate's (or its ``IdempotencyInProgress``)."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    started = time.monotonic()
+    try:
+        running = pool.submit(lambda: _closing(owner))
+        seen: list[Any] = []
+        while not running.done():
+            if time.monotonic() >= started + after:
+                try:
+                    seen.append(duplicate())
+                except IdempotencyInProgress as exc:
+                    seen.append(exc)
+            time.sleep(0.1)
+        return [running.result(), *seen]
+    finally:
+        pool.shutdown()

@@ -541,7 +541,7 @@ def test_short_attempts_do_not_wake_the_renewer_thread(
     machine) would find the group idle and drop it, and the next attempt would rightly wake it.
     """
     condition = CountingCondition()
-    monkeypatch.setattr(heartbeat.renewer, "_cond", condition)
+    monkeypatch.setattr(heartbeat.renewer.of("default"), "_cond", condition)
     quick = idempotent_function(key="message_id", lock_timeout=30)(slow.__wrapped__)
 
     @idempotent_function(key="message_id", lock_timeout=30)

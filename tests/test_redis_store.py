@@ -8,9 +8,11 @@ private ``redis-server`` processes.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -1034,3 +1036,59 @@ def test_accepted_and_the_outbox_need_the_database_store() -> None:
 
     with on_redis(), pytest.raises(ImproperlyConfigured, match="outbox needs the database"):
         handle("k")
+
+
+# --- one store's fault, another store's locks ------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)  # the database store's claim commits on its own
+def test_a_frozen_redis_store_never_costs_the_database_store_its_locks() -> None:
+    """An attempt on a Redis store and one on the database store, both renewed in this
+    process; the Redis server is frozen (SIGSTOP) for 4 s. The database store's owner (1.5 s
+    lock, a 4 s run) keeps its key: duplicates sent every 0.1 s find it held, and it runs once.
+    With one renewer thread for every store, the Redis renewal held the thread (its socket
+    timeout, then retries) while the database lock lapsed, and a duplicate ran the payment
+    again."""
+    started = threading.Event()
+    with private_redis() as url:
+
+        @idempotent_function(key="event_id", store=url, lock_timeout=1.5)
+        def on_redis(event_id: str) -> None:
+            started.set()
+            time.sleep(5.0)
+
+        runs: list[str] = []
+
+        @idempotent_function(
+            key="event_id", payload=lambda event_id, *_: event_id, lock_timeout=1.5
+        )
+        def on_database(event_id: str, seconds: float = 0.0) -> int:
+            runs.append(event_id)
+            time.sleep(seconds)
+            return len(runs)
+
+        pool = ThreadPoolExecutor(max_workers=2)
+        process = private_redis.last.process
+        try:
+            frozen_redis = pool.submit(on_redis, "r1")
+            assert started.wait(10), "the Redis attempt never ran"
+            owner = pool.submit(on_database, "payment", 4.0)
+            time.sleep(0.6)  # the Redis attempt's first renewal is due: it will meet the freeze
+            process.send_signal(signal.SIGSTOP)
+            duplicates: list[Any] = []
+            while not owner.done():
+                try:
+                    duplicates.append(on_database("payment"))
+                except IdempotencyInProgress as exc:
+                    duplicates.append(exc)
+                time.sleep(0.1)
+        finally:
+            process.send_signal(signal.SIGCONT)
+            pool.shutdown(wait=True)
+        assert owner.result() == 1
+        assert duplicates and all(isinstance(d, IdempotencyInProgress) for d in duplicates), (
+            duplicates
+        )
+        assert runs == ["payment"]
+        with contextlib.suppress(Exception):  # its lock may be lost to the freeze: its own
+            frozen_redis.result()

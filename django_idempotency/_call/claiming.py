@@ -212,7 +212,11 @@ def _claim(attempt: Attempt, store: Store) -> Steps[Claim | Found]:
     bound = deadlines.bound(policy.lock_timeout)
     if policy.atomic:
         bound += policy.wait_timeout.total_seconds()
+    # When a claim whose reply was lost was sent: it may have set the lock then, and the claim
+    # sent again with its token finds the record its own without moving the lock.
+    unanswered: float | None = None
     for _ in range(_CLAIM_TRIES):
+        sent = time.monotonic()
         try:
             outcome = store.claim(
                 identity, ttl=policy.ttl, lock_timeout=policy.lock_timeout, token=token, bound=bound
@@ -221,10 +225,14 @@ def _claim(attempt: Attempt, store: Store) -> Steps[Claim | Found]:
             if reconnects == RECONNECTS or not _reconnect_thread(store, exc):
                 raise
             reconnects += 1
+            unanswered = sent if unanswered is None else unanswered
             continue
         if outcome is None:
             continue  # raced with another call's claim or release: claim again
         if isinstance(outcome, Claim):
+            if unanswered is not None:
+                lock = policy.lock_timeout.total_seconds()
+                outcome.held_until = min(outcome.held_until, unanswered + lock)
             attempt.claim = outcome
             _announce_claim(attempt, outcome)
             return outcome

@@ -1,16 +1,16 @@
 """Lock renewal (the heartbeat): a live attempt keeps its record's lock, a dead one loses it.
 
 With renewal, ``lock_timeout`` means "time since the owner last showed it was alive" rather
-than "the longest a run may take". Every process has one renewer thread, started with the
-first attempt it renews and ended after the last one finishes: at once if it had opened a
-connection, else at its next scheduled renewal (waking it as each request starts and ends
-would cost every request a thread switch), then ``LINGER`` later. Every
-``lock_timeout / 3`` it renews all live attempts of the process that share a database alias and
-a ``lock_timeout`` in one fenced ``UPDATE`` (:meth:`._store.writes.FencedWrites.renew`); a
-per-attempt thread would send one statement per attempt instead. The thread has its own
-connection (Django's connections are per thread), so renewal commits at once whatever
-transaction the attempt's own code is in; the connection is closed as soon as nothing is left
-to renew.
+than "the longest a run may take". Every process has one renewer thread per store (a store's
+fault holds its own thread alone), started with the first attempt it renews and ended after
+the last one finishes: at once if it had opened a connection, else at its next scheduled
+renewal (waking it as each request starts and ends would cost every request a thread switch),
+then ``LINGER`` later. Every ``lock_timeout / 3`` it renews all live attempts of the process
+that share a database alias and a ``lock_timeout`` in one fenced ``UPDATE``
+(:meth:`._store.writes.FencedWrites.renew`); a per-attempt thread would send one statement per
+attempt instead. The thread has its own connection (Django's connections are per thread), so
+renewal commits at once whatever transaction the attempt's own code is in; the connection is
+closed as soon as nothing is left to renew.
 
 Async attempts are renewed by the same thread rather than by a task on their event loop: one
 statement covers them all, and a loop kept busy by other coroutines (or by sync code run on it)
@@ -24,6 +24,7 @@ commits, so there is nothing to renew, and no thread is started.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -74,6 +75,15 @@ def interval(lock_timeout: timedelta) -> float:
     return lock_timeout.total_seconds() / RENEWALS_PER_LOCK_TIMEOUT
 
 
+def first_renewal(claim: Claim) -> float:
+    """When (monotonic) a claim's lock is first renewed: an interval after the claim was sent,
+    which :attr:`.Claim.held_until` counts from, not after its reply arrived. The time between
+    the two (a slow network, an fsync before the reply, a stalled process, a claim sent again
+    after a lost reply, the ``key_claimed`` receivers) would otherwise be taken from the lock:
+    a reply held 2.5 s under a 3 s lock let a duplicate take a live owner's key over."""
+    return claim.held_until - claim.lock_timeout.total_seconds() + interval(claim.lock_timeout)
+
+
 def retry_wait(failures: int, lock_timeout: timedelta, left: float) -> float:
     """Seconds before a failed renewal is tried again: after ``failures`` failures in a row,
     with ``left`` seconds before the earliest of its locks can lapse (negative: since it could).
@@ -122,14 +132,15 @@ class Renewer:
             return
         lease = _Lease(claim, attempt.request)
         group = lease.group
+        first = first_renewal(claim)
         with self._cond:
             self._leases[id(claim)] = lease
             if self._thread is None:
-                self._due[group] = time.monotonic() + interval(claim.lock_timeout)
+                self._due[group] = first
                 self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
                 self._thread.start()
-            elif group not in self._due:
-                self._due[group] = time.monotonic() + interval(claim.lock_timeout)
+            elif first < self._due.get(group, math.inf):
+                self._due[group] = first
                 self._cond.notify()
             # Otherwise the thread already wakes at the group's next renewal, no later than
             # this attempt's first is due: waking it now would cost every request a thread
@@ -297,7 +308,46 @@ def _announce_lost(lease: _Lease) -> None:
         logger.exception("A lock_lost receiver raised.")
 
 
-renewer = Renewer()
+class Renewers:
+    """A :class:`Renewer` per store: one store's fault (a frozen Redis, a silent database)
+    holds its own renewer's thread alone, never another store's owners' renewals. With one
+    thread for every store, a Redis server stopped for 15 s held the database store's
+    renewals until a live owner's lock there lapsed and a duplicate payment ran."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every renewer: a forked child has no renewer thread and renews none of its
+        parent's attempts."""
+        self._lock = threading.Lock()
+        self._of: dict[str, Renewer] = {}
+
+    def of(self, alias: str) -> Renewer:
+        """The store's renewer (made at its first attempt)."""
+        found = self._of.get(alias)
+        if found is None:
+            with self._lock:
+                found = self._of.setdefault(alias, Renewer())
+        return found
+
+    def start(self, attempt: Attempt) -> None:
+        assert attempt.claim is not None, "an attempt whose claim was not made"
+        self.of(attempt.claim.alias).start(attempt)
+
+    def stop(self, claim: Claim | None) -> None:
+        if claim is not None and (found := self._of.get(claim.alias)) is not None:
+            found.stop(claim)
+
+    def live(self) -> int:
+        """How many attempts are being renewed, on every store."""
+        return sum(each.live() for each in list(self._of.values()))
+
+    def running(self) -> bool:
+        return any(each.running() for each in list(self._of.values()))
+
+
+renewer = Renewers()
 start = renewer.start
 stop = renewer.stop
 os.register_at_fork(after_in_child=renewer.reset)

@@ -390,5 +390,6 @@ def take_over_params(
     db_now = prep("updated_at", now, connection)
     values = [fresh[name] for name in TAKEOVER_FRESH if name not in CLAIM_LITERALS]
     values += [db_now, db_now, db_now]  # expired? for recovery_point, recovery_data, attempt
-    values += [db_now, fresh["created_at"], db_now, fresh["expires_at"]]
+    values += [db_now, fresh["created_at"]]
+    values += [db_now, fresh["expires_at"], fresh["unlock_at"], fresh["unlock_at"]]
     return [*values, pk, *rules.TAKEOVER.args(db_now, request_hash)]

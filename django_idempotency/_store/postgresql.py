@@ -2,7 +2,8 @@
 skips locked rows.
 
 The function (``django_idempotency_claim``, created by the migration
-``0003_postgresql_claim_function`` and replaced by ``0004_claim_reads_first``) reads the key's
+``0003_postgresql_claim_function``, replaced by ``0004_claim_reads_first`` and
+``0009_takeover_keeps_expiry_past_lock``) reads the key's
 record first, and only when there is none inserts it, or takes it over when it is expired or
 stale, bounding the lock wait of atomic mode, in one statement: a replay writes nothing, so it
 is served while the database refuses writes. PL/pgSQL keeps its statements' plans for the life

@@ -113,7 +113,9 @@ class Statements:
             if_expired("recovery_data", "NULL"),
             if_expired("attempt", CLAIM_LITERALS["attempt"], f"{q('attempt')} + 1"),
             if_expired("created_at", "%s"),
-            if_expired("expires_at", "%s"),
+            # A stale record's own expiry is kept, but never before the new lock's end: a
+            # record expired while its owner runs would be taken over as expired.
+            if_expired("expires_at", "%s", later_of("expires_at", "%s", q)),
         ]
         take_over = (
             f"UPDATE {table} SET {', '.join(assignments)} "
@@ -121,6 +123,11 @@ class Statements:
         )
         finished = finished_where(q, select, "%s")
         return Statements(table, columns, insert, select, take_over, finished)
+
+
+def later_of(column: str, value: str, quote: Callable[[str], str]) -> str:
+    """SQL for the later of ``column`` and ``value`` (``GREATEST`` is not SQLite's)."""
+    return f"CASE WHEN {quote(column)} < {value} THEN {value} ELSE {quote(column)} END"
 
 
 def finished_where(quote: Callable[[str], str], select: str, now: str) -> str:

@@ -23,6 +23,7 @@ from django_idempotency._store.rows import (
     set_placeholders,
     text_preparers,
 )
+from django_idempotency._store.statements import later_of
 from django_idempotency.models import IdempotencyKey
 
 COMPLETED = IdempotencyKey.Status.COMPLETED
@@ -176,6 +177,7 @@ class FencedWrites(BoundStore):
                 recovery_data=data,
                 unlock_at=now + lock_timeout,
                 updated_at=now,
+                **{HOLD_EXPIRY: now + lock_timeout},
             ),
         )
 
@@ -220,10 +222,16 @@ class FencedWrites(BoundStore):
         params.append(rules.PROCESSING)
         unlock_at = prep("unlock_at", timezone.now() + lock_timeout, connection)
 
+        # The record outlives its lock: one whose owner keeps renewing is never expired (and
+        # taken over as such), however long it runs past its TTL.
+        expires_at = later_of("expires_at", "%s", q)
+        sets = f"{q('unlock_at')} = %s, {q('expires_at')} = {expires_at}"
+
         def renew() -> set[int]:
             with connection.cursor() as cursor:
                 cursor.execute(
-                    f"UPDATE {table} SET {q('unlock_at')} = %s WHERE {where}", [unlock_at, *params]
+                    f"UPDATE {table} SET {sets} WHERE {where}",
+                    [unlock_at, unlock_at, unlock_at, *params],
                 )
                 if cursor.rowcount == len(leases):
                     return {pk for pk, _ in leases}
@@ -264,7 +272,12 @@ class FencedWrites(BoundStore):
         **changes: Any,
     ) -> bool:
         prepare = text_preparers(connection)
-        values = [prepare[name](value) for name, value in changes.items()]
+        values = []
+        for name, value in changes.items():
+            if name == HOLD_EXPIRY:  # its value twice (:func:`fenced_sql`)
+                values += [prepare["expires_at"](value)] * 2
+            else:
+                values.append(prepare[name](value))
         return self._fenced(connection, tuple(changes), values, pk, token, stale_at, release)
 
     def _fenced(
@@ -293,6 +306,10 @@ class FencedWrites(BoundStore):
         return bool(count_rows(connection, sql, params))
 
 
+#: A fenced write's change that keeps ``expires_at`` no earlier than its value (a new lock's
+#: end): the record outlives the lock of an owner that shows it is alive.
+HOLD_EXPIRY = "expires_at_at_least"
+
 #: A fenced write: a statement's head (``{table}`` for the table's name), or the columns an
 #: ``UPDATE`` sets.
 Write = str | tuple[str, ...]
@@ -315,7 +332,10 @@ def fenced_sql(connection: BaseDatabaseWrapper, statement: Write, *, stale: bool
     if isinstance(head, tuple):
         marks = set_placeholders(connection)
         head = "UPDATE {table} SET " + ", ".join(
-            f"{q(name)} = {marks.get(name, '%s')}" for name in head
+            f"{q('expires_at')} = {later_of('expires_at', marks.get('expires_at', '%s'), q)}"
+            if name == HOLD_EXPIRY
+            else f"{q(name)} = {marks.get(name, '%s')}"
+            for name in head
         )
     sql = head.format(table=q(IdempotencyKey._meta.db_table))
     sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s"

@@ -21,6 +21,19 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 """
 
+#: ``hold(key, unlock)``: the record lives at least until its lock's end (``unlock``), its
+#: expiry and Redis's TTL with it: a record whose owner keeps renewing is never expired, and
+#: so never deleted under it, however long it runs past its TTL.
+_HOLD = """
+local function hold(key, unlock)
+  local expires = tonumber(redis.call('HGET', key, 'ea'))
+  if expires < unlock then
+    redis.call('HSET', key, 'ea', unlock)
+    redis.call('PEXPIREAT', key, math.ceil(unlock / 1000))
+  end
+end
+"""
+
 #: ARGV: token, fingerprint, method, path, lock (µs), ttl (µs), scope. Returns
 #: ``{"new", now}``, ``{"own", now, attempt, rp, rd}`` (this token's claim, applied with its
 #: reply lost), ``{"takeover", now, attempt, rp, rd}``, or ``{"found", now, fields...}``.
@@ -30,6 +43,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 #: a ``409``), whatever the caller's clock says.
 CLAIM = (
     _NOW
+    + _HOLD
     + """
 local key = KEYS[1]
 local r = redis.call('HMGET', key, 'st', 'fp', 'tok', 'ua', 'att', 'rp', 'rd', 'ea', 'rs',
@@ -51,6 +65,7 @@ if r[1] == 'processing' and r[2] == ARGV[2] and r[4] and tonumber(r[4]) <= now t
   local attempt = tonumber(r[5]) + 1
   redis.call('HSET', key, 'tok', ARGV[1], 'att', attempt, 'ua', now + tonumber(ARGV[5]),
              'up', now)
+  hold(key, now + tonumber(ARGV[5]))
   return {'takeover', now, attempt, r[6], r[7]}
 end
 -- (a field absent is false in r: no hole for unpack)
@@ -116,11 +131,13 @@ return 1
 #: ARGV: token, name, data (JSON), lock (µs). Records progress and renews the lock.
 RECOVERY_POINT = (
     _NOW
+    + _HOLD
     + _FENCE
     + """
 if r[1] ~= 'processing' then return 0 end
 redis.call('HSET', key, 'rp', ARGV[2], 'rd', ARGV[3], 'ua', now + tonumber(ARGV[4]),
            'up', now)
+hold(key, now + tonumber(ARGV[4]))
 return 1
 """
 )
@@ -128,10 +145,12 @@ return 1
 #: ARGV: token, lock (µs). Pushes the lock forward while the owner lives.
 RENEW = (
     _NOW
+    + _HOLD
     + _FENCE
     + """
 if r[1] ~= 'processing' then return 0 end
 redis.call('HSET', key, 'ua', now + tonumber(ARGV[2]))
+hold(key, now + tonumber(ARGV[2]))
 return 1
 """
 )
