@@ -140,8 +140,9 @@ KEPT_BEFORE_THE_CLAIM = {
     "E061": "tests/test_redis_store.py",
     # check --deploy: a server down now may be up when the first request comes (a 503 then).
     "E062": "tests/test_redis_store.py",
-    # Its own 202 is answered by the view; a duplicate's 202 needs the status URL (operations).
-    "E071": "tests/test_operations.py",
+    # A view answering duplicates 202 with a status URL the URLconf lacks is refused before
+    # its claim (_http.adapter.answerable).
+    "E071": "test_accepted_without_the_status_urls_is_refused_before_the_claim",
 }
 
 
@@ -262,6 +263,26 @@ def test_every_error_is_said_at_once() -> None:
     assert "(django_idempotency.E006) IDEMPOTENCY['LOCK_TIMEOUT'] must be positive" in str(
         refused.value
     )
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.operations_urls_missing")
+@pytest.mark.parametrize(
+    ("path", "label"), [("/export/", "export"), ("/drf-export/", "drf-export")]
+)
+def test_accepted_without_the_status_urls_is_refused_before_the_claim(
+    path: str, label: str, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, the view ran and failed on its own ``operation_url`` (a 500 after its effects),
+    and every retry ran it again."""
+    response = Client().post(
+        path, {}, content_type="application/json", headers={"Idempotency-Key": key}
+    )
+    assert response.status_code == 500, response.content
+    assert problem_slug(response) == "idempotency-misconfigured"
+    assert "(django_idempotency.E071)" in caplog.text
+    assert executions(label) == 0
+    assert not IdempotencyKey.objects.exists()
 
 
 # --- a lock no shorter than its claim's statement deadline (E026) -----------------------------
