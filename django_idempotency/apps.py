@@ -15,17 +15,18 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency._conf.settings import connect_signals, usable
+        from django_idempotency._conf.settings import SETTINGS_CHECKS, connect_signals, usable
         from django_idempotency._ops import checks, store_checks
 
-        register(Tags.compatibility)(checks.check_settings)
-        register(Tags.database)(checks.check_database)
+        # Tagged SETTINGS_CHECKS too: every error of theirs stops the app (usable()).
+        register(Tags.compatibility, SETTINGS_CHECKS)(checks.check_settings)
+        register(Tags.database, SETTINGS_CHECKS)(checks.check_database)
         register(Tags.urls)(checks.check_views)
         register(Tags.urls)(store_checks.check_stores)
         register(Tags.database, deploy=True)(store_checks.check_stores_deploy)
         connect_signals()
-        # A setting that can never work stops the server here, before any view runs: gunicorn
-        # and uvicorn run no system checks (issue 38).
+        # A setting the checks refuse stops the server here, before any view runs: gunicorn
+        # and uvicorn run no system checks (issues 38 and 48).
         usable()
         if find_spec("drf_spectacular") is not None:
             # Registers the schema extension: protected views document themselves, and so

@@ -46,7 +46,7 @@ from tests.testapp.models import Execution
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-LOCK = 0.6
+LOCK = 1.0  # the shortest lock (durations.MIN_LOCK_TIMEOUT)
 INTERVAL = LOCK / heartbeat.RENEWALS_PER_LOCK_TIMEOUT
 
 

@@ -256,7 +256,7 @@ def test_any_other_settings(config: dict[str, Any], body: bytes) -> None:
 
 def test_the_duration_strategy_reaches_valid_settings() -> None:
     """Not vacuous: some generated settings pass the checks and serve requests."""
-    config = {"TTL": timedelta(days=365_000), "LOCK_TIMEOUT": 1e-6, "WAIT_TIMEOUT": 1}
+    config = {"TTL": timedelta(days=365_000), "LOCK_TIMEOUT": 1, "WAIT_TIMEOUT": 1e-6}
     with override_settings(IDEMPOTENCY=config):
         assert checks(Tags.compatibility) == []
 

@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -279,7 +278,8 @@ def test_expiry_is_redis_ttl_and_store_for_sets_its_own() -> None:
 def test_an_expired_record_is_gone_and_the_key_runs_afresh() -> None:
     runs: list[str] = []
 
-    @idempotent_function(key="event_id", ttl=timedelta(milliseconds=300), lock_timeout=0.2)
+    # The shortest lock (a second), and a TTL as short.
+    @idempotent_function(key="event_id", ttl=1, lock_timeout=1)
     def handle(event_id: str) -> int:
         runs.append(event_id)
         return len(runs)
@@ -287,7 +287,7 @@ def test_an_expired_record_is_gone_and_the_key_runs_afresh() -> None:
     with on_redis():
         assert handle("k") == 1
         assert handle("k") == 1
-        time.sleep(0.4)
+        time.sleep(1.1)
         assert handle("k") == 2
 
 
@@ -383,9 +383,9 @@ def test_a_late_owner_is_fenced_by_its_lock_token() -> None:
 
 
 def test_a_live_owner_keeps_its_lock_by_renewal_past_its_timeout(place: Place) -> None:
-    @idempotent_function(key="event_id", lock_timeout=0.3, ttl=60)
+    @idempotent_function(key="event_id", lock_timeout=1, ttl=60)  # renewed at 0.33 s
     def handle(event_id: str) -> str:
-        time.sleep(0.5)
+        time.sleep(0.8)
         return "ok"
 
     with on_redis(place.store):

@@ -11,6 +11,14 @@ Duration = timedelta | int | float
 #: The longest duration accepted: ``now + ttl`` must stay a date the databases store (and
 #: ``timedelta`` itself tops out at 999,999,999 days). A thousand years is forever enough.
 MAX_DURATION = timedelta(days=365_000)
+#: The least deadline of one of the app's own statements (seconds: a claim, a renewal, a result
+#: write; :mod:`.._store.deadlines`): a statement slowed by a loaded machine is not a fault.
+LEAST_STATEMENT = 1.0
+#: The shortest lock (``LOCK_TIMEOUT``, a ``lock_timeout``): no shorter than the deadline of the
+#: statement that claims it. A claim may take that long and still succeed, and a lock shorter
+#: than it can have lapsed when the claim returns: every duplicate then takes the record over
+#: while its view runs (a lock of 0.1 ms ran the views of 6 keys 56 times, issue 48).
+MIN_LOCK_TIMEOUT = timedelta(seconds=LEAST_STATEMENT)
 
 
 def to_timedelta(value: object, name: str) -> timedelta:

@@ -43,6 +43,7 @@ from django_idempotency._conf.values import (
     header_names,
     in_progress,
     key_length,
+    lock_duration,
     methods,
     mismatch_status,
     optional_positive_int,
@@ -56,6 +57,7 @@ from django_idempotency._conf.values import (
 
 if TYPE_CHECKING:
     from cryptography.fernet import MultiFernet
+    from django.core.checks import CheckMessage
     from django.http import HttpRequest
 
 ScopeFunction = Callable[["HttpRequest"], str]
@@ -280,7 +282,9 @@ class Settings:
     HEADER = Setting("Idempotency-Key", _str, {3: header_name})
     METHODS = Setting(("POST", "PATCH"), _upper, {4: methods, 20: unsafe_methods}, VIEWS)
     TTL = Setting(24 * _HOUR, _to_timedelta, {5: positive_duration}, CALLS)
-    LOCK_TIMEOUT = Setting(timedelta(seconds=30), _to_timedelta, {6: positive_duration}, CALLS)
+    LOCK_TIMEOUT = Setting(
+        timedelta(seconds=30), _to_timedelta, {6: positive_duration, 26: lock_duration}, CALLS
+    )
     WAIT_TIMEOUT = Setting(timedelta(seconds=10), _to_timedelta, {7: positive_duration}, CALLS)
     IN_PROGRESS = Setting("conflict", _str, {9: in_progress}, CALLS)
     RETRY_AFTER = Setting(1, _int, {10: positive_int})
@@ -378,24 +382,58 @@ def _value(setting: Setting[Any]) -> Any:
         ) from exc
 
 
+#: The tag of the system checks that look at the settings alone (``settings.IDEMPOTENCY`` and
+#: the ``DATABASES`` entry ``DATABASE_ALIAS`` names; no query, no URLconf): those
+#: :func:`usable` runs. :meth:`.IdempotencyConfig.ready` registers them with it.
+SETTINGS_CHECKS = "django_idempotency.settings"
+
+
 @derived
 def usable() -> None:
-    """Read every setting: one that can never work (a value its converter cannot read, such as
-    an ``ENCRYPTION_KEYS`` that is not a Fernet key) is ``ImproperlyConfigured`` here, in the
-    words of its system check.
+    """Refuse settings the system checks refuse: ``ImproperlyConfigured`` in their words (id,
+    message, hint), every ``ERROR`` of the checks tagged :data:`SETTINGS_CHECKS` that
+    ``SILENCED_SYSTEM_CHECKS`` does not silence; then read every setting, so a value its
+    converter cannot read at all (an ``ENCRYPTION_KEYS`` that is not a Fernet key) is refused
+    too, silenced or not.
 
-    Called when the app loads (:meth:`.IdempotencyConfig.ready`: a server where no checks run,
-    gunicorn, refuses to start) and by every policy, before anything is claimed (settings
-    changed at run time, ``override_settings``): otherwise such a setting is first read after
-    the view ran, to store its result, and the view runs again on the retry (issue 38).
-    Cached until the settings change, as each value is.
+    The one validator of the settings, run by ``manage.py check`` (the same checks, through
+    Django's registry), when the app loads (:meth:`.IdempotencyConfig.ready`: gunicorn and
+    uvicorn run no system checks, and do not start), by every command that reads them (the
+    relay), and by every policy before anything is claimed (settings changed at run time,
+    ``override_settings``). Otherwise ``METHODS: "POST"`` protected nothing and
+    ``LOCK_TIMEOUT: 0`` ran one key's view once per duplicate under gunicorn while ``check``
+    and the relay refused them (issue 48); and a value read only after the view ran, to store
+    its result, let the retry run the view again (issue 38). The checks that need the URLconf
+    (E033, E061, E071) are kept by each view's policy before its claim, and those that query
+    the database warn only. Cached until the settings change, as each value is.
     """
+    from django.core.checks.registry import registry
+
+    refused = [
+        message
+        for check in registry.get_checks()
+        if SETTINGS_CHECKS in getattr(check, "tags", ())
+        # No databases: the checks that query (W002, W003) stay with ``check --database``.
+        for message in check(app_configs=None, databases=None)
+        if message.is_serious() and not message.is_silenced()
+    ]
+    if refused:
+        raise ImproperlyConfigured("\n".join(_words(message) for message in refused))
     for setting in SETTINGS:
         setting.__get__(conf)
 
 
+def _words(message: CheckMessage) -> str:
+    """A check's message as :func:`usable` and a setting's read refuse it."""
+    return f"({message.id}) {message.msg} HINT: {message.hint or DOCS}"
+
+
+#: The other settings the checks of :data:`SETTINGS_CHECKS` read.
+_READ_BY_CHECKS = frozenset({"DATABASES", "CACHES", "TASKS", "SILENCED_SYSTEM_CHECKS"})
+
+
 def _clear_caches(*, setting: str, **kwargs: object) -> None:
-    if setting == "IDEMPOTENCY":
+    if setting == "IDEMPOTENCY" or setting in _READ_BY_CHECKS:
         for clear in _DERIVED:
             clear()
 

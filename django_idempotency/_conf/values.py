@@ -102,6 +102,24 @@ def positive_duration(value: Any, name: str) -> timedelta:
     return durations.positive(value, name)
 
 
+@refusing(
+    f"is shorter than {durations.MIN_LOCK_TIMEOUT.total_seconds():g} second, the least "
+    "deadline of the statement that claims the lock",
+    "A claim may take a second and still succeed; with a shorter lock it has lapsed when the "
+    "claim returns, and every duplicate takes the record over while the view runs "
+    "(docs: 'LOCK_TIMEOUT').",
+)
+def lock_duration(value: timedelta, name: str) -> timedelta:
+    """A lock no shorter than :data:`~.._base.durations.MIN_LOCK_TIMEOUT` (after
+    :func:`positive_duration`)."""
+    if value < durations.MIN_LOCK_TIMEOUT:
+        raise ValueError(
+            f"{name} must be at least {durations.MIN_LOCK_TIMEOUT.total_seconds():g} second "
+            f"(the least deadline of the statement that claims the lock), not {value}."
+        )
+    return value
+
+
 @refusing('is not ``"conflict"``, ``"wait"`` or ``"accepted"``')
 def in_progress(value: Any, name: str) -> str:
     if value not in IN_PROGRESS_POLICIES:

@@ -26,6 +26,7 @@ from django_idempotency._base.errors import (
 )
 from django_idempotency._base.keys import hash_key, parse_key
 from django_idempotency._call import claiming, lifecycle, reports, storing, telemetry, writing
+from django_idempotency._call import operations as ids
 from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
@@ -47,6 +48,19 @@ from django_idempotency.models import IdempotencyKey
 logger = logging.getLogger("django_idempotency")
 
 
+def answerable(policy: Policy) -> Policy:
+    """``policy``, unless its answers need what the URLconf lacks: ``in_progress="accepted"``
+    answers with its operation's status URL, which ``django_idempotency.urls`` gives (check
+    E071, which needs the URLconf and so does not run at startup). Refused before the claim:
+    the view would run, then fail on its own ``operation_url`` (issue 48)."""
+    if policy.in_progress == "accepted":
+        try:
+            ids.status_url("0.x")
+        except ImproperlyConfigured as exc:
+            raise ImproperlyConfigured(f"(django_idempotency.E071) {exc}") from exc
+    return policy
+
+
 class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     """A protected request: its policy from its view's options, the key from its header, the
     answers as HTTP responses."""
@@ -65,7 +79,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         if conf.ENABLED:
             policy = self.options.resolve()
             if policy.protects(self.request.method):
-                return policy
+                return answerable(policy)
         attach(self.request, None)
         return None
 

@@ -35,11 +35,14 @@ from typing import Any
 from django.db import OperationalError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._base import durations
+
 #: A statement may take this share of ``lock_timeout``: half the lock's renewal interval, so a
 #: renewal cut off and made again on a new connection still lands before the next is due.
 SHARE = 6
-#: The least bound (seconds): a statement slowed by a loaded machine is not a fault.
-LEAST = 1.0
+#: The least bound (seconds): a statement slowed by a loaded machine is not a fault. No lock is
+#: shorter (``durations.MIN_LOCK_TIMEOUT``, check E026).
+LEAST = durations.LEAST_STATEMENT
 #: How often the thread looks at the watched statements (seconds): a cut lands this late.
 TICK = 0.1
 #: How long the idle thread waits for another statement before it exits (seconds).

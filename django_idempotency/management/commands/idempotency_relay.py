@@ -5,6 +5,7 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
+from django_idempotency._conf.settings import usable
 from django_idempotency._ops.relay import Relay
 from django_idempotency.management import _arguments, database_alias
 
@@ -42,6 +43,9 @@ class Command(_arguments.Command):
         verbosity: int,
         **options: Any,
     ) -> None:
+        # The web server's validator: what stops gunicorn stops the relay, in the same words,
+        # with --skip-checks (call_command's default) too (issue 48).
+        usable()
         if batch_size is not None:
             _arguments.count("--batch-size", batch_size)
         if interval is not None:
