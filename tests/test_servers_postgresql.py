@@ -205,6 +205,23 @@ def test_storm_on_uvicorn_with_an_async_view_executes_once(asgi: harness.Server)
 # 2. No false conflicts ---------------------------------------------------------------------
 
 
+def test_a_nul_in_a_tenant_s_url_through_gunicorn_is_refused(wsgi: harness.Server) -> None:
+    """gunicorn hands ``/t/a%00zz/`` to Django as the tenant ``a\x00zz``. PostgreSQL's libpq
+    cut the scope at the NUL: the second tenant was replayed the first's response (issue 48).
+    Now a ``400`` before any claim, as on every database and store."""
+    key = str(uuid.uuid4())
+    first = post(wsgi, "/t/a/orders/", key)
+    assert (first.status_code, first.json()) == (201, {"tenant": "a"})
+    joined = post(wsgi, "/t/a%00zz/orders/", key)
+    assert joined.status_code == 400, joined.text
+    assert problem_slug(joined) == "invalid-scope"
+    assert "NUL" in joined.json()["detail"]
+    assert list(
+        Execution.objects.filter(label="tenant-order").values_list("payload", flat=True)
+    ) == ["a"]
+    assert list(IdempotencyKey.objects.values_list("scope", flat=True)) == ["tenant:a"]
+
+
 @pytest.mark.parametrize("server_name,path", [("wsgi", "/slow/"), ("asgi", "/async-slow/")])
 def test_fifty_distinct_keys_give_fifty_executions(
     request: pytest.FixtureRequest, server_name: str, path: str

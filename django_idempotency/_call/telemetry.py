@@ -34,6 +34,7 @@ OUTCOMES = frozenset(
         "waited",
         "mismatch",
         "invalid_key",
+        "invalid_scope",
         "missing_key",
         "released",
         "takeover",

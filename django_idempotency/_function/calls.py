@@ -41,7 +41,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import DATABASE
 from django_idempotency._function.serializers import ResultSerializer
 from django_idempotency._store import StoredResponse, sealing, using
-from django_idempotency._store.limits import PADDED_SCOPE, bounded_scope, padded
+from django_idempotency._store.limits import bounded_scope, unkeepable
 from django_idempotency._store.rows import Record
 from django_idempotency.models import IdempotencyKey
 
@@ -176,8 +176,9 @@ class Spec:
         if extra is not None and not isinstance(extra, str):
             raise TypeError(f"{self.name}: scope() must return a str, not {type(extra).__name__}.")
         scope = f"{self.name}:{extra}" if extra else self.name
-        if padded(scope):
-            raise ValueError(f"{self.name}: its scope was given {PADDED_SCOPE}.")
+        if reason := unkeepable(scope):
+            # Refused before the claim on every store (issue 48), as a view's is.
+            raise ValueError(f"{self.name}: its scope was given {reason}.")
         return bounded_scope(scope)
 
     def _fingerprint(self, scope: str, payload: Any) -> str:

@@ -36,12 +36,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._http import bodies, operations, problems, responses
 from django_idempotency._http.fingerprints import full_path
 from django_idempotency._store import StoredResponse, sealing, using
-from django_idempotency._store.limits import (
-    PADDED_SCOPE,
-    bounded_fingerprint,
-    bounded_scope,
-    padded,
-)
+from django_idempotency._store.limits import bounded_fingerprint, bounded_scope, unkeepable
 from django_idempotency._store.rows import Record
 from django_idempotency.models import IdempotencyKey
 
@@ -117,7 +112,10 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             self._key_refused("invalid_key", policy, str(exc))
             return Answer(problems.invalid_key(str(exc)))
         try:
-            scope = bounded_scope(_call(policy, policy.scope, "scope", request))
+            scope = _call(policy, policy.scope, "scope", request)
+            if reason := unkeepable(scope):
+                return Answer(self._scope_refused(policy, reason))
+            scope = bounded_scope(scope)
             fingerprint = _call(policy, policy.fingerprint, "fingerprint", request, scope)
         except StoreUnavailable as exc:
             reports.identity_unavailable(self._attributes(policy), policy, exc)
@@ -143,6 +141,18 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         refusal = StoreUnavailable(f"The request's user could not be read: {exc}")
         reports.identity_unavailable(self._attributes(policy), policy, refusal)
         return Answer(problems.unavailable())
+
+    def _scope_refused(self, policy: Policy, reason: str) -> HttpResponseBase:
+        """``400 invalid-scope``: the scope function returned what no store keeps exactly.
+
+        Refused before the claim, alike on every store and with ``DEBUG`` on or off (issue 48).
+        A client can send what makes such a scope (``/t/acme%00x/`` reached a tenant's scope
+        through gunicorn), so it is its ``400``, not a ``500``; the WARNING names the function.
+        """
+        message = _described(policy.scope, "scope", self.request, f"returned a scope {reason}")
+        logger.warning(message, extra=telemetry.log_facts("invalid_scope"))
+        telemetry.count("invalid_scope", self._attributes(policy))
+        return problems.invalid_scope(f"The request names a principal {reason}.")
 
     def _key_refused(self, outcome: str, policy: Policy, reason: str) -> None:
         reports.key_refused(outcome, self._attributes(policy), reason)
@@ -269,8 +279,6 @@ def _call(
         _note(exc, function, option, request)
         raise
     if isinstance(value, str):
-        if option == "scope" and padded(value):
-            raise ValueError(_failed(function, option, request, f"returned a scope {PADDED_SCOPE}"))
         return value
     raise TypeError(
         _failed(function, option, request, f"returned {type(value).__name__}, not a str")
@@ -293,6 +301,14 @@ def _sentence(exc: Exception) -> str:
 
 
 def _failed(function: Callable[..., object], option: str, request: HttpRequest, what: str) -> str:
+    message = _described(function, option, request, what)
+    logger.error(message, extra=telemetry.log_facts("policy_function_failed"))
+    return message
+
+
+def _described(
+    function: Callable[..., object], option: str, request: HttpRequest, what: str
+) -> str:
     setting = f"{option.upper()}_FUNCTION"
     where = (
         f"IDEMPOTENCY[{setting!r}]"
@@ -304,7 +320,6 @@ def _failed(function: Callable[..., object], option: str, request: HttpRequest, 
         f"The {option} function {getattr(function, '__module__', '')}.{name} ({where}) {what}; "
         f"the {request.method} {request.path} request was refused before its view ran."
     )
-    logger.error(message, extra=telemetry.log_facts("policy_function_failed"))
     return message
 
 

@@ -45,6 +45,11 @@ def invalid_key(detail: str) -> HttpResponse:
     return problem(400, "invalid-idempotency-key", "Invalid idempotency key", detail)
 
 
+def invalid_scope(detail: str) -> HttpResponse:
+    """A scope (the principal the scope function named) that no store keeps exactly."""
+    return problem(400, "invalid-scope", "Invalid scope", detail)
+
+
 def invalid_body(reason: str) -> HttpResponse:
     """A body the fingerprint cannot read: Django's own parser refused it."""
     return problem(

@@ -37,7 +37,7 @@ from django_idempotency._conf.settings import (
 )
 from django_idempotency._conf.values import DOCS
 from django_idempotency._http import adapter as protocol
-from django_idempotency._store import VENDORS, galera, time_zones
+from django_idempotency._store import VENDORS, charsets, galera, time_zones
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -86,7 +86,11 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
             return [error]
     # Only where Django asks about databases (``check --database``, ``migrate``): it queries.
     if alias in (kwargs.get("databases") or ()):
-        return w002_time_zone_tables(alias) + w003_galera_eviction(alias)
+        return (
+            w002_time_zone_tables(alias)
+            + w003_galera_eviction(alias)
+            + e034_narrow_character_set(alias)
+        )
     return []
 
 
@@ -308,6 +312,39 @@ def e033_view_ttl_under_lock() -> list[CheckMessage]:
                 )
             )
     return errors
+
+
+@refusing(
+    "MySQL/MariaDB: the idempotency table's ``scope`` column, the claim procedure or the "
+    "session of the ``DATABASE_ALIAS`` database is not ``utf8mb4``: a scope with a character "
+    "outside it is folded to ``?`` (two principals share records) or refused by the server; "
+    "asked with ``--database`` only"
+)
+def e034_narrow_character_set(alias: str) -> list[CheckMessage]:
+    try:
+        found = charsets.narrow(alias)
+    except DatabaseError:
+        return []  # unreachable now: nothing to say about its character sets
+    if found is None:
+        return []
+    places = ", ".join(f"{place} is {charset}" for place, charset in found.places)
+    then = (
+        "the sql_mode is strict, so the server refuses a scope with a character outside it, "
+        "and each such request fails"
+        if found.strict
+        else "the sql_mode is not strict, so the server writes '?' for a character outside "
+        "it: two scopes that differ there are one principal, each replayed the other's "
+        "responses"
+    )
+    return [
+        _error(
+            34,
+            f"DATABASES[{alias!r}] cannot keep every scope exactly: {places}, not utf8mb4; {then}.",
+            hint="Keep Django's OPTIONS charset (utf8mb4), and convert the table's scope and "
+            "request_hash columns to utf8mb4 with their binary collation, then drop the claim "
+            "procedure (docs: 'Installation', MySQL and MariaDB).",
+        )
+    ]
 
 
 @refusing(

@@ -17,7 +17,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import store_alias
 from django_idempotency._ops import maintenance
 from django_idempotency._ops.store_checks import redis_stores
-from django_idempotency._store.limits import PADDED_SCOPE, bounded_scope, padded
+from django_idempotency._store.limits import bounded_scope, unkeepable
 from django_idempotency.models import IdempotencyKey
 
 __all__ = ["Erasure", "erase_scope"]
@@ -58,9 +58,10 @@ def erase_scope(
     """
     if not isinstance(scope, str) or not scope:
         raise ValueError(f"The scope to erase must be a non-empty string, not {scope!r}.")
-    if padded(scope):
-        # Never made (issue 38): on MySQL and MariaDB it would erase the scope without it.
-        raise ValueError(f"The scope to erase is given {PADDED_SCOPE}; give it without.")
+    if reason := unkeepable(scope):
+        # Never made (issues 38, 48): on MySQL and MariaDB a padded one would erase the scope
+        # without its padding, on PostgreSQL one with a NUL the scope cut there.
+        raise ValueError(f"The scope to erase is given {reason}; no record has such a scope.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
     alias = using or conf.DATABASE_ALIAS

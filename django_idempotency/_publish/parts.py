@@ -13,6 +13,7 @@ from django_idempotency._base.keys import MAX_KEY_LENGTH
 from django_idempotency._conf.options import Policy
 from django_idempotency._conf.settings import conf
 from django_idempotency._http import problems as _problems
+from django_idempotency._http.scopes import user_scope
 from django_idempotency._publish import policy as published
 
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -83,6 +84,11 @@ def problems(policy: Policy) -> list[Problem]:
         "The request body could not be read (a multipart body without its boundary, say).",
         _problems.invalid_body("Invalid boundary in multipart: None."),
     )
+    if published.scope_function(policy) is not user_scope:  # the default never refuses one
+        add(
+            "The request names a principal no store can keep (a NUL character in it, say).",
+            _problems.invalid_scope("The request names a principal with a NUL character."),
+        )
     add(
         f"The {header} was already used for a different request.",
         _problems.key_reuse(conf.MISMATCH_STATUS),

@@ -15,6 +15,10 @@ a statement commits on its own, as the cursor's would; outside it, a transaction
 is begun first with the plain ``BEGIN`` psycopg would send (psycopg reads the transaction's
 state from libpq, so it sends no ``BEGIN`` of its own after it, and commits it), and where the
 connection sets an isolation level, read-only or deferrable transactions, the cursor begins it.
+A text holding a NUL is never sent here: libpq takes a text parameter as a C string and cuts
+it at the NUL (``tenant:a\0x`` was stored and found as ``tenant:a``, issue 48), where the
+cursor refuses it (``DataError``). The scope is refused before any statement
+(:func:`._store.limits.unkeepable`); this keeps every other text as the cursor would.
 Parameters are sent apart from the SQL, as server-side binding sends them, with no statement
 prepared by name: safe behind a pooler in transaction mode. A connection set to prepare
 statements (``prepare_threshold``) keeps the cursor, which prepares the claim.
@@ -82,6 +86,8 @@ def execute(raw: Any, sql: str, params: list[Any]) -> Any:
     for value in params:
         kind = type(value)
         if kind is str:
+            if "\x00" in value:  # libpq would cut it there: psycopg's cursor refuses it
+                return None
             values.append(value.encode(_ENCODING))
         elif kind is int:
             values.append(str(value).encode())
@@ -93,6 +99,8 @@ def execute(raw: Any, sql: str, params: list[Any]) -> Any:
             formats[len(values)] = 1
             values.append(value)
         elif isinstance(value, str) and not isinstance(value, bool):  # a text choice's enum
+            if "\x00" in value:
+                return None
             values.append(value.encode(_ENCODING))
         else:  # bool, datetime, UUID...: psycopg's adapters know them
             return None

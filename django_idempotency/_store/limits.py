@@ -49,11 +49,48 @@ def padded(scope: str) -> bool:
     return scope != scope.strip()
 
 
+#: Why no scope may hold a NUL: PostgreSQL's text cannot, and libpq cuts a text parameter at
+#: its first NUL, so ``tenant:a\0x`` was stored and found as ``tenant:a`` (issue 48).
+NUL_SCOPE = (
+    "with a NUL character (U+0000), which PostgreSQL's text cannot hold: it would be cut "
+    "there, and two principals would share records"
+)
+#: Why no scope may hold a lone surrogate: it has no UTF-8, so no database can store it.
+SURROGATE_SCOPE = (
+    "with a lone surrogate (U+D800 to U+DFFF), which has no UTF-8 form and no database can hold"
+)
+
+
+def unkeepable(scope: str) -> str | None:
+    """Why a store could not keep ``scope`` exactly (to end "... a scope ..."), or ``None``.
+
+    One test for every store and database, made before the claim, so a scope is refused alike
+    on SQLite, PostgreSQL, MySQL and Redis, with ``DEBUG`` on or off: never cut at a NUL (libpq),
+    never compared without its padding (MySQL), never a driver's encoding error. Characters
+    outside a MySQL table's character set are refused by the system check E034 instead.
+    """
+    if scope != scope.strip():
+        return PADDED_SCOPE
+    if "\x00" in scope:
+        return NUL_SCOPE
+    if not scope.isascii():
+        try:
+            scope.encode("utf-8")
+        except UnicodeEncodeError:
+            return SURROGATE_SCOPE
+    return None
+
+
 def bounded_fingerprint(value: object) -> str:
     """What ``FINGERPRINT_FUNCTION`` returned, as stored: itself, or its SHA-256 when longer
-    than the column (a SHA-512 in hex): the docs promise only "a string" (issue 20)."""
+    than the column (a SHA-512 in hex: the docs promise only "a string", issue 20) or when a
+    store could not keep it exactly (:func:`unkeepable`)."""
     if not isinstance(value, str):
         raise TypeError(
             f"IDEMPOTENCY['FINGERPRINT_FUNCTION'] must return a str, not {type(value).__name__}."
         )
-    return value if len(value) <= MAX_FINGERPRINT else sha256_hex(value)
+    if len(value) <= MAX_FINGERPRINT and unkeepable(value) is None:
+        return value
+    # Longer than the column, or what a database would cut (a NUL), pad or not encode (a lone
+    # surrogate): two different requests must never store one fingerprint (issue 48).
+    return sha256_hex(value)

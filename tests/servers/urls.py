@@ -6,6 +6,7 @@ from tests.servers import views
 
 urlpatterns = [
     path("health/", views.health),
+    path("t/<str:tenant>/orders/", views.tenant_order),
     path("slow/", views.slow),
     path("async-slow/", views.async_slow),
     path("crash/", views.crash),

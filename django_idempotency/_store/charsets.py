@@ -1,0 +1,66 @@
+"""Whether a MySQL or MariaDB database keeps every scope exactly (issue 48).
+
+The scope travels from the session (``character_set_client`` and ``_connection``) through the
+claim procedure's ``p_scope`` into the table's ``scope`` column, and each converts it to its own
+character set. One that is not ``utf8mb4`` has no place for a character outside it (an emoji in
+``utf8mb3``, anything beyond Latin-1 in ``latin1``): under a non-strict ``sql_mode`` the server
+writes ``?`` for it, so ``tenant:😀`` and ``tenant:😁`` were both ``tenant:?``, one principal,
+and each tenant was replayed the other's responses; under a strict one it refuses the statement
+(error 1366 or 1267), and every request with such a scope fails. Measured on MariaDB 10.11, for
+each of ``utf8mb3`` and ``latin1`` in the column or the session, both modes. With ``utf8mb4``
+all the way, the ``sql_mode`` changes nothing of the scope (it is never longer than the column:
+:func:`.limits.bounded_scope`). The ``sql_mode`` is a session's, which ``SET GLOBAL`` or an
+``init_command`` changes without the app: the character sets are what the check E034 asks for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import connections
+
+from django_idempotency.models import IdempotencyKey
+
+#: The one MySQL character set that holds every character.
+FULL = "utf8mb4"
+
+_SESSION = "SELECT @@character_set_client, @@character_set_connection, @@sql_mode"
+_COLUMN = (
+    "SELECT CHARACTER_SET_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+    "AND TABLE_NAME = %s AND COLUMN_NAME = 'scope'"
+)
+_PARAMETER = (
+    "SELECT CHARACTER_SET_NAME FROM information_schema.PARAMETERS WHERE SPECIFIC_SCHEMA = "
+    "DATABASE() AND SPECIFIC_NAME = 'django_idempotency_claim' AND PARAMETER_NAME = 'p_scope'"
+)
+
+
+@dataclass(frozen=True)
+class Narrow:
+    """The places a scope passes that are not ``utf8mb4`` (``[(place, charset), ...]``), and
+    whether the session's ``sql_mode`` is strict (the server then refuses, else folds)."""
+
+    places: list[tuple[str, str]]
+    strict: bool
+
+
+def narrow(alias: str) -> Narrow | None:
+    """Where ``alias``'s database would not keep every scope; ``None`` when it would (or it is
+    not MySQL or MariaDB). Reads the live session, so a connection's ``OPTIONS`` count."""
+    connection = connections[alias]
+    if connection.vendor != "mysql":
+        return None
+    places: list[tuple[str, str]] = []
+    with connection.cursor() as cursor:
+        cursor.execute(_SESSION)
+        client, session, mode = cursor.fetchone()
+        places += [("character_set_client", client), ("character_set_connection", session)]
+        cursor.execute(_COLUMN, [IdempotencyKey._meta.db_table])
+        places += [(f"{IdempotencyKey._meta.db_table}.scope", row[0]) for row in cursor.fetchall()]
+        cursor.execute(_PARAMETER)
+        places += [("the claim procedure's p_scope", row[0]) for row in cursor.fetchall()]
+    places = [(place, str(charset)) for place, charset in places if str(charset) != FULL]
+    if not places:
+        return None
+    modes = set(str(mode).upper().split(","))
+    return Narrow(places, strict=bool(modes & {"STRICT_TRANS_TABLES", "STRICT_ALL_TABLES"}))
