@@ -37,6 +37,7 @@ from django_idempotency._conf.settings import (
 )
 from django_idempotency._conf.values import DOCS
 from django_idempotency._http import adapter as protocol
+from django_idempotency._http import placement
 from django_idempotency._store import VENDORS, galera, time_zones
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -280,7 +281,11 @@ def e032_sqlite_shared(alias: str) -> Error | None:
 
 
 def check_views(**kwargs: Any) -> list[CheckMessage]:
-    return [*e033_view_ttl_under_lock(), *e071_accepted_without_status_urls()]
+    return [
+        *e033_view_ttl_under_lock(),
+        *e034_idempotent_before_drf_authentication(),
+        *e071_accepted_without_status_urls(),
+    ]
 
 
 @refusing(
@@ -305,6 +310,40 @@ def e033_view_ttl_under_lock() -> list[CheckMessage]:
                     f"{name}: {error}",
                     hint="Give the view a ttl at least as long as its lock_timeout "
                     "(docs: 'Settings').",
+                )
+            )
+    return errors
+
+
+@refusing(
+    "``@idempotent`` on the ``dispatch`` of a DRF view in the URLconf (through "
+    "``method_decorator``), which runs before DRF's authentication"
+)
+def e034_idempotent_before_drf_authentication() -> list[CheckMessage]:
+    """DRF authenticates inside its ``dispatch``: a claim made around it would read the user
+    before a token or Basic credentials were, and every caller's key would be the anonymous
+    scope's (issue 48). ``method_decorator`` decorates the method anew at each call, so the
+    decorator itself refuses it only at the first request; this refuses it at startup."""
+    errors: list[CheckMessage] = []
+    seen: set[type] = set()
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:  # a broken URLconf is reported by Django's own checks
+        return errors
+    for callback in _callbacks(patterns):
+        view_class = placement.api_view_class(callback)
+        if view_class is None or view_class in seen:
+            continue
+        seen.add(view_class)
+        if isinstance(getattr(view_class.dispatch, "idempotency_options", None), Options):
+            errors.append(
+                _error(
+                    34,
+                    f"{view_class.__module__}.{view_class.__qualname__}: @idempotent is on the "
+                    "dispatch of a DRF view, before DRF's authentication: every caller would "
+                    "share the anonymous scope.",
+                    hint=f"{placement.DISPATCH_ORDER[:1].upper()}{placement.DISPATCH_ORDER[1:]} "
+                    "(docs: 'Decorator order').",
                 )
             )
     return errors
