@@ -283,7 +283,7 @@ def e032_sqlite_shared(alias: str) -> Error | None:
 def check_views(**kwargs: Any) -> list[CheckMessage]:
     return [
         *e033_view_ttl_under_lock(),
-        *e034_idempotent_before_drf_authentication(),
+        *e034_idempotent_before_authentication(),
         *e071_accepted_without_status_urls(),
     ]
 
@@ -316,14 +316,15 @@ def e033_view_ttl_under_lock() -> list[CheckMessage]:
 
 
 @refusing(
-    "``@idempotent`` on the ``dispatch`` of a DRF view in the URLconf (through "
-    "``method_decorator``), which runs before DRF's authentication"
+    "``@idempotent`` (through ``method_decorator``) on the ``dispatch`` of a view in the "
+    "URLconf that authenticates or refuses callers inside it: a DRF view, an ``AccessMixin``"
 )
-def e034_idempotent_before_drf_authentication() -> list[CheckMessage]:
-    """DRF authenticates inside its ``dispatch``: a claim made around it would read the user
-    before a token or Basic credentials were, and every caller's key would be the anonymous
-    scope's (issue 48). ``method_decorator`` decorates the method anew at each call, so the
-    decorator itself refuses it only at the first request; this refuses it at startup."""
+def e034_idempotent_before_authentication() -> list[CheckMessage]:
+    """A DRF view authenticates inside its ``dispatch``, an ``AccessMixin`` refuses there: a
+    claim made around it would read the user before a token or Basic credentials were (every
+    caller's key the anonymous scope's), or claim and store a refused caller's redirect (issue
+    48). ``method_decorator`` decorates the method anew at each call, so the decorator itself
+    refuses these only at the first request; this refuses them at startup."""
     errors: list[CheckMessage] = []
     seen: set[type] = set()
     try:
@@ -331,19 +332,16 @@ def e034_idempotent_before_drf_authentication() -> list[CheckMessage]:
     except Exception:  # a broken URLconf is reported by Django's own checks
         return errors
     for callback in _callbacks(patterns):
-        view_class = placement.api_view_class(callback)
-        if view_class is None or view_class in seen:
+        view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+        if not isinstance(view_class, type) or view_class in seen:
             continue
         seen.add(view_class)
-        if isinstance(getattr(view_class.dispatch, "idempotency_options", None), Options):
+        if (refusal := placement.misplaced_dispatch(view_class)) is not None:
             errors.append(
                 _error(
                     34,
-                    f"{view_class.__module__}.{view_class.__qualname__}: @idempotent is on the "
-                    "dispatch of a DRF view, before DRF's authentication: every caller would "
-                    "share the anonymous scope.",
-                    hint=f"{placement.DISPATCH_ORDER[:1].upper()}{placement.DISPATCH_ORDER[1:]} "
-                    "(docs: 'Decorator order').",
+                    f"{view_class.__module__}.{view_class.__qualname__}: {refusal}",
+                    hint="See the orders that work (docs: 'Decorator order').",
                 )
             )
     return errors
