@@ -55,6 +55,7 @@ STORE_MODULES = frozenset(
         "test_telemetry",
         "test_testing",
         "test_view_policy",
+        "test_principals",
         "test_redis_store",
     }
 )

@@ -105,10 +105,10 @@ class PaymentViewSet(
     queryset = Execution.objects.all()
 
 
-@idempotent(required=True)
 @extend_schema(request=Payment, responses={201: Receipt})
 @api_view(["POST"])
-def decorated_outside(request: Request) -> Response:
+@idempotent(required=True)
+def decorated_required(request: Request) -> Response:
     return Response({}, status=201)
 
 
@@ -132,9 +132,9 @@ class TenantPolicyView(IdempotencyMixin, APIView):
         return Response({}, status=201)
 
 
-@idempotent(key_format=ORDER_KEY, scope=tenant_scope)
 @extend_schema(request=Payment, responses={201: Receipt})
 @api_view(["POST"])
+@idempotent(key_format=ORDER_KEY, scope=tenant_scope)
 def decorated_with_a_pattern(request: Request) -> Response:
     return Response({}, status=201)
 
@@ -149,7 +149,7 @@ urlpatterns = [
     path("optional/", OptionalView.as_view()),
     path("annotated/", AnnotatedView.as_view()),
     path("plain/", PlainView.as_view()),
-    path("outside/", decorated_outside),
+    path("outside/", decorated_required),
     path("inside/", decorated_inside),
     path("tenant-policy/", TenantPolicyView.as_view()),
     path("pattern/", decorated_with_a_pattern),

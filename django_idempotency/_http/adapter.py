@@ -63,10 +63,12 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     #: The request, which signal receivers get too (:attr:`.Attempt.request`).
     request: HttpRequest
 
-    def __init__(self, request: HttpRequest, options: Options) -> None:
+    def __init__(self, request: HttpRequest, options: Options, view_request: Any = None) -> None:
         super().__init__()
         self.request = request
         self.options = options
+        #: The view's first argument as given: DRF's ``Request`` under ``@api_view``.
+        self.view_request = request if view_request is None else view_request
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The view's policy for this request; ``None`` (and no claim on the request) when the
@@ -197,14 +199,17 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             responses.check_replayable(result)
             if responses.needs_deferred_render(result):
                 if attempt.policy.atomic:
-                    raise UnreplayableResponse(
-                        "An atomic idempotent view returned a DRF Response that is not rendered "
-                        "yet; put @idempotent above @api_view, or use IdempotencyMixin."
+                    # Stored in the view's transaction, which ends before DRF's dispatch does.
+                    if not responses.finalize(result, self.view_request):
+                        raise UnreplayableResponse(
+                            "An atomic idempotent view returned a DRF Response that is not "
+                            "rendered yet, outside a DRF view; use IdempotencyMixin."
+                        )
+                else:
+                    responses.add_post_render_callback(
+                        result, lambda rendered: _conclude(attempt, rendered)
                     )
-                responses.add_post_render_callback(
-                    result, lambda rendered: _conclude(attempt, rendered)
-                )
-                return result
+                    return result
             responses.render(result)
         except Exception:  # a dying process (SystemExit...) is a crash: recovered later
             writing.release(attempt, reason="unreplayable response", raised=True)
@@ -221,7 +226,7 @@ def view_adapter(
 
     def adapter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpAdapter:
         request = args[0] if args else kwargs.get("request")
-        return HttpAdapter(http_request(request), options)
+        return HttpAdapter(http_request(request), options, request)
 
     return adapter
 

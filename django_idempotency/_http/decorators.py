@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from django_idempotency._call import lifecycle
 from django_idempotency._conf.options import VIEW_OPTIONS, Options, ViewOptions
 from django_idempotency._http import adapter as protocol
+from django_idempotency._http.placement import refuse_misplaced
 
 __all__ = ["idempotent"]
 
@@ -36,11 +37,14 @@ def idempotent(
     Usable bare (``@idempotent``) or with options (:ref:`view-options`), which override
     ``settings.IDEMPOTENCY`` for this view; a bad one is ``ImproperlyConfigured`` here. Works on
     function views, on ``View.dispatch`` through ``method_decorator``, and on ``async def``
-    views (``atomic=True`` needs a sync view: Django transactions are sync).
+    views (``atomic=True`` needs a sync view: Django transactions are sync). It goes under
+    the decorators that authenticate or refuse the request (``@api_view``, ``login_required``):
+    above them it is ``ImproperlyConfigured`` (:mod:`.placement`).
     """
     built = Options.build(VIEW_OPTIONS, "idempotent", **options)
 
     def decorate(view: ViewFunc) -> ViewFunc:
+        refuse_misplaced(view)
         wrapper = lifecycle.wrap(
             view,
             protocol.view_adapter(built),

@@ -142,15 +142,14 @@ def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
     if pk is None:
         return problems.operation_not_found()
     try:
-        scope = _scope(request)
+        scopes = _scopes(request)
         operation = store.read(conf.DATABASE_ALIAS, pk)
     except StoreUnavailable:
         return problems.unavailable()
     if (
-        scope is None
-        or operation is None
+        operation is None
         or not _verified(operation_id, operation)
-        or scope != operation.scope
+        or operation.scope not in scopes
         or operation.expired(timezone.now())
     ):
         return problems.operation_not_found()
@@ -225,16 +224,21 @@ def _json(data: dict[str, Any], status: int) -> HttpResponse:
     return response
 
 
-def _scope(request: HttpRequest) -> str | None:
-    """The principal asking, as the view's records have it: ``OPERATION_SCOPE_FUNCTION``,
-    or the scope setting's function after DRF's default authentication (when DRF is
-    installed: a token is DRF's business, not the request's middleware's)."""
+def _scopes(request: HttpRequest) -> tuple[str, ...]:
+    """The principals asking, as the views' records have them (none: credentials refused):
+    ``OPERATION_SCOPE_FUNCTION``'s, or the scope setting's function's as Django's middleware
+    authenticated the request and as DRF's default authentication does (when DRF is
+    installed). A plain Django view keys a token's request by what Django's middleware saw (a
+    token is anonymous to it), a DRF view by the user DRF's classes found: the request may read
+    either principal's operations, each one it can prove (issue 48)."""
     function = conf.OPERATION_SCOPE_FUNCTION
     if function is not None:
-        return function(request)
-    if "rest_framework" in settings.INSTALLED_APPS:
-        from django_idempotency._http.drf_auth import authenticate
+        return (function(request),)
+    if "rest_framework" not in settings.INSTALLED_APPS:
+        return (conf.SCOPE_FUNCTION(request),)
+    from django_idempotency._http.drf_auth import authenticate
 
-        if not authenticate(request):
-            return None
-    return conf.SCOPE_FUNCTION(request)
+    middleware = conf.SCOPE_FUNCTION(request)
+    if not authenticate(request):
+        return ()
+    return (middleware, conf.SCOPE_FUNCTION(request))

@@ -34,6 +34,20 @@ def needs_deferred_render(response: HttpResponseBase) -> bool:
     )
 
 
+def finalize(response: HttpResponseBase, request: Any) -> bool:
+    """Give a DRF ``Response`` returned below ``@api_view`` its renderer now, as the view's
+    ``finalize_response()`` will (a second call there changes nothing): atomic mode stores it
+    inside the view's transaction, before DRF's dispatch returns. ``request`` is the view's
+    first argument, DRF's ``Request``, whose parser context names the view; ``False``: no view
+    to ask."""
+    context = getattr(request, "parser_context", None) or {}
+    view = context.get("view")
+    if view is None or not hasattr(view, "finalize_response"):
+        return False
+    view.finalize_response(request, response, *context.get("args", ()), **context.get("kwargs", {}))
+    return True
+
+
 def render(response: HttpResponseBase) -> None:
     if not getattr(response, "is_rendered", True):
         response.render()  # type: ignore[attr-defined]

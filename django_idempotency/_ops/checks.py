@@ -37,6 +37,7 @@ from django_idempotency._conf.settings import (
 )
 from django_idempotency._conf.values import DOCS
 from django_idempotency._http import adapter as protocol
+from django_idempotency._http import placement
 from django_idempotency._store import VENDORS, charsets, galera, time_zones
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -284,7 +285,11 @@ def e032_sqlite_shared(alias: str) -> Error | None:
 
 
 def check_views(**kwargs: Any) -> list[CheckMessage]:
-    return [*e033_view_ttl_under_lock(), *e071_accepted_without_status_urls()]
+    return [
+        *e033_view_ttl_under_lock(),
+        *e035_idempotent_before_authentication(),
+        *e071_accepted_without_status_urls(),
+    ]
 
 
 @refusing(
@@ -345,6 +350,38 @@ def e034_narrow_character_set(alias: str) -> list[CheckMessage]:
             "procedure (docs: 'Installation', MySQL and MariaDB).",
         )
     ]
+
+
+@refusing(
+    "``@idempotent`` (through ``method_decorator``) on the ``dispatch`` of a view in the "
+    "URLconf that authenticates or refuses callers inside it: a DRF view, an ``AccessMixin``"
+)
+def e035_idempotent_before_authentication() -> list[CheckMessage]:
+    """A DRF view authenticates inside its ``dispatch``, an ``AccessMixin`` refuses there: a
+    claim made around it would read the user before a token or Basic credentials were (every
+    caller's key the anonymous scope's), or claim and store a refused caller's redirect (issue
+    48). ``method_decorator`` decorates the method anew at each call, so the decorator itself
+    refuses these only at the first request; this refuses them at startup."""
+    errors: list[CheckMessage] = []
+    seen: set[type] = set()
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:  # a broken URLconf is reported by Django's own checks
+        return errors
+    for callback in _callbacks(patterns):
+        view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+        if not isinstance(view_class, type) or view_class in seen:
+            continue
+        seen.add(view_class)
+        if (refusal := placement.misplaced_dispatch(view_class)) is not None:
+            errors.append(
+                _error(
+                    35,
+                    f"{view_class.__module__}.{view_class.__qualname__}: {refusal}",
+                    hint="See the orders that work (docs: 'Decorator order').",
+                )
+            )
+    return errors
 
 
 @refusing(

@@ -1,0 +1,204 @@
+"""Where ``@idempotent`` may stand among a view's other decorators.
+
+The scope is the principal the framework authenticated, so the claim must come after the
+authentication and the refusals (``401``, ``403``, a redirect to the login page) that guard the
+view. Above DRF's ``@api_view`` (or on an ``APIView``'s ``dispatch``), ``@idempotent`` would read
+``request.user`` before DRF authenticated a token or Basic credentials: every caller's key
+would be the anonymous scope's, and one user's response replayed to another. Above
+``login_required`` (or ``permission_required``, ``user_passes_test``, an ``AccessMixin`` such as
+``LoginRequiredMixin``), a refused caller's redirect would be claimed and stored. Each such order
+is refused where it is written, with the order that works: a function view's when it is
+decorated (at import); ``method_decorator`` decorates a method anew at each call, so a class's at
+its first request, and by system check E035 at startup. DRF is looked up, never imported from
+here, nor ``django.contrib.auth``'s modules (which need the app registry): a view that uses one
+has imported it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils import decorators as django_decorators
+
+__all__ = ["api_view_class", "misplaced_dispatch", "refuse_misplaced"]
+
+API_VIEW_ORDER = (
+    "put @idempotent under @api_view (@api_view([...]) then @idempotent), where DRF has "
+    "authenticated the request, or use IdempotencyMixin on a class-based view"
+)
+DISPATCH_ORDER = (
+    "use IdempotencyMixin, or method_decorator(idempotent) on the handler (post, put...), "
+    "which DRF calls after its authentication"
+)
+LOGIN_ORDER = (
+    "put login_required (or permission_required, user_passes_test) above @idempotent "
+    "(method_decorator([login_required, idempotent], name='dispatch') on a class, with an "
+    "AccessMixin such as LoginRequiredMixin before the class whose dispatch is decorated), "
+    "so that it refuses before a key is claimed"
+)
+
+
+def refuse_misplaced(view: Callable[..., Any]) -> None:
+    """``ImproperlyConfigured`` when ``view`` is one ``@idempotent`` must not wrap: a DRF view
+    (``@api_view``, ``APIView.as_view()``, an ``APIView``'s ``dispatch`` through
+    ``method_decorator``) or a view guarded by ``django.contrib.auth``'s decorators or
+    mixins."""
+    name = getattr(view, "__qualname__", None) or repr(view)
+    for layer in _layers(view):
+        if (cls := api_view_class(layer)) is not None:
+            raise ImproperlyConfigured(
+                f"@idempotent is above @api_view (or a DRF view's as_view()) on "
+                f"{cls.__module__}.{cls.__name__}: it would read the request's user before "
+                f"DRF's authentication, so every caller would share the anonymous scope: "
+                f"{API_VIEW_ORDER}."
+            )
+        owner = getattr(layer, "__self__", None)
+        if owner is not None and getattr(layer, "__name__", None) == "dispatch":
+            if _is_api_view(type(owner)):
+                raise ImproperlyConfigured(
+                    f"@idempotent is on the dispatch of the DRF view "
+                    f"{type(owner).__qualname__}, which runs before DRF's authentication, so "
+                    f"every caller would share the anonymous scope: {DISPATCH_ORDER}."
+                )
+            if _access_mixin_inside(type(owner), getattr(layer, "__func__", None)):
+                raise ImproperlyConfigured(
+                    f"@idempotent is on the dispatch of {type(owner).__qualname__}, around its "
+                    f"AccessMixin (LoginRequiredMixin...): a refused caller's redirect or 403 "
+                    f"would be claimed and stored: {LOGIN_ORDER}."
+                )
+        view_class = getattr(layer, "view_class", None)
+        if isinstance(view_class, type) and _is_access_mixin(view_class):
+            raise ImproperlyConfigured(
+                f"@idempotent is above {view_class.__qualname__}.as_view(), whose AccessMixin "
+                f"(LoginRequiredMixin...) refuses callers: a refused caller's redirect or 403 "
+                f"would be claimed and stored: {LOGIN_ORDER}."
+            )
+        if _auth_guard(layer):
+            raise ImproperlyConfigured(
+                f"@idempotent is above login_required (or permission_required, "
+                f"user_passes_test) on {name}: a refused caller's redirect or 403 would be "
+                f"claimed and stored: {LOGIN_ORDER}."
+            )
+
+
+def misplaced_dispatch(cls: type) -> str | None:
+    """Why ``@idempotent`` on ``cls``'s ``dispatch`` (through ``method_decorator``) runs before
+    the framework's authentication or refusals, and the order that works; ``None``: it does
+    not (system check E035)."""
+    for index, owner in enumerate(cls.__mro__):
+        dispatch = owner.__dict__.get("dispatch")
+        if dispatch is None or getattr(dispatch, "idempotency_options", None) is None:
+            continue
+        if _is_api_view(cls):
+            return (
+                "@idempotent is on the dispatch of a DRF view, before DRF's authentication: "
+                f"every caller would share the anonymous scope. {_sentence(DISPATCH_ORDER)}"
+            )
+        if any(_is_access_mixin(later) for later in cls.__mro__[index:]):
+            return (
+                "@idempotent is on a dispatch around an AccessMixin (LoginRequiredMixin...): a "
+                f"refused caller's redirect or 403 would be claimed and stored. "
+                f"{_sentence(LOGIN_ORDER)}"
+            )
+        return None
+    return None
+
+
+def _sentence(order: str) -> str:
+    return f"{order[:1].upper()}{order[1:]}."
+
+
+def api_view_class(view: object) -> type | None:
+    """The DRF ``APIView`` class behind a view function (``@api_view``'s, ``as_view()``'s),
+    else ``None``."""
+    view_class = getattr(view, "cls", None) or getattr(view, "view_class", None)
+    return view_class if isinstance(view_class, type) and _is_api_view(view_class) else None
+
+
+def _is_api_view(cls: type) -> bool:
+    views = sys.modules.get("rest_framework.views")
+    return views is not None and issubclass(cls, views.APIView)
+
+
+def _layers(view: object) -> Iterator[object]:
+    """``view`` and what it wraps: ``functools.wraps``' ``__wrapped__``, a partial's function
+    (``method_decorator`` decorates a partial of the bound method), and for a method that
+    ``method_decorator`` decorated, the decorators it applies at each call (as functions of
+    theirs: what each decorator's code is) and the method under them."""
+    seen: set[int] = set()
+    pending: list[object] = [view]
+    while pending:
+        layer = pending.pop()
+        if layer is None or id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        yield layer
+        if isinstance(layer, partial):
+            pending.append(layer.func)
+            continue
+        cells = _multi_decorated(getattr(layer, "__func__", layer))
+        if cells is not None:
+            pending.extend(cells.get("decorators") or ())
+            pending.append(cells.get("method"))
+        else:
+            pending.append(getattr(layer, "__wrapped__", None))
+
+
+def _multi_decorated(function: object) -> dict[str, Any] | None:
+    """The closure (``decorators``, ``method``) of a method ``method_decorator`` made, else
+    ``None``."""
+    code = getattr(function, "__code__", None)
+    if code is None or code.co_filename != django_decorators.__file__:
+        return None
+    cells: dict[str, Any] = {}
+    closure = getattr(function, "__closure__", None) or ()
+    for name, cell in zip(code.co_freevars, closure, strict=False):
+        try:
+            cells[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    return cells if "method" in cells else None
+
+
+def _auth_guard(view: object) -> bool:
+    """Whether ``view`` is ``django.contrib.auth``'s ``login_required``, ``permission_required``
+    or ``user_passes_test``, one of the decorators they make, or the wrapper those make (none
+    carries a mark but its code's); ``login_not_required`` guards nothing."""
+    code = getattr(view, "__code__", None)
+    module = sys.modules.get("django.contrib.auth.decorators")
+    return (
+        code is not None
+        and module is not None
+        and code.co_filename == module.__file__
+        and code.co_name != "login_not_required"
+    )
+
+
+def _is_access_mixin(cls: type) -> bool:
+    mixins = sys.modules.get("django.contrib.auth.mixins")
+    return mixins is not None and issubclass(cls, mixins.AccessMixin)
+
+
+def _access_mixin_inside(cls: type, dispatch: object) -> bool:
+    """Whether the class whose ``dispatch`` ``method_decorator`` decorated (with ``dispatch``
+    as the method under it) reaches an ``AccessMixin``'s ``dispatch`` from inside it: the
+    mixin comes after that class in ``cls``'s MRO."""
+    mro = cls.__mro__
+    for index, owner in enumerate(mro):
+        cells = _multi_decorated(owner.__dict__.get("dispatch"))
+        if cells is not None and _unwrapped(cells.get("method")) is _unwrapped(dispatch):
+            return any(_is_access_mixin(later) for later in mro[index:])
+    return False
+
+
+def _unwrapped(method: object) -> object:
+    """The function under ``method_decorator``'s wrappers of one method."""
+    seen: set[int] = set()
+    while (cells := _multi_decorated(method)) is not None and id(method) not in seen:
+        seen.add(id(method))
+        method = cells.get("method")
+    return method
