@@ -1,0 +1,68 @@
+"""Views of tests/test_body_limits.py: each answers the length of the body it read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency import idempotent
+from django_idempotency.rest_framework import IdempotencyMixin
+
+
+class MixinView(IdempotencyMixin, APIView):
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> Response:
+        return Response({"data": request.data}, status=201)
+
+
+@api_view(["POST"])
+@permission_classes([IsAuthenticated])
+@idempotent
+def function_view(request: Request) -> Response:
+    return Response({"data": request.data}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def plain(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"length": len(request.body)}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def stream(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"length": len(request.read())}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def upload(request: HttpRequest) -> JsonResponse:
+    sizes: dict[str, Any] = {name: f.size for name, f in request.FILES.items()}
+    return JsonResponse({"files": sizes}, status=201)
+
+
+@csrf_exempt
+@login_required
+@idempotent
+def logged_in(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"length": len(request.body)}, status=201)
+
+
+urlpatterns = [
+    path("mixin/", MixinView.as_view()),
+    path("function/", function_view),
+    path("plain/", plain),
+    path("stream/", stream),
+    path("upload/", upload),
+    path("logged-in/", logged_in),
+]
