@@ -8,6 +8,8 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
+from ninja import NinjaAPI, Status
+from ninja.security import HttpBearer
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -15,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent
+from django_idempotency.ninja import idempotent as ninja_idempotent
 from django_idempotency.rest_framework import IdempotencyMixin
 
 
@@ -58,7 +61,22 @@ def logged_in(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"length": len(request.body)}, status=201)
 
 
+class Bearer(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str) -> str | None:
+        return "alice" if token == "good" else None
+
+
+api = NinjaAPI(urls_namespace="body-limits", auth=Bearer())
+
+
+@api.post("/raw", response={201: dict[str, int]})
+@ninja_idempotent
+def ninja_raw(request: HttpRequest) -> Status[dict[str, int]]:
+    return Status(201, {"length": len(request.body)})
+
+
 urlpatterns = [
+    path("ninja/", api.urls),
     path("mixin/", MixinView.as_view()),
     path("function/", function_view),
     path("plain/", plain),

@@ -12,6 +12,9 @@ import gc
 import io
 import json
 import os
+import select
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +31,7 @@ from rest_framework.authtoken.models import Token
 from django_idempotency._http import bodies
 from django_idempotency._http.fingerprints import request_fingerprint
 from tests.conftest import executions, problem_slug
+from tests.servers import harness
 
 pytestmark = [pytest.mark.urls("tests.body_urls"), pytest.mark.django_db]
 
@@ -106,6 +110,13 @@ def test_drf_refuses_a_bad_token_without_reading_the_body() -> None:
     assert client.read == 0
 
 
+def test_ninja_auth_refuses_without_reading_the_body() -> None:
+    client = CountingClient()
+    response = send(client, "/ninja/raw", BIG, Authorization="Bearer bad")
+    assert response.status_code == 401
+    assert client.read == 0
+
+
 def test_login_required_refuses_without_reading_the_body() -> None:
     client = CountingClient()
     response = send(client, "/logged-in/", BIG)
@@ -117,16 +128,19 @@ def test_login_required_refuses_without_reading_the_body() -> None:
 
 
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=LIMIT)
-@pytest.mark.parametrize("path", ["/mixin/", "/function/", "/plain/", "/stream/"])
+@pytest.mark.parametrize("path", ["/mixin/", "/function/", "/plain/", "/stream/", "/ninja/raw"])
 def test_a_keyed_body_over_the_limit_is_413_before_it_is_read(path: str, token: str) -> None:
     client = CountingClient()
-    response = send(client, path, BIG, Authorization=f"Token {token}")
+    if path.startswith("/ninja/"):
+        token = "good"
+    auth = f"Bearer {token}" if path.startswith("/ninja/") else f"Token {token}"
+    response = send(client, path, BIG, Authorization=auth)
     assert response.status_code == 413, response.content
     assert problem_slug(response) == "request-body-too-large"
     assert "DATA_UPLOAD_MAX_MEMORY_SIZE (1,000 bytes)" in response.json()["detail"]
     assert client.read == 0
     # Within the limit, the same view runs, its body read once, whole.
-    small = send(client, path, SMALL, Authorization=f"Token {token}")
+    small = send(client, path, SMALL, Authorization=auth)
     assert small.status_code == 201, small.content
     assert client.read == len(SMALL)
 
@@ -235,3 +249,86 @@ def test_no_temporary_file_stays_open_after_its_request(
         response = client.post("/upload/", {"file": upload}, headers=headers)
         assert response.json() == {"files": {"file": 5000}}
     assert open_deleted_files() == before
+
+
+# --- under gunicorn, counted by a client that streams the body ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def gunicorn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Server]:
+    """One sync worker; its requests never reach the database, which need not exist."""
+    database = str(tmp_path_factory.mktemp("gunicorn") / "unused.sqlite3")
+    server = harness.gunicorn(database, workers=1)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        server.discard_log()
+
+
+def stream_body(server: harness.Server, length: int, **headers: str) -> tuple[int, int]:
+    """POST a body of ``length`` bytes, sending it while the server takes it; stop when the
+    server answers. The status, and how many bytes of the body the client got to send: what
+    the server read, plus what the kernel buffers hold."""
+    lines = [
+        "POST /protected/ HTTP/1.1",
+        f"Host: 127.0.0.1:{server.port}",
+        "Content-Type: application/json",
+        f"Content-Length: {length}",
+        "Connection: close",
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    chunk = b"x" * 65536
+    sent = 0
+    answer = b""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        sock.setblocking(False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            want_write = [sock] if sent < length else []
+            readable, writable, _ = select.select([sock], want_write, [], 5)
+            if readable:
+                try:
+                    data = sock.recv(65536)
+                except ConnectionResetError:
+                    break
+                if not data:
+                    break
+                answer += data
+                if b"\r\n\r\n" in answer:
+                    break
+            elif writable:
+                try:
+                    sent += sock.send(chunk[: length - sent])
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+    status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+    return status, sent
+
+
+HUGE = 200 * 1024 * 1024
+#: Loopback's socket buffers take a few MiB before the server reads a byte.
+UNREAD = 32 * 1024 * 1024
+
+
+@pytest.mark.parametrize("key", [True, False], ids=["key", "no-key"])
+def test_gunicorn_answers_401_to_a_huge_body_without_reading_it(
+    gunicorn: harness.Server, key: bool
+) -> None:
+    headers = {"Idempotency-Key": str(uuid.uuid4())} if key else {}
+    status, sent = stream_body(gunicorn, HUGE, **headers)
+    assert status == 401, gunicorn.log()
+    assert sent < UNREAD, f"{sent:,} bytes sent before the 401"
+
+
+def test_gunicorn_answers_413_to_a_huge_keyed_body_without_reading_it(
+    gunicorn: harness.Server,
+) -> None:
+    headers = {"Idempotency-Key": str(uuid.uuid4()), "Authorization": "Bearer good"}
+    status, sent = stream_body(gunicorn, HUGE, **headers)
+    assert status == 413, gunicorn.log()
+    assert sent < UNREAD, f"{sent:,} bytes sent before the 413"
