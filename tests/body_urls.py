@@ -11,6 +11,7 @@ from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Status
 from ninja.security import HttpBearer
 from rest_framework.decorators import api_view, permission_classes
+from rest_framework.parsers import BaseParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -23,6 +24,23 @@ from django_idempotency.rest_framework import IdempotencyMixin
 
 class MixinView(IdempotencyMixin, APIView):
     permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> Response:
+        return Response({"data": request.data}, status=201)
+
+
+class TextParser(BaseParser):
+    """Reads DRF's stream (its JSON and form parsers read ``request.body`` instead)."""
+
+    media_type = "text/plain"
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> str:
+        return str(stream.read().decode())
+
+
+class TextView(IdempotencyMixin, APIView):
+    permission_classes = [IsAuthenticated]
+    parser_classes = [TextParser]
 
     def post(self, request: Request) -> Response:
         return Response({"data": request.data}, status=201)
@@ -78,6 +96,7 @@ def ninja_raw(request: HttpRequest) -> Status[dict[str, int]]:
 urlpatterns = [
     path("ninja/", api.urls),
     path("mixin/", MixinView.as_view()),
+    path("text/", TextView.as_view()),
     path("function/", function_view),
     path("plain/", plain),
     path("stream/", stream),

@@ -154,18 +154,33 @@ def test_without_a_key_the_view_reads_its_body_as_without_the_app() -> None:
 
 
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=LIMIT)
-def test_session_csrf_check_reads_the_body_once_within_the_limit() -> None:
-    """DRF's SessionAuthentication parses the body for its CSRF check, inside authentication:
-    the body is kept for the fingerprint then, and bounded as the claim would bound it."""
+@pytest.mark.parametrize(
+    ("path", "content_type"), [("/mixin/", "application/json"), ("/text/", "text/plain")]
+)
+def test_session_csrf_check_reads_the_body_once_within_the_limit(
+    path: str, content_type: str
+) -> None:
+    """DRF's SessionAuthentication parses the body for its CSRF check, inside authentication
+    (through ``request.body`` for JSON, through the stream for other parsers): the body is kept
+    for the fingerprint then, and bounded as the claim would bound it."""
     User.objects.create_user("bob", password="pw")
     client = CountingClient(enforce_csrf_checks=True)
     client.login(username="bob", password="pw")
     client.cookies["csrftoken"] = "a" * 32
-    csrf = {"X-CSRFToken": "a" * 32}
-    first = send(client, "/mixin/", SMALL, **csrf)
+    headers = {"X-CSRFToken": "a" * 32, "Idempotency-Key": str(uuid.uuid4())}
+
+    def post(body: bytes) -> Any:
+        return client.post(path, body, content_type=content_type, headers=headers)
+
+    first = post(SMALL)
     assert first.status_code == 201, first.content
     assert client.read == len(SMALL)
-    too_big = send(client, "/mixin/", BIG, **csrf)
+    replay = post(SMALL)
+    assert replay["Idempotent-Replayed"] == "true"
+    assert replay.content == first.content
+    assert problem_slug(post(b'{"n": 2}')) == "idempotency-key-reuse"
+    headers["Idempotency-Key"] = str(uuid.uuid4())
+    too_big = post(BIG)
     assert too_big.status_code == 413, too_big.content
     assert problem_slug(too_big) == "request-body-too-large"
     assert client.read == 0
