@@ -330,7 +330,7 @@ def test_the_published_policy_of_a_protected_operation_field_by_field() -> None:
     assert "Responses 408, 429, 5XX are not remembered" in description
 
     responses = operation["responses"]
-    assert sorted(responses) == ["201", "400", "404", "409", "422", "500", "503"]
+    assert sorted(responses) == ["201", "400", "404", "409", "413", "422", "500", "503"]
     # The view's own responses are stored and replayed, its 404 as much as its 201.
     assert responses["201"]["headers"] == {"Idempotent-Replayed": REPLAYED}
     assert responses["404"]["headers"] == {"Idempotent-Replayed": REPLAYED}

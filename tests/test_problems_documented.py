@@ -31,7 +31,7 @@ def answered_problems() -> list[tuple[str, object]]:
         if fn.__module__ == problems.__name__ and name != "problem"
     }
     arguments = {"missing_key": ("Idempotency-Key",), "invalid_key": ("x",), "key_reuse": (422,)}
-    arguments["invalid_body"] = ("x",)
+    arguments["invalid_body"] = arguments["body_too_large"] = ("x",)
     arguments["invalid_scope"] = ("x",)
     arguments["in_progress"] = (1,)
     return [(name, fn(*arguments.get(name, ()))) for name, fn in sorted(factories.items())]

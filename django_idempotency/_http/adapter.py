@@ -13,7 +13,7 @@ from functools import cache
 from types import ModuleType
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
@@ -122,6 +122,8 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         except StoreUnavailable as exc:
             reports.identity_unavailable(self._attributes(policy), policy, exc)
             return Answer(problems.unavailable())
+        except RequestDataTooBig as exc:
+            return Answer(problems.body_too_large(_sentence(exc)))
         except bodies.UNREADABLE as exc:
             return Answer(problems.invalid_body(_sentence(exc)))
         return Identity(
@@ -232,13 +234,15 @@ def view_adapter(
 
 
 def keep_body(request: HttpRequest) -> None:
-    """Read a keyed request's body now, and keep it readable for the view (:mod:`._bodies`).
+    """Keep a keyed request's body for the fingerprint, whoever reads it first, without
+    reading it now (:func:`._bodies.read_when_asked`): a request the framework refuses is never
+    read.
 
     Without a key the request runs as if unprotected: its body is the view's business, and an
     upload over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` must not fail for being read (issue 20).
     """
     if _wsgi_name(conf.HEADER) in request.META:
-        bodies.keep_readable(request)
+        bodies.read_when_asked(request)
 
 
 @cache
@@ -273,8 +277,9 @@ def _call(
     """
     try:
         value = function(request, *args)
-    except bodies.UNREADABLE:
-        raise  # the client's body, not the function: answered 400 invalid-request-body
+    except (*bodies.UNREADABLE, RequestDataTooBig):
+        # The client's body, not the function: answered 400 invalid-request-body, or 413.
+        raise
     except DatabaseError as exc:
         if using(policy.alias).is_transient(exc):
             raise StoreUnavailable(f"The {option} function met a database fault: {exc}") from exc

@@ -1,25 +1,27 @@
 """Reading a request's body for the fingerprint, and leaving it readable for the view.
 
-What is held in memory is what Django itself would hold (issue 20):
+The body is read only when the claim is due: after the framework's authentication and
+permissions (a request they refuse is not read at all), and only up to Django's own limit:
 
-- A body up to ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is read as ``request.body``, as the view would.
-- A larger body is copied in chunks into a spooled temporary file (in memory up to
-  ``FILE_UPLOAD_MAX_MEMORY_SIZE``, then on disk), hashed from it in chunks, and made the
-  request's stream again: the view reads it as it would have, and ``request.body`` refuses it
-  as it would have.
+- A body is read whole as ``request.body``, as the view would, and no larger than
+  ``DATA_UPLOAD_MAX_MEMORY_SIZE``: one whose ``Content-Length`` (or, on ASGI, whose buffered
+  size) is over it is refused before a byte is read, one of unknown length once one byte past
+  it has been read (:class:`BodyTooLarge`, answered ``413``). Nothing is spooled to disk, so
+  no file outlives its request.
 - A ``multipart/form-data`` POST is fingerprinted from ``request.POST`` and ``request.FILES``,
   parsed by Django's upload handlers (so file fields are not held whole either, and
-  ``DATA_UPLOAD_MAX_MEMORY_SIZE`` does not apply to them), one file's chunks at a time. The
-  random part boundary does not count, and this works after ``CsrfViewMiddleware`` or
-  ``csrf_protect`` has parsed the form already.
+  ``DATA_UPLOAD_MAX_MEMORY_SIZE`` does not apply to them, as in Django), one file's chunks at a
+  time; Django closes their temporary files with the request. The random part boundary does
+  not count, and this works after ``CsrfViewMiddleware`` or ``csrf_protect`` has parsed the
+  form already.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Collection, Iterable, Iterator
-from typing import IO, Protocol
+from collections.abc import Collection
+from io import BytesIO
+from typing import IO, Protocol, cast
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
@@ -32,14 +34,17 @@ CHUNK_SIZE = 64 * 1024
 #: What Django raises for a body it cannot read or parse: a multipart body without a boundary,
 #: more fields or files than Django allows, a body cut short. The client's error, not the
 #: project's: the app answers it ``400 invalid-request-body``, as its own problem, and claims
-#: nothing (issue 26).
+#: nothing (issue 26). A body over the limit (``RequestDataTooBig``) is answered ``413``.
 UNREADABLE = (
     MultiPartParserError,
     TooManyFieldsSent,
     TooManyFilesSent,
-    RequestDataTooBig,
     UnreadablePostError,
 )
+
+
+class BodyTooLarge(RequestDataTooBig):
+    """A keyed body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``: refused before it is read."""
 
 
 class Digest(Protocol):
@@ -51,34 +56,107 @@ def is_form_upload(request: HttpRequest) -> bool:
     return request.method == "POST" and request.content_type == "multipart/form-data"
 
 
-def keep_readable(request: HttpRequest) -> None:
-    """Read the body now, before anything else consumes the stream, and keep it readable.
+def read_when_asked(request: HttpRequest) -> None:
+    """Read nothing now; make the first read of the body, by whoever makes it, read it whole
+    (within the limit) and keep it for the fingerprint.
 
-    For DRF, whose authenticators or parsers may consume the stream before the key is claimed.
+    For DRF, whose ``SessionAuthentication`` parses the body through its own parsers for the
+    CSRF check, inside authentication, before the key is claimed: the body must still be there
+    for the fingerprint then, but a request DRF refuses must not be read. A form upload is left
+    to Django's upload handlers, which keep it in ``request.POST`` and ``request.FILES``.
     """
-    if hasattr(request, "_body") or request._read_started:  # type: ignore[attr-defined]
+    if hasattr(request, "_body") or request._read_started or is_form_upload(request):  # type: ignore[attr-defined]
         return
-    if _fits_in_memory(request):
-        request.body  # noqa: B018
-    elif not is_form_upload(request):
-        _spool(request)
+    request._stream = _ReadWhenAsked(request)  # type: ignore[assignment]
 
 
-def body_chunks(request: HttpRequest) -> bytes | Iterable[bytes]:
-    """The raw body: ``bytes`` when it is held whole, else its chunks (read once, re-readable
-    after). Raises ``RawPostDataException`` when someone else consumed the stream."""
+def body(request: HttpRequest) -> bytes:
+    """The raw body, read whole and kept as ``request.body``, within the limit.
+
+    Raises :class:`BodyTooLarge` over ``DATA_UPLOAD_MAX_MEMORY_SIZE``, before reading when the
+    length is known, and ``RawPostDataException`` when someone else consumed the stream.
+    """
     if hasattr(request, "_body"):
         return request.body
-    spooled: IO[bytes] | None = getattr(request, "_idempotency_spool", None)
-    if spooled is not None:
-        return _reread(spooled)
     if request._read_started:  # type: ignore[attr-defined]
         raise RawPostDataException(
             "The request body was read before the Idempotency-Key could be checked."
         )
-    if _fits_in_memory(request):
-        return request.body
-    return _reread(_spool(request))
+    stream: IO[bytes] = request._stream
+    if isinstance(stream, _ReadWhenAsked):
+        stream = stream.stream
+    return _take(request, stream)
+
+
+class _ReadWhenAsked:
+    """The request's stream until its first read, which reads the body whole (:func:`body`)."""
+
+    def __init__(self, request: HttpRequest) -> None:
+        self.request = request
+        self.stream: IO[bytes] = request._stream
+
+    def _loaded(self) -> IO[bytes]:
+        request = self.request
+        if request._stream is cast(object, self):
+            _take(request, self.stream)
+        return request._stream
+
+    def read(self, *args: int) -> bytes:
+        return self._loaded().read(*args)
+
+    def readline(self, *args: int) -> bytes:
+        return self._loaded().readline(*args)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def _take(request: HttpRequest, stream: IO[bytes]) -> bytes:
+    """Read ``stream`` whole into ``request.body``, as Django's ``request.body`` does, and no
+    further than the limit (Django's own reads a body of unknown length whole before its
+    latest releases)."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    _refuse_over(limit, _declared_length(request, stream))
+    request._read_started = True  # type: ignore[attr-defined]
+    try:
+        data = stream.read() if limit is None else _read_at_most(stream, limit + 1)
+    except OSError as exc:
+        raise UnreadablePostError(*exc.args) from exc
+    finally:
+        stream.close()
+    _refuse_over(limit, len(data))
+    request._body = data
+    request._stream = BytesIO(data)
+    return data
+
+
+def _read_at_most(stream: IO[bytes], size: int) -> bytes:
+    """Up to ``size`` bytes: a WSGI server's input may return fewer than asked before its end."""
+    parts: list[bytes] = []
+    while size > 0 and (chunk := stream.read(min(size, CHUNK_SIZE))):
+        parts.append(chunk)
+        size -= len(chunk)
+    return b"".join(parts)
+
+
+def _refuse_over(limit: int | None, length: int) -> None:
+    if limit is not None and length > limit:
+        raise BodyTooLarge(
+            f"The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE ({limit:,} bytes)."
+        )
+
+
+def _declared_length(request: HttpRequest, stream: IO[bytes]) -> int:
+    """The body's length as far as it is known before reading: ``Content-Length``, or the
+    size of a seekable stream (on ASGI, Django has buffered the whole body already)."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if hasattr(stream, "seekable") and stream.seekable():
+        length = max(length, stream.seek(0, os.SEEK_END))
+        stream.seek(0)
+    return length
 
 
 def feed_form(digest: Digest, request: HttpRequest, exclude: Collection[str] = ()) -> None:
@@ -88,7 +166,7 @@ def feed_form(digest: Digest, request: HttpRequest, exclude: Collection[str] = (
     A small body is read first, so that ``request.body`` stays readable as before.
     """
     if not request._read_started and _fits_in_memory(request):  # type: ignore[attr-defined]
-        request.body  # noqa: B018
+        body(request)
     feed_fields(digest, request.POST, exclude)
     for name, uploads in sorted(request.FILES.lists()):
         if name in exclude:
@@ -120,38 +198,4 @@ def _feed_text(digest: Digest, tag: bytes, *texts: str) -> None:
 
 def _fits_in_memory(request: HttpRequest) -> bool:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if limit is None:
-        return True
-    try:
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    stream = request._stream
-    if hasattr(stream, "seekable") and stream.seekable():  # ASGI: the whole body, spooled
-        length = max(length, stream.seek(0, os.SEEK_END))
-        stream.seek(0)
-    return length <= limit
-
-
-def _spool(request: HttpRequest) -> IO[bytes]:
-    """Move the unread body into a spooled file that becomes the request's stream again."""
-    # Closed when the request is collected, as Django's own ASGI body file is.
-    spooled: IO[bytes] = tempfile.SpooledTemporaryFile(  # noqa: SIM115
-        max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE
-    )
-    while chunk := request.read(CHUNK_SIZE):
-        spooled.write(chunk)
-    spooled.seek(0)
-    request._stream = spooled  # type: ignore[assignment]
-    request._read_started = False  # type: ignore[attr-defined]
-    request._idempotency_spool = spooled  # type: ignore[attr-defined]
-    return spooled
-
-
-def _reread(spooled: IO[bytes]) -> Iterator[bytes]:
-    spooled.seek(0)
-    try:
-        while chunk := spooled.read(CHUNK_SIZE):
-            yield chunk
-    finally:
-        spooled.seek(0)
+    return limit is None or _declared_length(request, request._stream) <= limit

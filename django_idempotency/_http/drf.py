@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
+from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
 from rest_framework.request import Request
@@ -16,6 +17,7 @@ from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
 from django_idempotency._conf.settings import OPTIONS
 from django_idempotency._http import adapter as protocol
+from django_idempotency._http import problems
 
 if TYPE_CHECKING:
     from rest_framework.views import APIView
@@ -41,7 +43,8 @@ class _DispatchAdapter(protocol.HttpAdapter):
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         policy = super().resolve(asynchronous=asynchronous)
         if policy is not None:
-            # Read the body before DRF's parsers or authenticators consume the stream.
+            # Nothing is read before DRF's authentication and permissions; but the body is
+            # kept for the claim's fingerprint if SessionAuthentication's CSRF check parses it.
             protocol.keep_body(self.request)
         return policy
 
@@ -105,6 +108,16 @@ class IdempotencyMixin(_Base):
         if isinstance(exc, _Answer):
             # Not a DRF Response, but finalize_response() accepts any HttpResponseBase.
             return exc.response  # type: ignore[return-value]
+        adapter = self._idempotency
+        if (
+            isinstance(exc, RequestDataTooBig)
+            and adapter is not None
+            and adapter.policy is not None
+            and adapter.key_header() is not None
+        ):
+            # A keyed body over the limit, met by SessionAuthentication's CSRF check reading
+            # it during authentication: refused as the claim would have refused it.
+            return problems.body_too_large(str(exc))  # type: ignore[return-value]
         return super().handle_exception(exc)
 
 

@@ -3,7 +3,7 @@
 SHA-256 over the method, the path with its query string, the scope and the body. JSON bodies are
 canonicalised first (:mod:`._canonical_json`), so key order and whitespace do not matter; a
 ``multipart/form-data`` POST counts by its fields and files, not its random part boundary; other
-bodies count byte for byte. Large bodies are hashed in chunks (:mod:`._bodies`).
+bodies count byte for byte. The body is read within Django's limit (:mod:`._bodies`).
 
 :func:`json_fingerprint` makes one that also leaves out named parts of the body (issue 18).
 """
@@ -52,8 +52,8 @@ def json_fingerprint(exclude: Iterable[str]) -> FingerprintFunction:
     present; an array's element keeps its place, so the array's length still counts. For form
     bodies (URL-encoded or multipart) a one-token pointer names a field: ``"/sent_at"`` leaves
     out the ``sent_at`` field (and file). Everything else is as :func:`request_fingerprint`
-    (method, path and query, scope, canonical JSON; a body too large to hold in memory, or not
-    JSON or a form, counts byte for byte); a JSON or multipart body without the excluded parts
+    (method, path and query, scope, canonical JSON; a body that is not JSON or a form counts
+    byte for byte); a JSON or multipart body without the excluded parts
     fingerprints as it does there (a URL-encoded one counts by fields, in name order, when a
     pointer names a field). Use it as a view's ``fingerprint=`` or as ``FINGERPRINT_FUNCTION``;
     a bad pointer is a ``ValueError`` here, when the view is defined.
@@ -91,13 +91,13 @@ def _fingerprint(
         digest.update(b"form\0")
         bodies.feed_form(digest, request, fields)
         return digest.hexdigest()
-    body = bodies.body_chunks(request)
-    if isinstance(body, bytes) and body and fields and _is_urlencoded(request):
+    body = bodies.body(request)
+    if body and fields and _is_urlencoded(request):
         # By field, as Django parses it: a byte-for-byte hash cannot leave a field out.
         digest.update(b"urlencoded\0")
         bodies.feed_fields(digest, QueryDict(body, encoding=request.encoding), fields)
         return digest.hexdigest()
-    if isinstance(body, bytes) and body and _is_json(request.content_type or ""):
+    if body and _is_json(request.content_type or ""):
         canonical = canonical_json(body, pointers)
         if canonical is not None:
             # Tagged apart from raw bodies: "[]" as text is not " []" as JSON.
@@ -105,9 +105,7 @@ def _fingerprint(
             digest.update(canonical)
             return digest.hexdigest()
     digest.update(b"body\0")
-    # Over DATA_UPLOAD_MAX_MEMORY_SIZE the body comes in chunks, and counts byte for byte.
-    for chunk in [body] if isinstance(body, bytes) else body:
-        digest.update(chunk)
+    digest.update(body)
     return digest.hexdigest()
 
 

@@ -60,6 +60,16 @@ def invalid_body(reason: str) -> HttpResponse:
     )
 
 
+def body_too_large(reason: str) -> HttpResponse:
+    """A keyed body over ``DATA_UPLOAD_MAX_MEMORY_SIZE``: refused before it was read."""
+    return problem(
+        413,
+        "request-body-too-large",
+        "Request body too large",
+        f"{reason} Nothing was claimed and the view did not run.",
+    )
+
+
 def key_reuse(status: int) -> HttpResponse:
     return problem(
         status,

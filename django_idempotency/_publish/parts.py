@@ -90,6 +90,12 @@ def problems(policy: Policy) -> list[Problem]:
             _problems.invalid_scope("The request names a principal with a NUL character."),
         )
     add(
+        "The request body is larger than the server reads for a request with a key.",
+        _problems.body_too_large(
+            "The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE (2,621,440 bytes)."
+        ),
+    )
+    add(
         f"The {header} was already used for a different request.",
         _problems.key_reuse(conf.MISMATCH_STATUS),
     )

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from django.urls import path
 
-from tests.servers import views
+from tests.servers import bodies, views
 
 urlpatterns = [
     path("health/", views.health),
     path("t/<str:tenant>/orders/", views.tenant_order),
+    path("protected/", bodies.Protected.as_view()),
     path("slow/", views.slow),
     path("async-slow/", views.async_slow),
     path("crash/", views.crash),
