@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any, ClassVar, Protocol
 
 from django_idempotency._base.errors import LockLost
+from django_idempotency._conf.values import display_name
 
 __all__ = ["Claim"]
 
@@ -215,7 +216,8 @@ class Claim:
 
             raise ImproperlyConfigured(
                 f"The outbox needs the database store: this claim's record is in the Redis "
-                f"store {self.alias!r}, which shares no transaction with the outbox's table."
+                f"store {display_name(self.alias)!r}, which shares no transaction with the "
+                "outbox's table."
             )
         return stage(self, task, args, name, kwargs)
 
