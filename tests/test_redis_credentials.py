@@ -7,10 +7,12 @@ Redis failure, at a worker's first call too, is a ``503``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,6 +260,41 @@ def test_logs_and_errors_never_show_the_password(
     assert_no_secret(text)
     assert_no_secret(str(refused.value) + response.content.decode())
     assert display_name(url) in text
+
+
+def test_a_failed_renewal_never_shows_the_password(caplog: pytest.LogCaptureFixture) -> None:
+    """The heartbeat's warning when it cannot renew a lock names the store: the server is
+    killed while the function runs, which waits for the warning (a bound of 10 s)."""
+    caplog.set_level(logging.WARNING)
+    warned = threading.Event()
+
+    class Watcher(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Could not renew"):
+                warned.set()
+
+    watcher = Watcher()
+    logging.getLogger("django_idempotency").addHandler(watcher)
+    try:
+        with server() as running:
+
+            @idempotent_function(key="event_id", lock_timeout=1)
+            def handle(event_id: str) -> str:
+                running.process.kill()
+                running.process.wait()
+                assert warned.wait(10)
+                return event_id
+
+            with (
+                override_settings(IDEMPOTENCY={"STORE": running.url()}),
+                contextlib.suppress(StoreUnavailable),  # its result not written: a 503
+            ):
+                handle("a")
+    finally:
+        logging.getLogger("django_idempotency").removeHandler(watcher)
+    text = logged(caplog)
+    assert "Could not renew" in text
+    assert_no_secret(text)
 
 
 # --- credentials and TLS that work --------------------------------------------------------------
