@@ -178,6 +178,11 @@ def test_check_messages_never_show_the_password(protected: server) -> None:
 
                 usable()
             assert_no_secret(str(refused.value))
+    with override_settings(IDEMPOTENCY={"STORE": protected.url()}):
+        refused = store_checks.check_stores()  # the test URLconf's atomic views
+    assert {e.id for e in refused} == {"django_idempotency.E061"}
+    for error in refused:
+        assert_no_secret(error.msg)
     with pytest.raises(ImproperlyConfigured) as atomic:
         Options.build(atomic=True, store=protected.url())
     assert_no_secret(str(atomic.value))
