@@ -405,7 +405,7 @@ def redis_options(url: str) -> dict[str, Any]:
     server's URL: its user and password (percent-decoded), TLS (``ssl``) for a ``rediss``
     scheme, and its query's options (``?ssl_ca_certs=...&ssl_cert_reqs=required``). A
     Sentinel's or a Cluster's URL names many places, which redis-py cannot read: its
-    credentials and TLS were dropped, and every call was refused (issue 48). ``ValueError``
+    credentials and TLS were dropped, and every call was refused. ``ValueError``
     for an option redis-py cannot read, in words without the URL's secrets."""
     from redis.connection import parse_url
 
@@ -451,7 +451,7 @@ def display_name(store: str) -> str:
     commands and their JSON keys): a database alias or ``cache:<alias>`` as it is, a URL
     without its user and password (and the values of its query's secrets, ``***``). A
     ``STORE`` of ``redis://:PASSWORD@host/0`` showed its password to view-only staff, in
-    check messages, commands' output and logs (issue 48)."""
+    check messages, commands' output and logs."""
     scheme, sep, rest = store.partition("://")
     if not sep:  # an alias; or a URL mistyped ("redis:/:secret@host"): cut through its "@"
         return store.rpartition("@")[2]

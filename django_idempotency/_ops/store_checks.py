@@ -158,7 +158,7 @@ def redis_census() -> dict[str, Any]:
     census: dict[str, Any] = {}
     for store in sorted(redis_stores()):
         bound: Any = using(store_alias(store, ""))
-        shown = display_name(store)  # a key of the JSON: never the password (issue 48)
+        shown = display_name(store)  # a key of the JSON: never the password
         try:
             census[shown] = {**bound.census(), "error": None}
         except Exception as exc:  # unreachable: say so, and go on

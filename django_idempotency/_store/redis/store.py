@@ -142,7 +142,7 @@ def client_for(name: str) -> Any:
 def failures() -> tuple[type[Exception], ...]:
     """What redis-py raises for a server, a connection or a cluster that fails: its
     ``RedisError``, and a cluster's ``RedisClusterException`` (not one: an unreachable cluster
-    at a worker's first call was a ``500``, issue 48)."""
+    at a worker's first call was a ``500``)."""
     import redis
     from redis.exceptions import RedisClusterException
 
@@ -290,7 +290,7 @@ class RedisStore:
                 raise redis.ConnectionError(str(exc)) from exc
             except Exception as exc:
                 # A cluster not reachable (its client asks a node for the slots), an option
-                # the client refuses: a 503, as a server down is (issue 48).
+                # the client refuses: a 503, as a server down is.
                 raise redis.ConnectionError(
                     f"The client of Redis store {display_name(self.alias)!r} could not be made: "
                     f"{type(exc).__name__}: {exc}"
