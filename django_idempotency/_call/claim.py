@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Any, ClassVar, Protocol
 
 from django_idempotency._base.errors import LockLost
-from django_idempotency._conf.values import display_name
 
 __all__ = ["Claim"]
 
@@ -213,6 +212,8 @@ class Claim:
         self.check_held()
         if ":" in self.alias:  # a Redis store's (issue 44)
             from django.core.exceptions import ImproperlyConfigured
+
+            from django_idempotency._conf.values import display_name
 
             raise ImproperlyConfigured(
                 f"The outbox needs the database store: this claim's record is in the Redis "
