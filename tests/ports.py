@@ -55,6 +55,10 @@ def free(count: int, within: range, taken: set[int] | None = None) -> list[int]:
             if port in taken:
                 continue
             sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            # As the servers bind (redis-server, PostgreSQL): a port left in TIME_WAIT by a
+            # server killed a moment ago is free for them (in a range of ten, each kill made
+            # one unusable for a minute).
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:

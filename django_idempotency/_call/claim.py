@@ -213,9 +213,12 @@ class Claim:
         if ":" in self.alias:  # a Redis store's (issue 44)
             from django.core.exceptions import ImproperlyConfigured
 
+            from django_idempotency._conf.values import display_name
+
             raise ImproperlyConfigured(
                 f"The outbox needs the database store: this claim's record is in the Redis "
-                f"store {self.alias!r}, which shares no transaction with the outbox's table."
+                f"store {display_name(self.alias)!r}, which shares no transaction with the "
+                "outbox's table."
             )
         return stage(self, task, args, name, kwargs)
 

@@ -28,6 +28,7 @@ from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._call.reports import report
 from django_idempotency._conf.options import Policy
+from django_idempotency._conf.values import display_name
 from django_idempotency._store import Store, deadlines, using
 from django_idempotency._store.bound import discard
 from django_idempotency._store.claims import new_token
@@ -176,7 +177,7 @@ def refused(attempt: Attempt, exc: StoreUnavailable | LockWaitTimeout) -> str:
         attempt,
         logging.ERROR,
         "Idempotency store %r unavailable; the %s was not run.",
-        attempt.policy.alias,
+        display_name(attempt.policy.alias),
         attempt.code,
         exc_info=True,
     )
@@ -279,7 +280,9 @@ def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
     ):
         return False
     logger.warning(
-        "Idempotency store %r failed (%s); claiming again on a new connection.", store.alias, exc
+        "Idempotency store %r failed (%s); claiming again on a new connection.",
+        display_name(store.alias),
+        exc,
     )
     discard(connection)
     store.faulted(exc.__cause__ or exc)
@@ -302,7 +305,7 @@ def claim_again(policy: Policy, connection: BaseDatabaseWrapper, exc: StoreUnava
     store.faulted(exc.__cause__ or exc)
     logger.warning(
         "Idempotency store %r failed (%s); claiming again in a new transaction.",
-        policy.alias,
+        display_name(policy.alias),
         exc,
     )
     return True

@@ -38,6 +38,7 @@ from django_idempotency import _store as store
 from django_idempotency._base import signals
 from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
+from django_idempotency._conf.values import display_name
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
@@ -264,7 +265,7 @@ class Renewer:
                 self._due[group] = now + wait
         logger.warning(
             "Could not renew idempotency locks on %r (failure %s, retrying in %.2gs): %s",
-            group[0],
+            display_name(group[0]),
             failures,
             wait,
             exc,

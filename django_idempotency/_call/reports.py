@@ -13,6 +13,7 @@ from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._call import telemetry
 from django_idempotency._call.attempt import Attempt
 from django_idempotency._conf.options import Policy
+from django_idempotency._conf.values import display_name
 from django_idempotency._store.rows import instance_of
 from django_idempotency.models import IdempotencyKey
 
@@ -26,7 +27,7 @@ def identity_unavailable(
     before anything was claimed (``unavailable``)."""
     logger.error(
         "Idempotency store %r unavailable: %s; the %s was not run.",
-        policy.alias,
+        display_name(policy.alias),
         exc,
         what,
         exc_info=exc,

@@ -21,6 +21,7 @@ from django_idempotency._call import outbox, storing, telemetry
 from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.reports import report
+from django_idempotency._conf.values import display_name
 from django_idempotency._store import Store, StoredResponse, deadlines, using
 from django_idempotency._store.bound import discard
 
@@ -215,14 +216,16 @@ def _fenced_write(
                     logger.warning(
                         "Idempotency store %r failed (%s); writing record %s again on a new "
                         "connection in %.2gs.",
-                        store.alias,
+                        display_name(store.alias),
                         exc,
                         claim.pk,
                         delay,
                     )
                 else:
                     logger.info(
-                        "Idempotency store %r busy; writing again in %.2gs.", store.alias, delay
+                        "Idempotency store %r busy; writing again in %.2gs.",
+                        display_name(store.alias),
+                        delay,
                     )
             time.sleep(delay)
             delay = min(delay * 2, _MAX_RETRY)

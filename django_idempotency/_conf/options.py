@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -25,7 +25,7 @@ from django_idempotency._conf.settings import (
     derived,
     usable,
 )
-from django_idempotency._conf.values import DATABASE, SAFE_METHODS, store_alias
+from django_idempotency._conf.values import DATABASE, SAFE_METHODS, display_name, store_alias
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack: Python 3.11
@@ -121,7 +121,8 @@ class Policy:
     in_progress: str
     wait_timeout: timedelta
     methods: frozenset[str]
-    alias: str
+    #: Not in its ``repr``, nor :attr:`store`: a Redis URL's password.
+    alias: str = field(repr=False)
     #: Whose key it is (``SCOPE_FUNCTION``, or the view's ``scope``); resolved here, once, so a
     #: request reads one attribute whichever it is.
     scope: ScopeFunction
@@ -133,7 +134,7 @@ class Policy:
     key_format: KeyFormat = ANY
     #: Where records live (``STORE``, or the view's ``store``): ``"database"`` (at
     #: :attr:`alias`), or a Redis store's cache alias or URL (:attr:`alias` its name).
-    store: str = DATABASE
+    store: str = field(default=DATABASE, repr=False)
 
     def protects(self, method: str | None) -> bool:
         return method in self.methods and method not in SAFE_METHODS
@@ -167,15 +168,16 @@ def atomic_error(atomic: bool, store: str, in_progress: str | None = None) -> st
         return None
     if atomic:
         return (
-            f"atomic=True needs the database store, not {store!r}: Redis shares no transaction "
-            "with the view's database, so the claim, the view's writes and its result could "
-            "not commit or roll back together. Use the database store, or two-phase mode."
+            f"atomic=True needs the database store, not {display_name(store)!r}: Redis shares "
+            "no transaction with the view's database, so the claim, the view's writes and its "
+            "result could not commit or roll back together. Use the database store, or "
+            "two-phase mode."
         )
     if in_progress == "accepted":
         return (
-            f'in_progress="accepted" needs the database store, not {store!r}: the operation '
-            "status endpoint reads its record from the table. Use the database store, or "
-            '"conflict" or "wait".'
+            f'in_progress="accepted" needs the database store, not {display_name(store)!r}: '
+            "the operation status endpoint reads its record from the table. Use the database "
+            'store, or "conflict" or "wait".'
         )
     return None
 

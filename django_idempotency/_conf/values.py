@@ -345,14 +345,25 @@ def _strings(value: object, name: str, what: str, *, empty: bool = True) -> list
 #: store may name (issue 44).
 DATABASE = "database"
 REDIS_CACHES = ("django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache")
-REDIS_URLS = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")
+REDIS_URLS = (
+    "redis://",
+    "rediss://",
+    "unix://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+    "redis+cluster://",
+    "rediss+cluster://",
+)
+#: The query options of a Sentinel URL that are the sentinels' own credentials (the URL's
+#: user and password are the master's).
+SENTINEL_CREDENTIALS = ("sentinel_username", "sentinel_password")
 #: The prefix of a Redis store's name made from a cache alias (a URL is its own name).
 CACHE_PREFIX = "cache:"
 
 
 @refusing(
     '``STORE`` is not ``"database"``, an alias of ``CACHES`` whose backend is Redis, or a '
-    "``redis://`` (or ``redis+sentinel://``, ``redis+cluster://``) URL",
+    "``redis://`` (or ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``) URL",
     "Name a CACHES alias with django.core.cache.backends.redis.RedisCache (or django-redis), "
     "or give a redis:// URL (docs: 'Choosing the store').",
 )
@@ -367,16 +378,19 @@ def store(value: Any, name: str) -> str:
         return value
     if importlib.util.find_spec("redis") is None:
         raise ValueError(
-            f"{name} {value!r} is a Redis store, but the redis package is not installed: "
-            "pip install 'django-idempotency[redis]'."
+            f"{name} {display_name(value)!r} is a Redis store, but the redis package is not "
+            "installed: pip install 'django-idempotency[redis]'."
         )
     if value.startswith(REDIS_URLS):
         if not value.startswith("unix://"):
             redis_places(value, 6379)  # a port that is not a number: refused here, not per call
+        redis_options(value)  # an option redis-py cannot read (db=x): here too
         return value
     caches = getattr(settings, "CACHES", {})
     if value not in caches:
-        raise ValueError(f"{name} {value!r} is not 'database', an alias of CACHES or a URL.")
+        raise ValueError(
+            f"{name} {display_name(value)!r} is not 'database', an alias of CACHES or a URL."
+        )
     backend = caches[value].get("BACKEND", "")
     if backend not in REDIS_CACHES:
         raise ValueError(f"{name}: CACHES[{value!r}] uses {backend!r}, which is not Redis.")
@@ -394,9 +408,81 @@ def redis_places(url: str, port: int) -> list[tuple[str, int]]:
         if not colon:
             host, number = number, ""
         if number and not number.isdigit():
-            raise ValueError(f"{url!r}: the port {number!r} is not a number.")
+            # The port is not echoed: it may be a piece of a password whose "/" or "@" was
+            # not percent-encoded.
+            raise ValueError(
+                f"{display_name(url)!r}: a port is not a number (percent-encode a password's "
+                '"/", "?", "#" and "@").'
+            )
         places.append((host or "127.0.0.1", int(number or port)))
     return places
+
+
+def redis_options(url: str) -> dict[str, Any]:
+    """The connection options of a Redis URL besides its places, as redis-py reads a single
+    server's URL: its user and password (percent-decoded), TLS (``ssl``) for a ``rediss``
+    scheme, and its query's options (``?ssl_ca_certs=...&ssl_cert_reqs=required``). A
+    Sentinel's or a Cluster's URL names many places, which redis-py cannot read: its
+    credentials and TLS were dropped, and every call was refused. ``ValueError``
+    for an option redis-py cannot read, in words without the URL's secrets."""
+    from redis.connection import parse_url
+
+    scheme, _, rest = url.partition("://")
+    if scheme == "unix":
+        return {}
+    authority, _, tail = _authority(rest)
+    user, at, _ = authority.rpartition("@")
+    query = tail.partition("?")[2].partition("#")[0]
+    single = f"{'rediss' if scheme.startswith('rediss') else 'redis'}://{user}{at}place/"
+    try:
+        options: dict[str, Any] = parse_url(  # type: ignore[no-untyped-call, unused-ignore]
+            single + (f"?{query}" if query else "")
+        )
+    except ValueError as exc:
+        raise ValueError(f"{display_name(url)!r}: {exc}") from None
+    for place in ("host", "port", "path", "connection_class"):
+        options.pop(place, None)
+    if scheme.startswith("rediss"):
+        options["ssl"] = True
+    if not scheme.endswith("+sentinel"):
+        for name in SENTINEL_CREDENTIALS:
+            if name in options:
+                raise ValueError(f"{display_name(url)!r}: {name} is for a Sentinel URL.")
+    return options
+
+
+def _authority(rest: str) -> tuple[str, str, str]:
+    """A URL's authority (after ``scheme://``), and the rest (path, query): the authority runs
+    to the last ``@`` of the URL, then to its first ``/`` or ``?`` (a password's ``/`` not
+    percent-encoded stays in the authority, never in a shown path)."""
+    user, at, after = rest.rpartition("@")
+    cut = min((at for at in (after.find("/"), after.find("?")) if at >= 0), default=len(after))
+    return user + at + after[:cut], "", after[cut:]
+
+
+#: Which of a URL's query options are secrets: their values are never shown.
+_SECRET_OPTION = re.compile(r"pass|secret|token|auth|key(?!file)", re.IGNORECASE)
+
+
+def display_name(store: str) -> str:
+    """How the app names a store wherever it writes (messages, logs, checks, the admin,
+    commands and their JSON keys): a database alias or ``cache:<alias>`` as it is, a URL
+    without its user and password (and the values of its query's secrets, ``***``). A
+    ``STORE`` of ``redis://:PASSWORD@host/0`` showed its password to view-only staff, in
+    check messages, commands' output and logs."""
+    scheme, sep, rest = store.partition("://")
+    if not sep:  # an alias; or a URL mistyped ("redis:/:secret@host"): cut through its "@"
+        return store.rpartition("@")[2]
+    authority, _, tail = _authority(rest)
+    place = authority.rpartition("@")[2]
+    path, question, query = tail.partition("?")
+    query = query.partition("#")[0]
+    shown = "&".join(
+        f"{option.partition('=')[0]}=***" if _SECRET_OPTION.search(option.partition("=")[0])
+        else option
+        for option in query.split("&")
+    )  # fmt: skip
+    return f"{scheme}://{place}{path}{question}{shown if question else ''}"
 
 
 def store_alias(value: str, database_alias: str) -> str:

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency._conf.options import atomic_error
 from django_idempotency._conf.settings import check_name, conf
-from django_idempotency._conf.values import DATABASE, store_alias
+from django_idempotency._conf.values import DATABASE, display_name, store_alias
 from django_idempotency._ops.checks import _protected_views, refusing
 
 
@@ -85,7 +85,7 @@ def e062_unreachable(store: str) -> Error | None:
         using(store_alias(store, "")).client.ping()  # type: ignore[attr-defined]
     except Exception as exc:
         return Error(
-            f"The Redis store {store!r} does not answer: {exc}",
+            f"The Redis store {display_name(store)!r} does not answer: {exc}",
             hint="Start it, or point STORE (or the view's store) at one that runs.",
             id=check_name(62),
         )
@@ -109,9 +109,9 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
     where = f" (on {', '.join(without)})" if without != [""] else ""
     return [
         Warning(
-            f"The Redis store {store!r} runs with appendonly no{where}: a restart or a crash "
-            "loses every record written since its last snapshot, and retries of those keys "
-            "run their views again.",
+            f"The Redis store {display_name(store)!r} runs with appendonly no{where}: a restart "
+            "or a crash loses every record written since its last snapshot, and retries of "
+            "those keys run their views again.",
             hint="Set appendonly yes (appendfsync everysec loses at most a second), or keep "
             "such views on the database store (docs: 'Choosing the store').",
             id=check_name(60, "W"),
@@ -143,7 +143,8 @@ def redis_notes(verb: str) -> list[str]:
         except Exception as exc:  # unreachable: say so, and go on
             count = f"not reachable ({exc})"
         notes.append(
-            f"Redis store {store!r}: {count}; records there expire by Redis's own TTL, so {verb}."
+            f"Redis store {display_name(store)!r}: {count}; records there expire by Redis's own "
+            f"TTL, so {verb}."
         )
     return notes
 
@@ -157,10 +158,11 @@ def redis_census() -> dict[str, Any]:
     census: dict[str, Any] = {}
     for store in sorted(redis_stores()):
         bound: Any = using(store_alias(store, ""))
+        shown = display_name(store)  # a key of the JSON: never the password
         try:
-            census[store] = {**bound.census(), "error": None}
+            census[shown] = {**bound.census(), "error": None}
         except Exception as exc:  # unreachable: say so, and go on
-            census[store] = {"total": None, "by_status": None, "stale": None, "error": str(exc)}
+            census[shown] = {"total": None, "by_status": None, "stale": None, "error": str(exc)}
     return census
 
 
@@ -181,8 +183,8 @@ def admin_notes() -> list[str]:
         listed = ", ".join(views[:5]) + (f" and {len(views) - 5} more" if len(views) > 5 else "")
         notes.append(
             f"Records of {'the views ' + listed if views else 'every protected view'} "
-            f"({which}) live in the Redis store {store!r}, which this list cannot show: it "
-            "lists the database's table only. They expire by Redis's own TTL; "
+            f"({which}) live in the Redis store {display_name(store)!r}, which this list cannot "
+            "show: it lists the database's table only. They expire by Redis's own TTL; "
             "idempotency_stats counts them, and erasure by scope reaches them."
         )
     return notes

@@ -32,7 +32,13 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from django_idempotency._base.errors import StoreUnavailable
-from django_idempotency._conf.values import CACHE_PREFIX, redis_places
+from django_idempotency._conf.values import (
+    CACHE_PREFIX,
+    SENTINEL_CREDENTIALS,
+    display_name,
+    redis_options,
+    redis_places,
+)
 from django_idempotency._store import deadlines
 from django_idempotency._store.claims import Lock, new_token
 from django_idempotency._store.redis import scripts
@@ -52,10 +58,10 @@ _FIRST_RETRY = 0.02
 _MAX_RETRY = 0.25
 #: The socket timeout given to a client made from a URL (seconds).
 SOCKET_TIMEOUT = 5.0
-#: A store named by Redis Sentinel: its sentinels, and the master's name.
-SENTINEL = "redis+sentinel://"
-#: A store named by Redis Cluster: some of its nodes.
-CLUSTER = "redis+cluster://"
+#: A store named by Redis Sentinel: its sentinels, and the master's name (TLS: ``rediss+``).
+SENTINEL = ("redis+sentinel://", "rediss+sentinel://")
+#: A store named by Redis Cluster: some of its nodes (TLS: ``rediss+``).
+CLUSTER = ("redis+cluster://", "rediss+cluster://")
 #: How many times a claim is sent when it meets a fault (its reply lost: the second finds the
 #: first's record by its token).
 _CLAIM_TRIES = 2
@@ -133,9 +139,20 @@ def client_for(name: str) -> Any:
     )
 
 
+def failures() -> tuple[type[Exception], ...]:
+    """What redis-py raises for a server, a connection or a cluster that fails: its
+    ``RedisError``, and a cluster's ``RedisClusterException`` (not one: an unreachable cluster
+    at a worker's first call was a ``500``)."""
+    import redis
+    from redis.exceptions import RedisClusterException
+
+    return (redis.RedisError, RedisClusterException)
+
+
 def cluster_client(url: str) -> Any:
-    """The client of ``redis+cluster://host:port[,host:port...]``: redis-py's ``RedisCluster``,
-    which learns the slots from any node it is given and follows them as they move."""
+    """The client of ``redis[s]+cluster://[user:password@]host:port[,host:port...][?options]``:
+    redis-py's ``RedisCluster``, which learns the slots from any node it is given and follows
+    them as they move; every node is given the URL's credentials and TLS options."""
     from redis.backoff import NoBackoff
     from redis.cluster import ClusterNode, RedisCluster
     from redis.retry import Retry
@@ -147,17 +164,21 @@ def cluster_client(url: str) -> Any:
     # No retries of its own (three with backoff by default, seconds in a failover): the
     # store's own, within each call's bound, decide, so a claim meets a failover as it meets
     # a server down (503 at once, Retry-After) and a result write rides it out within its lock.
-    return RedisCluster(
-        startup_nodes=nodes,
-        retry=Retry(NoBackoff(), 0),
-        socket_timeout=SOCKET_TIMEOUT,
-        socket_connect_timeout=SOCKET_TIMEOUT,
-    )
+    options = {
+        "socket_timeout": SOCKET_TIMEOUT,
+        "socket_connect_timeout": SOCKET_TIMEOUT,
+        **redis_options(url),
+    }
+    return RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **options)
 
 
 def sentinel_client(url: str) -> Any:
-    """The master's client of ``redis+sentinel://host:port[,host:port...]/master[/db]``: Redis
-    Sentinel's, which asks the sentinels for the master again after a failover."""
+    """The master's client of
+    ``redis[s]+sentinel://[user:password@]host:port[,host:port...]/master[/db][?options]``:
+    Redis Sentinel's, which asks the sentinels for the master again after a failover. The
+    URL's credentials are the master's (and its replicas'); the sentinels' own, if they have
+    any, are the query's ``sentinel_username`` and ``sentinel_password``. TLS (``rediss+``)
+    and its options are both's."""
     from urllib.parse import urlsplit
 
     from redis.sentinel import Sentinel
@@ -165,15 +186,25 @@ def sentinel_client(url: str) -> Any:
     hosts = redis_places(url, 26379)
     names = [part for part in urlsplit(url).path.split("/") if part]
     if not names:
-        raise StoreUnavailable(f"{url!r} names no master: redis+sentinel://host:port/master.")
+        raise StoreUnavailable(
+            f"{display_name(url)!r} names no master: redis+sentinel://host:port/master."
+        )
     db = int(names[1]) if len(names) > 1 else 0
-    options = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT}
+    master = {
+        "socket_timeout": SOCKET_TIMEOUT,
+        "socket_connect_timeout": SOCKET_TIMEOUT,
+        **redis_options(url),
+    }
+    master.pop("db", None)
+    own = {
+        name.removeprefix("sentinel_"): master.pop(name)
+        for name in SENTINEL_CREDENTIALS
+        if name in master
+    }
+    shared = {name: value for name, value in master.items() if name not in ("username", "password")}
     # redis-py types Sentinel from 8.2 on; before, it is untyped (the ignores cover both).
     sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
-        hosts,
-        sentinel_kwargs=options,
-        socket_timeout=SOCKET_TIMEOUT,
-        socket_connect_timeout=SOCKET_TIMEOUT,
+        hosts, sentinel_kwargs={**shared, **own}, **master
     )
     return sentinel.master_for(names[0], db=db)  # type: ignore[no-untyped-call, unused-ignore]
 
@@ -253,7 +284,17 @@ class RedisStore:
         if self._client is None:
             import redis
 
-            client = client_for(self.alias)
+            try:
+                client = client_for(self.alias)
+            except StoreUnavailable as exc:  # not a Redis cache: nothing to try again
+                raise redis.ConnectionError(str(exc)) from exc
+            except Exception as exc:
+                # A cluster not reachable (its client asks a node for the slots), an option
+                # the client refuses: a 503, as a server down is.
+                raise redis.ConnectionError(
+                    f"The client of Redis store {display_name(self.alias)!r} could not be made: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             #: A cluster's client: a script touches one slot, so a record's index is written
             #: apart from it (:meth:`_index`).
             self._cluster = type(client).__name__ == "RedisCluster"
@@ -299,6 +340,11 @@ class RedisStore:
 
     def refusal(self, exc: BaseException) -> StoreUnavailable:
         return StoreUnavailable(str(exc))
+
+    @property
+    def display_name(self) -> str:
+        """How messages and logs name the store: without the URL's password."""
+        return display_name(self.alias)
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -350,15 +396,15 @@ class RedisStore:
                 if isinstance(exc, redis.ResponseError) and not _passing(exc):
                     raise RedisFault(f"Redis refused {name}: {exc}") from exc
                 if tries == 0 or time.monotonic() + delay >= deadline:
-                    raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
+                    raise RedisFault(f"Redis store {self.display_name!r}: {exc}") from exc
                 logger.warning(
                     "Idempotency store %r failed (%s); trying again in %.2gs.",
-                    self.alias,
+                    self.display_name,
                     exc,
                     delay,
                 )
-            except redis.RedisError as exc:
-                raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
+            except failures() as exc:
+                raise RedisFault(f"Redis store {self.display_name!r}: {exc}") from exc
             time.sleep(delay)
             delay = min(delay * 2, _MAX_RETRY)
 
@@ -510,12 +556,11 @@ class RedisStore:
 
     def read(self, scope: str, key_hash: str) -> IdempotencyKey | None:
         """The key's record, as a claim that found it would read it (tests, operators)."""
-        import redis
 
         try:
             values = self.client.hmget(record_key(scope, key_hash), *scripts.FIELDS)
             now = self.client.time()
-        except redis.RedisError as exc:
+        except failures() as exc:
             raise self.refusal(exc) from exc
         if values[0] is None:
             return None
@@ -536,11 +581,10 @@ class RedisStore:
         return None  # atomic mode only, which the Redis store refuses
 
     def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
-        import redis
 
         try:
             status, unlock = self.client.hmget(record_key(scope, key_hash), "st", "ua")
-        except redis.RedisError as exc:
+        except failures() as exc:
             raise self.refusal(exc) from exc
         if status is None:
             return None
@@ -660,14 +704,13 @@ class RedisStore:
     def renew(self, leases: Sequence[tuple[int, Any]], lock_timeout: timedelta) -> set[int]:
         """Push the locks of many claims forward: one pipeline of fenced scripts (one round
         trip), or on a cluster one script each (routed to its record's slot)."""
-        import redis
 
         known = [(pk, token) for pk, token in leases if pk in self._records]
         if not known:
             return set()
-        script = self._script("RENEW")
         lock = _us(lock_timeout)
         try:
+            script = self._script("RENEW")
             if self._cluster:
                 # One call per lock, each routed to its record's node: a cluster's pipeline
                 # loads no script (redis-py 8) or refuses EVALSHA (redis-py 5), and a script
@@ -680,8 +723,8 @@ class RedisStore:
                 for pk, token in known:
                     script(keys=[self._key(pk)], args=[str(token), lock], client=pipe)
                 results = pipe.execute()
-        except redis.RedisError as exc:
-            raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
+        except failures() as exc:
+            raise RedisFault(f"Redis store {self.display_name!r}: {exc}") from exc
         # A lock found lost keeps its record's entry: the owner's result write or release still
         # comes, and its script refuses it (a KeyError there was a crash instead, CI once).
         return {pk for (pk, _), result in zip(known, results, strict=True) if result}

@@ -1,0 +1,425 @@
+"""A Redis store's credentials and TLS (issue 48): a URL's user and password never appear where
+the app writes (check messages, logs and their tracebacks, commands' output and JSON, the admin),
+and they and TLS reach the servers of one server's, a Sentinel's and a Cluster's URL, each
+tested on private ``redis-server`` processes that ask for them (tests/redis_servers.py). Every
+Redis failure, at a worker's first call too, is a ``503``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.test import Client, override_settings
+
+from django_idempotency import StoreUnavailable, idempotent_function
+from django_idempotency._conf.options import Options
+from django_idempotency._conf.values import display_name
+from django_idempotency._ops import checks, store_checks
+from tests.redis_servers import (
+    auth_options,
+    free_port,
+    private_cluster,
+    start_server,
+    tls_client,
+    tls_files,
+    tls_options,
+)
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db]
+
+#: The default user's password: characters a URL must percent-encode, so that neither its
+#: raw nor its encoded form may appear.
+PASSWORD = "Pw@48/s3cret:x"
+ENCODED = "Pw%4048%2Fs3cret%3Ax"
+USER, USER_PASSWORD = "alice", "Alice-s3cret-48"
+SENTINEL_PASSWORD = "Sentinel-s3cret-48"
+SECRETS = (PASSWORD, ENCODED, USER_PASSWORD, SENTINEL_PASSWORD, "s3cret")
+
+
+def assert_no_secret(text: str) -> None:
+    for secret in SECRETS:
+        assert secret not in text, f"{secret!r} shown in {text!r:.2000}"
+
+
+def logged(caplog: pytest.LogCaptureFixture) -> str:
+    """Every record as a handler writes it: its message and its traceback (with causes)."""
+    formatter = logging.Formatter("%(levelname)s %(name)s %(message)s")
+    return "\n".join(formatter.format(record) for record in caplog.records)
+
+
+class server:
+    """A private ``redis-server`` that asks for :data:`PASSWORD` (and has :data:`USER`), TLS
+    only with ``tls``; ``appendonly no``."""
+
+    def __init__(self, *, tls: bool = False) -> None:
+        self.tls = tls
+
+    def __enter__(self) -> server:
+        self.dir = tempfile.mkdtemp(prefix="idempotency-redis-auth-")
+        self.port = free_port()
+        options = auth_options(PASSWORD, USER, USER_PASSWORD)
+        client: dict[str, Any] = {"password": PASSWORD}
+        self.files: dict[str, str] = {}
+        if self.tls:
+            self.files = tls_files(Path(self.dir, "tls"))
+            options += tls_options(self.port, self.files)
+            client |= tls_client(self.files)
+        try:
+            self.process = start_server(self.port, self.dir, *options, client=client)
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        return self
+
+    def url(self, auth: str = f":{ENCODED}") -> str:
+        scheme = "rediss" if self.tls else "redis"
+        query = f"?ssl_ca_certs={self.files['tls-ca-cert-file']}" if self.tls else ""
+        return f"{scheme}://{auth}@127.0.0.1:{self.port}/0{query}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.kill()
+        self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def protected_server() -> Iterator[server]:
+    with server() as running:
+        yield running
+
+
+@pytest.fixture
+def protected(protected_server: server) -> server:
+    """The module's server that asks for the password, emptied."""
+    redis.Redis(port=protected_server.port, password=PASSWORD).flushall()
+    return protected_server
+
+
+def counted_function() -> tuple[Any, dict[str, int]]:
+    runs: dict[str, int] = {}
+
+    @idempotent_function(key="event_id")
+    def handle(event_id: str) -> str:
+        runs[event_id] = runs.get(event_id, 0) + 1
+        return event_id
+
+    return handle, runs
+
+
+def runs_once_on(url: str) -> None:
+    """Two calls of one key on the store at ``url``: one execution, then its replay (keys of
+    their own: one server is reached by several URLs)."""
+    handle, runs = counted_function()
+    first, second = f"a-{uuid.uuid4()}", f"b-{uuid.uuid4()}"
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        assert handle(first) == first
+        assert handle(first) == first
+        assert handle(second) == second
+    assert runs == {first: 1, second: 1}
+
+
+# --- the display name -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("store", "shown"),
+    [
+        ("redis://:pw@h:1/0", "redis://h:1/0"),
+        ("redis://u:p%2Fw@h/0?db=1", "redis://h/0?db=1"),
+        ("rediss://u:pw@h/0?password=x&ssl_ca_certs=/ca.crt", "rediss://h/0?password=***&ssl_ca_certs=/ca.crt"),
+        ("redis://:pa/ss@h/0", "redis://h/0"),  # a "/" not percent-encoded
+        ("redis://:p@ss@h/0", "redis://h/0"),  # an "@" not percent-encoded
+        ("unix://:pw@/run/redis.sock?db=2", "unix:///run/redis.sock?db=2"),
+        ("redis+sentinel://:pw@a:1,b:2/m/0?sentinel_password=y", "redis+sentinel://a:1,b:2/m/0?sentinel_password=***"),
+        ("rediss+cluster://u:pw@a:1,b:2?ssl_cert_reqs=none", "rediss+cluster://a:1,b:2?ssl_cert_reqs=none"),
+        ("redis:/:pw@h/0", "h/0"),
+        ("redis", "redis"),
+        ("cache:redis", "cache:redis"),
+        ("default", "default"),
+    ],
+)  # fmt: skip
+def test_a_stores_display_name_has_no_user_and_no_password(store: str, shown: str) -> None:
+    assert display_name(store) == shown
+
+
+# --- nowhere the app writes -------------------------------------------------------------------
+
+
+def test_check_messages_never_show_the_password(protected: server) -> None:
+    """E060 (a port that is not a number, an option redis-py cannot read), E061 (atomic on
+    Redis), E062 (a store that does not answer), W060 (``appendonly no``)."""
+    bad = [
+        f"redis://:{ENCODED}@127.0.0.1:abc/0",
+        f"redis+cluster://u:{ENCODED}@a:1,b:x",
+        f"redis://:{ENCODED}@127.0.0.1/0?db=x",
+        f"redis+tls://:{ENCODED}@127.0.0.1/0",  # a scheme mistyped
+        f"redis:/:{ENCODED}@127.0.0.1/0",
+    ]
+    for url in bad:
+        with override_settings(IDEMPOTENCY={"STORE": url}):
+            errors = checks.check_settings()
+            assert [e.id for e in errors] == ["django_idempotency.E060"], url
+            assert_no_secret(errors[0].msg + str(errors[0].hint))
+            with pytest.raises(ImproperlyConfigured) as refused:
+                from django_idempotency._conf.settings import usable
+
+                usable()
+            assert_no_secret(str(refused.value))
+    with override_settings(IDEMPOTENCY={"STORE": protected.url()}):
+        refused = store_checks.check_stores()  # the test URLconf's atomic views
+    assert {e.id for e in refused} == {"django_idempotency.E061"}
+    for error in refused:
+        assert_no_secret(error.msg)
+    with pytest.raises(ImproperlyConfigured) as atomic:
+        Options.build(atomic=True, store=protected.url())
+    assert_no_secret(str(atomic.value))
+    assert display_name(protected.url()) in str(atomic.value)
+    dead = f"redis://:{ENCODED}@127.0.0.1:{free_port()}/0"
+    with override_settings(IDEMPOTENCY={"STORE": dead}):
+        errors = store_checks.check_stores_deploy()
+    assert [e.id for e in errors] == ["django_idempotency.E062"]
+    assert_no_secret(errors[0].msg)
+    with override_settings(IDEMPOTENCY={"STORE": protected.url()}):
+        warnings = store_checks.check_stores_deploy()
+    assert [w.id for w in warnings] == ["django_idempotency.W060"]
+    assert_no_secret(warnings[0].msg)
+    assert display_name(protected.url()) in warnings[0].msg
+
+
+def test_commands_never_show_the_password(protected: server, capsys: Any) -> None:
+    """idempotency_stats (text and ``--json``, whose key is the store's display name),
+    idempotency_cleanup and idempotency_recover, on a store that answers and on one that
+    refuses the password."""
+    handle, _ = counted_function()
+    wrong = protected.url(":Wrong-s3cret")
+    for url in (protected.url(), wrong):
+        with override_settings(IDEMPOTENCY={"STORE": url}):
+            if url != wrong:
+                handle("a")
+            call_command("idempotency_stats")
+            call_command("idempotency_cleanup")
+            call_command("idempotency_recover")
+            text = capsys.readouterr()
+            assert_no_secret(text.out + text.err)
+            assert f"Redis store {display_name(url)!r}" in text.out
+            call_command("idempotency_stats", "--json")
+            out = capsys.readouterr().out
+            assert_no_secret(out)
+            census = json.loads(out)["redis_stores"]
+            assert list(census) == [display_name(url)]
+            assert census[display_name(url)]["total"] == (1 if url != wrong else None)
+
+
+def test_the_admin_never_shows_the_password_to_view_only_staff(protected: server) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("viewer", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="view_idempotencykey"))
+    client = Client()
+    client.force_login(user)
+    with override_settings(IDEMPOTENCY={"STORE": protected.url()}):
+        page = client.get("/admin/django_idempotency/idempotencykey/")
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "live in the Redis store" in text
+    assert_no_secret(text)
+
+
+@pytest.mark.parametrize("fault", ["a server down", "a wrong password"])
+def test_logs_and_errors_never_show_the_password(
+    fault: str, protected: server, post: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A view's call is a ``503`` with a WARNING for the retry and an ERROR with its
+    traceback (its causes too); a function's ``StoreUnavailable`` says why. None shows the
+    password."""
+    from tests.conftest import executions
+
+    url = (
+        f"redis://{USER}:{ENCODED}@127.0.0.1:{free_port()}/0"
+        if fault == "a server down"
+        else protected.url(f"{USER}:Wrong-{ENCODED}")
+    )
+    handle, runs = counted_function()
+    caplog.set_level(logging.DEBUG)
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        response = post("/create/", {"a": 1}, key="k")
+        with pytest.raises(StoreUnavailable) as refused:
+            handle("a")
+    assert response.status_code == 503
+    assert executions() == 0 and runs == {}
+    text = logged(caplog)
+    assert "trying again" in text and "unavailable" in text and "Traceback" in text
+    assert_no_secret(text)
+    assert_no_secret(str(refused.value) + response.content.decode())
+    assert display_name(url) in text
+
+
+def test_a_failed_renewal_never_shows_the_password(caplog: pytest.LogCaptureFixture) -> None:
+    """The heartbeat's warning when it cannot renew a lock names the store: the server is
+    killed while the function runs, which waits for the warning (a bound of 10 s)."""
+    caplog.set_level(logging.WARNING)
+    warned = threading.Event()
+
+    class Watcher(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Could not renew"):
+                warned.set()
+
+    watcher = Watcher()
+    logging.getLogger("django_idempotency").addHandler(watcher)
+    try:
+        with server() as running:
+
+            @idempotent_function(key="event_id", lock_timeout=1)
+            def handle(event_id: str) -> str:
+                running.process.kill()
+                running.process.wait()
+                assert warned.wait(10)
+                return event_id
+
+            with (
+                override_settings(IDEMPOTENCY={"STORE": running.url()}),
+                contextlib.suppress(StoreUnavailable),  # its result not written: a 503
+            ):
+                handle("a")
+    finally:
+        logging.getLogger("django_idempotency").removeHandler(watcher)
+    text = logged(caplog)
+    assert "Could not renew" in text
+    assert_no_secret(text)
+
+
+# --- credentials and TLS that work --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("auth", ["password only", "user and password"])
+def test_one_servers_credentials_are_used(auth: str, protected: server) -> None:
+    runs_once_on(
+        protected.url(f":{ENCODED}" if auth == "password only" else f"{USER}:{USER_PASSWORD}")
+    )
+
+
+def test_one_server_over_tls_with_a_password() -> None:
+    with server(tls=True) as running:
+        runs_once_on(running.url())
+        runs_once_on(running.url(f"{USER}:{USER_PASSWORD}"))
+        plain = running.url().replace("rediss://", "redis://")
+        handle, runs = counted_function()
+        with override_settings(IDEMPOTENCY={"STORE": plain}), pytest.raises(StoreUnavailable):
+            handle("a")  # TLS only: a plain connection fails, a 503
+        assert runs == {}
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_clusters_credentials_and_tls_are_used(tls: bool, tmp_path: Path) -> None:
+    """Every node asks for the password (``requirepass``, ``masterauth``): before, a cluster's
+    URL dropped its credentials and every call was a ``500``; ``rediss+cluster://`` was
+    refused."""
+    files = tls_files(tmp_path / "tls") if tls else None
+    cluster = private_cluster(
+        tmp_path / "nodes", password=PASSWORD, user=USER, user_password=USER_PASSWORD, tls=files
+    )
+    with cluster as url:
+        runs_once_on(url)  # the ACL user's
+        runs_once_on(url.replace(f"{USER}:{USER_PASSWORD}@", f":{ENCODED}@"))
+        handle, runs = counted_function()
+        wrong = url.replace(USER_PASSWORD, "Wrong-s3cret")
+        with override_settings(IDEMPOTENCY={"STORE": wrong}), pytest.raises(StoreUnavailable):
+            handle("x")
+        assert runs == {}
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_sentinels_credentials_and_tls_are_used(tls: bool, tmp_path: Path) -> None:
+    """A master that asks for :data:`PASSWORD` (and has :data:`USER`), and a sentinel that asks
+    for its own (``sentinel_password``), TLS only with ``tls``: before, a Sentinel's URL dropped
+    its credentials and every call was a ``503``."""
+    files = tls_files(tmp_path / "tls") if tls else {}
+    client = tls_client(files) if tls else {}
+    master, watcher = free_port(), 0
+    processes = []
+    try:
+        (tmp_path / "master").mkdir()
+        options = auth_options(PASSWORD, USER, USER_PASSWORD)
+        options += tls_options(master, files) if tls else []
+        processes.append(
+            start_server(
+                master, str(tmp_path / "master"), *options, client={"password": PASSWORD, **client}
+            )
+        )
+        watcher = free_port()
+        config = tmp_path / "sentinel.conf"
+        config.write_text(
+            f"sentinel monitor m 127.0.0.1 {master} 1\n"
+            f'sentinel auth-pass m "{PASSWORD}"\n'
+            f"requirepass {SENTINEL_PASSWORD}\n"
+        )
+        processes.append(
+            start_server(
+                watcher, str(tmp_path), "--sentinel", *(tls_options(watcher, files) if tls else []),
+                config=str(config), client={"password": SENTINEL_PASSWORD, **client},
+            )
+        )  # fmt: skip
+        scheme = "rediss+sentinel" if tls else "redis+sentinel"
+        query = f"sentinel_password={SENTINEL_PASSWORD}"
+        if tls:
+            query += f"&ssl_ca_certs={files['tls-ca-cert-file']}"
+        place = f"127.0.0.1:{watcher}/m/0?{query}"
+        runs_once_on(f"{scheme}://:{ENCODED}@{place}")
+        runs_once_on(f"{scheme}://{USER}:{USER_PASSWORD}@{place}")
+        handle, runs = counted_function()
+        without = f"{scheme}://:{ENCODED}@{place.replace(SENTINEL_PASSWORD, 'Wrong-s3cret')}"
+        with override_settings(IDEMPOTENCY={"STORE": without}), pytest.raises(StoreUnavailable):
+            handle("x")
+        assert runs == {}
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+# --- every failure a 503 --------------------------------------------------------------------------
+
+
+def test_an_unreachable_cluster_at_a_workers_first_call_is_a_503(post: Any) -> None:
+    """``RedisCluster`` asks a node for the slots when it is made: with none answering it
+    raises ``RedisClusterException``, which is not a ``RedisError`` (a ``500`` before)."""
+    from tests.conftest import executions, problem_slug
+
+    for url in (
+        f"redis+cluster://:{ENCODED}@127.0.0.1:{free_port()}",
+        f"redis+sentinel://:{ENCODED}@127.0.0.1:{free_port()}/m/0",
+    ):
+        with override_settings(IDEMPOTENCY={"STORE": url}):
+            response = post("/create/", {"a": 1}, key="k")
+        assert response.status_code == 503, url
+        assert problem_slug(response) == "idempotency-unavailable"
+    assert executions() == 0
+
+
+def test_an_option_the_client_refuses_is_a_503_not_a_500(post: Any) -> None:
+    """An option redis-py passes on but the client does not take (a ``TypeError`` when the
+    client is made)."""
+    url = f"redis://127.0.0.1:{free_port()}/0?no_such_option=1"
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        response = post("/create/", {"a": 1}, key="k")
+    assert response.status_code == 503
+
+
+def test_a_raw_client_of_the_private_server_needs_the_password(protected: server) -> None:
+    """The servers these tests use do ask for it (else a dropped password would pass)."""
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=protected.port, socket_timeout=5).ping()
