@@ -325,7 +325,7 @@ def _conclude(attempt: Attempt, response: HttpResponseBase, rolled_back: bool = 
         return
     if response.status_code in conf.RETRYABLE_STATUSES:
         reason = f"status {response.status_code}"
-        writing.release(attempt, reason=reason, raised=False)
+        writing.release(attempt, reason=reason, raised=False, undo=True)
         return
     writing.conclude(
         attempt, storing.storage(response), lambda ttl: _capture(attempt, response, ttl)
