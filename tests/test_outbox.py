@@ -503,6 +503,11 @@ def test_the_admin_shows_a_records_messages_and_re_sends_them(
     for message in OutboxMessage.objects.all():
         assert message.message_id in text
     assert "ConnectionError: broker unreachable" in text
+    # The list: a read-only title, and each message's last error in a column.
+    listing = admin_client.get("/admin/django_idempotency/outboxmessage/").content.decode()
+    assert "<title>Outbox messages |" in listing and "to change" not in listing
+    assert '<th scope="col" class="column-error">' in listing
+    assert listing.count('title="ConnectionError: broker unreachable"') == 2
     response = admin_client.post(
         "/admin/django_idempotency/outboxmessage/",
         {
@@ -634,3 +639,37 @@ def test_a_dead_broker_never_holds_the_response(
             delivered.ack()
         finally:
             queue.close()
+
+
+@override_settings(IDEMPOTENCY={**NO_FAST_PATH, "OUTBOX_MAX_ATTEMPTS": 1})
+def test_the_relay_lists_and_re_sends_failed_messages(post: Post, key: str) -> None:
+    """Cron and runbooks: ``--failed`` lists the failed messages with their last error,
+    ``--retry-failed --dry-run`` says what it would send again and changes nothing,
+    ``--retry-failed --once`` sends them."""
+    from io import StringIO
+
+    from django.core.management import CommandError
+
+    def relay(*args: str) -> str:
+        out = StringIO()
+        call_command("idempotency_relay", *args, stdout=out)
+        return out.getvalue()
+
+    ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+    receipt.failing = 2
+    relay("--once")
+    assert states() == dict.fromkeys(ids, "failed")
+    listed = relay("--failed").splitlines()
+    assert [entry.split()[0] for entry in listed[:-1]] == ids
+    assert all("ConnectionError: broker unreachable" in entry for entry in listed[:-1])
+    assert listed[-1] == "2 message(s) failed."
+    dry = relay("--retry-failed", "--dry-run").splitlines()
+    assert dry[-1] == "2 message(s) would be sent again."
+    assert states() == dict.fromkeys(ids, "failed") and receipt.sent == []
+    out = relay("--retry-failed", "--once")
+    assert "2 failed message(s) made pending again." in out
+    assert sorted(sent_ids()) == sorted(ids)
+    assert states() == dict.fromkeys(ids, "sent")
+    assert relay("--failed").splitlines() == ["0 message(s) failed."]
+    with pytest.raises(CommandError, match="--dry-run goes with --retry-failed"):
+        relay("--dry-run")
