@@ -161,25 +161,6 @@ class OutboxMessageInline(_Inline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
         return super().get_queryset(request).using(conf.DATABASE_ALIAS)
 
-    def changelist_view(
-        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        """Read-only: the list is not "Select outbox message to change" (the change permission
-        is only the re-send action's)."""
-        context = {"title": capfirst(self.opts.verbose_name_plural), **(extra_context or {})}
-        return super().changelist_view(request, context)
-
-    @admin.display(description=_("last error"))
-    def error(self, message: OutboxMessage) -> str:
-        """The last error's last line (an exception's own), cut at 80 characters; the whole
-        text on hover and on the message's page."""
-        lines = message.last_error.strip().splitlines()
-        if not lines:
-            return "-"
-        last = lines[-1]
-        shown = last if len(last) <= 80 else last[:79] + "…"
-        return format_html('<span title="{}">{}</span>', message.last_error, shown)
-
 
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(_ModelAdmin):
