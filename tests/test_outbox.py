@@ -673,3 +673,25 @@ def test_the_relay_lists_and_re_sends_failed_messages(post: Post, key: str) -> N
     assert relay("--failed").splitlines() == ["0 message(s) failed."]
     with pytest.raises(CommandError, match="--dry-run goes with --retry-failed"):
         relay("--dry-run")
+
+
+@pytest.mark.parametrize("path", ["/order/", "/drf/"])
+def test_a_view_that_enqueues_on_a_redis_store_is_refused_before_it_runs(
+    post: Post, key: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It ran, created its charge, then answered 500 from enqueue naming 'cache:idempotency', a
+    name spelled nowhere else. Now it is refused before its claim (nothing listens on port 1:
+    no store is asked), the message naming the setting as written, without its password."""
+    from tests.testapp.models import Execution
+
+    with override_settings(IDEMPOTENCY={"STORE": "redis://:secret@127.0.0.1:1/0"}):
+        response = post(path, {"order": "1"}, key=key)
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/problem+json"
+    assert Execution.objects.count() == 0 and OutboxMessage.objects.count() == 0
+    assert "STORE 'redis://:***@127.0.0.1:1/0'" in caplog.text
+    assert "secret" not in caplog.text
+    with override_settings(IDEMPOTENCY={"STORE": "redis"}):  # a cache alias
+        post(path, {"order": "1"}, key=key)
+    assert "(STORE 'redis')" in caplog.text and "cache:" not in caplog.text
+    assert Execution.objects.count() == 0

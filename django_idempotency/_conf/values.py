@@ -381,6 +381,18 @@ def redis_places(url: str, port: int) -> list[tuple[str, int]]:
     return places
 
 
+def shown_store(value: str) -> str:
+    """A store as the user wrote it (``STORE``, a view's ``store``), for a message: a cache
+    alias without the store layer's ``cache:`` prefix, a URL without its password."""
+    value = value.removeprefix(CACHE_PREFIX)
+    scheme, sep, rest = value.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        userinfo, _, place = rest.partition("@")
+        user = userinfo.split(":", 1)[0]
+        return f"{scheme}://{user + ':***' if ':' in userinfo else '***'}@{place}"
+    return value
+
+
 def store_alias(value: str, database_alias: str) -> str:
     """The name the store layer knows a store by: the database alias, ``cache:<alias>`` or
     the URL (a name with a colon is a Redis store's)."""

@@ -43,7 +43,7 @@ def idempotent(
     def decorate(view: ViewFunc) -> ViewFunc:
         wrapper = lifecycle.wrap(
             view,
-            protocol.view_adapter(built),
+            protocol.view_adapter(built, view),
             label=view.__qualname__,
             kind="view",
             atomic=built.atomic,
