@@ -24,6 +24,7 @@ from django_idempotency._call import outbox
 from django_idempotency._ops.relay import Relay
 from django_idempotency._store import outbox as store
 from django_idempotency.models import OutboxMessage
+from django_idempotency.testing import outbox_sent
 from tests.testapp.outbox_tasks import receipt
 
 pytestmark = [pytest.mark.urls("tests.outbox_urls"), pytest.mark.django_db(transaction=True)]
@@ -55,7 +56,7 @@ def _fresh_recorder() -> Iterator[None]:
 
 
 def sent_ids() -> list[str]:
-    assert outbox.sender.settle(), "the fast path's thread is stuck"
+    outbox_sent()
     return [task_id for task_id, _, _ in receipt.sent]
 
 
