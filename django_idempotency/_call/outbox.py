@@ -18,6 +18,7 @@ function takes it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import inspect
 import json
@@ -157,10 +158,11 @@ class Sender:
 
     Its messages are leased to the process (``OUTBOX_LEASE``): what it does not send, the
     relay does once the lease has passed, so a batch that waited past half its lease (a broker
-    hanging on the sends before it) is left to the relay rather than sent twice, the queue is
-    bounded (a full one leaves the batch to the relay), and the thread is a daemon: a process
-    that exits leaves what it held to the relay. A forked process (gunicorn's workers) starts
-    a thread of its own on its first commit."""
+    hanging on the sends before it) is left to the relay rather than sent twice, and the
+    queue is bounded (a full one leaves the batch to the relay). The thread is a daemon; a
+    process that exits (a script, a worker stopped) gives it up to :data:`EXIT_WAIT` seconds
+    to finish, then leaves what it still holds to the relay. A forked process (gunicorn's
+    workers) starts a thread of its own on its first commit."""
 
     def __init__(self, size: int = 1000) -> None:
         self.size = size
@@ -168,6 +170,7 @@ class Sender:
         self._pid = 0
         self._queue: queue.Queue[tuple[str, Sequence[Message], float]] = queue.Queue(size)
         self.thread: threading.Thread | None = None
+        self._exiting = False
 
     def submit(self, alias: str, messages: Sequence[Message]) -> None:
         """Hand ``messages`` (released on ``alias``, committed) to the thread."""
@@ -180,6 +183,9 @@ class Sender:
                     target=self._run, args=(self._queue,), name="idempotency-outbox", daemon=True
                 )
                 self.thread.start()
+                if not self._exiting:
+                    self._exiting = True
+                    atexit.register(self.settle, EXIT_WAIT)
             try:
                 self._queue.put_nowait((alias, messages, due))
             except queue.Full:
@@ -218,6 +224,10 @@ def _close(alias: str) -> None:
     with contextlib.suppress(DatabaseError):
         connections[alias].close_if_unusable_or_obsolete()
 
+
+#: How long an exiting process waits for its sender thread (seconds): a script's messages go
+#: at once, and a dead broker delays a worker's exit this much at most.
+EXIT_WAIT = 5.0
 
 #: The process's fast-path sender.
 sender = Sender()
