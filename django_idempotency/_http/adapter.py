@@ -71,9 +71,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         if conf.ENABLED:
             policy = self.options.resolve()
             if policy.protects(self.request.method):
-                error = enqueue_error(policy, self.options)
-                if error and self.view is not None and code.mentions(self.view, "enqueue"):
-                    raise ImproperlyConfigured(error)
+                refuse_enqueue(policy, self.options, self.view)
                 return policy
         attach(self.request, None)
         return None
@@ -197,6 +195,14 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         connection = self.connection  # atomic mode's
         _conclude(attempt, result, connection is not None and connection.needs_rollback)
         return result
+
+
+def refuse_enqueue(policy: Policy, options: Options, view: Any) -> None:
+    """``ImproperlyConfigured`` when ``view`` (its function or class; ``None``: unknown) is
+    on a Redis store and its code calls ``enqueue``: refused before its claim."""
+    error = enqueue_error(policy, options)
+    if error and view is not None and code.mentions(view, "enqueue"):
+        raise ImproperlyConfigured(error)
 
 
 def enqueue_error(policy: Policy, options: Options) -> str | None:
