@@ -490,7 +490,7 @@ class OutboxMessageAdmin(_MessageAdmin):
     """The outbox's messages (issue 41): read-only, filtered by state, with a re-send action
     (pending and due now: the relay, or the next pass, sends it again)."""
 
-    list_display = ("message_id", "task", "state", "attempts", "released_at", "sent_at")
+    list_display = ("message_id", "task", "state", "attempts", "error", "released_at", "sent_at")
     list_filter = ("state", "engine")
     search_fields = ("message_id", "task")
     ordering = ("-released_at",)
@@ -511,6 +511,25 @@ class OutboxMessageAdmin(_MessageAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
         return super().get_queryset(request).using(conf.DATABASE_ALIAS)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Read-only: the list is not "Select outbox message to change" (the change permission
+        is only the re-send action's)."""
+        context = {"title": capfirst(self.opts.verbose_name_plural), **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+    @admin.display(description=_("last error"))
+    def error(self, message: OutboxMessage) -> str:
+        """The last error's last line (an exception's own), cut at 80 characters; the whole
+        text on hover and on the message's page."""
+        lines = message.last_error.strip().splitlines()
+        if not lines:
+            return "-"
+        last = lines[-1]
+        shown = last if len(last) <= 80 else last[:79] + "…"
+        return format_html('<span title="{}">{}</span>', message.last_error, shown)
 
     @admin.action(description=_("Re-send the selected messages"), permissions=["change"])
     def resend(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:

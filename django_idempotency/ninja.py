@@ -267,6 +267,7 @@ class _Adapter(protocol.HttpAdapter):
             authenticated = getattr(self.request, "auth", None) is not None
             policy = _policy(self.options, self.operation, authenticated=authenticated)
             if policy.protects(self.request.method):
+                protocol.refuse_enqueue(policy, self.options, self.operation.view_func)
                 return protocol.answerable(policy)
         protocol.attach(self.request, None)
         return None

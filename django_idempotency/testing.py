@@ -50,6 +50,7 @@ __all__ = [
     "hold_key",
     "key_records",
     "new_key",
+    "outbox_sent",
     "stale_key",
 ]
 
@@ -569,3 +570,14 @@ def _policy_of(view: object) -> Policy:
 def _quoted(key: str) -> str:
     """The key as a Structured Field string: accepted whatever ``BARE_KEYS`` says."""
     return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def outbox_sent(timeout: float = 10.0) -> None:
+    """Wait until this process's outbox fast path has sent (or failed to send) every message
+    released so far: it sends on a thread of its own, after the commit, so a test that
+    checks a message right after its request waits here first. ``AssertionError`` if it has
+    not within ``timeout`` seconds (a broker that does not answer)."""
+    from django_idempotency._call.outbox import sender
+
+    if not sender.settle(timeout):
+        raise AssertionError(f"The outbox fast path has not sent its messages in {timeout} s.")

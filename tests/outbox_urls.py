@@ -13,5 +13,6 @@ urlpatterns = [
     path("async/", views.async_order),
     path("short/", views.lock_lost_order),
     path("drf/", views.DrfOrder.as_view()),
+    path("notify/", views.notify_order),
     path("admin/", admin.site.urls),
 ]

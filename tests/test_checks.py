@@ -288,3 +288,19 @@ def test_w003_is_silent_on_a_server_that_is_no_galera_node() -> None:
         with connection.cursor() as cursor:
             cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
             assert cursor.fetchone() in (None, ("wsrep_on", "OFF"))
+
+
+@pytest.mark.urls("tests.operations_urls")
+def test_e061_hint_of_an_accepted_view_on_redis_speaks_of_in_progress() -> None:
+    """Its hint said "Drop atomic=True" for a view that is not atomic."""
+    from django.test import override_settings
+
+    from django_idempotency._ops import store_checks
+
+    with override_settings(IDEMPOTENCY={"STORE": "redis://127.0.0.1:1/0"}):
+        errors = store_checks.check_stores()
+    accepted = [error for error in errors if "in_progress" in error.msg]
+    assert accepted and {error.id for error in accepted} == {"django_idempotency.E061"}
+    for error in accepted:
+        assert error.hint is not None and "atomic" not in error.hint
+        assert error.hint.startswith('Use in_progress="conflict" or "wait"')

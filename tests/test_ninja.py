@@ -384,3 +384,25 @@ def _run_twice() -> int:
 
     Execution.objects.create(label="twice")
     return 1
+
+
+def test_an_operation_that_enqueues_on_a_redis_store_is_refused_before_it_runs(key: str) -> None:
+    """As a view: refused before its claim (nothing listens on port 1), not run, then a 500
+    from enqueue after its own writes."""
+    from django.test import override_settings
+    from ninja.testing import TestClient
+
+    api = NinjaAPI(urls_namespace=f"enqueue-{uuid.uuid4()}")
+    ran: list[bool] = []
+
+    @api.post("/x")
+    @idempotent
+    def operation(request: Any) -> dict[str, str]:
+        ran.append(True)
+        request.idempotency.enqueue(print)
+        return {}
+
+    with override_settings(IDEMPOTENCY={"STORE": "redis://127.0.0.1:1/0"}):
+        response = TestClient(api).post("/x", json={}, headers={"Idempotency-Key": key})
+    assert response.status_code == 500
+    assert ran == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -19,9 +20,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency import Claim, IdempotencyKey, idempotent_function
+from django_idempotency._call import outbox
 from django_idempotency._ops.relay import Relay
 from django_idempotency._store import outbox as store
 from django_idempotency.models import OutboxMessage
+from django_idempotency.testing import outbox_sent
 from tests.testapp.outbox_tasks import receipt
 
 pytestmark = [pytest.mark.urls("tests.outbox_urls"), pytest.mark.django_db(transaction=True)]
@@ -37,7 +40,10 @@ def post(client: Client) -> Post:
 
     def send(path: str, spec: dict[str, Any] | None = None, *, key: str, **extra: Any) -> Any:
         headers = {"Idempotency-Key": key, "X-Spec": json.dumps(spec or {})}
-        return client.post(path, {}, content_type="application/json", headers=headers)
+        try:
+            return client.post(path, {}, content_type="application/json", headers=headers)
+        finally:  # the fast path sends on its own thread
+            assert outbox.sender.settle(), "the fast path's thread is stuck"
 
     return send
 
@@ -50,6 +56,7 @@ def _fresh_recorder() -> Iterator[None]:
 
 
 def sent_ids() -> list[str]:
+    outbox_sent()
     return [task_id for task_id, _, _ in receipt.sent]
 
 
@@ -205,6 +212,31 @@ def test_a_name_is_staged_once_per_attempt() -> None:
     with pytest.raises(ValueError, match="already staged"):
         twice(order_id=1)
     assert OutboxMessage.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("ending", "orders"),
+    [({"status": 503}, 0), ({"status": 429}, 0), ({"status": 500}, 0), ({"no_store": True}, 1)],
+    ids=["503", "429", "500", "no_store"],
+)
+def test_an_atomic_view_answering_a_retryable_status_rolls_its_writes_back(
+    post: Post, key: str, ending: dict[str, Any], orders: int
+) -> None:
+    """Atomic mode: a response that says "try again" rolls back what the view wrote with its
+    claim and its messages, so the retry charges once and sends the receipt (the charge was
+    committed and its message dropped); ``no_store`` keeps the view's work (the client may
+    use the response), and sends nothing."""
+    from tests.testapp.models import Execution
+
+    first = post("/atomic/", {"order": "1", **ending}, key=key)
+    assert first.status_code == ending.get("status", 201)
+    assert Execution.objects.filter(label="order").count() == orders
+    assert IdempotencyKey.objects.count() == 0
+    assert OutboxMessage.objects.count() == 0 and receipt.sent == []
+    retry = post("/atomic/", {"order": "1"}, key=key)
+    assert retry.status_code == 201
+    assert Execution.objects.filter(label="order").count() == orders + 1
+    assert sent_ids() == retry.json()["messages"]
 
 
 @override_settings(IDEMPOTENCY=NO_FAST_PATH)
@@ -369,10 +401,11 @@ def test_the_result_and_its_messages_are_one_statement_on_postgresql(post: Post,
         if query["sql"].startswith(("UPDATE", "WITH")) and "response_body" in query["sql"]
     ]
     assert len(writes) == 1 and writes[0].startswith("WITH fenced AS (UPDATE")
-    # One more round trip: the fast path's mark. The record's life (its message ids' part) is
-    # the claim's own time, not read back.
-    assert len(staged) == len(plain) + 1
-    assert staged[-1]["sql"].startswith('UPDATE "django_idempotency_outboxmessage"')
+    # No more round trips: the fast path's mark is its own thread's. The record's life (its
+    # message ids' part) is the claim's own time, not read back.
+    assert len(staged) == len(plain)
+    marks = 'UPDATE "django_idempotency_outboxmessage"'
+    assert not any(query["sql"].startswith(marks) for query in staged)
     assert not any('"created_at"' in query["sql"] for query in staged[len(plain) :])
 
 
@@ -471,6 +504,11 @@ def test_the_admin_shows_a_records_messages_and_re_sends_them(
     for message in OutboxMessage.objects.all():
         assert message.message_id in text
     assert "ConnectionError: broker unreachable" in text
+    # The list: a read-only title, and each message's last error in a column.
+    listing = admin_client.get("/admin/django_idempotency/outboxmessage/").content.decode()
+    assert "<title>Outbox messages |" in listing and "to change" not in listing
+    assert '<th scope="col" class="column-error">' in listing
+    assert listing.count('title="ConnectionError: broker unreachable"') == 2
     response = admin_client.post(
         "/admin/django_idempotency/outboxmessage/",
         {
@@ -537,3 +575,124 @@ def test_a_web_process_dead_after_the_commit_leaves_its_messages_to_the_relay(
     OutboxMessage.objects.update(available_at=timezone.now())  # the lease has passed
     call_command("idempotency_relay", "--once", verbosity=0)
     assert sorted(sent_ids()) == sorted(ids)
+
+
+@pytest.fixture
+def dead_broker() -> Iterator[str]:
+    """A broker address that accepts connections (the kernel completes the handshake of a
+    listening socket) and never answers: Celery waits out its connect timeout (4 s)."""
+    import socket
+
+    pytest.importorskip("celery")
+    from tests.testapp import broker_tasks
+
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    port = listener.getsockname()[1]
+    broker_tasks.use_broker(f"amqp://guest:guest@127.0.0.1:{port}//")
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        broker_tasks.use_broker("memory://")
+        listener.close()
+
+
+def test_a_dead_broker_never_holds_the_response(
+    client: Client, key: str, dead_broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path sends on its own thread after the commit: a broker that never answers
+    costs that thread its connect timeout, not the request (it was 4.1 s per request); the
+    message, left pending with its error, is the relay's once a broker works."""
+    from tests.testapp.broker_tasks import app
+
+    senders: list[int] = []
+    send = outbox.send
+
+    def recorded(*args: Any) -> None:
+        senders.append(threading.get_ident())
+        send(*args)
+
+    monkeypatch.setattr(outbox, "send", recorded)
+    started = time.monotonic()
+    response = client.post("/notify/", headers={"Idempotency-Key": key})
+    elapsed = time.monotonic() - started
+    assert response.status_code == 201
+    message_id = response.json()["message"]
+    # Generous (the request itself takes milliseconds; the broker's timeout is 4 s).
+    assert elapsed < 1.5, f"the response waited {elapsed:.2f} s"
+    assert outbox.sender.settle(60), "the fast path's thread is stuck"
+    # The deterministic part: the send was not the request's thread's.
+    assert senders and threading.get_ident() not in senders
+    row = OutboxMessage.objects.get()
+    assert (row.message_id, row.state) == (message_id, "pending")
+    assert row.last_error  # the broker's timeout, recorded
+    # A broker that works: the relay delivers it once its backoff has passed.
+    from tests.testapp.broker_tasks import use_broker
+
+    use_broker("memory://")
+    OutboxMessage.objects.update(available_at=timezone.now())
+    call_command("idempotency_relay", "--once", verbosity=0)
+    assert OutboxMessage.objects.get().state == "sent"
+    with app.connection_for_read() as broker:
+        queue = broker.SimpleQueue("celery")
+        try:
+            delivered = queue.get(timeout=1)
+            assert delivered.headers["id"] == message_id
+            delivered.ack()
+        finally:
+            queue.close()
+
+
+@override_settings(IDEMPOTENCY={**NO_FAST_PATH, "OUTBOX_MAX_ATTEMPTS": 1})
+def test_the_relay_lists_and_re_sends_failed_messages(post: Post, key: str) -> None:
+    """Cron and runbooks: ``--failed`` lists the failed messages with their last error,
+    ``--retry-failed --dry-run`` says what it would send again and changes nothing,
+    ``--retry-failed --once`` sends them."""
+    from io import StringIO
+
+    from django.core.management import CommandError
+
+    def relay(*args: str) -> str:
+        out = StringIO()
+        call_command("idempotency_relay", *args, stdout=out)
+        return out.getvalue()
+
+    ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+    receipt.failing = 2
+    relay("--once")
+    assert states() == dict.fromkeys(ids, "failed")
+    listed = relay("--failed").splitlines()
+    assert [entry.split()[0] for entry in listed[:-1]] == ids
+    assert all("ConnectionError: broker unreachable" in entry for entry in listed[:-1])
+    assert listed[-1] == "2 message(s) failed."
+    dry = relay("--retry-failed", "--dry-run").splitlines()
+    assert dry[-1] == "2 message(s) would be sent again."
+    assert states() == dict.fromkeys(ids, "failed") and receipt.sent == []
+    out = relay("--retry-failed", "--once")
+    assert "2 failed message(s) made pending again." in out
+    assert sorted(sent_ids()) == sorted(ids)
+    assert states() == dict.fromkeys(ids, "sent")
+    assert relay("--failed").splitlines() == ["0 message(s) failed."]
+    with pytest.raises(CommandError, match="--dry-run goes with --retry-failed"):
+        relay("--dry-run")
+
+
+@pytest.mark.parametrize("path", ["/order/", "/drf/"])
+def test_a_view_that_enqueues_on_a_redis_store_is_refused_before_it_runs(
+    post: Post, key: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It ran, created its charge, then answered 500 from enqueue naming 'cache:idempotency', a
+    name spelled nowhere else. Now it is refused before its claim (nothing listens on port 1:
+    no store is asked), the message naming the setting as written, without its password."""
+    from tests.testapp.models import Execution
+
+    with override_settings(IDEMPOTENCY={"STORE": "redis://:secret@127.0.0.1:1/0"}):
+        response = post(path, {"order": "1"}, key=key)
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/problem+json"
+    assert Execution.objects.count() == 0 and OutboxMessage.objects.count() == 0
+    assert "STORE 'redis://:***@127.0.0.1:1/0'" in caplog.text
+    assert "secret" not in caplog.text
+    with override_settings(IDEMPOTENCY={"STORE": "redis"}):  # a cache alias
+        post(path, {"order": "1"}, key=key)
+    assert "(STORE 'redis')" in caplog.text and "cache:" not in caplog.text
+    assert Execution.objects.count() == 0

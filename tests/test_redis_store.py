@@ -28,6 +28,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError
 from django.test import override_settings
 
 from django_idempotency import (
@@ -491,7 +492,10 @@ def test_stats_json_counts_the_redis_stores_records(place: Place, capsys: Any) -
             "error": None,
         }
     }
-    with override_settings(IDEMPOTENCY={"STORE": "redis://127.0.0.1:1/0"}):
+    with (
+        override_settings(IDEMPOTENCY={"STORE": "redis://127.0.0.1:1/0"}),
+        pytest.raises(CommandError, match="did not answer"),
+    ):
         call_command("idempotency_stats", "--json")
     unreachable = json.loads(capsys.readouterr().out)["redis_stores"]["redis://127.0.0.1:1/0"]
     assert unreachable["total"] is None and unreachable["error"]

@@ -146,3 +146,32 @@ def test_size_query_for_each_database() -> None:
     )
     assert (mysql.params, mysql.source) == ([table], "information_schema.TABLES")
     assert "FROM dbstat" in sqlite.sql
+
+
+def test_failed_outbox_messages_are_a_warning() -> None:
+    """The cron alert of docs/commands.rst reads ``.warnings``: failed messages must be there
+    (it stayed empty while messages were failed)."""
+    from django_idempotency.models import OutboxMessage
+
+    record = IdempotencyKeyFactory(completed=True)
+    OutboxMessage.objects.create(
+        record=record, message_id="m-1", engine="celery", task="t", arguments="{}", state="failed"
+    )
+    [warning] = stats_json()["warnings"]
+    assert "1 outbox message(s) failed" in warning and "--retry-failed" in warning
+    assert stats().splitlines()[-1].startswith("Warning: 1 outbox message(s) failed")
+
+
+def test_an_unreachable_redis_store_exits_non_zero_with_its_figures(
+    settings: Any, capsys: Any
+) -> None:
+    """Nothing listens on port 1: the JSON is still printed, the store's error is a warning,
+    and the command fails (it exited 0), naming the store as the settings spell it."""
+    settings.IDEMPOTENCY = {"STORE": "redis://127.0.0.1:1/0"}
+    with pytest.raises(CommandError, match=r"Redis store 'redis://127.0.0.1:1/0' did not answer"):
+        call_command("idempotency_stats", "--json")
+    data = json.loads(capsys.readouterr().out)
+    assert data["redis_stores"]["redis://127.0.0.1:1/0"]["error"]
+    assert any("did not answer" in warning for warning in data["warnings"])
+    with pytest.raises(CommandError, match="did not answer"):
+        call_command("idempotency_stats", verbosity=0)

@@ -37,6 +37,31 @@ def test_unreachable_store_is_503_and_the_view_does_not_run(
     assert executions() == 0
 
 
+@pytest.mark.parametrize("path", ["/create/", "/async/", "/drf/"])
+def test_a_redis_outage_is_one_log_line_per_refused_request(
+    post: Post, key: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing listens on port 1. A 3 s outage logged 790 chained tracebacks at ERROR, each
+    starting with ``IndexError: pop from empty list`` (the store's idle list, empty, in whose
+    handler the connection was made): now each refused request is one ERROR line, without a
+    traceback, saying why; the claim's retry is a DEBUG line."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="django_idempotency")
+    with override_settings(IDEMPOTENCY={"STORE": "redis://127.0.0.1:1/0"}):
+        for _ in range(3):
+            response = post(path, {"a": 1}, key=key)
+            assert response.status_code == 503
+    assert executions() == 0
+    ours = [record for record in caplog.records if record.name == "django_idempotency"]
+    errors = [record for record in ours if record.levelno >= logging.WARNING]
+    assert len(errors) == 3
+    for record in errors:
+        assert record.levelno == logging.ERROR and not record.exc_info
+        assert "unavailable (" in record.getMessage() and "127.0.0.1:1" in record.getMessage()
+    assert "IndexError" not in caplog.text and "Traceback" not in caplog.text
+
+
 #: Calls of the project's scope and fingerprint functions (issue 27: once per request).
 CALLS: Counter[str] = Counter()
 _CALLS_LOCK = threading.Lock()

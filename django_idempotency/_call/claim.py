@@ -210,15 +210,15 @@ class Claim:
         from django_idempotency._call.outbox import stage  # see set_recovery_point
 
         self.check_held()
-        if ":" in self.alias:  # a Redis store's (issue 44)
+        if ":" in self.alias:  # a Redis store's (issue 44); a view is refused before it runs
             from django.core.exceptions import ImproperlyConfigured
 
-            from django_idempotency._conf.values import display_name
+            from django_idempotency._conf.values import shown_store
 
             raise ImproperlyConfigured(
                 f"The outbox needs the database store: this claim's record is in the Redis "
-                f"store {display_name(self.alias)!r}, which shares no transaction with the "
-                "outbox's table."
+                f"store {shown_store(self.alias)!r} (STORE, or the store option), which shares "
+                'no transaction with the outbox\'s table. Give it store="database".'
             )
         return stage(self, task, args, name, kwargs)
 

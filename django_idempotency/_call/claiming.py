@@ -172,6 +172,17 @@ def refused(attempt: Attempt, exc: StoreUnavailable | LockWaitTimeout) -> str:
             attempt.identity.key_hash[:12],
         )
         return "conflict"
+    if using(attempt.policy.alias).expected_fault(exc):  # an outage: one line per call
+        report(
+            "unavailable",
+            attempt,
+            logging.ERROR,
+            "Idempotency store %r unavailable (%s); the %s was not run.",
+            display_name(attempt.policy.alias),
+            exc,
+            attempt.code,
+        )
+        return "unavailable"
     report(
         "unavailable",
         attempt,

@@ -9,7 +9,8 @@ recovery point: stable across takeovers of the record, so the insert of a messag
 inserts nothing.
 
 Sending (:func:`send`) is shared by the fast path (:func:`released`: in the web process, once
-the release committed) and the relay (``manage.py idempotency_relay``): Celery's
+the release committed, on the process's sender thread, so that a slow or dead broker never
+holds a response or a worker) and the relay (``manage.py idempotency_relay``): Celery's
 ``apply_async(args, kwargs, task_id=message_id)``; a ``django.tasks`` task's ``enqueue(*args,
 **kwargs)``, the message id given as the keyword argument ``outbox_message_id`` when the task's
 function takes it.
@@ -17,9 +18,15 @@ function takes it.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import inspect
 import json
 import logging
+import os
+import queue
+import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -140,7 +147,90 @@ def released(claim: Any, alias: str, release: Release | None) -> None:
         return
     inserted = set(release.inserted)
     messages = [message for message in release.messages if message.message_id in inserted]
-    transaction.on_commit(lambda: deliver(alias, messages), using=alias, robust=True)
+    transaction.on_commit(lambda: sender.submit(alias, messages), using=alias, robust=True)
+
+
+class Sender:
+    """The process's fast-path thread: it sends what a commit hands it, so that the request's
+    thread goes on at once. A broker that accepts connections and never answers made every
+    request that staged a message wait out Celery's connect timeout (4 s) before its response;
+    here it costs the sender thread, never a response or a web worker's thread.
+
+    Its messages are leased to the process (``OUTBOX_LEASE``): what it does not send, the
+    relay does once the lease has passed, so a batch that waited past half its lease (a broker
+    hanging on the sends before it) is left to the relay rather than sent twice, and the
+    queue is bounded (a full one leaves the batch to the relay). The thread is a daemon; a
+    process that exits (a script, a worker stopped) gives it up to :data:`EXIT_WAIT` seconds
+    to finish, then leaves what it still holds to the relay. A forked process (gunicorn's
+    workers) starts a thread of its own on its first commit."""
+
+    def __init__(self, size: int = 1000) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._queue: queue.Queue[tuple[str, Sequence[Message], float]] = queue.Queue(size)
+        self.thread: threading.Thread | None = None
+        self._exiting = False
+
+    def submit(self, alias: str, messages: Sequence[Message]) -> None:
+        """Hand ``messages`` (released on ``alias``, committed) to the thread."""
+        due = time.monotonic() + conf.OUTBOX_LEASE.total_seconds() / 2
+        with self._lock:
+            if self._pid != os.getpid() or self.thread is None or not self.thread.is_alive():
+                self._pid = os.getpid()
+                self._queue = queue.Queue(self.size)
+                self.thread = threading.Thread(
+                    target=self._run, args=(self._queue,), name="idempotency-outbox", daemon=True
+                )
+                self.thread.start()
+                if not self._exiting:
+                    self._exiting = True
+                    atexit.register(self.settle, EXIT_WAIT)
+            try:
+                self._queue.put_nowait((alias, messages, due))
+            except queue.Full:
+                logger.warning(
+                    "Outbox fast path busy: %d message(s) left to the relay.", len(messages)
+                )
+
+    def _run(self, jobs: queue.Queue[tuple[str, Sequence[Message], float]]) -> None:
+        while True:
+            alias, messages, due = jobs.get()
+            try:
+                if time.monotonic() < due:
+                    deliver(alias, messages)
+            except Exception:  # the thread must live on; the relay delivers these
+                logger.exception("Outbox fast path failed; the relay sends its messages.")
+            finally:
+                if jobs.unfinished_tasks == 1:  # idle now: its connection goes back
+                    _close(alias)
+                jobs.task_done()
+
+    def settle(self, timeout: float = 10.0) -> bool:
+        """Wait until the thread has handled what it was handed (tests): ``False`` if it has
+        not within ``timeout`` seconds."""
+        jobs = self._queue
+        deadline = time.monotonic() + timeout
+        with jobs.all_tasks_done:
+            while jobs.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                jobs.all_tasks_done.wait(left)
+        return True
+
+
+def _close(alias: str) -> None:
+    with contextlib.suppress(DatabaseError):
+        connections[alias].close_if_unusable_or_obsolete()
+
+
+#: How long an exiting process waits for its sender thread (seconds): a script's messages go
+#: at once, and a dead broker delays a worker's exit this much at most.
+EXIT_WAIT = 5.0
+
+#: The process's fast-path sender.
+sender = Sender()
 
 
 def deliver(alias: str, messages: Sequence[Message]) -> None:

@@ -12,7 +12,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base import signals
@@ -276,15 +276,18 @@ def _reconnect(previous: BaseDatabaseWrapper | None, store: Store) -> BaseDataba
     return connection
 
 
-def release(attempt: Attempt, *, reason: str, raised: bool) -> None:
+def release(attempt: Attempt, *, reason: str, raised: bool, undo: bool = False) -> None:
     """Release the claim so a retry runs again.
 
     A record that may hold a recovery point (:attr:`.Claim.progressed`) is kept, unlocked, so
     that the retry takes it over and resumes from the point instead of repeating every effect
     before it (issue 39; docs/recovery.rst says why); any other is deleted. In atomic mode an
     exception (``raised``) rolls the claim back with the transaction, recovery points
-    included; only a retryable status needs the row written, and that commits with the view's
-    work.
+    included, and so does a retryable status (``undo``: a ``5xx``, ``429``, ``408``), the
+    view's own writes with it: committed, they would keep a charge whose retry runs the view
+    again (a second charge) and whose staged messages (its receipt) are never released. Only
+    ``no_store()`` (a response the client may use, not kept) writes the release, which
+    commits with the view's work.
     """
     claim, identity, policy = attempt.claim, attempt.identity, attempt.policy
     assert claim is not None, "a write of an attempt whose claim was not made"
@@ -293,7 +296,10 @@ def release(attempt: Attempt, *, reason: str, raised: bool) -> None:
         "idempotency.release", identity.method, identity.operation, policy.atomic
     ) as span:
         try:
-            if not (policy.atomic and raised):
+            if policy.atomic and (raised or undo):
+                if not raised:
+                    transaction.set_rollback(True, using=policy.alias)
+            else:
                 store = using(policy.alias)
                 free = store.unlock if keep else store.release
                 _fenced_write(
@@ -323,7 +329,7 @@ def release(attempt: Attempt, *, reason: str, raised: bool) -> None:
             attempt,
             logging.INFO,
             "Released idempotency record %s (%s); kept at its recovery point for the retry."
-            if keep and not (policy.atomic and raised)
+            if keep and not (policy.atomic and (raised or undo))
             else "Released idempotency record %s (%s).",
             claim.pk,
             reason,

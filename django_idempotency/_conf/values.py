@@ -485,6 +485,12 @@ def display_name(store: str) -> str:
     return f"{scheme}://{place}{path}{question}{shown if question else ''}"
 
 
+def shown_store(value: str) -> str:
+    """A store as the user wrote it (``STORE``, a view's ``store``), for a message: a cache
+    alias without the store layer's ``cache:`` prefix, a URL as :func:`display_name` shows it."""
+    return display_name(value.removeprefix(CACHE_PREFIX))
+
+
 def store_alias(value: str, database_alias: str) -> str:
     """The name the store layer knows a store by: the database alias, ``cache:<alias>`` or
     the URL (a name with a colon is a Redis store's)."""

@@ -18,6 +18,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
+from django_idempotency._base import code
 from django_idempotency._base.errors import (
     InvalidKey,
     LockWaitTimeout,
@@ -33,6 +34,7 @@ from django_idempotency._call.identity import Identity
 from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
+from django_idempotency._conf.values import DATABASE, shown_store
 from django_idempotency._http import bodies, operations, problems, responses
 from django_idempotency._http.fingerprints import full_path
 from django_idempotency._store import StoredResponse, sealing, using
@@ -63,19 +65,26 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     #: The request, which signal receivers get too (:attr:`.Attempt.request`).
     request: HttpRequest
 
-    def __init__(self, request: HttpRequest, options: Options, view_request: Any = None) -> None:
+    def __init__(
+        self, request: HttpRequest, options: Options, view_request: Any = None, view: Any = None
+    ) -> None:
         super().__init__()
         self.request = request
         self.options = options
         #: The view's first argument as given: DRF's ``Request`` under ``@api_view``.
         self.view_request = request if view_request is None else view_request
+        #: The view's function or class, whose code says whether it stages outbox messages.
+        self.view = view
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The view's policy for this request; ``None`` (and no claim on the request) when the
-        app is off or the method is not protected."""
+        app is off or the method is not protected. A view on a Redis store whose code calls
+        ``enqueue`` is refused here, before the claim: it would run, write, and then fail at
+        ``enqueue`` (a ``500`` after its charge)."""
         if conf.ENABLED:
             policy = self.options.resolve()
             if policy.protects(self.request.method):
+                refuse_enqueue(policy, self.options, self.view)
                 return answerable(policy)
         attach(self.request, None)
         return None
@@ -221,14 +230,36 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         return result
 
 
+def refuse_enqueue(policy: Policy, options: Options, view: Any) -> None:
+    """``ImproperlyConfigured`` when ``view`` (its function or class; ``None``: unknown) is
+    on a Redis store and its code calls ``enqueue``: refused before its claim."""
+    error = enqueue_error(policy, options)
+    if error and view is not None and code.mentions(view, "enqueue"):
+        raise ImproperlyConfigured(error)
+
+
+def enqueue_error(policy: Policy, options: Options) -> str | None:
+    """Why a view on ``policy``'s store cannot stage outbox messages (``None``: it can), the
+    store named as the user wrote it: the view's ``store`` option, or ``STORE``."""
+    if policy.store == DATABASE:
+        return None
+    given = options.get("store")
+    where = f"store={shown_store(given)!r}" if given else f"STORE {shown_store(policy.store)!r}"
+    return (
+        f"The view calls enqueue() and keeps its records in the Redis store ({where}): the "
+        "outbox needs the database store, whose transaction releases the messages with the "
+        'result, and Redis shares none with it. Give the view store="database".'
+    )
+
+
 def view_adapter(
-    options: Options,
+    options: Options, view: Any = None
 ) -> Callable[[tuple[Any, ...], dict[str, Any]], HttpAdapter]:
     """What :func:`._lifecycle.wrap` makes for each call of a decorated view."""
 
     def adapter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpAdapter:
         request = args[0] if args else kwargs.get("request")
-        return HttpAdapter(http_request(request), options, request)
+        return HttpAdapter(http_request(request), options, request, view)
 
     return adapter
 
@@ -364,7 +395,7 @@ def _conclude(attempt: Attempt, response: HttpResponseBase, rolled_back: bool = 
         return
     if response.status_code in conf.RETRYABLE_STATUSES:
         reason = f"status {response.status_code}"
-        writing.release(attempt, reason=reason, raised=False)
+        writing.release(attempt, reason=reason, raised=False, undo=True)
         return
     writing.conclude(
         attempt, storing.storage(response), lambda ttl: _capture(attempt, response, ttl)

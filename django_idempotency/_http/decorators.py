@@ -47,7 +47,7 @@ def idempotent(
         refuse_misplaced(view)
         wrapper = lifecycle.wrap(
             view,
-            protocol.view_adapter(built),
+            protocol.view_adapter(built, view),
             label=view.__qualname__,
             kind="view",
             atomic=built.atomic,

@@ -185,6 +185,46 @@ def backlog(alias: str) -> dict[str, Any]:
     }
 
 
+def failed(alias: str) -> list[Any]:
+    """The messages failed for good, oldest release first (``idempotency_relay --failed``)."""
+    from django_idempotency.models import OutboxMessage
+
+    rows = OutboxMessage.objects.using(alias).filter(state=store.FAILED)
+    return list(rows.order_by("released_at", "id"))
+
+
+def retry_failed(alias: str, messages: list[Any]) -> int:
+    """Make ``messages`` pending and due now, as the admin's re-send does (``--retry-failed``):
+    those still failed; the count."""
+    from django_idempotency.models import OutboxMessage
+
+    rows = OutboxMessage.objects.using(alias).filter(
+        pk__in=[message.pk for message in messages], state=store.FAILED
+    )
+    return store.resend(connections[alias], list(rows.values_list("pk", flat=True)))
+
+
+def line(message: Any) -> str:
+    """One failed message as ``--failed`` lists it: id, task, sends, release, last error."""
+    error = (message.last_error or "").strip().splitlines()
+    return (
+        f"{message.message_id}  {message.task}  attempts {message.attempts}  released "
+        f"{message.released_at.isoformat(timespec='seconds')}  {error[-1] if error else '-'}"
+    )
+
+
+def warnings(figures: dict[str, Any]) -> list[str]:
+    """``idempotency_stats``' warnings of the outbox: messages failed for good."""
+    failed = figures["outbox_failed"]
+    if not failed:
+        return []
+    return [
+        f"{failed:,} outbox message(s) failed (OUTBOX_MAX_ATTEMPTS sends refused): list them "
+        "with idempotency_relay --failed, send them again with idempotency_relay "
+        "--retry-failed once the cause is fixed."
+    ]
+
+
 def describe(figures: dict[str, Any]) -> str:
     """The outbox's line of ``idempotency_stats``."""
     age = figures["outbox_oldest_undelivered_age_seconds"]

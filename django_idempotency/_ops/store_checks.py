@@ -66,10 +66,13 @@ def e061_atomic_on_redis() -> list[CheckMessage]:
             continue
         seen.add(name)
         if error := atomic_error(options.atomic, store, options.get("in_progress")):
+            instead = (
+                "Drop atomic=True" if options.atomic else 'Use in_progress="conflict" or "wait"'
+            )
             errors.append(
                 Error(
                     f"{name}: {error}",
-                    hint="Drop atomic=True, or give the view store='database' "
+                    hint=f"{instead}, or give the view store='database' "
                     "(docs: 'Choosing the store').",
                     id=check_name(61),
                 )

@@ -150,6 +150,11 @@ class BoundStore:
         except Exception:  # a pool closed meanwhile: nothing left to drain
             logger.debug("Draining the pool of %r failed.", self.alias, exc_info=True)
 
+    def expected_fault(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (a refusal, with its cause) is an outage the store knows, logged on
+        one line without a traceback: the database's faults keep theirs."""
+        return False
+
     def refusal(self, exc: DatabaseError) -> LockWaitTimeout | StoreUnavailable:
         """What :meth:`guard` raises for ``exc`` (for a hot path that cannot afford a
         generator's context manager: ``raise store.refusal(exc) from exc``)."""

@@ -66,3 +66,13 @@ class DrfOrder(IdempotencyMixin, APIView):
     def post(self, request: Request) -> Response:
         message = request.idempotency.enqueue(receipt, 7, kind="drf")  # type: ignore[attr-defined]
         return Response({"message": message}, status=201)
+
+
+@idempotent
+def notify_order(request: HttpRequest) -> HttpResponse:
+    """Stages a message for a real Celery task (:mod:`tests.testapp.broker_tasks`)."""
+    from tests.testapp.broker_tasks import notify
+
+    order = Execution.objects.create(label="order", payload="notify")
+    message = request.idempotency.enqueue(notify, order.pk)  # type: ignore[attr-defined]
+    return JsonResponse({"message": message}, status=201)

@@ -346,6 +346,24 @@ class RedisStore:
         """How messages and logs name the store: without the URL's password."""
         return display_name(self.alias)
 
+    def expected_fault(self, exc: BaseException) -> bool:
+        """A refusal caused by the connection or the server (refused, cut, timed out, loading,
+        read-only): an outage, one log line per refused call. A 3 s outage logged 790 chained
+        tracebacks at ``ERROR``; what redis-py does not name as its own keeps its traceback."""
+        import redis
+
+        seen: BaseException | None = exc
+        known = False
+        while seen is not None:
+            if getattr(seen, _UNEXPECTED, False):
+                return False
+            if isinstance(seen, (redis.ConnectionError, redis.TimeoutError)) or (
+                isinstance(seen, redis.ResponseError) and _passing(seen)
+            ):
+                known = True
+            seen = seen.__cause__
+        return known
+
     @contextmanager
     def guard(self) -> Iterator[None]:
         try:
@@ -397,7 +415,9 @@ class RedisStore:
                     raise RedisFault(f"Redis refused {name}: {exc}") from exc
                 if tries == 0 or time.monotonic() + delay >= deadline:
                     raise RedisFault(f"Redis store {self.display_name!r}: {exc}") from exc
-                logger.warning(
+                logger.log(
+                    # A claim's second try: its refusal, if any, is the call's one line.
+                    logging.WARNING if tries is None else logging.DEBUG,
                     "Idempotency store %r failed (%s); trying again in %.2gs.",
                     self.display_name,
                     exc,
@@ -433,7 +453,9 @@ class RedisStore:
             self._pid = os.getpid()
         try:
             connection = idle.pop()
-        except IndexError:
+        except IndexError:  # none idle (another thread may have taken the last)
+            connection = None
+        if connection is None:  # outside the handler: a fault is not chained to the IndexError
             try:
                 connection = pool.get_connection()
             except redis.RedisError:
@@ -875,8 +897,15 @@ def _connection_fault(name: str, what: Any) -> Exception:
     import redis
 
     if isinstance(what, Exception):
-        return redis.ConnectionError(f"{name}: the connection failed: {what!r}")
-    return redis.ConnectionError(f"{name}: a reply that is not the script's: {what!r:.80}")
+        fault = redis.ConnectionError(f"{name}: the connection failed: {what!r}")
+    else:
+        fault = redis.ConnectionError(f"{name}: a reply that is not the script's: {what!r:.80}")
+    setattr(fault, _UNEXPECTED, True)  # logged with its traceback
+    return fault
+
+
+#: Marks a fault of :func:`_connection_fault`: not redis-py's own, so not an expected outage.
+_UNEXPECTED = "_idempotency_unexpected"
 
 
 def _passing(exc: Exception) -> bool:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from argparse import ArgumentParser
 from typing import Any
 
+from django.core.management import CommandError
+
 from django_idempotency._conf.settings import usable
+from django_idempotency._ops import relay
 from django_idempotency._ops.relay import Relay
 from django_idempotency.management import _arguments, database_alias
 
@@ -14,7 +17,8 @@ class Command(_arguments.Command):
     help = (
         "Deliver the outbox's released messages at least once: to Celery (apply_async, the "
         "message id as task_id) or a django.tasks backend. Runs until SIGTERM or SIGINT, woken "
-        "by PostgreSQL's NOTIFY or polling; --once for one pass from cron."
+        "by PostgreSQL's NOTIFY or polling; --once for one pass from cron. --failed lists the "
+        "messages failed for good, --retry-failed sends them again."
     )
     numeric = ("--batch-size", "--interval")
 
@@ -32,6 +36,23 @@ class Command(_arguments.Command):
         parser.add_argument(
             "--database", help="Database alias (default: the IDEMPOTENCY DATABASE_ALIAS)."
         )
+        parser.add_argument(
+            "--failed",
+            action="store_true",
+            help="List the messages failed for good (OUTBOX_MAX_ATTEMPTS sends refused), with "
+            "their last error, and exit.",
+        )
+        parser.add_argument(
+            "--retry-failed",
+            action="store_true",
+            help="Make every failed message pending and due now (the admin's re-send), then "
+            "relay as usual (with --once: one pass).",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="With --retry-failed: list what would be sent again, change and send nothing.",
+        )
 
     def handle(
         self,
@@ -41,6 +62,9 @@ class Command(_arguments.Command):
         interval: float | None,
         database: str | None,
         verbosity: int,
+        failed: bool = False,
+        retry_failed: bool = False,
+        dry_run: bool = False,
         **options: Any,
     ) -> None:
         # The web server's validator: what stops gunicorn stops the relay, in the same words,
@@ -50,12 +74,30 @@ class Command(_arguments.Command):
             _arguments.count("--batch-size", batch_size)
         if interval is not None:
             _arguments.seconds("--interval", interval, zero=False, most=_arguments.MAX_SLEEP)
-        relay = Relay(
-            database_alias(database),
+        if failed and retry_failed:
+            raise CommandError("Give --failed (list) or --retry-failed (send again), not both.")
+        if dry_run and not retry_failed:
+            raise CommandError("--dry-run goes with --retry-failed.")
+        alias = database_alias(database)
+        if failed or retry_failed:
+            messages = relay.failed(alias)
+            if verbosity >= 1 and (failed or dry_run):
+                for message in messages:
+                    self.stdout.write(relay.line(message))
+            if failed or dry_run:
+                if verbosity >= 1:
+                    verb = "would be sent again" if dry_run else "failed"
+                    self.stdout.write(f"{len(messages):,} message(s) {verb}.")
+                return
+            count = relay.retry_failed(alias, messages)
+            if verbosity >= 1:
+                self.stdout.write(f"{count:,} failed message(s) made pending again.")
+        sender = Relay(
+            alias,
             batch_size=batch_size,
             interval=interval,
             report=self.stdout.write if verbosity >= 2 else None,
         )
-        done = relay.run(once=once)
+        done = sender.run(once=once)
         if verbosity >= 1:
             self.stdout.write(f"Sent {done.sent:,} message(s); {done.failed:,} failed.")

@@ -6,7 +6,8 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from django_idempotency._ops import maintenance, relay, store_checks
 from django_idempotency.management import database_alias
@@ -31,14 +32,27 @@ class Command(BaseCommand):
         self, *args: Any, as_json: bool, database: str | None, verbosity: int, **options: Any
     ) -> None:
         alias = database_alias(database)
-        stats = maintenance.stats(alias)
-        outbox = relay.backlog(alias)
+        try:
+            stats = maintenance.stats(alias)
+            outbox = relay.backlog(alias)
+        except DatabaseError as exc:
+            raise CommandError(f"The database {alias!r} did not answer: {exc}".strip()) from exc
+        census = store_checks.redis_census()
+        unreachable = [
+            f"Redis store {name!r} did not answer: {figures['error']}"
+            for name, figures in census.items()
+            if figures["error"] is not None
+        ]
+        warnings = [*stats.warnings, *relay.warnings(outbox), *unreachable]
         if as_json:
-            redis = {"redis_stores": store_checks.redis_census()}
-            self.stdout.write(json.dumps({**as_dict(stats), **outbox, **redis}, indent=2))
-            return
-        if verbosity < 1:
-            return
+            figures = {**as_dict(stats), **outbox, "redis_stores": census, "warnings": warnings}
+            self.stdout.write(json.dumps(figures, indent=2))
+        elif verbosity >= 1:
+            self._text(stats, outbox, warnings)
+        if unreachable:  # monitoring must see the failure, not only read it
+            raise CommandError("; ".join(unreachable))
+
+    def _text(self, stats: maintenance.Stats, outbox: dict[str, Any], warnings: list[str]) -> None:
         stale = f"{stats.stale:,}" + (f" ({stats.stale_ages})" if stats.stale_ages else "")
         statuses = ", ".join(f"{status} {count:,}" for status, count in stats.by_status.items())
         for label, value in (
@@ -49,7 +63,7 @@ class Command(BaseCommand):
             ("Outbox undelivered", relay.describe(outbox)),
         ):
             self.stdout.write(f"{label + ':':<22}{value}")
-        for warning in stats.warnings:
+        for warning in warnings:
             self.stdout.write(self.style.WARNING(f"Warning: {warning}"))
         for note in store_checks.redis_notes("idempotency_cleanup has nothing to delete there"):
             self.stdout.write(note)
