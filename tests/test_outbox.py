@@ -690,7 +690,7 @@ def test_a_view_that_enqueues_on_a_redis_store_is_refused_before_it_runs(
     assert response.status_code == 500
     assert response["Content-Type"] == "application/problem+json"
     assert Execution.objects.count() == 0 and OutboxMessage.objects.count() == 0
-    assert "STORE 'redis://:***@127.0.0.1:1/0'" in caplog.text
+    assert "STORE 'redis://127.0.0.1:1/0'" in caplog.text
     assert "secret" not in caplog.text
     with override_settings(IDEMPOTENCY={"STORE": "redis"}):  # a cache alias
         post(path, {"order": "1"}, key=key)
