@@ -471,7 +471,7 @@ def body_for_display(record: IdempotencyKey, limit: int) -> tuple[str, str]:
     try:
         text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
         kind = "json"
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: shown as text
         pass
     if len(text) > limit:
         text = text[:limit] + f"\n… truncated ({len(data):,} bytes in all)"

@@ -118,6 +118,19 @@ def test_a_text_body_is_shown_as_a_string(post: Post, client: Client, key: str) 
     assert shown["response"]["content_type"] == "text/plain"
 
 
+def test_a_json_body_nested_past_the_parsers_depth_is_shown_as_a_string(
+    post: Post, client: Client, key: str
+) -> None:
+    """``json.loads`` raises ``RecursionError``, not ``ValueError``, on a 5,000-deep body: it
+    was a ``500`` (issue 48)."""
+    first = start(post, key)
+    deep = "[" * 5000 + "]" * 5000
+    complete_operation(operation_of(first), HttpResponse(deep, content_type="application/json"))
+    shown = status(client, first["Location"])
+    assert shown.status_code == 200
+    assert json.loads(shown.content)["response"]["body"] == deep
+
+
 @override_settings(IDEMPOTENCY={"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]})
 def test_a_sealed_final_response_replays_byte_for_byte(
     post: Post, client: Client, key: str

@@ -212,7 +212,7 @@ def _response(status: int, headers: list[list[str]], body: bytes) -> dict[str, A
         try:
             shown["body"] = json.loads(text)
             return shown
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth: a string
             pass
     shown["body"] = text
     return shown
