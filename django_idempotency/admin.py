@@ -204,8 +204,8 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     readonly_fields = (
         *("scope", "key_hash", "method", "path", "request_hash", "status"),
         *("response_status", "stored_headers", "stored_body", "response_hidden"),
-        *("attempt", "lock_token", "recovery_point", "recovery_data", "stale", "expired"),
-        *("created", "updated", "unlock", "expires"),
+        *("attempt", "lock_token", "recovery_point", "recovery_data", "recovery_data_hidden"),
+        *("stale", "expired", "created", "updated", "unlock", "expires"),
         *("operation", "operation_state"),
     )
     #: The table's health above the list: one scan of the table per page view (about 0.3 s per
@@ -336,10 +336,11 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         return str(_("succeeded"))
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        """With ``ENCRYPTION_KEYS``, the decrypted response only for staff with the
-        ``view_stored_response`` permission (superusers have it): it may hold cardholder data."""
+        """With ``ENCRYPTION_KEYS``, the decrypted response and the recovery point's data only
+        for staff with the ``view_stored_response`` permission (superusers have it): either
+        may hold cardholder data."""
         fieldsets = super().get_fieldsets(request, obj)
-        if conf.ENCRYPTION_KEYS is None or request.user.has_perm(VIEW_STORED_RESPONSE):
+        if sees_stored_data(request):
             return fieldsets
         return [
             (name, {**options, "fields": _hidden(options["fields"])}) for name, options in fieldsets
@@ -361,6 +362,10 @@ class IdempotencyKeyAdmin(_ModelAdmin):
                 "staff with the “Can view stored responses” permission."
             )
         )
+
+    @admin.display(description=_("recovery data"))
+    def recovery_data_hidden(self, record: IdempotencyKey) -> str:
+        return "-" if record.recovery_data is None else str(HIDDEN)
 
     @admin.display(description=_("response headers"))
     def stored_headers(self, record: IdempotencyKey) -> str:
@@ -430,11 +435,21 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         )
 
 
+def sees_stored_data(request: HttpRequest) -> bool:
+    """Whether the page may show what a view stored (its response, its recovery point's data,
+    its outbox messages' arguments): always without ``ENCRYPTION_KEYS``; with them, to staff
+    with the ``view_stored_response`` permission."""
+    return conf.ENCRYPTION_KEYS is None or request.user.has_perm(VIEW_STORED_RESPONSE)
+
+
+#: What staff without the permission read in place of a view's stored data.
+HIDDEN = _("Hidden; shown to staff with the “Can view stored responses” permission.")
+
+
 def _hidden(fields: Any) -> list[Any]:
     shown = ("stored_headers", "stored_body")
-    return [
-        "response_hidden" if field == shown[0] else field for field in fields if field != shown[1]
-    ]
+    hidden = {shown[0]: "response_hidden", "recovery_data": "recovery_data_hidden"}
+    return [hidden.get(field, field) for field in fields if field != shown[1]]
 
 
 def _unsealed(record: IdempotencyKey) -> tuple[list[list[str]], bytes | None]:
@@ -496,7 +511,8 @@ class OutboxMessageAdmin(_MessageAdmin):
     ordering = ("-released_at",)
     actions = ("resend",)
     readonly_fields = (
-        *("record", "message_id", "engine", "task", "arguments", "state", "attempts"),
+        *("record", "message_id", "engine", "task", "arguments", "arguments_hidden"),
+        *("state", "attempts"),
         *("last_error", "released_at", "available_at", "sent_at"),
     )
 
@@ -511,6 +527,18 @@ class OutboxMessageAdmin(_MessageAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxMessage]:
         return super().get_queryset(request).using(conf.DATABASE_ALIAS)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """With ``ENCRYPTION_KEYS``, a message's arguments only for staff with the
+        ``view_stored_response`` permission, as the record's response."""
+        fields = super().get_fields(request, obj)
+        if sees_stored_data(request):
+            return [field for field in fields if field != "arguments_hidden"]
+        return [field for field in fields if field != "arguments"]
+
+    @admin.display(description=_("arguments"))
+    def arguments_hidden(self, message: OutboxMessage) -> str:
+        return str(HIDDEN)
 
     @admin.action(description=_("Re-send the selected messages"), permissions=["change"])
     def resend(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:

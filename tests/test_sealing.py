@@ -258,6 +258,44 @@ def test_the_admin_shows_the_decrypted_response_to_staff_allowed_to_see_it(
 
 
 @pytest.mark.database_store
+def test_the_admin_hides_recovery_data_and_outbox_arguments_as_it_hides_responses(
+    key: str,
+) -> None:
+    """A card number in a recovery point's data and in a message's arguments was shown in the
+    clear to view-only staff while the response was hidden (issue 48)."""
+    from django_idempotency import Claim
+    from django_idempotency.models import OutboxMessage
+    from tests.testapp.outbox_tasks import receipt
+
+    @idempotent_function(key="order_id", name="tests.sealing.charge")
+    def pay(order_id: str, *, idempotency: Claim) -> str:
+        idempotency.set_recovery_point("charged", {"card": CARD})
+        return idempotency.enqueue(receipt, card=CARD)
+
+    def pages(client: Client) -> str:
+        record = only_record()
+        message = OutboxMessage.objects.get()
+        shown = ""
+        for url in (
+            f"/admin/django_idempotency/idempotencykey/{record.pk}/change/",
+            f"/admin/django_idempotency/outboxmessage/{message.pk}/change/",
+        ):
+            response = client.get(url)
+            assert response.status_code == 200
+            shown += response.content.decode()
+        return shown
+
+    with keys(NEW):
+        pay(key)
+        hidden = pages(_staff("view_idempotencykey", "view_outboxmessage"))
+        assert CARD not in hidden
+        assert hidden.count("Can view stored responses") >= 3
+        allowed = _staff("view_idempotencykey", "view_outboxmessage", "view_stored_response")
+        assert pages(allowed).count(CARD) == 2
+    assert pages(_staff("view_idempotencykey", "view_outboxmessage")).count(CARD) == 2
+
+
+@pytest.mark.database_store
 def test_the_admin_says_a_record_stored_before_the_keys_is_in_the_clear(
     post: Post, key: str
 ) -> None:
