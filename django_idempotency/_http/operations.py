@@ -27,6 +27,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._http import problems, responses
 from django_idempotency._store import operations as store
 from django_idempotency._store import sealing
+from django_idempotency._store.limits import bounded_scope
 from django_idempotency._store.writes import COMPLETED
 
 __all__ = ["accepted", "complete_operation", "operation_status"]
@@ -150,7 +151,7 @@ def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
         scope is None
         or operation is None
         or not _verified(operation_id, operation)
-        or scope != operation.scope
+        or bounded_scope(scope) != operation.scope
         or operation.expired(timezone.now())
     ):
         return problems.operation_not_found()
