@@ -248,6 +248,8 @@ def test_another_principal_and_an_unknown_id_are_the_same_404(
     assert {answer.status_code for answer in answers} == {404}
     assert {answer.content for answer in answers} == {answers[0].content}
     assert problem_slug(answers[0]) == "operation-not-found"
+    # A cache between must keep no answer of the endpoint, its 404 either (issue 48).
+    assert {answer["Cache-Control"] for answer in answers} == {"no-store"}
 
 
 def test_only_get_and_head(client: Client, post: Post, key: str) -> None:
