@@ -457,7 +457,9 @@ def _unsealed(record: IdempotencyKey) -> tuple[list[list[str]], bytes | None]:
     read once per record for the page's two fields."""
     cached: tuple[list[list[str]], bytes | None] | None = getattr(record, "_unsealed", None)
     if cached is None:
-        cached = sealing.unseal(record.response_headers, record.response_body)
+        cached = sealing.unseal(
+            record.response_headers, record.response_body, (record.scope, record.key_hash)
+        )
         record._unsealed = cached  # type: ignore[attr-defined]
     return cached
 

@@ -147,6 +147,31 @@ def test_a_sealed_final_response_replays_byte_for_byte(
     assert json.loads(status(client, first["Location"]).content)["response"]["body"] == body
 
 
+@override_settings(IDEMPOTENCY={"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]})
+def test_a_sealed_final_response_copied_into_another_operation_is_not_shown(
+    post: Post, client: Client, key: str
+) -> None:
+    """Someone who can write the table copies one operation's sealed response into their own
+    record: its status endpoint showed it in the clear (issue 48); the token is bound to its
+    record, and opens nowhere else."""
+    victim = start(post, key)
+    complete_operation(operation_of(victim), JsonResponse({"card": "4242424242424242"}))
+    mine = start(post, key + "-mine")
+    sealed = IdempotencyKey.objects.get(key_hash=hash_key(key))
+    IdempotencyKey.objects.filter(key_hash=hash_key(key + "-mine")).update(
+        status=sealed.status,
+        response_status=sealed.response_status,
+        response_headers=sealed.response_headers,
+        response_body=sealed.response_body,
+        unlock_at=None,
+    )
+    shown = status(client, mine["Location"])
+    assert shown.status_code == 200
+    assert b"4242" not in shown.content
+    assert json.loads(shown.content)["response"] is None
+    assert b"4242" in status(client, victim["Location"]).content
+
+
 def test_store_for_sets_the_records_ttl_from_completion(post: Post, key: str) -> None:
     operation_id = operation_of(start(post, key))
     complete_operation(operation_id, store_for(JsonResponse({}), timedelta(days=7)))

@@ -25,7 +25,7 @@ from django_idempotency import IdempotencyError, IdempotencyKey, idempotent_func
 from django_idempotency._base.keys import hash_key
 from django_idempotency._ops import checks
 from django_idempotency._store import sealing
-from tests.conftest import REDIS_STORE, executions, only_record, redis_raw
+from tests.conftest import REDIS_STORE, executions, only_record, redis_client, redis_raw
 from tests.testapp.sealing_views import CARD, LOCATION, NAME
 
 pytestmark = [pytest.mark.urls("tests.sealing_urls"), pytest.mark.django_db]
@@ -57,6 +57,19 @@ def raw(key: str) -> tuple[str, bytes | None]:
 
 def _hash(key: str) -> str:
     return hash_key(key)
+
+
+def forge(key: str, headers: str, body: bytes | None) -> None:
+    """Write the record's headers and body columns as someone with write access to the table
+    (or the Redis database), and no key, would."""
+    if REDIS_STORE:
+        client = redis_client()
+        (name,) = client.scan_iter(match=f"idempotency:r:*{_hash(key)}}}")
+        client.hset(name, mapping={"rh": headers, "rb": body or b""})
+        return
+    IdempotencyKey.objects.filter(key_hash=_hash(key)).update(
+        response_headers=json.loads(headers), response_body=body
+    )
 
 
 def keys(*names: str) -> Any:
@@ -200,6 +213,38 @@ def test_a_record_no_configured_key_reads_answers_response_not_stored_and_never_
     assert "unreadable" in {getattr(line, "idempotency_outcome", "") for line in caplog.records}
     with keys(OLD):  # the key put back: readable again
         assert post("/charge/?count=20", key=key).status_code == 201
+
+
+def test_a_token_copied_into_another_record_does_not_open_there(post: Post, key: str) -> None:
+    """A token is bound to its record's scope and key hash: copied into a record of the
+    attacker's own (write access to the table, no key), its replay was the victim's response
+    in the clear (issue 48). It is now a record no key reads: ``response-not-stored``."""
+    with keys(NEW):
+        victim = post("/charge/?count=3", key=key)
+        post("/charge/?count=1", key=key + "-mine")
+        forge(key + "-mine", *raw(key))
+        stolen = post("/charge/?count=1", key=key + "-mine")
+        assert post("/charge/?count=3", key=key).content == victim.content
+    assert stolen.status_code == 500
+    assert stolen.json()["type"].endswith("#response-not-stored")
+    assert CARD.encode() not in stolen.content and NAME.encode() not in stolen.content
+    assert executions("charge") == 2
+
+
+def test_a_token_sealed_before_tokens_were_bound_still_opens(post: Post, key: str) -> None:
+    """Version 1.1 sealed ``{"codec", "headers"}`` with no binding: such a record replays
+    (docs/storage.rst says what that leaves open, and how dropping its key closes it)."""
+    with keys(NEW):
+        first = post("/charge/?count=3", key=key)
+        headers, body = raw(key)
+        plain = Fernet(NEW).decrypt(base64.urlsafe_b64encode(body or b""))
+        envelope, _, packed = plain.partition(b"\n")
+        unbound = {k: v for k, v in json.loads(envelope).items() if k != "for"}
+        old = Fernet(NEW).encrypt(json.dumps(unbound).encode() + b"\n" + packed)
+        forge(key, headers, base64.urlsafe_b64decode(old))
+        retry = post("/charge/?count=3", key=key)
+    assert retry.status_code == 201 and retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
 
 
 def test_a_function_result_is_encrypted_and_an_unreadable_one_raises(key: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -86,6 +87,8 @@ def complete_operation(
         )
     alias = conf.DATABASE_ALIAS
     operation = _operation(alias, operation_id)
+    if operation is not None:  # sealed for its record
+        stored = replace(stored, owner=(operation.scope, operation.key_hash))
     if operation is not None and store.complete(alias, operation, stored):
         logger.info(
             "Idempotency operation %s completed with status %s.",
@@ -186,7 +189,11 @@ def _state(operation_id: str, operation: store.Operation) -> HttpResponse:
     if operation.response_body is None:  # over MAX_BODY_SIZE: not stored
         return _json({"id": operation_id, "state": FAILED, "response": None}, 200)
     try:
-        headers, body = sealing.unseal(operation.response_headers, operation.response_body)
+        headers, body = sealing.unseal(
+            operation.response_headers,
+            operation.response_body,
+            (operation.scope, operation.key_hash),
+        )
     except sealing.Unreadable:
         return _json({"id": operation_id, "state": FAILED, "response": None}, 200)
     return _json(
