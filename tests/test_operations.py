@@ -277,6 +277,17 @@ def test_another_principal_and_an_unknown_id_are_the_same_404(
     assert {answer["Cache-Control"] for answer in answers} == {"no-store"}
 
 
+def test_a_principal_of_a_long_scope_reads_its_own_operation(
+    post: Post, client: Client, key: str
+) -> None:
+    """A scope longer than the column is stored as its hash: the endpoint compared the asker's
+    scope as it is, and answered its own principal ``404``."""
+    with override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": lambda request: "tenant:" + "x" * 300}):
+        first = start(post, key)
+        assert IdempotencyKey.objects.get().scope.startswith("sha256:")
+        assert status(client, first["Location"]).status_code == 200
+
+
 def test_only_get_and_head(client: Client, post: Post, key: str) -> None:
     url = start(post, key)["Location"]
     assert client.head(url).status_code == 200
