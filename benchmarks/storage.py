@@ -165,7 +165,9 @@ def _example_records() -> list[tuple[str, list[list[str]], bytes]]:
     post(f"/charges/{charge_id}/receipt/", {"email": "ada@example.com"})
     records = []
     for record in IdempotencyKey.objects.order_by("pk"):
-        headers, body = sealing.unseal(record.response_headers, record.response_body)
+        headers, body = sealing.unseal(
+            record.response_headers, record.response_body, (record.scope, record.key_hash)
+        )
         records.append((f"{record.method} {record.path}", headers, body or b""))
     quiet.disable()
     return records
@@ -199,7 +201,7 @@ def sizes() -> None:
             row = []
             for settings in modes.values():
                 with override_settings(IDEMPOTENCY=settings):
-                    row.append(_stored(*sealing.seal(headers, body)))
+                    row.append(_stored(*sealing.seal(headers, body, ("user:1", "0" * 64))))
             cells = " ".join(f"{n:>12,} ({n / row[0]:>5.0%})" for n in row)
             print(f"{name[:40]:40} {len(body):>8,} {cells}")
 

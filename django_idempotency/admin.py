@@ -204,8 +204,8 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     readonly_fields = (
         *("scope", "key_hash", "method", "path", "request_hash", "status"),
         *("response_status", "stored_headers", "stored_body", "response_hidden"),
-        *("attempt", "lock_token", "recovery_point", "recovery_data", "stale", "expired"),
-        *("created", "updated", "unlock", "expires"),
+        *("attempt", "lock_token", "recovery_point", "recovery_data", "recovery_data_hidden"),
+        *("stale", "expired", "created", "updated", "unlock", "expires"),
         *("operation", "operation_state"),
     )
     #: The table's health above the list: one scan of the table per page view (about 0.3 s per
@@ -336,10 +336,11 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         return str(_("succeeded"))
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        """With ``ENCRYPTION_KEYS``, the decrypted response only for staff with the
-        ``view_stored_response`` permission (superusers have it): it may hold cardholder data."""
+        """With ``ENCRYPTION_KEYS``, the decrypted response and the recovery point's data only
+        for staff with the ``view_stored_response`` permission (superusers have it): either
+        may hold cardholder data."""
         fieldsets = super().get_fieldsets(request, obj)
-        if conf.ENCRYPTION_KEYS is None or request.user.has_perm(VIEW_STORED_RESPONSE):
+        if sees_stored_data(request):
             return fieldsets
         return [
             (name, {**options, "fields": _hidden(options["fields"])}) for name, options in fieldsets
@@ -361,6 +362,10 @@ class IdempotencyKeyAdmin(_ModelAdmin):
                 "staff with the “Can view stored responses” permission."
             )
         )
+
+    @admin.display(description=_("recovery data"))
+    def recovery_data_hidden(self, record: IdempotencyKey) -> str:
+        return "-" if record.recovery_data is None else str(HIDDEN)
 
     @admin.display(description=_("response headers"))
     def stored_headers(self, record: IdempotencyKey) -> str:
@@ -430,11 +435,21 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         )
 
 
+def sees_stored_data(request: HttpRequest) -> bool:
+    """Whether the page may show what a view stored (its response, its recovery point's data,
+    its outbox messages' arguments): always without ``ENCRYPTION_KEYS``; with them, to staff
+    with the ``view_stored_response`` permission."""
+    return conf.ENCRYPTION_KEYS is None or request.user.has_perm(VIEW_STORED_RESPONSE)
+
+
+#: What staff without the permission read in place of a view's stored data.
+HIDDEN = _("Hidden; shown to staff with the “Can view stored responses” permission.")
+
+
 def _hidden(fields: Any) -> list[Any]:
     shown = ("stored_headers", "stored_body")
-    return [
-        "response_hidden" if field == shown[0] else field for field in fields if field != shown[1]
-    ]
+    hidden = {shown[0]: "response_hidden", "recovery_data": "recovery_data_hidden"}
+    return [hidden.get(field, field) for field in fields if field != shown[1]]
 
 
 def _unsealed(record: IdempotencyKey) -> tuple[list[list[str]], bytes | None]:
@@ -442,7 +457,9 @@ def _unsealed(record: IdempotencyKey) -> tuple[list[list[str]], bytes | None]:
     read once per record for the page's two fields."""
     cached: tuple[list[list[str]], bytes | None] | None = getattr(record, "_unsealed", None)
     if cached is None:
-        cached = sealing.unseal(record.response_headers, record.response_body)
+        cached = sealing.unseal(
+            record.response_headers, record.response_body, (record.scope, record.key_hash)
+        )
         record._unsealed = cached  # type: ignore[attr-defined]
     return cached
 
@@ -471,7 +488,7 @@ def body_for_display(record: IdempotencyKey, limit: int) -> tuple[str, str]:
     try:
         text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
         kind = "json"
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: shown as text
         pass
     if len(text) > limit:
         text = text[:limit] + f"\n… truncated ({len(data):,} bytes in all)"
@@ -496,7 +513,8 @@ class OutboxMessageAdmin(_MessageAdmin):
     ordering = ("-released_at",)
     actions = ("resend",)
     readonly_fields = (
-        *("record", "message_id", "engine", "task", "arguments", "state", "attempts"),
+        *("record", "message_id", "engine", "task", "arguments", "arguments_hidden"),
+        *("state", "attempts"),
         *("last_error", "released_at", "available_at", "sent_at"),
     )
 
@@ -530,6 +548,18 @@ class OutboxMessageAdmin(_MessageAdmin):
         last = lines[-1]
         shown = last if len(last) <= 80 else last[:79] + "…"
         return format_html('<span title="{}">{}</span>', message.last_error, shown)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """With ``ENCRYPTION_KEYS``, a message's arguments only for staff with the
+        ``view_stored_response`` permission, as the record's response."""
+        fields = super().get_fields(request, obj)
+        if sees_stored_data(request):
+            return [field for field in fields if field != "arguments_hidden"]
+        return [field for field in fields if field != "arguments"]
+
+    @admin.display(description=_("arguments"))
+    def arguments_hidden(self, message: OutboxMessage) -> str:
+        return str(HIDDEN)
 
     @admin.action(description=_("Re-send the selected messages"), permissions=["change"])
     def resend(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:

@@ -223,6 +223,23 @@ def test_change_page_pretty_prints_a_json_body(admin_client: Client) -> None:
     assert 'name="_save"' not in content  # read-only: nothing to save
 
 
+def test_change_page_shows_a_json_body_nested_past_the_parsers_depth_as_text(
+    admin_client: Client,
+) -> None:
+    """``json.loads`` raises ``RecursionError`` on a 5,000-deep body: the page was a ``500``
+    (issue 48)."""
+    record = IdempotencyKeyFactory(
+        completed=True,
+        response_body=b"[" * 5000 + b"]" * 5000,
+        response_headers=[["Content-Type", "application/json"]],
+    )
+
+    response = admin_client.get(change_url(record))
+
+    assert response.status_code == 200
+    assert "<pre>[[[[" in response.content.decode()
+
+
 def test_change_page_describes_a_binary_body(admin_client: Client) -> None:
     record = IdempotencyKeyFactory(
         completed=True,

@@ -223,6 +223,43 @@ def test_a_scope_longer_than_the_column_is_erased_by_its_stored_hash() -> None:
     assert erase_scope(long).deleted == 1
 
 
+def test_a_scope_spelled_as_a_long_scopes_stored_hash_is_a_principal_of_its_own(key: str) -> None:
+    """A long scope is stored as ``sha256:<hex>``; a scope that was literally that text was
+    stored as it is, the same record: each was replayed the other's response, and erasing one
+    erased the other's (issue 48)."""
+    from django.http import HttpRequest
+
+    from django_idempotency import idempotent
+    from tests.testapp.models import Execution
+
+    long = "tenant:" + "x" * 300
+    spelled = bounded_scope(long)
+    assert spelled.startswith("sha256:") and len(spelled) == 71
+
+    @idempotent(
+        scope=lambda request: request.headers["X-Tenant"],
+        fingerprint=lambda request, scope: "the same request",
+    )
+    def create(request: HttpRequest) -> HttpResponse:
+        Execution.objects.create(label="tenant", payload=request.headers["X-Tenant"])
+        return HttpResponse(request.headers["X-Tenant"], status=201)
+
+    def send(scope: str) -> Any:
+        request = RequestFactory().post(
+            "/orders/", headers={"Idempotency-Key": key, "X-Tenant": scope}
+        )
+        return create(request)
+
+    assert send(long).content == long.encode()
+    other = send(spelled)
+    assert other.content == spelled.encode() and "Idempotent-Replayed" not in other
+    assert executions("tenant") == 2
+    assert erase_scope(spelled).deleted == 1
+    again = send(long)
+    assert again.content == long.encode() and again["Idempotent-Replayed"] == "true"
+    assert executions("tenant") == 2
+
+
 def test_erasure_racing_a_principals_requests_never_takes_a_record_from_its_owner(
     people: tuple[Client, Client],
 ) -> None:

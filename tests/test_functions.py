@@ -116,7 +116,9 @@ def test_a_result_stored_as_an_http_200_before_1_0_is_still_returned(
         return {"id": execution.pk}
 
     handle(key)
-    headers, body = sealing.seal([["Content-Type", "application/json"]], b'{"stored": "before"}')
+    headers, body = sealing.seal(
+        [["Content-Type", "application/json"]], b'{"stored": "before"}', None
+    )
     IdempotencyKey.objects.update(response_status=200, response_headers=headers, response_body=body)
 
     assert handle(key) == {"stored": "before"}

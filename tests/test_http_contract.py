@@ -105,6 +105,44 @@ def test_replayed_header_allow_list_is_a_setting(post: Post, key: str) -> None:
     assert "Location" not in retry
 
 
+@pytest.mark.parametrize("replayed", [None, ["Content-Type"]], ids=["default", "Content-Type"])
+def test_a_private_response_stays_private_to_caches_when_replayed(
+    key: str, replayed: list[str] | None
+) -> None:
+    """The view's ``Cache-Control`` and ``Vary`` are replayed, whatever ``REPLAYED_HEADERS``
+    lists: dropped, a shared cache could keep one principal's replayed response and serve it to
+    others (issue 48). The app's own answers say ``no-store``."""
+    from django.http import HttpRequest, JsonResponse
+
+    from django_idempotency import idempotent
+
+    @idempotent(scope=lambda request: request.headers["X-Tenant"])
+    def balance(request: HttpRequest) -> JsonResponse:
+        response = JsonResponse({"balance": 42}, status=201)
+        response["Cache-Control"] = "no-store, private"
+        response["Vary"] = "Authorization, Accept-Language"
+        return response
+
+    def send(body: bytes = b"{}") -> Any:
+        request = RequestFactory().post(
+            "/balance/",
+            body,
+            content_type="application/json",
+            headers={"Idempotency-Key": key, "X-Tenant": "acme"},
+        )
+        return balance(request)
+
+    settings = {} if replayed is None else {"REPLAYED_HEADERS": replayed}
+    with override_settings(IDEMPOTENCY=settings):
+        send()
+        retry = send()
+        mismatch = send(b'{"other": 1}')
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry["Cache-Control"] == "no-store, private"
+    assert retry["Vary"] == "Authorization, Accept-Language"
+    assert mismatch.status_code == 422 and mismatch["Cache-Control"] == "no-store"
+
+
 def test_json_body_canonicalised_for_the_fingerprint(post: Post, key: str) -> None:
     post("/create/", '{"a": 1, "b": 2}', key=key)
     retry = post("/create/", '{ "b":2,"a":1 }', key=key)

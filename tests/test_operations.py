@@ -118,6 +118,19 @@ def test_a_text_body_is_shown_as_a_string(post: Post, client: Client, key: str) 
     assert shown["response"]["content_type"] == "text/plain"
 
 
+def test_a_json_body_nested_past_the_parsers_depth_is_shown_as_a_string(
+    post: Post, client: Client, key: str
+) -> None:
+    """``json.loads`` raises ``RecursionError``, not ``ValueError``, on a 5,000-deep body: it
+    was a ``500`` (issue 48)."""
+    first = start(post, key)
+    deep = "[" * 5000 + "]" * 5000
+    complete_operation(operation_of(first), HttpResponse(deep, content_type="application/json"))
+    shown = status(client, first["Location"])
+    assert shown.status_code == 200
+    assert json.loads(shown.content)["response"]["body"] == deep
+
+
 @override_settings(IDEMPOTENCY={"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]})
 def test_a_sealed_final_response_replays_byte_for_byte(
     post: Post, client: Client, key: str
@@ -132,6 +145,31 @@ def test_a_sealed_final_response_replays_byte_for_byte(
     assert retry.content == final.content
     assert retry["Idempotent-Replayed"] == "true"
     assert json.loads(status(client, first["Location"]).content)["response"]["body"] == body
+
+
+@override_settings(IDEMPOTENCY={"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]})
+def test_a_sealed_final_response_copied_into_another_operation_is_not_shown(
+    post: Post, client: Client, key: str
+) -> None:
+    """Someone who can write the table copies one operation's sealed response into their own
+    record: its status endpoint showed it in the clear (issue 48); the token is bound to its
+    record, and opens nowhere else."""
+    victim = start(post, key)
+    complete_operation(operation_of(victim), JsonResponse({"card": "4242424242424242"}))
+    mine = start(post, key + "-mine")
+    sealed = IdempotencyKey.objects.get(key_hash=hash_key(key))
+    IdempotencyKey.objects.filter(key_hash=hash_key(key + "-mine")).update(
+        status=sealed.status,
+        response_status=sealed.response_status,
+        response_headers=sealed.response_headers,
+        response_body=sealed.response_body,
+        unlock_at=None,
+    )
+    shown = status(client, mine["Location"])
+    assert shown.status_code == 200
+    assert b"4242" not in shown.content
+    assert json.loads(shown.content)["response"] is None
+    assert b"4242" in status(client, victim["Location"]).content
 
 
 def test_store_for_sets_the_records_ttl_from_completion(post: Post, key: str) -> None:
@@ -235,6 +273,19 @@ def test_another_principal_and_an_unknown_id_are_the_same_404(
     assert {answer.status_code for answer in answers} == {404}
     assert {answer.content for answer in answers} == {answers[0].content}
     assert problem_slug(answers[0]) == "operation-not-found"
+    # A cache between must keep no answer of the endpoint, its 404 either (issue 48).
+    assert {answer["Cache-Control"] for answer in answers} == {"no-store"}
+
+
+def test_a_principal_of_a_long_scope_reads_its_own_operation(
+    post: Post, client: Client, key: str
+) -> None:
+    """A scope longer than the column is stored as its hash: the endpoint compared the asker's
+    scope as it is, and answered its own principal ``404``."""
+    with override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": lambda request: "tenant:" + "x" * 300}):
+        first = start(post, key)
+        assert IdempotencyKey.objects.get().scope.startswith("sha256:")
+        assert status(client, first["Location"]).status_code == 200
 
 
 def test_only_get_and_head(client: Client, post: Post, key: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import shutil
 import signal
@@ -537,6 +538,44 @@ def test_a_view_on_redis_by_its_own_option() -> None:
     assert first.status_code == second.status_code == 201
     assert second["Idempotent-Replayed"] == "true"
     assert len(list(client().scan_iter(match="idempotency:r:*"))) == 1
+
+
+def test_two_sites_sharing_one_database_by_their_caches_key_prefix_keep_their_own_records() -> None:
+    """Two sites' cache aliases on one Redis database, told apart by ``KEY_PREFIX`` as Django's
+    caches are: the store used neither prefix, and each site replayed the other's responses
+    (issue 48). ``KEY_PREFIX`` with a pattern's characters is matched as it is by scans."""
+    from django.http import HttpRequest, JsonResponse
+    from django.test import RequestFactory
+
+    from django_idempotency._store import using
+
+    location = settings.CACHES["redis"]["LOCATION"]
+    sites = {"site_a": "a*", "site_b": "b"}
+    caches = {
+        alias: {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": location}
+        for alias in ("redis", *sites)
+    }
+    for alias, prefix in sites.items():
+        caches[alias]["KEY_PREFIX"] = prefix
+    with override_settings(CACHES=caches):
+        views = {}
+        for alias in sites:
+
+            @idempotent(store=alias)
+            def view(request: HttpRequest, site: str = alias) -> Any:
+                return JsonResponse({"site": site}, status=201)
+
+            views[alias] = view
+        factory = RequestFactory()
+        for alias in sites:
+            for _ in range(2):
+                answer = views[alias](factory.post("/x/", headers={"Idempotency-Key": "shared"}))
+                assert json.loads(answer.content) == {"site": alias}
+            assert answer["Idempotent-Replayed"] == "true"
+        names = sorted(name.decode() for name in client().scan_iter(match="*idempotency:r:*"))
+        assert [name.partition(":")[0] for name in names] == ["a*", "b"]
+        assert using("cache:site_a").count() == using("cache:site_b").count() == 1
+        assert using(ALIAS).count() == 0
 
 
 # --- a private server ---------------------------------------------------------------------

@@ -25,7 +25,7 @@ from django_idempotency import IdempotencyError, IdempotencyKey, idempotent_func
 from django_idempotency._base.keys import hash_key
 from django_idempotency._ops import checks
 from django_idempotency._store import sealing
-from tests.conftest import REDIS_STORE, executions, only_record, redis_raw
+from tests.conftest import REDIS_STORE, executions, only_record, redis_client, redis_raw
 from tests.testapp.sealing_views import CARD, LOCATION, NAME
 
 pytestmark = [pytest.mark.urls("tests.sealing_urls"), pytest.mark.django_db]
@@ -57,6 +57,19 @@ def raw(key: str) -> tuple[str, bytes | None]:
 
 def _hash(key: str) -> str:
     return hash_key(key)
+
+
+def forge(key: str, headers: str, body: bytes | None) -> None:
+    """Write the record's headers and body columns as someone with write access to the table
+    (or the Redis database), and no key, would."""
+    if REDIS_STORE:
+        client = redis_client()
+        (name,) = client.scan_iter(match=f"idempotency:r:*{_hash(key)}}}")
+        client.hset(name, mapping={"rh": headers, "rb": body or b""})
+        return
+    IdempotencyKey.objects.filter(key_hash=_hash(key)).update(
+        response_headers=json.loads(headers), response_body=body
+    )
 
 
 def keys(*names: str) -> Any:
@@ -202,6 +215,38 @@ def test_a_record_no_configured_key_reads_answers_response_not_stored_and_never_
         assert post("/charge/?count=20", key=key).status_code == 201
 
 
+def test_a_token_copied_into_another_record_does_not_open_there(post: Post, key: str) -> None:
+    """A token is bound to its record's scope and key hash: copied into a record of the
+    attacker's own (write access to the table, no key), its replay was the victim's response
+    in the clear (issue 48). It is now a record no key reads: ``response-not-stored``."""
+    with keys(NEW):
+        victim = post("/charge/?count=3", key=key)
+        post("/charge/?count=1", key=key + "-mine")
+        forge(key + "-mine", *raw(key))
+        stolen = post("/charge/?count=1", key=key + "-mine")
+        assert post("/charge/?count=3", key=key).content == victim.content
+    assert stolen.status_code == 500
+    assert stolen.json()["type"].endswith("#response-not-stored")
+    assert CARD.encode() not in stolen.content and NAME.encode() not in stolen.content
+    assert executions("charge") == 2
+
+
+def test_a_token_sealed_before_tokens_were_bound_still_opens(post: Post, key: str) -> None:
+    """Version 1.1 sealed ``{"codec", "headers"}`` with no binding: such a record replays
+    (docs/storage.rst says what that leaves open, and how dropping its key closes it)."""
+    with keys(NEW):
+        first = post("/charge/?count=3", key=key)
+        headers, body = raw(key)
+        plain = Fernet(NEW).decrypt(base64.urlsafe_b64encode(body or b""))
+        envelope, _, packed = plain.partition(b"\n")
+        unbound = {k: v for k, v in json.loads(envelope).items() if k != "for"}
+        old = Fernet(NEW).encrypt(json.dumps(unbound).encode() + b"\n" + packed)
+        forge(key, headers, base64.urlsafe_b64decode(old))
+        retry = post("/charge/?count=3", key=key)
+    assert retry.status_code == 201 and retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+
+
 def test_a_function_result_is_encrypted_and_an_unreadable_one_raises(key: str) -> None:
     calls: list[str] = []
 
@@ -255,6 +300,44 @@ def test_the_admin_shows_the_decrypted_response_to_staff_allowed_to_see_it(
     with keys(OTHER):
         page = _page(allowed)
     assert "Cannot decrypt" in page and NAME not in page
+
+
+@pytest.mark.database_store
+def test_the_admin_hides_recovery_data_and_outbox_arguments_as_it_hides_responses(
+    key: str,
+) -> None:
+    """A card number in a recovery point's data and in a message's arguments was shown in the
+    clear to view-only staff while the response was hidden (issue 48)."""
+    from django_idempotency import Claim
+    from django_idempotency.models import OutboxMessage
+    from tests.testapp.outbox_tasks import receipt
+
+    @idempotent_function(key="order_id", name="tests.sealing.charge")
+    def pay(order_id: str, *, idempotency: Claim) -> str:
+        idempotency.set_recovery_point("charged", {"card": CARD})
+        return idempotency.enqueue(receipt, card=CARD)
+
+    def pages(client: Client) -> str:
+        record = only_record()
+        message = OutboxMessage.objects.get()
+        shown = ""
+        for url in (
+            f"/admin/django_idempotency/idempotencykey/{record.pk}/change/",
+            f"/admin/django_idempotency/outboxmessage/{message.pk}/change/",
+        ):
+            response = client.get(url)
+            assert response.status_code == 200
+            shown += response.content.decode()
+        return shown
+
+    with keys(NEW):
+        pay(key)
+        hidden = pages(_staff("view_idempotencykey", "view_outboxmessage"))
+        assert CARD not in hidden
+        assert hidden.count("Can view stored responses") >= 3
+        allowed = _staff("view_idempotencykey", "view_outboxmessage", "view_stored_response")
+        assert pages(allowed).count(CARD) == 2
+    assert pages(_staff("view_idempotencykey", "view_outboxmessage")).count(CARD) == 2
 
 
 @pytest.mark.database_store

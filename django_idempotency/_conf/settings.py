@@ -217,6 +217,10 @@ def _lower(value: Any, name: str) -> frozenset[str]:
     return frozenset(str(item).lower() for item in value)
 
 
+def _replayed(value: Any, name: str) -> frozenset[str]:
+    return _lower(value, name) | values.ALWAYS_STORED
+
+
 def _import(value: Any, name: str) -> Callable[..., Any]:
     try:
         return values.import_callable(value)
@@ -293,7 +297,7 @@ class Settings:
     )
     MISMATCH_STATUS = Setting(422, _int, {12: mismatch_status})
     MIN_KEY_LENGTH = Setting(1, _int, {13: key_length})
-    REPLAYED_HEADERS = Setting(_HEADERS, _lower, {14: header_names, 21: stored_headers})
+    REPLAYED_HEADERS = Setting(_HEADERS, _replayed, {14: header_names, 21: stored_headers})
     SCOPE_FUNCTION: Setting[ScopeFunction] = _function(
         "django_idempotency.user_scope", (15, 24), SCOPE_ARGUMENTS
     )

@@ -64,6 +64,10 @@ NEVER_STORED = frozenset(
         "content-length",
     }
 )
+#: Stored and replayed, whatever ``REPLAYED_HEADERS`` says: a private response replayed must
+#: stay private to caches (``Cache-Control: no-store, private``), and a response chosen by a
+#: request header must say so to them (``Vary``).
+ALWAYS_STORED = frozenset({"cache-control", "vary"})
 #: The arguments each function of the request is called with.
 SCOPE_ARGUMENTS = ("request",)
 FINGERPRINT_ARGUMENTS = ("request", "scope")

@@ -373,7 +373,9 @@ class CallAdapter(lifecycle.Adapter[Any]):
             # deployment's retry runs it (atomic mode rolls the effects back with the claim).
             writing.release(attempt, reason="unserialisable result", raised=True)
             raise
-        return StoredResponse(None, [], body, ttl)  # a result, not a response (issue 40)
+        identity = attempt.identity
+        # A result, not a response (issue 40).
+        return StoredResponse(None, [], body, ttl, (identity.scope, identity.key_hash))
 
 
 def _in_progress_message(spec: Spec, identity: Identity) -> str:
@@ -393,7 +395,9 @@ def _stored_result(spec: Spec, record: IdempotencyKey | Record) -> Any:
             f"(status {record.response_status}); the function will not run for this key."
         )
     try:
-        _, body = sealing.unseal(record.response_headers, record.response_body)
+        _, body = sealing.unseal(
+            record.response_headers, record.response_body, (record.scope, record.key_hash)
+        )
     except sealing.Unreadable as exc:
         raise IdempotencyError(
             f"{spec.name}: the stored result of record {record.pk} cannot be read ({exc}); "

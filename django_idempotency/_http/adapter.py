@@ -368,7 +368,9 @@ def _replay(record: IdempotencyKey | Record) -> HttpResponseBase:
     if record.response_status is None:
         return problems.response_not_stored()
     try:
-        headers, body = sealing.unseal(record.response_headers, record.response_body)
+        headers, body = sealing.unseal(
+            record.response_headers, record.response_body, (record.scope, record.key_hash)
+        )
     except sealing.Unreadable as exc:
         logger.error(
             "Idempotency record %s: %s It is answered 500 response-not-stored, and never run "
@@ -403,7 +405,14 @@ def _conclude(attempt: Attempt, response: HttpResponseBase, rolled_back: bool = 
 
 
 def _capture(attempt: Attempt, response: HttpResponseBase, ttl: timedelta | None) -> StoredResponse:
-    stored = responses.capture(response, conf.REPLAYED_HEADERS, conf.MAX_BODY_SIZE, ttl)
+    identity = attempt.identity
+    stored = responses.capture(
+        response,
+        conf.REPLAYED_HEADERS,
+        conf.MAX_BODY_SIZE,
+        ttl,
+        (identity.scope, identity.key_hash),
+    )
     limit, setting = conf.MAX_BODY_SIZE, "MAX_BODY_SIZE"
     if stored.body is not None and conf.MAX_STORED_BODY_SIZE is not None:
         size = len(stored.sealed[1] or b"")

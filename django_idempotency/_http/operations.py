@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._http import problems, responses
 from django_idempotency._store import operations as store
 from django_idempotency._store import sealing
+from django_idempotency._store.limits import bounded_scope
 from django_idempotency._store.writes import COMPLETED
 
 __all__ = ["accepted", "complete_operation", "operation_status"]
@@ -85,6 +87,8 @@ def complete_operation(
         )
     alias = conf.DATABASE_ALIAS
     operation = _operation(alias, operation_id)
+    if operation is not None:  # sealed for its record
+        stored = replace(stored, owner=(operation.scope, operation.key_hash))
     if operation is not None and store.complete(alias, operation, stored):
         logger.info(
             "Idempotency operation %s completed with status %s.",
@@ -149,7 +153,7 @@ def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
     if (
         operation is None
         or not _verified(operation_id, operation)
-        or operation.scope not in scopes
+        or operation.scope not in {bounded_scope(scope) for scope in scopes}
         or operation.expired(timezone.now())
     ):
         return problems.operation_not_found()
@@ -184,7 +188,11 @@ def _state(operation_id: str, operation: store.Operation) -> HttpResponse:
     if operation.response_body is None:  # over MAX_BODY_SIZE: not stored
         return _json({"id": operation_id, "state": FAILED, "response": None}, 200)
     try:
-        headers, body = sealing.unseal(operation.response_headers, operation.response_body)
+        headers, body = sealing.unseal(
+            operation.response_headers,
+            operation.response_body,
+            (operation.scope, operation.key_hash),
+        )
     except sealing.Unreadable:
         return _json({"id": operation_id, "state": FAILED, "response": None}, 200)
     return _json(
@@ -211,7 +219,7 @@ def _response(status: int, headers: list[list[str]], body: bytes) -> dict[str, A
         try:
             shown["body"] = json.loads(text)
             return shown
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth: a string
             pass
     shown["body"] = text
     return shown

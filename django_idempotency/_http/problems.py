@@ -27,6 +27,9 @@ def problem(
     response = HttpResponse(
         json.dumps(body), status=status, content_type=CONTENT_TYPE, headers=headers
     )
+    # An answer about one request (or one principal's operation) at one moment: no cache may
+    # keep it, nor serve it to another client.
+    response["Cache-Control"] = "no-store"
     # Marks the response as the app's own, so it is never stored as the view's result.
     response.idempotency_problem = slug  # type: ignore[attr-defined]
     return response

@@ -58,7 +58,9 @@ def capture(
     allowed: Collection[str],
     max_body: int,
     ttl: timedelta | None = None,
+    owner: tuple[str, str] | None = None,
 ) -> StoredResponse:
+    """What a record keeps of ``response``, for the record of ``owner`` (scope, key hash)."""
     assert isinstance(response, HttpResponse)
     headers = [
         [name, value]
@@ -67,7 +69,7 @@ def capture(
     ]
     body = response.content
     kept = body if len(body) <= max_body else None
-    return StoredResponse(response.status_code, headers, kept, ttl)
+    return StoredResponse(response.status_code, headers, kept, ttl, owner)
 
 
 def replay(status: int, headers: list[list[str]], body: bytes) -> HttpResponse:

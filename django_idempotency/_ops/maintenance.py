@@ -47,11 +47,14 @@ def release(alias: str, record: IdempotencyKey) -> bool:
     return released
 
 
-def _abandoned_response() -> StoredResponse:
-    """What :func:`mark_failed` stores."""
+def _abandoned_response(record: IdempotencyKey) -> StoredResponse:
+    """What :func:`mark_failed` stores in ``record``."""
     response = problems.request_abandoned()
     return StoredResponse(
-        response.status_code, [["Content-Type", problems.CONTENT_TYPE]], response.content
+        response.status_code,
+        [["Content-Type", problems.CONTENT_TYPE]],
+        response.content,
+        owner=(record.scope, record.key_hash),
     )
 
 
@@ -61,7 +64,7 @@ def mark_failed(alias: str, record: IdempotencyKey) -> bool:
     ``False`` when the record is gone, was taken over, or its lock was renewed meanwhile.
     """
     failed = record.lock_token is not None and store.using(alias).store_response(
-        record.pk, record.lock_token, _abandoned_response(), stale_at=timezone.now()
+        record.pk, record.lock_token, _abandoned_response(record), stale_at=timezone.now()
     )
     if failed:
         _log_resolved("Marked as failed", record)

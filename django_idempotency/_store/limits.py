@@ -30,9 +30,21 @@ def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+#: What begins a scope stored as its hash (:func:`bounded_scope`).
+HASHED_SCOPE = "sha256:"
+
+
 def bounded_scope(scope: str) -> str:
-    """The scope as stored: itself, or ``sha256:<hex>`` when it is longer than the column."""
-    return scope if len(scope) <= MAX_SCOPE else "sha256:" + sha256_hex(scope)
+    """The scope as stored: itself, or ``sha256:<hex>`` when it is longer than the column.
+
+    A scope that itself begins with ``sha256:`` is stored as its hash too: kept as it was, the
+    scope ``sha256:<hex of a long scope>`` was that long scope's principal, replayed its
+    responses and erased with it. The stored forms are now told apart: a scope is stored as it
+    is only when it could not be a hash's.
+    """
+    if len(scope) <= MAX_SCOPE and not scope.startswith(HASHED_SCOPE):
+        return scope
+    return HASHED_SCOPE + sha256_hex(scope)
 
 
 #: Why no scope may have whitespace around it (issue 38): MySQL and MariaDB compare text

@@ -10,6 +10,15 @@ no body can be mistaken for another shape whatever its bytes:
   smaller) of the headers and the body, the body compressed first when that shrinks it: nothing
   of either is readable in the table or a backup.
 
+A Fernet token is bound to its record: the sealed envelope names the record's scope and key
+hash (:func:`binding`, a SHA-256 of both), and a token opened for another record is
+:class:`Unreadable`. Fernet has no associated data, but the envelope is inside the token, which
+no one changes without the key: someone who can write the table but holds no key cannot copy
+another principal's token into a record of their own and have it replayed, or shown by the
+status endpoint. Tokens sealed before the binding (version 1.1) have none and still open, for
+any record: that copy stays possible for them until the keys that sealed them are dropped from
+``ENCRYPTION_KEYS`` (docs/storage.rst says how).
+
 zlib (level 6, the library's default) was measured against gzip, lzma and bz2 on JSON bodies
 (``benchmarks/storage.py``, ``docs/storage.rst``): within 20% of the best ratio at a tenth of
 lzma's and bz2's cost to compress, and the fastest to decompress, which every replay does.
@@ -18,6 +27,8 @@ lzma's and bz2's cost to compress, and the fastest to decompress, which every re
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import zlib
 from typing import Any
@@ -31,6 +42,8 @@ ZLIB = "zlib"
 FERNET = "fernet"
 #: What the headers column's object names the codec by.
 CODEC = "codec"
+#: What the sealed envelope names its record's :func:`binding` by.
+BOUND = "for"
 
 Headers = list[list[str]]
 
@@ -39,8 +52,25 @@ class Unreadable(Exception):
     """A stored response none of ``ENCRYPTION_KEYS`` decrypts (or that is damaged)."""
 
 
-def seal(headers: Headers, body: bytes | None) -> tuple[Any, bytes | None]:
-    """What the headers and body columns keep of a response (``body`` ``None``: not stored)."""
+#: A record's scope and key hash: what a sealed response is bound to.
+Owner = tuple[str, str]
+
+
+def binding(owner: Owner | None) -> str:
+    """What binds a sealed response to its record: the SHA-256 of its scope and key hash (a
+    scope has no NUL: the store refuses one), its first 128 bits (32 bytes a record, not 64:
+    finding another record's binding is a second preimage); ``""`` for none, which no record
+    opens."""
+    if owner is None:
+        return ""
+    scope, key_hash = owner
+    text = f"{scope}\0{key_hash}".encode("utf-8", "surrogatepass")
+    return hashlib.sha256(text).hexdigest()[:32]
+
+
+def seal(headers: Headers, body: bytes | None, owner: Owner | None) -> tuple[Any, bytes | None]:
+    """What the headers and body columns keep of a response (``body`` ``None``: not stored),
+    encrypted for the record ``owner`` names (``None``: for none, which no record opens)."""
     keys = conf.ENCRYPTION_KEYS
     if keys is None:
         if body is None or len(body) <= COMPRESS_OVER or not conf.COMPRESSION:
@@ -56,7 +86,8 @@ def seal(headers: Headers, body: bytes | None) -> tuple[Any, bytes | None]:
         compressed = zlib.compress(body)
         if len(compressed) < len(body):
             codec, packed = ZLIB, compressed
-    inner = json.dumps({CODEC: codec, "headers": headers}, separators=(",", ":")).encode()
+    envelope = {CODEC: codec, "headers": headers, BOUND: binding(owner)}
+    inner = json.dumps(envelope, separators=(",", ":")).encode()
     # JSON escapes every newline, so the first one ends the headers.
     token = keys.encrypt(inner + b"\n" + packed)
     return {CODEC: FERNET}, base64.urlsafe_b64decode(token)
@@ -67,8 +98,11 @@ def encrypted(stored_headers: Any) -> bool:
     return isinstance(stored_headers, dict) and stored_headers.get(CODEC) == FERNET
 
 
-def unseal(stored_headers: Any, body: bytes | memoryview | None) -> tuple[Headers, bytes | None]:
-    """The headers and body as the view returned them; raises :class:`Unreadable`."""
+def unseal(
+    stored_headers: Any, body: bytes | memoryview | None, owner: Owner
+) -> tuple[Headers, bytes | None]:
+    """The headers and body as the view returned them, read for the record ``owner`` names;
+    raises :class:`Unreadable`, also for a token sealed for another record."""
     if not isinstance(stored_headers, dict):  # a list: kept as sent
         return stored_headers or [], None if body is None else bytes(body)
     if body is None:
@@ -77,7 +111,7 @@ def unseal(stored_headers: Any, body: bytes | memoryview | None) -> tuple[Header
     headers = stored_headers.get("headers", [])
     data = bytes(body)
     if encrypted(stored_headers):
-        headers, codec, data = _decrypt(data)
+        headers, codec, data = _decrypt(data, owner)
     if codec == ZLIB:
         try:
             data = zlib.decompress(data)
@@ -88,7 +122,7 @@ def unseal(stored_headers: Any, body: bytes | memoryview | None) -> tuple[Header
     return headers, data
 
 
-def _decrypt(data: bytes) -> tuple[Headers, str | None, bytes]:
+def _decrypt(data: bytes, owner: Owner) -> tuple[Headers, str | None, bytes]:
     keys = conf.ENCRYPTION_KEYS
     if keys is None:
         raise Unreadable("The stored response is encrypted, and ENCRYPTION_KEYS is empty.")
@@ -102,4 +136,7 @@ def _decrypt(data: bytes) -> tuple[Headers, str | None, bytes]:
         ) from None
     inner, _, packed = plain.partition(b"\n")
     envelope = json.loads(inner)
+    # A token of 1.1 has no binding, and opens for any record (the module's docstring).
+    if BOUND in envelope and not hmac.compare_digest(str(envelope[BOUND]), binding(owner)):
+        raise Unreadable("The stored response was encrypted for another record.")
     return envelope["headers"], envelope[CODEC], packed

@@ -49,13 +49,16 @@ class StoredResponse:
     #: Its own TTL (``store_for()``), counted from when it is stored; ``None``: ``expires_at``
     #: stays as the claim set it.
     ttl: timedelta | None = None
+    #: The scope and key hash of the record it is stored in: encrypted, it opens for that
+    #: record only (:mod:`.sealing`). ``None``: for none (encrypted so, it opens nowhere).
+    owner: tuple[str, str] | None = None
     #: The headers and body columns' values: compressed, encrypted (:mod:`.._sealing`). Made
     #: with it, once: ``MAX_STORED_BODY_SIZE`` reads them before the store writes them (and a
     #: ``cached_property`` would cost a lock on every read, issue 28).
     sealed: tuple[Any, bytes | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sealed", sealing.seal(self.headers, self.body))
+        object.__setattr__(self, "sealed", sealing.seal(self.headers, self.body, self.owner))
 
 
 class FencedWrites(BoundStore):

@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -50,8 +51,9 @@ logger = logging.getLogger("django_idempotency")
 
 T = TypeVar("T")
 
-#: The prefix of every key the store writes (``IDEMPOTENCY_REDIS_PREFIX`` is not a setting:
-#: the cache's own ``KEY_PREFIX`` is not used either, so records never mix with cache entries).
+#: The prefix of every key the store writes, after the cache alias's ``KEY_PREFIX`` and a colon
+#: when it has one (:func:`key_prefix`): records never mix with cache entries, and two sites
+#: sharing one Redis database with their own ``KEY_PREFIX`` never share a record.
 PREFIX = "idempotency:"
 #: How often a script that met a fault is tried again within its bound, and the first pause.
 _FIRST_RETRY = 0.02
@@ -97,10 +99,31 @@ def is_redis(name: str) -> bool:
     return ":" in name
 
 
-def record_key(scope: str, key_hash: str) -> str:
+def key_prefix(name: str) -> str:
+    """The prefix of a store's keys: :data:`PREFIX`, after its cache alias's ``KEY_PREFIX``
+    as Django's caches put it (``<KEY_PREFIX>:``). Sites that share one Redis database tell
+    their caches apart by ``KEY_PREFIX``; their records were one site's, each replayed the
+    other's responses. ``VERSION`` and ``KEY_FUNCTION`` are not used: a record is no cache
+    entry, and a new ``VERSION`` (a cache's invalidation) must not forget the keys in flight.
+    """
+    if name.startswith(CACHE_PREFIX):
+        from django.core.cache import caches
+
+        own = getattr(caches[name[len(CACHE_PREFIX) :]], "key_prefix", "")
+        if own:
+            return f"{own}:{PREFIX}"
+    return PREFIX
+
+
+def _glob(text: str) -> str:
+    """``text`` matched as it is by a ``SCAN``'s pattern (a ``KEY_PREFIX`` may have ``*``)."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def record_key(scope: str, key_hash: str, prefix: str = PREFIX) -> str:
     """The record's Redis key: its scope (hashed: any length, any character) and key hash in
     one hash tag, so that its one key has one slot on a cluster, and records spread."""
-    return f"{PREFIX}r:{{{_scope_hash(scope)}:{key_hash}}}"
+    return f"{prefix}r:{{{_scope_hash(scope)}:{key_hash}}}"
 
 
 @lru_cache(maxsize=1024)
@@ -109,9 +132,9 @@ def _scope_hash(scope: str) -> str:
     return hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 
-def scope_index(scope: str) -> str:
+def scope_index(scope: str, prefix: str = PREFIX) -> str:
     """The sorted set of a scope's finished records (key hash, scored by expiry): erasure."""
-    return f"{PREFIX}s:{{{_scope_hash(scope)}}}"
+    return f"{prefix}s:{{{_scope_hash(scope)}}}"
 
 
 def client_for(name: str) -> Any:
@@ -250,6 +273,7 @@ class RedisStore:
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self._client: Any = None
+        self._prefix: str | None = None
         self._cluster: bool | None = None
         self._scripts: dict[str, Any] = {}
         #: The client's plain connection pool (:meth:`_eval`), ``None`` where its connections
@@ -267,6 +291,13 @@ class RedisStore:
     @property
     def connection(self) -> Any:
         return _NO_CONNECTION
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of the store's keys (:func:`key_prefix`), read once."""
+        if self._prefix is None:
+            self._prefix = key_prefix(self.alias)
+        return self._prefix
 
     @property
     def client(self) -> Any:
@@ -522,7 +553,7 @@ class RedisStore:
     ) -> Any:
         started = time.monotonic()
         token = token or new_token()
-        key = record_key(identity.scope, identity.key_hash)
+        key = record_key(identity.scope, identity.key_hash, self.prefix)
         if bound is None:
             bound = deadlines.bound(lock_timeout)
         try:
@@ -580,7 +611,7 @@ class RedisStore:
         """The key's record, as a claim that found it would read it (tests, operators)."""
 
         try:
-            values = self.client.hmget(record_key(scope, key_hash), *scripts.FIELDS)
+            values = self.client.hmget(record_key(scope, key_hash, self.prefix), *scripts.FIELDS)
             now = self.client.time()
         except failures() as exc:
             raise self.refusal(exc) from exc
@@ -595,7 +626,7 @@ class RedisStore:
         (:func:`django_idempotency.testing.expire_key`). Returns it, expired now."""
         record = self.read(scope, key_hash)
         if record is not None:
-            self.client.delete(record_key(scope, key_hash))
+            self.client.delete(record_key(scope, key_hash, self.prefix))
             record.expires_at = timezone.now()  # as the database's expire_key leaves it
         return record
 
@@ -605,7 +636,7 @@ class RedisStore:
     def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
 
         try:
-            status, unlock = self.client.hmget(record_key(scope, key_hash), "st", "ua")
+            status, unlock = self.client.hmget(record_key(scope, key_hash, self.prefix), "st", "ua")
         except failures() as exc:
             raise self.refusal(exc) from exc
         if status is None:
@@ -635,7 +666,7 @@ class RedisStore:
         index = self._cluster is False
         done = self._run(
             "COMPLETE",
-            [key, scope_index(scope)] if index else [key],
+            [key, scope_index(scope, self.prefix)] if index else [key],
             [
                 str(token),
                 status,
@@ -660,7 +691,7 @@ class RedisStore:
 
         lasts = ttl or conf.TTL
         now = time.time()
-        index = scope_index(scope)
+        index = scope_index(scope, self.prefix)
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.zadd(index, {key_hash: now + lasts.total_seconds()})
@@ -755,11 +786,11 @@ class RedisStore:
 
     def erase_scope(self, scope: str, *, dry_run: bool = False) -> tuple[int, int]:
         """Delete the scope's finished records now: (deleted, in progress)."""
-        index = scope_index(scope)
+        index = scope_index(scope, self.prefix)
         deleted = in_progress = 0
         for member in self.client.zrange(index, 0, -1):
             key_hash = _text(member)
-            key = record_key(scope, key_hash)
+            key = record_key(scope, key_hash, self.prefix)
             if dry_run:
                 status = self.client.hget(key, "st")
                 if status == b"processing":
@@ -778,13 +809,15 @@ class RedisStore:
 
     def count(self) -> int:
         """How many records the store holds (a ``SCAN`` of its prefix: an operator's figure)."""
-        return sum(1 for _ in self.client.scan_iter(match=f"{PREFIX}r:*", count=1000))
+        return sum(1 for _ in self.client.scan_iter(match=f"{_glob(self.prefix)}r:*", count=1000))
 
     def records_of(self, key_hash: str) -> list[IdempotencyKey]:
         """The key's records in every scope (a ``SCAN`` for its hash; each read as
         :meth:`read` reads it, unsaved instances), oldest first: tests, operators."""
         found = []
-        for name in self.client.scan_iter(match=f"{PREFIX}r:{{*:{key_hash}}}", count=1000):
+        for name in self.client.scan_iter(
+            match=f"{_glob(self.prefix)}r:{{*:{key_hash}}}", count=1000
+        ):
             scope = self.client.hget(name, "sc")
             record = None if scope is None else self.read(_text(scope), key_hash)
             if record is not None:
@@ -816,7 +849,7 @@ class RedisStore:
                     stale += 1
             batch.clear()
 
-        for name in client.scan_iter(match=f"{PREFIX}r:*", count=1000):
+        for name in client.scan_iter(match=f"{_glob(self.prefix)}r:*", count=1000):
             batch.append(name)
             if len(batch) >= 1000:
                 tally()
