@@ -153,7 +153,7 @@ def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
     if (
         operation is None
         or not _verified(operation_id, operation)
-        or operation.scope not in {bounded_scope(scope) for scope in scopes}
+        or operation.scope not in {bounded_scope(scope) for scope in scopes if scope is not None}
         or operation.expired(timezone.now())
     ):
         return problems.operation_not_found()
