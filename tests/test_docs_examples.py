@@ -52,7 +52,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tests.test_example_project import (
+    TRIMMED,
+    Exchange,
+    console_session,
+    run_curl,
+    same_status,
+)
+from tests.test_example_project import _free_port as free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -443,3 +453,72 @@ def test_the_operations_export_completes_once_with_its_worker_killed(
     )
     assert status == 201  # completed once: the final response replaces the 202
     assert json.loads(bytes(body)) == {"export": export_id}  # type: ignore[arg-type]
+
+
+def page_session(page: str) -> list[Exchange | float]:
+    """The ``example-session`` block of ``page``: each ``$ curl`` with what it prints."""
+    lines = (DOCS / page).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(".. example-session:"))
+    end = start + 2
+    while end < len(lines) and (not lines[end].strip() or lines[end].startswith("    ")):
+        end += 1
+    return console_session(lines[start:end])
+
+
+@pytest.mark.celery
+def test_the_outbox_session_prints_what_the_page_says(project: Path, tmp_path: Path) -> None:
+    """The page's curl session against its project under ``runserver``, with a worker: the
+    answers the page shows (a request without a key included: ``201``, never a ``500``), and
+    one receipt per order."""
+    if shutil.which("curl") is None:
+        pytest.skip("needs curl, which the session runs")
+    session = page_session("outbox.rst")
+    assert len(session) == 3
+    own = Scratch(project, tmp_path, "rabbitmq")
+    port = free_port()
+    log = (tmp_path / "runserver.log").open("wb")
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+        cwd=project,
+        env=own.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        own.worker("consumer", 2)
+        own.wait_for(lambda: _answers(url), "runserver", 60)
+        for step in session:
+            assert isinstance(step, Exchange)
+            observed = run_curl(step.command, url)
+            where = f"docs/outbox.rst: {step.command}"
+            assert same_status(step.status, observed.status), (where, observed.status)
+            shown = {k: v for k, v in observed.headers.items() if k not in SAYS_NOTHING}
+            assert shown == step.headers, (where, shown)
+            assert observed.body == step.body, (where, observed.body)
+        own.wait_for(
+            lambda: len(own.rows("SELECT order_id FROM orders_receipt")) >= 2, "the receipts"
+        )
+        own.wait_for(lambda: len(own.succeeded()) >= 2, "the tasks to end")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        own.close()
+    assert sorted(own.rows("SELECT order_id FROM orders_receipt")) == [(1,), (2,)]
+    # The keyed order's receipt went through the outbox; the keyless one's was sent directly.
+    assert own.rows("SELECT state FROM django_idempotency_outboxmessage") == [("sent",)]
+
+
+#: The headers the page leaves out: those of the example project's session, and
+#: ``X-Frame-Options``, which startproject's middleware adds.
+SAYS_NOTHING = TRIMMED | {"x-frame-options"}
+
+
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(url + "/admin/login/", timeout=2)
+    except httpx.TransportError:
+        return False
+    return True
