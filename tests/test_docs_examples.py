@@ -498,6 +498,10 @@ def test_the_outbox_session_prints_what_the_page_says(project: Path, tmp_path: P
             shown = {k: v for k, v in observed.headers.items() if k not in SAYS_NOTHING}
             assert shown == step.headers, (where, shown)
             assert observed.body == step.body, (where, observed.body)
+        # operations.rst's view requires the key: a clear 400 before it runs, never a 500.
+        refused = httpx.post(url + "/exports/", timeout=30)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["type"].endswith("missing-idempotency-key")
         own.wait_for(
             lambda: len(own.rows("SELECT order_id FROM orders_receipt")) >= 2, "the receipts"
         )
