@@ -45,7 +45,7 @@ class Unclaimed:
         self.messages: list[Message] = []
         self.recovery_point = ""
         self.recovery_data: Any = None
-        self._request_id = uuid.uuid4()
+        self._request_id: uuid.UUID | None = None  # made when first needed
 
     def check_held(self) -> None:
         """Nothing to lose: there is no lock."""
@@ -58,6 +58,8 @@ class Unclaimed:
     def derived_key(self, purpose: str = "") -> str:
         """A key for a downstream service, the same for one ``purpose`` within the request and
         new for every request (no retry of it can be recognised)."""
+        if self._request_id is None:
+            self._request_id = uuid.uuid4()
         return str(uuid.uuid5(self._request_id, purpose))
 
     def __bool__(self) -> bool:
