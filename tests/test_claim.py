@@ -280,12 +280,13 @@ def test_the_claim_imports_without_settings_or_models() -> None:
     ]
 
 
-def test_request_idempotency_is_the_claim_or_none(key: str) -> None:
+def test_request_idempotency_is_the_claim_or_falsy(key: str) -> None:
     from tests.testapp.views import create
 
     unprotected = RequestFactory().post("/create/")
     create(unprotected)
-    assert unprotected.idempotency is None  # type: ignore[attr-defined]
+    assert not unprotected.idempotency  # type: ignore[attr-defined]
+    assert not isinstance(unprotected.idempotency, Claim)  # type: ignore[attr-defined]
     protected = RequestFactory().post("/create/", headers={"Idempotency-Key": key})
     create(protected)
     assert isinstance(protected.idempotency, Claim)  # type: ignore[attr-defined]

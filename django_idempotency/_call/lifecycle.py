@@ -128,8 +128,14 @@ class Adapter(Generic[R]):
         return kwargs
 
     def unprotected(self, result: Any) -> R:
-        """What the caller gets from protected code run without a policy."""
+        """What the caller gets from protected code run without a claim (no policy, or no
+        key where it is optional)."""
         return result  # type: ignore[no-any-return]
+
+    def unprotected_in_thread(self) -> bool:
+        """Whether :meth:`unprotected` has database or broker work to do (async code runs it
+        in a thread)."""
+        return False
 
 
 def wrap(
@@ -203,7 +209,7 @@ def steps(adapter: Adapter[R], policy: Policy) -> Generator[Step, Any, R]:
         raise
     attempt = adapter.attempt
     if attempt is None or attempt.claim is None:
-        return result  # type: ignore[no-any-return]
+        return adapter.unprotected(result)
     return adapter.finish(attempt, result)
 
 
@@ -309,7 +315,7 @@ async def arun(adapter: Adapter[R], call: Callable[[Claim | None], Awaitable[R]]
     except ImproperlyConfigured as exc:
         return adapter.misconfigured(exc)
     if policy is None:
-        return adapter.unprotected(await call(None))
+        return await _unprotected(adapter, await call(None))
     try:
         return await _arun_steps(adapter, policy, call)
     except INTERRUPTIONS as exc:
@@ -338,7 +344,8 @@ async def _arun_steps(
         if not isinstance(step, _Run):
             await asyncio.sleep(step)
         elif adapter.claim is None:
-            return await call(None)  # unprotected: nothing to store, no thread to enter
+            # Unprotected: nothing to store, no thread to enter unless the code staged messages.
+            return await _unprotected(adapter, await call(None))
         else:
             try:
                 sent = await call(adapter.claim)
@@ -347,6 +354,12 @@ async def _arun_steps(
             except BaseException:  # a cancelled task
                 abandon(lifecycle)
                 raise
+
+
+async def _unprotected(adapter: Adapter[R], result: Any) -> R:
+    if adapter.unprotected_in_thread():
+        return await sync_to_async(adapter.unprotected)(result)
+    return adapter.unprotected(result)
 
 
 def abandon(lifecycle: Generator[Any, Any, Any]) -> None:

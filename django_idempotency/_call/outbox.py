@@ -66,15 +66,7 @@ class Staged:
 def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs: Any) -> str:
     """Stage a message for ``task`` on ``claim`` (a :class:`.Claim`): its id."""
     engine, path = describe(task)
-    try:
-        arguments = json.dumps(
-            {"args": list(args), "kwargs": kwargs}, separators=(",", ":"), allow_nan=False
-        )
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"enqueue({path}): the arguments must serialise to JSON ({exc}); pass ids and "
-            "plain values, and convert dates, decimals and UUIDs to strings."
-        ) from exc
+    arguments = serialised(path, args, kwargs)
     staged: Staged | None = claim.outbox
     if staged is None:
         staged = claim.outbox = Staged(life=claim.life)
@@ -97,6 +89,19 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
     )
     staged.messages.append(Message(message_id, engine, path, arguments))
     return message_id
+
+
+def serialised(path: str, args: tuple[Any, ...], kwargs: Any) -> str:
+    """A message's arguments as the outbox keeps them: JSON, checked when staged."""
+    try:
+        return json.dumps(
+            {"args": list(args), "kwargs": kwargs}, separators=(",", ":"), allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"enqueue({path}): the arguments must serialise to JSON ({exc}); pass ids and "
+            "plain values, and convert dates, decimals and UUIDs to strings."
+        ) from exc
 
 
 def describe(task: Any) -> tuple[str, str]:

@@ -35,7 +35,7 @@ from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import DATABASE, shown_store
-from django_idempotency._http import bodies, operations, problems, responses
+from django_idempotency._http import bodies, operations, problems, responses, unclaimed
 from django_idempotency._http.fingerprints import full_path
 from django_idempotency._store import StoredResponse, sealing, using
 from django_idempotency._store.limits import bounded_fingerprint, bounded_scope, unkeepable
@@ -88,6 +88,15 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
                 return answerable(policy)
         attach(self.request, None)
         return None
+
+    def unprotected(self, result: Any) -> HttpResponseBase:
+        """The view's response, run without a claim: what it staged with ``enqueue()`` is sent
+        (:mod:`.unclaimed`)."""
+        unclaimed.conclude(self.request, result)
+        return result  # type: ignore[no-any-return]
+
+    def unprotected_in_thread(self) -> bool:
+        return unclaimed.pending(self.request)
 
     def misconfigured(self, exc: ImproperlyConfigured) -> HttpResponseBase:
         """``500 idempotency-misconfigured``: a setting that can never work, met before the
@@ -457,4 +466,6 @@ def http_request(request: Any) -> HttpRequest:
 
 
 def attach(request: HttpRequest, claim: Claim | None) -> None:
-    request.idempotency = claim  # type: ignore[attr-defined]
+    """``request.idempotency``: the claim, or for a request run unprotected an
+    :class:`.Unclaimed` (falsy; its ``enqueue()`` sends after the response)."""
+    request.idempotency = unclaimed.Unclaimed() if claim is None else claim  # type: ignore[attr-defined]

@@ -55,27 +55,13 @@ class mailer:  # stands for a mail provider's client module
     max_retries=None,
 )
 def send_receipt(self, order_id: int) -> None:
-    """The outbox's consumer (docs/outbox.rst): protected by ``idempotent_function`` keyed by
-    the message id (Celery's ``task_id``), so a message delivered twice has one effect (a
-    ``receipt`` row)."""
+    """The consumer of tests/test_outbox_celery.py's web processes and relays: protected by
+    ``idempotent_function`` keyed by the message id (Celery's ``task_id``), so a message
+    delivered twice has one effect (a ``receipt`` row). docs/outbox.rst's own consumer, its
+    worker killed mid-task, is tests/test_docs_examples.py's."""
     _send_receipt(order_id=order_id, message_id=self.request.id)
-    park_receipt("after")
 
 
 @idempotent_function(key="message_id", name="tests.receipt")
 def _send_receipt(order_id: int, message_id: str, *, idempotency: Claim) -> None:
-    park_receipt("before")
     Execution.objects.create(label="receipt", payload=str(order_id))
-
-
-def park_receipt(where: str) -> None:
-    """A worker started with ``IDEMPOTENCY_TEST_HANG_IN_RECEIPT`` set to ``before`` (the
-    consumer's record claimed, no receipt yet) or ``after`` (the receipt and its result stored,
-    the task not acknowledged) parks its first receipt there, recording its process id (a
-    ``receipt-parked`` row), until tests/test_outbox_celery.py kills it."""
-    if os.environ.get("IDEMPOTENCY_TEST_HANG_IN_RECEIPT") == where and not (
-        Execution.objects.filter(label="receipt-parked").exists()
-    ):
-        Execution.objects.create(label="receipt-parked", payload=str(os.getpid()))
-        while True:
-            time.sleep(60)

@@ -35,14 +35,12 @@ class OrderViewSet(IdempotencyMixin, viewsets.ModelViewSet):  # type: ignore[typ
 @idempotent
 def checkout(request: HttpRequest) -> JsonResponse:
     body = json.loads(request.body)
-    claim = request.idempotency  # type: ignore[attr-defined]  # None without a key
-    if claim is None or claim.recovery_point != "reserved":
+    claim = request.idempotency  # type: ignore[attr-defined]  # also without a key (falsy)
+    if claim.recovery_point != "reserved":
         Order.objects.create(sku=body["sku"], quantity=body["quantity"])  # reserve the stock
-        if claim is not None:
-            claim.set_recovery_point("reserved")
+        claim.set_recovery_point("reserved")
     # ... charge the customer, with claim.derived_key("charge") as the provider's key ...
-    resumed = claim is not None and claim.is_takeover
-    return JsonResponse({"sku": body["sku"], "resumed": resumed}, status=201)
+    return JsonResponse({"sku": body["sku"], "resumed": claim.is_takeover}, status=201)
 
 
 # docs: end view
