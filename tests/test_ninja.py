@@ -406,3 +406,95 @@ def test_an_operation_that_enqueues_on_a_redis_store_is_refused_before_it_runs(k
         response = TestClient(api).post("/x", json={}, headers={"Idempotency-Key": key})
     assert response.status_code == 500
     assert ran == []
+
+
+def test_the_plain_decorator_under_an_operation_s_decorator_is_an_error_at_import() -> None:
+    """``django_idempotency.idempotent`` under ``@api.post``: ninja would render the dict after
+    the wrapper, which stored nothing, released the key, and ran again at each retry."""
+    from django_idempotency import idempotent as plain
+
+    api = NinjaAPI(urls_namespace=f"plain-{uuid.uuid4()}")
+    with pytest.raises(ImproperlyConfigured, match=r"django_idempotency\.ninja\.idempotent"):
+
+        @api.post("/x")
+        @plain(required=True)
+        def operation(request: Any) -> dict[str, str]:
+            return {}
+
+
+def test_the_plain_decorator_given_to_add_decorator_is_an_error_when_urls_are_built() -> None:
+    from django_idempotency import idempotent as plain
+
+    for mode in ("operation", "view"):
+        router = Router()
+        router.add_decorator(plain, mode=mode)  # type: ignore[arg-type]
+
+        @router.post("/y")
+        def other(request: Any) -> dict[str, str]:
+            return {}
+
+        api = NinjaAPI(urls_namespace=f"plain-{mode}-{uuid.uuid4()}")
+        api.add_router("/r", router)
+        with pytest.raises(ImproperlyConfigured, match=r"django_idempotency\.ninja\.idempotent"):
+            api.urls  # noqa: B018
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_plain_decorator_hidden_from_ninja_is_refused_before_the_claim(
+    key: str, asynchronous: bool
+) -> None:
+    """A wrapper that copies nothing hides ninja's hook: the view's first call finds
+    ``Operation.run`` among its callers and refuses before the claim, at every call."""
+    from asgiref.sync import async_to_sync
+    from ninja.testing import TestAsyncClient, TestClient
+
+    from django_idempotency import idempotent as plain
+
+    def hide(view: Any) -> Any:
+        if asynchronous:
+
+            async def hidden_async(request: Any) -> Any:
+                return await view(request)
+
+            return hidden_async
+
+        def hidden(request: Any) -> Any:
+            return view(request)
+
+        return hidden
+
+    api = NinjaAPI(urls_namespace=f"hidden-{uuid.uuid4()}")
+    if asynchronous:
+
+        @plain(required=True)
+        async def charge_async(request: Any) -> dict[str, str]:
+            await _record_async("ninja-hidden")
+            return {}
+
+        api.post("/x")(hide(charge_async))
+    else:
+
+        @plain(required=True)
+        def charge(request: Any) -> dict[str, str]:
+            _record("ninja-hidden")
+            return {}
+
+        api.post("/x")(hide(charge))
+    post = async_to_sync(TestAsyncClient(api).post) if asynchronous else TestClient(api).post
+    for _ in range(2):
+        with pytest.raises(ImproperlyConfigured, match=r"django_idempotency\.ninja\.idempotent"):
+            post("/x", json={}, headers={"Idempotency-Key": key})
+    assert executions("ninja-hidden") == 0
+    assert stored() == []
+
+
+def _record(label: str) -> None:
+    from tests.testapp.models import Execution
+
+    Execution.objects.create(label=label)
+
+
+async def _record_async(label: str) -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_record)(label)
