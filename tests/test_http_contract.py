@@ -351,7 +351,9 @@ def test_a_view_returning_no_response_says_that_a_retry_runs_it_again(key: str) 
         return {"charged": True}
 
     request = RequestFactory().post("/dict/", {}, headers={"Idempotency-Key": key})
-    with pytest.raises(UnreplayableResponse, match="returned a dict, not an HttpResponse") as raised:
+    with pytest.raises(
+        UnreplayableResponse, match="returned a dict, not an HttpResponse"
+    ) as raised:
         view(request)
     assert "a retry with the same key runs it again" in str(raised.value)
     assert (runs, stored()) == ([1], [])
