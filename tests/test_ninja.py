@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
-from django.test import Client
+from django.test import Client, override_settings
 from ninja import NinjaAPI, Router
 
 from django_idempotency import IdempotencyKey
@@ -498,3 +498,37 @@ async def _record_async(label: str) -> None:
     from asgiref.sync import sync_to_async
 
     await sync_to_async(_record)(label)
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=10)
+def test_a_body_over_django_s_limit_is_ninja_s_error_and_claims_nothing(key: str) -> None:
+    """Ninja parses the body before the operation: Django's 400 (docs/ninja.rst), with or
+    without a key; the handler the page shows makes it a 413."""
+    from django.core.exceptions import RequestDataTooBig
+    from django.test import RequestFactory
+
+    for headers in ({}, {"Idempotency-Key": key}):
+        answer = Client(raise_request_exception=False).post(
+            "/ninja/charges", json.dumps(CHARGE), content_type="application/json", headers=headers
+        )
+        assert answer.status_code == 400
+    assert (executions("ninja-charge"), stored()) == (0, [])
+
+    api = NinjaAPI(urls_namespace=f"too-big-{uuid.uuid4()}")
+
+    @api.exception_handler(RequestDataTooBig)
+    def body_too_large(request: Any, exc: Exception) -> Any:
+        return api.create_response(request, {"detail": str(exc)}, status=413)
+
+    @api.post("/x")
+    @idempotent
+    def operation(request: Any, payload: ChargeIn) -> dict[str, str]:
+        return {}
+
+    # Ninja's TestClient hands the body over as is; Django's request checks its size.
+    (pattern,) = [p for p in api.urls[0] if str(p.pattern) == "x"]
+    request = RequestFactory().post(
+        "/x", json.dumps(CHARGE), content_type="application/json", headers={"Idempotency-Key": key}
+    )
+    assert pattern.callback(request).status_code == 413
+    assert stored() == []

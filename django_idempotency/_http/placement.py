@@ -257,7 +257,7 @@ def refuse_ninja_caller(view: object, frame: FrameType | None) -> None:
 _CALLERS = 6
 
 
-def _ninja_operation(view: object, frame: FrameType | None) -> object | None:
+def _ninja_operation(view: object, frame: FrameType | None) -> Any:
     """The django-ninja operation ``view`` is being bound to, if it is: ``add_decorator`` in
     view mode decorates the operation's ``run`` (a method of it), in operation mode its
     function, in a loop whose ``operation`` is the operation (``frame``: the decorator's)."""
