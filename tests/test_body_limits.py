@@ -197,6 +197,25 @@ def test_a_body_of_unknown_length_is_read_one_byte_past_the_limit_at_most() -> N
     assert counter[0] == LIMIT + 1
 
 
+def test_a_chunked_body_reaches_a_wsgi_view_empty_and_so_does_its_fingerprint() -> None:
+    """What docs/http-contract.rst says of WSGI servers (gunicorn): without ``CONTENT_LENGTH``
+    Django's ``WSGIRequest`` reads no body, so two chunked bodies are one request."""
+    from django.core.handlers.wsgi import WSGIRequest
+
+    def chunked(body: bytes) -> WSGIRequest:
+        environ = RequestFactory().post("/plain/", body, content_type="text/plain").environ
+        del environ["CONTENT_LENGTH"]
+        environ["HTTP_TRANSFER_ENCODING"] = "chunked"
+        environ["wsgi.input"] = io.BytesIO(body)
+        return WSGIRequest(environ)
+
+    first, second = chunked(b"amount=1"), chunked(b"amount=2")
+    assert (first.body, second.body) == (b"", b"")
+    assert request_fingerprint(chunked(b"amount=1"), "s") == request_fingerprint(
+        chunked(b"amount=2"), "s"
+    )
+
+
 @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=LIMIT)
 def test_an_asgi_body_over_the_limit_is_413_without_reading_it_into_memory() -> None:
     """On ASGI Django has buffered the body before any view; its size is known, unread."""

@@ -122,8 +122,12 @@ def test_decorated_apiview_post_is_protected(post: Post, key: str) -> None:
 
 
 def test_idempotent_straight_on_a_method_fails_loudly(post: Post, key: str) -> None:
-    with pytest.raises(TypeError, match="method_decorator"):
+    """The message names what works on a DRF view, never ``name='dispatch'`` (check E035
+    refuses it there)."""
+    with pytest.raises(TypeError, match="method_decorator") as raised:
         post("/misdecorated-apiview/", key=key)
+    assert "name='dispatch'" not in str(raised.value)
+    assert "IdempotencyMixin, or method_decorator(idempotent) on the handler" in str(raised.value)
     assert executions() == 0
 
 
@@ -158,3 +162,37 @@ def test_a_method_the_route_does_not_handle_is_405_before_the_key(
     response = post(f"/api/executions/{created['id']}/", {"label": "y"}, key=key)
     assert response.status_code == 405
     assert len(stored()) == 1
+
+
+@pytest.mark.parametrize("base", ["APIView", "GenericAPIView", "ViewSet"])
+def test_the_mixin_after_a_drf_view_is_an_error_at_class_definition(base: str) -> None:
+    """``class V(APIView, IdempotencyMixin)``: ``APIView.dispatch`` never calls the mixin's, so
+    a key was never claimed (the same key ran twice, a required key was not enforced)."""
+    from django.core.exceptions import ImproperlyConfigured
+    from rest_framework import generics, views, viewsets
+
+    from django_idempotency.rest_framework import IdempotencyMixin
+
+    view = {
+        "APIView": views.APIView,
+        "GenericAPIView": generics.GenericAPIView,
+        "ViewSet": viewsets.ViewSet,
+    }[base]
+    with pytest.raises(ImproperlyConfigured, match="Put the mixin first"):
+        type("MixinLast", (view, IdempotencyMixin), {"idempotency_required": True})
+
+
+def test_a_mixin_that_calls_super_may_come_before_it() -> None:
+    from django.contrib.auth.mixins import LoginRequiredMixin
+    from rest_framework.views import APIView
+
+    from django_idempotency.rest_framework import IdempotencyMixin
+
+    class Guarded(LoginRequiredMixin, IdempotencyMixin, APIView):
+        pass
+
+    class Subclass(Guarded):
+        def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            return super().dispatch(request, *args, **kwargs)
+
+    assert Subclass.__mro__.index(IdempotencyMixin) < Subclass.__mro__.index(APIView)

@@ -606,7 +606,8 @@ def test_the_docs_show_the_examples_code_and_its_environment() -> None:
     leg fuzzes; the docs name the encryption keys' variable the example reads (issue 38)."""
     docs = ROOT / "docs"
     ninja = (docs / "ninja.rst").read_text()
-    for marker in ("schemas", "operation"):
+    # Its imports too: the operation uses HttpRequest, Claim, provider and Charge.
+    for marker in ("imports", "schemas", "operation"):
         assert (
             f".. literalinclude:: ../example_project/payments/ninja_api.py\n"
             f"   :language: python\n   :start-after: # docs: {marker}\n"

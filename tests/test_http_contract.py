@@ -338,6 +338,27 @@ def test_streaming_response_is_refused_with_a_clear_error(post: Post, key: str) 
     assert not bool(stored())
 
 
+def test_a_view_returning_no_response_says_that_a_retry_runs_it_again(key: str) -> None:
+    """A ``dict`` (a view meant for another framework): not an ``AttributeError`` in the
+    storing code, but what happened and what a retry does."""
+    from django_idempotency import UnreplayableResponse, idempotent
+
+    runs: list[int] = []
+
+    @idempotent
+    def view(request: Any) -> Any:
+        runs.append(1)
+        return {"charged": True}
+
+    request = RequestFactory().post("/dict/", {}, headers={"Idempotency-Key": key})
+    with pytest.raises(
+        UnreplayableResponse, match="returned a dict, not an HttpResponse"
+    ) as raised:
+        view(request)
+    assert "a retry with the same key runs it again" in str(raised.value)
+    assert (runs, stored()) == ([1], [])
+
+
 @override_settings(IDEMPOTENCY={"MAX_BODY_SIZE": 100})
 def test_body_over_the_cap_is_not_stored_and_not_rerun(post: Post, key: str) -> None:
     small = post("/large/?size=100", key="small")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
-from django.test import Client
+from django.test import Client, override_settings
 from ninja import NinjaAPI, Router
 
 from django_idempotency import IdempotencyKey
@@ -406,3 +406,129 @@ def test_an_operation_that_enqueues_on_a_redis_store_is_refused_before_it_runs(k
         response = TestClient(api).post("/x", json={}, headers={"Idempotency-Key": key})
     assert response.status_code == 500
     assert ran == []
+
+
+def test_the_plain_decorator_under_an_operation_s_decorator_is_an_error_at_import() -> None:
+    """``django_idempotency.idempotent`` under ``@api.post``: ninja would render the dict after
+    the wrapper, which stored nothing, released the key, and ran again at each retry."""
+    from django_idempotency import idempotent as plain
+
+    api = NinjaAPI(urls_namespace=f"plain-{uuid.uuid4()}")
+    with pytest.raises(ImproperlyConfigured, match=r"django_idempotency\.ninja\.idempotent"):
+
+        @api.post("/x")
+        @plain(required=True)
+        def operation(request: Any) -> dict[str, str]:
+            return {}
+
+
+def test_the_plain_decorator_given_to_add_decorator_is_an_error_when_urls_are_built() -> None:
+    from django_idempotency import idempotent as plain
+
+    for mode in ("operation", "view"):
+        router = Router()
+        router.add_decorator(plain, mode=mode)  # type: ignore[arg-type]
+
+        @router.post("/y")
+        def other(request: Any) -> dict[str, str]:
+            return {}
+
+        api = NinjaAPI(urls_namespace=f"plain-{mode}-{uuid.uuid4()}")
+        api.add_router("/r", router)
+        with pytest.raises(ImproperlyConfigured, match=r"django_idempotency\.ninja\.idempotent"):
+            api.urls  # noqa: B018
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_plain_decorator_hidden_from_ninja_is_refused_before_the_claim(
+    key: str, asynchronous: bool
+) -> None:
+    """A wrapper that copies nothing hides ninja's hook: the view's first call finds
+    ``Operation.run`` among its callers and refuses before the claim, at every call."""
+    from asgiref.sync import async_to_sync
+    from ninja.testing import TestAsyncClient, TestClient
+
+    from django_idempotency import idempotent as plain
+
+    def hide(view: Any) -> Any:
+        if asynchronous:
+
+            async def hidden_async(request: Any) -> Any:
+                return await view(request)
+
+            return hidden_async
+
+        def hidden(request: Any) -> Any:
+            return view(request)
+
+        return hidden
+
+    api = NinjaAPI(urls_namespace=f"hidden-{uuid.uuid4()}")
+    if asynchronous:
+
+        @plain(required=True)
+        async def charge_async(request: Any) -> dict[str, str]:
+            await _record_async("ninja-hidden")
+            return {}
+
+        api.post("/x")(hide(charge_async))
+    else:
+
+        @plain(required=True)
+        def charge(request: Any) -> dict[str, str]:
+            _record("ninja-hidden")
+            return {}
+
+        api.post("/x")(hide(charge))
+    post = async_to_sync(TestAsyncClient(api).post) if asynchronous else TestClient(api).post
+    for _ in range(2):
+        with pytest.raises(ImproperlyConfigured, match=r"django_idempotency\.ninja\.idempotent"):
+            post("/x", json={}, headers={"Idempotency-Key": key})
+    assert executions("ninja-hidden") == 0
+    assert stored() == []
+
+
+def _record(label: str) -> None:
+    from tests.testapp.models import Execution
+
+    Execution.objects.create(label=label)
+
+
+async def _record_async(label: str) -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_record)(label)
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=10)
+def test_a_body_over_django_s_limit_is_ninja_s_error_and_claims_nothing(key: str) -> None:
+    """Ninja parses the body before the operation: Django's 400 (docs/ninja.rst), with or
+    without a key; the handler the page shows makes it a 413."""
+    from django.core.exceptions import RequestDataTooBig
+    from django.test import RequestFactory
+
+    for headers in ({}, {"Idempotency-Key": key}):
+        answer = Client(raise_request_exception=False).post(
+            "/ninja/charges", json.dumps(CHARGE), content_type="application/json", headers=headers
+        )
+        assert answer.status_code == 400
+    assert (executions("ninja-charge"), stored()) == (0, [])
+
+    api = NinjaAPI(urls_namespace=f"too-big-{uuid.uuid4()}")
+
+    @api.exception_handler(RequestDataTooBig)
+    def body_too_large(request: Any, exc: Exception) -> Any:
+        return api.create_response(request, {"detail": str(exc)}, status=413)
+
+    @api.post("/x")
+    @idempotent
+    def operation(request: Any, payload: ChargeIn) -> dict[str, str]:
+        return {}
+
+    # Ninja's TestClient hands the body over as is; Django's request checks its size.
+    (pattern,) = [p for p in api.urls[0] if str(p.pattern) == "x"]
+    request = RequestFactory().post(
+        "/x", json.dumps(CHARGE), content_type="application/json", headers={"Idempotency-Key": key}
+    )
+    assert pattern.callback(request).status_code == 413
+    assert stored() == []

@@ -154,6 +154,18 @@ def test_e062_a_store_that_does_not_answer_at_deploy() -> None:
     assert [e.id for e in errors] == ["django_idempotency.E062"]
 
 
+def test_e062_s_message_is_one_line_without_redis_py_s_reprs() -> None:
+    """A Sentinel's ``MasterNotFoundError`` carried its client's whole connection repr (about
+    1,500 characters): the message is the store's name, the error's class and first line."""
+    dead = f"redis+sentinel://:secret@127.0.0.1:{free_port()}/mymaster"
+    with override_settings(IDEMPOTENCY={"STORE": dead}):
+        (error,) = store_checks.check_stores_deploy()
+    assert error.msg.startswith("The Redis store 'redis+sentinel://127.0.0.1:"), error.msg
+    assert "MasterNotFoundError: No master found for 'mymaster'" in error.msg
+    assert "\n" not in error.msg and "ConnectionPool" not in error.msg and "secret" not in error.msg
+    assert len(error.msg) < 300, error.msg
+
+
 @pytest.mark.parametrize("appendonly", ["no", "yes"])
 def test_w060_appendonly_no_is_warned_at_deploy(appendonly: str) -> None:
     with (

@@ -35,7 +35,14 @@ from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import DATABASE, shown_store
-from django_idempotency._http import bodies, operations, problems, responses, unclaimed
+from django_idempotency._http import (
+    bodies,
+    operations,
+    placement,
+    problems,
+    responses,
+    unclaimed,
+)
 from django_idempotency._http.fingerprints import full_path
 from django_idempotency._store import StoredResponse, sealing, using
 from django_idempotency._store.limits import bounded_fingerprint, bounded_scope, unkeepable
@@ -264,9 +271,16 @@ def enqueue_error(policy: Policy, options: Options) -> str | None:
 def view_adapter(
     options: Options, view: Any = None
 ) -> Callable[[tuple[Any, ...], dict[str, Any]], HttpAdapter]:
-    """What :func:`._lifecycle.wrap` makes for each call of a decorated view."""
+    """What :func:`._lifecycle.wrap` makes for each call of a decorated view; its first call
+    refuses a django-ninja caller, before the claim (:func:`.placement.refuse_ninja_caller`)."""
+    checked = False
 
     def adapter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> HttpAdapter:
+        nonlocal checked
+        if not checked:
+            # Its frame is called by the view's wrapper, which its caller called.
+            placement.refuse_ninja_caller(view, sys._getframe(2))
+            checked = True
         request = args[0] if args else kwargs.get("request")
         return HttpAdapter(http_request(request), options, request, view)
 
@@ -460,8 +474,8 @@ def http_request(request: Any) -> HttpRequest:
         return inner
     raise TypeError(
         f"An idempotent view was called with {type(request).__name__!r} where a request was "
-        "expected. On a class-based view's method use "
-        "method_decorator(idempotent, name='dispatch'), or IdempotencyMixin for DRF."
+        "expected. On a method, use @method_decorator(idempotent); for a DRF view, "
+        "IdempotencyMixin, or method_decorator(idempotent) on the handler method (post, put...)."
     )
 
 

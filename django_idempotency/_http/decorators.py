@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from django_idempotency._call import lifecycle
 from django_idempotency._conf.options import VIEW_OPTIONS, Options, ViewOptions
 from django_idempotency._http import adapter as protocol
-from django_idempotency._http.placement import refuse_misplaced
+from django_idempotency._http.placement import refuse_misplaced, refuse_ninja_operation
 
 __all__ = ["idempotent"]
 
@@ -39,7 +39,8 @@ def idempotent(
     function views, on ``View.dispatch`` through ``method_decorator``, and on ``async def``
     views (``atomic=True`` needs a sync view: Django transactions are sync). It goes under
     the decorators that authenticate or refuse the request (``@api_view``, ``login_required``):
-    above them it is ``ImproperlyConfigured`` (:mod:`.placement`).
+    above them it is ``ImproperlyConfigured`` (:mod:`.placement`), as it is on a django-ninja
+    operation, which needs :func:`django_idempotency.ninja.idempotent`.
     """
     built = Options.build(VIEW_OPTIONS, "idempotent", **options)
 
@@ -53,6 +54,11 @@ def idempotent(
             atomic=built.atomic,
         )
         wrapper.idempotency_options = built  # type: ignore[attr-defined]
-        return wraps(view)(wrapper)  # type: ignore[return-value]
+        wrapped = wraps(view)(wrapper)
+        # Ninja calls this when @api.post makes an operation of the view: refused at import.
+        # A new list: wraps() shares the view's own.
+        hooks = getattr(wrapped, "_ninja_contribute_to_operation", None) or []
+        wrapped._ninja_contribute_to_operation = [*hooks, refuse_ninja_operation]  # type: ignore[attr-defined]
+        return wrapped  # type: ignore[return-value]
 
     return decorate if view is None else decorate(view)

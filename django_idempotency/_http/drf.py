@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
+from django.views import View
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -66,6 +67,7 @@ class IdempotencyMixin(_Base):
         # Bad attributes fail at import, as the decorator's options do, not as a 500 (issue 20).
         super().__init_subclass__(**kwargs)
         cls.get_idempotency_options()
+        _refuse_mixin_after(cls)
 
     @classmethod
     def get_idempotency_options(cls) -> Options:
@@ -121,6 +123,25 @@ class IdempotencyMixin(_Base):
             # it during authentication: refused as the claim would have refused it.
             return problems.body_too_large(str(exc))  # type: ignore[return-value]
         return super().handle_exception(exc)
+
+
+def _refuse_mixin_after(cls: type) -> None:
+    """``ImproperlyConfigured`` when a view class before ``IdempotencyMixin`` in ``cls``'s MRO
+    (not one of its subclasses) has its own ``dispatch`` or ``initial``: ``APIView``'s, which
+    never call the mixin's, so the view would run unprotected (``class V(APIView,
+    IdempotencyMixin)``). A mixin before it (``LoginRequiredMixin``) calls ``super()``."""
+    for owner in cls.__mro__:
+        if owner is IdempotencyMixin:
+            return
+        if issubclass(owner, IdempotencyMixin) or not issubclass(owner, View):
+            continue
+        if "dispatch" in owner.__dict__ or "initial" in owner.__dict__:
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__}: IdempotencyMixin comes after "
+                f"{owner.__module__}.{owner.__qualname__}, whose dispatch() and initial() "
+                "never call the mixin's, so the view would run unprotected. Put the mixin "
+                f"first: class {cls.__name__}(IdempotencyMixin, {owner.__name__})."
+            )
 
 
 # One attribute per view option, declared with the settings (._conf).

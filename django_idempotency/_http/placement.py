@@ -12,6 +12,13 @@ decorated (at import); ``method_decorator`` decorates a method anew at each call
 its first request, and by system check E035 at startup. DRF is looked up, never imported from
 here, nor ``django.contrib.auth``'s modules (which need the app registry): a view that uses one
 has imported it.
+
+On a django-ninja operation the plain ``@idempotent`` is refused too, whichever way ninja gets
+it: ninja calls the function with its parsed arguments and renders what it returns (a ``dict``,
+a schema) afterwards, so nothing could be stored and each retry would run the operation again.
+Ninja's own hook (``_ninja_contribute_to_operation``) refuses it when ``@api.post`` makes the
+operation (at import); ``add_decorator`` when ``api.urls`` binds it; and, for a wrapper that
+hid the hook, the view's first call finds ``Operation.run`` among its callers, before the claim.
 """
 
 from __future__ import annotations
@@ -19,12 +26,19 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
+from types import FrameType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import decorators as django_decorators
 
-__all__ = ["api_view_class", "misplaced_dispatch", "refuse_misplaced"]
+__all__ = [
+    "api_view_class",
+    "misplaced_dispatch",
+    "refuse_misplaced",
+    "refuse_ninja_caller",
+    "refuse_ninja_operation",
+]
 
 API_VIEW_ORDER = (
     "put @idempotent under @api_view (@api_view([...]) then @idempotent), where DRF has "
@@ -40,6 +54,12 @@ LOGIN_ORDER = (
     "AccessMixin such as LoginRequiredMixin before the class whose dispatch is decorated), "
     "so that it refuses before a key is claimed"
 )
+NINJA = (
+    "django_idempotency.idempotent is on the django-ninja operation {name}: ninja calls it with "
+    "its parsed arguments and renders what it returns afterwards, so its response could not be "
+    "stored and each retry would run it again. Use django_idempotency.ninja.idempotent "
+    "(from django_idempotency.ninja import idempotent), under the operation's decorator."
+)
 
 
 def refuse_misplaced(view: Callable[..., Any]) -> None:
@@ -48,6 +68,8 @@ def refuse_misplaced(view: Callable[..., Any]) -> None:
     ``method_decorator``) or a view guarded by ``django.contrib.auth``'s decorators or
     mixins."""
     name = getattr(view, "__qualname__", None) or repr(view)
+    if (operation := _ninja_operation(view, sys._getframe(1))) is not None:
+        refuse_ninja_operation(operation)
     for layer in _layers(view):
         if (cls := api_view_class(layer)) is not None:
             raise ImproperlyConfigured(
@@ -202,3 +224,54 @@ def _unwrapped(method: object) -> object:
         seen.add(id(method))
         method = cells.get("method")
     return method
+
+
+def refuse_ninja_operation(operation: Any) -> None:
+    """Ninja's ``_ninja_contribute_to_operation`` hook, which ninja calls when ``@api.post``
+    (or a router's) makes an operation of a function the plain ``@idempotent`` decorated."""
+    view = getattr(operation, "view_func", None)
+    raise ImproperlyConfigured(
+        NINJA.format(name=getattr(view, "__qualname__", None) or repr(operation))
+    )
+
+
+def refuse_ninja_caller(view: object, frame: FrameType | None) -> None:
+    """``ImproperlyConfigured`` when ``frame`` (the decorated view's caller) or one of the few
+    above it runs a django-ninja operation (``Operation.run``): checked once per view, at its
+    first call, for a wrapper above ``@idempotent`` that hid ninja's hook."""
+    operation = sys.modules.get("ninja.operation")
+    if operation is None:
+        return
+    runs = {operation.Operation.run.__code__, operation.AsyncOperation.run.__code__}
+    for _ in range(_CALLERS):
+        if frame is None:
+            return
+        if frame.f_code in runs:
+            name = getattr(view, "__qualname__", None) or repr(view)
+            raise ImproperlyConfigured(NINJA.format(name=name))
+        frame = frame.f_back
+
+
+#: How many frames above a view's wrapper may stand between it and ``Operation.run``: other
+#: decorators' wrappers.
+_CALLERS = 6
+
+
+def _ninja_operation(view: object, frame: FrameType | None) -> Any:
+    """The django-ninja operation ``view`` is being bound to, if it is: ``add_decorator`` in
+    view mode decorates the operation's ``run`` (a method of it), in operation mode its
+    function, in a loop whose ``operation`` is the operation (``frame``: the decorator's)."""
+    module = sys.modules.get("ninja.operation")
+    if module is None:
+        return None
+    owner = getattr(view, "__self__", None)
+    if isinstance(owner, module.Operation):
+        return owner
+    for _ in range(_CALLERS):
+        if frame is None:
+            return None
+        operation = frame.f_locals.get("operation")
+        if isinstance(operation, module.Operation) and operation.view_func is view:
+            return operation
+        frame = frame.f_back
+    return None

@@ -17,6 +17,15 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 def check_replayable(response: HttpResponseBase) -> None:
+    if not isinstance(response, HttpResponseBase):
+        # The view ran; its claim is released, so a retry runs it again: said so, not an
+        # AttributeError.
+        raise UnreplayableResponse(
+            f"An idempotent view returned a {type(response).__name__}, not an HttpResponse: it "
+            "ran, but there is no response to store, so its key was released and a retry with "
+            "the same key runs it again. Return an HttpResponse; on a django-ninja operation "
+            "use django_idempotency.ninja.idempotent."
+        )
     if isinstance(response, (StreamingHttpResponse, FileResponse)) or response.streaming:
         raise UnreplayableResponse(
             f"An idempotent view returned a {type(response).__name__}; streaming responses "

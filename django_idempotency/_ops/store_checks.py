@@ -88,11 +88,30 @@ def e062_unreachable(store: str) -> Error | None:
         using(store_alias(store, "")).client.ping()  # type: ignore[attr-defined]
     except Exception as exc:
         return Error(
-            f"The Redis store {display_name(store)!r} does not answer: {exc}",
+            f"The Redis store {display_name(store)!r} does not answer: {_one_line(exc)}",
             hint="Start it, or point STORE (or the view's store) at one that runs.",
             id=check_name(62),
         )
     return None
+
+
+def _one_line(exc: Exception) -> str:
+    """The error's class and its message's first line, without the objects' reprs redis-py
+    puts in it (a Sentinel's ``MasterNotFoundError`` names its client's whole connection pool:
+    about 1,500 characters, passwords redacted)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    shown, depth = [], 0
+    for index, char in enumerate(text):
+        if char == "<" and (depth or text.startswith("<redis.", index)):
+            depth += 1
+            if depth == 1:
+                shown.append("<...>")
+            continue
+        if depth:
+            depth -= char == ">"
+            continue
+        shown.append(char)
+    return f"{type(exc).__name__}: {''.join(shown)}" if text else type(exc).__name__
 
 
 @refusing(

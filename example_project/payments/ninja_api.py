@@ -11,6 +11,7 @@ fuzzing leg (``.ci/leg-schemathesis``) fuzzes it as it does the DRF API.
 
 from __future__ import annotations
 
+# docs: imports
 from typing import Annotated, Literal
 
 from django.http import HttpRequest
@@ -29,6 +30,7 @@ api = NinjaAPI(
     description="Charges made safe to retry with the Idempotency-Key header, in django-ninja.",
     urls_namespace="ninja-payments",
 )
+# docs: end imports
 
 # docs: schemas
 Currency = Literal["usd", "eur", "gbp"]
