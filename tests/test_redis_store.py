@@ -1092,3 +1092,81 @@ def test_a_frozen_redis_store_never_costs_the_database_store_its_locks() -> None
         assert runs == ["payment"]
         with contextlib.suppress(Exception):  # its lock may be lost to the freeze: its own
             frozen_redis.result()
+
+
+# --- every call bounded by its caller's deadline (issue 50) ---------------------------------
+
+
+@pytest.mark.parametrize("named_by", ["a URL", "a cache alias without socket timeouts"])
+def test_a_claim_on_a_frozen_server_answers_within_its_bound(named_by: str) -> None:
+    """The server is frozen (SIGSTOP) after a first call left the store an idle connection;
+    a claim under a 6 s lock (its bound: a sixth, 1 s) fails within that bound, a view's
+    ``503``. Each try's socket timeout was the client's: 5 s past the bound on a URL's client
+    and on a cache alias's with redis-py 8.2 (its default), for good with redis-py 5.3 (none:
+    Django's ``RedisCache`` sets none)."""
+    from django_idempotency import StoreUnavailable
+    from django_idempotency._store import _BOUND
+
+    with private_redis() as url:
+        caches = {
+            **settings.CACHES,
+            "frozen": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": url},
+        }
+        store = url if named_by == "a URL" else "frozen"
+        with override_settings(CACHES=caches):
+
+            @idempotent_function(key="event_id", store=store, lock_timeout=6)
+            def handle(event_id: str) -> str:
+                return event_id
+
+            assert handle("before") == "before"  # the store keeps this connection idle
+            process = private_redis.last.process
+            outcome: list[Any] = []
+
+            def claim() -> None:
+                started = time.monotonic()
+                try:
+                    handle("during")
+                except StoreUnavailable as exc:
+                    outcome.append(exc)
+                outcome.append(time.monotonic() - started)
+
+            process.send_signal(signal.SIGSTOP)
+            try:
+                thread = threading.Thread(target=claim, daemon=True)
+                thread.start()
+                thread.join(8.0)
+            finally:
+                process.send_signal(signal.SIGCONT)
+            thread.join(10.0)
+            for name in (store, f"cache:{store}"):
+                _BOUND.pop(name, None)
+    assert outcome, "the claim never answered while the server was frozen"
+    assert isinstance(outcome[0], StoreUnavailable), outcome
+    assert outcome[1] < 2.0, f"the claim took {outcome[1]:.2f} s, its bound 1 s"
+
+
+@pytest.mark.parametrize("timeout", [None, 5])
+def test_w061_a_pool_the_store_cannot_bound_without_a_socket_timeout(timeout: Any) -> None:
+    """A blocking pool's connections are taken call by call, with the client's own timeouts:
+    none is warned at deploy; a plain pool (the store bounds each call itself) is not."""
+    from django_idempotency._store import _BOUND
+
+    options = {"pool_class": "redis.BlockingConnectionPool", "socket_timeout": timeout}
+    caches = {
+        **settings.CACHES,
+        "blocking": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": settings.REDIS_URL,
+            "OPTIONS": options,
+        },
+    }
+    try:
+        with override_settings(CACHES=caches, IDEMPOTENCY={"STORE": "blocking"}):
+            messages = store_checks.check_stores_deploy()
+    finally:
+        _BOUND.pop("cache:blocking", None)
+    ids = [m.id for m in messages if m.id != "django_idempotency.W060"]
+    assert ids == (["django_idempotency.W061"] if timeout is None else [])
+    with on_redis():
+        assert "django_idempotency.W061" not in [m.id for m in store_checks.check_stores_deploy()]

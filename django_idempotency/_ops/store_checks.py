@@ -25,11 +25,43 @@ def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
     persists every write."""
     messages: list[CheckMessage] = []
     for store in sorted(redis_stores()):
+        messages += w061_unbounded(store)
         if error := e062_unreachable(store):
             messages.append(error)
         else:
             messages += w060_appendonly(store)
     return messages
+
+
+@refusing(
+    "a Redis store's client has no socket timeout and a pool the store cannot bound call by "
+    "call (Sentinel's, a blocking or a caching pool): a frozen server holds a request for "
+    "good; asked with ``--deploy`` only"
+)
+def w061_unbounded(store: str) -> list[CheckMessage]:
+    from django_idempotency._store import using
+
+    bound: Any = using(store_alias(store, ""))
+    try:
+        client = bound.client
+    except Exception:
+        return []  # E060 or E062 says why
+    pool = getattr(client, "connection_pool", None)
+    if bound._pool is not None or pool is None:
+        return []  # each call sets its own timeouts (or a cluster's client, made with them)
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if kwargs.get("socket_timeout") is not None:
+        return []
+    return [
+        Warning(
+            f"The Redis store {store!r} has no socket timeout, and its pool "
+            f"({type(pool).__name__}) is one whose connections the store takes call by "
+            "call: a frozen or blackholed server holds each call there for good.",
+            hint='Give the cache OPTIONS {"socket_timeout": 5, "socket_connect_timeout": 5}, '
+            "or a plain ConnectionPool (docs: 'Choosing the store').",
+            id=check_name(61, "W"),
+        )
+    ]
 
 
 def _views() -> Iterator[tuple[str, Any]]:

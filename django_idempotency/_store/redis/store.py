@@ -56,6 +56,8 @@ SOCKET_TIMEOUT = 5.0
 SENTINEL = "redis+sentinel://"
 #: A store named by Redis Cluster: some of its nodes.
 CLUSTER = "redis+cluster://"
+#: The least time one try of a call is given (seconds): its bound's last moments.
+_LEAST_TRY = 0.05
 #: How many times a claim is sent when it meets a fault (its reply lost: the second finds the
 #: first's record by its token).
 _CLAIM_TRIES = 2
@@ -184,6 +186,16 @@ def _packed(connection: Any, parts: tuple[Any, ...]) -> Any:
     if _pack_command is None:
         return connection.pack_command(*parts)
     return [_pack_command(parts)]
+
+
+def _limit(connection: Any, seconds: float) -> None:
+    """Bound a connection's next reads and writes (and a reconnection) by ``seconds``:
+    redis-py reads with its socket's own timeout."""
+    connection.socket_timeout = seconds
+    connection.socket_connect_timeout = seconds
+    sock = getattr(connection, "_sock", None)
+    if sock is not None:
+        sock.settimeout(seconds)
 
 
 def _us(delta: timedelta) -> int:
@@ -345,7 +357,7 @@ class RedisStore:
             if tries is not None:
                 tries -= 1
             try:
-                return self._eval(name, keys, args)
+                return self._eval(name, keys, args, max(deadline - time.monotonic(), _LEAST_TRY))
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
                 if isinstance(exc, redis.ResponseError) and not _passing(exc):
                     raise RedisFault(f"Redis refused {name}: {exc}") from exc
@@ -362,25 +374,49 @@ class RedisStore:
             time.sleep(delay)
             delay = min(delay * 2, _MAX_RETRY)
 
-    def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    def _eval(self, name: str, keys: list[str], args: list[Any], seconds: float) -> Any:
         """``EVALSHA`` on a connection of the store's own, sent and read below redis-py's
         command machinery (its retry wrapper, its timing): every protected call's claim and
         result, as the database store's statements go below the drivers' cursors (issue
-        42). A server that lost its scripts (a restart) gets it loaded by redis-py's
-        ``Script``; so does a cluster, Sentinel's master, or a client without a plain pool.
-
-        The connections come from the client's pool once and are kept on the store's own
-        idle list, one per concurrent call (issue 44: the pool's checkout and release, its
-        check for unread data and its observability hooks cost a replay 11 µs, a tenth of
-        our Python around the Redis call). A connection that met anything but a server's
-        reply goes back to the pool, disconnected, with every idle one (a restart or a cut
-        killed them too): the next call takes one from the pool, which reconnects."""
+        42). A server that lost its scripts (a restart) gets it loaded; a cluster, Sentinel's
+        master, or a client without a plain pool runs it through redis-py's ``Script``.
+        ``seconds``: what the try may take, its connect and handshake included."""
         import redis
 
         script = self._script(name)
-        pool = self._pool
-        if pool is None:
+        if self._pool is None:
             return self._by_client(script, name, keys, args)
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        (reply,) = self._exchange([command], seconds, name)
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            (loaded,) = self._exchange([("SCRIPT", "LOAD", script.script)], seconds, name)
+            if isinstance(loaded, Exception):
+                raise loaded
+            (reply,) = self._exchange([command], seconds, name)
+        if isinstance(reply, Exception):
+            raise reply
+        if not _understood(name, reply):
+            raise _connection_fault(name, reply)
+        return reply
+
+    def _exchange(self, commands: list[tuple[Any, ...]], seconds: float, name: str) -> list[Any]:
+        """Send ``commands`` in one write on a connection of the store's own and read their
+        replies (a server's refusal is its command's reply, an exception in the list), all
+        within ``seconds``: the connection's socket timeout is set for this exchange, and a
+        connection made for it connects and shakes hands within it too (issue 50: a cache
+        alias's client has no socket timeout by default, and one try of a claim waited for a
+        frozen server for good; a URL's client waited its 5 s timeout past the claim's bound).
+
+        The connections are made from the client's pool's own settings (its host, its
+        credentials, its TLS) but are the store's, kept on its idle list, one per concurrent
+        call (issue 44: the pool's checkout and release, its check for unread data and its
+        observability hooks cost a replay 11 µs, a tenth of our Python around the Redis call),
+        so the cache's own connections keep the timeouts their settings give them. A
+        connection that met anything but a server's replies is closed, with every idle one (a
+        restart or a cut killed them too): the next exchange makes a new one."""
+        import redis
+
+        pool = self._pool
         idle = self._idle
         if self._pid != os.getpid():  # a forked child: its parent's sockets are not its own
             idle = self._idle = []
@@ -388,31 +424,34 @@ class RedisStore:
         try:
             connection = idle.pop()
         except IndexError:
-            try:
-                connection = pool.get_connection()
-            except redis.RedisError:
-                raise
-            except Exception as exc:
-                raise _connection_fault(name, exc) from exc
-        packed = _packed(connection, ("EVALSHA", script.sha, len(keys), *keys, *args))
+            connection = None
         try:
+            if connection is None:
+                connection = pool.connection_class(
+                    **{
+                        **pool.connection_kwargs,
+                        "socket_timeout": seconds,
+                        "socket_connect_timeout": seconds,
+                    }
+                )
+                connection.connect()
+            else:
+                _limit(connection, seconds)
+            packed = [part for command in commands for part in _packed(connection, command)]
             connection.send_packed_command(packed)
-            reply = connection.read_response()
-        except redis.ResponseError as exc:  # the server's reply, read whole: a sound connection
-            idle.append(connection)
-            if isinstance(exc, redis.exceptions.NoScriptError):
-                return self._by_client(script, name, keys, args)
-            raise
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(connection.read_response())
+                except redis.ResponseError as exc:  # the server's reply, read whole
+                    replies.append(exc)
         except BaseException as exc:
-            self._drop(pool, connection)
+            self._drop(connection)
             if isinstance(exc, Exception) and not isinstance(exc, redis.RedisError):
                 raise _connection_fault(name, exc) from exc
             raise
-        if not _understood(name, reply):
-            self._drop(pool, connection)
-            raise _connection_fault(name, reply)
         idle.append(connection)
-        return reply
+        return replies
 
     @staticmethod
     def _by_client(script: Any, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -429,8 +468,8 @@ class RedisStore:
             raise _connection_fault(name, reply)
         return reply
 
-    def _drop(self, pool: Any, connection: Any) -> None:
-        """A connection that failed, and every idle one, back to the pool, disconnected."""
+    def _drop(self, connection: Any) -> None:
+        """A connection that failed, and every idle one, closed."""
         idle, dropped = self._idle, [connection]
         while idle:
             try:
@@ -438,8 +477,8 @@ class RedisStore:
             except IndexError:  # another thread took the last
                 break
         for each in dropped:
-            each.disconnect()
-            pool.release(each)
+            if each is not None:
+                each.disconnect()
 
     # -- the claim ---------------------------------------------------------------------------
 
@@ -538,8 +577,17 @@ class RedisStore:
     def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
         import redis
 
+        key = record_key(scope, key_hash)
         try:
-            status, unlock = self.client.hmget(record_key(scope, key_hash), "st", "ua")
+            client = self.client  # made first: the pool is known then
+            if self._pool is not None:
+                seconds = deadlines.LEAST if bound is None else bound
+                (reply,) = self._exchange([("HMGET", key, "st", "ua")], seconds, "HMGET")
+                if isinstance(reply, Exception):
+                    raise reply
+                status, unlock = reply
+            else:
+                status, unlock = client.hmget(key, "st", "ua")
         except redis.RedisError as exc:
             raise self.refusal(exc) from exc
         if status is None:
@@ -668,7 +716,12 @@ class RedisStore:
         script = self._script("RENEW")
         lock = _us(lock_timeout)
         try:
-            if self._cluster:
+            if self._pool is not None:
+                # One write and its replies, on a connection of the store's own, within a
+                # statement's share of the lock (issue 50: a frozen server held the renewal
+                # for the client's socket timeout, or for good).
+                results = self._renew_bounded(script, known, lock, deadlines.bound(lock_timeout))
+            elif self._cluster:
                 # One call per lock, each routed to its record's node: a cluster's pipeline
                 # loads no script (redis-py 8) or refuses EVALSHA (redis-py 5), and a script
                 # called alone is loaded on the node that lacks it.
@@ -685,6 +738,28 @@ class RedisStore:
         # A lock found lost keeps its record's entry: the owner's result write or release still
         # comes, and its script refuses it (a KeyError there was a crash instead, CI once).
         return {pk for (pk, _), result in zip(known, results, strict=True) if result}
+
+    def _renew_bounded(
+        self, script: Any, known: list[tuple[int, Any]], lock: int, seconds: float
+    ) -> list[Any]:
+        import redis
+
+        deadline = time.monotonic() + seconds
+        commands = [
+            ("EVALSHA", script.sha, 1, self._key(pk), str(token), lock) for pk, token in known
+        ]
+        replies = self._exchange(commands, seconds, "RENEW")
+        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+            left = max(deadline - time.monotonic(), _LEAST_TRY)
+            self._exchange([("SCRIPT", "LOAD", script.script)], left, "RENEW")
+            left = max(deadline - time.monotonic(), _LEAST_TRY)
+            replies = self._exchange(commands, left, "RENEW")
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+            if not _understood("RENEW", reply):
+                raise _connection_fault("RENEW", reply)
+        return replies
 
     # -- operations --------------------------------------------------------------------------
 
