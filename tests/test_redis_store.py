@@ -1170,3 +1170,56 @@ def test_w061_a_pool_the_store_cannot_bound_without_a_socket_timeout(timeout: An
     assert ids == (["django_idempotency.W061"] if timeout is None else [])
     with on_redis():
         assert "django_idempotency.W061" not in [m.id for m in store_checks.check_stores_deploy()]
+
+
+# --- eviction (issue 50) ----------------------------------------------------------------------
+
+POLICIES = [
+    "noeviction",
+    "allkeys-lru",
+    "allkeys-lfu",
+    "allkeys-random",
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "volatile-ttl",
+]
+
+
+def test_e063_every_eviction_policy_but_noeviction_is_refused_at_deploy() -> None:
+    """Every record has a TTL, so the ``volatile-*`` policies evict records as readily as
+    ``allkeys-*``: only ``noeviction`` passes. Each policy set on a private server in turn."""
+    with private_redis("--appendonly", "yes") as url, override_settings(IDEMPOTENCY={"STORE": url}):
+        admin = redis.Redis.from_url(url)
+        found = {}
+        for policy in POLICIES:
+            admin.config_set("maxmemory-policy", policy)
+            found[policy] = [m.id for m in store_checks.check_stores_deploy()]
+    assert found == {
+        policy: [] if policy == "noeviction" else ["django_idempotency.E063"] for policy in POLICIES
+    }
+
+
+def test_e063_says_which_primary_of_a_cluster_evicts(cluster_url: str) -> None:
+    nodes = cluster_client(cluster_url)
+    last = nodes.get_primaries()[-1]
+    with override_settings(IDEMPOTENCY={"STORE": cluster_url}):
+        nodes.config_set("maxmemory-policy", "volatile-ttl", target_nodes=last)
+        try:
+            messages = store_checks.check_stores_deploy()
+        finally:
+            nodes.config_set("maxmemory-policy", "noeviction", target_nodes=last)
+    assert [m.id for m in messages] == ["django_idempotency.E063"]
+    assert f"volatile-ttl on {last.host}:{last.port}" in messages[0].msg
+
+
+def test_w062_a_server_that_does_not_let_config_be_read_is_warned() -> None:
+    """``CONFIG`` renamed away (a managed server's habit): the policy cannot be read, and the
+    check says so rather than passing in silence."""
+    with (
+        private_redis("--appendonly", "yes", "--rename-command", "CONFIG", '""') as url,
+        override_settings(IDEMPOTENCY={"STORE": url}),
+    ):
+        messages = store_checks.check_stores_deploy()
+    assert [m.id for m in messages] == ["django_idempotency.W062"]
+    assert "CONFIG may be renamed or forbidden" in messages[0].msg

@@ -30,7 +30,69 @@ def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
             messages.append(error)
         else:
             messages += w060_appendonly(store)
+            messages += e063_eviction(store)
     return messages
+
+
+@refusing(
+    "a Redis store's ``maxmemory-policy`` can evict records (anything but ``noeviction``: "
+    "every record has a TTL, so the ``volatile-*`` policies evict them as readily as "
+    "``allkeys-*``), or ``CONFIG GET`` is not allowed (W062); asked with ``--deploy`` only"
+)
+def e063_eviction(store: str) -> list[CheckMessage]:
+    """Refuse an eviction policy that can remove records: an evicted record is a key whose
+    view runs again, or a live owner's lock lost to a duplicate (issue 50: ``allkeys-lru``
+    and ``volatile-lru`` each ran 20 of 20 keys twice beside cache writes)."""
+    from django_idempotency._store import using
+
+    client: Any = using(store_alias(store, "")).client  # type: ignore[attr-defined]
+    try:
+        policies = _policies(client)
+    except Exception as exc:
+        return [
+            Warning(
+                f"Could not read the Redis store {store!r}'s maxmemory-policy ({exc}): "
+                "CONFIG may be renamed or forbidden to this user. Under any policy but "
+                "noeviction, Redis evicts records when memory runs out, and their keys run "
+                "their views again.",
+                hint="Make sure the server runs with maxmemory-policy noeviction "
+                "(docs: 'Choosing the store').",
+                id=check_name(62, "W"),
+            )
+        ]
+    evicting = {node: policy for node, policy in policies.items() if policy != "noeviction"}
+    if not evicting:
+        return []
+    where = ", ".join(
+        f"{policy}{f' on {node}' if node else ''}" for node, policy in sorted(evicting.items())
+    )
+    return [
+        Error(
+            f"The Redis store {store!r} runs with maxmemory-policy {where}: when memory runs "
+            "out, Redis evicts idempotency records (each has a TTL, so volatile-* policies "
+            "evict them too), and their keys run their views again; an evicted record in "
+            "flight lets a duplicate run beside its owner.",
+            hint="Set maxmemory-policy noeviction on the store's server (a full server then "
+            "refuses claims: 503), and keep caches that need eviction on another server "
+            "(docs: 'Choosing the store').",
+            id=check_name(63),
+        )
+    ]
+
+
+def _policies(client: Any) -> dict[str, str]:
+    """``maxmemory-policy`` of the server (under ``""``), or of each primary of a cluster."""
+    if not hasattr(client, "get_primaries"):
+        return {"": _text(client.config_get("maxmemory-policy")["maxmemory-policy"])}
+    found = {}
+    for node in client.get_primaries():
+        reply = client.config_get("maxmemory-policy", target_nodes=node)
+        found[node.name] = _text(reply["maxmemory-policy"])
+    return found
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @refusing(
