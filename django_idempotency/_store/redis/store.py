@@ -188,6 +188,43 @@ def _packed(connection: Any, parts: tuple[Any, ...]) -> Any:
     return [_pack_command(parts)]
 
 
+#: The scripts a ``REDIS_REPLICAS`` wait follows: the claim and the result.
+_WAITED = frozenset(("CLAIM", "COMPLETE"))
+#: The share of a try's time its wait may take: its reply must come before the socket's
+#: timeout, or the fault is the connection's.
+_WAIT_SHARE = 0.8
+
+
+def _has_waitaof(version: str) -> bool:
+    """Whether a server of ``version`` has ``WAITAOF`` (Redis 7.2 and later)."""
+    major, minor = (int(part) for part in [*version.split("."), "0"][:2])
+    return (major, minor) >= (7, 2)
+
+
+def _found(name: str, reply: Any) -> bool:
+    """Whether a claim found a record and wrote nothing: a replay or a duplicate, whose wait
+    for replicas is moot (a new primary without its replicas yet still replays)."""
+    return name == "CLAIM" and reply[0] == b"found"
+
+
+def _check_wait(name: str, wait: tuple[Any, ...], reply: Any) -> None:
+    """Raise :class:`redis.TimeoutError` (a fault) when the wait fell short."""
+    import redis
+
+    if isinstance(reply, Exception):
+        raise reply
+    wanted = wait[2] if wait[0] == "WAITAOF" else wait[1]
+    got = int(reply[1]) if isinstance(reply, list) else int(reply)
+    if got < wanted:
+        # A fault (tried again within the call's bound, then 503), marked as the wait's.
+        short = redis.TimeoutError(
+            f"{name}: {got} of {wanted} replica(s) acknowledged it within {wait[-1]} ms "
+            f"({wait[0]}, REDIS_REPLICAS)"
+        )
+        short.short_wait = True  # type: ignore[attr-defined]
+        raise short
+
+
 def _limit(connection: Any, seconds: float) -> None:
     """Bound a connection's next reads and writes (and a reconnection) by ``seconds``:
     redis-py reads with its socket's own timeout."""
@@ -240,6 +277,8 @@ class RedisStore:
         self._pid = os.getpid()
         #: The records of this process's live claims: pk -> (Redis key, scope, key hash).
         self._records: dict[int, tuple[str, str, str]] = {}
+        #: Whether the server has ``WAITAOF`` (Redis 7.2+), read at the first wait.
+        self._waitaof: bool | None = None
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -361,7 +400,10 @@ class RedisStore:
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
                 if isinstance(exc, redis.ResponseError) and not _passing(exc):
                     raise RedisFault(f"Redis refused {name}: {exc}") from exc
-                if tries == 0 or time.monotonic() + delay >= deadline:
+                # A claim's wait for replicas that fell short took its time already: not
+                # again (a result write's is, within its lock: a failover may be under way).
+                short = tries is not None and getattr(exc, "short_wait", False)
+                if short or tries == 0 or time.monotonic() + delay >= deadline:
                     raise RedisFault(f"Redis store {self.alias!r}: {exc}") from exc
                 logger.warning(
                     "Idempotency store %r failed (%s); trying again in %.2gs.",
@@ -384,20 +426,60 @@ class RedisStore:
         import redis
 
         script = self._script(name)
+        wait = self._wait_command(name, seconds)
         if self._pool is None:
-            return self._by_client(script, name, keys, args)
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        (reply,) = self._exchange([command], seconds, name)
-        if isinstance(reply, redis.exceptions.NoScriptError):
+            return self._by_client(script, name, keys, args, wait)
+        commands: list[tuple[Any, ...]] = [("EVALSHA", script.sha, len(keys), *keys, *args)]
+        if wait is not None:
+            commands.append(wait)
+        replies = self._exchange(commands, seconds, name)
+        if isinstance(replies[0], redis.exceptions.NoScriptError):
             (loaded,) = self._exchange([("SCRIPT", "LOAD", script.script)], seconds, name)
             if isinstance(loaded, Exception):
                 raise loaded
-            (reply,) = self._exchange([command], seconds, name)
+            replies = self._exchange(commands, seconds, name)
+        reply = replies[0]
         if isinstance(reply, Exception):
             raise reply
         if not _understood(name, reply):
             raise _connection_fault(name, reply)
+        if wait is not None and not _found(name, reply):
+            _check_wait(name, wait, replies[1])
         return reply
+
+    def _server_version(self, seconds: float) -> str:
+        if self._pool is None:
+            return str(self.client.info("server").get("redis_version", "0"))
+        (info,) = self._exchange([("INFO", "server")], seconds, "INFO")
+        if isinstance(info, Exception):
+            raise info
+        for line in _text(info).splitlines():
+            if line.startswith("redis_version:"):
+                return line.partition(":")[2].strip()
+        return "0"
+
+    def _wait_command(self, name: str, seconds: float) -> tuple[Any, ...] | None:
+        """The ``WAIT`` (``WAITAOF`` on Redis 7.2 and later) that follows a claim or a result
+        write on its connection when ``REDIS_REPLICAS`` asks for replicas (issue 50), its
+        timeout within what the try has left (never 0: that is forever)."""
+        if name not in _WAITED:
+            return None
+        from django_idempotency._conf.settings import conf
+
+        replicas = conf.REDIS_REPLICAS
+        if not replicas:
+            return None
+        if self._cluster:
+            raise RedisFault(
+                f"Redis store {self.alias!r}: REDIS_REPLICAS is not supported on a Redis "
+                "Cluster (a WAIT must follow the write on its node's connection)."
+            )
+        milliseconds = max(10, int(seconds * 1000 * _WAIT_SHARE))
+        if self._waitaof is None:
+            self._waitaof = _has_waitaof(self._server_version(seconds))
+        if self._waitaof:
+            return ("WAITAOF", 0, replicas, milliseconds)
+        return ("WAIT", replicas, milliseconds)
 
     def _exchange(self, commands: list[tuple[Any, ...]], seconds: float, name: str) -> list[Any]:
         """Send ``commands`` in one write on a connection of the store's own and read their
@@ -453,19 +535,34 @@ class RedisStore:
         idle.append(connection)
         return replies
 
-    @staticmethod
-    def _by_client(script: Any, name: str, keys: list[str], args: list[Any]) -> Any:
-        """The script through redis-py's ``Script`` (it loads one the server lacks)."""
+    def _by_client(
+        self,
+        script: Any,
+        name: str,
+        keys: list[str],
+        args: list[Any],
+        wait: tuple[Any, ...] | None = None,
+    ) -> Any:
+        """The script through redis-py's ``Script`` (it loads one the server lacks), and the
+        replicas' wait after it in one pipeline: on the same connection, as ``WAIT`` needs."""
         import redis
 
         try:
-            reply = script(keys=keys, args=args)
+            if wait is None:
+                reply = script(keys=keys, args=args)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                script(keys=keys, args=args, client=pipe)
+                pipe.execute_command(*wait)
+                reply, acknowledged = pipe.execute()
         except redis.RedisError:
             raise
         except Exception as exc:
             raise _connection_fault(name, exc) from exc
         if not _understood(name, reply):
             raise _connection_fault(name, reply)
+        if wait is not None and not _found(name, reply):
+            _check_wait(name, wait, acknowledged)
         return reply
 
     def _drop(self, connection: Any) -> None:
@@ -513,6 +610,8 @@ class RedisStore:
                 tries=_CLAIM_TRIES,
             )
         except RedisFault as exc:
+            if getattr(exc.__cause__, "short_wait", False):
+                self._let_go(key, token, bound)
             raise self.refusal(exc) from exc
         kind = reply[0]
         if kind == b"found":
@@ -534,6 +633,15 @@ class RedisStore:
             held_until=started + lock_timeout.total_seconds(),
             uncommitted=False,
         )
+
+    def _let_go(self, key: str, token: str, bound: float) -> None:
+        """A claim the replicas did not acknowledge answers ``503`` and its view never runs:
+        its lock is let go at once (``UNLOCK``, fenced: the record and its recovery point
+        kept), so the client's retry takes it over instead of waiting out the lock (``409``)."""
+        try:
+            self._run("UNLOCK", [key], [token], bound, tries=1)
+        except RedisFault:
+            logger.warning("Could not let go of an unacknowledged claim's lock.", exc_info=True)
 
     def _record(self, identity: Any, reply: list[Any]) -> Record:
         """Another call's record, as the claim read it: a :class:`~.rows.Record` that converts
