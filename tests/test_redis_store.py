@@ -1422,3 +1422,51 @@ def test_e064_redis_replicas_is_a_whole_number(value: Any) -> None:
         assert [e.id for e in checks.check_settings()] == ["django_idempotency.E064"]
     with override_settings(IDEMPOTENCY={"REDIS_REPLICAS": 2}):
         assert checks.check_settings() == []
+
+
+# --- the attempt as a fencing token (issue 50) ----------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["database", STORE])
+@pytest.mark.django_db(transaction=True)
+def test_the_attempt_is_a_fencing_token_monotonic_in_one_record_life(store: str) -> None:
+    """Kleppmann's fencing token, on both stores: within one record's life (same operation
+    id) each takeover's attempt is one above the last, whichever attempt died how (a lapsed
+    lock, a lock let go at a recovery point); racing takeovers of one stale record give one
+    winner, the next number. A new life (the record released after a failure) starts at 1
+    and a later ``life``: ``(claim.life, claim.attempt)`` only grows, the token a downstream
+    service keeps the highest of per key."""
+    from django_idempotency import Claim
+
+    seen: list[tuple[int, int]] = []
+    fail = [True]
+
+    @idempotent_function(key="event_id", store=store, payload=lambda event_id, *_, **__: event_id)
+    def handle(event_id: str, *, idempotency: Claim) -> int:
+        seen.append((idempotency.life, idempotency.attempt))
+        if event_id == "failing" and fail[0]:
+            fail[0] = False
+            raise RuntimeError("a failure releases the record")
+        return idempotency.attempt
+
+    claims = [stale_key("k", handle, "k") for _ in range(3)]
+    claims.append(stale_key("k", handle, "k", recovery_point="charged"))
+    assert [claim.attempt for claim in claims] == [1, 2, 3, 4]
+    assert len({claim.life for claim in claims}) == 1  # one life
+    # Eight racers for the stale record: one takes it over (attempt 5) and runs; the rest
+    # find it held, or replay its result.
+    outcomes = concurrently(lambda: _attempt_or_held(handle, "k"), 8)
+    assert all(o == 5 or isinstance(o, IdempotencyInProgress) for o in outcomes), outcomes
+    assert seen == [(claims[0].life, 5)]
+    with pytest.raises(RuntimeError):
+        handle("failing")
+    assert handle("failing") == 1  # a new life, begun later (on Redis its life was a 500:
+    # the claim read the database's table by the cache alias's name)
+    assert seen[1][1] == seen[2][1] == 1 and seen[1][0] < seen[2][0]
+
+
+def _attempt_or_held(handle: Any, key: str) -> Any:
+    try:
+        return handle(key)
+    except IdempotencyInProgress as exc:
+        return exc

@@ -643,6 +643,19 @@ class RedisStore:
         except RedisFault:
             logger.warning("Could not let go of an unacknowledged claim's lock.", exc_info=True)
 
+    def created_at(self, pk: int) -> datetime | None:
+        """When a live claim's record began (:attr:`.Claim.life`, its operation id): it read
+        the database's table by the cache alias's name, which is no database (issue 50)."""
+        import redis
+
+        entry = self._records.get(pk)
+        if entry is None:
+            return None
+        try:
+            return _time(self.client.hget(entry[0], "ca"))
+        except redis.RedisError as exc:
+            raise self.refusal(exc) from exc
+
     def _record(self, identity: Any, reply: list[Any]) -> Record:
         """Another call's record, as the claim read it: a :class:`~.rows.Record` that converts
         a field when it is first read (a replay reads five), and makes the model's instance
