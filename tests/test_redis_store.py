@@ -1470,3 +1470,26 @@ def _attempt_or_held(handle: Any, key: str) -> Any:
         return handle(key)
     except IdempotencyInProgress as exc:
         return exc
+
+
+def test_a_flush_of_the_cache_alias_deletes_every_record() -> None:
+    """What docs/stores.rst says of a flush: Django's ``RedisCache.clear()`` is ``FLUSHDB``,
+    whatever the cache's ``KEY_PREFIX``, so ``caches[alias].clear()`` deletes the store's
+    records with the cache's entries: every finished key runs again."""
+    from django.core.cache import caches
+
+    runs: list[str] = []
+
+    @idempotent_function(key="event_id")
+    def handle(event_id: str) -> str:
+        runs.append(event_id)
+        return event_id
+
+    keys = [f"k{n}" for n in range(10)]
+    with on_redis():
+        for key in keys:
+            handle(key)
+        caches["redis"].clear()
+        for key in keys:
+            handle(key)
+    assert runs == keys + keys

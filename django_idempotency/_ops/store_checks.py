@@ -206,8 +206,10 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
             f"The Redis store {store!r} runs with appendonly no{where}: a restart or a crash "
             "loses every record written since its last snapshot, and retries of those keys "
             "run their views again.",
-            hint="Set appendonly yes (appendfsync everysec loses at most a second), or keep "
-            "such views on the database store (docs: 'Choosing the store').",
+            hint="Set appendonly yes: appendfsync always loses no acknowledged write; "
+            "everysec about a second's on a machine crash, and up to two seconds' (a process "
+            "crash too) when a slow disk makes Redis postpone its AOF writes. Or keep such "
+            "views on the database store (docs: 'Choosing the store').",
             id=check_name(60, "W"),
         )
     ]
