@@ -124,20 +124,17 @@ def test_redis_replicas_with_a_live_replica_claims_pass_and_its_cost(capsys: Any
         )
 
 
-def test_redis_replicas_a_sentinel_failover_loses_no_acknowledged_claim(capsys: Any) -> None:
-    """With ``REDIS_REPLICAS: 1``, two replicas, twenty owners claim their keys (each claim
-    acknowledged by a replica) and wait in their functions; the primary is SIGKILLed at once,
-    and the sentinel promotes a replica. Every key's duplicate then finds its owner's record (in
-    progress, never run again), and every owner's result is stored on the new primary: one
-    execution per key."""
-    from django_idempotency import StoreUnavailable
-
+@contextlib.contextmanager
+def sentinel_group() -> Iterator[tuple[list[subprocess.Popen[bytes]], str]]:
+    """A primary (``appendonly yes``), two replicas (the one not promoted serves the new
+    primary's waits) and a sentinel, private; yields the processes (primary first) and the
+    store's ``redis+sentinel://`` URL once the replicas synced and the sentinel knows them."""
     directory = tempfile.mkdtemp(prefix="idempotency-sentinel-")
     processes: list[subprocess.Popen[bytes]] = []
     try:
         master = free_port()
         processes.append(start_server(master, directory, "--appendonly", "yes"))
-        for name in ("a", "b"):  # two: the one not promoted serves the new primary's waits
+        for name in ("a", "b"):
             os.makedirs(f"{directory}/{name}")
             processes.append(
                 start_server(
@@ -159,7 +156,24 @@ def test_redis_replicas_a_sentinel_failover_loses_no_acknowledged_claim(capsys: 
         while len(sentinel.sentinel_slaves("m")) < 2:  # it learns them from the master's INFO
             assert time.monotonic() < deadline + 30, "the sentinel never saw the replicas"
             time.sleep(0.1)
-        url = f"redis+sentinel://127.0.0.1:{watcher}/m/0"
+        yield processes, f"redis+sentinel://127.0.0.1:{watcher}/m/0"
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+            process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_redis_replicas_a_sentinel_failover_loses_no_acknowledged_claim(capsys: Any) -> None:
+    """With ``REDIS_REPLICAS: 1``, two replicas, twenty owners claim their keys (each claim
+    acknowledged by a replica) and wait in their functions; the primary is SIGKILLed at once,
+    and the sentinel promotes a replica. Every key's duplicate then finds its owner's record (in
+    progress, never run again), and every owner's result is stored on the new primary: one
+    execution per key."""
+    from django_idempotency import StoreUnavailable
+
+    with sentinel_group() as (processes, url):
         runs: dict[str, int] = {}
         claimed = threading.Semaphore(0)
         go = threading.Event()
@@ -201,12 +215,6 @@ def test_redis_replicas_a_sentinel_failover_loses_no_acknowledged_claim(capsys: 
             results = [owner.result(timeout=60) for owner in owners]
             pool.shutdown(wait=True)
             replays = [handle(key) for key in keys]
-    finally:
-        go.set()
-        for process in processes:
-            process.kill()
-            process.wait()
-        shutil.rmtree(directory, ignore_errors=True)
     assert all(isinstance(each, IdempotencyInProgress) for each in duplicates.values()), duplicates
     assert results == keys and replays == keys
     assert runs == dict.fromkeys(keys, 1)
@@ -215,3 +223,86 @@ def test_redis_replicas_a_sentinel_failover_loses_no_acknowledged_claim(capsys: 
             f"\nREDIS_REPLICAS failover: {len(keys)} acknowledged claims, the primary SIGKILLed "
             f"at once, duplicates answered after {failover:.1f} s: 0 of {len(keys)} ran again"
         )
+
+
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_redis_replicas_a_failover_to_a_stalled_replica(replicas: int, capsys: Any) -> None:
+    """Both replicas stalled (SIGSTOP) behind 32 MB of other writes, five owners claim their
+    keys and wait in their functions; the primary is SIGKILLed, the replicas resume and the
+    sentinel promotes one, which never received the claims. Without the option each claim was
+    acknowledged by the primary alone and is lost: every key's retry during its owner's run
+    runs it again (5 of 5 here). With ``REDIS_REPLICAS: 1`` each claim answered ``503`` and its
+    function never ran: each key runs once, on its retry after the failover."""
+    from django_idempotency import StoreUnavailable
+
+    keys = [f"k{n}" for n in range(5)]
+    runs: dict[str, int] = {}
+    go = threading.Event()
+    with sentinel_group() as (processes, url):
+
+        @idempotent_function(
+            key="event_id", store=url, lock_timeout=15, payload=lambda event_id, *_: event_id
+        )
+        def handle(event_id: str, owner: bool = False) -> str:
+            runs[event_id] = runs.get(event_id, 0) + 1
+            if owner:
+                assert go.wait(30)
+            return event_id
+
+        with override_settings(IDEMPOTENCY={"REDIS_REPLICAS": replicas}):
+            for replica in processes[1:3]:
+                replica.send_signal(signal.SIGSTOP)
+            # 32 MB of other writes: more than the sockets' buffers hold, so what follows
+            # stays in the primary's own buffer for its replicas (the audit's 64 MB behind).
+            primary = _primary_of(url)
+            for n in range(32):
+                primary.set(f"filler:{n}", b"x" * 1024 * 1024)
+            pool = ThreadPoolExecutor(max_workers=len(keys))
+            owners = [pool.submit(handle, key, True) for key in keys]
+            deadline = time.monotonic() + 30
+            while sum(runs.values()) < len(keys) and not all(o.done() for o in owners):
+                assert time.monotonic() < deadline, "the owners neither ran nor were refused"
+                time.sleep(0.05)
+            processes[0].kill()
+            processes[0].wait()
+            for replica in processes[1:3]:
+                replica.send_signal(signal.SIGCONT)
+            retried: dict[str, Any] = {}
+            while len(retried) < len(keys):
+                assert time.monotonic() < deadline + 30, "no failover in 30 s"
+                for key in keys:
+                    if key in retried:
+                        continue
+                    try:
+                        retried[key] = handle(key)
+                    except IdempotencyInProgress as exc:
+                        retried[key] = exc
+                    except StoreUnavailable:
+                        time.sleep(0.05)
+                        break
+            go.set()
+            owned = []
+            for owner in owners:
+                try:
+                    owned.append(owner.result(timeout=60))
+                except StoreUnavailable as exc:
+                    owned.append(exc)
+            pool.shutdown(wait=True)
+    twice = sum(1 for key in keys if runs.get(key, 0) > 1)
+    with capsys.disabled():
+        print(
+            f"\nREDIS_REPLICAS {replicas}, a failover to a stalled replica: {twice} of "
+            f"{len(keys)} in-flight keys ran twice"
+        )
+    if replicas:
+        assert all(isinstance(each, StoreUnavailable) for each in owned), owned
+        assert runs == dict.fromkeys(keys, 1) and retried == dict(zip(keys, keys, strict=True))
+    else:
+        assert twice == len(keys)  # what the option is for
+
+
+def _primary_of(url: str) -> redis.Redis:
+    """A plain client of the sentinel's current master."""
+    port = int(url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    host, master = redis.Redis(port=port).sentinel_get_master_addr_by_name("m")
+    return redis.Redis(host=host, port=int(master))
