@@ -1147,3 +1147,213 @@ def test_a_frozen_redis_store_never_costs_the_database_store_its_locks() -> None
         assert runs == ["payment"]
         with contextlib.suppress(Exception):  # its lock may be lost to the freeze: its own
             frozen_redis.result()
+
+
+# --- every call bounded by its caller's deadline (issue 50) ---------------------------------
+
+
+@pytest.mark.parametrize("named_by", ["a URL", "a cache alias without socket timeouts"])
+def test_a_claim_on_a_frozen_server_answers_within_its_bound(named_by: str) -> None:
+    """The server is frozen (SIGSTOP) after a first call left the store an idle connection;
+    a claim under a 6 s lock (its bound: a sixth, 1 s) fails within that bound, a view's
+    ``503``. Each try's socket timeout was the client's: 5 s past the bound on a URL's client
+    and on a cache alias's with redis-py 8.2 (its default), for good with redis-py 5.3 (none:
+    Django's ``RedisCache`` sets none)."""
+    from django_idempotency import StoreUnavailable
+    from django_idempotency._store import _BOUND
+
+    with private_redis() as url:
+        caches = {
+            **settings.CACHES,
+            "frozen": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": url},
+        }
+        store = url if named_by == "a URL" else "frozen"
+        with override_settings(CACHES=caches):
+
+            @idempotent_function(key="event_id", store=store, lock_timeout=6)
+            def handle(event_id: str) -> str:
+                return event_id
+
+            assert handle("before") == "before"  # the store keeps this connection idle
+            process = private_redis.last.process
+            outcome: list[Any] = []
+
+            def claim() -> None:
+                started = time.monotonic()
+                try:
+                    handle("during")
+                except StoreUnavailable as exc:
+                    outcome.append(exc)
+                outcome.append(time.monotonic() - started)
+
+            process.send_signal(signal.SIGSTOP)
+            try:
+                thread = threading.Thread(target=claim, daemon=True)
+                thread.start()
+                thread.join(8.0)
+            finally:
+                process.send_signal(signal.SIGCONT)
+            thread.join(10.0)
+            for name in (store, f"cache:{store}"):
+                _BOUND.pop(name, None)
+    assert outcome, "the claim never answered while the server was frozen"
+    assert isinstance(outcome[0], StoreUnavailable), outcome
+    assert outcome[1] < 2.0, f"the claim took {outcome[1]:.2f} s, its bound 1 s"
+
+
+@pytest.mark.parametrize("timeout", [None, 5])
+def test_w061_a_pool_the_store_cannot_bound_without_a_socket_timeout(timeout: Any) -> None:
+    """A blocking pool's connections are taken call by call, with the client's own timeouts:
+    none is warned at deploy; a plain pool (the store bounds each call itself) is not."""
+    from django_idempotency._store import _BOUND
+
+    options = {"pool_class": "redis.BlockingConnectionPool", "socket_timeout": timeout}
+    caches = {
+        **settings.CACHES,
+        "blocking": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": settings.REDIS_URL,
+            "OPTIONS": options,
+        },
+    }
+    try:
+        with override_settings(CACHES=caches, IDEMPOTENCY={"STORE": "blocking"}):
+            messages = store_checks.check_stores_deploy()
+    finally:
+        _BOUND.pop("cache:blocking", None)
+    ids = [m.id for m in messages if m.id != "django_idempotency.W060"]
+    assert ids == (["django_idempotency.W061"] if timeout is None else [])
+    with on_redis():
+        assert "django_idempotency.W061" not in [m.id for m in store_checks.check_stores_deploy()]
+
+
+# --- eviction (issue 50) ----------------------------------------------------------------------
+
+POLICIES = [
+    "noeviction",
+    "allkeys-lru",
+    "allkeys-lfu",
+    "allkeys-random",
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "volatile-ttl",
+]
+
+
+def test_e063_every_eviction_policy_but_noeviction_is_refused_at_deploy() -> None:
+    """Every record has a TTL, so the ``volatile-*`` policies evict records as readily as
+    ``allkeys-*``: only ``noeviction`` passes. Each policy set on a private server in turn."""
+    with private_redis("--appendonly", "yes") as url, override_settings(IDEMPOTENCY={"STORE": url}):
+        admin = redis.Redis.from_url(url)
+        found = {}
+        for policy in POLICIES:
+            admin.config_set("maxmemory-policy", policy)
+            found[policy] = [m.id for m in store_checks.check_stores_deploy()]
+    assert found == {
+        policy: [] if policy == "noeviction" else ["django_idempotency.E063"] for policy in POLICIES
+    }
+
+
+def test_e063_says_which_primary_of_a_cluster_evicts(cluster_url: str) -> None:
+    nodes = cluster_client(cluster_url)
+    last = nodes.get_primaries()[-1]
+    with override_settings(IDEMPOTENCY={"STORE": cluster_url}):
+        nodes.config_set("maxmemory-policy", "volatile-ttl", target_nodes=last)
+        try:
+            messages = store_checks.check_stores_deploy()
+        finally:
+            nodes.config_set("maxmemory-policy", "noeviction", target_nodes=last)
+    assert [m.id for m in messages] == ["django_idempotency.E063"]
+    assert f"volatile-ttl on {last.host}:{last.port}" in messages[0].msg
+
+
+def test_w062_a_server_that_does_not_let_config_be_read_is_warned() -> None:
+    """``CONFIG`` renamed away (a managed server's habit): the policy cannot be read, and the
+    check says so rather than passing in silence."""
+    with (
+        private_redis("--appendonly", "yes", "--rename-command", "CONFIG", '""') as url,
+        override_settings(IDEMPOTENCY={"STORE": url}),
+    ):
+        messages = store_checks.check_stores_deploy()
+    assert [m.id for m in messages] == ["django_idempotency.W062"]
+    assert "CONFIG may be renamed or forbidden" in messages[0].msg
+
+
+@pytest.mark.parametrize("value", [-1, "1", True, 1.5])
+def test_e064_redis_replicas_is_a_whole_number(value: Any) -> None:
+    with override_settings(IDEMPOTENCY={"REDIS_REPLICAS": value}):
+        assert [e.id for e in checks.check_settings()] == ["django_idempotency.E064"]
+    with override_settings(IDEMPOTENCY={"REDIS_REPLICAS": 2}):
+        assert checks.check_settings() == []
+
+
+# --- the attempt as a fencing token (issue 50) ----------------------------------------------
+
+
+@pytest.mark.parametrize("store", ["database", STORE])
+@pytest.mark.django_db(transaction=True)
+def test_the_attempt_is_a_fencing_token_monotonic_in_one_record_life(store: str) -> None:
+    """Kleppmann's fencing token, on both stores: within one record's life (same operation
+    id) each takeover's attempt is one above the last, whichever attempt died how (a lapsed
+    lock, a lock let go at a recovery point); racing takeovers of one stale record give one
+    winner, the next number. A new life (the record released after a failure) starts at 1
+    and a later ``life``: ``(claim.life, claim.attempt)`` only grows, the token a downstream
+    service keeps the highest of per key."""
+    from django_idempotency import Claim
+
+    seen: list[tuple[int, int]] = []
+    fail = [True]
+
+    @idempotent_function(key="event_id", store=store, payload=lambda event_id, *_, **__: event_id)
+    def handle(event_id: str, *, idempotency: Claim) -> int:
+        seen.append((idempotency.life, idempotency.attempt))
+        if event_id == "failing" and fail[0]:
+            fail[0] = False
+            raise RuntimeError("a failure releases the record")
+        return idempotency.attempt
+
+    claims = [stale_key("k", handle, "k") for _ in range(3)]
+    claims.append(stale_key("k", handle, "k", recovery_point="charged"))
+    assert [claim.attempt for claim in claims] == [1, 2, 3, 4]
+    assert len({claim.life for claim in claims}) == 1  # one life
+    # Eight racers for the stale record: one takes it over (attempt 5) and runs; the rest
+    # find it held, or replay its result.
+    outcomes = concurrently(lambda: _attempt_or_held(handle, "k"), 8)
+    assert all(o == 5 or isinstance(o, IdempotencyInProgress) for o in outcomes), outcomes
+    assert seen == [(claims[0].life, 5)]
+    with pytest.raises(RuntimeError):
+        handle("failing")
+    assert handle("failing") == 1  # a new life, begun later (on Redis its life was a 500:
+    # the claim read the database's table by the cache alias's name)
+    assert seen[1][1] == seen[2][1] == 1 and seen[1][0] < seen[2][0]
+
+
+def _attempt_or_held(handle: Any, key: str) -> Any:
+    try:
+        return handle(key)
+    except IdempotencyInProgress as exc:
+        return exc
+
+
+def test_a_flush_of_the_cache_alias_deletes_every_record() -> None:
+    """What docs/stores.rst says of a flush: Django's ``RedisCache.clear()`` is ``FLUSHDB``,
+    whatever the cache's ``KEY_PREFIX``, so ``caches[alias].clear()`` deletes the store's
+    records with the cache's entries: every finished key runs again."""
+    from django.core.cache import caches
+
+    runs: list[str] = []
+
+    @idempotent_function(key="event_id")
+    def handle(event_id: str) -> str:
+        runs.append(event_id)
+        return event_id
+
+    keys = [f"k{n}" for n in range(10)]
+    with on_redis():
+        for key in keys:
+            handle(key)
+        caches["redis"].clear()
+        for key in keys:
+            handle(key)
+    assert runs == keys + keys

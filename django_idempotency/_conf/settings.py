@@ -322,6 +322,7 @@ class Settings:
     OUTBOX_BATCH_SIZE = Setting(100, _int, {54: positive_int})
     OUTBOX_POLL_INTERVAL = Setting(timedelta(seconds=5), _to_timedelta, {55: positive_duration})
     STORE = Setting(values.DATABASE, values.store, {60: values.store}, CALLS)
+    REDIS_REPLICAS = Setting(0, _int, {64: values.replica_count})
     OPERATION_SCOPE_FUNCTION: Setting[ScopeFunction | None] = Setting(
         None, optional_scope_function, {70: optional_scope_function}, shown="none"
     )

@@ -138,6 +138,13 @@ def positive_int(value: Any, name: str) -> int:
     return value
 
 
+@refusing("is not a whole number of replicas (0 or more)")
+def replica_count(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be a whole number of replicas (0 or more), not {value!r}.")
+    return value
+
+
 @refusing("is not a collection of HTTP statuses")
 def statuses(value: Any, name: str) -> frozenset[int]:
     items = _items(value)

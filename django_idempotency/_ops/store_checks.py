@@ -25,11 +25,105 @@ def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
     persists every write."""
     messages: list[CheckMessage] = []
     for store in sorted(redis_stores()):
+        messages += w061_unbounded(store)
         if error := e062_unreachable(store):
             messages.append(error)
         else:
             messages += w060_appendonly(store)
+            messages += e063_eviction(store)
     return messages
+
+
+@refusing(
+    "a Redis store's ``maxmemory-policy`` can evict records (anything but ``noeviction``: "
+    "every record has a TTL, so the ``volatile-*`` policies evict them as readily as "
+    "``allkeys-*``), or ``CONFIG GET`` is not allowed (W062); asked with ``--deploy`` only"
+)
+def e063_eviction(store: str) -> list[CheckMessage]:
+    """Refuse an eviction policy that can remove records: an evicted record is a key whose
+    view runs again, or a live owner's lock lost to a duplicate (issue 50: ``allkeys-lru``
+    and ``volatile-lru`` each ran 20 of 20 keys twice beside cache writes)."""
+    from django_idempotency._store import using
+
+    client: Any = using(store_alias(store, "")).client  # type: ignore[attr-defined]
+    try:
+        policies = _policies(client)
+    except Exception as exc:
+        return [
+            Warning(
+                f"Could not read the Redis store {store!r}'s maxmemory-policy ({exc}): "
+                "CONFIG may be renamed or forbidden to this user. Under any policy but "
+                "noeviction, Redis evicts records when memory runs out, and their keys run "
+                "their views again.",
+                hint="Make sure the server runs with maxmemory-policy noeviction "
+                "(docs: 'Choosing the store').",
+                id=check_name(62, "W"),
+            )
+        ]
+    evicting = {node: policy for node, policy in policies.items() if policy != "noeviction"}
+    if not evicting:
+        return []
+    where = ", ".join(
+        f"{policy}{f' on {node}' if node else ''}" for node, policy in sorted(evicting.items())
+    )
+    return [
+        Error(
+            f"The Redis store {store!r} runs with maxmemory-policy {where}: when memory runs "
+            "out, Redis evicts idempotency records (each has a TTL, so volatile-* policies "
+            "evict them too), and their keys run their views again; an evicted record in "
+            "flight lets a duplicate run beside its owner.",
+            hint="Set maxmemory-policy noeviction on the store's server (a full server then "
+            "refuses claims: 503), and keep caches that need eviction on another server "
+            "(docs: 'Choosing the store').",
+            id=check_name(63),
+        )
+    ]
+
+
+def _policies(client: Any) -> dict[str, str]:
+    """``maxmemory-policy`` of the server (under ``""``), or of each primary of a cluster."""
+    if not hasattr(client, "get_primaries"):
+        return {"": _text(client.config_get("maxmemory-policy")["maxmemory-policy"])}
+    found = {}
+    for node in client.get_primaries():
+        reply = client.config_get("maxmemory-policy", target_nodes=node)
+        found[node.name] = _text(reply["maxmemory-policy"])
+    return found
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@refusing(
+    "a Redis store's client has no socket timeout and a pool the store cannot bound call by "
+    "call (Sentinel's, a blocking or a caching pool): a frozen server holds a request for "
+    "good; asked with ``--deploy`` only"
+)
+def w061_unbounded(store: str) -> list[CheckMessage]:
+    from django_idempotency._store import using
+
+    bound: Any = using(store_alias(store, ""))
+    try:
+        client = bound.client
+    except Exception:
+        return []  # E060 or E062 says why
+    pool = getattr(client, "connection_pool", None)
+    if bound._pool is not None or pool is None:
+        return []  # each call sets its own timeouts (or a cluster's client, made with them)
+    kwargs = getattr(pool, "connection_kwargs", {})
+    if kwargs.get("socket_timeout") is not None:
+        return []
+    return [
+        Warning(
+            f"The Redis store {store!r} has no socket timeout, and its pool "
+            f"({type(pool).__name__}) is one whose connections the store takes call by "
+            "call: a frozen or blackholed server holds each call there for good.",
+            hint='Give the cache OPTIONS {"socket_timeout": 5, "socket_connect_timeout": 5}, '
+            "or a plain ConnectionPool (docs: 'Choosing the store').",
+            id=check_name(61, "W"),
+        )
+    ]
 
 
 def _views() -> Iterator[tuple[str, Any]]:
@@ -134,8 +228,10 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
             f"The Redis store {display_name(store)!r} runs with appendonly no{where}: a restart "
             "or a crash loses every record written since its last snapshot, and retries of "
             "those keys run their views again.",
-            hint="Set appendonly yes (appendfsync everysec loses at most a second), or keep "
-            "such views on the database store (docs: 'Choosing the store').",
+            hint="Set appendonly yes: appendfsync always loses no acknowledged write; "
+            "everysec about a second's on a machine crash, and up to two seconds' (a process "
+            "crash too) when a slow disk makes Redis postpone its AOF writes. Or keep such "
+            "views on the database store (docs: 'Choosing the store').",
             id=check_name(60, "W"),
         )
     ]

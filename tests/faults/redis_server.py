@@ -93,6 +93,17 @@ class RedisServer:
         finally:
             admin.close()
 
+    def pause(self, seconds: float) -> None:
+        """``CLIENT PAUSE`` every client (``ALL``) for ``seconds``: commands wait, the
+        server's clock runs on (a lock lapses meanwhile), the pause ends by itself."""
+        import redis
+
+        admin = redis.Redis(port=self.port, socket_timeout=5)
+        try:
+            admin.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "ALL")
+        finally:
+            admin.close()
+
     def freeze(self) -> None:
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGSTOP)

@@ -12,4 +12,5 @@ urlpatterns = [
     path("log-in/", views.log_in),
     path("warm/", views.warm),
     path("two-phase/", views.two_phase),
+    path("two-phase-renewed/", views.two_phase_renewed),
 ]

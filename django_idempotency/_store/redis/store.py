@@ -64,6 +64,8 @@ SOCKET_TIMEOUT = 5.0
 SENTINEL = ("redis+sentinel://", "rediss+sentinel://")
 #: A store named by Redis Cluster: some of its nodes (TLS: ``rediss+``).
 CLUSTER = ("redis+cluster://", "rediss+cluster://")
+#: The least time one try of a call is given (seconds): its bound's last moments.
+_LEAST_TRY = 0.05
 #: How many times a claim is sent when it meets a fault (its reply lost: the second finds the
 #: first's record by its token).
 _CLAIM_TRIES = 2
@@ -240,6 +242,53 @@ def _packed(connection: Any, parts: tuple[Any, ...]) -> Any:
     return [_pack_command(parts)]
 
 
+#: The scripts a ``REDIS_REPLICAS`` wait follows: the claim and the result.
+_WAITED = frozenset(("CLAIM", "COMPLETE"))
+#: The share of a try's time its wait may take: its reply must come before the socket's
+#: timeout, or the fault is the connection's.
+_WAIT_SHARE = 0.8
+
+
+def _has_waitaof(version: str) -> bool:
+    """Whether a server of ``version`` has ``WAITAOF`` (Redis 7.2 and later)."""
+    major, minor = (int(part) for part in [*version.split("."), "0"][:2])
+    return (major, minor) >= (7, 2)
+
+
+def _found(name: str, reply: Any) -> bool:
+    """Whether a claim found a record and wrote nothing: a replay or a duplicate, whose wait
+    for replicas is moot (a new primary without its replicas yet still replays)."""
+    return name == "CLAIM" and reply[0] == b"found"
+
+
+def _check_wait(name: str, wait: tuple[Any, ...], reply: Any) -> None:
+    """Raise :class:`redis.TimeoutError` (a fault) when the wait fell short."""
+    import redis
+
+    if isinstance(reply, Exception):
+        raise reply
+    wanted = wait[2] if wait[0] == "WAITAOF" else wait[1]
+    got = int(reply[1]) if isinstance(reply, list) else int(reply)
+    if got < wanted:
+        # A fault (tried again within the call's bound, then 503), marked as the wait's.
+        short = redis.TimeoutError(
+            f"{name}: {got} of {wanted} replica(s) acknowledged it within {wait[-1]} ms "
+            f"({wait[0]}, REDIS_REPLICAS)"
+        )
+        short.short_wait = True  # type: ignore[attr-defined]
+        raise short
+
+
+def _limit(connection: Any, seconds: float) -> None:
+    """Bound a connection's next reads and writes (and a reconnection) by ``seconds``:
+    redis-py reads with its socket's own timeout."""
+    connection.socket_timeout = seconds
+    connection.socket_connect_timeout = seconds
+    sock = getattr(connection, "_sock", None)
+    if sock is not None:
+        sock.settimeout(seconds)
+
+
 def _us(delta: timedelta) -> int:
     """A duration as the scripts take it: microseconds."""
     return max(0, delta // timedelta(microseconds=1))
@@ -283,6 +332,8 @@ class RedisStore:
         self._pid = os.getpid()
         #: The records of this process's live claims: pk -> (Redis key, scope, key hash).
         self._records: dict[int, tuple[str, str, str]] = {}
+        #: Whether the server has ``WAITAOF`` (Redis 7.2+), read at the first wait.
+        self._waitaof: bool | None = None
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -440,11 +491,14 @@ class RedisStore:
             if tries is not None:
                 tries -= 1
             try:
-                return self._eval(name, keys, args)
+                return self._eval(name, keys, args, max(deadline - time.monotonic(), _LEAST_TRY))
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
                 if isinstance(exc, redis.ResponseError) and not _passing(exc):
                     raise RedisFault(f"Redis refused {name}: {exc}") from exc
-                if tries == 0 or time.monotonic() + delay >= deadline:
+                # A claim's wait for replicas that fell short took its time already: not
+                # again (a result write's is, within its lock: a failover may be under way).
+                short = tries is not None and getattr(exc, "short_wait", False)
+                if short or tries == 0 or time.monotonic() + delay >= deadline:
                     raise RedisFault(f"Redis store {self.display_name!r}: {exc}") from exc
                 logger.log(
                     # A claim's second try: its refusal, if any, is the call's one line.
@@ -459,77 +513,157 @@ class RedisStore:
             time.sleep(delay)
             delay = min(delay * 2, _MAX_RETRY)
 
-    def _eval(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    def _eval(self, name: str, keys: list[str], args: list[Any], seconds: float) -> Any:
         """``EVALSHA`` on a connection of the store's own, sent and read below redis-py's
         command machinery (its retry wrapper, its timing): every protected call's claim and
         result, as the database store's statements go below the drivers' cursors (issue
-        42). A server that lost its scripts (a restart) gets it loaded by redis-py's
-        ``Script``; so does a cluster, Sentinel's master, or a client without a plain pool.
-
-        The connections come from the client's pool once and are kept on the store's own
-        idle list, one per concurrent call (issue 44: the pool's checkout and release, its
-        check for unread data and its observability hooks cost a replay 11 µs, a tenth of
-        our Python around the Redis call). A connection that met anything but a server's
-        reply goes back to the pool, disconnected, with every idle one (a restart or a cut
-        killed them too): the next call takes one from the pool, which reconnects."""
+        42). A server that lost its scripts (a restart) gets it loaded; a cluster, Sentinel's
+        master, or a client without a plain pool runs it through redis-py's ``Script``.
+        ``seconds``: what the try may take, its connect and handshake included."""
         import redis
 
         script = self._script(name)
+        wait = self._wait_command(name, seconds)
+        if self._pool is None:
+            return self._by_client(script, name, keys, args, wait)
+        commands: list[tuple[Any, ...]] = [("EVALSHA", script.sha, len(keys), *keys, *args)]
+        if wait is not None:
+            commands.append(wait)
+        replies = self._exchange(commands, seconds, name)
+        if isinstance(replies[0], redis.exceptions.NoScriptError):
+            (loaded,) = self._exchange([("SCRIPT", "LOAD", script.script)], seconds, name)
+            if isinstance(loaded, Exception):
+                raise loaded
+            replies = self._exchange(commands, seconds, name)
+        reply = replies[0]
+        if isinstance(reply, Exception):
+            raise reply
+        if not _understood(name, reply):
+            raise _connection_fault(name, reply)
+        if wait is not None and not _found(name, reply):
+            _check_wait(name, wait, replies[1])
+        return reply
+
+    def _server_version(self, seconds: float) -> str:
+        if self._pool is None:
+            return str(self.client.info("server").get("redis_version", "0"))
+        (info,) = self._exchange([("INFO", "server")], seconds, "INFO")
+        if isinstance(info, Exception):
+            raise info
+        for line in _text(info).splitlines():
+            if line.startswith("redis_version:"):
+                return line.partition(":")[2].strip()
+        return "0"
+
+    def _wait_command(self, name: str, seconds: float) -> tuple[Any, ...] | None:
+        """The ``WAIT`` (``WAITAOF`` on Redis 7.2 and later) that follows a claim or a result
+        write on its connection when ``REDIS_REPLICAS`` asks for replicas (issue 50), its
+        timeout within what the try has left (never 0: that is forever)."""
+        if name not in _WAITED:
+            return None
+        from django_idempotency._conf.settings import conf
+
+        replicas = conf.REDIS_REPLICAS
+        if not replicas:
+            return None
+        if self._cluster:
+            raise RedisFault(
+                f"Redis store {self.alias!r}: REDIS_REPLICAS is not supported on a Redis "
+                "Cluster (a WAIT must follow the write on its node's connection)."
+            )
+        milliseconds = max(10, int(seconds * 1000 * _WAIT_SHARE))
+        if self._waitaof is None:
+            self._waitaof = _has_waitaof(self._server_version(seconds))
+        if self._waitaof:
+            return ("WAITAOF", 0, replicas, milliseconds)
+        return ("WAIT", replicas, milliseconds)
+
+    def _exchange(self, commands: list[tuple[Any, ...]], seconds: float, name: str) -> list[Any]:
+        """Send ``commands`` in one write on a connection of the store's own and read their
+        replies (a server's refusal is its command's reply, an exception in the list), all
+        within ``seconds``: the connection's socket timeout is set for this exchange, and a
+        connection made for it connects and shakes hands within it too (issue 50: a cache
+        alias's client has no socket timeout by default, and one try of a claim waited for a
+        frozen server for good; a URL's client waited its 5 s timeout past the claim's bound).
+
+        The connections are made from the client's pool's own settings (its host, its
+        credentials, its TLS) but are the store's, kept on its idle list, one per concurrent
+        call (issue 44: the pool's checkout and release, its check for unread data and its
+        observability hooks cost a replay 11 µs, a tenth of our Python around the Redis call),
+        so the cache's own connections keep the timeouts their settings give them. A
+        connection that met anything but a server's replies is closed, with every idle one (a
+        restart or a cut killed them too): the next exchange makes a new one."""
+        import redis
+
         pool = self._pool
-        if pool is None:
-            return self._by_client(script, name, keys, args)
         idle = self._idle
         if self._pid != os.getpid():  # a forked child: its parent's sockets are not its own
             idle = self._idle = []
             self._pid = os.getpid()
         try:
             connection = idle.pop()
-        except IndexError:  # none idle (another thread may have taken the last)
+        except IndexError:
             connection = None
-        if connection is None:  # outside the handler: a fault is not chained to the IndexError
-            try:
-                connection = pool.get_connection()
-            except redis.RedisError:
-                raise
-            except Exception as exc:
-                raise _connection_fault(name, exc) from exc
-        packed = _packed(connection, ("EVALSHA", script.sha, len(keys), *keys, *args))
         try:
+            if connection is None:
+                connection = pool.connection_class(
+                    **{
+                        **pool.connection_kwargs,
+                        "socket_timeout": seconds,
+                        "socket_connect_timeout": seconds,
+                    }
+                )
+                connection.connect()
+            else:
+                _limit(connection, seconds)
+            packed = [part for command in commands for part in _packed(connection, command)]
             connection.send_packed_command(packed)
-            reply = connection.read_response()
-        except redis.ResponseError as exc:  # the server's reply, read whole: a sound connection
-            idle.append(connection)
-            if isinstance(exc, redis.exceptions.NoScriptError):
-                return self._by_client(script, name, keys, args)
-            raise
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(connection.read_response())
+                except redis.ResponseError as exc:  # the server's reply, read whole
+                    replies.append(exc)
         except BaseException as exc:
-            self._drop(pool, connection)
+            self._drop(connection)
             if isinstance(exc, Exception) and not isinstance(exc, redis.RedisError):
                 raise _connection_fault(name, exc) from exc
             raise
-        if not _understood(name, reply):
-            self._drop(pool, connection)
-            raise _connection_fault(name, reply)
         idle.append(connection)
-        return reply
+        return replies
 
-    @staticmethod
-    def _by_client(script: Any, name: str, keys: list[str], args: list[Any]) -> Any:
-        """The script through redis-py's ``Script`` (it loads one the server lacks)."""
+    def _by_client(
+        self,
+        script: Any,
+        name: str,
+        keys: list[str],
+        args: list[Any],
+        wait: tuple[Any, ...] | None = None,
+    ) -> Any:
+        """The script through redis-py's ``Script`` (it loads one the server lacks), and the
+        replicas' wait after it in one pipeline: on the same connection, as ``WAIT`` needs."""
         import redis
 
         try:
-            reply = script(keys=keys, args=args)
+            if wait is None:
+                reply = script(keys=keys, args=args)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                script(keys=keys, args=args, client=pipe)
+                pipe.execute_command(*wait)
+                reply, acknowledged = pipe.execute()
         except redis.RedisError:
             raise
         except Exception as exc:
             raise _connection_fault(name, exc) from exc
         if not _understood(name, reply):
             raise _connection_fault(name, reply)
+        if wait is not None and not _found(name, reply):
+            _check_wait(name, wait, acknowledged)
         return reply
 
-    def _drop(self, pool: Any, connection: Any) -> None:
-        """A connection that failed, and every idle one, back to the pool, disconnected."""
+    def _drop(self, connection: Any) -> None:
+        """A connection that failed, and every idle one, closed."""
         idle, dropped = self._idle, [connection]
         while idle:
             try:
@@ -537,8 +671,8 @@ class RedisStore:
             except IndexError:  # another thread took the last
                 break
         for each in dropped:
-            each.disconnect()
-            pool.release(each)
+            if each is not None:
+                each.disconnect()
 
     # -- the claim ---------------------------------------------------------------------------
 
@@ -573,6 +707,8 @@ class RedisStore:
                 tries=_CLAIM_TRIES,
             )
         except RedisFault as exc:
+            if getattr(exc.__cause__, "short_wait", False):
+                self._let_go(key, token, bound)
             raise self.refusal(exc) from exc
         kind = reply[0]
         if kind == b"found":
@@ -594,6 +730,28 @@ class RedisStore:
             held_until=started + lock_timeout.total_seconds(),
             uncommitted=False,
         )
+
+    def _let_go(self, key: str, token: str, bound: float) -> None:
+        """A claim the replicas did not acknowledge answers ``503`` and its view never runs:
+        its lock is let go at once (``UNLOCK``, fenced: the record and its recovery point
+        kept), so the client's retry takes it over instead of waiting out the lock (``409``)."""
+        try:
+            self._run("UNLOCK", [key], [token], bound, tries=1)
+        except RedisFault:
+            logger.warning("Could not let go of an unacknowledged claim's lock.", exc_info=True)
+
+    def created_at(self, pk: int) -> datetime | None:
+        """When a live claim's record began (:attr:`.Claim.life`, its operation id): it read
+        the database's table by the cache alias's name, which is no database (issue 50)."""
+        import redis
+
+        entry = self._records.get(pk)
+        if entry is None:
+            return None
+        try:
+            return _time(self.client.hget(entry[0], "ca"))
+        except redis.RedisError as exc:
+            raise self.refusal(exc) from exc
 
     def _record(self, identity: Any, reply: list[Any]) -> Record:
         """Another call's record, as the claim read it: a :class:`~.rows.Record` that converts
@@ -634,9 +792,17 @@ class RedisStore:
         return None  # atomic mode only, which the Redis store refuses
 
     def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
-
+        key = record_key(scope, key_hash, self.prefix)
         try:
-            status, unlock = self.client.hmget(record_key(scope, key_hash, self.prefix), "st", "ua")
+            client = self.client  # made first: the pool is known then
+            if self._pool is not None:
+                seconds = deadlines.LEAST if bound is None else bound
+                (reply,) = self._exchange([("HMGET", key, "st", "ua")], seconds, "HMGET")
+                if isinstance(reply, Exception):
+                    raise reply
+                status, unlock = reply
+            else:
+                status, unlock = client.hmget(key, "st", "ua")
         except failures() as exc:
             raise self.refusal(exc) from exc
         if status is None:
@@ -764,7 +930,12 @@ class RedisStore:
         lock = _us(lock_timeout)
         try:
             script = self._script("RENEW")
-            if self._cluster:
+            if self._pool is not None:
+                # One write and its replies, on a connection of the store's own, within a
+                # statement's share of the lock: a frozen server held the renewal for the
+                # client's socket timeout, or for good.
+                results = self._renew_bounded(script, known, lock, deadlines.bound(lock_timeout))
+            elif self._cluster:
                 # One call per lock, each routed to its record's node: a cluster's pipeline
                 # loads no script (redis-py 8) or refuses EVALSHA (redis-py 5), and a script
                 # called alone is loaded on the node that lacks it.
@@ -781,6 +952,28 @@ class RedisStore:
         # A lock found lost keeps its record's entry: the owner's result write or release still
         # comes, and its script refuses it (a KeyError there was a crash instead, CI once).
         return {pk for (pk, _), result in zip(known, results, strict=True) if result}
+
+    def _renew_bounded(
+        self, script: Any, known: list[tuple[int, Any]], lock: int, seconds: float
+    ) -> list[Any]:
+        import redis
+
+        deadline = time.monotonic() + seconds
+        commands = [
+            ("EVALSHA", script.sha, 1, self._key(pk), str(token), lock) for pk, token in known
+        ]
+        replies = self._exchange(commands, seconds, "RENEW")
+        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+            left = max(deadline - time.monotonic(), _LEAST_TRY)
+            self._exchange([("SCRIPT", "LOAD", script.script)], left, "RENEW")
+            left = max(deadline - time.monotonic(), _LEAST_TRY)
+            replies = self._exchange(commands, left, "RENEW")
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+            if not _understood("RENEW", reply):
+                raise _connection_fault("RENEW", reply)
+        return replies
 
     # -- operations --------------------------------------------------------------------------
 
