@@ -127,6 +127,7 @@ REFUSED: dict[str, Bad] = {
     "E055": Bad({"OUTBOX_POLL_INTERVAL": 0}),
     "E056": Bad({"OUTBOX_MAX_ATTEMPTS": 5}, {"TASKS": None}, missing=("celery",)),
     "E060": Bad({"STORE": "default"}),  # a CACHES alias, but LocMemCache
+    "E064": Bad({"REDIS_REPLICAS": -1}),
     "E070": Bad({"OPERATION_SCOPE_FUNCTION": 42}),
 }
 
@@ -146,6 +147,8 @@ KEPT_BEFORE_THE_CLAIM = {
     "E061": "tests/test_redis_store.py",
     # check --deploy: a server down now may be up when the first request comes (a 503 then).
     "E062": "tests/test_redis_store.py",
+    # check --deploy: the server's eviction policy, asked of it (a server down now: E062).
+    "E063": "test_e063_every_eviction_policy_but_noeviction_is_refused_at_deploy",
     # A view answering duplicates 202 with a status URL the URLconf lacks is refused before
     # its claim (_http.adapter.answerable).
     "E071": "test_accepted_without_the_status_urls_is_refused_before_the_claim",
