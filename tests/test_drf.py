@@ -158,3 +158,26 @@ def test_a_method_the_route_does_not_handle_is_405_before_the_key(
     response = post(f"/api/executions/{created['id']}/", {"label": "y"}, key=key)
     assert response.status_code == 405
     assert len(stored()) == 1
+
+
+def test_the_mixin_on_a_plain_django_view_is_refused_at_class_definition() -> None:
+    """A plain View never calls DRF's initial(), where the mixin claims: the view ran with
+    nothing claimed, silently (issue 48)."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.http import HttpResponse
+    from django.views import View
+    from django.views.generic import FormView
+    from rest_framework import generics, viewsets
+    from rest_framework.views import APIView
+
+    from django_idempotency.rest_framework import IdempotencyMixin
+
+    for base in (View, FormView):
+        with pytest.raises(ImproperlyConfigured, match=r"not a DRF APIView.*method_decorator"):
+            type("Plain", (IdempotencyMixin, base), {"post": lambda self, r: HttpResponse()})
+
+    class Options(IdempotencyMixin):  # a mixin of the project's own: no view yet
+        idempotency_required = True
+
+    for drf in (APIView, generics.CreateAPIView, viewsets.ViewSet):
+        type("Drf", (Options, drf), {})

@@ -19,7 +19,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
 from django.views import View
-from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.csrf import (
+    csrf_exempt,
+    csrf_protect,
+    ensure_csrf_cookie,
+    requires_csrf_token,
+)
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
@@ -191,6 +196,9 @@ class _LoginView(LoginRequiredMixin, View):
         (lambda: idempotent(permission_required("auth.add_user")(_view)), "put login_required"),
         (lambda: idempotent(user_passes_test(bool)(_view)), "put login_required"),
         (lambda: idempotent(_LoginView.as_view()), "put login_required"),
+        (lambda: idempotent(csrf_protect(_view)), "put csrf_protect above"),
+        (lambda: idempotent(csrf_protect(login_required(_view))), "put csrf_protect above"),
+        (lambda: idempotent(login_required(csrf_protect(_view))), "put login_required"),
     ],
 )
 def test_an_order_before_the_frameworks_authentication_is_refused_when_decorated(
@@ -207,6 +215,7 @@ def test_an_order_before_the_frameworks_authentication_is_refused_when_decorated
         ("/drf-dispatch/", "dispatch of the DRF view"),
         ("/around-login-mixin/", "AccessMixin"),
         ("/around-login-required/", "above login_required"),
+        ("/around-csrf-protect/", "above csrf_protect"),
     ],
 )
 def test_a_dispatch_decorated_before_the_frameworks_authentication_never_runs(
@@ -220,13 +229,28 @@ def test_a_dispatch_decorated_before_the_frameworks_authentication_never_runs(
     assert stored() == []
 
 
+@pytest.mark.parametrize(
+    "guard",
+    [csrf_exempt, requires_csrf_token, ensure_csrf_cookie, lambda v: csrf_protect(csrf_exempt(v))],
+)
+def test_a_csrf_decorator_that_refuses_nothing_may_stand_under_idempotent(
+    guard: Callable[[Any], Any],
+) -> None:
+    idempotent(guard(_view))
+
+
 def test_check_e035_refuses_a_dispatch_decorated_before_authentication() -> None:
     with override_settings(ROOT_URLCONF="tests.principals_misplaced_urls"):
         errors = e035_idempotent_before_authentication()
-    assert [error.id for error in errors] == ["django_idempotency.E035"] * 2
+    assert [error.id for error in errors] == ["django_idempotency.E035"] * 4
     assert "DrfDispatch: @idempotent is on the dispatch of a DRF view" in errors[0].msg
     assert "IdempotencyMixin" in (errors[0].hint or "") + errors[0].msg
     assert "AroundLoginMixin: @idempotent is on a dispatch around an AccessMixin" in errors[1].msg
+    # Stacked through method_decorator: refused at startup, not only at the first request.
+    assert "AroundLoginRequired: @idempotent is on a dispatch above login_required" in (
+        errors[2].msg
+    )
+    assert "AroundCsrfProtect: @idempotent is on a dispatch above csrf_protect" in errors[3].msg
     # The orders that work are not refused.
     with override_settings(ROOT_URLCONF="tests.principals_urls"):
         assert e035_idempotent_before_authentication() == []
