@@ -432,9 +432,8 @@ def unambiguous(url: str) -> None:
     if not agreed:
         raise ValueError(
             f"{display_name(url)!r} is read as another server by the standard URL parse "
-            "(redis-py's) than the app's: a password's \"@\", \"/\", \"?\", \"#\" or \"%\" "
-            "must be percent-encoded (urllib.parse.quote(password, safe=\"\")), and a Redis URL "
-            "has no fragment."
+            "(redis-py's) than the app's: percent-encode the password's @ / ? # and % "
+            "(urllib.parse.quote(password, safe='')); a Redis URL has no fragment (#)."
         )
 
 
