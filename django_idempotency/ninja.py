@@ -280,6 +280,7 @@ class _Adapter(protocol.HttpAdapter):
         self.kwargs = kwargs
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
+        protocol.refuse_nested(self.request)
         if conf.ENABLED:
             auth = getattr(self.request, "auth", None)
             authenticated = auth is not None

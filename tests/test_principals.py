@@ -254,3 +254,86 @@ def test_check_e035_refuses_a_dispatch_decorated_before_authentication() -> None
     # The orders that work are not refused.
     with override_settings(ROOT_URLCONF="tests.principals_urls"):
         assert e035_idempotent_before_authentication() == []
+
+
+# --- a request protected twice (issue 48) -----------------------------------------------------
+
+
+def _posted(view: Callable[..., Any], key: str) -> Any:
+    from django.test import RequestFactory
+
+    response = view(RequestFactory().post("/twice/", headers={"Idempotency-Key": key}))
+    if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+        response.render()
+    return response
+
+
+def _slug(response: Any) -> str:
+    assert response["Content-Type"] == "application/problem+json"
+    return str(json.loads(response.content)["type"].rsplit("#", 1)[1])
+
+
+def test_two_stacked_idempotent_are_refused_before_the_inner_claim(key: str) -> None:
+    """The inner claim met the outer's record (409), and the outer stored that 409: the key
+    answered 409 until it expired."""
+    runs: list[int] = []
+
+    def view(request: HttpRequest) -> HttpResponse:
+        runs.append(1)
+        return HttpResponse(status=201)
+
+    twice = idempotent(idempotent(required=True)(view))
+    for _ in range(2):
+        response = _posted(twice, key)
+        assert response.status_code == 500
+        assert _slug(response) == "idempotency-misconfigured"
+    assert runs == []
+    assert stored() == []
+
+
+def test_the_mixin_and_an_idempotent_handler_are_refused_before_the_inner_claim(key: str) -> None:
+    from django.utils.decorators import method_decorator
+    from rest_framework.permissions import AllowAny
+
+    from django_idempotency.rest_framework import IdempotencyMixin
+
+    runs: list[int] = []
+
+    class Twice(IdempotencyMixin, APIView):
+        authentication_classes: list[Any] = []
+        permission_classes = [AllowAny]
+
+        @method_decorator(idempotent)
+        def post(self, request: Any) -> Response:
+            runs.append(1)
+            return Response({"ran": True}, status=201)
+
+    for _ in range(2):
+        response = _posted(Twice.as_view(), key)
+        assert response.status_code == 500
+        assert _slug(response) == "idempotency-misconfigured"
+    assert runs == []
+    assert stored() == []
+
+
+@pytest.mark.parametrize("status", [409, 422, 400])
+def test_the_apps_own_problem_is_never_stored_as_a_views_response(status: int, key: str) -> None:
+    """A problem of the app's own reaching an outer layer (a protected call inside the view
+    answered it) is not the view's answer: never stored, the retry runs again."""
+    from django_idempotency._http import problems
+
+    runs: list[int] = []
+
+    def view(request: HttpRequest) -> HttpResponse:
+        runs.append(1)
+        if status == 409:
+            return problems.in_progress(1)
+        if status == 422:
+            return problems.key_reuse(422)
+        return problems.invalid_key("inner")
+
+    protected = idempotent(view)
+    for _ in range(2):
+        assert _posted(protected, key).status_code == status
+    assert runs == [1, 1]
+    assert stored() == []
