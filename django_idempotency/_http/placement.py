@@ -262,7 +262,7 @@ def _csrf_guard(view: object) -> bool:
     return (
         isinstance(middleware_class, type)
         and issubclass(middleware_class, csrf.CsrfViewMiddleware)
-        and middleware_class._reject is csrf.CsrfViewMiddleware._reject
+        and getattr(middleware_class, "_reject", None) is csrf.CsrfViewMiddleware._reject
     )
 
 
