@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -115,6 +116,8 @@ def auth_scope(auth: object) -> str:
     string, ``auth:<hex>``, so that a secret is never stored in clear. Erasure
     (``idempotency_cleanup --scope``) takes the same value.
     """
+    if (refusal := _nobody(auth)) is not None:
+        raise TypeError(refusal)
     if isinstance(auth, Model):
         if auth._meta.label_lower == _user_label():
             return f"user:{auth.pk}"
@@ -129,6 +132,20 @@ def auth_scope(auth: object) -> str:
             "it, return a model instance or a string, or give the operation a scope option."
         )
     return f"auth:{sha256_hex(str(auth))}"
+
+
+def _nobody(auth: object) -> str | None:
+    """Why ``auth`` identifies nobody (``None``: it may name a principal): an ``authenticate``
+    that returns ``True``, ``1`` or ``1.0`` says that the request is allowed, not who sent it,
+    and its one scope would be everyone's: alice's response replayed to bob (issue 48)."""
+    if not isinstance(auth, (bool, numbers.Number)) and auth is not None and auth is not Ellipsis:
+        return None
+    return (
+        f"ninja authenticated the request as {auth!r}, which identifies nobody: every caller "
+        "would share one scope, and one caller's response would be replayed to another. Return "
+        "the principal from authenticate() (a user or model instance, an API key's string), or "
+        "give the operation a scope option (idempotent(scope=...))."
+    )
 
 
 def _user_label() -> str:
@@ -263,10 +280,14 @@ class _Adapter(protocol.HttpAdapter):
         self.kwargs = kwargs
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
+        protocol.refuse_nested(self.request)
         if conf.ENABLED:
-            authenticated = getattr(self.request, "auth", None) is not None
+            auth = getattr(self.request, "auth", None)
+            authenticated = auth is not None
             policy = _policy(self.options, self.operation, authenticated=authenticated)
             if policy.protects(self.request.method):
+                if policy.scope is _auth_scope and (refusal := _nobody(auth)) is not None:
+                    raise ImproperlyConfigured(refusal)  # the misconfigured problem, unclaimed
                 protocol.refuse_enqueue(policy, self.options, self.operation.view_func)
                 return protocol.answerable(policy)
         protocol.attach(self.request, None)

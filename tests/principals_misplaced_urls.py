@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from django.utils.decorators import method_decorator
 from django.views import View
+from django.views.decorators.csrf import csrf_protect
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -39,8 +40,16 @@ class AroundLoginRequired(View):
         return JsonResponse(_answer(request, request.user), status=201)
 
 
+@method_decorator(idempotent, name="dispatch")
+@method_decorator(csrf_protect, name="dispatch")
+class AroundCsrfProtect(View):
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return JsonResponse(_answer(request, request.user), status=201)
+
+
 urlpatterns = [
     path("drf-dispatch/", DrfDispatch.as_view()),
     path("around-login-mixin/", AroundLoginMixin.as_view()),
     path("around-login-required/", AroundLoginRequired.as_view()),
+    path("around-csrf-protect/", AroundCsrfProtect.as_view()),
 ]

@@ -196,3 +196,26 @@ def test_a_mixin_that_calls_super_may_come_before_it() -> None:
             return super().dispatch(request, *args, **kwargs)
 
     assert Subclass.__mro__.index(IdempotencyMixin) < Subclass.__mro__.index(APIView)
+
+
+def test_the_mixin_on_a_plain_django_view_is_refused_at_class_definition() -> None:
+    """A plain View never calls DRF's initial(), where the mixin claims: the view ran with
+    nothing claimed, silently (issue 48)."""
+    from django.core.exceptions import ImproperlyConfigured
+    from django.http import HttpResponse
+    from django.views import View
+    from django.views.generic import FormView
+    from rest_framework import generics, viewsets
+    from rest_framework.views import APIView
+
+    from django_idempotency.rest_framework import IdempotencyMixin
+
+    for base in (View, FormView):
+        with pytest.raises(ImproperlyConfigured, match=r"not a DRF APIView.*method_decorator"):
+            type("Plain", (IdempotencyMixin, base), {"post": lambda self, r: HttpResponse()})
+
+    class Options(IdempotencyMixin):  # a mixin of the project's own: no view yet
+        idempotency_required = True
+
+    for drf in (APIView, generics.CreateAPIView, viewsets.ViewSet):
+        type("Drf", (Options, drf), {})

@@ -226,6 +226,32 @@ def test_an_auth_value_that_names_no_principal_is_refused_before_the_claim(key: 
     assert executions("ninja-opaque") == 0
 
 
+@pytest.mark.parametrize("value", ["true", "one", "float", "ellipsis"])
+def test_an_auth_result_that_identifies_nobody_is_refused_before_the_claim(
+    value: str, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An authenticate() returning True put every caller in one scope: alice's response was
+    replayed to bob (issue 48). Refused, the view not run, nothing claimed."""
+    for user in ("alice", "bob"):
+        refused = send(f"constant-auth/{value}", key=key, **{"X-User": user})
+        assert refused.status_code == 500
+        assert problem_slug(refused) == "idempotency-misconfigured"
+    assert "identifies nobody" in caplog.text and "scope option" in caplog.text
+    assert executions("ninja-constant") == 0
+    assert not bool(stored())
+    for auth in (True, 1, 2.5):
+        with pytest.raises(TypeError, match="identifies nobody"):
+            auth_scope(auth)
+
+
+def test_an_auth_result_that_identifies_nobody_may_have_a_scope_option(key: str) -> None:
+    alice = send("constant-auth-scoped/true", key=key, **{"X-User": "alice"})
+    bob = send("constant-auth-scoped/true", key=key, **{"X-User": "bob"})
+    assert alice.status_code == bob.status_code == 201
+    assert "Idempotent-Replayed" not in bob
+    assert alice.json()["id"] != bob.json()["id"]
+
+
 def test_a_scope_option_wins_over_ninja_s_auth(key: str) -> None:
     one = send("scoped", key=key, **{"X-API-Key": "key-one", "X-Tenant": "t1"})
     two = send("scoped", key=key, **{"X-API-Key": "key-two", "X-Tenant": "t1"})

@@ -19,7 +19,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
 from django.views import View
-from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.csrf import (
+    csrf_exempt,
+    csrf_protect,
+    ensure_csrf_cookie,
+    requires_csrf_token,
+)
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
@@ -191,6 +196,9 @@ class _LoginView(LoginRequiredMixin, View):
         (lambda: idempotent(permission_required("auth.add_user")(_view)), "put login_required"),
         (lambda: idempotent(user_passes_test(bool)(_view)), "put login_required"),
         (lambda: idempotent(_LoginView.as_view()), "put login_required"),
+        (lambda: idempotent(csrf_protect(_view)), "put csrf_protect above"),
+        (lambda: idempotent(csrf_protect(login_required(_view))), "put csrf_protect above"),
+        (lambda: idempotent(login_required(csrf_protect(_view))), "put login_required"),
     ],
 )
 def test_an_order_before_the_frameworks_authentication_is_refused_when_decorated(
@@ -207,6 +215,7 @@ def test_an_order_before_the_frameworks_authentication_is_refused_when_decorated
         ("/drf-dispatch/", "dispatch of the DRF view"),
         ("/around-login-mixin/", "AccessMixin"),
         ("/around-login-required/", "above login_required"),
+        ("/around-csrf-protect/", "above csrf_protect"),
     ],
 )
 def test_a_dispatch_decorated_before_the_frameworks_authentication_never_runs(
@@ -220,13 +229,111 @@ def test_a_dispatch_decorated_before_the_frameworks_authentication_never_runs(
     assert stored() == []
 
 
+@pytest.mark.parametrize(
+    "guard",
+    [csrf_exempt, requires_csrf_token, ensure_csrf_cookie, lambda v: csrf_protect(csrf_exempt(v))],
+)
+def test_a_csrf_decorator_that_refuses_nothing_may_stand_under_idempotent(
+    guard: Callable[[Any], Any],
+) -> None:
+    idempotent(guard(_view))
+
+
 def test_check_e035_refuses_a_dispatch_decorated_before_authentication() -> None:
     with override_settings(ROOT_URLCONF="tests.principals_misplaced_urls"):
         errors = e035_idempotent_before_authentication()
-    assert [error.id for error in errors] == ["django_idempotency.E035"] * 2
+    assert [error.id for error in errors] == ["django_idempotency.E035"] * 4
     assert "DrfDispatch: @idempotent is on the dispatch of a DRF view" in errors[0].msg
     assert "IdempotencyMixin" in (errors[0].hint or "") + errors[0].msg
     assert "AroundLoginMixin: @idempotent is on a dispatch around an AccessMixin" in errors[1].msg
+    # Stacked through method_decorator: refused at startup, not only at the first request.
+    assert "AroundLoginRequired: @idempotent is on a dispatch above login_required" in (
+        errors[2].msg
+    )
+    assert "AroundCsrfProtect: @idempotent is on a dispatch above csrf_protect" in errors[3].msg
     # The orders that work are not refused.
     with override_settings(ROOT_URLCONF="tests.principals_urls"):
         assert e035_idempotent_before_authentication() == []
+
+
+# --- a request protected twice (issue 48) -----------------------------------------------------
+
+
+def _posted(view: Callable[..., Any], key: str) -> Any:
+    from django.test import RequestFactory
+
+    response = view(RequestFactory().post("/twice/", headers={"Idempotency-Key": key}))
+    if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+        response.render()
+    return response
+
+
+def _slug(response: Any) -> str:
+    assert response["Content-Type"] == "application/problem+json"
+    return str(json.loads(response.content)["type"].rsplit("#", 1)[1])
+
+
+def test_two_stacked_idempotent_are_refused_before_the_inner_claim(key: str) -> None:
+    """The inner claim met the outer's record (409), and the outer stored that 409: the key
+    answered 409 until it expired."""
+    runs: list[int] = []
+
+    def view(request: HttpRequest) -> HttpResponse:
+        runs.append(1)
+        return HttpResponse(status=201)
+
+    twice = idempotent(idempotent(required=True)(view))
+    for _ in range(2):
+        response = _posted(twice, key)
+        assert response.status_code == 500
+        assert _slug(response) == "idempotency-misconfigured"
+    assert runs == []
+    assert stored() == []
+
+
+def test_the_mixin_and_an_idempotent_handler_are_refused_before_the_inner_claim(key: str) -> None:
+    from django.utils.decorators import method_decorator
+    from rest_framework.permissions import AllowAny
+
+    from django_idempotency.rest_framework import IdempotencyMixin
+
+    runs: list[int] = []
+
+    class Twice(IdempotencyMixin, APIView):
+        authentication_classes: list[Any] = []
+        permission_classes = [AllowAny]
+
+        @method_decorator(idempotent)
+        def post(self, request: Any) -> Response:
+            runs.append(1)
+            return Response({"ran": True}, status=201)
+
+    for _ in range(2):
+        response = _posted(Twice.as_view(), key)
+        assert response.status_code == 500
+        assert _slug(response) == "idempotency-misconfigured"
+    assert runs == []
+    assert stored() == []
+
+
+@pytest.mark.parametrize("status", [409, 422, 400])
+def test_the_apps_own_problem_is_never_stored_as_a_views_response(status: int, key: str) -> None:
+    """A problem of the app's own reaching an outer layer (a protected call inside the view
+    answered it) is not the view's answer: never stored, the retry runs again."""
+    from django_idempotency._http import problems
+
+    runs: list[int] = []
+
+    def view(request: HttpRequest) -> HttpResponse:
+        runs.append(1)
+        if status == 409:
+            return problems.in_progress(1)
+        if status == 422:
+            return problems.key_reuse(422)
+        return problems.invalid_key("inner")
+
+    protected = idempotent(view)
+    for _ in range(2):
+        assert _posted(protected, key).status_code == status
+    assert runs == [1, 1]
+    assert stored() == []

@@ -433,3 +433,53 @@ def test_a_raw_client_of_the_private_server_needs_the_password(protected: server
     """The servers these tests use do ask for it (else a dropped password would pass)."""
     with pytest.raises(redis.AuthenticationError):
         redis.Redis(port=protected.port, socket_timeout=5).ping()
+
+
+# --- a URL two parses read differently ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:S3cr@t/pw%#zz@127.0.0.1:16510/0",  # the reviewer's: redis-py sent AUTH S3cr to t
+        "redis://:pa/ss@127.0.0.1:16510/0",
+        "redis://:pa?ss@127.0.0.1:16510/0",
+        "redis://:pa#ss@127.0.0.1:16510/0",
+        "redis://:p@a/ss@127.0.0.1:16510/0",
+        "redis://:pass%@127.0.0.1:16510/0#zz",
+        "redis://127.0.0.1:16510/0#pass",
+        "redis+sentinel://:pa/ss@a:1,b:2/m/0",
+        "rediss+cluster://u:pa?ss@a:1,b:2",
+    ],
+)
+def test_a_url_the_standard_parse_reads_as_another_server_is_refused(url: str) -> None:
+    """Issue 48: the app showed (and connected Sentinel and Cluster places by) one host, redis-py
+    another, with a piece of the password as AUTH; E060 now says to percent-encode it."""
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        errors = checks.check_settings()
+    assert [e.id for e in errors] == ["django_idempotency.E060"]
+    text = errors[0].msg + str(errors[0].hint)
+    assert "percent-encode" in text
+    for piece in ("S3cr", "pw%", "pa/", "pa?", "pa#", "ss@", "zz", "pass%", "#pass"):
+        assert piece not in text, piece
+    with pytest.raises(ImproperlyConfigured, match="percent-encode"):
+        Options.build(store=url)  # a view's store option
+
+
+@pytest.mark.parametrize(
+    ("url", "host", "password"),
+    [
+        ("redis://:S3cr%40t%2Fpw%25%23zz@127.0.0.1:16510/0", "127.0.0.1", "S3cr@t/pw%#zz"),
+        ("redis://:p@ss@127.0.0.1:16510/0", "127.0.0.1", "p@ss"),  # the last "@" ends it in both
+        ("redis://:pa%3Fss%2F@h:1/0", "h", "pa?ss/"),
+        ("redis://:p%zz@h/0", "h", "p%zz"),  # no escape: both keep it as written
+        ("redis://u:p%25@[::1]:6379/0", "::1", "p%"),
+    ],
+)
+def test_a_url_both_parses_read_alike_is_accepted(url: str, host: str, password: str) -> None:
+    from redis.connection import parse_url
+
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        assert checks.check_settings() == []
+    parsed = parse_url(url)
+    assert (parsed["host"], parsed["password"]) == (host, password)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from functools import cache
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from django.utils.module_loading import import_string
 
@@ -395,6 +395,7 @@ def store(value: Any, name: str) -> str:
     if value.startswith(REDIS_URLS):
         if not value.startswith("unix://"):
             redis_places(value, 6379)  # a port that is not a number: refused here, not per call
+        unambiguous(value)  # a password's "/" not percent-encoded: another host for redis-py
         redis_options(value)  # an option redis-py cannot read (db=x): here too
         return value
     caches = getattr(settings, "CACHES", {})
@@ -406,6 +407,41 @@ def store(value: Any, name: str) -> str:
     if backend not in REDIS_CACHES:
         raise ValueError(f"{name}: CACHES[{value!r}] uses {backend!r}, which is not Redis.")
     return value
+
+
+def unambiguous(url: str) -> None:
+    """``ValueError`` when the standard parse of a Redis URL (``urllib.parse.urlsplit``'s, which
+    redis-py's ``from_url`` reads) does not find the server where the app's own parse
+    (:func:`_authority`, which the app shows and connects Sentinel and Cluster places by) does,
+    or when it has a fragment. A password's ``/``, ``?`` or ``#`` not percent-encoded ends the
+    authority early for the one and not for the other: ``redis://:S3cr@t/pw%#zz@host/0`` was
+    shown as ``redis://host/0`` while redis-py sent ``S3cr`` as AUTH to the host ``t`` (issue
+    48). The message never shows the URL's user or password."""
+    scheme, _, rest = url.partition("://")
+    parts = urlsplit(url)
+    authority = _authority(rest)[0]
+    agreed = parts.netloc == authority and not parts.fragment and "#" not in url
+    if agreed and not scheme.endswith(("+sentinel", "+cluster")) and scheme != "unix":
+        from redis.connection import parse_url
+
+        try:
+            parsed = parse_url(url)  # type: ignore[no-untyped-call, unused-ignore]
+        except ValueError:
+            agreed = False
+        else:
+            host, _, port = authority.rpartition("@")[2].rpartition(":")
+            if not _ or not port.isdigit():
+                host, port = authority.rpartition("@")[2], ""
+            shown = unquote(host).strip("[]").lower()
+            agreed = (parsed.get("host") or "").lower() == shown and (
+                not port or parsed.get("port") == int(port)
+            )
+    if not agreed:
+        raise ValueError(
+            f"{display_name(url)!r} is read as another server by the standard URL parse "
+            "(redis-py's) than the app's: percent-encode the password's @ / ? # and % "
+            "(urllib.parse.quote(password, safe='')); a Redis URL has no fragment (#)."
+        )
 
 
 def redis_places(url: str, port: int) -> list[tuple[str, int]]:
@@ -486,8 +522,7 @@ def display_name(store: str) -> str:
         return store.rpartition("@")[2]
     authority, _, tail = _authority(rest)
     place = authority.rpartition("@")[2]
-    path, question, query = tail.partition("?")
-    query = query.partition("#")[0]
+    path, question, query = tail.partition("#")[0].partition("?")
     shown = "&".join(
         f"{option.partition('=')[0]}=***" if _SECRET_OPTION.search(option.partition("=")[0])
         else option

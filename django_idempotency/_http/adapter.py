@@ -87,7 +87,9 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         """The view's policy for this request; ``None`` (and no claim on the request) when the
         app is off or the method is not protected. A view on a Redis store whose code calls
         ``enqueue`` is refused here, before the claim: it would run, write, and then fail at
-        ``enqueue`` (a ``500`` after its charge)."""
+        ``enqueue`` (a ``500`` after its charge). A request another layer protects already is
+        refused (:func:`refuse_nested`)."""
+        refuse_nested(self.request)
         if conf.ENABLED:
             policy = self.options.resolve()
             if policy.protects(self.request.method):
@@ -221,7 +223,14 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         return Answer(problems.in_progress(conf.RETRY_AFTER))
 
     def finish(self, attempt: Attempt, result: HttpResponseBase) -> HttpResponseBase:
-        """Store the view's response (or release the claim) and return the response."""
+        """Store the view's response (or release the claim) and return the response. The
+        app's own problem (a ``409``, ``422``, ``400``, ``503``, ``500`` it answered itself, from a
+        layer inside this one) is never stored as the view's: the view did not answer it, and
+        its key would answer that problem until the record expired (issue 48)."""
+        slug = getattr(result, "idempotency_problem", None)
+        if slug is not None:
+            writing.release(attempt, reason=f"the app's own {slug} answer", raised=False, undo=True)
+            return result
         try:
             responses.check_replayable(result)
             if responses.needs_deferred_render(result):
@@ -244,6 +253,21 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         connection = self.connection  # atomic mode's
         _conclude(attempt, result, connection is not None and connection.needs_rollback)
         return result
+
+
+def refuse_nested(request: HttpRequest) -> None:
+    """``ImproperlyConfigured`` when another layer has claimed ``request``'s key already (its
+    ``request.idempotency`` is a claim): two stacked ``@idempotent``, or ``IdempotencyMixin``
+    and ``method_decorator(idempotent)`` on a handler. The inner claim would find the outer's
+    record and answer ``409``, and the outer would store that ``409`` as the view's response:
+    every key poisoned until it expired (issue 48). Refused before the inner claim."""
+    if isinstance(getattr(request, "idempotency", None), Claim):
+        raise ImproperlyConfigured(
+            f"The {request.method} {request.path} request is protected twice: an outer layer "
+            "(@idempotent, IdempotencyMixin or django_idempotency.ninja.idempotent) has claimed "
+            "its key already. Protect a view once: remove the inner @idempotent (or "
+            "method_decorator(idempotent) on a handler of an IdempotencyMixin view)."
+        )
 
 
 def refuse_enqueue(policy: Policy, options: Options, view: Any) -> None:

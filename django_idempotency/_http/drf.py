@@ -18,7 +18,7 @@ from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
 from django_idempotency._conf.settings import OPTIONS
 from django_idempotency._http import adapter as protocol
-from django_idempotency._http import problems
+from django_idempotency._http import placement, problems
 
 if TYPE_CHECKING:
     from rest_framework.views import APIView
@@ -66,6 +66,7 @@ class IdempotencyMixin(_Base):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Bad attributes fail at import, as the decorator's options do, not as a 500 (issue 20).
         super().__init_subclass__(**kwargs)
+        placement.refuse_plain_view_mixin(cls)
         cls.get_idempotency_options()
         _refuse_mixin_after(cls)
 

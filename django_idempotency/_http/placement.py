@@ -38,6 +38,7 @@ __all__ = [
     "refuse_misplaced",
     "refuse_ninja_caller",
     "refuse_ninja_operation",
+    "refuse_plain_view_mixin",
 ]
 
 API_VIEW_ORDER = (
@@ -59,6 +60,10 @@ NINJA = (
     "its parsed arguments and renders what it returns afterwards, so its response could not be "
     "stored and each retry would run it again. Use django_idempotency.ninja.idempotent "
     "(from django_idempotency.ninja import idempotent), under the operation's decorator."
+)
+CSRF_ORDER = (
+    "put csrf_protect above @idempotent (method_decorator([csrf_protect, idempotent], "
+    "name='dispatch') on a class), so that it refuses before a key is claimed"
 )
 
 
@@ -105,6 +110,27 @@ def refuse_misplaced(view: Callable[..., Any]) -> None:
                 f"user_passes_test) on {name}: a refused caller's redirect or 403 would be "
                 f"claimed and stored: {LOGIN_ORDER}."
             )
+        if _csrf_guard(layer):
+            raise ImproperlyConfigured(
+                f"@idempotent is above csrf_protect on {name}: a request it refuses (403, "
+                f"CSRF verification failed) would be claimed and stored, and replayed to the "
+                f"retry with a valid token: {CSRF_ORDER}."
+            )
+
+
+def refuse_plain_view_mixin(cls: type) -> None:
+    """``ImproperlyConfigured`` when ``IdempotencyMixin`` is on a Django ``View`` that is not
+    a DRF ``APIView``: the mixin claims in ``initial()``, which only DRF's dispatch calls, so
+    such a view would run with nothing claimed (issue 48)."""
+    base = sys.modules.get("django.views.generic.base")
+    if base is None or not issubclass(cls, base.View) or _is_api_view(cls):
+        return
+    raise ImproperlyConfigured(
+        f"IdempotencyMixin is on {cls.__module__}.{cls.__qualname__}, a Django View that is "
+        "not a DRF APIView: the mixin claims in DRF's initial(), which a plain View never "
+        "calls, so nothing would be claimed. Use "
+        "method_decorator(idempotent, name='dispatch') on a plain View (or on its post, put...)."
+    )
 
 
 def misplaced_dispatch(cls: type) -> str | None:
@@ -126,8 +152,40 @@ def misplaced_dispatch(cls: type) -> str | None:
                 f"refused caller's redirect or 403 would be claimed and stored. "
                 f"{_sentence(LOGIN_ORDER)}"
             )
+        for layer in _under_idempotent(dispatch):
+            if _auth_guard(layer):
+                return (
+                    "@idempotent is on a dispatch above login_required (or "
+                    "permission_required, user_passes_test): a refused caller's redirect or "
+                    f"403 would be claimed and stored. {_sentence(LOGIN_ORDER)}"
+                )
+            if _csrf_guard(layer):
+                return (
+                    "@idempotent is on a dispatch above csrf_protect: a request it refuses "
+                    f"(403) would be claimed and stored. {_sentence(CSRF_ORDER)}"
+                )
         return None
     return None
+
+
+def _under_idempotent(dispatch: object) -> Iterator[object]:
+    """What ``@idempotent`` wraps in a ``dispatch`` that ``method_decorator`` decorated: the
+    decorators applied before it (inside it) and the method under them, layer by layer, as
+    :func:`refuse_misplaced` sees them at the first request."""
+    method: object = dispatch
+    while (cells := _multi_decorated(getattr(method, "__func__", method))) is not None:
+        decorators = list(cells.get("decorators") or ())  # applied in this order: inner first
+        index = next((i for i, dec in enumerate(decorators) if _is_idempotent(dec)), None)
+        method = cells.get("method")
+        if index is not None:
+            for inner in [*decorators[:index], method]:
+                yield from _layers(inner)
+            return
+
+
+def _is_idempotent(decorator: object) -> bool:
+    """Whether ``decorator`` is ``idempotent`` (bare, or as ``idempotent(...)`` made it)."""
+    return getattr(decorator, "__module__", None) == "django_idempotency._http.decorators"
 
 
 def _sentence(order: str) -> str:
@@ -176,14 +234,21 @@ def _multi_decorated(function: object) -> dict[str, Any] | None:
     code = getattr(function, "__code__", None)
     if code is None or code.co_filename != django_decorators.__file__:
         return None
+    cells = _cells(function)
+    return cells if "method" in cells else None
+
+
+def _cells(function: object) -> dict[str, Any]:
+    """The values of ``function``'s closure, by name (none for what is not a function)."""
+    code = getattr(function, "__code__", None)
     cells: dict[str, Any] = {}
     closure = getattr(function, "__closure__", None) or ()
-    for name, cell in zip(code.co_freevars, closure, strict=False):
+    for name, cell in zip(getattr(code, "co_freevars", ()), closure, strict=False):
         try:
             cells[name] = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-    return cells if "method" in cells else None
+    return cells
 
 
 def _auth_guard(view: object) -> bool:
@@ -197,6 +262,30 @@ def _auth_guard(view: object) -> bool:
         and module is not None
         and code.co_filename == module.__file__
         and code.co_name != "login_not_required"
+    )
+
+
+def _csrf_guard(view: object) -> bool:
+    """Whether ``view`` is ``csrf_protect`` or the wrapper it makes (Django's middleware
+    decorator around ``CsrfViewMiddleware``, whose rejection is not overridden as
+    ``requires_csrf_token``'s and ``ensure_csrf_cookie``'s are), unless the view it wraps is
+    ``csrf_exempt``."""
+    function = getattr(view, "__func__", view)
+    code = getattr(function, "__code__", None)
+    csrf = sys.modules.get("django.middleware.csrf")
+    if code is None or csrf is None or code.co_filename != django_decorators.__file__:
+        return False
+    cells = _cells(function)
+    middleware_class = cells.get("middleware_class")  # csrf_protect itself
+    if middleware_class is None:  # the wrapper csrf_protect made of a view
+        if getattr(cells.get("view_func"), "csrf_exempt", False):
+            return False
+        middleware = _cells(cells.get("_pre_process_request")).get("middleware")
+        middleware_class = None if middleware is None else type(middleware)
+    return (
+        isinstance(middleware_class, type)
+        and issubclass(middleware_class, csrf.CsrfViewMiddleware)
+        and getattr(middleware_class, "_reject", None) is csrf.CsrfViewMiddleware._reject
     )
 
 

@@ -165,6 +165,26 @@ def opaque_auth(request: HttpRequest, payload: ChargeIn) -> dict[str, Any]:
     return _charge(_run(request, "ninja-opaque"), payload)
 
 
+@api.post(
+    "/constant-auth/{value}",
+    auth=lambda request: _CONSTANTS[request.path.rsplit("/", 1)[1]],
+    response={201: ChargeOut},
+)
+@idempotent
+def constant_auth(request: HttpRequest, value: str, payload: ChargeIn) -> dict[str, Any]:
+    return _charge(_run(request, "ninja-constant"), payload)
+
+
+@api.post("/constant-auth-scoped/{value}", auth=lambda request: True, response={201: ChargeOut})
+@idempotent(scope=lambda request: "user:" + request.headers.get("X-User", ""))
+def constant_auth_scoped(request: HttpRequest, value: str, payload: ChargeIn) -> dict[str, Any]:
+    return _charge(_run(request, "ninja-constant-scoped"), payload)
+
+
+#: What an authenticate() that only says "allowed" returns (issue 48).
+_CONSTANTS: dict[str, Any] = {"true": True, "one": 1, "float": 1.5, "ellipsis": Ellipsis}
+
+
 def _tenant(request: HttpRequest) -> str:
     return "tenant:" + request.headers.get("X-Tenant", "none")
 
