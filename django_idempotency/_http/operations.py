@@ -36,7 +36,7 @@ __all__ = ["accepted", "complete_operation", "operation_status"]
 logger = logging.getLogger("django_idempotency")
 
 #: The status endpoint's ``state`` of an operation.
-RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+RUNNING, STALLED, SUCCEEDED, FAILED = "running", "stalled", "succeeded", "failed"
 
 
 def complete_operation(
@@ -177,6 +177,10 @@ def accepted(pk: int, scope: str, key_hash: str, created_at: datetime) -> HttpRe
 
 
 def _state(operation_id: str, operation: store.Operation) -> HttpResponse:
+    if operation.stalled(timezone.now()):
+        # Its owner died with its lock lapsed: nothing runs it, so no Retry-After. The
+        # original request, retried, takes the record over and resumes it (issue 49).
+        return _json({"id": operation_id, "state": STALLED}, 200)
     if operation.running:
         response = _json({"id": operation_id, "state": RUNNING}, 200)
         response["Retry-After"] = str(conf.RETRY_AFTER)

@@ -143,7 +143,16 @@ OPERATION_SCHEMA: dict[str, Any] = {
     "description": "A long-running operation's state (django-idempotency).",
     "properties": {
         "id": {"type": "string", "description": "The operation's id."},
-        "state": {"type": "string", "enum": ["running", "succeeded", "failed"]},
+        "state": {
+            "type": "string",
+            "enum": ["running", "stalled", "succeeded", "failed"],
+            "description": (
+                "running: poll again after Retry-After. stalled: the request that started it "
+                "stopped (its worker died) and nothing runs it; retry the original request "
+                "(same key, same body), which resumes it. succeeded, failed: finished, with "
+                "its final response."
+            ),
+        },
         "response": {
             "description": "Once finished: the final response (null if it was not stored).",
             "properties": {
@@ -168,7 +177,8 @@ def operation_status_operation(problem: dict[str, Any]) -> dict[str, Any]:
         "tags": ["idempotency"],
         "description": (
             "A long-running operation's state, to its own principal only (django-idempotency): "
-            "running (with Retry-After), then succeeded or failed with its final response."
+            "running (with Retry-After), then succeeded or failed with its final response; "
+            "stalled when the request that started it stopped and must be retried."
         ),
         "responses": {
             "200": {

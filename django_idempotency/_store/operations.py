@@ -35,6 +35,7 @@ _FIELDS = (
     "response_body",
     "created_at",
     "expires_at",
+    "unlock_at",
 )
 
 
@@ -51,11 +52,17 @@ class Operation:
     response_body: bytes | None
     created_at: datetime
     expires_at: datetime
+    unlock_at: datetime | None = None
 
     @property
     def running(self) -> bool:
         """Its request still runs, or it answered ``202`` and the work goes on elsewhere."""
         return self.status == rules.PROCESSING or self.response_status == ACCEPTED
+
+    def stalled(self, now: datetime) -> bool:
+        """Its request's owner is gone: the record is stale (its lock lapsed, no attempt holds
+        it), so it never finishes unless the original request is retried, which resumes it."""
+        return rules.STALE.holds(self, now)
 
     def expired(self, now: datetime) -> bool:
         return self.expires_at <= now
@@ -69,11 +76,11 @@ def read(alias: str, pk: int) -> Operation | None:
         row = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list(*_FIELDS).first()
     if row is None:
         return None
-    scope, key_hash, status, response_status, headers, body, created_at, expires_at = row
+    scope, key_hash, status, response_status, headers, body, created_at, expires_at, unlock = row
     if isinstance(body, memoryview):
         body = bytes(body)
     return Operation(
-        pk, scope, key_hash, status, response_status, headers, body, created_at, expires_at
+        pk, scope, key_hash, status, response_status, headers, body, created_at, expires_at, unlock
     )
 
 
