@@ -153,6 +153,12 @@ OPERATION_SCHEMA: dict[str, Any] = {
                 "its final response."
             ),
         },
+        "progress": {
+            "description": (
+                "While running: what its task last reported (any JSON, at most 1024 bytes); "
+                "absent until it reports."
+            ),
+        },
         "response": {
             "description": "Once finished: the final response (null if it was not stored).",
             "properties": {
