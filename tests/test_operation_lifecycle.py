@@ -262,3 +262,14 @@ def test_the_list_is_paginated_and_bounded(post: Post, client: Client) -> None:
         assert refused.status_code == 400, query
         assert problem_slug(refused) == "invalid-operation-query"
     assert client.post(LIST).status_code == 405
+
+
+def test_the_ninja_router_serves_the_list_as_the_view_does(post: Post, client: Client) -> None:
+    operation_id, _ = start(post, str(uuid.uuid4()))
+    view = json.loads(client.get(LIST).content)
+    routed = client.get("/ninja-status/operations/")
+    assert routed.status_code == 200, routed.content
+    assert json.loads(routed.content)["operations"][0]["id"] == operation_id
+    assert [item["id"] for item in json.loads(routed.content)["operations"]] == [
+        item["id"] for item in view["operations"]
+    ]

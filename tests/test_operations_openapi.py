@@ -38,6 +38,17 @@ def test_drf_spectacular_publishes_the_status_endpoint() -> None:
     assert problem == {"$ref": "#/components/schemas/IdempotencyProblem"}
 
 
+def test_drf_spectacular_publishes_the_list_endpoint() -> None:
+    operation = drf_schema()["paths"]["/idempotency/operations/"]["get"]
+    assert operation["operationId"] == "idempotency_operation_list"
+    assert [p["name"] for p in operation["parameters"]] == ["limit", "before", "state"]
+    assert set(operation["responses"]) == {"200", "400", "503"}
+    page = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    assert page["required"] == ["operations", "next"]
+    item = page["properties"]["operations"]["items"]
+    assert item["properties"]["state"]["enum"] == ["running", "stalled", "succeeded", "failed"]
+
+
 def test_drf_spectacular_publishes_the_202_of_accepted() -> None:
     responses = drf_schema()["paths"]["/drf-export/"]["post"]["responses"]
     accepted = responses["202"]
@@ -70,6 +81,10 @@ def test_the_ninja_router_puts_the_status_endpoint_in_the_apis_schema() -> None:
     assert "Retry-After" in responses["200"]["headers"]
     problem = responses["404"]["content"]["application/problem+json"]["schema"]
     assert problem["properties"]["type"]["type"] == "string"
+    listed = schema["paths"]["/operations/"]["get"]
+    assert listed["operationId"] == "idempotency_operation_list"
+    assert "security" not in listed
+    assert [p["name"] for p in listed["parameters"]] == ["limit", "before", "state"]
     assert operations_views.api.get_openapi_schema(path_prefix="")["paths"].keys() == {"/exports"}
 
 

@@ -205,6 +205,69 @@ def operation_status_operation(problem: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: One operation of the list endpoint's page (``docs/operations.rst``).
+OPERATION_ITEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "The operation's id."},
+        "state": OPERATION_SCHEMA["properties"]["state"],
+        "created_at": {"type": "string", "format": "date-time"},
+        "url": {"type": "string", "description": "Its status endpoint (GET)."},
+        "progress": OPERATION_SCHEMA["properties"]["progress"],
+    },
+    "required": ["id", "state", "created_at", "url"],
+}
+
+#: The list endpoint's body: a page of the principal's operations, newest first.
+OPERATION_LIST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A page of the principal's long-running operations (django-idempotency).",
+    "properties": {
+        "operations": {"type": "array", "items": OPERATION_ITEM_SCHEMA},
+        "next": {
+            "type": ["string", "null"],
+            "description": "The next page's URL; null on the last page.",
+        },
+    },
+    "required": ["operations", "next"],
+}
+
+
+def operation_list_operation(problem: dict[str, Any]) -> dict[str, Any]:
+    """The list endpoint's operation (``GET operations/``), as
+    :func:`operation_status_operation` publishes the status endpoint's."""
+    content = {_problems.CONTENT_TYPE: {"schema": problem}}
+    query = [
+        ("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size (default 20)."),
+        ("before", {"type": "integer", "minimum": 1}, "From the last page's next."),
+        ("state", OPERATION_SCHEMA["properties"]["state"], "Only operations in this state."),
+    ]
+    return {
+        "operationId": "idempotency_operation_list",
+        "tags": ["idempotency"],
+        "description": (
+            "The asking principal's unexpired long-running operations, newest first, a page "
+            "at a time (django-idempotency)."
+        ),
+        "parameters": [
+            {"name": name, "in": "query", "required": False, "schema": schema, "description": text}
+            for name, schema, text in query
+        ],
+        "responses": {
+            "200": {
+                "description": "A page of operations.",
+                "content": {"application/json": {"schema": OPERATION_LIST_SCHEMA}},
+            },
+            "400": {"description": "A query it cannot read.", "content": content},
+            "503": {
+                "description": "The idempotency store is unreachable.",
+                "headers": RETRY_AFTER,
+                "content": content,
+            },
+        },
+    }
+
+
 #: The headers of an ``in_progress="accepted"`` ``202``.
 ACCEPTED_HEADERS: dict[str, Any] = {
     "Location": {
