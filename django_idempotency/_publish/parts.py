@@ -225,7 +225,8 @@ OPERATION_LIST_SCHEMA: dict[str, Any] = {
     "properties": {
         "operations": {"type": "array", "items": OPERATION_ITEM_SCHEMA},
         "next": {
-            "type": ["string", "null"],
+            "type": "string",
+            "nullable": True,  # OpenAPI 3.0, which drf-spectacular and ninja publish
             "description": "The next page's URL; null on the last page.",
         },
     },
