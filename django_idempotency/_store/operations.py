@@ -6,6 +6,12 @@ finished with a stored ``202 Accepted`` (the view handed the work on); its final
 replaces the ``202`` once, in one statement whose condition is that ``202``: two concurrent
 completions (a redelivered task) cannot both apply, and a final response is never a ``202``
 (:func:`complete` refuses one), so no column marks it.
+
+Its state (:func:`state_of`, :func:`state_filter`): ``stalled`` while its record is stale
+(the request's owner died, its lock lapsed: only a retry of the request resumes it), else
+``running`` as above, else its final response's. Its task's progress is kept in the record's
+recovery point (:data:`PROGRESS`); an operation handed on with no word from its task for long
+is :func:`stuck`.
 """
 
 from __future__ import annotations
