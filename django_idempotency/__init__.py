@@ -47,6 +47,10 @@ if TYPE_CHECKING:  # what type checkers see; ``X as X``: re-exported
     from django_idempotency._http.fingerprints import json_fingerprint as json_fingerprint
     from django_idempotency._http.fingerprints import request_fingerprint as request_fingerprint
     from django_idempotency._http.operations import complete_operation as complete_operation
+    from django_idempotency._http.operations import fail_operation as fail_operation
+    from django_idempotency._http.operations import (
+        set_operation_progress as set_operation_progress,
+    )
     from django_idempotency._http.scopes import user_scope as user_scope
     from django_idempotency._ops.erasure import Erasure as Erasure
     from django_idempotency._ops.erasure import erase_scope as erase_scope
@@ -69,6 +73,8 @@ _HOMES = {
     "describe": "_publish.policy",
     "erase_scope": "_ops.erasure",
     "complete_operation": "_http.operations",
+    "fail_operation": "_http.operations",
+    "set_operation_progress": "_http.operations",
     "Erasure": "_ops.erasure",
     "Claim": "_call.claim",
     "IdempotencyKey": "models",

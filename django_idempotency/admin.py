@@ -27,8 +27,8 @@ from django_idempotency._call import operations as operation_ids
 from django_idempotency._conf.settings import conf
 from django_idempotency._function.calls import METHOD as CALL
 from django_idempotency._ops import maintenance, relay, store_checks
+from django_idempotency._store import operations as operation_store
 from django_idempotency._store import sealing, time_zones
-from django_idempotency._store.operations import ACCEPTED
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 
 __all__ = ["IdempotencyKeyAdmin"]
@@ -88,6 +88,33 @@ class ExpiredFilter(_YesNoFilter):
 
     def condition(self) -> Q:
         return rules.EXPIRED.filter(timezone.now())
+
+
+_OPERATION_STATES = {
+    operation_store.RUNNING: _("running"),
+    operation_store.STALLED: _("stalled"),
+    operation_store.SUCCEEDED: _("succeeded"),
+    operation_store.FAILED: _("failed"),
+}
+
+
+class OperationStateFilter(admin.SimpleListFilter):
+    """The operation's state (``docs/operations.rst``): ``running`` keeps operations whose
+    ``202`` waits for its task, ``stalled`` those whose request's owner died."""
+
+    title = _("operation state")
+    parameter_name = "operation"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return list(_OPERATION_STATES.items())
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> QuerySet[IdempotencyKey]:
+        value = self.value()
+        if value not in _OPERATION_STATES:
+            return queryset
+        return queryset.filter(operation_store.state_filter(value, timezone.now()))
 
 
 class MethodFilter(admin.SimpleListFilter):
@@ -167,7 +194,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     # Seven narrow columns fit at 1400 px beside both sidebars; the stale and expired flags go
     # with the status (they stand for unlock_at and expires_at, shown on the record's page).
     list_display = ("short_key", "state", "scope", "request", "response", "created", "expires")
-    list_filter = ("status", MethodFilter, StaleFilter, ExpiredFilter)
+    list_filter = ("status", OperationStateFilter, MethodFilter, StaleFilter, ExpiredFilter)
     date_hierarchy = "created_at"
     # Shows the search box; get_search_results does the actual matching.
     search_fields = ("scope", "path")
@@ -327,13 +354,9 @@ class IdempotencyKeyAdmin(_ModelAdmin):
 
     @admin.display(description=_("operation state"))
     def operation_state(self, record: IdempotencyKey) -> str:
-        """Running while the request runs or its stored response is a ``202`` (the final
-        response, once stored, is the stored response above)."""
-        if record.status == record.Status.PROCESSING or record.response_status == ACCEPTED:
-            return str(_("running"))
-        if record.response_status is not None and record.response_status >= 400:
-            return str(_("failed"))
-        return str(_("succeeded"))
+        """Running while the request runs or its stored response is a ``202``, stalled when
+        its owner is gone (the final response, once stored, is the stored response above)."""
+        return str(_OPERATION_STATES[operation_store.state_of(record, timezone.now())])
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         """With ``ENCRYPTION_KEYS``, the decrypted response and the recovery point's data only

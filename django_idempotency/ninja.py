@@ -36,10 +36,14 @@ from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, View
 from django_idempotency._conf.settings import conf, derived
 from django_idempotency._conf.values import SAFE_METHODS
 from django_idempotency._http import adapter as protocol
-from django_idempotency._http.operations import operation_status
+from django_idempotency._http.operations import operation_list, operation_status
 from django_idempotency._http.scopes import user_scope
 from django_idempotency._publish import ninja_openapi as openapi
-from django_idempotency._publish.parts import PROBLEM_SCHEMA, operation_status_operation
+from django_idempotency._publish.parts import (
+    PROBLEM_SCHEMA,
+    operation_list_operation,
+    operation_status_operation,
+)
 from django_idempotency._store.limits import sha256_hex
 
 if TYPE_CHECKING:
@@ -419,9 +423,10 @@ def _operation_being_decorated(func: Callable[..., Any]) -> Operation | None:
 
 def operations_router() -> Router:
     """A django-ninja ``Router`` serving the operation status endpoint (``GET
-    operations/{operation_id}``, :doc:`operations`), so that it is in your ``NinjaAPI``'s
-    OpenAPI schema (operation id ``idempotency_operation_status``, tag ``idempotency``: ``200``
-    with the state, ``404`` and ``503`` problems). Add it where you include
+    operations/{operation_id}``, :doc:`operations`) and the principal's list (``GET
+    operations/``), so that they are in your ``NinjaAPI``'s OpenAPI schema (operation ids
+    ``idempotency_operation_status`` and ``idempotency_operation_list``, tag ``idempotency``:
+    ``200`` with the state or a page, and their problems). Add it where you include
     ``django_idempotency.urls``, so that the schema's path is the ``Location`` clients are
     given: with the API at ``api/`` and ``path("api/idempotency/",
     include("django_idempotency.urls"))``, ``api.add_router("/idempotency/",
@@ -441,5 +446,18 @@ def operations_router() -> Router:
     )
     def idempotency_operation_status(request: HttpRequest, operation_id: str) -> HttpResponseBase:
         return operation_status(request, operation_id)
+
+    listed = operation_list_operation(PROBLEM_SCHEMA)
+
+    @router.get(
+        "/operations/",
+        auth=None,
+        operation_id=listed["operationId"],
+        description=listed["description"],
+        openapi_extra={"parameters": listed["parameters"], "responses": listed["responses"]},
+        include_in_schema=True,
+    )
+    def idempotency_operation_list(request: HttpRequest) -> HttpResponseBase:
+        return operation_list(request)
 
     return router

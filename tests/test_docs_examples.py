@@ -455,6 +455,47 @@ def test_the_operations_export_completes_once_with_its_worker_killed(
     assert json.loads(bytes(body)) == {"export": export_id}  # type: ignore[arg-type]
 
 
+FAILING_EXPORT = (
+    POST_EXPORT
+    + """
+import json
+from django.db import connection
+from orders.tasks import export_orders
+location = response["Location"]
+with connection.cursor() as cursor:  # the work cannot succeed: its table is gone
+    cursor.execute("DROP TABLE orders_export")
+assert export_orders.apply(args=[location.rsplit("/", 1)[1]]).failed()
+print(json.dumps(Client(HTTP_HOST="localhost").get(location).json()))
+retry = Client(HTTP_HOST="localhost").post(
+    "/exports/", headers={"Idempotency-Key": "export-0b7e4a52-2d3c-4a8e"}
+)
+print(retry.status_code, retry["Idempotent-Replayed"])
+"""
+)
+
+
+@pytest.mark.celery
+def test_the_operations_task_that_raises_fails_its_operation(project: Path, tmp_path: Path) -> None:
+    """The page's task, run where its work raises: the operation is failed with the page's
+    problem, not left running until its TTL (issue 49)."""
+    database = tmp_path / "db.sqlite3"
+    shutil.copyfile(project / "db.sqlite3", database)
+    out = run(
+        project,
+        "manage.py",
+        "shell",
+        "-c",
+        FAILING_EXPORT,
+        env=environment(project, DOCS_TEST_DB=str(database), DOCS_TEST_DIR=str(tmp_path)),
+    )
+    _location, state, replayed = out.strip().splitlines()[-3:]
+    shown = json.loads(state)
+    assert shown["state"] == "failed", shown
+    assert shown["response"]["status"] == 500
+    assert shown["response"]["body"]["detail"] == "The export could not be made; start a new one."
+    assert replayed == "500 true"
+
+
 def page_session(page: str) -> list[Exchange | float]:
     """The ``example-session`` block of ``page``: each ``$ curl`` with what it prints."""
     lines = (DOCS / page).read_text().splitlines()

@@ -226,6 +226,21 @@ def test_an_operation_whose_request_still_runs(client: Client, key: str) -> None
     assert refused.value.reason == "running"
 
 
+def test_an_operation_whose_owner_died_is_stalled_not_running(
+    post: Post, client: Client, key: str
+) -> None:
+    # The worker running the request died: its lock lapsed and no attempt holds the record.
+    dead = stale_key(key, "POST", "/export/", {"rows": 3}, content_type="application/json")
+    shown = status(client, dead.operation_url)
+    assert shown.status_code == 200
+    assert json.loads(shown.content) == {"id": dead.operation_id, "state": "stalled"}
+    assert not shown.has_header("Retry-After")  # nothing runs it: polling would wait forever
+    # What the state tells the client to do: retry the original request, which resumes it.
+    resumed = start(post, key)
+    assert operation_of(resumed) == dead.operation_id
+    assert json.loads(status(client, dead.operation_url).content)["state"] == "running"
+
+
 def test_a_view_that_finished_its_work_is_a_finished_operation(
     post: Post, client: Client, key: str
 ) -> None:

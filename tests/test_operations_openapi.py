@@ -32,10 +32,21 @@ def test_drf_spectacular_publishes_the_status_endpoint() -> None:
     assert [p["name"] for p in operation["parameters"]] == ["operation_id"]
     assert set(operation["responses"]) == {"200", "404", "503"}
     state = operation["responses"]["200"]["content"]["application/json"]["schema"]
-    assert state["properties"]["state"]["enum"] == ["running", "succeeded", "failed"]
+    assert state["properties"]["state"]["enum"] == ["running", "stalled", "succeeded", "failed"]
     assert "Retry-After" in operation["responses"]["200"]["headers"]
     problem = operation["responses"]["404"]["content"]["application/problem+json"]["schema"]
     assert problem == {"$ref": "#/components/schemas/IdempotencyProblem"}
+
+
+def test_drf_spectacular_publishes_the_list_endpoint() -> None:
+    operation = drf_schema()["paths"]["/idempotency/operations/"]["get"]
+    assert operation["operationId"] == "idempotency_operation_list"
+    assert [p["name"] for p in operation["parameters"]] == ["limit", "before", "state"]
+    assert set(operation["responses"]) == {"200", "400", "503"}
+    page = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    assert page["required"] == ["operations", "next"]
+    item = page["properties"]["operations"]["items"]
+    assert item["properties"]["state"]["enum"] == ["running", "stalled", "succeeded", "failed"]
 
 
 def test_drf_spectacular_publishes_the_202_of_accepted() -> None:
@@ -51,7 +62,7 @@ def test_ninja_publishes_the_202_of_accepted() -> None:
     accepted = schema["paths"]["/exports"]["post"]["responses"][202]
     assert set(accepted["headers"]) >= {"Location", "Retry-After"}
     body = accepted["content"]["application/json"]["schema"]
-    assert body["properties"]["state"]["enum"] == ["running", "succeeded", "failed"]
+    assert body["properties"]["state"]["enum"] == ["running", "stalled", "succeeded", "failed"]
 
 
 def test_the_ninja_router_puts_the_status_endpoint_in_the_apis_schema() -> None:
@@ -66,10 +77,14 @@ def test_the_ninja_router_puts_the_status_endpoint_in_the_apis_schema() -> None:
     responses = {str(status): answer for status, answer in operation["responses"].items()}
     assert set(responses) == {"200", "404", "503"}
     state = responses["200"]["content"]["application/json"]["schema"]
-    assert state["properties"]["state"]["enum"] == ["running", "succeeded", "failed"]
+    assert state["properties"]["state"]["enum"] == ["running", "stalled", "succeeded", "failed"]
     assert "Retry-After" in responses["200"]["headers"]
     problem = responses["404"]["content"]["application/problem+json"]["schema"]
     assert problem["properties"]["type"]["type"] == "string"
+    listed = schema["paths"]["/operations/"]["get"]
+    assert listed["operationId"] == "idempotency_operation_list"
+    assert "security" not in listed
+    assert [p["name"] for p in listed["parameters"]] == ["limit", "before", "state"]
     assert operations_views.api.get_openapi_schema(path_prefix="")["paths"].keys() == {"/exports"}
 
 

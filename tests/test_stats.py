@@ -82,7 +82,8 @@ def test_text(table: None) -> None:
     assert lines[2] == "Stale processing:     2 (oldest claimed 42m ago, stale for 41m)"
     assert lines[3].startswith("Size:                 table ")
     assert lines[4] == "Outbox undelivered:   0 pending, 0 failed"
-    assert len(lines) == 5
+    assert lines[5] == "Operations running:   0"
+    assert len(lines) == 6
     assert stats("--verbosity", "0") == ""
 
 

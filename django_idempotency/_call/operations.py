@@ -20,7 +20,15 @@ from datetime import timezone as dt_timezone
 from django.conf import settings
 from django.utils.crypto import constant_time_compare, salted_hmac
 
-__all__ = ["URL_NAME", "make_id", "microseconds", "parse_id", "status_url", "verify"]
+__all__ = [
+    "BIGINT",
+    "URL_NAME",
+    "make_id",
+    "microseconds",
+    "parse_id",
+    "status_url",
+    "verify",
+]
 
 _SALT = "django_idempotency.operation"
 #: The status endpoint's name in ``django_idempotency.urls`` (namespace ``django_idempotency``).
@@ -68,10 +76,10 @@ def parse_id(operation_id: str) -> int | None:
     number = int(pk)
     # A primary key is a signed 64-bit integer: a larger one names nothing, and a database
     # would refuse it (SQLite raises OverflowError).
-    return number if number < _BIGINT else None
+    return number if number < BIGINT else None
 
 
-_BIGINT = 2**63
+BIGINT = 2**63
 
 
 def verify(operation_id: str, pk: int, scope: str, key_hash: str, created_at: datetime) -> bool:

@@ -31,12 +31,22 @@ from django_idempotency._store import sealing
 from django_idempotency._store.limits import bounded_scope
 from django_idempotency._store.writes import COMPLETED
 
-__all__ = ["accepted", "complete_operation", "operation_status"]
+__all__ = [
+    "accepted",
+    "complete_operation",
+    "fail_operation",
+    "operation_list",
+    "operation_status",
+    "set_operation_progress",
+]
+
+#: The list endpoint's page size: ``?limit=`` up to :data:`MAX_PAGE`, :data:`PAGE` without it.
+PAGE, MAX_PAGE = 20, 100
 
 logger = logging.getLogger("django_idempotency")
 
 #: The status endpoint's ``state`` of an operation.
-RUNNING, SUCCEEDED, FAILED = "running", "succeeded", "failed"
+RUNNING, STALLED, SUCCEEDED, FAILED = store.RUNNING, store.STALLED, store.SUCCEEDED, store.FAILED
 
 
 def complete_operation(
@@ -101,6 +111,57 @@ def complete_operation(
     raise _refusal(operation_id, operation and _operation(alias, operation_id))
 
 
+def fail_operation(
+    operation_id: str,
+    detail: str,
+    *,
+    status: int = 500,
+    title: str = "Operation failed",
+) -> None:
+    """Store the operation's failure as its final response, once: an RFC 9457 problem
+    (``application/problem+json``, type ``operation-failed``) with ``status`` (a ``4xx`` or
+    ``5xx``, ``500`` by default), ``title`` and ``detail``, which the client reads: say what
+    failed, never a traceback. From then on the status endpoint answers ``"failed"`` with
+    it, and a retry of the original request replays it.
+
+    The background task's way out when its work cannot succeed (a task that raises leaves
+    the operation running until its TTL). Refused as :func:`complete_operation` is (an
+    :class:`~django_idempotency.OperationError`: ``"completed"`` when a final response is
+    stored already); ``ValueError`` for a status under 400.
+    """
+    if not 400 <= status <= 599:
+        raise ValueError(f"fail_operation() takes a 4xx or 5xx status, not {status!r}.")
+    complete_operation(operation_id, problems.operation_failed(status, title, detail))
+
+
+def set_operation_progress(operation_id: str, progress: Any) -> None:
+    """Set what the status endpoint shows as the running operation's ``progress``: any JSON
+    value (``{"done": 40, "total": 100}``, a short message), at most ``MAX_PROGRESS_SIZE``
+    (1024) bytes as compact JSON; each call replaces the last. It also tells
+    ``idempotency_recover --operations`` and ``idempotency_stats`` that the operation is not
+    stuck.
+
+    Refused as :func:`complete_operation` is (:class:`~django_idempotency.OperationError`:
+    ``"completed"`` once its final response is stored, ``"running"`` before its ``202`` is);
+    ``ValueError`` for a value over the size or not JSON.
+    """
+    try:
+        size = len(json.dumps(progress, separators=(",", ":"), cls=DjangoJSONEncoder))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"An operation's progress must be JSON: {exc}") from exc
+    if size > store.MAX_PROGRESS_SIZE:
+        raise ValueError(
+            f"An operation's progress is at most {store.MAX_PROGRESS_SIZE} bytes of JSON, not "
+            f"{size}: a few figures and a short message (the result is the final response)."
+        )
+    progress = json.loads(json.dumps(progress, cls=DjangoJSONEncoder))
+    alias = conf.DATABASE_ALIAS
+    operation = _operation(alias, operation_id)
+    if operation is not None and store.set_progress(alias, operation, progress):
+        return
+    raise _refusal(operation_id, operation and _operation(alias, operation_id))
+
+
 def _operation(alias: str, operation_id: str) -> store.Operation | None:
     """The operation ``operation_id`` names, its MAC checked; ``None``: no such operation."""
     pk = ids.parse_id(operation_id)
@@ -137,6 +198,57 @@ def _refusal(operation_id: str, operation: store.Operation | None) -> OperationE
         f"{operation.response_status}); its final response is stored once.",
         reason="completed",
     )
+
+
+@require_safe
+def operation_list(request: HttpRequest) -> HttpResponse:
+    """``GET operations/``: the asking principal's unexpired operations, newest first, a page
+    at a time (``?limit=``, ``?state=``, and ``next``: the next page's URL, or ``null``)."""
+    try:
+        limit = int(request.GET.get("limit", PAGE))
+        before = int(request.GET["before"]) if "before" in request.GET else None
+    except ValueError:
+        return problems.invalid_operation_query("limit and before are integers.")
+    state = request.GET.get("state") or None
+    if not 1 <= limit <= MAX_PAGE or (before is not None and not 0 < before < ids.BIGINT):
+        return problems.invalid_operation_query(
+            f"limit is 1 to {MAX_PAGE}; before is the position the last page's next gave."
+        )
+    if state is not None and state not in store.STATES:
+        return problems.invalid_operation_query(f"state is one of {', '.join(store.STATES)}.")
+    try:
+        scopes = {bounded_scope(scope) for scope in _scopes(request) if scope is not None}
+        found = (
+            store.of_scopes(
+                conf.DATABASE_ALIAS, scopes, before=before, limit=limit + 1, state=state
+            )
+            if scopes
+            else []
+        )
+    except StoreUnavailable:
+        return problems.unavailable()
+    page, more = found[:limit], len(found) > limit
+    now = timezone.now()
+    listed = []
+    for operation in page:
+        operation_id = ids.make_id(
+            operation.pk, operation.scope, operation.key_hash, operation.created_at
+        )
+        item = {
+            "id": operation_id,
+            "state": store.state_of(operation, now),
+            "created_at": operation.created_at,
+            "url": ids.status_url(operation_id),
+        }
+        if item["state"] == RUNNING and operation.progress is not None:
+            item["progress"] = operation.progress
+        listed.append(item)
+    following = None
+    if more:
+        query = request.GET.copy()
+        query["before"] = str(page[-1].pk)
+        following = f"{request.path}?{query.urlencode()}"
+    return _json({"operations": listed, "next": following}, 200)
 
 
 @require_safe
@@ -177,8 +289,15 @@ def accepted(pk: int, scope: str, key_hash: str, created_at: datetime) -> HttpRe
 
 
 def _state(operation_id: str, operation: store.Operation) -> HttpResponse:
+    if operation.stalled(timezone.now()):
+        # Its owner died with its lock lapsed: nothing runs it, so no Retry-After. The
+        # original request, retried, takes the record over and resumes it (issue 49).
+        return _json({"id": operation_id, "state": STALLED}, 200)
     if operation.running:
-        response = _json({"id": operation_id, "state": RUNNING}, 200)
+        shown: dict[str, Any] = {"id": operation_id, "state": RUNNING}
+        if operation.progress is not None:
+            shown["progress"] = operation.progress
+        response = _json(shown, 200)
         response["Retry-After"] = str(conf.RETRY_AFTER)
         return response
     final = operation.response_status

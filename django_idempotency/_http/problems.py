@@ -142,6 +142,18 @@ def request_abandoned() -> HttpResponse:
     )
 
 
+def operation_failed(
+    status: int = 500, title: str = "Operation failed", detail: str = "The operation failed."
+) -> HttpResponse:
+    """An operation's final response stored by :func:`~django_idempotency.fail_operation`."""
+    return problem(status, "operation-failed", title, detail)
+
+
+def invalid_operation_query(detail: str = "limit and before are integers.") -> HttpResponse:
+    """The list endpoint's answer to a query it cannot read (``limit``, ``before``, ``state``)."""
+    return problem(400, "invalid-operation-query", "Invalid operation query", detail)
+
+
 def operation_not_found() -> HttpResponse:
     """The status endpoint's answer to an unknown id, another principal's operation or an
     expired one, alike: never a hint that the id exists (issue 43)."""

@@ -15,10 +15,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from django_idempotency import _store as store
@@ -27,6 +27,7 @@ from django_idempotency._base.durations import human
 from django_idempotency._call import telemetry
 from django_idempotency._http import problems
 from django_idempotency._store import StoredResponse
+from django_idempotency._store.operations import ACCEPTED
 from django_idempotency.models import IdempotencyKey
 
 __all__ = ["Deletion", "Stats", "delete_expired", "in_batches", "mark_failed", "release", "stats"]
@@ -71,10 +72,35 @@ def mark_failed(alias: str, record: IdempotencyKey) -> bool:
     return failed
 
 
-def _log_resolved(action: str, record: IdempotencyKey) -> None:
+def fail_operation(alias: str, record: IdempotencyKey) -> bool:
+    """Store an operator's ``operation-failed`` problem as a stuck operation's final response
+    (``idempotency_recover --operations --fail``), as :func:`~django_idempotency.fail_operation`
+    would. ``False`` when its final response was stored meanwhile, or it expired."""
+    from django_idempotency._store import operations
+
+    response = problems.operation_failed(
+        detail="The operation stopped before it finished and was marked as failed by an "
+        "operator. Check whether its effects took place before retrying with a new key."
+    )
+    stored = StoredResponse(
+        response.status_code,
+        [["Content-Type", problems.CONTENT_TYPE]],
+        response.content,
+        owner=(record.scope, record.key_hash),
+    )
+    failed = operations.complete(alias, operations.from_record(record), stored)
+    if failed:
+        _log_resolved("Marked as failed", record, "stuck idempotency operation")
+    return failed
+
+
+def _log_resolved(
+    action: str, record: IdempotencyKey, what: str = "stale idempotency record"
+) -> None:
     logger.warning(
-        "%s stale idempotency record %s (scope %r, key %s).",
+        "%s %s %s (scope %r, key %s).",
         action,
+        what,
         record.pk,
         record.scope,
         record.key_hash[:12],
@@ -182,6 +208,11 @@ class Stats:
     table_bytes: int | None
     index_bytes: int | None
     size_source: str
+    #: Long-running operations whose ``202`` waits for a final response, those of them with no
+    #: word (completion, progress) for :data:`OPERATION_STUCK_AFTER`, and the longest silence.
+    operations_running: int = 0
+    operations_stuck: int = 0
+    longest_operation_silence: float | None = None
 
     @property
     def total(self) -> int:
@@ -189,12 +220,23 @@ class Stats:
 
     @property
     def warnings(self) -> list[str]:
-        if self.expired <= CLEANUP_ROWS_PER_MINUTE:
-            return []
-        return [
-            f"{self.expired:,} expired records are more than one idempotency_cleanup run deletes "
-            f"in a minute ({CLEANUP_ROWS_PER_MINUTE:,} at the defaults): is it scheduled?"
-        ]
+        warnings = []
+        if self.expired > CLEANUP_ROWS_PER_MINUTE:
+            warnings.append(
+                f"{self.expired:,} expired records are more than one idempotency_cleanup run "
+                f"deletes in a minute ({CLEANUP_ROWS_PER_MINUTE:,} at the defaults): is it "
+                "scheduled?"
+            )
+        if self.operations_stuck:
+            many = self.operations_stuck != 1
+            after = human(OPERATION_STUCK_AFTER.total_seconds())
+            warnings.append(
+                f"{self.operations_stuck:,} long-running operation{'s' if many else ''} had no "
+                f"final response nor progress for over {after} (their "
+                "task died, raised without fail_operation(), or was never sent): "
+                "idempotency_recover --operations lists them."
+            )
+        return warnings
 
     @property
     def stale_ages(self) -> str:
@@ -216,10 +258,17 @@ class Stats:
         return f"{text} ({self.size_source})"
 
 
+#: An operation handed on (its ``202`` stored) with no final response nor progress for this
+#: long is stuck, as ``idempotency_stats`` warns (``idempotency_recover --operations`` takes
+#: any ``--older-than``).
+OPERATION_STUCK_AFTER = timedelta(hours=1)
+
+
 def stats(alias: str) -> Stats:
     """Counts in one scan of the table (conditional aggregates), then its size on disk."""
     now = timezone.now()
     is_stale = rules.STALE.filter(now)
+    handed_on = Q(response_status=ACCEPTED, expires_at__gt=now)
     rows = (
         IdempotencyKey.objects.using(alias)
         .order_by()
@@ -230,13 +279,21 @@ def stats(alias: str) -> Stats:
             stale=Count("pk", filter=is_stale),
             oldest_claim=Min("created_at", filter=is_stale),
             oldest_unlock=Min("unlock_at", filter=is_stale),
+            operations=Count("pk", filter=handed_on),
+            stuck=Count("pk", filter=handed_on & Q(updated_at__lte=now - OPERATION_STUCK_AFTER)),
+            oldest_word=Min("updated_at", filter=handed_on),
         )
     )
     by_status = dict.fromkeys(IdempotencyKey.Status.values, 0)
     expired = stale_count = 0
     oldest_claim: datetime | None = None
     oldest_unlock: datetime | None = None
+    operations = stuck = 0
+    oldest_word: datetime | None = None
     for row in rows:
+        operations += row["operations"]
+        stuck += row["stuck"]
+        oldest_word = row["oldest_word"] or oldest_word  # only completed rows hold a 202
         by_status[row["status"]] = row["count"]
         expired += row["expired"]
         stale_count += row["stale"]
@@ -252,6 +309,9 @@ def stats(alias: str) -> Stats:
         table_bytes=table_bytes,
         index_bytes=index_bytes,
         size_source=source,
+        operations_running=operations,
+        operations_stuck=stuck,
+        longest_operation_silence=_seconds_since(oldest_word, now),
     )
 
 

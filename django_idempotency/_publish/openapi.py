@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
 from django_idempotency._http.drf import IdempotencyMixin
-from django_idempotency._http.operations import operation_status
+from django_idempotency._http.operations import operation_list, operation_status
 from django_idempotency._http.problems import CONTENT_TYPE
 from django_idempotency._http.responses import REPLAYED_HEADER
 from django_idempotency._publish import parts
@@ -230,6 +230,8 @@ def _with_schema(handler: Callable[..., Any], schema: type[AutoSchema]) -> Calla
 class _OperationStatusSchema(AutoSchema):
     """The status endpoint's operation, as ``docs/operations.rst`` defines it."""
 
+    describe = staticmethod(parts.operation_status_operation)
+
     def get_request_serializer(self) -> Any:
         return None  # a GET: no body (and no serializer for drf-spectacular to guess)
 
@@ -254,8 +256,14 @@ class _OperationStatusSchema(AutoSchema):
             schema=parts.PROBLEM_SCHEMA,
         )
         registry.register_on_missing(component)
-        operation.update(parts.operation_status_operation(component.ref))
+        operation.update(self.describe(component.ref))
         return operation
+
+
+class _OperationListSchema(_OperationStatusSchema):
+    """The list endpoint's operation (``GET operations/``)."""
+
+    describe = staticmethod(parts.operation_list_operation)
 
 
 class OperationStatusView(APIView):
@@ -270,8 +278,22 @@ class OperationStatusView(APIView):
         raise NotImplementedError
 
 
+class OperationListView(APIView):
+    """The list endpoint's schema, as :class:`OperationStatusView` is the status endpoint's."""
+
+    schema = _OperationListSchema()
+
+    def get(self, request: Any) -> Any:  # pragma: no cover: never routed
+        raise NotImplementedError
+
+
 def publish_operation_status() -> None:
-    """Show the status endpoint to drf-spectacular: called once, when the app is ready."""
-    view: Any = operation_status
-    view.cls = OperationStatusView
-    view.initkwargs = {}
+    """Show the status and list endpoints to drf-spectacular: called once, when the app is
+    ready."""
+    for function, cls in (
+        (operation_status, OperationStatusView),
+        (operation_list, OperationListView),
+    ):
+        view: Any = function
+        view.cls = cls
+        view.initkwargs = {}

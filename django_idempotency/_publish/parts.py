@@ -143,7 +143,22 @@ OPERATION_SCHEMA: dict[str, Any] = {
     "description": "A long-running operation's state (django-idempotency).",
     "properties": {
         "id": {"type": "string", "description": "The operation's id."},
-        "state": {"type": "string", "enum": ["running", "succeeded", "failed"]},
+        "state": {
+            "type": "string",
+            "enum": ["running", "stalled", "succeeded", "failed"],
+            "description": (
+                "running: poll again after Retry-After. stalled: the request that started it "
+                "stopped (its worker died) and nothing runs it; retry the original request "
+                "(same key, same body), which resumes it. succeeded, failed: finished, with "
+                "its final response."
+            ),
+        },
+        "progress": {
+            "description": (
+                "While running: what its task last reported (any JSON, at most 1024 bytes); "
+                "absent until it reports."
+            ),
+        },
         "response": {
             "description": "Once finished: the final response (null if it was not stored).",
             "properties": {
@@ -168,7 +183,8 @@ def operation_status_operation(problem: dict[str, Any]) -> dict[str, Any]:
         "tags": ["idempotency"],
         "description": (
             "A long-running operation's state, to its own principal only (django-idempotency): "
-            "running (with Retry-After), then succeeded or failed with its final response."
+            "running (with Retry-After), then succeeded or failed with its final response; "
+            "stalled when the request that started it stopped and must be retried."
         ),
         "responses": {
             "200": {
@@ -180,6 +196,70 @@ def operation_status_operation(problem: dict[str, Any]) -> dict[str, Any]:
                 "description": "No operation with this id is visible to you.",
                 "content": content,
             },
+            "503": {
+                "description": "The idempotency store is unreachable.",
+                "headers": RETRY_AFTER,
+                "content": content,
+            },
+        },
+    }
+
+
+#: One operation of the list endpoint's page (``docs/operations.rst``).
+OPERATION_ITEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "The operation's id."},
+        "state": OPERATION_SCHEMA["properties"]["state"],
+        "created_at": {"type": "string", "format": "date-time"},
+        "url": {"type": "string", "description": "Its status endpoint (GET)."},
+        "progress": OPERATION_SCHEMA["properties"]["progress"],
+    },
+    "required": ["id", "state", "created_at", "url"],
+}
+
+#: The list endpoint's body: a page of the principal's operations, newest first.
+OPERATION_LIST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A page of the principal's long-running operations (django-idempotency).",
+    "properties": {
+        "operations": {"type": "array", "items": OPERATION_ITEM_SCHEMA},
+        "next": {
+            "type": "string",
+            "nullable": True,  # OpenAPI 3.0, which drf-spectacular and ninja publish
+            "description": "The next page's URL; null on the last page.",
+        },
+    },
+    "required": ["operations", "next"],
+}
+
+
+def operation_list_operation(problem: dict[str, Any]) -> dict[str, Any]:
+    """The list endpoint's operation (``GET operations/``), as
+    :func:`operation_status_operation` publishes the status endpoint's."""
+    content = {_problems.CONTENT_TYPE: {"schema": problem}}
+    query = [
+        ("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size (default 20)."),
+        ("before", {"type": "integer", "minimum": 1}, "From the last page's next."),
+        ("state", OPERATION_SCHEMA["properties"]["state"], "Only operations in this state."),
+    ]
+    return {
+        "operationId": "idempotency_operation_list",
+        "tags": ["idempotency"],
+        "description": (
+            "The asking principal's unexpired long-running operations, newest first, a page "
+            "at a time (django-idempotency)."
+        ),
+        "parameters": [
+            {"name": name, "in": "query", "required": False, "schema": schema, "description": text}
+            for name, schema, text in query
+        ],
+        "responses": {
+            "200": {
+                "description": "A page of operations.",
+                "content": {"application/json": {"schema": OPERATION_LIST_SCHEMA}},
+            },
+            "400": {"description": "A query it cannot read.", "content": content},
             "503": {
                 "description": "The idempotency store is unreachable.",
                 "headers": RETRY_AFTER,

@@ -6,22 +6,45 @@ finished with a stored ``202 Accepted`` (the view handed the work on); its final
 replaces the ``202`` once, in one statement whose condition is that ``202``: two concurrent
 completions (a redelivered task) cannot both apply, and a final response is never a ``202``
 (:func:`complete` refuses one), so no column marks it.
+
+Its state (:func:`state_of`, :func:`state_filter`): ``stalled`` while its record is stale
+(the request's owner died, its lock lapsed: only a retry of the request resumes it), else
+``running`` as above, else its final response's. Its task's progress is kept in the record's
+recovery point (:data:`PROGRESS`); an operation handed on with no word from its task for long
+is :func:`stuck`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from django_idempotency._base import rules
 from django_idempotency._store import using
-from django_idempotency._store.writes import COMPLETED, FAILED, StoredResponse
+from django_idempotency._store.writes import COMPLETED, StoredResponse
+from django_idempotency._store.writes import FAILED as FAILED_STATUS
 from django_idempotency.models import IdempotencyKey
 
-__all__ = ["ACCEPTED", "Operation", "complete", "created_at", "read"]
+__all__ = [
+    "ACCEPTED",
+    "MAX_PROGRESS_SIZE",
+    "PROGRESS",
+    "STATES",
+    "Operation",
+    "complete",
+    "created_at",
+    "from_record",
+    "of_scopes",
+    "read",
+    "set_progress",
+    "state_filter",
+    "state_of",
+    "stuck",
+]
 
 #: The status of a stored response that hands the work on: its operation is still running.
 ACCEPTED = 202
@@ -35,7 +58,89 @@ _FIELDS = (
     "response_body",
     "created_at",
     "expires_at",
+    "unlock_at",
+    "recovery_point",
+    "recovery_data",
 )
+
+#: The largest progress a task may set, in bytes of compact JSON: a few numbers and a short
+#: message, read on every poll; never a result (that is the final response).
+MAX_PROGRESS_SIZE = 1024
+#: The recovery point of a record whose operation's task set its progress. An operation's
+#: progress is kept as its record's recovery point, which no one reads once the request
+#: answered its ``202`` (a completed record is replayed, never resumed), and which a claim of
+#: an expired record resets: no column, and no new life shows an old life's progress.
+PROGRESS = "operation-progress"
+
+
+#: An operation's states, as the status endpoint, the list endpoint and the admin name them.
+RUNNING, STALLED, SUCCEEDED, FAILED = "running", "stalled", "succeeded", "failed"
+STATES = (RUNNING, STALLED, SUCCEEDED, FAILED)
+
+
+def state_filter(state: str, now: datetime) -> Q:
+    """The records whose operation is in ``state`` at ``now``, for a queryset (the admin's
+    filter); :func:`state_of` says the same of one record."""
+    stalled = rules.STALE.filter(now)
+    handed_on = Q(status=COMPLETED, response_status=ACCEPTED)
+    if state == RUNNING:
+        return (Q(status=rules.PROCESSING) & ~stalled) | handed_on
+    if state == STALLED:
+        return stalled
+    if state == SUCCEEDED:
+        return Q(status=COMPLETED) & ~Q(response_status=ACCEPTED)
+    if state == FAILED:
+        return Q(status=FAILED_STATUS)
+    raise ValueError(f"No operation state {state!r}.")
+
+
+def state_of(record: Any, now: datetime) -> str:
+    """The state of a record's operation at ``now``: ``stalled`` when its owner is gone,
+    ``running`` while its request runs or its stored response is a ``202``, then the final
+    response's."""
+    if rules.STALE.holds(record, now):
+        return STALLED
+    if record.status == rules.PROCESSING or record.response_status == ACCEPTED:
+        return RUNNING
+    if record.status == FAILED_STATUS or (record.response_status or 0) >= 400:
+        return FAILED
+    return SUCCEEDED
+
+
+def stuck(alias: str, *, older_than: timedelta = timedelta(0)) -> QuerySet[IdempotencyKey]:
+    """Operations handed on (their ``202`` stored, unexpired) with no word for ``older_than``:
+    no final response and no progress since. Their task died, raised without
+    ``fail_operation()``, or was never delivered; oldest first."""
+    now = timezone.now()
+    return (
+        IdempotencyKey.objects.using(alias)
+        .filter(
+            status=COMPLETED,
+            response_status=ACCEPTED,
+            expires_at__gt=now,
+            updated_at__lte=now - older_than,
+        )
+        .order_by("updated_at", "pk")
+    )
+
+
+def from_record(record: IdempotencyKey) -> Operation:
+    """The operation of a record already read (``idempotency_recover --operations``)."""
+    body = record.response_body
+    return Operation(
+        record.pk,
+        record.scope,
+        record.key_hash,
+        record.status,
+        record.response_status,
+        record.response_headers,
+        None if body is None else bytes(body),
+        record.created_at,
+        record.expires_at,
+        record.unlock_at,
+        record.recovery_point,
+        record.recovery_data,
+    )
 
 
 @dataclass(frozen=True)
@@ -51,11 +156,26 @@ class Operation:
     response_body: bytes | None
     created_at: datetime
     expires_at: datetime
+    unlock_at: datetime | None = None
+    recovery_point: str = ""
+    recovery_data: Any = None
+
+    @property
+    def progress(self) -> Any:
+        """What its task last set with ``set_operation_progress()``; ``None``: nothing yet."""
+        if self.recovery_point == PROGRESS and isinstance(self.recovery_data, dict):
+            return self.recovery_data.get("progress")
+        return None
 
     @property
     def running(self) -> bool:
         """Its request still runs, or it answered ``202`` and the work goes on elsewhere."""
         return self.status == rules.PROCESSING or self.response_status == ACCEPTED
+
+    def stalled(self, now: datetime) -> bool:
+        """Its request's owner is gone: the record is stale (its lock lapsed, no attempt holds
+        it), so it never finishes unless the original request is retried, which resumes it."""
+        return rules.STALE.holds(self, now)
 
     def expired(self, now: datetime) -> bool:
         return self.expires_at <= now
@@ -69,12 +189,57 @@ def read(alias: str, pk: int) -> Operation | None:
         row = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list(*_FIELDS).first()
     if row is None:
         return None
-    scope, key_hash, status, response_status, headers, body, created_at, expires_at = row
-    if isinstance(body, memoryview):
-        body = bytes(body)
-    return Operation(
-        pk, scope, key_hash, status, response_status, headers, body, created_at, expires_at
+    if isinstance(row[5], memoryview):
+        row = (*row[:5], bytes(row[5]), *row[6:])
+    return Operation(pk, *row)
+
+
+def set_progress(alias: str, operation: Operation, value: Any) -> bool:
+    """Set the operation's progress, fenced as :func:`complete` is (its ``202`` stored, this
+    life, unexpired); ``False``: it was not. ``updated_at`` moves with it: an operation that
+    reports progress is not stuck (:func:`stuck`)."""
+    now = timezone.now()
+    store = using(alias)
+    with store.guard():
+        updated = _handed_on(alias, operation, now).update(
+            recovery_point=PROGRESS, recovery_data={"progress": value}, updated_at=now
+        )
+    return bool(updated)
+
+
+def _handed_on(alias: str, operation: Operation, now: datetime) -> QuerySet[IdempotencyKey]:
+    return IdempotencyKey.objects.using(alias).filter(
+        pk=operation.pk,
+        scope=operation.scope,
+        key_hash=operation.key_hash,
+        created_at=operation.created_at,  # this life of the record, not a later one
+        status=COMPLETED,
+        response_status=ACCEPTED,
+        expires_at__gt=now,
     )
+
+
+def of_scopes(
+    alias: str, scopes: set[str], *, before: int | None, limit: int, state: str | None
+) -> list[Operation]:
+    """The unexpired operations of ``scopes``, newest first, at most ``limit``, those with a
+    primary key under ``before`` (the list endpoint's cursor), in ``state`` if given: one
+    indexed read of the scopes' records (the unique index's ``scope`` prefix)."""
+    now = timezone.now()
+    records = IdempotencyKey.objects.using(alias).filter(scope__in=scopes, expires_at__gt=now)
+    if before is not None:
+        records = records.filter(pk__lt=before)
+    if state is not None:
+        records = records.filter(state_filter(state, now))
+    store = using(alias)
+    with store.guard():
+        rows = list(records.order_by("-pk").values_list("pk", *_FIELDS)[:limit])
+    operations = []
+    for pk, *row in rows:
+        if isinstance(row[5], memoryview):
+            row[5] = bytes(row[5])
+        operations.append(Operation(pk, *row))
+    return operations
 
 
 def created_at(alias: str, pk: int) -> datetime | None:
@@ -98,7 +263,7 @@ def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
     """
     now = timezone.now()
     changes: dict[str, Any] = {
-        "status": COMPLETED if stored.status is None or stored.status < 400 else FAILED,
+        "status": COMPLETED if stored.status is None or stored.status < 400 else FAILED_STATUS,
         "response_status": stored.status,
         "response_headers": stored.sealed[0],
         "response_body": stored.sealed[1],
@@ -108,17 +273,5 @@ def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
         changes["expires_at"] = now + stored.ttl
     store = using(alias)
     with store.guard():
-        updated = (
-            IdempotencyKey.objects.using(alias)
-            .filter(
-                pk=operation.pk,
-                scope=operation.scope,
-                key_hash=operation.key_hash,
-                created_at=operation.created_at,  # this life of the record, not a later one
-                status=COMPLETED,
-                response_status=ACCEPTED,
-                expires_at__gt=now,
-            )
-            .update(**changes)
-        )
+        updated = _handed_on(alias, operation, now).update(**changes)
     return bool(updated)

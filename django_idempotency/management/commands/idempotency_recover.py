@@ -12,7 +12,9 @@ from django.utils import timezone
 from django_idempotency import _store as store
 from django_idempotency._base import durations
 from django_idempotency._base.durations import human
+from django_idempotency._call import operations as operation_ids
 from django_idempotency._ops import maintenance, store_checks
+from django_idempotency._store import operations as operation_store
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
 from django_idempotency.models import IdempotencyKey
@@ -24,7 +26,10 @@ class Command(arguments.Command):
     help = (
         "List idempotency records stuck in processing past their lock (their worker presumably "
         "died); --release frees them so the client's retry runs the view again, --fail stores "
-        "a definite failure (problem request-abandoned) so retries stop."
+        "a definite failure (problem request-abandoned) so retries stop. With --operations: "
+        "the long-running operations whose 202 is stored and that had no final response nor "
+        "progress for --older-than (their task died or raised); --fail stores the problem "
+        "operation-failed as their final response."
     )
 
     numeric = ("--older-than", "--limit")
@@ -42,6 +47,12 @@ class Command(arguments.Command):
         )
         action.add_argument(
             "--fail", action="store_true", help="Store a failed response: retries replay it."
+        )
+        parser.add_argument(
+            "--operations",
+            action="store_true",
+            help="Operations stuck behind their 202 (no word for --older-than) instead of "
+            "stale records; --fail fails them (--release does not apply).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Show what --release or --fail would do."
@@ -64,6 +75,7 @@ class Command(arguments.Command):
         older_than: object,
         release: bool,
         fail: bool,
+        operations: bool,
         dry_run: bool,
         as_json: bool,
         limit: int | None,
@@ -77,6 +89,14 @@ class Command(arguments.Command):
             limit = arguments.count("--limit", limit)
         margin = arguments.duration("--older-than", older_than)
         alias = database_alias(database)
+        if operations:
+            if release:
+                raise CommandError(
+                    "--release does not apply to --operations: an operation's request "
+                    "answered 202; give --fail to store its failure."
+                )
+            self._operations(alias, margin, fail, dry_run, as_json, limit, verbosity)
+            return
         records = store.using(alias).stale_records(older_than=margin)
         if limit is not None:
             records = records[:limit]
@@ -117,6 +137,88 @@ class Command(arguments.Command):
             "a stale record there is taken over by the key's next request (it is not listed)"
         ):
             self.stdout.write(note)
+
+    def _operations(
+        self,
+        alias: str,
+        margin: Any,
+        fail: bool,
+        dry_run: bool,
+        as_json: bool,
+        limit: int | None,
+        verbosity: int,
+    ) -> None:
+        records = operation_store.stuck(alias, older_than=margin)
+        if limit is not None:
+            records = records[:limit]
+        now = timezone.now()
+        rows = []
+        done = 0
+        for record in records:
+            outcome = None
+            if fail and dry_run:
+                outcome = "would fail"
+            elif fail:
+                succeeded = maintenance.fail_operation(alias, record)
+                done += succeeded
+                outcome = "failed" if succeeded else "skipped"
+            rows.append(
+                {
+                    "id": record.pk,
+                    "operation": operation_ids.make_id(
+                        record.pk, record.scope, record.key_hash, record.created_at
+                    ),
+                    "scope": record.scope,
+                    "key_hash": record.key_hash,
+                    "method": record.method,
+                    "path": record.path,
+                    "created_at": record.created_at.isoformat(),
+                    "updated_at": record.updated_at.isoformat(),
+                    "age_seconds": round((now - record.created_at).total_seconds(), 3),
+                    "silent_seconds": round((now - record.updated_at).total_seconds(), 3),
+                    "progress": operation_store.from_record(record).progress,
+                    "action": outcome,
+                }
+            )
+        if as_json:
+            self.stdout.write(json.dumps(rows, indent=2))
+            return
+        if verbosity < 1:
+            return
+        if rows:
+            columns = ["operation", "scope", "path", "age", "silent for"]
+            if fail:
+                columns.append("action")
+            table = [
+                [
+                    row["operation"],
+                    row["scope"],
+                    _shorten(row["path"]),
+                    human(row["age_seconds"]),
+                    human(row["silent_seconds"]),
+                    row["action"] or "",
+                ][: len(columns)]
+                for row in rows
+            ]
+            self._lines(columns, table)
+        count = len(rows)
+        noun = f"stuck operation{'' if count == 1 else 's'}"
+        if not fail:
+            self.stdout.write(f"{count} {noun}.")
+        elif dry_run:
+            self.stdout.write(f"Would fail {count} {noun} (dry run: nothing changed).")
+        else:
+            message = f"Failed {done} of {count} {noun}."
+            if done < count:
+                message += f" {count - done} were completed meanwhile and left alone."
+            self.stdout.write(self.style.SUCCESS(message))
+
+    def _lines(self, columns: list[str], table: list[list[str]]) -> None:
+        widths = [max(len(line[i]) for line in [columns, *table]) for i in range(len(columns))]
+        for line in [columns, *table]:
+            self.stdout.write(
+                "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+            )
 
     def _table(self, rows: list[dict[str, Any]]) -> None:
         columns = ["scope", "key", "method", "path", "age", "stale for", "attempt"]

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
+from django_idempotency._base.durations import human
 from django_idempotency._ops import maintenance, relay, store_checks
 from django_idempotency.management import database_alias
 
@@ -61,12 +62,23 @@ class Command(BaseCommand):
             ("Stale processing", stale),
             ("Size", stats.size),
             ("Outbox undelivered", relay.describe(outbox)),
+            ("Operations running", _operations(stats)),
         ):
             self.stdout.write(f"{label + ':':<22}{value}")
         for warning in warnings:
             self.stdout.write(self.style.WARNING(f"Warning: {warning}"))
         for note in store_checks.redis_notes("idempotency_cleanup has nothing to delete there"):
             self.stdout.write(note)
+
+
+def _operations(stats: maintenance.Stats) -> str:
+    """``3 (1 stuck, longest silent 2h)``: the operations waiting behind their ``202``."""
+    if not stats.operations_running or stats.longest_operation_silence is None:
+        return f"{stats.operations_running:,}"
+    return (
+        f"{stats.operations_running:,} ({stats.operations_stuck:,} stuck, longest silent "
+        f"{human(stats.longest_operation_silence)})"
+    )
 
 
 def as_dict(stats: maintenance.Stats) -> dict[str, Any]:
@@ -78,6 +90,9 @@ def as_dict(stats: maintenance.Stats) -> dict[str, Any]:
         "stale": stats.stale,
         "oldest_stale_age_seconds": stats.oldest_stale_age,
         "longest_stale_for_seconds": stats.longest_stale_for,
+        "operations_running": stats.operations_running,
+        "operations_stuck": stats.operations_stuck,
+        "longest_operation_silence_seconds": stats.longest_operation_silence,
         "table_bytes": stats.table_bytes,
         "index_bytes": stats.index_bytes,
         "size_source": stats.size_source,
