@@ -696,3 +696,13 @@ def test_a_view_that_enqueues_on_a_redis_store_is_refused_before_it_runs(
         post(path, {"order": "1"}, key=key)
     assert "(STORE 'redis')" in caplog.text and "cache:" not in caplog.text
     assert Execution.objects.count() == 0
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["production", "debug"])
+def test_an_error_text_no_column_keeps_is_written_escaped(debug: bool) -> None:
+    """A send's exception text is the project's: a NUL in it (PostgreSQL's text refuses one:
+    the relay's write failed) or a lone surrogate is written escaped, on every database."""
+    (message_id,) = _released(1)
+    with override_settings(DEBUG=debug):
+        assert store.mark_failed(connection, message_id, "bad\x00id \udc80", None, counted=False)
+    assert OutboxMessage.objects.get().last_error == "bad\\x00id \\udc80"
