@@ -64,6 +64,7 @@ REFUSED: dict[str, Bad] = {
     "E001": Bad([("TTL", 1)]),
     "E002": Bad({"REQUIRED": "yes"}),
     "E003": Bad({"HEADER": ""}),
+    "E027": Bad({"HEADER": "Authorization"}),
     "E004": Bad({"METHODS": "POST"}),
     "E020": Bad({"METHODS": ["GET"]}),
     "E005": Bad({"TTL": 0}),

@@ -46,6 +46,7 @@ from django_idempotency._conf.values import (
     lock_duration,
     methods,
     mismatch_status,
+    not_a_credential,
     optional_positive_int,
     optional_scope_function,
     positive_duration,
@@ -283,7 +284,7 @@ class Settings:
     HEARTBEAT = Setting(True, _bool, {2: boolean}, CALLS)
     BARE_KEYS = Setting(True, _bool, {2: boolean})
     COMPRESSION = Setting(True, _bool, {2: boolean})
-    HEADER = Setting("Idempotency-Key", _str, {3: header_name})
+    HEADER = Setting("Idempotency-Key", _str, {3: header_name, 27: not_a_credential})
     METHODS = Setting(("POST", "PATCH"), _upper, {4: methods, 20: unsafe_methods}, VIEWS)
     TTL = Setting(24 * _HOUR, _to_timedelta, {5: positive_duration}, CALLS)
     LOCK_TIMEOUT = Setting(
