@@ -43,8 +43,8 @@ from django_idempotency._conf.options import Options
 from django_idempotency._conf.settings import usable
 from django_idempotency._ops import checks, store_checks
 from django_idempotency._store import StoredResponse, using
-from django_idempotency._store.redis.store import cluster_client, record_key
 from django_idempotency._store.limits import bounded_scope
+from django_idempotency._store.redis.store import cluster_client, record_key
 from django_idempotency.testing import concurrently, stale_key
 from tests.conftest import flush_redis
 from tests.redis_servers import free_port, private_cluster, start_server

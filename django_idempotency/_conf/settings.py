@@ -423,12 +423,12 @@ def usable() -> None:
         if message.is_serious() and not message.is_silenced()
     ]
     if refused:
-        raise ImproperlyConfigured("\n".join(_words(message) for message in refused))
+        raise ImproperlyConfigured("\n".join(words(message) for message in refused))
     for setting in SETTINGS:
         setting.__get__(conf)
 
 
-def _words(message: CheckMessage) -> str:
+def words(message: CheckMessage) -> str:
     """A check's message as :func:`usable` and a setting's read refuse it."""
     return f"({message.id}) {message.msg} HINT: {message.hint or DOCS}"
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._store.rows import per_connection
 from django_idempotency.models import IdempotencyKey
 
 #: The one MySQL character set that holds every character.
@@ -47,7 +49,20 @@ class Narrow:
 def narrow(alias: str) -> Narrow | None:
     """Where ``alias``'s database would not keep every scope; ``None`` when it would (or it is
     not MySQL or MariaDB). Reads the live session, so a connection's ``OPTIONS`` count."""
-    connection = connections[alias]
+    return narrow_on(connections[alias])
+
+
+@per_connection
+def known_narrow(connection: BaseDatabaseWrapper) -> Narrow | None:
+    """:func:`narrow_on`, asked once per connection object (its ``OPTIONS``, which set the
+    session's character set and ``sql_mode``, are the same for each session it opens), before
+    its first claim: gunicorn runs no checks, and E034 was asked only by ``check --database``
+    and ``migrate`` (issue 48). A database error is raised, not kept: asked again next time."""
+    return narrow_on(connection)
+
+
+def narrow_on(connection: BaseDatabaseWrapper) -> Narrow | None:
+    """:func:`narrow` on ``connection``."""
     if connection.vendor != "mysql":
         return None
     places: list[tuple[str, str]] = []
