@@ -113,15 +113,20 @@ def test_a_deterministic_4xx_is_stored_and_releases_its_messages(post: Post, key
     assert sent_ids() == response.json()["messages"]
 
 
-def test_the_result_write_failing_releases_nothing(post: Post, key: str) -> None:
+def test_the_result_write_failing_releases_nothing(
+    post: Post, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A result the database refuses to store (the fence's statement fails) inserts nothing:
-    the messages go in the same statement or transaction as the result."""
+    the messages go in the same statement or transaction as the result. The log says the
+    database refused it, not that it "did not answer" (an error tried once: issue 48)."""
     with connection.execute_wrapper(_fail_result_write):
         response = post("/order/", {"order": "1"}, key=key)
     assert response.status_code == 201  # the client gets its answer; the record stays processing
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.PROCESSING
     assert OutboxMessage.objects.count() == 0
     assert receipt.sent == []
+    assert "the database refused the write (IntegrityError: refused for the test)" in caplog.text
+    assert "did not answer" not in caplog.text
 
 
 def _fail_result_write(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
