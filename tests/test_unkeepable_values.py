@@ -52,7 +52,7 @@ urlpatterns = [
     path("created/", idempotent(_created)),
     path("atomic-created/", idempotent(atomic=True)(_created)),
     path("redis-created/", idempotent(store="redis")(_created)),
-    path("charged/", idempotent(_charged)),
+    path("charged/", idempotent(_charged)),  # the key optional: REQUIRED is off
 ]
 
 
@@ -118,6 +118,8 @@ def test_recovery_data_with_a_nul_is_refused_before_any_write(debug: bool) -> No
         send("/charged/", "k1")
     assert executions("charge") == 1
     assert not IdempotencyKey.objects.filter(recovery_point="charged").exists()
+    with pytest.raises(ValueError, match="its data holds a NUL character"):  # without a key
+        Client().post("/charged/", b"", "text/plain")
 
 
 def test_recovery_data_s_nul_is_found_however_deep() -> None:

@@ -185,11 +185,7 @@ class Claim:
         self.check_held()
         if len(name) > MAX_RECOVERY_POINT:
             raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
-        if _holds_nul(data):
-            raise ValueError(
-                f"set_recovery_point({name!r}): its data holds a NUL character (U+0000), which "
-                "PostgreSQL's jsonb cannot keep; encode it (base64, say) before saving it."
-            )
+        check_recovery_data(name, data)
         self.save_point(name, data)
         logger.debug(
             "Idempotency record %s: recovery point %r.",
@@ -245,6 +241,16 @@ class Claim:
         """
         self.check_held()
         return str(uuid.uuid5(_DERIVED_NAMESPACE, f"{self.scope}\0{self.key_hash}\0{purpose}"))
+
+
+def check_recovery_data(name: str, data: Any) -> None:
+    """Refuse recovery data no store keeps exactly, on every store and without a key alike
+    (a view behaves the same with and without one): a NUL, which PostgreSQL's jsonb refuses."""
+    if _holds_nul(data):
+        raise ValueError(
+            f"set_recovery_point({name!r}): its data holds a NUL character (U+0000), which "
+            "PostgreSQL's jsonb cannot keep; encode it (base64, say) before saving it."
+        )
 
 
 def _holds_nul(data: Any) -> bool:
