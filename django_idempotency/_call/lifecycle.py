@@ -181,7 +181,6 @@ def narrow_store(policy: Policy) -> ImproperlyConfigured | None:
     if connection.vendor != "mysql":
         return None
     from django_idempotency._conf.settings import words
-    from django_idempotency._ops.checks import e034_message
     from django_idempotency._store import charsets
 
     try:
@@ -190,7 +189,7 @@ def narrow_store(policy: Policy) -> ImproperlyConfigured | None:
         return None
     if found is None:
         return None
-    message = e034_message(policy.alias, found)
+    message = charsets.error(policy.alias, found)
     return None if message.is_silenced() else ImproperlyConfigured(words(message))
 
 

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.core.checks import CheckMessage, Error
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._conf.settings import check_name
 from django_idempotency._store.rows import per_connection
 from django_idempotency.models import IdempotencyKey
 
@@ -79,3 +81,24 @@ def narrow_on(connection: BaseDatabaseWrapper) -> Narrow | None:
         return None
     modes = set(str(mode).upper().split(","))
     return Narrow(places, strict=bool(modes & {"STRICT_TRANS_TABLES", "STRICT_ALL_TABLES"}))
+
+
+def error(alias: str, found: Narrow) -> CheckMessage:
+    """E034's error for what :func:`narrow` found: the system check's, and the words of the
+    refusal before a claim (:func:`django_idempotency._call.lifecycle.narrow_store`)."""
+    places = ", ".join(f"{place} is {charset}" for place, charset in found.places)
+    then = (
+        "the sql_mode is strict, so the server refuses a scope with a character outside it, "
+        "and each such request fails"
+        if found.strict
+        else "the sql_mode is not strict, so the server writes '?' for a character outside "
+        "it: two scopes that differ there are one principal, each replayed the other's "
+        "responses"
+    )
+    return Error(
+        f"DATABASES[{alias!r}] cannot keep every scope exactly: {places}, not utf8mb4; {then}.",
+        hint="Keep Django's OPTIONS charset (utf8mb4), and convert the table's scope and "
+        "request_hash columns to utf8mb4 with their binary collation, then drop the claim "
+        "procedure (docs: 'Installation', MySQL and MariaDB).",
+        id=check_name(34),
+    )
