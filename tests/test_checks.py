@@ -52,6 +52,11 @@ def test_good_values_pass(config: Any) -> None:
         ({"HEARTBEAT": "yes"}, "E002"),
         ({"HEADER": ""}, "E003"),
         ({"HEADER": "Idempotency Key"}, "E003"),
+        ({"HEADER": "Authorization"}, "E027"),
+        ({"HEADER": "cookie"}, "E027"),
+        ({"HEADER": "Proxy-Authorization"}, "E027"),
+        ({"HEADER": "X-CSRFToken"}, "E027"),
+        ({"HEADER": "X-API-Key"}, "E027"),
         ({"METHODS": "POST"}, "E004"),
         ({"METHODS": []}, "E004"),
         ({"METHODS": ["POST", "GET"]}, "E020"),
@@ -101,6 +106,16 @@ def test_each_mistake_has_its_id(config: Any, expected: str) -> None:
 )
 def test_problem_type_base_takes_any_absolute_uri(base: str) -> None:
     assert ids({"PROBLEM_TYPE_BASE": base}) == []
+
+
+def test_a_credential_header_is_no_key_header() -> None:
+    """As ``HEADER``, ``Authorization`` made the credential the key, and its unsalted SHA-256
+    was shown to the admin's staff (issue 48)."""
+    with override_settings(IDEMPOTENCY={"HEADER": "Authorization"}):
+        (error,) = check_settings()
+    assert "carries a credential" in error.msg
+    assert "Idempotency-Key" in (error.hint or "")
+    assert ids({"HEADER": "X-Request-Key"}) == []
 
 
 def test_problem_type_base_hint() -> None:

@@ -301,3 +301,41 @@ def test_erasure_racing_a_principals_requests_never_takes_a_record_from_its_owne
     assert erasures > 1
     assert erase_scope(erased).in_progress == 0
     assert not IdempotencyKey.objects.filter(scope=erased).exists()
+
+
+def test_the_stored_form_the_admin_shows_is_erased_with_stored(caplog: Any) -> None:
+    """``sha256:<hex>`` copied from the admin named the scope ``sha256:<hex>``, itself stored
+    as its own hash: "Erased 0", silently (issue 48). It is still that scope (a tenant named
+    so must not erase another's records), says what to do when it finds nothing, and
+    ``stored=True`` (``--stored``) erases the records stored under exactly it."""
+    long = "tenant:" + "x" * 300
+    shown = bounded_scope(long)  # what the admin shows
+    _finished(long)
+    _finished("user:7")
+    assert erase_scope(shown).deleted == 0
+    assert "pass stored=True" in caplog.text
+    out = StringIO()
+    call_command("idempotency_cleanup", "--scope", shown, stdout=out)
+    assert "add --stored" in out.getvalue()
+    assert IdempotencyKey.objects.count() == 2
+
+    assert erase_scope(shown, stored=True, dry_run=True).deleted == 1
+    out = StringIO()
+    call_command("idempotency_cleanup", "--scope", shown, "--stored", stdout=out)
+    assert out.getvalue().startswith("Deleted 1 finished")
+    assert list(IdempotencyKey.objects.values_list("scope", flat=True)) == ["user:7"]
+    assert erase_scope("user:7", stored=True).deleted == 1  # a scope stored as it is
+
+
+@pytest.mark.parametrize(
+    "text", ["sha256:" + "A" * 64, "sha256:" + "a" * 63, "sha256:x", "t:" + "x" * 300]
+)
+def test_stored_refuses_what_no_record_is_stored_as(text: str) -> None:
+    _finished(text)
+    with pytest.raises(ValueError, match="no record is stored as"):
+        erase_scope(text, stored=True)
+    with pytest.raises(CommandError, match="no record is stored as"):
+        call_command("idempotency_cleanup", "--scope", text, "--stored")
+    with pytest.raises(CommandError, match="goes with --scope"):
+        call_command("idempotency_cleanup", "--stored")
+    assert IdempotencyKey.objects.count() == 1

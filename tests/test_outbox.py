@@ -113,15 +113,20 @@ def test_a_deterministic_4xx_is_stored_and_releases_its_messages(post: Post, key
     assert sent_ids() == response.json()["messages"]
 
 
-def test_the_result_write_failing_releases_nothing(post: Post, key: str) -> None:
+def test_the_result_write_failing_releases_nothing(
+    post: Post, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A result the database refuses to store (the fence's statement fails) inserts nothing:
-    the messages go in the same statement or transaction as the result."""
+    the messages go in the same statement or transaction as the result. The log says the
+    database refused it, not that it "did not answer" (an error tried once: issue 48)."""
     with connection.execute_wrapper(_fail_result_write):
         response = post("/order/", {"order": "1"}, key=key)
     assert response.status_code == 201  # the client gets its answer; the record stays processing
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.PROCESSING
     assert OutboxMessage.objects.count() == 0
     assert receipt.sent == []
+    assert "the database refused the write (IntegrityError: refused for the test)" in caplog.text
+    assert "did not answer" not in caplog.text
 
 
 def _fail_result_write(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -696,3 +701,13 @@ def test_a_view_that_enqueues_on_a_redis_store_is_refused_before_it_runs(
         post(path, {"order": "1"}, key=key)
     assert "(STORE 'redis')" in caplog.text and "cache:" not in caplog.text
     assert Execution.objects.count() == 0
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["production", "debug"])
+def test_an_error_text_no_column_keeps_is_written_escaped(debug: bool) -> None:
+    """A send's exception text is the project's: a NUL in it (PostgreSQL's text refuses one:
+    the relay's write failed) or a lone surrogate is written escaped, on every database."""
+    (message_id,) = _released(1)
+    with override_settings(DEBUG=debug):
+        assert store.mark_failed(connection, message_id, "bad\x00id \udc80", None, counted=False)
+    assert OutboxMessage.objects.get().last_error == "bad\\x00id \\udc80"

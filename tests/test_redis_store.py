@@ -43,6 +43,7 @@ from django_idempotency._conf.options import Options
 from django_idempotency._conf.settings import usable
 from django_idempotency._ops import checks, store_checks
 from django_idempotency._store import StoredResponse, using
+from django_idempotency._store.limits import bounded_scope
 from django_idempotency._store.redis.store import cluster_client, record_key
 from django_idempotency.testing import concurrently, stale_key
 from tests.conftest import flush_redis
@@ -461,6 +462,24 @@ def test_erasure_by_scope_deletes_finished_records_and_leaves_those_in_flight(
         assert erase_scope(scope).deleted == 0
     remaining = list(place.client.scan_iter(match="idempotency:r:*"))
     assert len(remaining) == 1  # the record in flight
+
+
+def test_erasure_by_the_stored_form_the_admin_shows(place: Place) -> None:
+    """A long scope is stored as ``sha256:<hex>``: given so, it is another scope (nothing
+    erased); with ``stored=True`` its records are erased, as on the database (issue 48)."""
+    long = "tenant:" + "x" * 300
+
+    @idempotent_function(key="event_id", scope=lambda event_id: long)
+    def handle(event_id: str) -> str:
+        return event_id
+
+    with on_redis(place.store):
+        handle("a")
+        shown = stale_key("b", handle, "b").scope  # the stored form: the admin shows it
+        assert shown.startswith("sha256:") and bounded_scope(shown) != shown
+        assert erase_scope(shown).deleted == 0
+        erased = erase_scope(shown, stored=True)
+        assert erased.deleted == 1  # "a" (the stale "b" is left in progress or expired)
 
 
 def test_cleanup_and_stats_say_what_they_do_on_redis(capsys: Any) -> None:

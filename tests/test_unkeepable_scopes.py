@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DataError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, override_settings
@@ -57,6 +58,7 @@ def _order(request: HttpRequest, tenant: str) -> HttpResponse:
 orders = idempotent(scope=tenant_scope, fingerprint=body_fingerprint)(_order)
 invoices = idempotent(scope=tenant_scope)(_order)
 redis_orders = idempotent(scope=tenant_scope, fingerprint=body_fingerprint, store="redis")(_order)
+atomic_orders = idempotent(scope=tenant_scope, atomic=True)(_order)
 
 
 def json_scope(request: HttpRequest) -> str:
@@ -80,6 +82,7 @@ urlpatterns = [
     path("t/<str:tenant>/orders/", orders),
     path("t/<str:tenant>/invoices/", invoices),
     path("t/<str:tenant>/redis-orders/", redis_orders),
+    path("t/<str:tenant>/atomic-orders/", atomic_orders),
     path("by-body/", by_body),
     path("nul-fingerprint/", nul_fingerprint),
 ]
@@ -298,3 +301,80 @@ def test_e034_passes_the_suite_s_own_database() -> None:
     strict or not: nothing to refuse."""
     assert checks.e034_narrow_character_set("default") == []
     assert not [m for m in checks.check_database(databases=["default"]) if m.id.endswith("E034")]
+
+
+@pytest.fixture
+def narrow_session() -> Iterator[Any]:
+    """The thread's ``default`` connection replaced by one whose ``OPTIONS`` make every session
+    ``utf8mb3`` and non-strict (``charset``, ``init_command``), as a project's settings would,
+    on a database of this test's own (dropped after); the suite's connection given back."""
+    from django.db import connections
+
+    name = "fix48b_narrow_session"
+    ours = connections["default"]
+    with ours.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+        cursor.execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4")
+    narrow = ours.copy()
+    narrow.settings_dict = {
+        **ours.settings_dict,
+        "NAME": name,
+        "OPTIONS": {
+            **ours.settings_dict.get("OPTIONS", {}),
+            "charset": "utf8mb3",
+            "init_command": "SET sql_mode=''",
+        },
+    }
+    connections["default"] = narrow
+    try:
+        yield narrow
+    finally:
+        connections["default"] = ours
+        narrow.close()
+        with ours.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("endpoint", ["orders", "atomic-orders"])
+def test_a_utf8mb3_session_is_refused_before_the_first_claim(
+    narrow_session: Any, endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gunicorn runs no checks: with ``OPTIONS={"charset": "utf8mb3"}`` and a non-strict
+    ``sql_mode``, ``tenant:😀`` and ``tenant:😁`` were one record, each replayed the other's
+    response. The character sets are asked once per connection before its first claim (or
+    replay read): ``500 idempotency-misconfigured`` in E034's words, the view not run."""
+    with override_settings(DEBUG=False):
+        for _ in range(2):
+            answer = post(f"/t/😀/{endpoint}/", str(uuid.uuid4()))
+            assert answer.status_code == 500
+            assert json.loads(answer.content)["type"].endswith("idempotency-misconfigured")
+    assert "(django_idempotency.E034)" in caplog.text
+    assert "character_set_client is utf8mb3" in caplog.text
+    with narrow_session.cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s",
+            [narrow_session.settings_dict["NAME"]],
+        )
+        assert cursor.fetchone() == (0,)  # nothing claimed: the database has no table at all
+
+    @idempotent_function(key="event_id")
+    def handle(event_id: str) -> str:
+        raise AssertionError("never runs")
+
+    with pytest.raises(ImproperlyConfigured, match="E034"):
+        handle("e-1")
+    with override_settings(SILENCED_SYSTEM_CHECKS=["django_idempotency.E034"]):
+        from django_idempotency._call.lifecycle import narrow_store
+        from django_idempotency._conf.options import Options
+
+        assert narrow_store(Options().resolve()) is None
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+def test_a_utf8mb4_session_claims_as_before() -> None:
+    """The suite's own connection: asked once, nothing found, the claim runs."""
+    assert post("/t/😀/atomic-orders/", str(uuid.uuid4())).status_code == 201
+    assert executions("order") == 1

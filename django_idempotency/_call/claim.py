@@ -175,6 +175,8 @@ class Claim:
         (stop, the new owner is doing the work), and
         :class:`~django_idempotency.StoreUnavailable` when the database did not answer in
         time; a protected view that lets either propagate answers ``409`` or ``503``.
+        Raises :class:`ValueError` before any write for ``data`` holding a NUL (U+0000) in a
+        string or key, on every store: PostgreSQL's ``jsonb`` cannot keep one (issue 48).
         """
         # Imported here: Claim is a name of the package, importable before Django is set up
         # (a type hint's import), and these read the model's fields.
@@ -183,6 +185,7 @@ class Claim:
         self.check_held()
         if len(name) > MAX_RECOVERY_POINT:
             raise ValueError(f"A recovery point name is at most {MAX_RECOVERY_POINT} characters.")
+        check_recovery_data(name, data)
         self.save_point(name, data)
         logger.debug(
             "Idempotency record %s: recovery point %r.",
@@ -238,3 +241,24 @@ class Claim:
         """
         self.check_held()
         return str(uuid.uuid5(_DERIVED_NAMESPACE, f"{self.scope}\0{self.key_hash}\0{purpose}"))
+
+
+def check_recovery_data(name: str, data: Any) -> None:
+    """Refuse recovery data no store keeps exactly, on every store and without a key alike
+    (a view behaves the same with and without one): a NUL, which PostgreSQL's jsonb refuses."""
+    if _holds_nul(data):
+        raise ValueError(
+            f"set_recovery_point({name!r}): its data holds a NUL character (U+0000), which "
+            "PostgreSQL's jsonb cannot keep; encode it (base64, say) before saving it."
+        )
+
+
+def _holds_nul(data: Any) -> bool:
+    """Whether JSON ``data`` holds a NUL in a string or a key, however deep."""
+    if isinstance(data, str):
+        return "\x00" in data
+    if isinstance(data, dict):
+        return any(_holds_nul(key) or _holds_nul(value) for key, value in data.items())
+    if isinstance(data, (list, tuple)):
+        return any(_holds_nul(item) for item in data)
+    return False

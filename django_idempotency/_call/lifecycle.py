@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base.errors import LockLost, LockWaitTimeout, StoreUnavailable
@@ -30,6 +30,7 @@ from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Policy
+from django_idempotency._conf.values import DATABASE
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -169,11 +170,36 @@ def wrap(
     return async_wrapper
 
 
+def narrow_store(policy: Policy) -> ImproperlyConfigured | None:
+    """E034's error, in its words, when the MySQL or MariaDB database the policy claims on
+    would fold or refuse a scope (a session or table not ``utf8mb4``: two tenants one record);
+    asked once per connection object (:func:`.charsets.known_narrow`), ``None`` elsewhere, or
+    when the database does not answer now (the claim meets that and says so)."""
+    if policy.store != DATABASE:
+        return None
+    connection = connections[policy.alias]
+    if connection.vendor != "mysql":
+        return None
+    from django_idempotency._conf.settings import words
+    from django_idempotency._store import charsets
+
+    try:
+        found = charsets.known_narrow(connection)
+    except DatabaseError:
+        return None
+    if found is None:
+        return None
+    message = charsets.error(policy.alias, found)
+    return None if message.is_silenced() else ImproperlyConfigured(words(message))
+
+
 def begin(adapter: Adapter[R], policy: Policy) -> claiming.Steps[Answer[R] | Claim | None]:
     """Claim the adapter's identity, or say what to answer instead."""
     identity = adapter.identified(policy)
     if not isinstance(identity, Identity):
         return identity
+    if (narrow := narrow_store(policy)) is not None:
+        return Answer(adapter.misconfigured(narrow))
     attempt = adapter.attempt = Attempt(identity, policy, adapter.request)
     try:
         outcome = yield from claiming.acquire(attempt)
@@ -276,6 +302,8 @@ def _answered_before(adapter: Adapter[R], policy: Policy) -> Answer[R] | None:
     identity = adapter.identified(policy)
     if not isinstance(identity, Identity):
         return None  # answered (a bad key) or run unprotected, as before
+    if (narrow := narrow_store(policy)) is not None:  # before a replay read by a folded scope
+        return Answer(adapter.misconfigured(narrow))
     attempt = Attempt(identity, policy, adapter.request)
     found = claiming.finished(attempt)
     if found is None:

@@ -79,18 +79,27 @@ def complete(attempt: Attempt, stored: StoredResponse) -> None:
                 atomic=policy.atomic,
                 applied=lambda connection: store.finished(claim.pk, claim.token_text, connection),
             )
-        except DatabaseError:
+        except DatabaseError as exc:
             if policy.atomic:  # the transaction is lost with it: nothing of the attempt is kept
                 with store.guard():
                     raise
             if not claim.lock_lost:
+                # A fault or contention was tried again until the lock could lapse; any other
+                # error (a DataError: a value the database refuses) was raised at once, and
+                # trying it again would not help: said as it is, not as an outage.
+                why = (
+                    "the database did not answer before its lock could lapse"
+                    if store.is_fault(exc) or store.is_contention(exc)
+                    else f"the database refused the write ({type(exc).__name__}: {exc})"
+                )
                 report(
                     "unavailable",
                     attempt,
                     logging.ERROR,
-                    "Could not store the result of idempotency record %s: the database did not "
-                    "answer before its lock could lapse. A retry after that runs the %s again.",
+                    "Could not store the result of idempotency record %s: %s. A retry after its "
+                    "lock lapses runs the %s again.",
                     claim.pk,
+                    why,
                     attempt.code,
                     exc_info=True,
                 )

@@ -46,6 +46,7 @@ from django_idempotency._conf.values import (
     lock_duration,
     methods,
     mismatch_status,
+    not_a_credential,
     optional_positive_int,
     optional_scope_function,
     positive_duration,
@@ -283,7 +284,7 @@ class Settings:
     HEARTBEAT = Setting(True, _bool, {2: boolean}, CALLS)
     BARE_KEYS = Setting(True, _bool, {2: boolean})
     COMPRESSION = Setting(True, _bool, {2: boolean})
-    HEADER = Setting("Idempotency-Key", _str, {3: header_name})
+    HEADER = Setting("Idempotency-Key", _str, {3: header_name, 27: not_a_credential})
     METHODS = Setting(("POST", "PATCH"), _upper, {4: methods, 20: unsafe_methods}, VIEWS)
     TTL = Setting(24 * _HOUR, _to_timedelta, {5: positive_duration}, CALLS)
     LOCK_TIMEOUT = Setting(
@@ -423,12 +424,12 @@ def usable() -> None:
         if message.is_serious() and not message.is_silenced()
     ]
     if refused:
-        raise ImproperlyConfigured("\n".join(_words(message) for message in refused))
+        raise ImproperlyConfigured("\n".join(words(message) for message in refused))
     for setting in SETTINGS:
         setting.__get__(conf)
 
 
-def _words(message: CheckMessage) -> str:
+def words(message: CheckMessage) -> str:
     """A check's message as :func:`usable` and a setting's read refuse it."""
     return f"({message.id}) {message.msg} HINT: {message.hint or DOCS}"
 

@@ -87,6 +87,27 @@ def header_name(value: Any, name: str) -> str:
     return value
 
 
+#: Headers that carry a credential: as ``HEADER`` the credential would be the key, and its
+#: unsalted SHA-256 (a key is stored as its hash) shown to the admin's staff (issue 48).
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "x-csrftoken", "x-csrf-token", "x-api-key"}
+)
+
+
+@refusing(
+    "names a header that carries a credential (``Authorization``, ``Cookie``...)",
+    "The key would be the credential, and its unsalted SHA-256 shown in the admin; use a "
+    "header of its own, such as Idempotency-Key.",
+)
+def not_a_credential(value: str, name: str) -> str:
+    if value.lower() in CREDENTIAL_HEADERS:
+        raise ValueError(
+            f"{name} is {value!r}, a header that carries a credential: the credential would "
+            "be the idempotency key."
+        )
+    return value
+
+
 @refusing("is empty or not a list of methods")
 def methods(value: Any, name: str) -> frozenset[str]:
     items = _strings(value, name, "a non-empty list of HTTP methods", empty=False)

@@ -26,6 +26,7 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.http import HttpRequest, HttpResponseBase
 
 from django_idempotency._call import outbox
+from django_idempotency._call.claim import check_recovery_data
 from django_idempotency._conf.settings import conf
 from django_idempotency._store.outbox import Message
 
@@ -51,7 +52,9 @@ class Unclaimed:
         """Nothing to lose: there is no lock."""
 
     def set_recovery_point(self, name: str, data: Any = None) -> None:
-        """Kept for the rest of the view only: no retry can resume a request without a key."""
+        """Kept for the rest of the view only: no retry can resume a request without a key.
+        Data a keyed request's store would refuse is refused alike (a ``ValueError``)."""
+        check_recovery_data(name, data)
         self.recovery_point = name
         self.recovery_data = data
 

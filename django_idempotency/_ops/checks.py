@@ -323,7 +323,8 @@ def e033_view_ttl_under_lock() -> list[CheckMessage]:
     "MySQL/MariaDB: the idempotency table's ``scope`` column, the claim procedure or the "
     "session of the ``DATABASE_ALIAS`` database is not ``utf8mb4``: a scope with a character "
     "outside it is folded to ``?`` (two principals share records) or refused by the server; "
-    "asked with ``--database`` only"
+    "asked with ``--database``, and once per connection before its first claim (then "
+    "``500 idempotency-misconfigured``, the view not run)"
 )
 def e034_narrow_character_set(alias: str) -> list[CheckMessage]:
     try:
@@ -332,24 +333,7 @@ def e034_narrow_character_set(alias: str) -> list[CheckMessage]:
         return []  # unreachable now: nothing to say about its character sets
     if found is None:
         return []
-    places = ", ".join(f"{place} is {charset}" for place, charset in found.places)
-    then = (
-        "the sql_mode is strict, so the server refuses a scope with a character outside it, "
-        "and each such request fails"
-        if found.strict
-        else "the sql_mode is not strict, so the server writes '?' for a character outside "
-        "it: two scopes that differ there are one principal, each replayed the other's "
-        "responses"
-    )
-    return [
-        _error(
-            34,
-            f"DATABASES[{alias!r}] cannot keep every scope exactly: {places}, not utf8mb4; {then}.",
-            hint="Keep Django's OPTIONS charset (utf8mb4), and convert the table's scope and "
-            "request_hash columns to utf8mb4 with their binary collation, then drop the claim "
-            "procedure (docs: 'Installation', MySQL and MariaDB).",
-        )
-    ]
+    return [charsets.error(alias, found)]
 
 
 @refusing(

@@ -4,6 +4,7 @@ erasure, for code handling erasure requests and ``idempotency_cleanup --scope``.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import store_alias
 from django_idempotency._ops import maintenance
 from django_idempotency._ops.store_checks import redis_stores
-from django_idempotency._store.limits import bounded_scope, unkeepable
+from django_idempotency._store.limits import HASHED_SCOPE, bounded_scope, unkeepable
 from django_idempotency.models import IdempotencyKey
 
 __all__ = ["Erasure", "erase_scope"]
@@ -28,6 +29,8 @@ logger = logging.getLogger("django_idempotency")
 BATCH_SIZE = 1000
 #: Times a batch that met another writer's lock (a claim, a cleanup) is tried again.
 _CONTENTION_TRIES = 5
+#: A scope as stored hashed (:func:`.bounded_scope`): what the admin shows for it.
+STORED_HASH = re.compile(re.escape(HASHED_SCOPE) + "[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,12 @@ class Erasure:
 
 
 def erase_scope(
-    scope: str, *, using: str | None = None, batch_size: int = BATCH_SIZE, dry_run: bool = False
+    scope: str,
+    *,
+    using: str | None = None,
+    batch_size: int = BATCH_SIZE,
+    dry_run: bool = False,
+    stored: bool = False,
 ) -> Erasure:
     """Delete every finished record (``completed`` or ``failed``) of ``scope`` now, expired or
     not, in short batches; a record still ``processing`` is left to finish and counted in
@@ -55,6 +63,16 @@ def erase_scope(
     ``STORE`` and the URLconf's views name are erased too. With ``dry_run`` nothing is
     deleted: the counts say what would be. Retries of the erased keys run their views again,
     as for new keys.
+
+    A scope longer than 255 characters, or one that begins with ``sha256:``, is stored as
+    ``sha256:`` and 64 lowercase hex digits, which is what the admin shows. ``scope`` is always
+    taken as the scope function returns it, so ``sha256:<hex>`` copied from the admin names
+    another scope (itself stored as its own hash) and erases nothing; pass ``stored=True`` to
+    give the stored form instead: the records stored under exactly that. The two are never
+    guessed from the text: a principal whose scope is ``sha256:<hex>`` (a tenant's name, say)
+    must not erase the records whose stored form that is. With ``stored=True`` a text no record
+    can be stored as (``sha256:`` with anything but 64 lowercase hex digits, or a scope that
+    would be stored hashed) is a :class:`ValueError`.
     """
     if not isinstance(scope, str) or not scope:
         raise ValueError(f"The scope to erase must be a non-empty string, not {scope!r}.")
@@ -64,20 +82,26 @@ def erase_scope(
         raise ValueError(f"The scope to erase is given {reason}; no record has such a scope.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}.")
+    if stored and bounded_scope(scope) != scope and not STORED_HASH.fullmatch(scope):
+        raise ValueError(
+            "stored=True takes a scope as a record stores it: the scope itself (255 characters "
+            "or fewer, not beginning with sha256:) or sha256: and 64 lowercase hex digits, as "
+            f"the admin shows it; no record is stored as {scope[:80]!r}."
+        )
     alias = using or conf.DATABASE_ALIAS
-    stored = bounded_scope(scope)
+    kept = scope if stored else bounded_scope(scope)
     # And in each Redis store the settings and the URLconf's views name (issue 44).
     elsewhere = [0, 0]
     for name in () if using else redis_stores():
-        found = store.using(store_alias(name, alias)).erase_scope(stored, dry_run=dry_run)  # type: ignore[attr-defined]
+        found = store.using(store_alias(name, alias)).erase_scope(kept, dry_run=dry_run)  # type: ignore[attr-defined]
         elsewhere = [elsewhere[0] + found[0], elsewhere[1] + found[1]]
-    records = IdempotencyKey.objects.using(alias).filter(scope=stored)
+    records = IdempotencyKey.objects.using(alias).filter(scope=kept)
     if dry_run:
         finished = records.exclude(status=rules.PROCESSING).count() + elsewhere[0]
         return Erasure(scope, finished, _in_progress(records) + elsewhere[1], dry_run=True)
     bound = store.using(alias)
     deleted = maintenance.in_batches(
-        lambda size: _batch(bound, stored, size), min(batch_size, BATCH_SIZE)
+        lambda size: _batch(bound, kept, size), min(batch_size, BATCH_SIZE)
     ).deleted
     erasure = Erasure(scope, deleted + elsewhere[0], _in_progress(records) + elsewhere[1])
     logger.warning(
@@ -85,8 +109,15 @@ def erase_scope(
         deleted,
         "" if deleted == 1 else "s",
         erasure.in_progress,
-        extra=telemetry.log_facts("erased", scope=stored),
+        extra=telemetry.log_facts("erased", scope=kept),
     )
+    if not (stored or erasure.deleted or erasure.in_progress) and STORED_HASH.fullmatch(scope):
+        logger.warning(
+            "No idempotency record has the scope %r, which is how the admin shows a scope "
+            "stored hashed: to erase the records stored under it, pass stored=True "
+            "(idempotency_cleanup --scope ... --stored).",
+            scope,
+        )
     return erasure
 
 

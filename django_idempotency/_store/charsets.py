@@ -17,8 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.core.checks import CheckMessage, Error
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._conf.settings import check_name
+from django_idempotency._store.rows import per_connection
 from django_idempotency.models import IdempotencyKey
 
 #: The one MySQL character set that holds every character.
@@ -47,7 +51,20 @@ class Narrow:
 def narrow(alias: str) -> Narrow | None:
     """Where ``alias``'s database would not keep every scope; ``None`` when it would (or it is
     not MySQL or MariaDB). Reads the live session, so a connection's ``OPTIONS`` count."""
-    connection = connections[alias]
+    return narrow_on(connections[alias])
+
+
+@per_connection
+def known_narrow(connection: BaseDatabaseWrapper) -> Narrow | None:
+    """:func:`narrow_on`, asked once per connection object (its ``OPTIONS``, which set the
+    session's character set and ``sql_mode``, are the same for each session it opens), before
+    its first claim: gunicorn runs no checks, and E034 was asked only by ``check --database``
+    and ``migrate`` (issue 48). A database error is raised, not kept: asked again next time."""
+    return narrow_on(connection)
+
+
+def narrow_on(connection: BaseDatabaseWrapper) -> Narrow | None:
+    """:func:`narrow` on ``connection``."""
     if connection.vendor != "mysql":
         return None
     places: list[tuple[str, str]] = []
@@ -64,3 +81,24 @@ def narrow(alias: str) -> Narrow | None:
         return None
     modes = set(str(mode).upper().split(","))
     return Narrow(places, strict=bool(modes & {"STRICT_TRANS_TABLES", "STRICT_ALL_TABLES"}))
+
+
+def error(alias: str, found: Narrow) -> CheckMessage:
+    """E034's error for what :func:`narrow` found: the system check's, and the words of the
+    refusal before a claim (:func:`django_idempotency._call.lifecycle.narrow_store`)."""
+    places = ", ".join(f"{place} is {charset}" for place, charset in found.places)
+    then = (
+        "the sql_mode is strict, so the server refuses a scope with a character outside it, "
+        "and each such request fails"
+        if found.strict
+        else "the sql_mode is not strict, so the server writes '?' for a character outside "
+        "it: two scopes that differ there are one principal, each replayed the other's "
+        "responses"
+    )
+    return Error(
+        f"DATABASES[{alias!r}] cannot keep every scope exactly: {places}, not utf8mb4; {then}.",
+        hint="Keep Django's OPTIONS charset (utf8mb4), and convert the table's scope and "
+        "request_hash columns to utf8mb4 with their binary collation, then drop the claim "
+        "procedure (docs: 'Installation', MySQL and MariaDB).",
+        id=check_name(34),
+    )

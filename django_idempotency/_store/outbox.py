@@ -265,8 +265,14 @@ def mark_failed(
         connection,
         f"UPDATE {_table(connection)} SET {q('state')} = %s, {q('last_error')} = %s, "
         f"{q('available_at')} = %s{count} WHERE {q('message_id')} = %s",
-        [state, error[:4000], adapt(retry_at or timezone.now()), message_id],
+        [state, _keepable(error)[:4000], adapt(retry_at or timezone.now()), message_id],
     )
+
+
+def _keepable(error: str) -> str:
+    """An exception's text as every database keeps it: a NUL (which PostgreSQL's text refuses)
+    and a lone surrogate (which no UTF-8 column takes) written as escapes (issue 48)."""
+    return error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def resend(connection: BaseDatabaseWrapper, ids: Sequence[int]) -> int:

@@ -6,6 +6,10 @@ no body can be mistaken for another shape whatever its bytes:
 - a JSON **list** of headers and the body as it was sent: records written before compression,
   with ``COMPRESSION`` off, bodies of 1 KiB or less, or bodies compression did not shrink;
 - ``{"codec": "zlib", "headers": [...]}`` and the body compressed by ``zlib``;
+- ``{"codec": "framed"}`` and the body column holding the headers (JSON) and, after a newline,
+  the body (compressed when that shrinks it): headers holding a NUL (U+0000), which
+  PostgreSQL's ``jsonb`` cannot keep (``\u0000`` is refused) but a ``bytea`` can, so such a
+  response is stored and replayed exactly on every database (issue 48);
 - ``{"codec": "fernet"}`` and a Fernet token (its bytes, not its base64 text: a quarter
   smaller) of the headers and the body, the body compressed first when that shrinks it: nothing
   of either is readable in the table or a backup.
@@ -40,6 +44,8 @@ from django_idempotency._conf.settings import conf
 COMPRESS_OVER = 1024
 ZLIB = "zlib"
 FERNET = "fernet"
+#: The headers in the body column, before the body (headers holding a NUL).
+FRAMED = "framed"
 #: What the headers column's object names the codec by.
 CODEC = "codec"
 #: What the sealed envelope names its record's :func:`binding` by.
@@ -73,12 +79,16 @@ def seal(headers: Headers, body: bytes | None, owner: Owner | None) -> tuple[Any
     encrypted for the record ``owner`` names (``None``: for none, which no record opens)."""
     keys = conf.ENCRYPTION_KEYS
     if keys is None:
-        if body is None or len(body) <= COMPRESS_OVER or not conf.COMPRESSION:
-            return headers, body
-        packed = zlib.compress(body)
-        if len(packed) >= len(body):
-            return headers, body
-        return {CODEC: ZLIB, "headers": headers}, packed
+        nul = _holds_nul(headers)
+        if body is None:  # never replayed: headers jsonb cannot keep are not kept either
+            return ([] if nul else headers), None
+        if not nul:
+            if len(body) <= COMPRESS_OVER or not conf.COMPRESSION:
+                return headers, body
+            packed = zlib.compress(body)
+            if len(packed) >= len(body):
+                return headers, body
+            return {CODEC: ZLIB, "headers": headers}, packed
     if body is None:
         return [], None  # never replayed: its headers are not kept either
     codec, packed = None, body
@@ -86,11 +96,24 @@ def seal(headers: Headers, body: bytes | None, owner: Owner | None) -> tuple[Any
         compressed = zlib.compress(body)
         if len(compressed) < len(body):
             codec, packed = ZLIB, compressed
-    envelope = {CODEC: codec, "headers": headers, BOUND: binding(owner)}
+    envelope: dict[str, Any] = {CODEC: codec, "headers": headers}
+    if keys is None:  # headers holding a NUL: framed with the body, in the bytea column
+        inner = json.dumps(envelope, separators=(",", ":")).encode()
+        return {CODEC: FRAMED}, inner + b"\n" + packed
+    envelope[BOUND] = binding(owner)
     inner = json.dumps(envelope, separators=(",", ":")).encode()
     # JSON escapes every newline, so the first one ends the headers.
     token = keys.encrypt(inner + b"\n" + packed)
     return {CODEC: FERNET}, base64.urlsafe_b64decode(token)
+
+
+def _holds_nul(headers: Headers) -> bool:
+    """Whether a header's name or value holds a NUL (the pairs are few: a loop is cheap)."""
+    for pair in headers:
+        for text in pair:
+            if "\x00" in text:
+                return True
+    return False
 
 
 def encrypted(stored_headers: Any) -> bool:
@@ -112,6 +135,13 @@ def unseal(
     data = bytes(body)
     if encrypted(stored_headers):
         headers, codec, data = _decrypt(data, owner)
+    elif codec == FRAMED:
+        inner, _, data = data.partition(b"\n")
+        try:
+            envelope = json.loads(inner)
+            headers, codec = envelope["headers"], envelope[CODEC]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise Unreadable(f"The stored headers are damaged: {exc}.") from exc
     if codec == ZLIB:
         try:
             data = zlib.decompress(data)

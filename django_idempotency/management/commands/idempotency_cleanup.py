@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_idempotency import _store as store
 from django_idempotency._ops import maintenance, store_checks
-from django_idempotency._ops.erasure import erase_scope
+from django_idempotency._ops.erasure import STORED_HASH, erase_scope
 from django_idempotency._ops.relay import delete_delivered
 from django_idempotency.management import _arguments as arguments
 from django_idempotency.management import database_alias
@@ -65,6 +65,13 @@ class Command(arguments.Command):
             "the scope function returns it, e.g. user:42); records in progress are left and "
             "reported.",
         )
+        parser.add_argument(
+            "--stored",
+            action="store_true",
+            help="--scope is the scope as a record stores it, as the admin shows it "
+            "(sha256:<64 hex digits> for a scope stored hashed), not as the scope function "
+            "returns it.",
+        )
 
     def handle(
         self,
@@ -78,6 +85,7 @@ class Command(arguments.Command):
         database: str | None,
         verbosity: int,
         scope: str | None = None,
+        stored: bool = False,
         **options: Any,
     ) -> None:
         batch_size = arguments.count("--batch-size", batch_size)
@@ -93,10 +101,12 @@ class Command(arguments.Command):
         alias = database_alias(database)
         if scope is not None:
             bounds = (max_batches, limit, max_runtime)
-            self._erase(scope, alias, batch_size, dry_run, bounds, verbosity)
+            self._erase(scope, alias, batch_size, dry_run, bounds, verbosity, stored)
             if not dry_run:  # the erased records' delivered messages go with them
                 delete_delivered(alias, batch_size)
             return
+        if stored:
+            raise CommandError("--stored says how --scope is given: it goes with --scope.")
         if verbosity >= 1:
             for note in store_checks.redis_notes("nothing to delete there"):
                 self.stdout.write(note)
@@ -148,6 +158,7 @@ class Command(arguments.Command):
         dry_run: bool,
         bounds: tuple[int | float | None, ...],
         verbosity: int,
+        stored: bool,
     ) -> None:
         if any(bound is not None for bound in bounds):
             raise CommandError(
@@ -155,7 +166,9 @@ class Command(arguments.Command):
                 "--max-runtime do not apply to it."
             )
         try:
-            erasure = erase_scope(scope, using=alias, batch_size=batch_size, dry_run=dry_run)
+            erasure = erase_scope(
+                scope, using=alias, batch_size=batch_size, dry_run=dry_run, stored=stored
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         shown = _shown(scope)
@@ -166,6 +179,13 @@ class Command(arguments.Command):
                         f"No idempotency record has scope {shown}: nothing to delete."
                     )
                 )
+                if not stored and STORED_HASH.fullmatch(scope):
+                    self.stdout.write(
+                        self.style.WARNING(
+                            "That is how the admin shows a scope stored hashed: to erase the "
+                            "records stored under it, add --stored."
+                        )
+                    )
             return
         if verbosity < 1:
             return
