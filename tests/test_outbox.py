@@ -601,6 +601,7 @@ def dead_broker() -> Iterator[str]:
         listener.close()
 
 
+@pytest.mark.celery  # a real Celery app: CI's celery leg, where Celery is installed
 def test_a_dead_broker_never_holds_the_response(
     client: Client, key: str, dead_broker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -179,7 +179,10 @@ def configured(bad: Bad, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.setitem(sys.modules, module, None)  # not installed
     with (
         pytest.warns(UserWarning, match="DATABASES") if "DATABASES" in bad.others else _nothing(),
-        override_settings(IDEMPOTENCY=bad.idempotency, **bad.others),
+        override_settings(
+            IDEMPOTENCY=bad.idempotency,
+            **{"SILENCED_SYSTEM_CHECKS": [], **bad.others},  # tests.settings may silence E056
+        ),
     ):
         yield
 
