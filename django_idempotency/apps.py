@@ -20,7 +20,8 @@ class IdempotencyConfig(AppConfig):
 
         # Tagged SETTINGS_CHECKS too: every error of theirs stops the app (usable()).
         register(Tags.compatibility, SETTINGS_CHECKS)(checks.check_settings)
-        register(Tags.database, SETTINGS_CHECKS)(checks.check_database)
+        register(Tags.compatibility, SETTINGS_CHECKS)(checks.check_database)
+        register(Tags.database)(checks.check_database_server)
         register(Tags.urls)(checks.check_views)
         register(Tags.urls)(store_checks.check_stores)
         register(Tags.database, deploy=True)(store_checks.check_stores_deploy)

@@ -13,7 +13,12 @@ from django.db import connection
 from django.test import override_settings
 
 from django_idempotency._base import durations
-from django_idempotency._ops.checks import check_database, check_settings, eviction_warnings
+from django_idempotency._ops.checks import (
+    check_database,
+    check_database_server,
+    check_settings,
+    eviction_warnings,
+)
 from django_idempotency._store import galera
 
 
@@ -214,7 +219,7 @@ def test_w002_says_the_admin_has_no_date_hierarchy_without_time_zone_tables(zone
 
     with override_settings(TIME_ZONE=zone):
         assert check_database() == []
-        messages = check_database(databases=["default"])
+        messages = check_database_server(databases=["default"])
     if zone == "UTC" or database_converts_to_berlin():
         assert messages == []
         return
@@ -297,7 +302,7 @@ def test_w003_is_silent_on_a_server_that_is_no_galera_node() -> None:
     ``wsrep_on`` is OFF): no stall to read, no warning, even for a one-second lock."""
     assert galera.alias_suspect_timeout("default") is None
     with override_settings(IDEMPOTENCY={"LOCK_TIMEOUT": 1, "TTL": 60}):
-        messages = check_database(databases=["default"])
+        messages = check_database_server(databases=["default"])
     assert [m for m in messages if m.id == "django_idempotency.W003"] == []
     if connection.vendor == "mysql":
         with connection.cursor() as cursor:

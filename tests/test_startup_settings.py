@@ -126,7 +126,7 @@ REFUSED: dict[str, Bad] = {
     "E053": Bad({"OUTBOX_MAX_ATTEMPTS": 2.5}),
     "E054": Bad({"OUTBOX_BATCH_SIZE": "100"}),
     "E055": Bad({"OUTBOX_POLL_INTERVAL": 0}),
-    "E056": Bad({"OUTBOX_MAX_ATTEMPTS": 5}, {"TASKS": None}, missing=("celery",)),
+    "E056": Bad({"OUTBOX_MAX_ATTEMPTS": 5}, {"TASKS": {}}, missing=("celery",)),
     "E060": Bad({"STORE": "default"}),  # a CACHES alias, but LocMemCache
     "E064": Bad({"REDIS_REPLICAS": -1}),
     "E070": Bad({"OPERATION_SCOPE_FUNCTION": 42}),

@@ -133,6 +133,7 @@ def test_the_outbox_enqueues_a_task_with_its_message_id() -> None:
 
     from django_idempotency import Claim, idempotent_function
     from django_idempotency.models import OutboxMessage
+    from django_idempotency.testing import outbox_sent
     from tests.testapp.tasks import outbox_plain, outbox_receipt
 
     @idempotent_function(key="order_id", name="tests.tasks.place_order")
@@ -141,6 +142,7 @@ def test_the_outbox_enqueues_a_task_with_its_message_id() -> None:
         return idempotency.enqueue(outbox_receipt, order_id)
 
     message = place_order(order_id=7)
+    outbox_sent()  # the fast path sends from its own thread, after the commit
     assert list(payloads("outbox-receipt")) == [f"7:{message}"]
     assert list(payloads("outbox-plain")) == ["7"]
     OutboxMessage.objects.update(state="pending", available_at=timezone.now())  # re-sent

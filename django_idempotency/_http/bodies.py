@@ -107,6 +107,11 @@ class _ReadWhenAsked:
     def readline(self, *args: int) -> bytes:
         return self._loaded().readline(*args)
 
+    def seekable(self) -> bool:
+        """Not until read: Django 6.1's ``request.body`` asks, to measure a seekable stream's
+        size before reading it."""
+        return False
+
     def close(self) -> None:
         self.stream.close()
 

@@ -74,7 +74,8 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
 
 
 def check_database(**kwargs: Any) -> list[CheckMessage]:
-    """The first mistake about the database ``DATABASE_ALIAS`` names, the most basic first."""
+    """The first mistake about the database ``DATABASE_ALIAS`` names, the most basic first:
+    read from ``DATABASES`` alone, so asked by every ``check`` (and at startup)."""
     alias = user_settings().get("DATABASE_ALIAS", DEFAULTS["DATABASE_ALIAS"])
     for check in (
         e018_unknown_alias,
@@ -85,14 +86,23 @@ def check_database(**kwargs: Any) -> list[CheckMessage]:
     ):
         if error := check(alias):
             return [error]
-    # Only where Django asks about databases (``check --database``, ``migrate``): it queries.
-    if alias in (kwargs.get("databases") or ()):
-        return (
-            w002_time_zone_tables(alias)
-            + w003_galera_eviction(alias)
-            + e034_narrow_character_set(alias)
-        )
     return []
+
+
+def check_database_server(**kwargs: Any) -> list[CheckMessage]:
+    """What only the database server can say (it queries): asked where Django asks about
+    databases (``check --database``, ``migrate``), of a ``DATABASE_ALIAS`` whose settings
+    :func:`check_database` finds usable. Tagged ``database``, which Django 6.1 runs only then
+    (its ``check`` without ``--database`` left the settings' own checks unasked when they were
+    one function)."""
+    alias = user_settings().get("DATABASE_ALIAS", DEFAULTS["DATABASE_ALIAS"])
+    if alias not in (kwargs.get("databases") or ()) or check_database():
+        return []
+    return (
+        w002_time_zone_tables(alias)
+        + w003_galera_eviction(alias)
+        + e034_narrow_character_set(alias)
+    )
 
 
 def _declared(setting: Setting[Any], value: object) -> list[CheckMessage]:
