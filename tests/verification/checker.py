@@ -39,6 +39,8 @@ class Limits:
     ttl: dict[str, float]
     #: Entry points whose effect commits with the result (atomic mode): never twice.
     atomic: frozenset[str] = frozenset({"atomic"})
+    #: A stopped worker stops every owner (SQLite: it may hold the database's only write lock).
+    worker_faults_global: bool = False
 
 
 @dataclass
@@ -61,7 +63,11 @@ def _excuse(first: Event, second: Event, faults: list[Event], limits: Limits) ->
     for fault in faults:
         if fault["start"] > second["t"] or fault["end"] < first["t"] - EDGE:
             continue
-        if fault["kind"] in WORKER_FAULTS and fault.get("pid") != first["pid"]:
+        if (
+            fault["kind"] in WORKER_FAULTS
+            and fault.get("pid") != first["pid"]
+            and not (limits.worker_faults_global and fault["kind"] == "worker-stop")
+        ):
             continue
         if fault["kind"] == "worker-kill" and fault["start"] >= first["t"] - EDGE:
             return fault
@@ -99,11 +105,15 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         first = runs[0]
         for again in runs[1:]:
             if again["body"] != first["body"]:
-                result.violate(4, key, "a changed body ran under a used key", effects=[first, again])
+                result.violate(
+                    4, key, "a changed body ran under a used key", effects=[first, again]
+                )
                 continue
             fault = _excuse(first, again, faults, limits)
             if fault is None:
-                result.violate(1, key, "a view ran twice in one record life", effects=[first, again])
+                result.violate(
+                    1, key, "a view ran twice in one record life", effects=[first, again]
+                )
             else:
                 late.update((first["execution"], again["execution"]))
                 result.windows.append(
@@ -182,7 +192,8 @@ def _units(events: list[Event]) -> list[list[Event]]:
 
 def shrink(history: list[Event], violation: dict[str, Any], limits: Limits) -> list[Event]:
     """The fewest events of ``history`` that still show ``violation``'s invariant on its key:
-    its key's events and the faults, then each unit dropped while the violation still shows."""
+    its key's events and the faults of their time, then each operation or effect dropped while
+    the violation still shows."""
     key = (violation["principal"], violation["key"])
 
     def shows(events: list[Event]) -> bool:
@@ -191,22 +202,35 @@ def shrink(history: list[Event], violation: dict[str, Any], limits: Limits) -> l
                    (v["principal"], v["key"]) == key for v in found)  # fmt: skip
 
     ops = {e["op"] for e in history if e["type"] == "invoke" and (e["principal"], e["key"]) == key}
-    units = _units(
-        [
-            e
-            for e in history
-            if e["type"] == "fault"
-            or (e["type"] == "effect" and (e["principal"], e["key"]) == key)
-            or e.get("op") in ops
-        ]
-    )
-    if not shows([e for unit in units for e in unit]):
-        return [e for unit in units for e in unit]
+    mine = [
+        e
+        for e in history
+        if (e["type"] == "effect" and (e["principal"], e["key"]) == key) or e.get("op") in ops
+    ]
+    times = [e["t"] for e in mine if "t" in e]
+    # The faults of the key's time are kept whole: dropping one never hides a violation, and
+    # they say what the nemesis was doing meanwhile.
+    faults = [
+        e
+        for e in history
+        if e["type"] == "fault" and times and e["start"] <= max(times) and e["end"] >= min(times)
+    ]
+    units = _units(mine)
+
+    def joined(units: list[list[Event]]) -> list[Event]:
+        return faults + [e for unit in units for e in unit]
+
+    if not shows(joined(units)):
+        return sorted(joined(units), key=_time)
     index = 0
     while index < len(units):
         trial = units[:index] + units[index + 1 :]
-        if shows([e for unit in trial for e in unit]):
+        if shows(joined(trial)):
             units = trial
         else:
             index += 1
-    return sorted((e for unit in units for e in unit), key=lambda e: e.get("t", e.get("start", 0)))
+    return sorted(joined(units), key=_time)
+
+
+def _time(event: Event) -> float:
+    return float(event.get("t", event.get("start", 0.0)))

@@ -93,13 +93,20 @@ class Fault:
 
 def _body(rng: random.Random, entry: str) -> bytes:
     roll = rng.random()
-    work = rng.uniform(0, 0.2) if roll < 0.7 or entry == "short-ttl" else (
-        rng.uniform(0.5, 1.5) if roll < 0.88 else LOCK + 1.0)  # fmt: skip
+    if roll < 0.65 or entry in ("short-ttl", "atomic"):
+        # An atomic view holds its transaction while it works: SQLite's only writer.
+        work = rng.uniform(0, 0.2)
+    elif roll < 0.82:
+        work = rng.uniform(0.5, 1.5)
+    else:  # longer than the lock: only renewal keeps it
+        work = LOCK + 1.5
     body = {"n": rng.randrange(10**6), "work": round(work, 2)}
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def generate(seed: int, seconds: float, store: str, database: str) -> tuple[list[Story], list[Fault]]:
+def generate(
+    seed: int, seconds: float, store: str, database: str
+) -> tuple[list[Story], list[Fault]]:
     rng = random.Random(seed)
     entries = ["mixin", "function", "plain", "short-ttl"]
     if store == "database":
@@ -119,12 +126,19 @@ def generate(seed: int, seconds: float, store: str, database: str) -> tuple[list
             key = str(uuid.UUID(int=rng.getrandbits(128), version=4))
             body = _body(rng, entry)
         else:
-            entry, principal, key, body = earlier.entry, earlier.principal, earlier.key, earlier.body
+            entry, principal, key, body = (
+                earlier.entry,
+                earlier.principal,
+                earlier.key,
+                earlier.body,
+            )
             variant = rng.choice(("changed", "changed", "other-principal", "same"))
             if variant == "changed":
                 body = _body(rng, entry)
             elif variant == "other-principal":
                 principal = rng.choice([p for p in PRINCIPALS if p != principal])
+        if json.loads(body)["work"] > LOCK:  # duplicates while it works past its first lock
+            clients = max(clients, 2)
         if entry == "short-ttl":  # one retry past the TTL: a new life, never a replay
             followups.append(TTLS[entry] + 2.5)
         stories.append(Story(len(stories), round(t, 3), entry, principal, key, body, clients,
@@ -140,7 +154,9 @@ def generate(seed: int, seconds: float, store: str, database: str) -> tuple[list
         t += rng.uniform(1.0, 3.0)
         kind = rng.choice(kinds)
         # Shorter than the remaining lock (two thirds of it, renewed), or longer than the lock.
-        duration = rng.uniform(0.3, 1.2) if rng.random() < 0.5 else rng.uniform(LOCK + 0.5, LOCK + 4)
+        duration = (
+            rng.uniform(0.3, 1.2) if rng.random() < 0.5 else rng.uniform(LOCK + 0.5, LOCK + 4)
+        )
         if kind in ("worker-kill", "db-cut"):
             duration = 0.0
         if t + duration >= seconds:
@@ -448,7 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     with history.open("w") as out:
         for event in events:
             out.write(json.dumps(event) + "\n")
-    limits = checker.Limits(lock=LOCK, ttl=TTLS)
+    limits = checker.Limits(
+        lock=LOCK,
+        ttl=TTLS,
+        worker_faults_global=args.database == "sqlite" and args.store == "database",
+    )
     result = checker.check(events, limits)
     violations = []
     seen = set()
