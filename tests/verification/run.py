@@ -6,7 +6,7 @@
 From the repository root. It starts servers of its own (a PostgreSQL cluster or a MariaDB
 server behind a fault proxy, or a SQLite file; a ``redis-server`` for the Redis store; gunicorn
 with threaded workers serving :mod:`tests.verification.views`) on ports of
-``IDEMPOTENCY_FAULT_PORTS`` (default ``16520-16569``), prints its progress on stderr, writes the
+``IDEMPOTENCY_FAULT_PORTS`` (default ``26200-26259``), prints its progress on stderr, writes the
 history as JSON lines and prints, as its last line on stdout, one JSON object: ``seed``,
 ``histories``, ``requests``, ``faults`` (counts by kind), ``windows``, ``violations`` (each
 with its invariant and the smallest history that shows it). Exit status 1 on a violation.
@@ -38,7 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("IDEMPOTENCY_FAULT_PORTS", "16520-16569")
+os.environ.setdefault("IDEMPOTENCY_FAULT_PORTS", "26200-26259")
 
 import httpx  # noqa: E402
 
@@ -238,7 +238,7 @@ class Servers:
             effects += [json.loads(line) for line in path.read_text().splitlines() if line]
         return effects
 
-    def stop(self) -> None:
+    def stop(self, keep_log: Path | None = None) -> None:
         if self.gunicorn is not None:
             for pid in self.gunicorn.worker_pids():  # none left stopped
                 if databases.alive(pid):
@@ -246,6 +246,8 @@ class Servers:
             self.gunicorn.stop()
             if self.gunicorn.process is not None:
                 databases.untrack(self.gunicorn.process.pid)
+            if keep_log is not None:
+                shutil.copy(self.gunicorn.log_path, keep_log)
             self.gunicorn.discard_log()
         if self.proxy is not None:
             self.proxy.stop()
@@ -312,8 +314,8 @@ class Run:
                 headers["Cookie"] = given["cookie"]
         return headers
 
-    def send(self, story: Story) -> int | None:
-        """One request, recorded: its status (``None``: no answer)."""
+    def send(self, story: Story) -> tuple[str, int | None]:
+        """One request, recorded: its operation and final status (``None``: none yet)."""
         op = self.recorder.op()
         self.recorder.add({
             "type": "invoke", "op": op, "t": time.time(), "story": story.number,
@@ -338,19 +340,18 @@ class Run:
         done["t"] = time.time()
         self.recorder.add(done)
         if done["status"] in RETRY:
-            return None
-        return int(done["status"])
+            return op, None
+        return op, int(done["status"])
 
     def until_final(self, story: Story, rng: random.Random) -> bool:
         while True:
             began = time.time()
-            status = self.send(story)
+            op, status = self.send(story)
             if status is not None:
                 return True
             deadline = max(self.heal_time, began) + LOCK + SETTLE
             if time.time() > deadline:
-                self.recorder.add({"type": "unsettled", "op": f"op{self.recorder.ops}",
-                                   "t": time.time()})  # fmt: skip
+                self.recorder.add({"type": "unsettled", "op": op, "t": time.time()})
                 return False
             time.sleep(rng.uniform(0.2, 0.6))
 
@@ -449,6 +450,10 @@ def main(argv: list[str] | None = None) -> int:
     stories, faults = generate(args.seed, args.seconds, args.store, args.database)
     log(f"seed {args.seed}: {len(stories)} stories, {len(faults)} faults, "
         f"{args.database}/{args.store}{' plant ' + args.plant if args.plant else ''}")  # fmt: skip
+    history = args.history or Path(tempfile.gettempdir()) / (
+        f"idempotency-verification-{args.seed}-{args.database}-{args.store}"
+        f"{'-' + args.plant if args.plant else ''}.jsonl"
+    )
     servers = Servers(args.database, args.store, args.plant)
     began = time.monotonic()
     try:
@@ -456,11 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         log("servers up")
         events = Run(servers, stories, faults, args.seconds, args.seed).go()
     finally:
-        servers.stop()
-    history = args.history or Path(tempfile.gettempdir()) / (
-        f"idempotency-verification-{args.seed}-{args.database}-{args.store}"
-        f"{'-' + args.plant if args.plant else ''}.jsonl"
-    )
+        servers.stop(keep_log=history.with_suffix(".log"))
     with history.open("w") as out:
         for event in events:
             out.write(json.dumps(event) + "\n")
@@ -495,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         "violations": violations,
         "violations_total": len(result.violations),
         "history": str(history),
+        "server_log": str(history.with_suffix(".log")),
         "wall_seconds": round(time.monotonic() - began, 1),
     }
     print(json.dumps(summary))

@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 
 from tests.faults.settings import *  # noqa: F403
-from tests.faults.settings import INSTALLED_APPS, LOGGING
+from tests.faults.settings import INSTALLED_APPS
 
 ROOT_URLCONF = "tests.verification.urls"
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.verification.apps.VerificationConfig"]
-LOGGING["loggers"]["django_idempotency"]["level"] = "WARNING"  # type: ignore[index]
 
 if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL"):
     IDEMPOTENCY = {"STORE": os.environ["IDEMPOTENCY_VERIFY_REDIS_URL"]}
