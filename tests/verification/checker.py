@@ -150,13 +150,22 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
 
     for key, answers in answered.items():
         first_of_life: dict[tuple[tuple[str, str], int], tuple[Event, Event]] = {}
+        replay_of_life: dict[tuple[tuple[str, str], int], tuple[Event, Event]] = {}
         for asked, done in answers:
             life = life_of[done["execution"]]
+            if done.get("replayed"):
+                # 2, always: every replay is the one stored answer (a window's too: the late
+                # owner's result is fenced off, whatever its own client was given).
+                stored = replay_of_life.setdefault(life, (asked, done))
+                if done["response"] != stored[1]["response"]:
+                    result.violate(2, key, "two replays differ", op=[*stored, asked, done])
+                    continue
             if life not in first_of_life:
                 first_of_life[life] = (asked, done)
                 continue
             first_asked, first_done = first_of_life[life]
-            excused = done["execution"] in late and first_done["execution"] in late
+            # In a window, the late owner's client gets the view's own answer (SPEC 4a).
+            excused = done["execution"] in late or first_done["execution"] in late
             if done["response"] != first_done["response"] and not excused:  # 2
                 result.violate(2, key, "a later answer differs from the first",
                                op=[first_asked, first_done, asked, done])  # fmt: skip

@@ -19,6 +19,7 @@ pass over the recorded history, :func:`checker.shrink`): the same seed runs the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -143,7 +144,7 @@ def generate(
             followups.append(TTLS[entry] + 2.5)
         stories.append(Story(len(stories), round(t, 3), entry, principal, key, body, clients,
                              followups))  # fmt: skip
-    kinds = ["worker-kill", "worker-stop", "worker-stop"]
+    kinds = ["worker-kill", "worker-stop", "worker-stop", "worker-stop"]
     if store == "redis":
         kinds += ["redis-stop", "redis-stop", "redis-kill"]
     elif database != "sqlite":
@@ -151,7 +152,7 @@ def generate(
     faults: list[Fault] = []
     t = 1.0
     while True:
-        t += rng.uniform(1.0, 3.0)
+        t += rng.uniform(0.5, 2.5)
         kind = rng.choice(kinds)
         # Shorter than the remaining lock (two thirds of it, renewed), or longer than the lock.
         duration = (
@@ -231,6 +232,23 @@ class Servers:
     def workers(self) -> list[int]:
         assert self.gunicorn is not None
         return sorted(pid for pid in self.gunicorn.worker_pids() if databases.alive(pid))
+
+    def busy(self) -> int | None:
+        """The worker of an effect whose view is still working (the ledgers' last lines),
+        the one with the most work left."""
+        best: tuple[float, int] | None = None
+        now = time.time()
+        for path in self.folder.glob("effects-*.jsonl"):
+            with path.open("rb") as ledger:
+                ledger.seek(max(0, path.stat().st_size - 4096))
+                lines = ledger.read().splitlines()[-THREADS:]
+            for raw in lines:
+                with contextlib.suppress(ValueError, KeyError):
+                    line = json.loads(raw)
+                    left = line["t"] + line["work"] - now
+                    if left > 0 and (best is None or left > best[0]):
+                        best = (left, line["pid"])
+        return None if best is None else best[1]
 
     def ledger(self) -> list[dict[str, Any]]:
         effects = []
@@ -378,6 +396,9 @@ class Run:
                 if not workers:
                     continue
                 pid = workers[fault.choice % len(workers)]
+                busy = self.servers.busy()
+                if fault.choice % 10 < 7 and busy in workers:  # mostly a worker mid-view
+                    pid = busy
                 event["pid"] = pid
                 if fault.kind == "worker-kill":
                     os.kill(pid, signal.SIGKILL)

@@ -1,10 +1,11 @@
 """The checker must be able to fail: each plant found by its invariant from a fixed seed, and a
 clean run on each database and store finds nothing (.ci/leg-verify; ``IDEMPOTENCY_VERIFY=1``;
-the leg runs ``-k plant`` and ``-k clean`` side by side)."""
+the leg runs ``-k plant_is_found`` and ``-k clean_run`` side by side)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -36,9 +37,12 @@ def known(summary: dict[str, Any]) -> bool:
 
 
 def run(tmp_path: Path, *arguments: str) -> tuple[int, dict[str, Any]]:
+    """``IDEMPOTENCY_VERIFY_HISTORIES`` (a folder) keeps the histories and server logs."""
+    folder = Path(os.environ.get("IDEMPOTENCY_VERIFY_HISTORIES") or tmp_path)
+    name = "-".join(argument.lstrip("-") for argument in arguments)
     result = subprocess.run(
         [sys.executable, "tests/verification/run.py", "--history",
-         str(tmp_path / "history.jsonl"), *arguments],
+         str(folder / f"{name}.jsonl"), *arguments],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     lines = result.stdout.strip().splitlines()

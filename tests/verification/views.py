@@ -49,6 +49,7 @@ def _effect(request: Any, entry: str, raw: bytes, *, atomic: bool = False) -> di
         "body": hashlib.sha256(raw).hexdigest()[:16],
         "execution": uuid.uuid4().hex,
         "pid": os.getpid(),
+        "work": float(body.get("work") or 0),
     }
     if atomic:
         Execution.objects.create(label=ATOMIC_LABEL, payload=json.dumps(line))
