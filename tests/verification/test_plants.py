@@ -64,7 +64,7 @@ def test_plant_is_found(tmp_path: Path, plant: str) -> None:
 
 @pytest.mark.parametrize(
     ("database", "store", "seed"),
-    [("sqlite", "database", 2), ("postgresql", "database", 5), ("sqlite", "redis", 6)],
+    [("sqlite", "database", 2), ("postgresql", "database", 3), ("sqlite", "redis", 1)],
 )
 def test_clean_run(tmp_path: Path, database: str, store: str, seed: int) -> None:
     _, summary = run(tmp_path, "--seconds", str(CLEAN_SECONDS), "--seed", str(seed),
