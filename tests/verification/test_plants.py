@@ -1,6 +1,6 @@
 """The checker must be able to fail: each plant found by its invariant from a fixed seed, and a
 clean run on each database and store finds nothing (.ci/leg-verify; ``IDEMPOTENCY_VERIFY=1``;
-the leg runs ``-k plant_is_found`` and ``-k clean_run`` side by side)."""
+the leg runs two halves of about the same length side by side)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from tests.verification.plants import PLANTS
 pytestmark = pytest.mark.verification
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Seed and seconds of each plant's run: found there (measured on a loaded 2-core machine).
-PLANT_SEED, PLANT_SECONDS = 2, 20
+#: Seed and seconds of each plant's run, found there on a loaded 2-core machine. A late
+#: owner's unfenced write shows only when a long stop lands on a working view and a replay
+#: falls between the two writes: seed 2's 40 s hold five long stops.
+PLANT_RUNS = {plant: (2, 20) for plant in PLANTS} | {"no-fencing": (2, 40)}
 CLEAN_SECONDS = 20
 
 
@@ -54,8 +56,9 @@ def run(tmp_path: Path, *arguments: str) -> tuple[int, dict[str, Any]]:
 
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_plant_is_found(tmp_path: Path, plant: str) -> None:
+    seed, seconds = PLANT_RUNS[plant]
     status, summary = run(
-        tmp_path, "--seconds", str(PLANT_SECONDS), "--seed", str(PLANT_SEED), "--plant", plant
+        tmp_path, "--seconds", str(seconds), "--seed", str(seed), "--plant", plant
     )
     found = {violation["invariant"] for violation in summary["violations"]}
     assert status == 1, summary
