@@ -87,15 +87,26 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         if effect["type"] == "effect":
             effects[effect["principal"], effect["key"]].append(effect)
 
-    # Record lives: a key's effects, a new life once the first one's TTL has passed.
+    # Record lives: a key's effects, a new life once the TTL of the record of the life's first
+    # effect may have passed. That record was claimed at the earliest by the first request
+    # for the key sent since the life before began (a claim may wait long under a fault).
+    asked_at: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for asked in invokes.values():
+        asked_at[asked["principal"], asked["key"]].append(asked["t"])
     life_of: dict[str, tuple[tuple[str, str], int]] = {}
     lives: dict[tuple[tuple[str, str], int], list[Event]] = {}
     for key, runs in effects.items():
         runs.sort(key=lambda e: e["t"])
-        number, start = 0, runs[0]["t"]
+
+        def claimed(after: float, run: Event, key: tuple[str, str] = key) -> float:
+            return min([t for t in asked_at[key] if after < t <= run["t"]], default=run["t"])
+
+        number, previous = 0, float("-inf")
+        start = claimed(previous, runs[0])
         for run in runs:
             if run["t"] - start >= limits.ttl[run["entry"]] - EDGE:
-                number, start = number + 1, run["t"]
+                number, previous = number + 1, start
+                start = claimed(previous, run)
             lives.setdefault((key, number), []).append(run)
             life_of[run["execution"]] = (key, number)
 
