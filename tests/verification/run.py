@@ -384,6 +384,13 @@ class Run:
                 return
 
     def nemesis(self) -> None:
+        try:
+            self.faults_run()
+        finally:  # whatever happened, the clients' settling time counts from now
+            self.heal_time = time.time()
+            self.healed.set()
+
+    def faults_run(self) -> None:
         for fault in self.faults:
             wait = self.start + fault.at - time.time()
             if wait > 0:
@@ -401,12 +408,13 @@ class Run:
                 if fault.choice % 10 < 7 and busy in workers:  # mostly a worker mid-view
                     pid = busy
                 event["pid"] = pid
-                if fault.kind == "worker-kill":
-                    os.kill(pid, signal.SIGKILL)
-                else:
-                    os.kill(pid, signal.SIGSTOP)
-                    time.sleep(fault.duration)
-                    os.kill(pid, signal.SIGCONT)
+                with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+                    if fault.kind == "worker-kill":
+                        os.kill(pid, signal.SIGKILL)
+                    else:
+                        os.kill(pid, signal.SIGSTOP)
+                        time.sleep(fault.duration)
+                        os.kill(pid, signal.SIGCONT)
             elif fault.kind == "db-blackhole":
                 assert self.servers.proxy is not None
                 self.servers.proxy.blackhole()
@@ -428,8 +436,6 @@ class Run:
             event["end"] = time.time()
             self.recorder.add(event)
             log(f"fault {fault.kind} {fault.duration:.1f}s")
-        self.heal_time = time.time()
-        self.healed.set()
 
     def go(self) -> list[dict[str, Any]]:
         self.log_in()
