@@ -29,6 +29,7 @@ _OWN_LEG = {
     "galera": "IDEMPOTENCY_GALERA",  # .ci/leg-galera
     "galera_app": "IDEMPOTENCY_GALERA_APP",
     "faults": "IDEMPOTENCY_FAULTS",  # .ci/leg-faults
+    "verification": "IDEMPOTENCY_VERIFY",  # .ci/leg-verify: tests/verification
     "celery": "IDEMPOTENCY_TEST_CELERY",  # .ci/leg-celery (RabbitMQ and Redis)
     "redis": "IDEMPOTENCY_TEST_REDIS_STORE_URL",  # .ci/leg-redis: the Redis store's own tests
 }

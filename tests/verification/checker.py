@@ -1,0 +1,256 @@
+"""The invariants, checked on a whole history (a list of events, as ``run.py`` records them).
+
+Events (JSON objects, ``type`` first):
+
+- ``invoke``: ``op``, ``t`` (seconds, the clients' clock), ``principal``, ``key``, ``entry``,
+  ``body`` (a hash);
+- ``complete``: ``op``, ``t``, ``status`` (``None``: no answer, ``error`` says why),
+  ``response`` (a hash of the body's bytes), ``replayed``, ``execution`` and ``as`` (the
+  execution and principal a 2xx answer names);
+- ``effect``: what a view ran (its ledger line): ``t``, ``entry``, ``principal``, ``key``,
+  ``body``, ``execution``, ``pid``;
+- ``fault``: ``kind``, ``start``, ``end``, ``pid`` (a worker's), ``long`` (longer than the
+  lock can outlive);
+- ``unsettled``: ``op``: a client with no final answer when the run's settling time was up.
+
+Each violation names its invariant (the issue's numbering), the key it is about and what was
+seen; :func:`shrink` cuts a violation's history down to the fewest events that still show it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Event = dict[str, Any]
+
+#: Seconds of slack on a TTL's edge (the clients' clock and the servers' may differ by the
+#: time a request takes to reach the view).
+EDGE = 1.0
+#: Faults of the workers a view's own process suffers; the others hit every owner at once.
+WORKER_FAULTS = {"worker-kill", "worker-stop"}
+
+
+@dataclass
+class Limits:
+    lock: float
+    ttl: dict[str, float]
+    #: Entry points whose effect commits with the result (atomic mode): never twice.
+    atomic: frozenset[str] = frozenset({"atomic"})
+    #: A stopped worker stops every owner (SQLite: it may hold the database's only write lock).
+    worker_faults_global: bool = False
+
+
+@dataclass
+class Result:
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[dict[str, Any]] = field(default_factory=list)
+
+    def violate(self, invariant: int, key: tuple[str, str], what: str, **seen: Any) -> None:
+        self.violations.append(
+            {"invariant": invariant, "principal": key[0], "key": key[1], "what": what, **seen}
+        )
+
+
+def _excuse(first: Event, second: Event, faults: list[Event], limits: Limits) -> Event | None:
+    """The fault that let ``second`` run again after ``first`` (SPEC 4a's window): the owner's
+    worker killed, or a fault longer than its remaining lock (at least two thirds of the lock,
+    renewed) between the two effects."""
+    if first["entry"] in limits.atomic:
+        return None
+    for fault in faults:
+        if fault["start"] > second["t"] or fault["end"] < first["t"] - EDGE:
+            continue
+        if (
+            fault["kind"] in WORKER_FAULTS
+            and fault.get("pid") != first["pid"]
+            and not (limits.worker_faults_global and fault["kind"] == "worker-stop")
+        ):
+            continue
+        if fault["kind"] == "worker-kill" and fault["start"] >= first["t"] - EDGE:
+            return fault
+        if fault.get("long"):
+            return fault
+    return None
+
+
+def check(history: Iterable[Event], limits: Limits) -> Result:
+    events = list(history)
+    result = Result()
+    invokes = {e["op"]: e for e in events if e["type"] == "invoke"}
+    completes = {e["op"]: e for e in events if e["type"] == "complete" and e["op"] in invokes}
+    faults = sorted((e for e in events if e["type"] == "fault"), key=lambda e: e["start"])
+    effects: dict[tuple[str, str], list[Event]] = defaultdict(list)
+    for effect in events:
+        if effect["type"] == "effect":
+            effects[effect["principal"], effect["key"]].append(effect)
+
+    # Record lives: a key's effects, a new life once the TTL of the record of the life's first
+    # effect may have passed. That record was claimed at the earliest by the first request
+    # for the key sent since the life before began (a claim may wait long under a fault).
+    asked_at: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for asked in invokes.values():
+        asked_at[asked["principal"], asked["key"]].append(asked["t"])
+    life_of: dict[str, tuple[tuple[str, str], int]] = {}
+    lives: dict[tuple[tuple[str, str], int], list[Event]] = {}
+    for key, runs in effects.items():
+        runs.sort(key=lambda e: e["t"])
+
+        def claimed(after: float, run: Event, key: tuple[str, str] = key) -> float:
+            return min([t for t in asked_at[key] if after < t <= run["t"]], default=run["t"])
+
+        number, previous = 0, float("-inf")
+        start = claimed(previous, runs[0])
+        for run in runs:
+            if run["t"] - start >= limits.ttl[run["entry"]] - EDGE:
+                number, previous = number + 1, start
+                start = claimed(previous, run)
+            lives.setdefault((key, number), []).append(run)
+            life_of[run["execution"]] = (key, number)
+
+    # 1 and 4: one effect per life, of one body.
+    late: set[str] = set()  # executions run again in a window: their answers are excused
+    for (key, number), runs in lives.items():
+        first = runs[0]
+        for again in runs[1:]:
+            if again["body"] != first["body"]:
+                result.violate(
+                    4, key, "a changed body ran under a used key", effects=[first, again]
+                )
+                continue
+            fault = _excuse(first, again, faults, limits)
+            if fault is None:
+                result.violate(
+                    1, key, "a view ran twice in one record life", effects=[first, again]
+                )
+            else:
+                late.update((first["execution"], again["execution"]))
+                result.windows.append(
+                    {"principal": key[0], "key": key[1], "life": number, "fault": fault,
+                     "executions": [first["execution"], again["execution"]]}
+                )  # fmt: skip
+
+    # Answers, in the order they came.
+    answered: dict[tuple[str, str], list[tuple[Event, Event]]] = defaultdict(list)
+    for op, done in sorted(completes.items(), key=lambda item: item[1]["t"]):
+        asked = invokes[op]
+        key = (asked["principal"], asked["key"])
+        status = done["status"]
+        if status is not None and status >= 500 and status != 503:
+            result.violate(8, key, f"answered {status}", op=[asked, done])
+        if status is None or not 200 <= status < 300:
+            continue
+        if done.get("as") != asked["principal"]:  # 3
+            result.violate(3, key, f"{done.get('as')}'s answer reached {asked['principal']}",
+                           op=[asked, done])  # fmt: skip
+            continue
+        found = life_of.get(done.get("execution") or "")
+        if found is None or found[0] != key:
+            result.violate(2, key, "an answer no effect of this key made", op=[asked, done])
+            continue
+        source = lives[found][0]
+        if asked["body"] != source["body"]:  # 4
+            result.violate(4, key, "a changed body was answered 2xx, not 422", op=[asked, done])
+            continue
+        if done.get("replayed") and asked["t"] - source["t"] > limits.ttl[asked["entry"]] + EDGE:
+            result.violate(5, key, "an expired record was replayed", op=[asked, done])
+            continue
+        answered[key].append((asked, done))
+
+    for key, answers in answered.items():
+        first_of_life: dict[tuple[tuple[str, str], int], tuple[Event, Event]] = {}
+        replay_of_life: dict[tuple[tuple[str, str], int], tuple[Event, Event]] = {}
+        for asked, done in answers:
+            life = life_of[done["execution"]]
+            if done.get("replayed"):
+                # 2, always: every replay is the one stored answer (a window's too: the late
+                # owner's result is fenced off, whatever its own client was given).
+                stored = replay_of_life.setdefault(life, (asked, done))
+                if done["response"] != stored[1]["response"]:
+                    result.violate(2, key, "two replays differ", op=[*stored, asked, done])
+                    continue
+            if life not in first_of_life:
+                first_of_life[life] = (asked, done)
+                continue
+            first_asked, first_done = first_of_life[life]
+            # In a window, the late owner's client gets the view's own answer (SPEC 4a).
+            excused = done["execution"] in late or first_done["execution"] in late
+            if done["response"] != first_done["response"] and not excused:  # 2
+                result.violate(2, key, "a later answer differs from the first",
+                               op=[first_asked, first_done, asked, done])  # fmt: skip
+            elif (
+                asked["t"] > first_done["t"]
+                and asked["t"] < first_done["t"] + limits.ttl[asked["entry"]] - EDGE
+                and not done.get("replayed")
+                and not excused
+            ):  # 5: a result acknowledged, then run again as if lost
+                result.violate(5, key, "a retry after a final answer was not a replay",
+                               op=[first_asked, first_done, asked, done])  # fmt: skip
+
+    for event in events:  # 8: a key that never settled
+        if event["type"] == "unsettled" and event["op"] in invokes:
+            asked = invokes[event["op"]]
+            result.violate(8, (asked["principal"], asked["key"]), "no final answer after healing",
+                           op=[asked])  # fmt: skip
+    return result
+
+
+def _units(events: list[Event]) -> list[list[Event]]:
+    """What shrinking drops together: an operation (its invocation, completion and
+    ``unsettled``), an effect, a fault."""
+    ops: dict[str, list[Event]] = defaultdict(list)
+    units: list[list[Event]] = []
+    for event in events:
+        if "op" in event:
+            ops[event["op"]].append(event)
+        else:
+            units.append([event])
+    return [*ops.values(), *units]
+
+
+def shrink(history: list[Event], violation: dict[str, Any], limits: Limits) -> list[Event]:
+    """The fewest events of ``history`` that still show ``violation``'s invariant on its key:
+    its key's events and the faults of their time, then each operation or effect dropped while
+    the violation still shows."""
+    key = (violation["principal"], violation["key"])
+
+    def shows(events: list[Event]) -> bool:
+        found = check(events, limits).violations
+        return any(v["invariant"] == violation["invariant"] and
+                   (v["principal"], v["key"]) == key for v in found)  # fmt: skip
+
+    ops = {e["op"] for e in history if e["type"] == "invoke" and (e["principal"], e["key"]) == key}
+    mine = [
+        e
+        for e in history
+        if (e["type"] == "effect" and (e["principal"], e["key"]) == key) or e.get("op") in ops
+    ]
+    times = [e["t"] for e in mine if "t" in e]
+    # The faults of the key's time are kept whole: dropping one never hides a violation, and
+    # they say what the nemesis was doing meanwhile.
+    faults = [
+        e
+        for e in history
+        if e["type"] == "fault" and times and e["start"] <= max(times) and e["end"] >= min(times)
+    ]
+    units = _units(mine)
+
+    def joined(units: list[list[Event]]) -> list[Event]:
+        return faults + [e for unit in units for e in unit]
+
+    if not shows(joined(units)):
+        return sorted(joined(units), key=_time)
+    index = 0
+    while index < len(units):
+        trial = units[:index] + units[index + 1 :]
+        if shows(joined(trial)):
+            units = trial
+        else:
+            index += 1
+    return sorted(joined(units), key=_time)
+
+
+def _time(event: Event) -> float:
+    return float(event.get("t", event.get("start", 0.0)))

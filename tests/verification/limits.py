@@ -1,0 +1,14 @@
+"""The views' lock and TTLs (seconds): read by the views, the generator and the checker, so
+that the three agree. Nothing here imports Django."""
+
+from __future__ import annotations
+
+#: Short, so that faults longer than it are cheap; renewed every third of it.
+LOCK = 3
+#: Longer than any run: one record life per key, but on ``/short-ttl/``.
+TTL = 3600
+SHORT_TTL = 6
+#: Entry points and their TTLs.
+TTLS = {"mixin": TTL, "function": TTL, "plain": TTL, "atomic": TTL, "short-ttl": SHORT_TTL}
+#: Once the nemesis has healed, every key has a final answer within ``LOCK`` and this.
+SETTLE = 15.0

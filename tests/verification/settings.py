@@ -1,0 +1,16 @@
+"""Settings of the servers ``run.py`` starts: the fault suite's (its database from
+``DATABASE_URL``, short connect timeouts), the verification views, and the Redis store when
+``IDEMPOTENCY_VERIFY_REDIS_URL`` is set (the app's own tables stay on ``DATABASE_URL``)."""
+
+from __future__ import annotations
+
+import os
+
+from tests.faults.settings import *  # noqa: F403
+from tests.faults.settings import INSTALLED_APPS
+
+ROOT_URLCONF = "tests.verification.urls"
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.verification.apps.VerificationConfig"]
+
+if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL"):
+    IDEMPOTENCY = {"STORE": os.environ["IDEMPOTENCY_VERIFY_REDIS_URL"]}
