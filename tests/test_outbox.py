@@ -648,6 +648,31 @@ def test_a_dead_broker_never_holds_the_response(
             queue.close()
 
 
+@pytest.mark.celery  # a real Celery app: CI's celery leg, where Celery is installed
+def test_a_dead_broker_never_holds_a_keyless_response(
+    client: Client, dead_broker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request without a key sends what its view staged on the fast path's thread too
+    (issue 49: it sent in the request's thread, before the response, 4 s per request on AMQP
+    and for good on a Redis broker); the message is lost, with a log line."""
+    senders: list[int] = []
+    send = outbox.send
+
+    def recorded(*args: Any) -> None:
+        senders.append(threading.get_ident())
+        send(*args)
+
+    monkeypatch.setattr(outbox, "send", recorded)
+    started = time.monotonic()
+    response = client.post("/notify/")
+    elapsed = time.monotonic() - started
+    assert response.status_code == 201
+    assert elapsed < 1.5, f"the response waited {elapsed:.2f} s"
+    assert outbox.sender.settle(60), "the fast path's thread is stuck"
+    assert senders and threading.get_ident() not in senders
+    assert OutboxMessage.objects.count() == 0  # no record: nothing kept
+
+
 @override_settings(IDEMPOTENCY={**NO_FAST_PATH, "OUTBOX_MAX_ATTEMPTS": 1})
 def test_the_relay_lists_and_re_sends_failed_messages(post: Post, key: str) -> None:
     """Cron and runbooks: ``--failed`` lists the failed messages with their last error,

@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from django_idempotency import idempotent
 from django_idempotency.models import OutboxMessage
 from django_idempotency.rest_framework import IdempotencyMixin
+from django_idempotency.testing import outbox_sent
 from tests.testapp.models import Execution
 from tests.testapp.outbox_tasks import receipt
 from tests.testapp.shop import checkout
@@ -96,6 +97,7 @@ def _fresh_recorder() -> Iterator[None]:
 
 
 def sent() -> list[tuple[str, list[Any], dict[str, Any]]]:
+    outbox_sent()  # the outbox's sender thread sends them, after the response
     return list(receipt.sent)
 
 

@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -48,6 +48,10 @@ CELERY = "celery"
 TASKS = "tasks"
 #: The keyword argument a ``django.tasks`` task's function takes to learn its message's id.
 MESSAGE_ID_ARGUMENT = "outbox_message_id"
+
+#: What the sender thread is handed: the database alias whose connection it closes once idle,
+#: the work, and when it is too late to start it (``None``: never).
+Job = tuple[str, Callable[[], None], float | None]
 
 
 @dataclass(slots=True)
@@ -167,19 +171,31 @@ class Sender:
     queue is bounded (a full one leaves the batch to the relay). The thread is a daemon; a
     process that exits (a script, a worker stopped) gives it up to :data:`EXIT_WAIT` seconds
     to finish, then leaves what it still holds to the relay. A forked process (gunicorn's
-    workers) starts a thread of its own on its first commit."""
+    workers) starts a thread of its own on its first commit.
+
+    A request without a key hands it its messages too (:meth:`hand`), sent however late
+    (nothing else would send them), at most once: a full queue loses them, with a log line."""
 
     def __init__(self, size: int = 1000) -> None:
         self.size = size
         self._lock = threading.Lock()
         self._pid = 0
-        self._queue: queue.Queue[tuple[str, Sequence[Message], float]] = queue.Queue(size)
+        self._queue: queue.Queue[Job] = queue.Queue(size)
         self.thread: threading.Thread | None = None
         self._exiting = False
 
     def submit(self, alias: str, messages: Sequence[Message]) -> None:
         """Hand ``messages`` (released on ``alias``, committed) to the thread."""
         due = time.monotonic() + conf.OUTBOX_LEASE.total_seconds() / 2
+        if not self._put((alias, lambda: deliver(alias, messages), due)):
+            logger.warning("Outbox fast path busy: %d message(s) left to the relay.", len(messages))
+
+    def hand(self, alias: str, job: Callable[[], None]) -> bool:
+        """Run ``job`` on the thread, however long it waits there (a request without a key's
+        messages: no relay stands behind them); ``False`` if the queue is full."""
+        return self._put((alias, job, None))
+
+    def _put(self, job: Job) -> bool:
         with self._lock:
             if self._pid != os.getpid() or self.thread is None or not self.thread.is_alive():
                 self._pid = os.getpid()
@@ -192,18 +208,17 @@ class Sender:
                     self._exiting = True
                     atexit.register(self.settle, EXIT_WAIT)
             try:
-                self._queue.put_nowait((alias, messages, due))
+                self._queue.put_nowait(job)
             except queue.Full:
-                logger.warning(
-                    "Outbox fast path busy: %d message(s) left to the relay.", len(messages)
-                )
+                return False
+            return True
 
-    def _run(self, jobs: queue.Queue[tuple[str, Sequence[Message], float]]) -> None:
+    def _run(self, jobs: queue.Queue[Job]) -> None:
         while True:
-            alias, messages, due = jobs.get()
+            alias, job, due = jobs.get()
             try:
-                if time.monotonic() < due:
-                    deliver(alias, messages)
+                if due is None or time.monotonic() < due:
+                    job()
             except Exception:  # the thread must live on; the relay delivers these
                 logger.exception("Outbox fast path failed; the relay sends its messages.")
             finally:
