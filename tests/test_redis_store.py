@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -1376,3 +1378,70 @@ def test_a_flush_of_the_cache_alias_deletes_every_record() -> None:
         for key in keys:
             handle(key)
     assert runs == keys + keys
+
+
+#: A lock, and how long the proxy holds the owner's claim reply under it (issue 50, item 1).
+#: The claim's try may take 1 s at least (``deadlines.bound``: a sixth of the lock, no less than
+#: 1 s), then times out and the call answers 503: a reply held longer is no claim. The first
+#: renewal counted from the reply comes too late only when the reply is held longer than two
+#: thirds of the lock, so the lock is the shortest allowed (1 s) and the reply held 0.8 s.
+HELD_LOCK = 1.0
+HELD_REPLY = 0.8
+#: How often a duplicate is sent: the lock lapses from 1 s to 1.13 s (the first renewal counted
+#: from the reply), a window a duplicate every 0.1 s can miss.
+DUPLICATE_EVERY = 0.02
+
+
+def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_network() -> None:
+    """The owner's claim reaches the server, which sets the lock, but its reply is held 0.8 s
+    by a proxy (a slow network, an fsync before the reply) under a 1 s lock; the owner then
+    runs 1.5 s. Its first renewal is due an interval after the claim was sent, so as the reply
+    comes: duplicates sent every 0.02 s from 0.9 lock timeouts after the claim until the owner
+    returns find the key held, and the function runs once. With the first renewal counted from
+    the reply (0.8 + 0.33 s, past the lock's 1 s), one took the key over and ran it again
+    (issue 50, item 1; tests/test_functions.py holds the owner in a ``key_claimed`` receiver
+    instead, 3.4 s under a 4.5 s lock)."""
+    from django_idempotency._store.redis import scripts
+    from tests.faults.proxy import FaultProxy
+
+    runs: list[str] = []
+
+    @idempotent_function(
+        key="event_id", payload=lambda event_id, *_, **__: event_id, lock_timeout=HELD_LOCK
+    )
+    def handle(event_id: str, seconds: float = 0.0) -> str:
+        time.sleep(seconds)
+        runs.append(event_id)
+        return event_id
+
+    claim_sha = hashlib.sha1(scripts.CLAIM.encode()).hexdigest().encode()
+    with private_redis("--appendonly", "yes") as url:
+        server = redis.Redis.from_url(url)
+        # Loaded beforehand: the held reply is the claim's own, not a NOSCRIPT before it, and
+        # the first renewal is one round trip.
+        assert server.script_load(scripts.CLAIM) == claim_sha.decode()
+        server.script_load(scripts.RENEW)
+        server.close()
+        proxy = FaultProxy(free_port(), private_redis.last.port).start()
+        try:
+            with override_settings(IDEMPOTENCY={"STORE": f"redis://127.0.0.1:{proxy.port}/0"}):
+                held = proxy.arm("delay", re.escape(claim_sha), count=1, hold=HELD_REPLY)
+                pool = ThreadPoolExecutor(max_workers=1)
+                try:
+                    owner = pool.submit(handle, "k", 1.5)
+                    assert held.done.wait(5), "the owner's claim never reached the proxy"
+                    sent = time.monotonic()
+                    duplicates: list[Any] = []
+                    while not owner.done():
+                        if time.monotonic() >= sent + 0.9 * HELD_LOCK:
+                            duplicates.append(_attempt_or_held(handle, "k"))
+                        time.sleep(DUPLICATE_EVERY)
+                    result = owner.result()
+                finally:
+                    pool.shutdown()
+        finally:
+            proxy.stop()
+    assert result == "k"
+    assert duplicates, "no duplicate was sent"
+    assert all(isinstance(each, IdempotencyInProgress) for each in duplicates), duplicates
+    assert runs == ["k"]

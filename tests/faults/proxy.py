@@ -4,7 +4,9 @@ Armed, it watches what each client sends; at the trigger (a pattern in the clien
 another has passed on that connection when ``after`` is given) it either drops the request (the
 server never sees it) or forwards it and drops the server's reply ("commit outcome unknown": the
 server executed and committed it, the client cannot know). Both sides of that connection are then
-reset. A :meth:`~FaultProxy.blackhole` silences connections without closing them (issue 39).
+reset. Or it forwards the request and delays the server's reply ``hold`` seconds, then delivers it
+and goes on (``mode="delay"``: a slow network, an fsync before the reply; issue 50). A
+:meth:`~FaultProxy.blackhole` silences connections without closing them (issue 39).
 Plain threads and sockets; the wire protocols (PostgreSQL's, MySQL's) carry the SQL text,
 which is all it reads.
 """
@@ -38,11 +40,13 @@ class _Pair:
     silent: bool = False
     #: Seconds a cut connection stays silent before it is reset (:meth:`FaultProxy.arm`).
     hold: float = 0.0
+    #: Seconds the server's next reply waits before it is delivered (``mode="delay"``).
+    delay_reply: float = 0.0
 
 
 @dataclass
 class Trigger:
-    mode: str  # "request" or "reply"
+    mode: str  # "request", "reply" or "delay"
     pattern: re.Pattern[bytes]
     after: re.Pattern[bytes] | None
     remaining: int
@@ -92,8 +96,10 @@ class FaultProxy:
     ) -> Trigger:
         """Cut the next ``count`` connections that send ``pattern`` (after ``after``), dropping
         the request (``mode="request"``) or the reply (``mode="reply"``); with ``hold``, the
-        connection stays silent that many seconds before it is reset (issue 39)."""
-        assert mode in ("request", "reply")
+        connection stays silent that many seconds before it is reset (issue 39). With
+        ``mode="delay"`` nothing is cut: the server's reply to the request is held ``hold``
+        seconds, then delivered, and the connection goes on (issue 50)."""
+        assert mode in ("request", "reply", "delay")
         trigger = Trigger(
             mode,
             re.compile(pattern),
@@ -235,6 +241,10 @@ class FaultProxy:
                 return
             if pair.silent:
                 continue
+            if pair.delay_reply:
+                # What came is the reply's first bytes (the request went after the flag was set).
+                delay, pair.delay_reply = pair.delay_reply, 0.0
+                time.sleep(delay)
             try:
                 pair.client.sendall(chunk)
             except OSError:
@@ -263,6 +273,9 @@ class FaultProxy:
             trigger.fired += 1
             if trigger.remaining <= 0:
                 trigger.done.set()
+            if trigger.mode == "delay":
+                pair.delay_reply = trigger.hold
+                return None  # forwarded as any request
             pair.hold = trigger.hold
             if trigger.mode == "reply":
                 pair.cut_on_reply = True

@@ -1,0 +1,128 @@
+"""A claim's reply held by the network, on PostgreSQL (issue 50, item 1).
+
+A proxy (:class:`tests.faults.proxy.FaultProxy`) stands between this process and the suite's
+PostgreSQL server and holds the owner's claim reply, as a slow network or a commit's flush
+before the reply would: the claim's lock runs from when the server set it, so the first
+renewal must be counted from when the claim was sent, not from when its reply came.
+``tests/test_redis_store.py`` has the same on a private redis-server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+
+from django_idempotency import IdempotencyInProgress, _store, idempotent_function
+from django_idempotency._store.postgresql import CLAIM_FUNCTION
+from tests import ports
+from tests.faults.proxy import FaultProxy
+
+ALIAS = "held"
+#: The claim may take 1 s (``deadlines.bound``: a sixth of the lock, no less than 1 s), then its
+#: connection is cut: a reply held longer is another claim. The first renewal counted from the
+#: reply comes too late only when the reply is held longer than two thirds of the lock, so the
+#: lock is the shortest allowed (1 s) and the reply held 0.8 s.
+LOCK = 1.0
+HELD_REPLY = 0.8
+#: The lock lapses from 1 s to 1.13 s (the first renewal counted from the reply), a window a
+#: duplicate every 0.1 s can miss.
+DUPLICATE_EVERY = 0.02
+
+pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
+
+
+def _port() -> int:
+    """A port for the proxy: ``IDEMPOTENCY_REDIS_PORTS`` when set (an engineer's own range)."""
+    within = ports.below_ephemeral()
+    if chosen := os.environ.get("IDEMPOTENCY_REDIS_PORTS"):
+        first, last = (int(port) for port in chosen.split("-"))
+        within = range(first, last + 1)
+    return ports.free(1, within)[0]
+
+
+@pytest.fixture
+def proxy(django_db_blocker: Any) -> Iterator[FaultProxy]:
+    """A proxy to the test database's server, and an alias through it, the store's."""
+    settings = dict(connections["default"].settings_dict)
+    proxy = FaultProxy(_port(), int(settings["PORT"] or 5432), settings["HOST"] or "127.0.0.1")
+    proxy.start()
+    options = {
+        name: value for name, value in (settings.get("OPTIONS") or {}).items() if name != "pool"
+    }
+    connections.settings[ALIAS] = {
+        **settings,
+        "HOST": "127.0.0.1",
+        "PORT": str(proxy.port),
+        "OPTIONS": options,
+        "CONN_MAX_AGE": 0,
+        "TEST": {"MIRROR": "default"},
+    }
+    try:
+        with django_db_blocker.unblock(), override_settings(IDEMPOTENCY={"DATABASE_ALIAS": ALIAS}):
+            yield proxy
+    finally:
+        proxy.stop()
+        _store._BOUND.pop(ALIAS, None)
+        with django_db_blocker.unblock():
+            connections[ALIAS].close()
+        del connections.settings[ALIAS]
+
+
+def _attempt_or_held(handle: Any, key: str) -> Any:
+    try:
+        return handle(key)
+    except IdempotencyInProgress as exc:
+        return exc
+    finally:
+        connections.close_all()
+
+
+def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_network(
+    proxy: FaultProxy,
+) -> None:
+    """The owner's claim commits on the server, which sets the lock, but its reply is held
+    0.8 s by the proxy under a 1 s lock; the owner then runs 1.5 s. Its first renewal is due an
+    interval after the claim was sent, so as the reply comes: duplicates sent every 0.02 s from
+    0.9 lock timeouts after the claim until the owner returns find the key held, and the
+    function runs once. With the first renewal counted from the reply (0.8 + 0.33 s, past the
+    lock's 1 s), one took the key over and ran it again."""
+    runs: list[str] = []
+
+    @idempotent_function(
+        key="event_id", payload=lambda event_id, *_, **__: event_id, lock_timeout=LOCK
+    )
+    def handle(event_id: str, seconds: float = 0.0) -> str:
+        time.sleep(seconds)
+        runs.append(event_id)
+        return event_id
+
+    # A first call (another key) asks whether the claim function exists, a query naming it:
+    # the held reply is then the claim's own.
+    _attempt_or_held(handle, "warm")
+    runs.clear()
+    held = proxy.arm("delay", re.escape(f"{CLAIM_FUNCTION}(".encode()), count=1, hold=HELD_REPLY)
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        owner = pool.submit(_attempt_or_held, lambda key: handle(key, 1.5), "k")
+        assert held.done.wait(5), "the owner's claim never reached the proxy"
+        sent = time.monotonic()
+        duplicates: list[Any] = []
+        while not owner.done():
+            if time.monotonic() >= sent + 0.9 * LOCK:
+                duplicates.append(_attempt_or_held(handle, "k"))
+            time.sleep(DUPLICATE_EVERY)
+        result = owner.result()
+    finally:
+        pool.shutdown()
+    assert result == "k", result
+    assert duplicates, "no duplicate was sent"
+    assert all(isinstance(each, IdempotencyInProgress) for each in duplicates), duplicates
+    assert runs == ["k"]
