@@ -367,6 +367,6 @@ def test_sqlite_atomic_requests_with_a_second_alias_is_refused(
     # Not override_settings(DATABASES=...), which warns: only the check reads them here.
     databases = {"default": {**sqlite, "ATOMIC_REQUESTS": True}, "idempotency": sqlite}
     monkeypatch.setattr(settings, "DATABASES", databases)
-    assert [m.id for m in checks(Tags.database)] == ["django_idempotency.E032"]
+    assert [m.id for m in checks(Tags.compatibility)] == ["django_idempotency.E032"]
     databases["idempotency"] = {**sqlite, "NAME": "/tmp/other.sqlite3"}
-    assert checks(Tags.database) == []
+    assert checks(Tags.compatibility) == []
