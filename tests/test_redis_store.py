@@ -34,6 +34,7 @@ from django.test import override_settings
 
 from django_idempotency import (
     IdempotencyInProgress,
+    StoreUnavailable,
     erase_scope,
     idempotent,
     idempotent_function,
@@ -1376,3 +1377,60 @@ def test_a_flush_of_the_cache_alias_deletes_every_record() -> None:
         for key in keys:
             handle(key)
     assert runs == keys + keys
+
+
+# --- renewal on a cluster whose primary freezes (issue 50) -----------------------------------
+
+
+def test_a_frozen_primary_costs_the_other_primaries_no_renewal(tmp_path: Path) -> None:
+    """One cluster primary frozen (SIGSTOP) for twice the lock: the owners whose records are
+    on the healthy primaries keep their locks (each node's locks are renewed apart, within the
+    renewal's bound). With every lock renewed in turn, the frozen node's lock came first,
+    raised after the client's socket timeout, and no other lock was renewed: a duplicate ran
+    each healthy key again (issue 50's review: 6 of 6)."""
+    runs: dict[str, int] = {}
+    counting = threading.Lock()
+    release = threading.Event()
+
+    @idempotent_function(key="event_id", lock_timeout=3, payload=lambda event_id, wait: event_id)
+    def handle(event_id: str, wait: bool) -> str:
+        with counting:
+            runs[event_id] = runs.get(event_id, 0) + 1
+        if wait:
+            release.wait(30)
+        return event_id
+
+    cluster = private_cluster(tmp_path, "--cluster-require-full-coverage", "no")
+    with cluster as url, on_redis(url):
+        nodes = cluster_client(url)
+        scope = str(handle.idempotency_spec.identify(("e", False), {}).scope)
+        by_port: dict[int, list[str]] = {}
+        for n in range(300):
+            node = nodes.get_node_from_key(record_key(scope, hash_key(f"e{n}")))
+            by_port.setdefault(node.port, []).append(f"e{n}")
+        frozen, *healthy_ports = sorted(by_port)
+        healthy = [key for port in healthy_ports for key in by_port[port][:2]]
+        # The frozen node's owner claims first: its lock is the first one renewed.
+        owners = ThreadPoolExecutor(len(healthy) + 1)
+        done = [owners.submit(handle, by_port[frozen][0], True)]
+        while not runs:  # claimed
+            time.sleep(0.01)
+        done += [owners.submit(handle, key, True) for key in healthy]
+        while len(runs) < len(healthy) + 1:
+            time.sleep(0.01)
+        process = cluster.processes[frozen]
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            until = time.monotonic() + 7  # more than two locks
+            while time.monotonic() < until:
+                for key in healthy:
+                    with contextlib.suppress(IdempotencyInProgress, StoreUnavailable):
+                        handle(key, False)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        release.set()
+        for future in done:
+            with contextlib.suppress(Exception):
+                future.result(30)
+        owners.shutdown()
+    assert {key: runs[key] for key in healthy} == dict.fromkeys(healthy, 1)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
@@ -59,6 +60,18 @@ class StoredResponse:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sealed", sealing.seal(self.headers, self.body, self.owner))
+
+
+class RenewalShortfall(DatabaseError):
+    """A renewal that settled some of its locks but not all: a Redis Cluster's node that
+    failed, or did not answer within the renewal's bound, while the others did (issue 50).
+    ``held``: the locks renewed; ``answered``: every lock whose answer came (held or lost).
+    The renewer counts those, and tries the others again as after a failure."""
+
+    def __init__(self, message: str, held: set[int], answered: set[int]) -> None:
+        super().__init__(message)
+        self.held = held
+        self.answered = answered
 
 
 class FencedWrites(BoundStore):
@@ -205,7 +218,10 @@ class FencedWrites(BoundStore):
         return unlock() if bound is None else self.bounded(on, bound, unlock)
 
     def renew(
-        self, leases: Sequence[tuple[int, uuid.UUID | str]], lock_timeout: timedelta
+        self,
+        leases: Sequence[tuple[int, uuid.UUID | str]],
+        lock_timeout: timedelta,
+        bound: float | None = None,
     ) -> set[int]:
         """Push ``unlock_at`` of many claims' records forward in one fenced statement
         (:mod:`django_idempotency._call.heartbeat`); returns the primary keys still held.
@@ -214,6 +230,7 @@ class FencedWrites(BoundStore):
         so ``lock_token IN (...)`` cannot match one record with another's token), and it must
         still be ``processing``. When fewer rows match than were asked for (rare: a lock was
         lost), one ``SELECT`` says which: portable, where ``UPDATE ... RETURNING`` is not.
+        Within ``bound`` seconds (the renewer's; by default a statement's share of the lock).
         """
         connection = self.connection
         q = connection.ops.quote_name
@@ -241,7 +258,8 @@ class FencedWrites(BoundStore):
                 cursor.execute(f"SELECT {q('id')} FROM {table} WHERE {where}", params)
                 return {row[0] for row in cursor.fetchall()}
 
-        return self.bounded(connection, deadlines.bound(lock_timeout), renew)
+        seconds = deadlines.bound(lock_timeout) if bound is None else bound
+        return self.bounded(connection, seconds, renew)
 
     def release(
         self,
