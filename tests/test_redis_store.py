@@ -1434,3 +1434,59 @@ def test_a_frozen_primary_costs_the_other_primaries_no_renewal(tmp_path: Path) -
                 future.result(30)
         owners.shutdown()
     assert {key: runs[key] for key in healthy} == dict.fromkeys(healthy, 1)
+
+
+def test_a_long_locks_stuck_renewal_costs_a_short_lock_nothing(tmp_path: Path) -> None:
+    """One renewer thread renews a store's lock groups in turn: a 24 s lock's renewal on a
+    connection gone silent (a dropped NAT entry: the server is healthy) is given no more than
+    a share of the time left before the 2 s lock's end, and the 2 s lock's owner keeps its key.
+    With each try bounded by its own lock alone (24 s / 6: 4 s), the thread waited 4 s and a
+    duplicate took the 2 s lock over (issue 50's review: a 60 s and a 3 s lock, 10 s)."""
+    from tests.faults.proxy import FaultProxy
+
+    runs: dict[str, int] = {}
+    counting = threading.Lock()
+    release = threading.Event()
+
+    def body(key: str, wait: bool) -> str:
+        with counting:
+            runs[key] = runs.get(key, 0) + 1
+        if wait:
+            release.wait(60)
+        return key
+
+    def payload(key: str, wait: bool) -> str:
+        return key
+
+    slow = idempotent_function(key="key", lock_timeout=24, payload=payload)(body)
+    fast = idempotent_function(key="key", lock_timeout=2, payload=payload)(body)
+    server_port = free_port()
+    server = start_server(server_port, str(tmp_path))
+    proxy_port = free_port()
+    proxy = FaultProxy(proxy_port, server_port).start()
+    owners = ThreadPoolExecutor(2)
+    try:
+        with on_redis(f"redis://127.0.0.1:{proxy_port}/0"):
+            done = [owners.submit(slow, "report", True)]
+            while not runs:
+                time.sleep(0.01)
+            done.append(owners.submit(fast, "payment", True))
+            while len(runs) < 2:
+                time.sleep(0.01)
+            # The 24 s group's first renewal (8 s on) meets a connection silent for 6 s.
+            trigger = proxy.arm("reply", rb"\$8\r\n24000000\r\n", count=1, hold=6)
+            assert trigger.done.wait(20)
+            until = time.monotonic() + 6
+            while time.monotonic() < until:
+                with contextlib.suppress(IdempotencyInProgress):
+                    fast("payment", False)
+            release.set()
+            for future in done:
+                future.result(30)
+    finally:
+        release.set()
+        owners.shutdown()
+        proxy.stop()
+        server.kill()
+        server.wait()
+    assert runs == {"report": 1, "payment": 1}
