@@ -1490,3 +1490,38 @@ def test_a_long_locks_stuck_renewal_costs_a_short_lock_nothing(tmp_path: Path) -
         server.kill()
         server.wait()
     assert runs == {"report": 1, "payment": 1}
+
+
+def test_an_owner_knows_its_records_life_from_its_claim() -> None:
+    """The fencing pair ``(claim.life, claim.attempt)``: an owner whose record was lost (a
+    flush, an eviction, a failover) and made again by another claim keeps its own record's
+    life. Read when first used (HGET ``ca``), it was the new record's, and both owners showed
+    a downstream service the same pair (issue 50's review)."""
+    from django_idempotency import Claim
+
+    pairs: dict[str, tuple[int, int]] = {}
+    claimed, second_done = threading.Event(), threading.Event()
+
+    @idempotent_function(key="key", lock_timeout=10, payload=lambda key, who: key)
+    def charge(key: str, who: str, *, idempotency: Claim) -> str:
+        if who == "first":
+            claimed.set()
+            assert second_done.wait(10)
+        pairs[who] = (idempotency.life, idempotency.attempt)
+        return who
+
+    raw = client()
+    with on_redis(), ThreadPoolExecutor(1) as pool:
+        first = pool.submit(charge, "k", "first")
+        assert claimed.wait(10)
+        scope = str(charge.idempotency_spec.identify(("k", "first"), {}).scope)
+        record = record_key(scope, hash_key("k"), using(ALIAS).prefix)
+        life = int(raw.hget(record, "ca") or 0)
+        assert raw.delete(record) == 1  # lost
+        while int(raw.time()[0] * 1_000_000 + raw.time()[1]) <= life:
+            pass  # the server's clock moves on (microseconds)
+        assert charge("k", "second") == "second"
+        second_done.set()
+        first.result(10)
+    assert pairs["first"] == (life, 1)
+    assert pairs["second"][0] > life

@@ -728,9 +728,14 @@ class RedisStore:
         kind = reply[0]
         if kind == b"found":
             return self._record(identity, reply)
+        # The record's life (its ``ca``) from the claim's own reply, never read later: an
+        # owner whose record was lost and made again by another claim read the new record's
+        # life and presented its fencing pair as the new owner's (issue 50's review).
         attempt, point, data = 1, "", None
+        life: int | None = int(reply[1])
         if kind != b"new":
             attempt, point, data = int(reply[2]), _text(reply[3] or b""), _data(reply[4])
+            life = int(reply[5]) if len(reply) > 5 and reply[5] else None
         with self._lock:
             pk = next(self._numbers)
         self._records[pk] = (key, identity.scope, identity.key_hash)
@@ -744,6 +749,7 @@ class RedisStore:
             lock_timeout=lock_timeout,
             held_until=started + lock_timeout.total_seconds(),
             uncommitted=False,
+            life=life,
         )
 
     def _let_go(self, key: str, token: str, bound: float) -> None:
