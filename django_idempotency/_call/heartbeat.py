@@ -31,6 +31,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db import connections
 
@@ -242,7 +243,7 @@ class Renewer:
 
     def _renew(self, group: Group, leases: list[_Lease]) -> None:
         alias, lock_timeout = group
-        held: set[int] = set()
+        held: set[tuple[int, Any]] = set()
         answered: set[int] = set()
         fault: Exception | None = None
         since = time.monotonic()
@@ -274,13 +275,13 @@ class Renewer:
                 lease
                 for lease in leases
                 if lease.claim.pk in answered
-                and lease.claim.pk not in held
+                and (lease.claim.pk, lease.claim.token_text) not in held
                 and id(lease.claim) in self._leases
             ]
             for lease in lost:
                 del self._leases[id(lease.claim)]
         for lease in leases:
-            if lease.claim.pk in held:
+            if (lease.claim.pk, lease.claim.token_text) in held:
                 lease.claim.held_for(since)
         for lease in lost:
             _announce_lost(lease)

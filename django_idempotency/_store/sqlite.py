@@ -182,7 +182,7 @@ class SQLiteStore(Store):
         leases: Sequence[tuple[int, Any]],
         lock_timeout: timedelta,
         bound: float | None = None,
-    ) -> set[int]:
+    ) -> set[tuple[int, Any]]:
         renew = super().renew
         return self.waited_out(self.connection, lambda: renew(leases, lock_timeout, bound))
 

@@ -946,7 +946,7 @@ class RedisStore:
         leases: Sequence[tuple[int, Any]],
         lock_timeout: timedelta,
         bound: float | None = None,
-    ) -> set[int]:
+    ) -> set[tuple[int, Any]]:
         """Push the locks of many claims forward: one pipeline of fenced scripts (one round
         trip), or on a cluster each node's locks apart (:meth:`_renew_cluster`); within
         ``bound`` seconds (the renewer's; by default a statement's share of the lock)."""
@@ -974,11 +974,11 @@ class RedisStore:
             raise RedisFault(f"Redis store {self.display_name!r}: {exc}") from exc
         # A lock found lost keeps its record's entry: the owner's result write or release still
         # comes, and its script refuses it (a KeyError there was a crash instead, CI once).
-        return {pk for (pk, _), result in zip(known, results, strict=True) if result}
+        return {lease for lease, result in zip(known, results, strict=True) if result}
 
     def _renew_cluster(
         self, script: Any, known: list[tuple[int, Any]], lock: int, seconds: float
-    ) -> set[int]:
+    ) -> set[tuple[int, Any]]:
         """A cluster's renewal: each node's locks on a thread of their own, one call per lock
         (routed to its record's slot), all within ``seconds``. With one call for every lock in
         turn, the first lock on a frozen or dead primary raised (or waited the client's socket
@@ -1027,7 +1027,7 @@ class RedisStore:
         with guard:  # what came in time: a late answer is not counted
             answered = dict(answers)
             faults = list(errors)
-        held = {pk for pk, result in answered.items() if result}
+        held = {(pk, token) for pk, token in known if answered.get(pk)}
         if len(answered) < len(known):
             alive = zip(by_node, threads, strict=True)
             slow = [name for name, thread in alive if thread.is_alive()]
