@@ -563,3 +563,30 @@ def test_short_attempts_do_not_wake_the_renewer_thread(
     # lingers and exits; wake it so the fixture sees it go.
     with condition:
         condition.notify()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_owner_and_its_taker_in_one_process_are_told_apart() -> None:
+    """A stale owner and the claim that took its record over, in one process, share the
+    record's id: the renewal counts a lease held only when its own (id, token) pair is on the
+    row. Matched as two lists (``id IN (...) AND lock_token IN (...)``), both came back held,
+    and the stale owner was never told its lock was lost (issue 50's review)."""
+    from datetime import timedelta
+
+    from django_idempotency.testing import stale_key
+
+    @idempotent_function(key="key", lock_timeout=10)
+    def hold(key: str, *, idempotency: Claim) -> str:
+        taker.append(idempotency)
+        renewer = heartbeat.Renewer()
+        leases = [heartbeat._Lease(stale, None), heartbeat._Lease(idempotency, None)]
+        renewer._leases = {id(lease.claim): lease for lease in leases}
+        renewer._renew(("default", timedelta(seconds=10)), leases)
+        return "done"
+
+    taker: list[Claim] = []
+    stale = stale_key("k", hold, "k")
+    assert hold("k") == "done"
+    assert taker[0].pk == stale.pk and taker[0].attempt == 2
+    assert stale.lock_lost
+    assert not taker[0].lock_lost

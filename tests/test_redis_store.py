@@ -36,6 +36,7 @@ from django.test import override_settings
 
 from django_idempotency import (
     IdempotencyInProgress,
+    StoreUnavailable,
     erase_scope,
     idempotent,
     idempotent_function,
@@ -1445,3 +1446,151 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
     assert duplicates, "no duplicate was sent"
     assert all(isinstance(each, IdempotencyInProgress) for each in duplicates), duplicates
     assert runs == ["k"]
+
+
+# --- renewal on a cluster whose primary freezes (issue 50) -----------------------------------
+
+
+def test_a_frozen_primary_costs_the_other_primaries_no_renewal(tmp_path: Path) -> None:
+    """One cluster primary frozen (SIGSTOP) for twice the lock: the owners whose records are
+    on the healthy primaries keep their locks (each node's locks are renewed apart, within the
+    renewal's bound). With every lock renewed in turn, the frozen node's lock came first,
+    raised after the client's socket timeout, and no other lock was renewed: a duplicate ran
+    each healthy key again (issue 50's review: 6 of 6)."""
+    runs: dict[str, int] = {}
+    counting = threading.Lock()
+    release = threading.Event()
+
+    @idempotent_function(key="event_id", lock_timeout=3, payload=lambda event_id, wait: event_id)
+    def handle(event_id: str, wait: bool) -> str:
+        with counting:
+            runs[event_id] = runs.get(event_id, 0) + 1
+        if wait:
+            release.wait(30)
+        return event_id
+
+    cluster = private_cluster(tmp_path, "--cluster-require-full-coverage", "no")
+    with cluster as url, on_redis(url):
+        nodes = cluster_client(url)
+        scope = str(handle.idempotency_spec.identify(("e", False), {}).scope)
+        by_port: dict[int, list[str]] = {}
+        for n in range(300):
+            node = nodes.get_node_from_key(record_key(scope, hash_key(f"e{n}")))
+            by_port.setdefault(node.port, []).append(f"e{n}")
+        frozen, *healthy_ports = sorted(by_port)
+        healthy = [key for port in healthy_ports for key in by_port[port][:2]]
+        # The frozen node's owner claims first: its lock is the first one renewed.
+        owners = ThreadPoolExecutor(len(healthy) + 1)
+        done = [owners.submit(handle, by_port[frozen][0], True)]
+        while not runs:  # claimed
+            time.sleep(0.01)
+        done += [owners.submit(handle, key, True) for key in healthy]
+        while len(runs) < len(healthy) + 1:
+            time.sleep(0.01)
+        process = cluster.processes[frozen]
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            until = time.monotonic() + 7  # more than two locks
+            while time.monotonic() < until:
+                for key in healthy:
+                    with contextlib.suppress(IdempotencyInProgress, StoreUnavailable):
+                        handle(key, False)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        release.set()
+        for future in done:
+            with contextlib.suppress(Exception):
+                future.result(30)
+        owners.shutdown()
+    assert {key: runs[key] for key in healthy} == dict.fromkeys(healthy, 1)
+
+
+def test_a_long_locks_stuck_renewal_costs_a_short_lock_nothing(tmp_path: Path) -> None:
+    """One renewer thread renews a store's lock groups in turn: a 24 s lock's renewal on a
+    connection gone silent (a dropped NAT entry: the server is healthy) is given no more than
+    a share of the time left before the 2 s lock's end, and the 2 s lock's owner keeps its key.
+    With each try bounded by its own lock alone (24 s / 6: 4 s), the thread waited 4 s and a
+    duplicate took the 2 s lock over (issue 50's review: a 60 s and a 3 s lock, 10 s)."""
+    from tests.faults.proxy import FaultProxy
+
+    runs: dict[str, int] = {}
+    counting = threading.Lock()
+    release = threading.Event()
+
+    def body(key: str, wait: bool) -> str:
+        with counting:
+            runs[key] = runs.get(key, 0) + 1
+        if wait:
+            release.wait(60)
+        return key
+
+    def payload(key: str, wait: bool) -> str:
+        return key
+
+    slow = idempotent_function(key="key", lock_timeout=24, payload=payload)(body)
+    fast = idempotent_function(key="key", lock_timeout=2, payload=payload)(body)
+    server_port = free_port()
+    server = start_server(server_port, str(tmp_path))
+    proxy_port = free_port()
+    proxy = FaultProxy(proxy_port, server_port).start()
+    owners = ThreadPoolExecutor(2)
+    try:
+        with on_redis(f"redis://127.0.0.1:{proxy_port}/0"):
+            done = [owners.submit(slow, "report", True)]
+            while not runs:
+                time.sleep(0.01)
+            done.append(owners.submit(fast, "payment", True))
+            while len(runs) < 2:
+                time.sleep(0.01)
+            # The 24 s group's first renewal (8 s on) meets a connection silent for 6 s.
+            trigger = proxy.arm("reply", rb"\$8\r\n24000000\r\n", count=1, hold=6)
+            assert trigger.done.wait(20)
+            until = time.monotonic() + 6
+            while time.monotonic() < until:
+                with contextlib.suppress(IdempotencyInProgress):
+                    fast("payment", False)
+            release.set()
+            for future in done:
+                future.result(30)
+    finally:
+        release.set()
+        owners.shutdown()
+        proxy.stop()
+        server.kill()
+        server.wait()
+    assert runs == {"report": 1, "payment": 1}
+
+
+def test_an_owner_knows_its_records_life_from_its_claim() -> None:
+    """The fencing pair ``(claim.life, claim.attempt)``: an owner whose record was lost (a
+    flush, an eviction, a failover) and made again by another claim keeps its own record's
+    life. Read when first used (HGET ``ca``), it was the new record's, and both owners showed
+    a downstream service the same pair (issue 50's review)."""
+    from django_idempotency import Claim
+
+    pairs: dict[str, tuple[int, int]] = {}
+    claimed, second_done = threading.Event(), threading.Event()
+
+    @idempotent_function(key="key", lock_timeout=10, payload=lambda key, who: key)
+    def charge(key: str, who: str, *, idempotency: Claim) -> str:
+        if who == "first":
+            claimed.set()
+            assert second_done.wait(10)
+        pairs[who] = (idempotency.life, idempotency.attempt)
+        return who
+
+    raw = client()
+    with on_redis(), ThreadPoolExecutor(1) as pool:
+        first = pool.submit(charge, "k", "first")
+        assert claimed.wait(10)
+        scope = str(charge.idempotency_spec.identify(("k", "first"), {}).scope)
+        record = record_key(scope, hash_key("k"), using(ALIAS).prefix)
+        life = int(raw.hget(record, "ca") or 0)
+        assert raw.delete(record) == 1  # lost
+        while int(raw.time()[0] * 1_000_000 + raw.time()[1]) <= life:
+            pass  # the server's clock moves on (microseconds)
+        assert charge("k", "second") == "second"
+        second_done.set()
+        first.result(10)
+    assert pairs["first"] == (life, 1)
+    assert pairs["second"][0] > life

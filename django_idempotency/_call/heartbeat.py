@@ -31,6 +31,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db import connections
 
@@ -39,6 +40,8 @@ from django_idempotency._base import signals
 from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._conf.values import display_name
+from django_idempotency._store import deadlines
+from django_idempotency._store.writes import RenewalShortfall
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
@@ -95,6 +98,22 @@ def retry_wait(failures: int, lock_timeout: timedelta, left: float) -> float:
     """
     backoff: float = min(FIRST_RETRY * 2 ** (failures - 1), interval(lock_timeout), LAST_RETRY)
     return max(PROBE, min(backoff, abs(left) * LOCK_SHARE))
+
+
+def renewal_bound(lock_timeout: timedelta, held_until: list[float], now: float) -> float:
+    """Seconds one renewal try of a ``lock_timeout`` group may take: a statement's share of
+    its own lock (:func:`.deadlines.bound`), and no more than :data:`LOCK_SHARE` of the time
+    left before the earliest end (``held_until``) of any live lock the renewer holds, every
+    group's (never less than :data:`PROBE`). One thread renews a store's groups in turn: a
+    60 s lock's renewal on a silent connection held it for its own bound, 10 s, and a 3 s
+    lock's owner on the same healthy server was taken over (issue 50). Locks already past
+    their end are not counted: a try cannot save them, and they would starve the others'.
+    """
+    ahead = [end - now for end in held_until if end > now]
+    own = deadlines.bound(lock_timeout)
+    if not ahead:
+        return own
+    return min(own, max(PROBE, LOCK_SHARE * min(ahead)))
 
 
 @dataclass(eq=False)
@@ -224,34 +243,51 @@ class Renewer:
 
     def _renew(self, group: Group, leases: list[_Lease]) -> None:
         alias, lock_timeout = group
-        held: set[int] = set()
+        held: set[tuple[int, Any]] = set()
+        answered: set[int] = set()
+        fault: Exception | None = None
         since = time.monotonic()
         with self._cond:
             self._connected = True
+            seconds = renewal_bound(
+                lock_timeout, [lease.claim.held_until for lease in self._leases.values()], since
+            )
         try:
             for start in range(0, len(leases), BATCH):
                 batch = leases[start : start + BATCH]
                 pairs = [(lease.claim.pk, lease.claim.token_text) for lease in batch]
-                held |= store.using(alias).renew(pairs, lock_timeout)
+                try:
+                    held |= store.using(alias).renew(pairs, lock_timeout, seconds)
+                except RenewalShortfall as exc:  # some locks settled (a cluster's node failed)
+                    held |= exc.held
+                    answered |= exc.answered
+                    fault = exc
+                else:
+                    answered |= {pk for pk, _ in pairs}
         except Exception as exc:  # never let a database error end the thread
-            self._retry(group, leases, exc)
-            return
+            fault = exc
         with self._cond:
-            self._failures.pop(group, None)
+            if fault is None:
+                self._failures.pop(group, None)
             # A lease stopped meanwhile is not lost: its attempt stopped renewal before its
             # final write, which may be what the renewal missed.
             lost = [
                 lease
                 for lease in leases
-                if lease.claim.pk not in held and id(lease.claim) in self._leases
+                if lease.claim.pk in answered
+                and (lease.claim.pk, lease.claim.token_text) not in held
+                and id(lease.claim) in self._leases
             ]
             for lease in lost:
                 del self._leases[id(lease.claim)]
         for lease in leases:
-            if lease.claim.pk in held:
+            if (lease.claim.pk, lease.claim.token_text) in held:
                 lease.claim.held_for(since)
         for lease in lost:
             _announce_lost(lease)
+        if fault is not None:
+            unsettled = [lease for lease in leases if lease.claim.pk not in answered]
+            self._retry(group, unsettled or leases, fault)
 
     def _retry(self, group: Group, leases: list[_Lease], exc: Exception) -> None:
         """Retry sooner than the interval, doubling the wait, and sooner still as the lock's

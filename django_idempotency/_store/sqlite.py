@@ -177,9 +177,14 @@ class SQLiteStore(Store):
         peek = super().peek_status
         return self.waited_out(self.connection, lambda: peek(scope, key_hash, bound))
 
-    def renew(self, leases: Sequence[tuple[int, Any]], lock_timeout: timedelta) -> set[int]:
+    def renew(
+        self,
+        leases: Sequence[tuple[int, Any]],
+        lock_timeout: timedelta,
+        bound: float | None = None,
+    ) -> set[tuple[int, Any]]:
         renew = super().renew
-        return self.waited_out(self.connection, lambda: renew(leases, lock_timeout))
+        return self.waited_out(self.connection, lambda: renew(leases, lock_timeout, bound))
 
     def _fenced(
         self,

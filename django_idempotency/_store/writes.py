@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
@@ -59,6 +60,28 @@ class StoredResponse:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sealed", sealing.seal(self.headers, self.body, self.owner))
+
+
+def _token(value: Any) -> str:
+    """A lock token as one text, however a backend reads it back (a ``UUID``, its hex, its
+    dashed text)."""
+    try:
+        return uuid.UUID(str(value)).hex
+    except ValueError:
+        return str(value)
+
+
+class RenewalShortfall(DatabaseError):
+    """A renewal that settled some of its locks but not all: a Redis Cluster's node that
+    failed, or did not answer within the renewal's bound, while the others did (issue 50).
+    ``held``: the locks renewed (primary key, token); ``answered``: every lock (primary key)
+    whose answer came (held or lost).
+    The renewer counts those, and tries the others again as after a failure."""
+
+    def __init__(self, message: str, held: set[tuple[int, Any]], answered: set[int]) -> None:
+        super().__init__(message)
+        self.held = held
+        self.answered = answered
 
 
 class FencedWrites(BoundStore):
@@ -205,15 +228,23 @@ class FencedWrites(BoundStore):
         return unlock() if bound is None else self.bounded(on, bound, unlock)
 
     def renew(
-        self, leases: Sequence[tuple[int, uuid.UUID | str]], lock_timeout: timedelta
-    ) -> set[int]:
+        self,
+        leases: Sequence[tuple[int, uuid.UUID | str]],
+        lock_timeout: timedelta,
+        bound: float | None = None,
+    ) -> set[tuple[int, Any]]:
         """Push ``unlock_at`` of many claims' records forward in one fenced statement
-        (:mod:`django_idempotency._call.heartbeat`); returns the primary keys still held.
+        (:mod:`django_idempotency._call.heartbeat`); returns the leases (primary key, token)
+        still held.
 
         Every record's own lock token must still be on it (tokens are fresh for every claim,
         so ``lock_token IN (...)`` cannot match one record with another's token), and it must
         still be ``processing``. When fewer rows match than were asked for (rare: a lock was
-        lost), one ``SELECT`` says which: portable, where ``UPDATE ... RETURNING`` is not.
+        lost), one ``SELECT`` of the held rows' ids and tokens says which: portable, where
+        ``UPDATE ... RETURNING`` is not. A lease is held only when its own pair is on a row: a
+        stale owner and the claim that took its record over, in one process, share the
+        record's id, and matching ids alone kept both (issue 50's review).
+        Within ``bound`` seconds (the renewer's; by default a statement's share of the lock).
         """
         connection = self.connection
         q = connection.ops.quote_name
@@ -230,18 +261,22 @@ class FencedWrites(BoundStore):
         expires_at = later_of("expires_at", "%s", q)
         sets = f"{q('unlock_at')} = %s, {q('expires_at')} = {expires_at}"
 
-        def renew() -> set[int]:
+        def renew() -> set[tuple[int, Any]]:
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {table} SET {sets} WHERE {where}",
                     [unlock_at, unlock_at, unlock_at, *params],
                 )
                 if cursor.rowcount == len(leases):
-                    return {pk for pk, _ in leases}
-                cursor.execute(f"SELECT {q('id')} FROM {table} WHERE {where}", params)
-                return {row[0] for row in cursor.fetchall()}
+                    return set(leases)
+                cursor.execute(
+                    f"SELECT {q('id')}, {q('lock_token')} FROM {table} WHERE {where}", params
+                )
+                rows = {(row[0], _token(row[1])) for row in cursor.fetchall()}
+            return {(pk, token) for pk, token in leases if (pk, _token(token)) in rows}
 
-        return self.bounded(connection, deadlines.bound(lock_timeout), renew)
+        seconds = deadlines.bound(lock_timeout) if bound is None else bound
+        return self.bounded(connection, seconds, renew)
 
     def release(
         self,

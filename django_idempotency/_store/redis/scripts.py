@@ -58,7 +58,7 @@ if not r[1] then
 end
 if r[3] == ARGV[1] then
   if r[1] == 'processing' then
-    return {'own', now, r[5], r[6], r[7]}
+    return {'own', now, r[5], r[6], r[7], r[14]}
   end
 end
 if r[1] == 'processing' and r[2] == ARGV[2] and r[4] and tonumber(r[4]) <= now then
@@ -66,7 +66,7 @@ if r[1] == 'processing' and r[2] == ARGV[2] and r[4] and tonumber(r[4]) <= now t
   redis.call('HSET', key, 'tok', ARGV[1], 'att', attempt, 'ua', now + tonumber(ARGV[5]),
              'up', now)
   hold(key, now + tonumber(ARGV[5]))
-  return {'takeover', now, attempt, r[6], r[7]}
+  return {'takeover', now, attempt, r[6], r[7], r[14]}
 end
 -- (a field absent is false in r: no hole for unpack)
 return {'found', now, unpack(r)}

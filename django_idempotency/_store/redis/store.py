@@ -44,7 +44,7 @@ from django_idempotency._store import deadlines
 from django_idempotency._store.claims import Lock, new_token
 from django_idempotency._store.redis import scripts
 from django_idempotency._store.rows import ATTNAMES, EPOCH, Record, _Converters
-from django_idempotency._store.writes import COMPLETED, FAILED, StoredResponse
+from django_idempotency._store.writes import COMPLETED, FAILED, RenewalShortfall, StoredResponse
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
@@ -66,6 +66,8 @@ SENTINEL = ("redis+sentinel://", "rediss+sentinel://")
 CLUSTER = ("redis+cluster://", "rediss+cluster://")
 #: The least time one try of a call is given (seconds): its bound's last moments.
 _LEAST_TRY = 0.05
+#: The name of the threads that renew a cluster node's locks (:meth:`RedisStore._renew_cluster`).
+THREAD_PREFIX = "django-idempotency-renew-"
 #: How many times a claim is sent when it meets a fault (its reply lost: the second finds the
 #: first's record by its token).
 _CLAIM_TRIES = 2
@@ -329,6 +331,8 @@ class RedisStore:
         #: are not to be kept (a cluster, Sentinel's, a blocking or caching pool).
         self._pool: Any = None
         self._idle: list[Any] = []
+        #: A cluster's renewal connections, each node's own (:meth:`_renew_cluster`).
+        self._node_idle: dict[str, list[Any]] = {}
         self._pid = os.getpid()
         #: The records of this process's live claims: pk -> (Redis key, scope, key hash).
         self._records: dict[int, tuple[str, str, str]] = {}
@@ -578,7 +582,13 @@ class RedisStore:
             return ("WAITAOF", 0, replicas, milliseconds)
         return ("WAIT", replicas, milliseconds)
 
-    def _exchange(self, commands: list[tuple[Any, ...]], seconds: float, name: str) -> list[Any]:
+    def _exchange(
+        self,
+        commands: list[tuple[Any, ...]],
+        seconds: float,
+        name: str,
+        node: tuple[str, Any] | None = None,
+    ) -> list[Any]:
         """Send ``commands`` in one write on a connection of the store's own and read their
         replies (a server's refusal is its command's reply, an exception in the list), all
         within ``seconds``: the connection's socket timeout is set for this exchange, and a
@@ -592,14 +602,19 @@ class RedisStore:
         observability hooks cost a replay 11 µs, a tenth of our Python around the Redis call),
         so the cache's own connections keep the timeouts their settings give them. A
         connection that met anything but a server's replies is closed, with every idle one (a
-        restart or a cut killed them too): the next exchange makes a new one."""
+        restart or a cut killed them too): the next exchange makes a new one.
+
+        ``node``: a cluster node's name and pool, whose connections are kept apart."""
         import redis
 
-        pool = self._pool
-        idle = self._idle
         if self._pid != os.getpid():  # a forked child: its parent's sockets are not its own
-            idle = self._idle = []
+            self._idle = []
+            self._node_idle = {}
             self._pid = os.getpid()
+        if node is None:
+            pool, idle = self._pool, self._idle
+        else:
+            pool, idle = node[1], self._node_idle.setdefault(node[0], [])
         try:
             connection = idle.pop()
         except IndexError:
@@ -625,7 +640,7 @@ class RedisStore:
                 except redis.ResponseError as exc:  # the server's reply, read whole
                     replies.append(exc)
         except BaseException as exc:
-            self._drop(connection)
+            self._drop(connection, idle)
             if isinstance(exc, Exception) and not isinstance(exc, redis.RedisError):
                 raise _connection_fault(name, exc) from exc
             raise
@@ -662,9 +677,9 @@ class RedisStore:
             _check_wait(name, wait, acknowledged)
         return reply
 
-    def _drop(self, connection: Any) -> None:
-        """A connection that failed, and every idle one, closed."""
-        idle, dropped = self._idle, [connection]
+    def _drop(self, connection: Any, idle: list[Any] | None = None) -> None:
+        """A connection that failed, and every idle one (of its server), closed."""
+        idle, dropped = self._idle if idle is None else idle, [connection]
         while idle:
             try:
                 dropped.append(idle.pop())
@@ -713,9 +728,14 @@ class RedisStore:
         kind = reply[0]
         if kind == b"found":
             return self._record(identity, reply)
+        # The record's life (its ``ca``) from the claim's own reply, never read later: an
+        # owner whose record was lost and made again by another claim read the new record's
+        # life and presented its fencing pair as the new owner's (issue 50's review).
         attempt, point, data = 1, "", None
+        life: int | None = int(reply[1])
         if kind != b"new":
             attempt, point, data = int(reply[2]), _text(reply[3] or b""), _data(reply[4])
+            life = int(reply[5]) if len(reply) > 5 and reply[5] else None
         with self._lock:
             pk = next(self._numbers)
         self._records[pk] = (key, identity.scope, identity.key_hash)
@@ -729,6 +749,7 @@ class RedisStore:
             lock_timeout=lock_timeout,
             held_until=started + lock_timeout.total_seconds(),
             uncommitted=False,
+            life=life,
         )
 
     def _let_go(self, key: str, token: str, bound: float) -> None:
@@ -920,28 +941,30 @@ class RedisStore:
         finally:
             self._records.pop(pk, None)
 
-    def renew(self, leases: Sequence[tuple[int, Any]], lock_timeout: timedelta) -> set[int]:
+    def renew(
+        self,
+        leases: Sequence[tuple[int, Any]],
+        lock_timeout: timedelta,
+        bound: float | None = None,
+    ) -> set[tuple[int, Any]]:
         """Push the locks of many claims forward: one pipeline of fenced scripts (one round
-        trip), or on a cluster one script each (routed to its record's slot)."""
+        trip), or on a cluster each node's locks apart (:meth:`_renew_cluster`); within
+        ``bound`` seconds (the renewer's; by default a statement's share of the lock)."""
 
         known = [(pk, token) for pk, token in leases if pk in self._records]
         if not known:
             return set()
         lock = _us(lock_timeout)
+        seconds = deadlines.bound(lock_timeout) if bound is None else bound
         try:
             script = self._script("RENEW")
             if self._pool is not None:
                 # One write and its replies, on a connection of the store's own, within a
                 # statement's share of the lock: a frozen server held the renewal for the
                 # client's socket timeout, or for good.
-                results = self._renew_bounded(script, known, lock, deadlines.bound(lock_timeout))
+                results = self._renew_bounded(script, known, lock, seconds)
             elif self._cluster:
-                # One call per lock, each routed to its record's node: a cluster's pipeline
-                # loads no script (redis-py 8) or refuses EVALSHA (redis-py 5), and a script
-                # called alone is loaded on the node that lacks it.
-                results = [
-                    script(keys=[self._key(pk)], args=[str(token), lock]) for pk, token in known
-                ]
+                return self._renew_cluster(script, known, lock, seconds)
             else:
                 pipe = self.client.pipeline(transaction=False)
                 for pk, token in known:
@@ -951,24 +974,100 @@ class RedisStore:
             raise RedisFault(f"Redis store {self.display_name!r}: {exc}") from exc
         # A lock found lost keeps its record's entry: the owner's result write or release still
         # comes, and its script refuses it (a KeyError there was a crash instead, CI once).
-        return {pk for (pk, _), result in zip(known, results, strict=True) if result}
+        return {lease for lease, result in zip(known, results, strict=True) if result}
+
+    def _renew_cluster(
+        self, script: Any, known: list[tuple[int, Any]], lock: int, seconds: float
+    ) -> set[tuple[int, Any]]:
+        """A cluster's renewal: each node's locks on a thread of their own, one call per lock
+        (routed to its record's slot), all within ``seconds``. With one call for every lock in
+        turn, the first lock on a frozen or dead primary raised (or waited the client's socket
+        timeout) and no lock on the healthy primaries was renewed: their owners were taken
+        over (issue 50: 6 of 6 keys ran twice). A node that fails or does not answer in time
+        costs its own locks' renewal alone: :class:`RenewalShortfall` says which locks were
+        settled, and the renewer tries the others again; a thread still waiting on a frozen
+        node is left to its socket's timeout (its late answer is not counted).
+
+        Each node's calls go on a connection of the store's own to that node, made from the
+        node's pool's settings, its socket timeout the renewal's bound (:meth:`_exchange`), not
+        through the cluster's client: after one node's timeout, the client's next command, on
+        any node, refreshed the topology from the frozen node first and waited its socket
+        timeout there, so the healthy nodes' renewals missed their bound too."""
+        by_node: dict[str, list[tuple[int, Any]]] = {}
+        for pk, token in known:
+            node = self.client.get_node_from_key(self._key(pk))
+            by_node.setdefault(node.name, []).append((pk, token))
+        answers: dict[int, bool] = {}
+        errors: list[str] = []
+        guard = threading.Lock()
+
+        def renew_node(name: str, locks: list[tuple[int, Any]]) -> None:
+            try:
+                server = self.client.get_redis_connection(self.client.get_node(node_name=name))
+                place = (name, server.connection_pool)
+                replies = self._renew_bounded(script, locks, lock, seconds, place)
+                with guard:
+                    for (pk, _), reply in zip(locks, replies, strict=True):
+                        answers[pk] = bool(reply)
+            except Exception as exc:  # this node's fault: the other nodes' locks go on
+                with guard:
+                    errors.append(f"{name}: {type(exc).__name__}: {exc}")
+
+        deadline = time.monotonic() + seconds
+        threads = [
+            threading.Thread(
+                target=renew_node, args=(name, locks), name=f"{THREAD_PREFIX}{name}", daemon=True
+            )
+            for name, locks in by_node.items()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0))
+        with guard:  # what came in time: a late answer is not counted
+            answered = dict(answers)
+            faults = list(errors)
+        held = {(pk, token) for pk, token in known if answered.get(pk)}
+        if len(answered) < len(known):
+            alive = zip(by_node, threads, strict=True)
+            slow = [name for name, thread in alive if thread.is_alive()]
+            why = faults + [f"{name}: no answer within {seconds:.2g}s" for name in slow]
+            raise RenewalShortfall(
+                f"Redis store {self.display_name!r}: {len(known) - len(answered)} of "
+                f"{len(known)} lock(s) not renewed ({'; '.join(why)})",
+                held,
+                set(answered),
+            )
+        return held
 
     def _renew_bounded(
-        self, script: Any, known: list[tuple[int, Any]], lock: int, seconds: float
+        self,
+        script: Any,
+        known: list[tuple[int, Any]],
+        lock: int,
+        seconds: float,
+        node: tuple[str, Any] | None = None,
     ) -> list[Any]:
+        """The renewal's scripts on a connection of the store's own (a cluster ``node``'s),
+        within ``seconds``; a script the server lacks is loaded there (not through a cluster's
+        client, which loads it on every primary, a frozen one too)."""
         import redis
 
         deadline = time.monotonic() + seconds
         commands = [
             ("EVALSHA", script.sha, 1, self._key(pk), str(token), lock) for pk, token in known
         ]
-        replies = self._exchange(commands, seconds, "RENEW")
+        replies = self._exchange(commands, seconds, "RENEW", node)
         if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
             left = max(deadline - time.monotonic(), _LEAST_TRY)
-            self._exchange([("SCRIPT", "LOAD", script.script)], left, "RENEW")
+            self._exchange([("SCRIPT", "LOAD", script.script)], left, "RENEW", node)
             left = max(deadline - time.monotonic(), _LEAST_TRY)
-            replies = self._exchange(commands, left, "RENEW")
-        for reply in replies:
+            replies = self._exchange(commands, left, "RENEW", node)
+        for index, reply in enumerate(replies):
+            if node is not None and str(reply).startswith(("MOVED", "ASK")):
+                # A slot moved: through the cluster's client, which follows it.
+                pk, token = known[index]
+                reply = replies[index] = script(keys=[self._key(pk)], args=[str(token), lock])
             if isinstance(reply, Exception):
                 raise reply
             if not _understood("RENEW", reply):
