@@ -240,7 +240,12 @@ def operation_list_operation(problem: dict[str, Any]) -> dict[str, Any]:
     content = {_problems.CONTENT_TYPE: {"schema": problem}}
     query = [
         ("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size (default 20)."),
-        ("before", {"type": "integer", "minimum": 1}, "From the last page's next."),
+        # A record's primary key: a 64-bit integer (the endpoint refuses one past it).
+        (
+            "before",
+            {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+            "From the last page's next.",
+        ),
         ("state", OPERATION_SCHEMA["properties"]["state"], "Only operations in this state."),
     ]
     return {
