@@ -181,10 +181,16 @@ def narrow_store(policy: Policy) -> ImproperlyConfigured | None:
     if connection.vendor != "mysql":
         return None
     from django_idempotency._conf.settings import words
-    from django_idempotency._store import charsets
+    from django_idempotency._store import charsets, deadlines, using
 
     try:
-        found = charsets.known_narrow(connection)
+        # Bounded as the app's statements are, and by the least of their deadlines: on a
+        # silenced connection it gives up within a second (asked again next time), and the
+        # claim meets the fault within its own bound (unbounded, a blackholed MariaDB
+        # connection held the request past 26 s).
+        found = using(policy.alias).bounded(
+            connection, deadlines.LEAST, lambda: charsets.known_narrow(connection)
+        )
     except DatabaseError:
         return None
     if found is None:
