@@ -121,18 +121,15 @@ class Command(arguments.Command):
             return
         if rows:
             self._table(rows)
-        count = len(rows)
-        noun = f"stale idempotency record{'' if count == 1 else 's'}"
-        if not verb:
-            self.stdout.write(f"{count} {noun}.")
-        elif dry_run:
-            self.stdout.write(f"Would {verb} {count} {noun} (dry run: nothing changed).")
-        else:
-            done_verb = "Released" if release else "Marked as failed"
-            message = f"{done_verb} {done} of {count} {noun}."
-            if done < count:
-                message += f" {count - done} were resolved meanwhile and left alone."
-            self.stdout.write(self.style.SUCCESS(message))
+        self._summary(
+            len(rows),
+            "stale idempotency record",
+            verb,
+            "Released" if release else "Marked as failed",
+            done,
+            "resolved",
+            dry_run=dry_run,
+        )
         for note in store_checks.redis_notes(
             "a stale record there is taken over by the key's next request (it is not listed)"
         ):
@@ -201,17 +198,15 @@ class Command(arguments.Command):
                 for row in rows
             ]
             self._lines(columns, table)
-        count = len(rows)
-        noun = f"stuck operation{'' if count == 1 else 's'}"
-        if not fail:
-            self.stdout.write(f"{count} {noun}.")
-        elif dry_run:
-            self.stdout.write(f"Would fail {count} {noun} (dry run: nothing changed).")
-        else:
-            message = f"Failed {done} of {count} {noun}."
-            if done < count:
-                message += f" {count - done} were completed meanwhile and left alone."
-            self.stdout.write(self.style.SUCCESS(message))
+        self._summary(
+            len(rows),
+            "stuck operation",
+            "fail" if fail else "",
+            "Failed",
+            done,
+            "completed",
+            dry_run=dry_run,
+        )
 
     def _lines(self, columns: list[str], table: list[list[str]]) -> None:
         widths = [max(len(line[i]) for line in [columns, *table]) for i in range(len(columns))]
@@ -219,6 +214,30 @@ class Command(arguments.Command):
             self.stdout.write(
                 "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
             )
+
+    def _summary(
+        self,
+        count: int,
+        noun: str,
+        verb: str,
+        done_verb: str,
+        done: int,
+        meanwhile: str,
+        *,
+        dry_run: bool,
+    ) -> None:
+        """The closing line: how many were found, would be or were acted on (``verb``; none:
+        only listed), and how many were ``meanwhile`` settled by someone else."""
+        noun += "" if count == 1 else "s"
+        if not verb:
+            self.stdout.write(f"{count} {noun}.")
+        elif dry_run:
+            self.stdout.write(f"Would {verb} {count} {noun} (dry run: nothing changed).")
+        else:
+            message = f"{done_verb} {done} of {count} {noun}."
+            if done < count:
+                message += f" {count - done} were {meanwhile} meanwhile and left alone."
+            self.stdout.write(self.style.SUCCESS(message))
 
     def _table(self, rows: list[dict[str, Any]]) -> None:
         columns = ["scope", "key", "method", "path", "age", "stale for", "attempt"]
