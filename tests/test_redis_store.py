@@ -50,6 +50,7 @@ from django_idempotency._store.limits import bounded_scope
 from django_idempotency._store.redis.store import cluster_client, record_key
 from django_idempotency.testing import concurrently, stale_key
 from tests.conftest import flush_redis
+from tests.held import assert_held_off
 from tests.redis_servers import free_port, private_cluster, start_server
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
@@ -1163,9 +1164,7 @@ def test_a_frozen_redis_store_never_costs_the_database_store_its_locks() -> None
             process.send_signal(signal.SIGCONT)
             pool.shutdown(wait=True)
         assert owner.result() == 1
-        assert duplicates and all(isinstance(d, IdempotencyInProgress) for d in duplicates), (
-            duplicates
-        )
+        assert_held_off(duplicates, 1)
         assert runs == ["payment"]
         with contextlib.suppress(Exception):  # its lock may be lost to the freeze: its own
             frozen_redis.result()
@@ -1443,8 +1442,7 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
         finally:
             proxy.stop()
     assert result == "k"
-    assert duplicates, "no duplicate was sent"
-    assert all(isinstance(each, IdempotencyInProgress) for each in duplicates), duplicates
+    assert_held_off(duplicates, "k")
     assert runs == ["k"]
 
 
