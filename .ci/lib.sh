@@ -33,7 +33,9 @@ ci_bare_venv() {
 ci_venv() {
   local start=$SECONDS
   ci_bare_venv "$1" "$CI_LEG"
-  python -m pip install --quiet -e ".[$3]" "$2"
+  # An editable install writes the package's metadata into the checkout: one leg at a time, for
+  # legs that run side by side (.ci/run's leg_aside).
+  flock "$CI_TMP/editable.lock" python -m pip install --quiet -e ".[$3]" "$2"
   echo "$(python --version), Django $(python -m django --version), in $VIRTUAL_ENV"
   printf '%s\t%s\t%s\n' "$CI_LEG" "venv ($(python --version), Django $(python -m django --version))" \
     "ready in $((SECONDS - start)) s" >>"$CI_RESULTS"
@@ -50,7 +52,7 @@ ci_test_db() {
 ci_pytest() {
   local label=$1 log status=0
   shift
-  log="$CI_TMP/pytest-$RANDOM.log"
+  log=$(mktemp "$CI_TMP/pytest-XXXXXX.log") # legs side by side: never one name twice
   echo "-- $label"
   python -m pytest "$@" 2>&1 | tee "$log" || status=$?
   printf '%s\t%s\t%s\n' "$CI_LEG" "$label" \
@@ -76,6 +78,30 @@ ci_pytest_no_skips() {
     echo "$skipped" >&2
     return 1
   fi
+}
+
+# Lanes: a leg whose suites wait more than they compute (servers stopped, workers killed,
+# faults held for seconds) runs them side by side. ci_lane NAME COMMAND [ARGUMENTS...] starts one
+# in the background (a function of the leg's too), its output kept apart; ci_lanes_wait waits
+# for every lane, prints each one's output whole, in order, and fails if any failed.
+CI_LANES=()
+ci_lane() {
+  local name=$1
+  shift
+  ("$@") >"$CI_TMP/lane-$CI_LEG-$name.log" 2>&1 &
+  CI_LANES+=("$name:$!")
+}
+ci_lanes_wait() {
+  local status=0 entry
+  for entry in "${CI_LANES[@]}"; do
+    wait "${entry#*:}" || status=1
+  done
+  for entry in "${CI_LANES[@]}"; do
+    echo "== lane ${entry%%:*}"
+    cat "$CI_TMP/lane-$CI_LEG-${entry%%:*}.log"
+  done
+  CI_LANES=()
+  return "$status"
 }
 
 # The suite on PostgreSQL ($CI_PG_URL), in this leg's own test database, no skips allowed:

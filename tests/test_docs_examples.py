@@ -427,7 +427,14 @@ def test_the_outbox_consumer_has_one_effect_per_message_with_its_worker_killed(
 
 
 @pytest.mark.celery
-@pytest.mark.parametrize("point", KILL_POINTS)
+@pytest.mark.parametrize(
+    ("scratch", "point"),
+    # Each point once, on both brokers between them: what differs between the brokers, the
+    # redelivery of an unacknowledged task, the outbox consumer's test above meets at each point
+    # on each; here the operation's states are the point.
+    [("rabbitmq", "before-effect"), ("redis", "after-effect"), ("redis", "before-ack")],
+    indirect=["scratch"],
+)
 def test_the_operations_export_completes_once_with_its_worker_killed(
     scratch: Scratch, point: str
 ) -> None:
