@@ -16,6 +16,7 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
 
 from django_idempotency import (
     IdempotencyKey,
@@ -245,6 +246,7 @@ def test_the_list_shows_the_principals_own_operations(post: Post, client: Client
 
 
 def test_the_list_is_paginated_and_bounded(post: Post, client: Client) -> None:
+    client.force_login(User.objects.create_user("alice"))
     ids = [start(post, str(uuid.uuid4()))[0] for _ in range(5)]
     seen: list[str] = []
     url: str | None = f"{LIST}?limit=2"
@@ -264,7 +266,23 @@ def test_the_list_is_paginated_and_bounded(post: Post, client: Client) -> None:
     assert client.post(LIST).status_code == 405
 
 
+def test_the_list_never_shows_the_shared_anonymous_scope(post: Post, client: Client) -> None:
+    """Every anonymous client shares one scope, whose operations only their unguessable ids
+    guard: listed, any anonymous client (or a token user, anonymous to Django's middleware)
+    would get every other's ids, and through them their final responses."""
+    victim, url = start(post, str(uuid.uuid4()))
+    for asking in (Client(), client):
+        listed = asking.get(LIST)
+        assert listed.status_code == 200
+        assert json.loads(listed.content) == {"operations": [], "next": None}
+    token = Token.objects.create(user=User.objects.create_user("tokened"))
+    as_token = Client(headers={"Authorization": f"Token {token.key}"})
+    assert json.loads(as_token.get(LIST).content)["operations"] == []
+    assert shown(Client(), url)["id"] == victim  # the id, held, still reads it (docs say so)
+
+
 def test_the_ninja_router_serves_the_list_as_the_view_does(post: Post, client: Client) -> None:
+    client.force_login(User.objects.create_user("alice"))
     operation_id, _ = start(post, str(uuid.uuid4()))
     view = json.loads(client.get(LIST).content)
     routed = client.get("/ninja-status/operations/")

@@ -26,6 +26,7 @@ from django_idempotency._call import operations as ids
 from django_idempotency._call import storing, telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._http import problems, responses
+from django_idempotency._http.scopes import ANONYMOUS_SCOPE
 from django_idempotency._store import operations as store
 from django_idempotency._store import sealing
 from django_idempotency._store.limits import bounded_scope
@@ -217,7 +218,13 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     if state is not None and state not in store.STATES:
         return problems.invalid_operation_query(f"state is one of {', '.join(store.STATES)}.")
     try:
-        scopes = {bounded_scope(scope) for scope in _scopes(request) if scope is not None}
+        # Never the anonymous scope: every anonymous client shares it, and a list of it would
+        # hand each one the others' operation ids, which are all that guards their responses.
+        scopes = {
+            bounded_scope(scope)
+            for scope in _scopes(request)
+            if scope is not None and scope != ANONYMOUS_SCOPE
+        }
         found = (
             store.of_scopes(
                 conf.DATABASE_ALIAS, scopes, before=before, limit=limit + 1, state=state
