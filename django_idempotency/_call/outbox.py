@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import inspect
 import json
 import logging
@@ -75,7 +76,7 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
     if staged is None:
         staged = claim.outbox = Staged(life=claim.life)
     if name is None:
-        segment = claim.recovery_point
+        segment = _segment(claim.recovery_point, claim.recovery_data)
         position = staged.positions.get(segment, 0)
         staged.positions[segment] = position + 1
         label = f"#{segment}\0{position}"
@@ -93,6 +94,18 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
     )
     staged.messages.append(Message(message_id, engine, path, arguments))
     return message_id
+
+
+def _segment(point: str, data: Any) -> str:
+    """The recovery point unnamed messages are counted from: its name and, when it has any,
+    its data. A point set again under its name (a loop marking each item done) is a new point
+    by its data; counted by name alone, the takeover resuming at the last one counted from 0
+    again, and its next message took the id of one the dead attempt had released at that
+    point already: it was never sent."""
+    if data is None:
+        return point
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return f"{point}\0{hashlib.sha256(canonical.encode()).hexdigest()[:32]}"
 
 
 def serialised(path: str, args: tuple[Any, ...], kwargs: Any) -> str:
