@@ -66,6 +66,9 @@ class Staged:
     messages: list[Message] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)
+    #: Released in a transaction that may yet roll back: staged still, and the next release
+    #: looks for those already there (:func:`released`).
+    unsure: bool = False
 
 
 def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs: Any) -> str:
@@ -155,7 +158,7 @@ def release(claim: Any) -> Release | None:
         list(staged.messages),
         conf.OUTBOX_LEASE if fast else timedelta(0),
         notify=not fast,
-        fresh=claim.attempt == 1,
+        fresh=claim.attempt == 1 and not staged.unsure,
     )
 
 
@@ -164,7 +167,14 @@ def released(claim: Any, alias: str, release: Release | None) -> None:
     inserted are sent once the transaction commits (the fast path), unless it is off."""
     if release is None:
         return
-    claim.outbox.messages.clear()
+    if connections[alias].in_atomic_block:
+        # Written in a transaction of the code's own (a recovery point in its atomic block),
+        # which may still roll back, and the release with it (an exception the code catches):
+        # the messages stay staged, and the next write releases them again, inserting only
+        # those not there. Cleared, a rolled-back release left them to nothing.
+        claim.outbox.unsure = True
+    else:
+        claim.outbox.messages.clear()
     if not conf.OUTBOX_FAST_PATH or not release.inserted:
         return
     inserted = set(release.inserted)
