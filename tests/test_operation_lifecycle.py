@@ -216,6 +216,25 @@ def test_progress_waits_for_the_202(key: str) -> None:
     assert refused.value.reason == "running"
 
 
+# Operations on a Redis store
+
+
+def test_a_view_reading_its_operation_on_a_redis_store_is_refused_before_it_runs(
+    post: Post, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its record's operation id named nothing in the database: the view answered 202 with a
+    Location that answered 404, and complete_operation() refused the id as unknown, so the
+    202 was replayed until the TTL. Refused before its claim (nothing listens on port 1)."""
+    from tests.testapp.models import Execution
+
+    with override_settings(IDEMPOTENCY={"STORE": "redis://127.0.0.1:1/0"}):
+        response = post("/started/", {"rows": 3}, key=key)
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/problem+json"
+    assert Execution.objects.count() == 0
+    assert "reads its operation" in caplog.text and 'store="database"' in caplog.text
+
+
 # The principal's list
 
 
