@@ -206,6 +206,9 @@ def test_progress_is_bounded_and_json(post: Post, client: Client, key: str) -> N
         set_operation_progress(operation_id, "x" * 1100)
     with pytest.raises(ValueError, match="must be JSON"):
         set_operation_progress(operation_id, {"done": object()})
+    for number in (float("nan"), float("inf")):  # no JSON: the database's column refused it
+        with pytest.raises(ValueError, match="must be JSON"):
+            set_operation_progress(operation_id, {"done": number})
     assert "progress" not in shown(client, url)
 
 

@@ -147,7 +147,11 @@ def set_operation_progress(operation_id: str, progress: Any) -> None:
     ``ValueError`` for a value over the size or not JSON.
     """
     try:
-        size = len(json.dumps(progress, separators=(",", ":"), cls=DjangoJSONEncoder))
+        # NaN and Infinity are no JSON: every database's JSON column refused them, which was
+        # said as StoreUnavailable (a fault to retry), never as the caller's error.
+        size = len(
+            json.dumps(progress, separators=(",", ":"), cls=DjangoJSONEncoder, allow_nan=False)
+        )
     except (TypeError, ValueError) as exc:
         raise ValueError(f"An operation's progress must be JSON: {exc}") from exc
     if size > store.MAX_PROGRESS_SIZE:
