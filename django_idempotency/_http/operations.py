@@ -347,12 +347,18 @@ def _response(status: int, headers: list[list[str]], body: bytes) -> dict[str, A
     text = body.decode("utf-8", "replace")
     if media == "application/json" or media.endswith("+json"):
         try:
-            shown["body"] = json.loads(text)
+            # NaN and Infinity (Python writes them) are no JSON: shown parsed, they made this
+            # answer one a client's parser refuses.
+            shown["body"] = json.loads(text, parse_constant=_no_json)
             return shown
         except (ValueError, RecursionError):  # nested past the parser's depth: a string
             pass
     shown["body"] = text
     return shown
+
+
+def _no_json(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON")
 
 
 def _json(data: dict[str, Any], status: int) -> HttpResponse:
