@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
@@ -179,7 +180,28 @@ def released(claim: Any, alias: str, release: Release | None) -> None:
         return
     inserted = set(release.inserted)
     messages = [message for message in release.messages if message.message_id in inserted]
-    transaction.on_commit(lambda: sender.submit(alias, messages), using=alias, robust=True)
+    after_commits(alias, lambda: sender.submit(alias, messages))
+
+
+def after_commits(alias: str, job: Callable[[], None]) -> None:
+    """Run ``job`` once ``alias`` commits, and then every other transaction the thread has
+    open: the view's own, where ``ATOMIC_REQUESTS`` is on another alias than the records'
+    (docs: installation). Sent when the records' alias committed, a message reached its
+    consumer before the view's writes did (an order not found yet). A transaction that rolls
+    back drops it: the relay sends it once its lease has passed."""
+    waiting = [alias] + [
+        other.alias
+        for other in connections.all(initialized_only=True)
+        if other.alias != alias and other.in_atomic_block
+    ]
+
+    def then(index: int) -> None:
+        if index == len(waiting):
+            job()
+        else:
+            transaction.on_commit(partial(then, index + 1), using=waiting[index], robust=True)
+
+    then(0)
 
 
 class Sender:
