@@ -12,6 +12,7 @@ urlpatterns = [
     path("async-export/", views.async_export),
     path("conflicting/", views.conflicting),
     path("created/", views.created),
+    path("started/", views.started),
     path("drf-export/", views.DrfExport.as_view()),
     path("ninja/", views.api.urls),
     path("ninja-status/", views.status_api.urls),

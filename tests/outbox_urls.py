@@ -14,5 +14,6 @@ urlpatterns = [
     path("short/", views.lock_lost_order),
     path("drf/", views.DrfOrder.as_view()),
     path("notify/", views.notify_order),
+    path("probed/", views.probed_order),
     path("admin/", admin.site.urls),
 ]

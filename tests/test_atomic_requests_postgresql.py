@@ -33,6 +33,12 @@ def atomic_requests() -> Iterator[None]:
         settings_dict["ATOMIC_REQUESTS"] = False
 
 
+def post_to(path: str, key: str) -> Any:
+    return Client().post(
+        path, {}, content_type="application/json", headers={"Idempotency-Key": key}
+    )
+
+
 def post(key: str, results: list[Any] | None = None) -> Any:
     try:
         response = Client().post(
@@ -67,3 +73,21 @@ def test_claim_is_visible_while_the_view_transaction_is_open(atomic_requests: No
     assert results[0].status_code == 201
     assert executions() == 1
     assert post(key)["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.urls("tests.outbox_urls")
+def test_a_message_leaves_once_the_views_own_transaction_commits(atomic_requests: None) -> None:
+    """The result and its message commit on the records' alias while the view's order is
+    still in ATOMIC_REQUESTS' transaction: handed to the broker then, a consumer looked for
+    an order not committed yet (and failed, its message acknowledged: lost)."""
+    from django_idempotency._call import outbox
+    from tests.testapp.outbox_tasks import probe
+
+    probe.reset()
+    try:
+        response = post_to("/probed/", str(uuid.uuid4()))
+        assert response.status_code == 201
+        assert outbox.sender.settle()
+        assert probe.committed == [True]
+    finally:
+        probe.reset()

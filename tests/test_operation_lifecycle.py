@@ -16,6 +16,7 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
 
 from django_idempotency import (
     IdempotencyKey,
@@ -205,6 +206,9 @@ def test_progress_is_bounded_and_json(post: Post, client: Client, key: str) -> N
         set_operation_progress(operation_id, "x" * 1100)
     with pytest.raises(ValueError, match="must be JSON"):
         set_operation_progress(operation_id, {"done": object()})
+    for number in (float("nan"), float("inf")):  # no JSON: the database's column refused it
+        with pytest.raises(ValueError, match="must be JSON"):
+            set_operation_progress(operation_id, {"done": number})
     assert "progress" not in shown(client, url)
 
 
@@ -213,6 +217,25 @@ def test_progress_waits_for_the_202(key: str) -> None:
     with pytest.raises(OperationError) as refused:
         set_operation_progress(claim.operation_id, {"done": 1})
     assert refused.value.reason == "running"
+
+
+# Operations on a Redis store
+
+
+def test_a_view_reading_its_operation_on_a_redis_store_is_refused_before_it_runs(
+    post: Post, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its record's operation id named nothing in the database: the view answered 202 with a
+    Location that answered 404, and complete_operation() refused the id as unknown, so the
+    202 was replayed until the TTL. Refused before its claim (nothing listens on port 1)."""
+    from tests.testapp.models import Execution
+
+    with override_settings(IDEMPOTENCY={"STORE": "redis://127.0.0.1:1/0"}):
+        response = post("/started/", {"rows": 3}, key=key)
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/problem+json"
+    assert Execution.objects.count() == 0
+    assert "reads its operation" in caplog.text and 'store="database"' in caplog.text
 
 
 # The principal's list
@@ -245,6 +268,7 @@ def test_the_list_shows_the_principals_own_operations(post: Post, client: Client
 
 
 def test_the_list_is_paginated_and_bounded(post: Post, client: Client) -> None:
+    client.force_login(User.objects.create_user("alice"))
     ids = [start(post, str(uuid.uuid4()))[0] for _ in range(5)]
     seen: list[str] = []
     url: str | None = f"{LIST}?limit=2"
@@ -264,7 +288,23 @@ def test_the_list_is_paginated_and_bounded(post: Post, client: Client) -> None:
     assert client.post(LIST).status_code == 405
 
 
+def test_the_list_never_shows_the_shared_anonymous_scope(post: Post, client: Client) -> None:
+    """Every anonymous client shares one scope, whose operations only their unguessable ids
+    guard: listed, any anonymous client (or a token user, anonymous to Django's middleware)
+    would get every other's ids, and through them their final responses."""
+    victim, url = start(post, str(uuid.uuid4()))
+    for asking in (Client(), client):
+        listed = asking.get(LIST)
+        assert listed.status_code == 200
+        assert json.loads(listed.content) == {"operations": [], "next": None}
+    token = Token.objects.create(user=User.objects.create_user("tokened"))
+    as_token = Client(headers={"Authorization": f"Token {token.key}"})
+    assert json.loads(as_token.get(LIST).content)["operations"] == []
+    assert shown(Client(), url)["id"] == victim  # the id, held, still reads it (docs say so)
+
+
 def test_the_ninja_router_serves_the_list_as_the_view_does(post: Post, client: Client) -> None:
+    client.force_login(User.objects.create_user("alice"))
     operation_id, _ = start(post, str(uuid.uuid4()))
     view = json.loads(client.get(LIST).content)
     routed = client.get("/ninja-status/operations/")

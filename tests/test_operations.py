@@ -131,6 +131,16 @@ def test_a_json_body_nested_past_the_parsers_depth_is_shown_as_a_string(
     assert json.loads(shown.content)["response"]["body"] == deep
 
 
+def test_a_json_body_with_nan_is_shown_as_a_string(post: Post, client: Client, key: str) -> None:
+    """Python writes NaN and Infinity into JSON, and reads them back: shown as parsed, they
+    made the endpoint's own answer no JSON, which a client's parser refuses."""
+    first = start(post, key)
+    complete_operation(operation_of(first), status=200, data={"ratio": float("nan")})
+    shown = status(client, first["Location"])
+    body = json.loads(shown.content, parse_constant=lambda name: pytest.fail(f"{name} answered"))
+    assert body["response"]["body"] == '{"ratio": NaN}'
+
+
 @override_settings(IDEMPOTENCY={"ENCRYPTION_KEYS": [Fernet.generate_key().decode()]})
 def test_a_sealed_final_response_replays_byte_for_byte(
     post: Post, client: Client, key: str

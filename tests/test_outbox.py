@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -732,3 +732,52 @@ def test_an_error_text_no_column_keeps_is_written_escaped(debug: bool) -> None:
     with override_settings(DEBUG=debug):
         assert store.mark_failed(connection, message_id, "bad\x00id \udc80", None, counted=False)
     assert OutboxMessage.objects.get().last_error == "bad\\x00id \\udc80"
+
+
+def test_a_recovery_point_set_again_under_its_name_keeps_each_message() -> None:
+    """A loop that stages a message per item and marks each item done with the same point's
+    name (its data saying how far): the takeover resumes at the last item done, and the
+    message it stages for the next item is a new one, not the previous item's id (which was
+    released already, so that message would never be sent)."""
+    crash = {"at": 2}
+
+    @idempotent_function(key="batch", name="tests.outbox.items")
+    def items(batch: int, *, idempotency: Claim) -> None:
+        done = (idempotency.recovery_data or {}).get("done", -1)
+        for item in range(done + 1, 4):
+            idempotency.enqueue(receipt, item)
+            if item == crash["at"]:
+                raise RuntimeError("the worker died mid-batch")
+            idempotency.set_recovery_point("item", {"done": item})
+
+    with pytest.raises(RuntimeError):
+        items(batch=1)
+    crash["at"] = -1
+    items(batch=1)
+    assert IdempotencyKey.objects.get().attempt == 2
+    sent_ids()
+    assert sorted(args[0] for _, args, _ in receipt.sent) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("fails", [True, False], ids=["rolled-back", "committed"])
+def test_messages_released_in_a_block_that_rolls_back_leave_with_the_result(fails: bool) -> None:
+    """A recovery point written in the function's own transaction releases what was staged
+    before it in that transaction; a block that then rolls back (its exception caught, the
+    function goes on) takes the release with it, and the result releases those messages.
+    Committed, the block's release stands, and the result sends nothing twice."""
+
+    @idempotent_function(key="order_id", name="tests.outbox.optional_step")
+    def ship(order_id: int, *, idempotency: Claim) -> list[str]:
+        first = idempotency.enqueue(receipt, order_id)
+        try:
+            with transaction.atomic():
+                idempotency.set_recovery_point("gift-wrapped")
+                if fails:
+                    raise RuntimeError("the optional step failed")
+        except RuntimeError:
+            pass
+        return [first, idempotency.enqueue(receipt, order_id, name="shipped")]
+
+    messages = ship(order_id=9)
+    assert sorted(sent_ids()) == sorted(messages)
+    assert states() == dict.fromkeys(messages, "sent")

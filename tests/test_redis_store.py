@@ -1115,6 +1115,13 @@ def test_accepted_and_the_outbox_need_the_database_store() -> None:
     with on_redis(), pytest.raises(ImproperlyConfigured, match="outbox needs the database"):
         handle("k")
 
+    @idempotent_function(key="event_id")
+    def start(event_id: str, *, idempotency: Any) -> str:
+        return str(idempotency.operation_id)  # named nothing: complete_operation() refused it
+
+    with on_redis(), pytest.raises(ImproperlyConfigured, match="operation needs the database"):
+        start("k")
+
 
 # --- one store's fault, another store's locks ------------------------------------------------
 

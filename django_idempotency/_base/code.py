@@ -1,12 +1,12 @@
 """What a view's own code names, read from its code objects (never run): how a view on a Redis
-store that stages outbox messages is refused before it runs, at ``check`` and at its first
-request, instead of answering ``500`` from ``enqueue`` after its own writes (a charge without
-its receipt).
+store that stages outbox messages or reads its operation is refused before it runs, at
+``check`` and at its first request, instead of answering ``500`` from ``enqueue`` after its
+own writes (a charge without its receipt), or ``202`` with an operation nothing can find.
 
 A view's code is its function's, or, for a class-based view, every function its own classes
 define (``post``, ``perform_create``, nested functions included); the framework's classes
 (Django, DRF, django-ninja, this app) are not read. A call made from a helper in another
-function is not seen: ``enqueue`` refuses it when it runs.
+function is not seen: ``enqueue`` and the operation's id refuse it when it runs.
 """
 
 from __future__ import annotations

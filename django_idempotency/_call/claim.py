@@ -135,6 +135,13 @@ class Claim:
         if made is None:
             from django_idempotency._call.operations import make_id  # see set_recovery_point
 
+            # A Redis record's id named nothing: the status endpoint answered 404 and
+            # complete_operation() "unknown", and the stored 202 was replayed until the TTL.
+            self._needs_database(
+                "An operation needs the database store: its status endpoint and "
+                "complete_operation() read the database's records"
+            )
+
             made = make_id(self.pk, self.scope, self.key_hash, self.life)
             self.__dict__["_operation_id"] = made
         return str(made)
@@ -213,17 +220,25 @@ class Claim:
         from django_idempotency._call.outbox import stage  # see set_recovery_point
 
         self.check_held()
-        if ":" in self.alias:  # a Redis store's (issue 44); a view is refused before it runs
+        # A view is refused before it runs (issue 44); an idempotent_function here.
+        self._needs_database(
+            "The outbox needs the database store: its table shares no transaction with Redis"
+        )
+        return stage(self, task, args, name, kwargs)
+
+    def _needs_database(self, why: str) -> None:
+        """Raise ``ImproperlyConfigured`` (``why``, then where the record is) when the
+        claim's record is in a Redis store, whose aliases are ``cache:<name>``."""
+        if ":" in self.alias:
             from django.core.exceptions import ImproperlyConfigured
 
             from django_idempotency._conf.values import shown_store
 
             raise ImproperlyConfigured(
-                f"The outbox needs the database store: this claim's record is in the Redis "
-                f"store {shown_store(self.alias)!r} (STORE, or the store option), which shares "
-                'no transaction with the outbox\'s table. Give it store="database".'
+                f"{why}: this claim's record is in the Redis store "
+                f"{shown_store(self.alias)!r} (STORE, or the store option). Give the view or "
+                'function store="database".'
             )
-        return stage(self, task, args, name, kwargs)
 
     def facts(self, outcome: str) -> dict[str, Any]:
         """The ``extra`` of a log line about this claim (:func:`.telemetry.log_facts`)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import inspect
 import json
 import logging
@@ -31,6 +32,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
@@ -65,6 +67,9 @@ class Staged:
     messages: list[Message] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)
+    #: Released in a transaction that may yet roll back: staged still, and the next release
+    #: looks for those already there (:func:`released`).
+    unsure: bool = False
 
 
 def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs: Any) -> str:
@@ -75,7 +80,7 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
     if staged is None:
         staged = claim.outbox = Staged(life=claim.life)
     if name is None:
-        segment = claim.recovery_point
+        segment = _segment(claim.recovery_point, claim.recovery_data)
         position = staged.positions.get(segment, 0)
         staged.positions[segment] = position + 1
         label = f"#{segment}\0{position}"
@@ -93,6 +98,18 @@ def stage(claim: Any, task: Any, args: tuple[Any, ...], name: str | None, kwargs
     )
     staged.messages.append(Message(message_id, engine, path, arguments))
     return message_id
+
+
+def _segment(point: str, data: Any) -> str:
+    """The recovery point unnamed messages are counted from: its name and, when it has any,
+    its data. A point set again under its name (a loop marking each item done) is a new point
+    by its data; counted by name alone, the takeover resuming at the last one counted from 0
+    again, and its next message took the id of one the dead attempt had released at that
+    point already: it was never sent."""
+    if data is None:
+        return point
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return f"{point}\0{hashlib.sha256(canonical.encode()).hexdigest()[:32]}"
 
 
 def serialised(path: str, args: tuple[Any, ...], kwargs: Any) -> str:
@@ -142,7 +159,7 @@ def release(claim: Any) -> Release | None:
         list(staged.messages),
         conf.OUTBOX_LEASE if fast else timedelta(0),
         notify=not fast,
-        fresh=claim.attempt == 1,
+        fresh=claim.attempt == 1 and not staged.unsure,
     )
 
 
@@ -151,12 +168,40 @@ def released(claim: Any, alias: str, release: Release | None) -> None:
     inserted are sent once the transaction commits (the fast path), unless it is off."""
     if release is None:
         return
-    claim.outbox.messages.clear()
+    if connections[alias].in_atomic_block:
+        # Written in a transaction of the code's own (a recovery point in its atomic block),
+        # which may still roll back, and the release with it (an exception the code catches):
+        # the messages stay staged, and the next write releases them again, inserting only
+        # those not there. Cleared, a rolled-back release left them to nothing.
+        claim.outbox.unsure = True
+    else:
+        claim.outbox.messages.clear()
     if not conf.OUTBOX_FAST_PATH or not release.inserted:
         return
     inserted = set(release.inserted)
     messages = [message for message in release.messages if message.message_id in inserted]
-    transaction.on_commit(lambda: sender.submit(alias, messages), using=alias, robust=True)
+    after_commits(alias, lambda: sender.submit(alias, messages))
+
+
+def after_commits(alias: str, job: Callable[[], None]) -> None:
+    """Run ``job`` once ``alias`` commits, and then every other transaction the thread has
+    open: the view's own, where ``ATOMIC_REQUESTS`` is on another alias than the records'
+    (docs: installation). Sent when the records' alias committed, a message reached its
+    consumer before the view's writes did (an order not found yet). A transaction that rolls
+    back drops it: the relay sends it once its lease has passed."""
+    waiting = [alias] + [
+        other.alias
+        for other in connections.all(initialized_only=True)
+        if other.alias != alias and other.in_atomic_block
+    ]
+
+    def then(index: int) -> None:
+        if index == len(waiting):
+            job()
+        else:
+            transaction.on_commit(partial(then, index + 1), using=waiting[index], robust=True)
+
+    then(0)
 
 
 class Sender:

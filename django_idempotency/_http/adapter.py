@@ -86,14 +86,14 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The view's policy for this request; ``None`` (and no claim on the request) when the
         app is off or the method is not protected. A view on a Redis store whose code calls
-        ``enqueue`` is refused here, before the claim: it would run, write, and then fail at
-        ``enqueue`` (a ``500`` after its charge). A request another layer protects already is
-        refused (:func:`refuse_nested`)."""
+        ``enqueue`` or reads its operation is refused here, before the claim: it would run,
+        write, and then fail at ``enqueue`` (a ``500`` after its charge). A request another
+        layer protects already is refused (:func:`refuse_nested`)."""
         refuse_nested(self.request)
         if conf.ENABLED:
             policy = self.options.resolve()
             if policy.protects(self.request.method):
-                refuse_enqueue(policy, self.options, self.view)
+                refuse_database_only(policy, self.options, self.view)
                 return answerable(policy)
         attach(self.request, None)
         return None
@@ -270,26 +270,39 @@ def refuse_nested(request: HttpRequest) -> None:
         )
 
 
-def refuse_enqueue(policy: Policy, options: Options, view: Any) -> None:
+#: What a view on a Redis store cannot use (a name its code reads), and why.
+_DATABASE_ONLY = {
+    "enqueue": (
+        "calls enqueue()",
+        "the outbox needs the database store, whose transaction releases the messages with "
+        "the result, and Redis shares none with it",
+    ),
+    "operation_id": (
+        "reads its operation",
+        "an operation needs the database store, whose records its status endpoint and "
+        "complete_operation() read (a Redis record's id would name nothing: a 202 whose "
+        "Location answers 404)",
+    ),
+}
+_DATABASE_ONLY["operation_url"] = _DATABASE_ONLY["operation_id"]
+
+
+def refuse_database_only(policy: Policy, options: Options, view: Any) -> None:
     """``ImproperlyConfigured`` when ``view`` (its function or class; ``None``: unknown) is
-    on a Redis store and its code calls ``enqueue``: refused before its claim."""
-    error = enqueue_error(policy, options)
-    if error and view is not None and code.mentions(view, "enqueue"):
-        raise ImproperlyConfigured(error)
-
-
-def enqueue_error(policy: Policy, options: Options) -> str | None:
-    """Why a view on ``policy``'s store cannot stage outbox messages (``None``: it can), the
-    store named as the user wrote it: the view's ``store`` option, or ``STORE``."""
-    if policy.store == DATABASE:
-        return None
-    given = options.get("store")
-    where = f"store={shown_store(given)!r}" if given else f"STORE {shown_store(policy.store)!r}"
-    return (
-        f"The view calls enqueue() and keeps its records in the Redis store ({where}): the "
-        "outbox needs the database store, whose transaction releases the messages with the "
-        'result, and Redis shares none with it. Give the view store="database".'
-    )
+    on a Redis store and its code calls ``enqueue`` or reads its operation: refused before
+    its claim, rather than after its own writes."""
+    if policy.store == DATABASE or view is None:
+        return
+    for name, (what, why) in _DATABASE_ONLY.items():
+        if code.mentions(view, name):
+            given = options.get("store")
+            where = (
+                f"store={shown_store(given)!r}" if given else f"STORE {shown_store(policy.store)!r}"
+            )
+            raise ImproperlyConfigured(
+                f"The view {what} and keeps its records in the Redis store ({where}): {why}. "
+                'Give the view store="database".'
+            )
 
 
 def view_adapter(

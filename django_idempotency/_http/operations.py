@@ -26,6 +26,7 @@ from django_idempotency._call import operations as ids
 from django_idempotency._call import storing, telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._http import problems, responses
+from django_idempotency._http.scopes import ANONYMOUS_SCOPE
 from django_idempotency._store import operations as store
 from django_idempotency._store import sealing
 from django_idempotency._store.limits import bounded_scope
@@ -146,7 +147,11 @@ def set_operation_progress(operation_id: str, progress: Any) -> None:
     ``ValueError`` for a value over the size or not JSON.
     """
     try:
-        size = len(json.dumps(progress, separators=(",", ":"), cls=DjangoJSONEncoder))
+        # NaN and Infinity are no JSON: every database's JSON column refused them, which was
+        # said as StoreUnavailable (a fault to retry), never as the caller's error.
+        size = len(
+            json.dumps(progress, separators=(",", ":"), cls=DjangoJSONEncoder, allow_nan=False)
+        )
     except (TypeError, ValueError) as exc:
         raise ValueError(f"An operation's progress must be JSON: {exc}") from exc
     if size > store.MAX_PROGRESS_SIZE:
@@ -217,7 +222,13 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     if state is not None and state not in store.STATES:
         return problems.invalid_operation_query(f"state is one of {', '.join(store.STATES)}.")
     try:
-        scopes = {bounded_scope(scope) for scope in _scopes(request) if scope is not None}
+        # Never the anonymous scope: every anonymous client shares it, and a list of it would
+        # hand each one the others' operation ids, which are all that guards their responses.
+        scopes = {
+            bounded_scope(scope)
+            for scope in _scopes(request)
+            if scope is not None and scope != ANONYMOUS_SCOPE
+        }
         found = (
             store.of_scopes(
                 conf.DATABASE_ALIAS, scopes, before=before, limit=limit + 1, state=state
@@ -336,12 +347,18 @@ def _response(status: int, headers: list[list[str]], body: bytes) -> dict[str, A
     text = body.decode("utf-8", "replace")
     if media == "application/json" or media.endswith("+json"):
         try:
-            shown["body"] = json.loads(text)
+            # NaN and Infinity (Python writes them) are no JSON: shown parsed, they made this
+            # answer one a client's parser refuses.
+            shown["body"] = json.loads(text, parse_constant=_no_json)
             return shown
         except (ValueError, RecursionError):  # nested past the parser's depth: a string
             pass
     shown["body"] = text
     return shown
+
+
+def _no_json(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON")
 
 
 def _json(data: dict[str, Any], status: int) -> HttpResponse:

@@ -48,6 +48,16 @@ def conflicting(request: HttpRequest) -> HttpResponse:
 
 
 @idempotent
+def started(request: HttpRequest) -> HttpResponse:
+    """Reads its operation in its own code (a Redis store refuses it before it runs)."""
+    Execution.objects.create(label="started")
+    claim = request.idempotency  # type: ignore[attr-defined]
+    return JsonResponse(
+        {"operation": claim.operation_id}, status=202, headers={"Location": claim.operation_url}
+    )
+
+
+@idempotent
 def created(request: HttpRequest) -> HttpResponse:
     """Finishes its work itself: its operation is finished with its own response."""
     Execution.objects.create(label="created")

@@ -31,3 +31,34 @@ class Recorder:
 
 
 receipt = Recorder("tests.testapp.outbox_tasks.receipt")
+
+
+class CommitProbe(Recorder):
+    """Records, with each message, whether the order it names (an Execution's primary key)
+    was committed when the message was handed to the broker: a consumer reads it then."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.committed: list[bool] = []
+        self.handed = threading.Event()
+
+    def apply_async(self, args: list[Any], kwargs: dict[str, Any], *, task_id: str) -> None:
+        from django.db import connection
+
+        from tests.testapp.models import Execution
+
+        # On the sender's own connection: it sees what is committed, as a worker would.
+        try:
+            self.committed.append(Execution.objects.filter(pk=args[0]).exists())
+        finally:
+            connection.close()  # the thread's: it would outlive the test database
+        super().apply_async(args, kwargs, task_id=task_id)
+        self.handed.set()
+
+    def reset(self) -> None:
+        super().reset()
+        self.committed.clear()
+        self.handed.clear()
+
+
+probe = CommitProbe("tests.testapp.outbox_tasks.probe")

@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from django_idempotency import IdempotencyKey, idempotent, no_store
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
-from tests.testapp.outbox_tasks import receipt
+from tests.testapp.outbox_tasks import probe, receipt
 
 #: Events a test sets to let a parked view go on, by name.
 GATES: dict[str, threading.Event] = {}
@@ -76,3 +76,19 @@ def notify_order(request: HttpRequest) -> HttpResponse:
     order = Execution.objects.create(label="order", payload="notify")
     message = request.idempotency.enqueue(notify, order.pk)  # type: ignore[attr-defined]
     return JsonResponse({"message": message}, status=201)
+
+
+@idempotent
+def _probed_order(request: HttpRequest) -> HttpResponse:
+    order = Execution.objects.create(label="order", payload="probed")
+    request.idempotency.enqueue(probe, order.pk)  # type: ignore[attr-defined]
+    return JsonResponse({"order": order.pk}, status=201)
+
+
+def probed_order(request: HttpRequest) -> HttpResponse:
+    """Between ``ATOMIC_REQUESTS``' transaction and the protected view: the transaction stays
+    open until the view's message is handed to the broker (2 s at most), as a slow commit, or
+    a busy process, would keep it."""
+    response = _probed_order(request)
+    probe.handed.wait(2)
+    return response
