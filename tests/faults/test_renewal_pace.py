@@ -13,6 +13,13 @@ after it finds the key held. With the old backoff that try was the one in the lo
 quarter second, and the next came 1 s later: the duplicate took the key over and ran the
 function a second time.
 
+``test_a_statement_on_a_connection_slow_to_open_has_its_whole_bound``: connecting is the
+driver's to bound (``connect_timeout``), not the statement's. A connection that took longer than
+the statement's bound to open (a loaded machine, a server busy coming back) left the statement
+it was made for cut at the watchdog's next tick: after an outage, on a machine with a load
+average of 20 on 2 cores, renewals connected in 1 to 3 s and were each cut as they began, and
+owners whose records nobody had taken yet lost them.
+
 ``test_the_window``: the app under gunicorn, its store behind the proxy, 20 keyed requests
 whose views outlast their 3 s lock, duplicates sent every 0.5 s; the proxy refuses connections
 for a fault of each length. A fault shorter than the owner's remaining lock (at least two thirds
@@ -22,18 +29,22 @@ run twice is printed (docs/failure-modes.rst has the curve).
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 from django.db import connections
 
 from django_idempotency import Claim, IdempotencyInProgress, idempotent_function
+from django_idempotency._store import using
 from tests.faults import app as apps
+from tests.faults.conftest import PROXIED
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import Fault, check, run
 from tests.faults.views import RENEWED_LOCK
@@ -123,6 +134,37 @@ def test_renewal_meets_the_database_back_before_the_lock_ends(paced: FaultProxy)
     assert EFFECTS[key] == 1
     assert hold(key) == f"ran {key}"  # the stored result
     assert EFFECTS[key] == 1
+
+
+#: How long the proxy holds the server's reply to a new connection's login, against a statement
+#: bound shorter than that, and a statement that takes less than the bound but more than the
+#: watchdog's tick (so that a cut lands before it ends).
+SLOW_LOGIN = 1.2
+BOUND = 0.8
+STATEMENT = 0.3
+
+
+def test_a_statement_on_a_connection_slow_to_open_has_its_whole_bound(
+    server: Any, paced: FaultProxy
+) -> None:
+    connection = connections[PROXIED]
+    connection.close()  # the statement's own connection is made anew
+    user = urlparse(server.url(paced.port)).username
+    assert user
+    login = paced.arm("delay", re.escape(user.encode()), count=1, hold=SLOW_LOGIN)
+    sleep = "SELECT pg_sleep(%s)" if server.NAME == "postgresql" else "SELECT SLEEP(%s)"
+
+    def statement() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sleep, [STATEMENT])
+
+    started = time.monotonic()
+    try:
+        using(PROXIED).bounded(connection, BOUND, statement)
+    finally:
+        connection.close()
+    assert login.fired == 1  # the login was held
+    assert time.monotonic() - started >= SLOW_LOGIN + STATEMENT
 
 
 #: Fault lengths (seconds) against the views' 3 s lock, renewed every second: a lock has 2 to 3 s
