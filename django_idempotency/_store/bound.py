@@ -109,14 +109,15 @@ class BoundStore:
         lost connection (a fault). One cut just after the statement returned fails it too:
         the connection is dead, and what it did is found again by its lock token. A fault
         drains the alias's connection pool (:meth:`faulted`)."""
-        watch = deadlines.watch(connection, seconds)
         try:
-            result = statement()
+            watch = deadlines.watch(connection, seconds)  # connects first, if need be
+            try:
+                result = statement()
+            finally:
+                cut = deadlines.unwatch(watch)
         except DatabaseError as exc:
             self.faulted(exc)
             raise
-        finally:
-            cut = deadlines.unwatch(watch)
         if cut:
             late = deadlines.Late(f"No reply from {self.alias!r} within {seconds:.3g} s.")
             self.faulted(late)

@@ -297,18 +297,24 @@ class PostgresCluster(_Server):
                 raise FaultHarnessError(f"default_transaction_read_only not {wanted} after 10 s")
             time.sleep(0.05)
 
-    def connect(self, database: str = DATABASE) -> Any:
+    def connect(self, database: str = DATABASE, port: int | None = None) -> Any:
+        """A connection of the suite's own (through ``port``, a proxy's, when given)."""
         import psycopg
 
         return psycopg.connect(
-            host="127.0.0.1", port=self.port, user="postgres", dbname=database,
+            host="127.0.0.1", port=port or self.port, user="postgres", dbname=database,
             autocommit=True, connect_timeout=5,
         )  # fmt: skip
 
     def execute(
-        self, sql: str, params: list[Any] | None = None, *, database: str = DATABASE
+        self,
+        sql: str,
+        params: list[Any] | None = None,
+        *,
+        database: str = DATABASE,
+        port: int | None = None,
     ) -> list[tuple[Any, ...]]:
-        with self.connect(database) as conn, conn.cursor() as cursor:
+        with self.connect(database, port) as conn, conn.cursor() as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if cursor.description else []
 
@@ -413,19 +419,25 @@ class MariaDBServer(_Server):
         """``SET GLOBAL read_only``: it waits for transactions that hold write locks to end."""
         self.execute(f"SET GLOBAL read_only = {1 if on else 0}")
 
-    def connect(self, database: str | None = DATABASE) -> Any:
+    def connect(self, database: str | None = DATABASE, port: int | None = None) -> Any:
+        """A connection of the suite's own (through ``port``, a proxy's, when given)."""
         import MySQLdb
 
         extra = {"database": database} if database else {}
         return MySQLdb.connect(
-            host="127.0.0.1", port=self.port, user="root", connect_timeout=5, autocommit=True,
-            **extra,
+            host="127.0.0.1", port=port or self.port, user="root", connect_timeout=5,
+            autocommit=True, **extra,
         )  # fmt: skip
 
     def execute(
-        self, sql: str, params: list[Any] | None = None, *, database: str | None = DATABASE
+        self,
+        sql: str,
+        params: list[Any] | None = None,
+        *,
+        database: str | None = DATABASE,
+        port: int | None = None,
     ) -> list[tuple[Any, ...]]:
-        conn = self.connect(database)
+        conn = self.connect(database, port)
         try:
             cursor = conn.cursor()
             cursor.execute(sql, params)

@@ -18,6 +18,12 @@ its end (renewal meets it, not the result write) while each key's duplicate keep
 - a key not answered with its result by its deadline, or still ``processing`` after it;
 - a new key answered ``409`` (nobody holds it), none served after the fault, a worker re-forked;
 - a replay of a finished key not served during a read-only spell.
+
+A fault that measures itself (``Fault.spell``: an outage that ends on its own clock, and the
+moment a new connection got a statement through once it ended) is judged key by key: each
+owner's lock is read on the server itself as the fault strikes, and a key may run twice only
+when that lock ended less than ``Fault.lock_margin`` after the database answered again. What
+ran twice beyond that had its lock taken while the database was there to renew it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +77,17 @@ class Answer:
         return f"{self.status} replay" if self.replayed else str(self.status)
 
 
+@dataclass(frozen=True)
+class Spell:
+    """What a fault measured of itself (``time.monotonic()``): when it began and ended, and when
+    a new connection through the app's path to the database first got a statement through after
+    it (a loaded machine takes that long to answer again: a pause, not the fault)."""
+
+    began: float
+    ended: float
+    back: float
+
+
 @dataclass
 class Fault:
     """``inject`` runs once the views wait at the gate (before the keys are sent when
@@ -98,6 +116,11 @@ class Fault:
     #: Every ``409`` and ``503`` must say when to retry (``Retry-After``): the Redis store's
     #: scenario (issue 44) asks it.
     retry_after: bool = False
+    #: The fault's own measure of itself, called once it has ended (see the module's docstring).
+    spell: Callable[[], Spell] | None = None
+    #: With ``spell``: a key whose lock, as it was when the fault struck, outlasted the
+    #: database's return by at least this many seconds must have run exactly once.
+    lock_margin: float = 0.0
 
 
 @dataclass
@@ -114,6 +137,11 @@ class Figures:
     fault_seconds: float = 0.0
     gathered: float = 0.0  # the first owner sent to the fault: how long the views waited
     violations: list[str] = field(default_factory=list)
+    #: With ``Fault.spell``: how long the fault really lasted, how long after it a new
+    #: connection got a statement through, and the owners' locks (seconds left when it struck).
+    outage: float | None = None
+    back_after: float | None = None
+    locks_left: list[float] = field(default_factory=list)
 
     def line(self) -> str:
         executions = " ".join(f"{n}x:{count}" for n, count in sorted(self.executions.items()))
@@ -124,7 +152,15 @@ class Figures:
             f"FAULT {self.database:<10} {self.fault:<16} {self.mode:<9} lock {self.lock}s | "
             f"executions/key {executions} | answers {answers} | slowest {self.slowest_answer:.2f}s"
             f" | recovered {recovered} | settled {settled} | gathered {self.gathered:.1f}s"
-            f" | violations {len(self.violations)}"
+            f"{self._spell()} | violations {len(self.violations)}"
+        )
+
+    def _spell(self) -> str:
+        if self.outage is None or self.back_after is None or not self.locks_left:
+            return ""
+        return (
+            f" | outage {self.outage:.2f}s back {self.back_after:.2f}s later, locks left "
+            f"{min(self.locks_left):.2f}-{max(self.locks_left):.2f}s"
         )
 
 
@@ -145,6 +181,20 @@ class Store:
         wanted = set(keys)
         return Counter(key for (payload,) in rows if (key := payload.split()[0]) in wanted)
 
+    def unlocks(self, keys: list[str]) -> dict[str, float]:
+        """Each key's ``unlock_at`` (seconds since the epoch): read on the server itself, not
+        through the app's path, so a fault of that path does not hide it."""
+        hashes = {hash_key(key): key for key in keys}
+        marks = ", ".join(["%s"] * len(hashes))
+        rows = self._execute(
+            self._sql(
+                "SELECT key_hash, unlock_at FROM django_idempotency_idempotencykey "
+                f"WHERE key_hash IN ({marks})"
+            ),
+            list(hashes),
+        )
+        return {hashes[key_hash]: _epoch(at) for key_hash, at in rows if at is not None}
+
     def statuses(self, keys: list[str]) -> dict[str, str]:
         hashes = {hash_key(key): key for key in keys}
         marks = ", ".join(["%s"] * len(hashes))
@@ -156,6 +206,11 @@ class Store:
             list(hashes),
         )
         return {hashes[key_hash]: status for key_hash, status in rows}
+
+
+def _epoch(at: datetime) -> float:
+    """A time the app wrote: MariaDB gives it back naive, in UTC."""
+    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def file_executions(folder: Path, keys: list[str]) -> Counter[str]:
@@ -193,6 +248,11 @@ class Scenario:
         self.answers: list[Answer] = []
         self._lock = threading.Lock()
         self.figures = Figures(database, fault.name, mode, fault.lock)
+        #: With ``Fault.spell``: each owner's lock when the fault struck (its ``unlock_at``, and
+        #: the wall clock then), and when it was read (it must be before the fault ended).
+        self.locks: dict[str, float] = {}
+        self.struck = 0.0
+        self.locks_read = 0.0
         (app.folder / f"gate-{OPEN}").touch()
 
     def send(self, key: str, role: str, gate: str | None = None) -> Answer:
@@ -241,7 +301,11 @@ class Scenario:
                 self._wait_started(keys, owners)
                 fault_started = time.monotonic()
                 figures.gathered = round(fault_started - sent, 2)
+                self.struck = time.time()
                 fault.inject()
+                if fault.spell is not None:
+                    self.locks = self.store.unlocks(keys)
+                    self.locks_read = time.monotonic()
             for key in keys:
                 pool.submit(self.send, key, "duplicate")
             for _ in range(FRESH_DURING):
@@ -334,9 +398,11 @@ class Scenario:
         else:
             executions = file_executions(self.app.folder, keys)
         figures.executions = dict(Counter(str(executions[key]) for key in keys))
+        lapsed, locks = self._lapsed(keys)
         for key in keys:
-            if executions[key] not in self.fault.executions:
-                violations.append(f"{key}: its effect ran {executions[key]} times")
+            if executions[key] in self.fault.executions or (key in lapsed and executions[key] == 2):
+                continue
+            violations.append(f"{key}: its effect ran {executions[key]} times{locks.get(key, '')}")
         figures.answers = dict(Counter(answer.label for answer in self.answers))
         assert self.gate_opened is not None
         results: dict[str, set[bytes]] = {}
@@ -386,6 +452,33 @@ class Scenario:
                     f"{replay.body[:200]!r} (stored {original.status})"
                 )
 
+    def _lapsed(self, keys: list[str]) -> tuple[set[str], dict[str, str]]:
+        """With ``Fault.spell``: the keys whose lock ended before the database answered again
+        plus ``Fault.lock_margin`` (each may run twice), and what each key's lock had left."""
+        if self.fault.spell is None:
+            return set(), {}
+        spell, figures = self.fault.spell(), self.figures
+        figures.outage = round(spell.ended - spell.began, 2)
+        figures.back_after = round(spell.back - spell.ended, 2)
+        if self.locks_read > spell.ended:
+            figures.violations.append("the owners' locks were read after the fault ended")
+        said: dict[str, str] = {}
+        lapsed: set[str] = set()
+        for key in keys:
+            if key not in self.locks:
+                figures.violations.append(f"{key}: no lock to read when the fault struck")
+                continue
+            left = self.locks[key] - self.struck
+            figures.locks_left.append(round(left, 2))
+            spare = left - (spell.back - spell.began)
+            said[key] = (
+                f" (its lock had {left:.2f}s left when the fault struck; the database answered "
+                f"again {spell.back - spell.began:.2f}s after it began)"
+            )
+            if spare < self.fault.lock_margin:
+                lapsed.add(key)
+        return lapsed, said
+
     def _record(self) -> None:
         print(f"\n{self.figures.line()}")
         if path := os.environ.get(FIGURES_VARIABLE):
@@ -408,4 +501,4 @@ def check(figures: Figures, app: App) -> None:
         )  # fmt: skip
 
 
-__all__ = ["LONG_LOCK", "SHORT_LOCK", "Fault", "Figures", "Store", "check", "run"]
+__all__ = ["LONG_LOCK", "SHORT_LOCK", "Fault", "Figures", "Spell", "Store", "check", "run"]
