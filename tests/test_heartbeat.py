@@ -43,6 +43,7 @@ from django_idempotency._conf.options import Options
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.conftest import executions, on_postgresql
 from tests.testapp.models import Execution
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,13 +161,6 @@ def server_connections() -> int:
 
 def renewer_threads() -> list[threading.Thread]:
     return [thread for thread in threading.enumerate() if thread.name == heartbeat.THREAD_NAME]
-
-
-def wait_until(condition: Callable[[], bool], message: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, message
-        time.sleep(0.02)
 
 
 def in_thread(call: Callable[[], Any]) -> Callable[[], Any]:
