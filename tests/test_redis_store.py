@@ -52,6 +52,7 @@ from django_idempotency.testing import concurrently, stale_key
 from tests.conftest import flush_redis
 from tests.held import assert_held_off
 from tests.redis_servers import free_port, private_cluster, start_server
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
 
@@ -314,21 +315,24 @@ def test_takeover_is_refused_while_the_owner_lives_under_real_threads(place: Pla
     """The Powertools/idempot-js bug: duplicates must not take a live owner's lock. The owner
     runs past several lock timeouts, renewing; twenty threads hammer the key meanwhile."""
     runs: list[int] = []
-    started = threading.Event()
+    started, finish = threading.Event(), threading.Event()
 
     # A second's lock, renewed every third of it: a renewal may come late by most of a second
-    # and still hold (0.3 s was lost once, at load 5, to a renewer that ran too late).
+    # and still hold (0.3 s was lost once, at load 5, to a renewer that ran too late). The
+    # owner returns once every duplicate is done: one still sending after a fixed run saw
+    # its result.
     @idempotent_function(key="event_id", lock_timeout=1.0, ttl=60)
     def handle(event_id: str) -> str:
         runs.append(1)
-        started.set()
-        time.sleep(3.0)  # three lock timeouts: only renewal keeps it
+        if len(runs) == 1:
+            started.set()
+            assert finish.wait(30), "the duplicates never finished"
         return "done"
 
     outcomes: list[str] = []
+    deadline = 0.0
 
     def duplicate() -> None:
-        deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:
             try:
                 outcomes.append(handle("k"))
@@ -339,12 +343,15 @@ def test_takeover_is_refused_while_the_owner_lives_under_real_threads(place: Pla
     with on_redis(place.store):
         owner = threading.Thread(target=handle, args=("k",))
         owner.start()
-        started.wait(5)
+        assert started.wait(10), "the owner never claimed"
+        deadline = time.monotonic() + 3.0  # three lock timeouts: only renewal keeps it
         threads = [threading.Thread(target=duplicate) for _ in range(20)]
         for thread in threads:
             thread.start()
-        for thread in [owner, *threads]:
+        for thread in threads:
             thread.join()
+        finish.set()
+        owner.join()
         assert handle("k") == "done"
     assert runs == [1]
     assert outcomes and set(outcomes) == {"409"}
@@ -352,11 +359,15 @@ def test_takeover_is_refused_while_the_owner_lives_under_real_threads(place: Pla
 
 def test_a_stale_record_is_taken_over_by_exactly_one_of_many_threads() -> None:
     runs: list[int] = []
+    refused = threading.Semaphore(0)
 
+    # The taker returns once the other fifteen were refused: one that came late to a fixed
+    # run (a loaded machine) replayed its result instead.
     @idempotent_function(key="event_id", lock_timeout=5, ttl=60)
     def handle(event_id: str) -> str:
         runs.append(1)
-        time.sleep(0.2)
+        for _ in range(15):
+            assert refused.acquire(timeout=10), "the other retries were not all refused"
         return "ok"
 
     barrier = threading.Barrier(16)
@@ -368,6 +379,7 @@ def test_a_stale_record_is_taken_over_by_exactly_one_of_many_threads() -> None:
             outcomes.append(handle("k"))
         except IdempotencyInProgress:
             outcomes.append("409")
+            refused.release()
 
     with on_redis():
         stale = stale_key("k", handle, "k", recovery_point="half", recovery_data={"n": 1})
@@ -402,21 +414,33 @@ def test_a_late_owner_is_fenced_by_its_lock_token() -> None:
 
 
 def test_a_live_owner_keeps_its_lock_by_renewal_past_its_timeout(place: Place) -> None:
+    """The lock's end as the owner's code starts (claimed), then pushed past it by a renewal
+    while the owner still runs. Read at fixed times, the first read found no record when the
+    owner had not claimed yet, and any later one passed as "renewed"."""
+    claimed, finish = threading.Event(), threading.Event()
+
     @idempotent_function(key="event_id", lock_timeout=1, ttl=60)  # renewed at 0.33 s
     def handle(event_id: str) -> str:
-        time.sleep(0.8)
+        claimed.set()
+        assert finish.wait(10), "the test never let the owner finish"
         return "ok"
+
+    def unlock_at() -> int:
+        return int(place.client.hget(scope_key, "ua") or 0)
 
     with on_redis(place.store):
         scope_key = record_key(function_scope(handle), hash_key("k"))
-        owner = threading.Thread(target=handle, args=("k",))
-        owner.start()
-        time.sleep(0.1)
-        first = int(place.client.hget(scope_key, "ua") or 0)
-        time.sleep(0.3)
-        renewed = int(place.client.hget(scope_key, "ua") or 0)
-        owner.join()
-    assert renewed > first
+        owner = ThreadPoolExecutor(1)
+        done = owner.submit(handle, "k")
+        try:
+            assert claimed.wait(10), "the owner never claimed"
+            first = unlock_at()
+            assert first, "the owner's record has no lock"
+            wait_until(lambda: unlock_at() > first, "the owner's lock was never renewed")
+        finally:
+            finish.set()
+            owner.shutdown()
+    assert done.result() == "ok"
 
 
 def test_a_cluster_spreads_records_over_its_primaries_and_runs_each_key_once(
@@ -1158,7 +1182,9 @@ def test_a_frozen_redis_store_never_costs_the_database_store_its_locks() -> None
             frozen_redis = pool.submit(on_redis, "r1")
             assert started.wait(10), "the Redis attempt never ran"
             owner = pool.submit(on_database, "payment", 4.0)
-            time.sleep(0.6)  # the Redis attempt's first renewal is due: it will meet the freeze
+            # Both owners hold their keys: the Redis attempt's next renewal (0.5 s at most)
+            # meets the freeze.
+            wait_until(lambda: runs, "the database owner never claimed", timeout=10)
             process.send_signal(signal.SIGSTOP)
             duplicates: list[Any] = []
             while not owner.done():
@@ -1487,11 +1513,10 @@ def test_a_frozen_primary_costs_the_other_primaries_no_renewal(tmp_path: Path) -
         # The frozen node's owner claims first: its lock is the first one renewed.
         owners = ThreadPoolExecutor(len(healthy) + 1)
         done = [owners.submit(handle, by_port[frozen][0], True)]
-        while not runs:  # claimed
-            time.sleep(0.01)
+        wait_until(lambda: runs, "the frozen node's owner never claimed", timeout=10)
         done += [owners.submit(handle, key, True) for key in healthy]
-        while len(runs) < len(healthy) + 1:
-            time.sleep(0.01)
+        owning = len(healthy) + 1
+        wait_until(lambda: len(runs) == owning, "the healthy owners never claimed", timeout=10)
         process = cluster.processes[frozen]
         os.kill(process.pid, signal.SIGSTOP)
         try:
@@ -1542,11 +1567,9 @@ def test_a_long_locks_stuck_renewal_costs_a_short_lock_nothing(tmp_path: Path) -
     try:
         with on_redis(f"redis://127.0.0.1:{proxy_port}/0"):
             done = [owners.submit(slow, "report", True)]
-            while not runs:
-                time.sleep(0.01)
+            wait_until(lambda: runs, "the 24 s lock's owner never claimed", timeout=10)
             done.append(owners.submit(fast, "payment", True))
-            while len(runs) < 2:
-                time.sleep(0.01)
+            wait_until(lambda: len(runs) == 2, "the 2 s lock's owner never claimed", timeout=10)
             # The 24 s group's first renewal (8 s on) meets a connection silent for 6 s.
             trigger = proxy.arm("reply", rb"\$8\r\n24000000\r\n", count=1, hold=6)
             assert trigger.done.wait(20)
