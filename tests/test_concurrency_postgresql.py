@@ -23,6 +23,7 @@ from tests import factories
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory
 from tests.test_unavailable import CALLS, COUNTED
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
@@ -160,6 +161,22 @@ def test_expired_record_is_replaced_by_exactly_one_of_twenty() -> None:
     assert (record.status, record.attempt) == (IdempotencyKey.Status.COMPLETED, 1)
 
 
+def waiting_claims() -> int:
+    """How many claims wait on another transaction's uncommitted insert of their key."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE wait_event_type = 'Lock' "
+            "AND (query LIKE 'WITH inserted AS%%' OR query LIKE %s)"
+            if connection.vendor == "postgresql"
+            else "SELECT count(*) FROM information_schema.processlist "
+            "WHERE command = 'Query' AND db = DATABASE() "
+            "AND (info LIKE %s OR info LIKE 'CALL %%')",
+            [f"%%, {CLAIM_FUNCTION}(%%" if connection.vendor == "postgresql" else "INSERT INTO%%"],
+        )
+        return int(cursor.fetchone()[0])
+
+
 def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> Any:
     """Insert the key's record in an open transaction, let ``claim`` block on it, then commit.
 
@@ -184,32 +201,11 @@ def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> A
         finally:
             connections.close_all()
 
-    def waiting_claims() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' "
-                "AND (query LIKE 'WITH inserted AS%%' OR query LIKE %s)"
-                if connection.vendor == "postgresql"
-                else "SELECT count(*) FROM information_schema.processlist "
-                "WHERE command = 'Query' AND db = DATABASE() "
-                "AND (info LIKE %s OR info LIKE 'CALL %%')",
-                [
-                    f"%%, {CLAIM_FUNCTION}(%%"
-                    if connection.vendor == "postgresql"
-                    else "INSERT INTO%%"
-                ],
-            )
-            return int(cursor.fetchone()[0])
-
     with ThreadPoolExecutor(max_workers=2) as pool:
         holder = pool.submit(hold)
         assert inserted.wait(timeout=30)
         claimed = pool.submit(claim)
-        deadline = time.monotonic() + 30
-        while waiting_claims() == 0:
-            assert time.monotonic() < deadline, "the claim never waited on the open insert"
-            time.sleep(0.01)
+        wait_until(lambda: waiting_claims() >= 1, "the claim never waited on the open insert", 30)
         release.set()
         holder.result(timeout=30)
         return claimed.result(timeout=30)
@@ -297,7 +293,9 @@ def test_claims_waiting_on_an_insert_that_rolls_back_never_raise() -> None:
         holder = pool.submit(hold)
         assert inserted.wait(timeout=30)
         claims = [pool.submit(claim_in_thread(key)) for _ in range(waiting)]
-        time.sleep(1)  # the claims are waiting on the insert
+        wait_until(
+            lambda: waiting_claims() == waiting, "the claims never all waited on the insert", 30
+        )
         release.set()
         holder.result(timeout=30)
         results = [claim.result(timeout=30) for claim in claims]
