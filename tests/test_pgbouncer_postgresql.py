@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +27,7 @@ from django.db import connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from django_idempotency import IdempotencyKey
+from django_idempotency import IdempotencyKey, key_claimed
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = [
@@ -122,24 +121,29 @@ def post(path: str, key: str) -> Any:
 
 
 def concurrently(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
-    """Run ``first``, then ``second`` while ``first`` still runs, each on its own connection."""
-    started = threading.Event()
+    """Run ``first``, then ``second`` once ``first`` has claimed its key (``key_claimed``, sent
+    in its thread), each on its own connection."""
+    claimed = threading.Event()
 
-    def run(call: Callable[[], Any], signal: bool) -> Any:
+    def on_claim(**kwargs: Any) -> None:
+        claimed.set()
+
+    def run(call: Callable[[], Any]) -> Any:
         try:
-            if signal:
-                started.set()
-            else:
-                started.wait(10)
-                time.sleep(0.2)  # first has claimed the key by now
             return call()
         finally:
             connections.close_all()
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        one = pool.submit(run, first, True)
-        two = pool.submit(run, second, False)
-        return one.result(timeout=60), two.result(timeout=60)
+    key_claimed.connect(on_claim, dispatch_uid="pgbouncer-first-claim")
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            one = pool.submit(run, first)
+            assert claimed.wait(30), "the first request never claimed its key"
+            key_claimed.disconnect(dispatch_uid="pgbouncer-first-claim")
+            two = pool.submit(run, second)
+            return one.result(timeout=60), two.result(timeout=60)
+    finally:
+        key_claimed.disconnect(dispatch_uid="pgbouncer-first-claim")
 
 
 def test_the_check_sees_what_a_client_leaves_behind(clean_pool: None) -> None:
