@@ -23,7 +23,7 @@ from tests import factories
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory
 from tests.test_unavailable import CALLS, COUNTED
-from tests.waiting import wait_until
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
@@ -205,7 +205,7 @@ def commit_a_record_while_a_claim_waits(key: str, claim: Callable[[], Any]) -> A
         holder = pool.submit(hold)
         assert inserted.wait(timeout=30)
         claimed = pool.submit(claim)
-        wait_until(lambda: waiting_claims() >= 1, "the claim never waited on the open insert", 30)
+        wait_for(lambda: waiting_claims() >= 1, "the claim to wait on the open insert", 30)
         release.set()
         holder.result(timeout=30)
         return claimed.result(timeout=30)
@@ -293,9 +293,7 @@ def test_claims_waiting_on_an_insert_that_rolls_back_never_raise() -> None:
         holder = pool.submit(hold)
         assert inserted.wait(timeout=30)
         claims = [pool.submit(claim_in_thread(key)) for _ in range(waiting)]
-        wait_until(
-            lambda: waiting_claims() == waiting, "the claims never all waited on the insert", 30
-        )
+        wait_for(lambda: waiting_claims() == waiting, "every claim to wait on the insert", 30)
         release.set()
         holder.result(timeout=30)
         results = [claim.result(timeout=30) for claim in claims]

@@ -43,7 +43,7 @@ from django_idempotency._conf.options import Options
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.conftest import executions, on_postgresql
 from tests.testapp.models import Execution
-from tests.waiting import wait_until
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,8 +134,8 @@ def renewals(monkeypatch: pytest.MonkeyPatch) -> Iterator[Renewals]:
     finally:
         connection_created.disconnect(dispatch_uid="test-heartbeat")
     assert heartbeat.renewer.live() == 0
-    wait_until(lambda: not renewer_threads(), "the renewer thread never exited")
-    wait_until(lambda: server_connections() <= backends, "a connection leaked")
+    wait_for(lambda: not renewer_threads(), "the renewer thread to exit", 5)
+    wait_for(lambda: server_connections() <= backends, "the connections to close", 5)
     # (Django never closes an in-memory SQLite database's connection: it would lose the data.)
     open_ = [c for c in seen.connections if c.connection is not None and not in_memory(c)]
     assert open_ == []
@@ -187,7 +187,7 @@ def test_an_attempt_slower_than_its_lock_timeout_keeps_its_key_while_renewed(
     key = str(uuid.uuid4())
     protected = slow if renewed else slow_unrenewed
     first = in_thread(lambda: protected(key, 3 * LOCK))
-    wait_until(lambda: IdempotencyKey.objects.exists(), "the first attempt never claimed")
+    wait_for(IdempotencyKey.objects.exists, "the first attempt's claim", 5)
     retries: list[Any] = []
     deadline = time.monotonic() + 2.5 * LOCK
     while time.monotonic() < deadline:
@@ -212,7 +212,7 @@ def test_an_attempt_slower_than_its_lock_timeout_keeps_its_key_while_renewed(
 def test_an_async_attempt_is_renewed_too(renewals: Renewals) -> None:
     key = str(uuid.uuid4())
     done = in_thread(lambda: async_to_sync(slow_async)(key, 3 * LOCK))
-    wait_until(lambda: IdempotencyKey.objects.exists(), "the attempt never claimed")
+    wait_for(IdempotencyKey.objects.exists, "the attempt's claim", 5)
     claimed = IdempotencyKey.objects.get()
     assert claimed.unlock_at is not None
     time.sleep(2 * LOCK)
@@ -269,7 +269,7 @@ def test_a_lost_lock_is_reported_and_the_late_result_refused(
     try:
         with caplog.at_level(logging.INFO, logger="django_idempotency"):
             done = in_thread(lambda: watchful(str(uuid.uuid4())))
-            wait_until(lambda: IdempotencyKey.objects.exists(), "the attempt never claimed")
+            wait_for(IdempotencyKey.objects.exists, "the attempt's claim", 5)
             IdempotencyKey.objects.all().delete()  # what idempotency_recover --release does
             assert done() == "late"
     finally:
@@ -309,7 +309,7 @@ def test_renewal_survives_losing_its_connection(
     key = str(uuid.uuid4())
     with caplog.at_level(logging.WARNING, logger="django_idempotency"):
         done = in_thread(lambda: slow(key, 5 * LOCK))
-        wait_until(lambda: bool(renewals.renewing_pids), "the renewer never renewed")
+        wait_for(lambda: renewals.renewing_pids, "a renewal", 5)
         with connections["default"].cursor() as cursor:
             cursor.execute(TERMINATE[cursor.db.vendor], [renewals.renewing_pids[-1]])
         assert done() == 1
@@ -370,7 +370,7 @@ def test_a_slow_view_keeps_its_key_while_renewed(
         return response
 
     first = in_thread(lambda: send(3 * LOCK))
-    wait_until(lambda: IdempotencyKey.objects.exists(), "the first request never claimed")
+    wait_for(IdempotencyKey.objects.exists, "the first request's claim", 5)
     time.sleep(2 * LOCK)
     retry = send()
     assert first().status_code == 201
@@ -415,7 +415,7 @@ def test_renewal_stops_when_the_attempt_raises_or_is_cancelled(renewals: Renewal
             await task
 
     async_to_sync(cancelled)()
-    wait_until(lambda: heartbeat.renewer.live() == 0, "a cancelled attempt is still renewed")
+    wait_for(lambda: heartbeat.renewer.live() == 0, "the cancelled attempt's renewal to stop", 5)
     assert renewals.updates() >= 1
 
 

@@ -52,7 +52,7 @@ from django_idempotency.testing import concurrently, stale_key
 from tests.conftest import flush_redis
 from tests.held import assert_held_off
 from tests.redis_servers import free_port, private_cluster, start_server
-from tests.waiting import wait_until
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
 
@@ -436,7 +436,7 @@ def test_a_live_owner_keeps_its_lock_by_renewal_past_its_timeout(place: Place) -
             assert claimed.wait(10), "the owner never claimed"
             first = unlock_at()
             assert first, "the owner's record has no lock"
-            wait_until(lambda: unlock_at() > first, "the owner's lock was never renewed")
+            wait_for(lambda: unlock_at() > first, "a renewal of the owner's lock", 5)
         finally:
             finish.set()
             owner.shutdown()
@@ -1184,7 +1184,7 @@ def test_a_frozen_redis_store_never_costs_the_database_store_its_locks() -> None
             owner = pool.submit(on_database, "payment", 4.0)
             # Both owners hold their keys: the Redis attempt's next renewal (0.5 s at most)
             # meets the freeze.
-            wait_until(lambda: runs, "the database owner never claimed", timeout=10)
+            wait_for(lambda: runs, "the database owner's claim")
             process.send_signal(signal.SIGSTOP)
             duplicates: list[Any] = []
             while not owner.done():
@@ -1513,10 +1513,10 @@ def test_a_frozen_primary_costs_the_other_primaries_no_renewal(tmp_path: Path) -
         # The frozen node's owner claims first: its lock is the first one renewed.
         owners = ThreadPoolExecutor(len(healthy) + 1)
         done = [owners.submit(handle, by_port[frozen][0], True)]
-        wait_until(lambda: runs, "the frozen node's owner never claimed", timeout=10)
+        wait_for(lambda: runs, "the frozen node's owner's claim")
         done += [owners.submit(handle, key, True) for key in healthy]
         owning = len(healthy) + 1
-        wait_until(lambda: len(runs) == owning, "the healthy owners never claimed", timeout=10)
+        wait_for(lambda: len(runs) == owning, "the healthy owners' claims")
         process = cluster.processes[frozen]
         os.kill(process.pid, signal.SIGSTOP)
         try:
@@ -1567,9 +1567,9 @@ def test_a_long_locks_stuck_renewal_costs_a_short_lock_nothing(tmp_path: Path) -
     try:
         with on_redis(f"redis://127.0.0.1:{proxy_port}/0"):
             done = [owners.submit(slow, "report", True)]
-            wait_until(lambda: runs, "the 24 s lock's owner never claimed", timeout=10)
+            wait_for(lambda: runs, "the 24 s lock's owner's claim")
             done.append(owners.submit(fast, "payment", True))
-            wait_until(lambda: len(runs) == 2, "the 2 s lock's owner never claimed", timeout=10)
+            wait_for(lambda: len(runs) == 2, "the 2 s lock's owner's claim")
             # The 24 s group's first renewal (8 s on) meets a connection silent for 6 s.
             trigger = proxy.arm("reply", rb"\$8\r\n24000000\r\n", count=1, hold=6)
             assert trigger.done.wait(20)

@@ -37,10 +37,10 @@ from tests.test_servers_postgresql import (
     in_background,
     post,
     server_database,
-    wait_for,
     wsgi,
 )
 from tests.testapp.models import Execution
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 

@@ -29,6 +29,7 @@ from tests.conftest import executions
 from tests.servers import harness
 from tests.testapp.models import Execution
 from tests.vendors import IN_TRANSACTION, TERMINATE
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
@@ -132,15 +133,6 @@ def problem_slug(response: Response) -> str:
 
 def record(key: str) -> IdempotencyKey:
     return IdempotencyKey.objects.get(key_hash=hash_key(key))
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def wait_until_stale(key: str) -> None:

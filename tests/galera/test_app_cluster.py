@@ -35,8 +35,8 @@ from tests.test_servers_postgresql import (
     outcome,
     post,
     problem_slug,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.galera_app
 
