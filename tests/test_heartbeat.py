@@ -42,6 +42,7 @@ from django_idempotency._call import heartbeat
 from django_idempotency._conf.options import Options
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.conftest import executions, on_postgresql
+from tests.held import assert_held_off
 from tests.testapp.models import Execution
 from tests.waiting import wait_for
 
@@ -197,7 +198,8 @@ def test_an_attempt_slower_than_its_lock_timeout_keeps_its_key_while_renewed(
         except IdempotencyInProgress as exc:
             retries.append(exc)
     if renewed:
-        assert all(isinstance(retry, IdempotencyInProgress) for retry in retries), retries
+        # The loop may run past the owner's store on a loaded machine: a replay then.
+        assert_held_off(retries, 1)
         assert first() == 1
         assert executions("slow") == 1
         assert protected(key) == 1  # the stored result
