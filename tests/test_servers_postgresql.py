@@ -135,6 +135,11 @@ def record(key: str) -> IdempotencyKey:
     return IdempotencyKey.objects.get(key_hash=hash_key(key))
 
 
+def wait_for_claim(key: str) -> None:
+    """Until the key's record is committed: a request sent in the background has claimed it."""
+    wait_for(IdempotencyKey.objects.filter(key_hash=hash_key(key)).exists, f"the claim of {key}")
+
+
 def wait_until_stale(key: str) -> None:
     """Sleep until the record's ``unlock_at`` has passed (by the database's clock too)."""
     unlock_at = record(key).unlock_at
@@ -270,7 +275,7 @@ def test_late_owner_result_is_refused_and_the_new_owner_result_stays(
 ) -> None:
     key = str(uuid.uuid4())
     first = in_background(lambda: post(wsgi, "/late/", key, X_Sleep="2.5"))
-    wait_for(lambda: IdempotencyKey.objects.filter(key_hash=hash_key(key)).exists(), "claim")
+    wait_for_claim(key)
     wait_until_stale(key)
     # The retry takes the record over and is still running when the late owner finishes, so
     # only the lock token (not the status) tells the two apart.
@@ -302,7 +307,7 @@ def test_late_owner_result_is_refused_and_the_new_owner_result_stays(
 def test_waiters_get_the_replay_and_poll_gently(wsgi: harness.Server) -> None:
     key = str(uuid.uuid4())
     first = in_background(lambda: post(wsgi, "/wait/", key, X_Sleep="2"))
-    wait_for(lambda: IdempotencyKey.objects.filter(key_hash=hash_key(key)).exists(), "claim")
+    wait_for_claim(key)
     waiters = storm(3, wsgi, "/wait/", lambda _: key)
     original = first()
     assert outcome(original) == "executed"
@@ -325,7 +330,7 @@ def test_waiters_get_the_replay_and_poll_gently(wsgi: harness.Server) -> None:
 def test_many_waiters_on_uvicorn_all_get_the_replay(asgi: harness.Server) -> None:
     key = str(uuid.uuid4())
     first = in_background(lambda: post(asgi, "/async-wait/", key, X_Sleep="1.5"))
-    wait_for(lambda: IdempotencyKey.objects.filter(key_hash=hash_key(key)).exists(), "claim")
+    wait_for_claim(key)
     waiters = storm(20, asgi, "/async-wait/", lambda _: key)
     original = first()
     assert outcome(original) == "executed"
@@ -337,7 +342,7 @@ def test_many_waiters_on_uvicorn_all_get_the_replay(asgi: harness.Server) -> Non
 def test_a_waiter_gets_409_once_wait_timeout_passes(wsgi: harness.Server) -> None:
     key = str(uuid.uuid4())
     first = in_background(lambda: post(wsgi, "/wait-short/", key, X_Sleep="2"))
-    wait_for(lambda: IdempotencyKey.objects.filter(key_hash=hash_key(key)).exists(), "claim")
+    wait_for_claim(key)
     waiter = post(wsgi, "/wait-short/", key)
     assert_409(waiter)
     assert float(waiter.headers["X-Elapsed"]) >= 0.5  # it did wait, wait_timeout=0.5
