@@ -37,6 +37,7 @@ from tests.test_servers_postgresql import (
     in_background,
     post,
     server_database,
+    wait_for_claim,
     wsgi,
 )
 from tests.testapp.models import Execution
@@ -100,7 +101,7 @@ def test_a_view_slower_than_its_lock_timeout_runs_once_while_retries_get_409(
 def test_a_waiting_retry_of_a_renewed_view_gets_its_replay(wsgi: harness.Server) -> None:
     key = str(uuid.uuid4())
     first = in_background(lambda: post(wsgi, "/renewed-wait/", key, X_Sleep=str(3 * LOCK)))
-    time.sleep(0.5)
+    wait_for_claim(key)  # a fixed 0.5 s: a late first request waited on the "waiter" instead
     waiter = post(wsgi, "/renewed-wait/", key)
     original = first()
     assert original.status_code == 201
@@ -111,7 +112,10 @@ def test_a_waiting_retry_of_a_renewed_view_gets_its_replay(wsgi: harness.Server)
 def test_an_async_view_slower_than_its_lock_timeout_runs_once(asgi: harness.Server) -> None:
     key = str(uuid.uuid4())
     first = in_background(lambda: post(asgi, "/renewed-async/", key, X_Sleep=str(3 * LOCK)))
-    time.sleep(2 * LOCK)
+    wait_for_claim(key)
+    # Past its lock timeout, counted from the claim (a fixed 2 s from the send: a claim late
+    # by a second left no renewal to test, later still the retry came after the view ended).
+    time.sleep(1.5 * LOCK)
     assert_409(post(asgi, "/renewed-async/", key))
     original = first()
     assert original.status_code == 201
