@@ -94,25 +94,35 @@ PROXIED = "proxied"
 
 
 @pytest.fixture(scope="module")
-def server_proxy(server: PostgresCluster | MariaDBServer) -> Iterator[FaultProxy]:
+def proxy(server: PostgresCluster | MariaDBServer) -> Iterator[FaultProxy]:
     """A proxy in front of the module's server."""
     yield from proxying(server.port)
 
 
+@pytest.fixture(scope="module")
+def proxied_app(
+    request: pytest.FixtureRequest, server: PostgresCluster | MariaDBServer, proxy: FaultProxy
+) -> Iterator[apps.App]:
+    """The app served on the module's server through its proxy, with the module's
+    ``APP_ENVIRONMENT`` (more of the app's environment: Django's pool) if it has one."""
+    extra: dict[str, str] = getattr(request.module, "APP_ENVIRONMENT", {})
+    yield from serving(request, apps.app(server.url(proxy.port), **extra))
+
+
 @pytest.fixture
 def proxied_store(
-    server: PostgresCluster | MariaDBServer, server_proxy: FaultProxy, django_db_blocker: Any
+    server: PostgresCluster | MariaDBServer, proxy: FaultProxy, django_db_blocker: Any
 ) -> Iterator[FaultProxy]:
     """The module's server, through its proxy, as this process's idempotency store (the alias
     :data:`PROXIED`), for a view or function run in the test's process (issue 39). A module
     using it names its servers' parameters apart from the vendor markers: a test's keywords
     include its ids, and ``postgresql`` alone would skip it on the suite's SQLite."""
     with django_db_blocker.unblock():
-        own_servers.register(PROXIED, server, server_proxy.port)
+        own_servers.register(PROXIED, server, proxy.port)
         try:
             with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": PROXIED}):
-                yield server_proxy
+                yield proxy
         finally:
-            server_proxy.disarm()
-            server_proxy.admit()
+            proxy.disarm()
+            proxy.admit()
             own_servers.unregister(PROXIED)

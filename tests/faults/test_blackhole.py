@@ -7,31 +7,15 @@ no ``500`` (:mod:`tests.faults.storm` says what each scenario asserts)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.faults import app as apps
 from tests.faults.catalogue import blackhole_fault
-from tests.faults.conftest import proxying
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import check, run
-from tests.test_servers_postgresql import serving
 
 pytestmark = pytest.mark.faults
-
-
-@pytest.fixture(scope="module")
-def proxy(server: Any) -> Iterator[FaultProxy]:
-    yield from proxying(server.port)
-
-
-@pytest.fixture(scope="module")
-def proxied_app(
-    request: pytest.FixtureRequest, server: Any, proxy: FaultProxy
-) -> Iterator[apps.App]:
-    yield from serving(request, apps.app(server.url(proxy.port)))
 
 
 @pytest.mark.parametrize(

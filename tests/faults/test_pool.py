@@ -15,7 +15,6 @@ import pytest
 
 from tests.faults import app as apps
 from tests.faults.catalogue import blackhole_fault, server_fault
-from tests.faults.conftest import proxying
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import Store, check, run
 from tests.test_servers_postgresql import serving
@@ -25,22 +24,19 @@ pytestmark = pytest.mark.faults
 DATABASE = "postgresql, pool"
 
 
+#: The app's processes pool their connections (``proxied_app`` reads it too).
+APP_ENVIRONMENT = {"IDEMPOTENCY_FAULT_POOL": "1"}
+
+
+@pytest.fixture(scope="module")
+def server(postgresql: Any) -> Any:
+    """PostgreSQL alone (the suite's ``proxy`` and ``proxied_app`` stand in front of it)."""
+    return postgresql
+
+
 @pytest.fixture(scope="module")
 def app(request: pytest.FixtureRequest, postgresql: Any) -> Iterator[apps.App]:
-    yield from serving(request, apps.app(postgresql.url(), IDEMPOTENCY_FAULT_POOL="1"))
-
-
-@pytest.fixture(scope="module")
-def proxy(postgresql: Any) -> Iterator[FaultProxy]:
-    yield from proxying(postgresql.port)
-
-
-@pytest.fixture(scope="module")
-def proxied_app(
-    request: pytest.FixtureRequest, postgresql: Any, proxy: FaultProxy
-) -> Iterator[apps.App]:
-    app = apps.app(postgresql.url(proxy.port), IDEMPOTENCY_FAULT_POOL="1")
-    yield from serving(request, app)
+    yield from serving(request, apps.app(postgresql.url(), **APP_ENVIRONMENT))
 
 
 @pytest.mark.parametrize("mode", ["two-phase", "atomic"])

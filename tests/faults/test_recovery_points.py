@@ -37,7 +37,6 @@ from tests.faults import app as apps
 from tests.faults.conftest import PROXIED
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import KEYS, Fault, check, run
-from tests.test_servers_postgresql import serving
 
 pytestmark = [pytest.mark.faults, pytest.mark.urls(__name__)]
 
@@ -81,7 +80,8 @@ def server(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def proxy(proxied_store: FaultProxy) -> Iterator[FaultProxy]:
+def cleared(proxied_store: FaultProxy) -> Iterator[FaultProxy]:
+    """The proxied store's proxy, no charge or fault left from an earlier test."""
     CHARGES.clear()
     FAULT.clear()
     try:
@@ -118,24 +118,26 @@ def _shipped_once(key: str, first: Any, url: str = "/refund/") -> None:
 
 
 @pytest.mark.parametrize("cut", ["request", "reply"])
-def test_a_recovery_point_whose_write_is_cut_is_written_again(proxy: FaultProxy, cut: str) -> None:
+def test_a_recovery_point_whose_write_is_cut_is_written_again(
+    cleared: FaultProxy, cut: str
+) -> None:
     """The "charged" write silent for 3 s, then reset: its request never reached the server,
     or its reply was lost after the server applied it."""
     key = str(uuid.uuid4())
     armed: list[Any] = []
-    FAULT.append(lambda: armed.append(proxy.arm(cut, POINT_WRITE, count=1, hold=SILENT)))
+    FAULT.append(lambda: armed.append(cleared.arm(cut, POINT_WRITE, count=1, hold=SILENT)))
     first = post("/refund/", key)
     assert armed[0].fired == 1
     _shipped_once(key, first)
 
 
-def test_a_recovery_point_across_a_restart(proxy: FaultProxy, server: Any) -> None:
+def test_a_recovery_point_across_a_restart(cleared: FaultProxy, server: Any) -> None:
     key = str(uuid.uuid4())
     FAULT.append(server.restart)
     _shipped_once(key, post("/refund/", key))
 
 
-def test_a_recovery_point_the_database_does_not_take_in_time_is_a_503(proxy: FaultProxy) -> None:
+def test_a_recovery_point_the_database_does_not_take_in_time_is_a_503(cleared: FaultProxy) -> None:
     """Connections refused for twice the 2 s lock from the charge on (renewals too): the point
     cannot be written before the lock could lapse. The view answers 503 with the app's problem,
     not the driver's error; the retry after the fault takes the record over at the last point
@@ -144,8 +146,8 @@ def test_a_recovery_point_the_database_does_not_take_in_time_is_a_503(proxy: Fau
     back: list[threading.Thread] = []
 
     def away() -> None:
-        proxy.refuse()
-        thread = threading.Thread(target=lambda: (time.sleep(2 * SHORT), proxy.admit()))
+        cleared.refuse()
+        thread = threading.Thread(target=lambda: (time.sleep(2 * SHORT), cleared.admit()))
         thread.start()
         back.append(thread)
 
@@ -187,17 +189,10 @@ def _cut(proxy: FaultProxy, cut: str) -> Fault:
     return Fault(f"point-drop-{cut}", arm, disarm, path="/recovery/")
 
 
-@pytest.fixture(scope="module")
-def proxied_app(
-    request: pytest.FixtureRequest, server: Any, server_proxy: FaultProxy
-) -> Iterator[apps.App]:
-    yield from serving(request, apps.app(server.url(server_proxy.port)))
-
-
 @pytest.mark.parametrize("fault", ["point-restart", "point-drop-request", "point-drop-reply"])
 def test_the_storm(
-    fault: str, server: Any, server_proxy: FaultProxy, proxied_app: apps.App, store: Any
+    fault: str, server: Any, proxy: FaultProxy, proxied_app: apps.App, store: Any
 ) -> None:
     cut = fault.removeprefix("point-drop-")
-    made = _restart(server) if fault == "point-restart" else _cut(server_proxy, cut)
+    made = _restart(server) if fault == "point-restart" else _cut(proxy, cut)
     check(run(proxied_app, store, server.NAME, made, "two-phase"), proxied_app)

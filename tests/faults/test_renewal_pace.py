@@ -53,7 +53,6 @@ from tests.faults.conftest import PROXIED
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import Fault, Spell, check, run
 from tests.faults.views import RENEWED_LOCK
-from tests.test_servers_postgresql import serving
 
 pytestmark = pytest.mark.faults
 
@@ -246,17 +245,10 @@ def _answered(server: Any, port: int, deadline: float) -> float:
             return time.monotonic()
 
 
-@pytest.fixture(scope="module")
-def proxied_app(
-    request: pytest.FixtureRequest, server: Any, server_proxy: FaultProxy
-) -> Iterator[apps.App]:
-    yield from serving(request, apps.app(server.url(server_proxy.port)))
-
-
 @pytest.mark.parametrize("seconds", OUTAGES)
 def test_the_window(
-    seconds: float, server: Any, server_proxy: FaultProxy, proxied_app: apps.App, store: Any
+    seconds: float, server: Any, proxy: FaultProxy, proxied_app: apps.App, store: Any
 ) -> None:
-    fault = outage(server_proxy, server, seconds)
+    fault = outage(proxy, server, seconds)
     figures = run(proxied_app, store, server.NAME, fault, "two-phase")
     check(figures, proxied_app)

@@ -11,7 +11,6 @@ import pytest
 
 from tests.faults import app as apps
 from tests.faults.catalogue import PROXY_FAULTS, SERVER_FAULTS, proxy_fault, server_fault
-from tests.faults.conftest import proxying
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import check, run
 from tests.test_servers_postgresql import serving
@@ -22,18 +21,6 @@ pytestmark = pytest.mark.faults
 @pytest.fixture(scope="module")
 def app(request: pytest.FixtureRequest, server: Any) -> Iterator[apps.App]:
     yield from serving(request, apps.app(server.url()))
-
-
-@pytest.fixture(scope="module")
-def proxy(server: Any) -> Iterator[FaultProxy]:
-    yield from proxying(server.port)
-
-
-@pytest.fixture(scope="module")
-def proxied_app(
-    request: pytest.FixtureRequest, server: Any, proxy: FaultProxy
-) -> Iterator[apps.App]:
-    yield from serving(request, apps.app(server.url(proxy.port)))
 
 
 @pytest.mark.parametrize("mode", ["two-phase", "atomic"])
