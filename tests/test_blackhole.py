@@ -32,6 +32,7 @@ from django_idempotency._store import deadlines
 from django_idempotency.models import IdempotencyKey
 from tests import ports
 from tests.faults.proxy import FaultProxy
+from tests.waiting import wait_for
 
 ALIAS = "blackholed"
 #: The views' lock: each of the app's statements is bounded by a second (deadlines.LEAST).
@@ -210,7 +211,10 @@ def test_renewals_on_a_silenced_connection_resume_on_a_new_one(store: FaultProxy
     first: list[Any] = []
     thread = threading.Thread(target=lambda: first.append(post("/renewed/", key)), daemon=True)
     thread.start()
-    time.sleep(LOCK * 1.5)  # past the lock the claim took: only renewals hold it now
+    # Past the lock the claim took, counted from the view's start (after the claim): only
+    # renewals hold it now. 1.5 locks from the thread's start held only for a claim in 3 s.
+    wait_for(lambda: EFFECTS[key], "the first request's view", GIVE_UP)
+    time.sleep(LOCK)
     duplicate = post("/renewed/", key)
     thread.join(GIVE_UP + LOCK * 2)
     assert duplicate is not None and duplicate.status_code == 409, duplicate
