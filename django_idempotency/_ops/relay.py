@@ -235,13 +235,13 @@ def describe(figures: dict[str, Any]) -> str:
 def delete_delivered(alias: str, batch_size: int, *, sleep: float = 0.0) -> int:
     """Delete sent messages whose record is gone, batch by batch (``idempotency_cleanup``)."""
     connection = connections[alias]
-    deleted = 0
-    while count := store.delete_delivered(connection, batch_size):
+    deleted = after = 0
+    while True:
+        count, after = store.delete_delivered(connection, batch_size, after)
         deleted += count
         if count < batch_size:
-            break
+            return deleted
         time.sleep(sleep)
-    return deleted
 
 
 def resend(alias: str, ids: list[int]) -> int:
