@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import os
 import random
-import re
 import signal
 import statistics
 import subprocess
@@ -499,24 +498,20 @@ class Bench:
         )
         seconds = self.grow(args.live) + self.grow(args.expired, expired=True)
         say(f"filled in {seconds:.0f} s: {per_record(count())}")
-        with self.server("gunicorn") as url, LockWatch(self.vendor) as locks:
+        with self.server("gunicorn") as url:
             recorder = Paced(url + "/two-phase/", args.rate)
             recorder.start()
             time.sleep(args.idle)  # the idle window's requests
-            idle_end = time.monotonic()
-            output = self.manage("idempotency_cleanup")
-            during_end = time.monotonic()
-            locks.stop()
+            with LockWatch(self.vendor) as locks:
+                output, first, last = self.timed_cleanup()
             time.sleep(args.idle / 2)
             recorder.stop()
-        # The run's own seconds, as it reports them: the window its batches ran in (the
-        # process's start-up before it is neither idle nor cleanup, and is left out).
-        seconds = float(re.search(r"\(([\d.]+) s, ", output).group(1))  # type: ignore[union-attr]
-        idle = [lat for at, lat, _ in recorder.samples if at < idle_end]
-        during = [lat for at, lat, _ in recorder.samples if during_end - seconds <= at < during_end]
+        idle = [lat for at, lat, _ in recorder.samples if at < first - 1]
+        during = [lat for at, lat, _ in recorder.samples if first <= at < last]
         statuses = Counter(status for _, _, status in recorder.samples)
         for line in output.splitlines():
-            say(f"idempotency_cleanup: {line}")
+            if not line.startswith("Batch "):
+                say(f"idempotency_cleanup: {line}")
         say(f"requests without cleanup: n={len(idle)} {ms(idle)}")
         say(f"requests during cleanup:  n={len(during)} {ms(during)}")
         say(
@@ -548,17 +543,28 @@ class Bench:
             seconds = time.perf_counter() - started
         say(f"dropping a table of the same {rows:,} expired records: {seconds * 1000:.0f} ms")
 
-    def manage(self, *command: str) -> str:
-        """A management command in a process of its own, as cron starts it."""
-        result = subprocess.run(
-            [sys.executable, "-m", "django", *command],
+    def timed_cleanup(self) -> tuple[str, float, float]:
+        """``idempotency_cleanup`` in a process of its own, as cron starts it: its output and
+        when its first and its last batch of records were reported (its start-up and its
+        outbox pass are not the records' deletion)."""
+        process = subprocess.Popen(
+            [sys.executable, "-m", "django", "idempotency_cleanup", "-v", "2"],
             cwd=ROOT,
             env=self.env(),
-            capture_output=True,
+            stdout=subprocess.PIPE,
             text=True,
-            check=True,
         )
-        return result.stdout.strip()
+        assert process.stdout is not None
+        lines: list[str] = []
+        first = last = 0.0
+        for line in process.stdout:
+            if line.startswith("Batch ") and not first:
+                first = time.monotonic()
+            if line.startswith("Deleted ") and " expired " in line:
+                last = time.monotonic()
+            lines.append(line.strip())
+        assert process.wait() == 0
+        return "\n".join(lines), first, last or time.monotonic()
 
     def env(self) -> dict[str, str]:
         return {

@@ -235,12 +235,13 @@ def describe(figures: dict[str, Any]) -> str:
 def delete_delivered(alias: str, batch_size: int, *, sleep: float = 0.0) -> int:
     """Delete sent messages whose record is gone, batch by batch (``idempotency_cleanup``)."""
     connection = connections[alias]
-    deleted = after = 0
+    deleted, after = 0, 0
     while True:
-        count, after = store.delete_delivered(connection, batch_size, after)
+        count, last = store.delete_delivered(connection, batch_size, after)
         deleted += count
-        if count < batch_size:
+        if last is None:
             return deleted
+        after = last
         time.sleep(sleep)
 
 
