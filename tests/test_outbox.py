@@ -569,7 +569,7 @@ def test_the_cleanup_reads_each_delivered_message_once_a_run() -> None:
     highest id the batch before it read, and deletes those whose record is gone: one statement
     looking for them was planned as a merge of both whole tables, every batch from the start (3
     million messages: 3,100 deleted a second, benchmarks/scale.py). Messages whose record was
-    deleted interleaved with two whose record lives, in batches of two."""
+    deleted interleaved with two whose record lives, read two at a time."""
     from django_idempotency._ops.relay import delete_delivered
 
     live = IdempotencyKey.objects.create(
@@ -591,15 +591,18 @@ def test_the_cleanup_reads_each_delivered_message_once_a_run() -> None:
         )
     ids = list(OutboxMessage.objects.order_by("id").values_list("id", flat=True))
     with CaptureQueriesContext(connection) as queries:
-        assert delete_delivered("default", 2) == 5
+        assert delete_delivered("default", 1, read=2) == 5
     assert sorted(OutboxMessage.objects.values_list("message_id", flat=True)) == ["m2", "m5"]
     reads = [
         query["sql"].replace("`", '"')
         for query in queries.captured_queries
         if "NOT EXISTS" in query["sql"]
     ]
-    # Four batches (m0 m1, m2 m3, m4 m5, m6: short, the end), each after the last one read.
+    # Four reads (m0 m1, m2 m3, m4 m5, m6: short, the end), each after the last one read; the
+    # messages deleted one a statement.
     assert len(reads) == 4
+    deletes = [query for query in queries.captured_queries if query["sql"].startswith("DELETE")]
+    assert len(deletes) == 5
     for before, sql in zip((0, 1, 3, 5), reads, strict=True):
         assert f'"id" > {ids[before] if before else 0} ' in sql, sql
 
