@@ -564,49 +564,6 @@ def test_erasing_a_scope_deletes_its_delivered_messages(post: Post, key: str) ->
     assert OutboxMessage.objects.count() == 0
 
 
-def test_the_cleanup_reads_each_delivered_message_once_a_run() -> None:
-    """The cleanup's outbox pass reads the sent messages in id order, each batch after the
-    highest id the batch before it read, and deletes those whose record is gone: one statement
-    looking for them was planned as a merge of both whole tables, every batch from the start (3
-    million messages: 3,100 deleted a second, benchmarks/scale.py). Messages whose record was
-    deleted interleaved with two whose record lives, read two at a time."""
-    from django_idempotency._ops.relay import delete_delivered
-
-    live = IdempotencyKey.objects.create(
-        scope="s",
-        key_hash="k",
-        method="POST",
-        path="/",
-        request_hash="h",
-        expires_at=timezone.now(),
-    )
-    for number in range(7):
-        OutboxMessage.objects.create(
-            record_id=live.pk if number in (2, 5) else live.pk + 1 + number,
-            message_id=f"m{number}",
-            engine="celery",
-            task="t",
-            arguments="{}",
-            state=OutboxMessage.State.SENT,
-        )
-    ids = list(OutboxMessage.objects.order_by("id").values_list("id", flat=True))
-    with CaptureQueriesContext(connection) as queries:
-        assert delete_delivered("default", 1, read=2) == 5
-    assert sorted(OutboxMessage.objects.values_list("message_id", flat=True)) == ["m2", "m5"]
-    reads = [
-        query["sql"].replace("`", '"')
-        for query in queries.captured_queries
-        if "NOT EXISTS" in query["sql"]
-    ]
-    # Four reads (m0 m1, m2 m3, m4 m5, m6: short, the end), each after the last one read; the
-    # messages deleted one a statement.
-    assert len(reads) == 4
-    deletes = [query for query in queries.captured_queries if query["sql"].startswith("DELETE")]
-    assert len(deletes) == 5
-    for before, sql in zip((0, 1, 3, 5), reads, strict=True):
-        assert f'"id" > {ids[before] if before else 0} ' in sql, sql
-
-
 def test_a_web_process_dead_after_the_commit_leaves_its_messages_to_the_relay(
     post: Post, key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

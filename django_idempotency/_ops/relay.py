@@ -232,19 +232,16 @@ def describe(figures: dict[str, Any]) -> str:
     return line if age is None else f"{line} (oldest {age:,.0f} s)"
 
 
-def delete_delivered(
-    alias: str, batch_size: int, *, sleep: float = 0.0, read: int = store.READ_BATCH
-) -> int:
+def delete_delivered(alias: str, batch_size: int, *, sleep: float = 0.0) -> int:
     """Delete sent messages whose record is gone, batch by batch (``idempotency_cleanup``)."""
     connection = connections[alias]
-    deleted, after = 0, 0
-    while True:
-        count, last = store.delete_delivered(connection, batch_size, after, read)
+    deleted = 0
+    while count := store.delete_delivered(connection, batch_size):
         deleted += count
-        if last is None:
-            return deleted
-        after = last
+        if count < batch_size:
+            break
         time.sleep(sleep)
+    return deleted
 
 
 def resend(alias: str, ids: list[int]) -> int:

@@ -315,44 +315,24 @@ def _aware(connection: BaseDatabaseWrapper, value: Any) -> datetime:
     return aware(connection, value)
 
 
-#: Sent messages one statement of the cleanup's outbox pass reads: a pass reads them all, and
-#: a statement's own cost (about 10 ms on a loaded server) is then paid once per 10,000.
-READ_BATCH = 10_000
-
-
-def delete_delivered(
-    connection: BaseDatabaseWrapper, size: int, after: int = 0, read: int = READ_BATCH
-) -> tuple[int, int | None]:
-    """Read the next ``read`` sent messages, in id order after ``after``, and delete those whose
-    record is gone (deleted by the cleanup, or released), ``size`` a statement: the messages
-    deleted and the highest id read (``None`` at the table's end), where the next call starts.
-
-    A run reads each message once, and each message's record is looked up by its primary key
-    (a subquery per row, which no planner turns into a join). One statement looking for gone
-    records' messages (``NOT EXISTS`` with ``LIMIT``) was planned by PostgreSQL as a merge of
-    the whole outbox with the whole record table, expecting to find none: every batch read both
-    from the start, and a run deleting 300,000 of 3 million messages went at 3,100 a second
-    (``benchmarks/scale.py outbox``)."""
+def delete_delivered(connection: BaseDatabaseWrapper, size: int) -> int:
+    """Delete up to ``size`` sent messages whose record is gone (deleted by the cleanup, or
+    released): one batch, the messages deleted."""
     q = connection.ops.quote_name
     table = _table(connection)
     records = q(IdempotencyKey._meta.db_table)
-    gone_sql = f"NOT EXISTS (SELECT 1 FROM {records} r WHERE r.{q('id')} = m.{q('record_id')})"
-    deleted = 0
+    orphans = (
+        f"SELECT m.{q('id')} FROM {table} m WHERE m.{q('state')} = '{SENT}' AND NOT EXISTS "
+        f"(SELECT 1 FROM {records} r WHERE r.{q('id')} = m.{q('record_id')}) LIMIT %s"
+    )
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT m.{q('id')}, CASE WHEN {gone_sql} THEN 1 ELSE 0 END FROM (SELECT "
-            f"{q('id')}, {q('record_id')} FROM {table} WHERE {q('state')} = '{SENT}' AND "
-            f"{q('id')} > %s ORDER BY {q('id')} LIMIT %s) m",
-            [after, read],
-        )
-        rows = cursor.fetchall()
-        gone = [message for message, flag in rows if flag]
-        for start in range(0, len(gone), size):
-            batch = gone[start : start + size]
-            marks = ", ".join(["%s"] * len(batch))
-            cursor.execute(f"DELETE FROM {table} WHERE {q('id')} IN ({marks})", batch)
-            deleted += int(cursor.rowcount)
-    return deleted, max(message for message, _ in rows) if len(rows) == read else None
+        cursor.execute(orphans, [size])
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return 0
+        marks = ", ".join(["%s"] * len(ids))
+        cursor.execute(f"DELETE FROM {table} WHERE {q('id')} IN ({marks})", ids)
+        return int(cursor.rowcount)
 
 
 def listening(connection: BaseDatabaseWrapper) -> Callable[[float], bool] | None:
