@@ -90,6 +90,9 @@ def main() -> None:
     parser.add_argument("--day-seconds", type=float, default=240.0, help="churn: a day, compressed")
     parser.add_argument("--connections", default="1,8,32,128", help="throughput: client counts")
     parser.add_argument("--seconds", type=float, default=8.0, help="throughput: per measurement")
+    parser.add_argument(
+        "--servers", default="gunicorn,uvicorn,hot", help="throughput: which servers, hot key"
+    )
     parser.add_argument("--threads", type=int, default=64, help="gunicorn threads per worker")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn and uvicorn workers")
     parser.add_argument("--redis", default=os.environ.get("BENCH_REDIS_URL", ""))
@@ -590,8 +593,11 @@ class Bench:
                 *("--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "60"),
                 *("--port", str(port), "benchmarks.overhead_project.asgi:application"),
             ]
+        env = self.env()
+        if kind == "uvicorn":  # a persistent connection per request's thread would pile up
+            env["BENCH_CONN_MAX_AGE"] = "0"
         process = subprocess.Popen(
-            [sys.executable, *command], cwd=ROOT, env=self.env(), start_new_session=True
+            [sys.executable, *command], cwd=ROOT, env=env, start_new_session=True
         )
         try:
             url = f"http://127.0.0.1:{port}"
@@ -681,10 +687,13 @@ class Bench:
             f"\n## throughput: {args.seconds:.0f} s per figure, the client (asyncio, HTTP/1.1 "
             "keep-alive) on the same 2 cores"
         )
-        for kind, paths in (
-            ("gunicorn", {"bare": "/bare/", "protected": "/two-phase/"}),
-            ("uvicorn", {"bare": "/async-bare/", "protected": "/async-two-phase/"}),
-        ):
+        servers = {
+            "gunicorn": {"bare": "/bare/", "protected": "/two-phase/"},
+            "uvicorn": {"bare": "/async-bare/", "protected": "/async-two-phase/"},
+        }
+        for kind, paths in servers.items():
+            if kind not in args.servers.split(","):
+                continue
             workers = f"{args.workers} workers" + (
                 f" x {args.threads} threads" if kind == "gunicorn" else ""
             )
@@ -713,6 +722,8 @@ class Bench:
                         f"replay {statistics.mean(rates['replay']):,.0f}/s "
                         f"({statistics.mean(rates['replay']) / bare:.2f}){errors}"
                     )
+        if "hot" not in args.servers.split(","):
+            return None
         with self.server("gunicorn") as url:
             for path in ("/hot/", "/hot-wait/"):
                 self.hot_key(url, path)
