@@ -10,6 +10,10 @@ urlpatterns = [
     path("two-phase/", views.two_phase),
     path("atomic/", views.atomic),
     path("django-only/", views.django_only),
+    path("async-bare/", views.async_bare),
+    path("async-two-phase/", views.async_two_phase),
+    path("hot/", views.hot),
+    path("hot-wait/", views.hot_wait),
 ]
 if views.PEER:
     urlpatterns += [

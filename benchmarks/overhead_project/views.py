@@ -10,6 +10,7 @@ its decorator: alone (its only mode) and inside one transaction (``transaction.a
 from __future__ import annotations
 
 import json
+import time
 
 from django.conf import settings
 from django.db import transaction
@@ -19,13 +20,7 @@ from django_idempotency import idempotent
 from example_project.payments.models import Charge
 
 
-def create_charge(request: HttpRequest) -> HttpResponse:
-    if not request.user.is_authenticated:  # with --auth lazy, this reads the user
-        return JsonResponse({"detail": "Authentication required."}, status=401)
-    data = json.loads(request.body)
-    charge = Charge.objects.create(
-        amount=data["amount"], currency=data["currency"], description=data.get("description", "")
-    )
+def charge_response(charge: Charge) -> HttpResponse:
     return JsonResponse(
         {
             "id": charge.pk,
@@ -38,6 +33,35 @@ def create_charge(request: HttpRequest) -> HttpResponse:
     )
 
 
+def create_charge(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_authenticated:  # with --auth lazy, this reads the user
+        return JsonResponse({"detail": "Authentication required."}, status=401)
+    data = json.loads(request.body)
+    charge = Charge.objects.create(
+        amount=data["amount"], currency=data["currency"], description=data.get("description", "")
+    )
+    return charge_response(charge)
+
+
+async def create_charge_async(request: HttpRequest) -> HttpResponse:
+    """The same charge as an ``async def`` view (benchmarks/scale.py under uvicorn)."""
+    data = json.loads(request.body)
+    charge = await Charge.objects.acreate(
+        amount=data["amount"], currency=data["currency"], description=data.get("description", "")
+    )
+    return charge_response(charge)
+
+
+#: How long the hot key's view works: long enough that 100 duplicates arrive while it runs.
+HOT_SECONDS = 0.5
+
+
+def hot_charge(request: HttpRequest) -> HttpResponse:
+    """A charge whose work takes ``HOT_SECONDS`` (benchmarks/scale.py's hot key)."""
+    time.sleep(HOT_SECONDS)
+    return create_charge(request)
+
+
 def django_only(request: HttpRequest) -> HttpResponse:
     """A constant answer: Django's request handling and the auth query, a floor for a replay."""
     return JsonResponse({"id": 0}, status=201)
@@ -48,6 +72,12 @@ bare = create_charge
 bare_atomic = transaction.atomic(create_charge)
 two_phase = idempotent(required=True)(create_charge)
 atomic = idempotent(required=True, atomic=True)(create_charge)
+#: benchmarks/scale.py: the async view under uvicorn, and one hot key's duplicates answered 409
+#: (the default) or held until the first attempt's result (``in_progress="wait"``).
+async_bare = create_charge_async
+async_two_phase = idempotent(required=True)(create_charge_async)
+hot = idempotent(required=True)(hot_charge)
+hot_wait = idempotent(required=True, in_progress="wait")(hot_charge)
 #: benchmarks/stores.py: the same view with its records in Redis (issue 44).
 REDIS = "redis" in getattr(settings, "CACHES", {})
 if REDIS:
