@@ -26,6 +26,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,7 +51,8 @@ from tests.faults.proxy import FaultProxy  # noqa: E402
 from tests.faults.redis_server import RedisServer  # noqa: E402
 from tests.servers import harness  # noqa: E402
 from tests.verification import checker  # noqa: E402
-from tests.verification.limits import LOCK, SETTLE, TTLS  # noqa: E402
+from tests.verification.consumer import deliveries  # noqa: E402
+from tests.verification.limits import DRAIN, LOCK, SETTLE, TTLS  # noqa: E402
 from tests.verification.plants import PLANTS  # noqa: E402
 
 PRINCIPALS = ("alice", "bob", "anonymous")
@@ -96,6 +98,7 @@ class Fault:
 
 
 def _body(rng: random.Random, entry: str) -> bytes:
+    fail = entry == "outbox" and rng.random() < 0.4  # its first attempt answers 503
     roll = rng.random()
     if roll < 0.65 or entry in ("short-ttl", "atomic"):
         # An atomic view holds its transaction while it works: SQLite's only writer.
@@ -104,7 +107,9 @@ def _body(rng: random.Random, entry: str) -> bytes:
         work = rng.uniform(0.5, 1.5)
     else:  # longer than the lock: only renewal keeps it
         work = LOCK + 1.5
-    body = {"n": rng.randrange(10**6), "work": round(work, 2)}
+    body: dict[str, Any] = {"n": rng.randrange(10**6), "work": round(work, 2)}
+    if fail:
+        body["fail"] = 1
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -114,7 +119,7 @@ def generate(
     rng = random.Random(seed)
     entries = ["mixin", "function", "plain", "short-ttl"]
     if store == "database":
-        entries.append("atomic")
+        entries += ["atomic", "outbox"]
     stories: list[Story] = []
     t = 0.0
     while True:
@@ -152,6 +157,8 @@ def generate(
         kinds += ["redis-stop", "redis-stop", "redis-kill"]
     elif database != "sqlite":
         kinds += ["db-blackhole", "db-blackhole", "db-cut"]
+    # The nemesis has its own generator: a workload widened keeps each seed's schedule.
+    rng = random.Random(f"nemesis-{seed}")
     faults: list[Fault] = []
     t = 1.0
     while True:
@@ -183,6 +190,9 @@ class Servers:
     proxy: FaultProxy | None = None
     redis: RedisServer | None = None
     gunicorn: harness.Server | None = None
+    #: The outbox's relay (``manage.py idempotency_relay``) and consumer, database store only.
+    helpers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         if self.database == "sqlite":
@@ -226,6 +236,22 @@ class Servers:
         self.gunicorn.start()
         assert self.gunicorn.process is not None
         databases.track(self.gunicorn.process.pid, "gunicorn")
+        if self.store == "database":
+            self.env = env
+            self.start_helper("relay")
+            self.start_helper("consumer")
+
+    def start_helper(self, name: str) -> None:
+        """The relay or the consumer, logging to a file of the run's folder."""
+        command = {
+            "relay": [sys.executable, "-m", "django", "idempotency_relay", "--interval", "0.5"],
+            "consumer": [sys.executable, "-m", "tests.verification.consumer"],
+        }[name]
+        with (self.folder / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        databases.track(process.pid, name)
+        self.helpers[name] = process
 
     @property
     def url(self) -> str:
@@ -260,6 +286,12 @@ class Servers:
         return effects
 
     def stop(self, keep_log: Path | None = None) -> None:
+        for name, process in self.helpers.items():
+            databases.end(process.pid)
+            process.wait()
+            if keep_log is not None:
+                with keep_log.with_suffix(f".{name}.log").open("wb") as out:
+                    out.write((self.folder / f"{name}.log").read_bytes())
         if self.gunicorn is not None:
             for pid in self.gunicorn.worker_pids():  # none left stopped
                 if databases.alive(pid):
@@ -472,7 +504,32 @@ class Run:
             effects += response.json()["effects"]
         for effect in effects:
             self.recorder.add({"type": "effect", **effect})
+        if self.servers.helpers:
+            self.drain()
         return self.recorder.events
+
+    def drain(self) -> None:
+        """Wait until the outbox has nothing undelivered and the consumer has had every
+        delivery (at most :data:`DRAIN` seconds), then record both."""
+        deadline = time.time() + DRAIN
+        while True:
+            state = httpx.get(f"{self.servers.url}/outbox-state/", timeout=30).json()
+            delivered = deliveries(self.servers.folder)
+            consumed = {row["message"] for row in state["consumed"]}
+            if not any(state["undelivered"].values()) and all(
+                delivery["message"] in consumed for delivery in delivered
+            ):
+                break
+            if time.time() > deadline:
+                log(f"outbox not drained: {state['undelivered']}")
+                self.recorder.add({"type": "undrained", "t": time.time(),
+                                   "undelivered": state["undelivered"]})  # fmt: skip
+                break
+            time.sleep(0.5)
+        for delivery in delivered:
+            self.recorder.add({"type": "delivery", **delivery})
+        for row in state["consumed"]:
+            self.recorder.add({"type": "consumed", **row})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,11 @@ from django.urls import path
 
 from tests.verification import views
 
+DATABASE_ONLY = [
+    path("atomic/", views.atomic),
+    path("outbox/", views.outbox),
+    path("outbox-state/", views.outbox_state),
+]
 urlpatterns = [
     path("health/", views.health),
     path("setup/", views.setup),
@@ -14,6 +19,6 @@ urlpatterns = [
     path("function/", views.function),
     path("plain/", views.plain),
     path("short-ttl/", views.short_ttl),
-    # The Redis store refuses atomic mode (E061).
-    *([] if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL") else [path("atomic/", views.atomic)]),
+    # The Redis store refuses atomic mode (E061) and the outbox.
+    *([] if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL") else DATABASE_ONLY),
 ]

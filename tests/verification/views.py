@@ -6,6 +6,11 @@ of how many times a view ran. An atomic view's effect is an ``Execution`` row wr
 view's transaction: it happened only if that committed (``/atomic-effects/`` lists them).
 The body may ask the view to work ``work`` seconds after its effect (longer than the lock: only
 renewal keeps it). Every answer carries the execution and the principal it was made for.
+
+The outbox's views stage one message for the consumer (:mod:`.consumer`), naming their
+execution; a body with ``"fail": 1`` makes the first attempt of its key answer ``503`` after
+staging (an attempt that keeps nothing: its record released, its message never to be sent).
+Their ledger lines carry the message's id, and ``"fails"`` for such an attempt.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import idempotent
+from django_idempotency.models import OutboxMessage
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
+from tests.verification.consumer import CONSUMER_LABEL, deliver
 from tests.verification.limits import LOCK, SHORT_TTL, TTL
 
 ATOMIC_LABEL = "verify-atomic"
@@ -39,9 +46,25 @@ def _principal(request: Any) -> str:
     return str(user.username) if user is not None and user.is_authenticated else "anonymous"
 
 
-def _effect(request: Any, entry: str, raw: bytes, *, atomic: bool = False) -> dict[str, Any]:
+def _fails_once(line: dict[str, Any]) -> bool:
+    """Whether this is the first attempt of its principal's key (a marker file made once)."""
+    name = hashlib.sha256(f"{line['principal']}\0{line['key']}".encode()).hexdigest()[:16]
+    try:
+        os.close(os.open(_ledger() / f"fail-{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _ledger() -> Path:
+    return Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"])
+
+
+def _effect(
+    request: Any, entry: str, raw: bytes, *, atomic: bool = False, stage: bool = False
+) -> dict[str, Any]:
     body = json.loads(raw or b"{}")
-    line = {
+    line: dict[str, Any] = {
         "t": time.time(),
         "entry": entry,
         "principal": _principal(request),
@@ -51,10 +74,14 @@ def _effect(request: Any, entry: str, raw: bytes, *, atomic: bool = False) -> di
         "pid": os.getpid(),
         "work": float(body.get("work") or 0),
     }
+    if stage:
+        line["message"] = request.idempotency.enqueue(deliver, line["execution"])
+        if body.get("fail") and _fails_once(line):
+            line["fails"] = True
     if atomic:
         Execution.objects.create(label=ATOMIC_LABEL, payload=json.dumps(line))
     else:
-        path = Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"]) / f"effects-{os.getpid()}.jsonl"
+        path = _ledger() / f"effects-{os.getpid()}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             os.write(fd, (json.dumps(line) + "\n").encode())
@@ -63,7 +90,12 @@ def _effect(request: Any, entry: str, raw: bytes, *, atomic: bool = False) -> di
             os.close(fd)
     if body.get("work"):
         time.sleep(float(body["work"]))
-    return {"execution": line["execution"], "principal": line["principal"], "n": body.get("n")}
+    answer = {"execution": line["execution"], "principal": line["principal"], "n": body.get("n")}
+    if "message" in line:
+        answer["message"] = line["message"]
+    if line.get("fails"):
+        answer["fails"] = True
+    return answer
 
 
 def health(request: HttpRequest) -> HttpResponse:
@@ -78,9 +110,21 @@ def setup(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"token": token.key})
 
 
+def _rows(label: str) -> list[dict[str, Any]]:
+    rows = Execution.objects.filter(label=label).values_list("payload", flat=True)
+    return [json.loads(row) for row in rows]
+
+
 def atomic_effects(request: HttpRequest) -> HttpResponse:
-    rows = Execution.objects.filter(label=ATOMIC_LABEL).values_list("payload", flat=True)
-    return JsonResponse({"effects": [json.loads(row) for row in rows]})
+    return JsonResponse({"effects": _rows(ATOMIC_LABEL)})
+
+
+def outbox_state(request: HttpRequest) -> HttpResponse:
+    """The outbox's undelivered messages (by state) and the consumer's effects: the run waits
+    for the first to be none and the second to have caught up before it checks."""
+    left = OutboxMessage.objects.exclude(state=OutboxMessage.State.SENT)
+    counts = {state: left.filter(state=state).count() for state in ("pending", "failed")}
+    return JsonResponse({"undelivered": counts, "consumed": _rows(CONSUMER_LABEL)})
 
 
 class MixinView(IdempotencyMixin, APIView):
@@ -109,4 +153,12 @@ def short_ttl(request: HttpRequest) -> HttpResponse:
 
 @idempotent(atomic=True, lock_timeout=LOCK, ttl=TTL)
 def atomic(request: HttpRequest) -> HttpResponse:
-    return JsonResponse(_effect(request, "atomic", request.body, atomic=True), status=201)
+    return JsonResponse(
+        _effect(request, "atomic", request.body, atomic=True, stage=True), status=201
+    )
+
+
+@idempotent(lock_timeout=LOCK, ttl=TTL)
+def outbox(request: HttpRequest) -> HttpResponse:
+    answer = _effect(request, "outbox", request.body, stage=True)
+    return JsonResponse(answer, status=503 if answer.get("fails") else 201)
