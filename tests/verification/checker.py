@@ -33,7 +33,8 @@ Event = dict[str, Any]
 #: Seconds of slack on a TTL's edge (the clients' clock and the servers' may differ by the
 #: time a request takes to reach the view).
 EDGE = 1.0
-#: Faults of the workers a view's own process suffers; the others hit every owner at once.
+#: Faults of the workers a view's own process suffers; the others hit every owner at once
+#: (the relay's death none: its messages are sent again once their lease passes).
 WORKER_FAULTS = {"worker-kill", "worker-stop"}
 
 

@@ -56,12 +56,15 @@ from tests.verification.limits import DRAIN, LOCK, SETTLE, TTLS  # noqa: E402
 from tests.verification.plants import PLANTS  # noqa: E402
 
 PRINCIPALS = ("alice", "bob", "anonymous")
-#: DRF entry points authenticate by token; the plain views by session.
-DRF_ENTRIES = ("mixin", "function")
+#: DRF entry points authenticate by token, ninja's by API key (the same token), the others by
+#: session; ninja's operation has no anonymous caller.
+DRF_ENTRIES = ("mixin", "function", "function-policy")
 WORKERS = 3
 THREADS = 8
 #: ``connect_timeout`` of tests/faults/settings.py, which the servers' settings extend.
 CONNECT_TIMEOUT = 3.0
+#: Faults with no length.
+INSTANT = ("worker-kill", "db-cut", "db-terminate", "relay-kill")
 #: Statuses a client answers by trying again: in progress, unavailable, no answer at all.
 RETRY = {409, 503, None}
 
@@ -117,7 +120,8 @@ def generate(
     seed: int, seconds: float, store: str, database: str
 ) -> tuple[list[Story], list[Fault]]:
     rng = random.Random(seed)
-    entries = ["mixin", "function", "plain", "short-ttl"]
+    entries = ["mixin", "function", "function-policy", "plain", "async", "ninja", "call",
+               "short-ttl"]  # fmt: skip
     if store == "database":
         entries += ["atomic", "outbox"]
     stories: list[Story] = []
@@ -127,7 +131,8 @@ def generate(
         if t >= seconds:
             break
         earlier = rng.choice(stories) if stories and rng.random() < 0.35 else None
-        clients = rng.choice((1, 1, 1, 2, 2, 3, 4, 8))
+        # Now and then a crowd: 16 or 32 clients at once under one key.
+        clients = rng.choice((16, 32)) if rng.random() < 0.04 else rng.choice((1, 1, 1, 2, 3, 4, 8))
         followups = sorted(rng.uniform(0.2, 3) for _ in range(rng.choice((0, 1, 1, 2))))
         if earlier is None:
             entry = rng.choice(entries)
@@ -146,6 +151,8 @@ def generate(
                 body = _body(rng, entry)
             elif variant == "other-principal":
                 principal = rng.choice([p for p in PRINCIPALS if p != principal])
+        if entry == "ninja" and principal == "anonymous":
+            principal = rng.choice(PRINCIPALS[:2])
         if json.loads(body)["work"] > LOCK:  # duplicates while it works past its first lock
             clients = max(clients, 2)
         if entry == "short-ttl":  # one retry past the TTL: a new life, never a replay
@@ -155,8 +162,11 @@ def generate(
     kinds = ["worker-kill", "worker-stop", "worker-stop", "worker-stop"]
     if store == "redis":
         kinds += ["redis-stop", "redis-stop", "redis-kill"]
-    elif database != "sqlite":
-        kinds += ["db-blackhole", "db-blackhole", "db-cut"]
+    else:
+        kinds.append("relay-kill")
+    if database != "sqlite":
+        kinds += ["db-blackhole", "db-blackhole", "db-cut", "db-restart", "db-read-only",
+                  "db-terminate"]  # fmt: skip
     # The nemesis has its own generator: a workload widened keeps each seed's schedule.
     rng = random.Random(f"nemesis-{seed}")
     faults: list[Fault] = []
@@ -168,7 +178,7 @@ def generate(
         duration = (
             rng.uniform(0.3, 1.2) if rng.random() < 0.5 else rng.uniform(LOCK + 0.5, LOCK + 4)
         )
-        if kind in ("worker-kill", "db-cut"):
+        if kind in INSTANT:
             duration = 0.0
         if t + duration >= seconds:
             break
@@ -347,6 +357,11 @@ class Run:
         self.start = 0.0
         self.healed = threading.Event()
         self.heal_time = float("inf")
+        # One client for every thread: a client made per request costs the run's process (and
+        # the fault proxy's threads in it) milliseconds of CPU each. No connection is kept:
+        # each request its own, as before, so a killed worker costs only its own requests.
+        self.http = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0,
+                                                                 max_connections=None))  # fmt: skip
 
     def log_in(self) -> None:
         for name in PRINCIPALS[:2]:
@@ -363,6 +378,8 @@ class Run:
             given = self.credentials[story.principal]
             if story.entry in DRF_ENTRIES:
                 headers["Authorization"] = f"Token {given['token']}"
+            elif story.entry == "ninja":
+                headers["X-API-Key"] = given["token"]
             else:
                 headers["Cookie"] = given["cookie"]
         return headers
@@ -377,8 +394,8 @@ class Run:
         })  # fmt: skip
         done: dict[str, Any] = {"type": "complete", "op": op, "status": None}
         try:
-            response = httpx.post(f"{self.servers.url}/{story.entry}/", content=story.body,
-                                  headers=self.headers(story), timeout=30)  # fmt: skip
+            response = self.http.post(f"{self.servers.url}/{story.entry}/", content=story.body,
+                                      headers=self.headers(story))  # fmt: skip
         except httpx.HTTPError as exc:
             done["error"] = type(exc).__name__
         else:
@@ -450,7 +467,9 @@ class Run:
                         os.kill(pid, signal.SIGKILL)
                     else:
                         os.kill(pid, signal.SIGSTOP)
-                        time.sleep(fault.duration)
+                        time.sleep(fault.duration / 2)
+                        event["waits"] = self.lock_waits()
+                        time.sleep(fault.duration / 2)
                         os.kill(pid, signal.SIGCONT)
             elif fault.kind == "db-blackhole":
                 assert self.servers.proxy is not None
@@ -460,6 +479,18 @@ class Run:
             elif fault.kind == "db-cut":
                 assert self.servers.proxy is not None
                 self.servers.proxy.cut_all()
+            elif fault.kind == "db-terminate":  # the server ends every session of the app
+                self.servers.server.terminate_backends()
+            elif fault.kind == "db-restart":  # down for the length, then started again
+                self.servers.server.stop_for(fault.duration)
+            elif fault.kind == "db-read-only":
+                self.servers.server.read_only(True)
+                time.sleep(fault.duration)
+                self.servers.server.read_only(False)
+            elif fault.kind == "relay-kill":  # a new relay at once, as a supervisor would
+                os.kill(self.servers.helpers["relay"].pid, signal.SIGKILL)
+                self.servers.helpers["relay"].wait()
+                self.servers.start_helper("relay")
             elif fault.kind == "redis-stop":
                 assert self.servers.redis is not None
                 self.servers.redis.freeze()
@@ -471,8 +502,25 @@ class Run:
                 time.sleep(fault.duration)
                 self.servers.redis.start()
             event["end"] = time.time()
+            if fault.kind in ("db-restart", "db-read-only"):  # a stop and a start take time too
+                event["long"] = event["end"] - event["start"] >= LOCK * 2 / 3
             self.recorder.add(event)
             log(f"fault {fault.kind} {fault.duration:.1f}s")
+
+    def lock_waits(self) -> list[Any]:
+        """MariaDB's transactions waiting for a lock and the ones they wait for, in the middle
+        of a stopped worker's time (which statements a stopped process holds up)."""
+        if self.servers.database != "mariadb":
+            return []
+        try:
+            return [list(map(str, row)) for row in self.servers.server.execute(
+                "SELECT r.trx_mysql_thread_id, r.trx_query, b.trx_mysql_thread_id, b.trx_query, "
+                "b.trx_started FROM information_schema.INNODB_LOCK_WAITS w "
+                "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id "
+                "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id"
+            )]  # fmt: skip
+        except Exception as exc:  # a diagnosis only
+            return [repr(exc)]
 
     def go(self) -> list[dict[str, Any]]:
         self.log_in()

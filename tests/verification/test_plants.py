@@ -34,7 +34,9 @@ def known(summary: dict[str, Any]) -> bool:
     log = Path(summary["server_log"]).read_text(errors="replace")
     errors = re.split(r"(?m)^\S+ \S+ \d+ ERROR django.request: Internal Server Error: ", log)[1:]
     return bool(errors) and all(
-        error.startswith("/function/") and "perform_authentication" in error for error in errors
+        error.startswith(("/function/", "/function-policy/"))
+        and "perform_authentication" in error
+        for error in errors
     )
 
 
@@ -67,7 +69,12 @@ def test_plant_is_found(tmp_path: Path, plant: str) -> None:
 
 @pytest.mark.parametrize(
     ("database", "store", "seed"),
-    [("sqlite", "database", 2), ("postgresql", "database", 3), ("sqlite", "redis", 1)],
+    [
+        ("sqlite", "database", 2),
+        ("postgresql", "database", 3),
+        ("mariadb", "database", 3),
+        ("sqlite", "redis", 1),
+    ],
 )
 def test_clean_run(tmp_path: Path, database: str, store: str, seed: int) -> None:
     _, summary = run(tmp_path, "--seconds", str(CLEAN_SECONDS), "--seed", str(seed),

@@ -19,6 +19,10 @@ urlpatterns = [
     path("function/", views.function),
     path("plain/", views.plain),
     path("short-ttl/", views.short_ttl),
+    path("function-policy/", views.function_policy),
+    path("async/", views.async_view),
+    path("ninja/", views.api.urls),
+    path("call/", views.call),
     # The Redis store refuses atomic mode (E061) and the outbox.
     *([] if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL") else DATABASE_ONLY),
 ]

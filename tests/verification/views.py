@@ -15,23 +15,39 @@ Their ledger lines carry the message's id, and ``"fails"`` for such an attempt.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model, login
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from ninja import NinjaAPI
+from ninja.security import APIKeyHeader
+from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
-from rest_framework.decorators import api_view
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import idempotent
+from django_idempotency import (
+    IdempotencyInProgress,
+    IdempotencyKeyMismatch,
+    StoreUnavailable,
+    idempotent,
+    idempotent_function,
+)
+from django_idempotency import ninja as idempotent_ninja
 from django_idempotency.models import OutboxMessage
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
@@ -42,8 +58,12 @@ ATOMIC_LABEL = "verify-atomic"
 
 
 def _principal(request: Any) -> str:
-    user = getattr(request, "user", None)
-    return str(user.username) if user is not None and user.is_authenticated else "anonymous"
+    name = _name(getattr(request, "user", None))
+    return _name(getattr(request, "auth", None)) if name == "anonymous" else name  # ninja's
+
+
+def _name(user: Any) -> str:
+    return str(user.username) if getattr(user, "is_authenticated", False) else "anonymous"
 
 
 def _fails_once(line: dict[str, Any]) -> bool:
@@ -61,13 +81,21 @@ def _ledger() -> Path:
 
 
 def _effect(
-    request: Any, entry: str, raw: bytes, *, atomic: bool = False, stage: bool = False
+    request: Any,
+    entry: str,
+    raw: bytes,
+    *,
+    atomic: bool = False,
+    stage: bool = False,
+    principal: str | None = None,
+    work: bool = True,
 ) -> dict[str, Any]:
+    """Record the effect; then work (``work``: here, else the caller's own)."""
     body = json.loads(raw or b"{}")
     line: dict[str, Any] = {
         "t": time.time(),
         "entry": entry,
-        "principal": _principal(request),
+        "principal": _principal(request) if principal is None else principal,
         "key": request.headers.get("Idempotency-Key", ""),
         "body": hashlib.sha256(raw).hexdigest()[:16],
         "execution": uuid.uuid4().hex,
@@ -88,7 +116,7 @@ def _effect(
             os.fsync(fd)
         finally:
             os.close(fd)
-    if body.get("work"):
+    if work and body.get("work"):
         time.sleep(float(body["work"]))
     answer = {"execution": line["execution"], "principal": line["principal"], "n": body.get("n")}
     if "message" in line:
@@ -162,3 +190,78 @@ def atomic(request: HttpRequest) -> HttpResponse:
 def outbox(request: HttpRequest) -> HttpResponse:
     answer = _effect(request, "outbox", request.body, stage=True)
     return JsonResponse(answer, status=503 if answer.get("fails") else 201)
+
+
+@api_view(["POST"])
+@authentication_classes([TokenAuthentication])
+@permission_classes([AllowAny])
+@idempotent(lock_timeout=LOCK, ttl=TTL)
+def function_policy(request: Request) -> Response:
+    """The other order DRF's function views allow: its policy decorators between."""
+    return Response(_effect(request, "function-policy", request.body), status=201)
+
+
+@idempotent(lock_timeout=LOCK, ttl=TTL)
+async def async_view(request: HttpRequest) -> HttpResponse:
+    principal = _name(await request.auser())
+    raw = request.body
+    answer = await sync_to_async(_effect)(request, "async", raw, principal=principal, work=False)
+    await asyncio.sleep(float(json.loads(raw).get("work") or 0))
+    return JsonResponse(answer, status=201)
+
+
+class ApiKey(APIKeyHeader):
+    """django-ninja's API key: a DRF token's key in ``X-API-Key``."""
+
+    param_name = "X-API-Key"
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
+        found = Token.objects.select_related("user").filter(key=key).first()
+        return None if found is None else found.user
+
+
+api = NinjaAPI(urls_namespace="verification", title="Verification")
+
+
+@api.post("/", auth=ApiKey(), response={201: dict[str, Any]})
+@idempotent_ninja.idempotent(lock_timeout=LOCK, ttl=TTL)
+def ninja_operation(request: HttpRequest) -> tuple[int, dict[str, Any]]:
+    return 201, _effect(request, "ninja", request.body)
+
+
+_ran = threading.local()
+
+
+@idempotent_function(key="key", scope=lambda raw, key, principal: principal, lock_timeout=LOCK,
+                     ttl=TTL)  # fmt: skip
+def _called(raw: str, key: str, principal: str) -> dict[str, Any]:
+    _ran.now = True
+    return _effect(_Call(key), "call", raw.encode(), principal=principal)
+
+
+class _Call:
+    """What ``_effect`` reads of a request, for a call."""
+
+    def __init__(self, key: str) -> None:
+        self.headers = {"Idempotency-Key": key}
+
+
+@csrf_exempt
+def call(request: HttpRequest) -> HttpResponse:
+    """``idempotent_function`` behind an unprotected view: the key from the header, the
+    principal its scope; what it raises is the answer a view would give."""
+    _ran.now = False
+    principal = _principal(request)
+    try:
+        answer = _called(request.body.decode(), request.headers["Idempotency-Key"], principal)
+    except IdempotencyInProgress:
+        return JsonResponse({"title": "in progress"}, status=409)
+    except IdempotencyKeyMismatch:
+        return JsonResponse({"title": "key reused"}, status=422)
+    except (StoreUnavailable, DatabaseError):
+        return JsonResponse({"title": "unavailable"}, status=503)
+    response = HttpResponse(json.dumps(answer, sort_keys=True), status=201,
+                            content_type="application/json")  # fmt: skip
+    if not _ran.now:
+        response["Idempotent-Replayed"] = "true"
+    return response
