@@ -251,8 +251,8 @@ def call(request: HttpRequest) -> HttpResponse:
     """``idempotent_function`` behind an unprotected view: the key from the header, the
     principal its scope; what it raises is the answer a view would give."""
     _ran.now = False
-    principal = _principal(request)
     try:
+        principal = _principal(request)  # the session's user: a database read
         answer = _called(request.body.decode(), request.headers["Idempotency-Key"], principal)
     except IdempotencyInProgress:
         return JsonResponse({"title": "in progress"}, status=409)
