@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLANT_RUNS = {plant: (2, 15) for plant in PLANTS} | {
     "release-on-failure": (9, 15),
     "no-renewal": (9, 15),
-    "no-fencing": (3, 25),
+    "no-fencing": (2, 30),
 }
 #: Short runs keep the leg near 5 minutes with four databases and stores and six plants.
 CLEAN_SECONDS = 15
