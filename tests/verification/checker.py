@@ -15,7 +15,10 @@ Events (JSON objects, ``type`` first):
 - ``undrained``: the outbox still held undelivered messages when the run stopped waiting;
 - ``fault``: ``kind``, ``start``, ``end``, ``pid`` (a worker's), ``long`` (longer than the
   lock can outlive);
-- ``unsettled``: ``op``: a client with no final answer when the run's settling time was up.
+- ``unsettled``: ``op``: a client with no final answer when the run's settling time was up;
+- ``poll``: a GET of an operation's status URL (``operation``) that a ``202`` gave ``owner``,
+  sent as ``principal`` (the owner or another): ``status``, the operation's ``state`` and the
+  ``execution`` its final response names; ``final``: sent once every key had settled.
 
 Each violation names its invariant (the issue's numbering), the key it is about and what was
 seen; :func:`shrink` cuts a violation's history down to the fewest events that still show it.
@@ -146,8 +149,8 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         status = done["status"]
         if status is not None and status >= 500 and status != 503:
             result.violate(8, key, f"answered {status}", op=[asked, done])
-        if status is None or not 200 <= status < 300:
-            continue
+        if status is None or not 200 <= status < 300 or status == 202:
+            continue  # a 202 is "still running" (its operation is invariant 7's), not an answer
         if done.get("as") != asked["principal"]:  # 3
             result.violate(3, key, f"{done.get('as')}'s answer reached {asked['principal']}",
                            op=[asked, done])  # fmt: skip
@@ -196,6 +199,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                                op=[first_asked, first_done, asked, done])  # fmt: skip
 
     _check_outbox(events, answered, result)
+    _check_operations(events, answered, result)
 
     for event in events:  # 8: a key that never settled
         if event["type"] == "unsettled" and event["op"] in invokes:
@@ -203,6 +207,41 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
             result.violate(8, (asked["principal"], asked["key"]), "no final answer after healing",
                            op=[asked])  # fmt: skip
     return result
+
+
+def _check_operations(
+    events: list[Event], answered: dict[tuple[str, str], list[tuple[Event, Event]]],
+    result: Result,
+) -> None:  # fmt: skip
+    """7: only an operation's principal reads it (anyone else gets ``404``, or ``503`` under a
+    fault), and once every key has settled it is ``succeeded`` or ``failed`` (or ``stalled``,
+    its owner gone), its response the one its key's replays give; or ``404``, a record
+    released and claimed anew (a new operation)."""
+    kept: dict[tuple[str, str], str] = {}
+    for key, answers in answered.items():
+        for _, done in answers:
+            if done.get("replayed"):
+                kept[key] = done["execution"]
+    keys = {e["op"]: (e["principal"], e["key"]) for e in events if e["type"] == "invoke"}
+    owners: dict[str, tuple[str, str]] = {}
+    for done in events:
+        if done["type"] == "complete" and done.get("location") and done["op"] in keys:
+            owners[done["location"]] = keys[done["op"]]
+    for poll in (e for e in events if e["type"] == "poll"):
+        key = owners.get(poll["operation"], (poll["owner"], "?"))
+        if poll["principal"] != poll["owner"]:
+            if poll["status"] not in (404, 503, None):
+                result.violate(7, key, f"{poll['principal']} read {poll['owner']}'s operation "
+                               f"({poll['status']})", polls=[poll])  # fmt: skip
+            continue
+        if not poll["final"] or poll["status"] in (404, None):
+            continue
+        if poll["status"] != 200 or poll.get("state") not in ("succeeded", "failed", "stalled"):
+            result.violate(7, key, f"an operation {poll.get('state') or poll['status']} after "
+                           "every key settled", polls=[poll])  # fmt: skip
+        elif poll.get("state") == "succeeded" and poll.get("execution") != kept.get(key):
+            result.violate(7, key, "an operation's response is not its key's stored answer",
+                           polls=[poll], stored=kept.get(key))  # fmt: skip
 
 
 def _check_outbox(
@@ -286,12 +325,14 @@ def shrink(history: list[Event], violation: dict[str, Any], limits: Limits) -> l
         for e in history
         if e["type"] == "effect" and (e["principal"], e["key"]) == key
     }
+    locations = {e["location"] for e in history if e.get("op") in ops and e.get("location")}
     mine = [
         e
         for e in history
         if (e["type"] == "effect" and (e["principal"], e["key"]) == key)
         or e.get("op") in ops
         or (e["type"] in ("delivery", "consumed") and e["message"] in messages)
+        or (e["type"] == "poll" and e["operation"] in locations)
     ]
     times = [e["t"] for e in mine if "t" in e]
     # The faults of the key's time are kept whole: dropping one never hides a violation, and

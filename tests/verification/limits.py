@@ -11,7 +11,8 @@ SHORT_TTL = 6
 #: Entry points and their TTLs.
 TTLS = {
     "mixin": TTL, "function": TTL, "function-policy": TTL, "plain": TTL, "async": TTL,
-    "ninja": TTL, "call": TTL, "atomic": TTL, "outbox": TTL, "short-ttl": SHORT_TTL,
+    "ninja": TTL, "call": TTL, "atomic": TTL, "outbox": TTL, "accepted": TTL,
+    "short-ttl": SHORT_TTL,
 }  # fmt: skip
 #: Once the nemesis has healed, every key has a final answer within ``LOCK`` and this.
 SETTLE = 15.0

@@ -21,6 +21,7 @@ PLANTS = {
     "no-renewal": 1,
     "no-expiry-check": 5,
     "release-on-failure": 6,
+    "operation-any-reader": 7,
 }
 
 
@@ -129,6 +130,22 @@ def _release_on_failure() -> None:
     writing.release = release
 
 
+def _operation_any_reader() -> None:
+    """The status endpoint shows an operation to every principal: the asking request proves,
+    besides its own, every user's scope and the anonymous one."""
+    from django.contrib.auth import get_user_model
+
+    from django_idempotency._http import operations, scopes
+
+    original = operations._scopes
+
+    def everyone(request: Any) -> tuple[str, ...]:
+        users = get_user_model().objects.values_list("pk", flat=True)
+        return (*original(request), *(f"user:{pk}" for pk in users), scopes.ANONYMOUS_SCOPE)
+
+    operations._scopes = everyone
+
+
 _APPLY: dict[str, Callable[[], None]] = {
     "no-fencing": _no_fencing,
     "shared-scope": _shared_scope,
@@ -136,6 +153,7 @@ _APPLY: dict[str, Callable[[], None]] = {
     "no-renewal": _no_renewal,
     "no-expiry-check": _no_expiry_check,
     "release-on-failure": _release_on_failure,
+    "operation-any-reader": _operation_any_reader,
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 import random
@@ -65,8 +66,11 @@ THREADS = 8
 CONNECT_TIMEOUT = 3.0
 #: Faults with no length.
 INSTANT = ("worker-kill", "db-cut", "db-terminate", "relay-kill")
-#: Statuses a client answers by trying again: in progress, unavailable, no answer at all.
-RETRY = {409, 503, None}
+#: Statuses a client answers by trying again: in progress (``409``, or ``202`` from a view
+#: with ``in_progress="accepted"``), unavailable, no answer at all.
+RETRY = {202, 409, 503, None}
+#: Whom each principal's operations are polled by besides their own (who must get ``404``).
+OTHER = {"alice": "bob", "bob": "alice", "anonymous": "alice"}
 
 
 def log(message: str) -> None:
@@ -98,6 +102,27 @@ class Fault:
     kind: str
     duration: float
     choice: int  # which worker, among the living, sorted by pid
+    #: A scene's fault: the worker running this key's view, whichever it is.
+    key: str | None = None
+
+
+#: The scenes every run opens with, whatever its seed (keys and numbers from it): each plant's
+#: trigger, so that a plant is found from any seed, not only from one whose draws happen to
+#: build it (the random workload after them may build them again). ``FENCE_AT``'s view is
+#: stopped for ``FENCE_STOP`` seconds ``FENCE_STOP_AFTER`` after it starts, by a nemesis of the
+#: scenes' own.
+RENEWAL_AT, SCOPE_AT, SCOPE_AGAIN_AT, SHORT_TTL_AT, FAIL_AT, FENCE_AT = 0.3, 0.5, 2.5, 0.7, 0.9, 7.0
+ACCEPTED_AT = 1.1
+#: The renewal scene's duplicates come once its lock would have lapsed without renewal, so that
+#: they never wait behind it for a thread (a crowd may hold the workers' threads at first).
+RENEWAL_AGAIN_AT = RENEWAL_AT + LOCK + 0.3
+FENCE_WORK, FENCE_STOP_AFTER, FENCE_STOP = 1.5, 0.6, 6.0
+#: On SQLite a stopped worker excuses every owner (it may hold the only write lock): the
+#: random nemesis starts, and the fencing scene's stop, once the renewal scene's view would
+#: have been taken over (its lock lapsed, without renewal) and run again, with time to spare
+#: on a loaded machine.
+SQLITE_NEMESIS_FROM = FENCE_AT
+DATABASE_FAULTS = ("db-blackhole", "db-cut", "db-restart", "db-read-only", "db-terminate")
 
 
 def _body(rng: random.Random, entry: str) -> bytes:
@@ -116,15 +141,58 @@ def _body(rng: random.Random, entry: str) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
+def _scenes(seed: int, store: str) -> tuple[list[Story], list[Fault]]:
+    """The opening of every run: a view working past its lock and its duplicates once the
+    lock would have lapsed without renewal (found by ``no-renewal`` and ``early-takeover``),
+    one key sent by two principals (``shared-scope``), a short TTL's retry past it
+    (``no-expiry-check``), an outbox body that fails once (``release-on-failure``, database
+    store), four clients of a view answering duplicates ``202`` (``operation-any-reader``:
+    their operation polled by another principal), and a view whose worker is stopped longer
+    than its lock, so that a duplicate
+    takes the record over, answers and is replayed before the late owner resumes and writes
+    (``no-fencing``: its write must be fenced off, and the replays after it must not
+    change). The fencing scene's first client asks again once the late owner has written."""
+    rng = random.Random(f"scenes-{seed}")
+
+    def story(at: float, entry: str, principal: str, work: float, clients: int,
+              followups: list[float], fail: bool = False, key: str | None = None,
+              body: bytes | None = None) -> Story:  # fmt: skip
+        key = key or str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        if body is None:
+            given: dict[str, Any] = {"n": rng.randrange(10**6), "work": work}
+            body = json.dumps(given | ({"fail": 1} if fail else {}),
+                              separators=(",", ":")).encode()  # fmt: skip
+        return Story(0, at, entry, principal, key, body, clients, followups)
+
+    scope = story(SCOPE_AT, "mixin", "alice", 0.1, 1, [])
+    fence = story(FENCE_AT, "plain", "anonymous", FENCE_WORK, 6,
+                  [1.0, FENCE_STOP + FENCE_WORK])  # fmt: skip
+    renewal = story(RENEWAL_AT, "function", "bob", LOCK + 1.5, 1, [0.5])
+    stories = [
+        renewal,
+        story(RENEWAL_AGAIN_AT, "function", "bob", 0, 2, [], key=renewal.key, body=renewal.body),
+        scope,
+        story(SHORT_TTL_AT, "short-ttl", "alice", 0.1, 1, [TTLS["short-ttl"] + 2.5]),
+        story(SCOPE_AGAIN_AT, "mixin", "bob", 0.1, 1, [], key=scope.key, body=scope.body),
+        story(ACCEPTED_AT, "accepted", "alice", 1.0, 4, []),
+        fence,
+    ]
+    if store == "database":
+        stories.append(story(FAIL_AT, "outbox", "alice", 0.1, 1, [0.5], fail=True))
+    stop = Fault(FENCE_AT + FENCE_STOP_AFTER, "worker-stop", FENCE_STOP, 0, key=fence.key)
+    return sorted(stories, key=lambda s: s.start), [stop]
+
+
 def generate(
     seed: int, seconds: float, store: str, database: str
-) -> tuple[list[Story], list[Fault]]:
+) -> tuple[list[Story], list[Fault], list[Fault]]:
+    """The stories (the scenes', then the seed's), the scenes' faults and the seed's faults."""
     rng = random.Random(seed)
     entries = ["mixin", "function", "function-policy", "plain", "async", "ninja", "call",
-               "short-ttl"]  # fmt: skip
+               "short-ttl", "accepted"]  # fmt: skip
     if store == "database":
         entries += ["atomic", "outbox"]
-    stories: list[Story] = []
+    stories, scene_faults = _scenes(seed, store)
     t = 0.0
     while True:
         t += rng.expovariate(2.0)  # two new stories a second
@@ -157,37 +225,62 @@ def generate(
             clients = max(clients, 2)
         if entry == "short-ttl":  # one retry past the TTL: a new life, never a replay
             followups.append(TTLS[entry] + 2.5)
-        stories.append(Story(len(stories), round(t, 3), entry, principal, key, body, clients,
+        stories.append(Story(0, round(t, 3), entry, principal, key, body, clients,
                              followups))  # fmt: skip
+    stories.sort(key=lambda each: each.start)
+    for number, each in enumerate(stories):
+        each.number = number
     kinds = ["worker-kill", "worker-stop", "worker-stop", "worker-stop"]
     if store == "redis":
         kinds += ["redis-stop", "redis-stop", "redis-kill"]
     else:
         kinds.append("relay-kill")
     if database != "sqlite":
-        kinds += ["db-blackhole", "db-blackhole", "db-cut", "db-restart", "db-read-only",
-                  "db-terminate"]  # fmt: skip
+        kinds += ["db-blackhole", *DATABASE_FAULTS]
     # The nemesis has its own generator: a workload widened keeps each seed's schedule.
     rng = random.Random(f"nemesis-{seed}")
+    # A server's run opens with one fault of each of the database's kinds, in the seed's
+    # order, one of them longer than the lock: a short run meets every kind.
+    first = rng.sample(DATABASE_FAULTS, len(DATABASE_FAULTS)) if database != "sqlite" else []
+    long_one = rng.choice([k for k in first if k not in INSTANT]) if first else None
     faults: list[Fault] = []
-    t = 1.0
+    t = 1.0 if first else SQLITE_NEMESIS_FROM
     while True:
-        t += rng.uniform(0.5, 2.5)
-        kind = rng.choice(kinds)
+        t += rng.uniform(0.5, 1.5) if first else rng.uniform(0.5, 2.5)
+        opening = bool(first)
+        kind = first.pop(0) if opening else rng.choice(kinds)
         # Shorter than the remaining lock (two thirds of it, renewed), or longer than the lock.
-        duration = (
-            rng.uniform(0.3, 1.2) if rng.random() < 0.5 else rng.uniform(LOCK + 0.5, LOCK + 4)
-        )
+        long = kind == long_one if opening else rng.random() >= 0.5
+        duration = rng.uniform(LOCK + 0.5, LOCK + 4) if long else rng.uniform(0.3, 1.2)
         if kind in INSTANT:
             duration = 0.0
         if t + duration >= seconds:
             break
         faults.append(Fault(round(t, 3), kind, round(duration, 3), rng.randrange(1000)))
         t += duration
-    return stories, faults
+    return stories, scene_faults, faults
 
 
 # The servers ------------------------------------------------------------------------------
+
+
+def _migrated_sqlite(path: Path) -> None:
+    """A SQLite file with the tables made: a copy of one migrated before, kept in the temporary
+    directory under the hash of every migration's source and the packages' versions (a
+    migration costs a Django process seconds; most runs are on SQLite)."""
+    digest = hashlib.sha256()
+    for package in ("django", "djangorestframework"):
+        digest.update(importlib.metadata.version(package).encode())
+    for source in sorted(ROOT.glob("django_idempotency/migrations/*.py")) + sorted(
+        ROOT.glob("tests/*/migrations/*.py")
+    ):
+        digest.update(source.name.encode() + source.read_bytes())
+    template = Path(tempfile.gettempdir()) / f"idem-verify-{digest.hexdigest()[:16]}.sqlite3"
+    if not template.exists():
+        fresh = template.with_name(f"{template.name}.{os.getpid()}")
+        migrate(f"sqlite:///{fresh}")
+        os.replace(fresh, template)  # whole, even with two runs migrating at once
+    shutil.copyfile(template, path)
 
 
 @dataclass
@@ -207,7 +300,8 @@ class Servers:
     def start(self) -> None:
         if self.database == "sqlite":
             self.server = databases.SQLiteFile()
-            url = direct = self.server.url()
+            url = self.server.url()
+            _migrated_sqlite(self.server.path)
         else:
             self.server = (
                 databases.PostgresCluster()
@@ -216,8 +310,8 @@ class Servers:
             )
             self.server.create()
             self.proxy = FaultProxy(databases.free_port(), self.server.port).start()
-            url, direct = self.server.url(port=self.proxy.port), self.server.url()
-        migrate(direct)
+            url = self.server.url(port=self.proxy.port)
+            migrate(self.server.url())
         env = dict(os.environ)
         env.update(
             DJANGO_SETTINGS_MODULE="tests.verification.settings",
@@ -297,8 +391,12 @@ class Servers:
 
     def stop(self, keep_log: Path | None = None) -> None:
         for name, process in self.helpers.items():
-            databases.end(process.pid)
+            # At once, as gunicorn below: the outbox was drained, and a relay ends its pass
+            # before it heeds a SIGTERM.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
             process.wait()
+            databases.untrack(process.pid)
             if keep_log is not None:
                 with keep_log.with_suffix(f".{name}.log").open("wb") as out:
                     out.write((self.folder / f"{name}.log").read_bytes())
@@ -306,8 +404,11 @@ class Servers:
             for pid in self.gunicorn.worker_pids():  # none left stopped
                 if databases.alive(pid):
                     os.kill(pid, signal.SIGCONT)
-            self.gunicorn.stop()
+            # At once: the run has what it needs (a graceful stop costs its 2 s).
             if self.gunicorn.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.gunicorn.process.pid, signal.SIGKILL)
+                self.gunicorn.process.wait()
                 databases.untrack(self.gunicorn.process.pid)
             if keep_log is not None:
                 shutil.copy(self.gunicorn.log_path, keep_log)
@@ -345,17 +446,23 @@ def _digest(data: bytes) -> str:
 
 
 class Run:
-    def __init__(self, servers: Servers, stories: list[Story], faults: list[Fault],
+    def __init__(self, servers: Servers, stories: list[Story], faults: list[list[Fault]],
                  seconds: float, seed: int) -> None:  # fmt: skip
         self.servers = servers
         self.stories = stories
+        #: Schedules run side by side (the scenes' and the seed's), each one fault at a time.
         self.faults = faults
+        #: Workers stopped now: never chosen by the other schedule (its SIGCONT would end the
+        #: stop early).
+        self.held: set[int] = set()
         self.seconds = seconds
         self.seed = seed
         self.recorder = Recorder()
         self.credentials: dict[str, dict[str, str]] = {}
         self.start = 0.0
         self.healed = threading.Event()
+        #: The operations' status URLs the ``202`` s gave, with the principal they were given to.
+        self.operations: set[tuple[str, str]] = set()
         self.heal_time = float("inf")
         # One client for every thread: a client made per request costs the run's process (and
         # the fault proxy's threads in it) milliseconds of CPU each. No connection is kept:
@@ -404,14 +511,43 @@ class Run:
                 response=_digest(response.content),
                 replayed=response.headers.get("Idempotent-Replayed") == "true",
             )
-            if 200 <= response.status_code < 300:
+            if response.status_code == 202:  # a duplicate: the operation's status URL
+                done["location"] = response.headers.get("Location")
+            elif 200 <= response.status_code < 300:
                 answer = response.json()
                 done.update(execution=answer.get("execution"), **{"as": answer.get("principal")})
         done["t"] = time.time()
         self.recorder.add(done)
+        if done.get("location"):
+            self.operations.add((story.principal, done["location"]))
+            self.poll(story.principal, done["location"])
         if done["status"] in RETRY:
             return op, None
         return op, int(done["status"])
+
+    def poll(self, owner: str, location: str, *, final: bool = False) -> None:
+        """GET an operation's status URL as its principal and as another (who must get
+        ``404``), recorded as ``poll`` events; ``final``: once every key has settled."""
+        for principal in (owner, OTHER[owner]):
+            event: dict[str, Any] = {"type": "poll", "t": time.time(), "owner": owner,
+                                     "principal": principal, "operation": location,
+                                     "final": final, "status": None}  # fmt: skip
+            given = self.credentials.get(principal)
+            headers = {"Cookie": given["cookie"]} if given else {}
+            try:
+                response = self.http.get(str(httpx.URL(self.servers.url).join(location)),
+                                         headers=headers)  # fmt: skip
+            except httpx.HTTPError as exc:
+                event["error"] = type(exc).__name__
+            else:
+                event["status"] = response.status_code
+                if response.status_code == 200:
+                    document = response.json()
+                    event["state"] = document.get("state")
+                    body = (document.get("response") or {}).get("body")
+                    if isinstance(body, dict):
+                        event["execution"] = body.get("execution")
+            self.recorder.add(event)
 
     def until_final(self, story: Story, rng: random.Random) -> bool:
         while True:
@@ -435,14 +571,30 @@ class Run:
                 return
 
     def nemesis(self) -> None:
+        schedules = [threading.Thread(target=self.faults_run, args=(faults,), daemon=True)
+                     for faults in self.faults]  # fmt: skip
         try:
-            self.faults_run()
+            for schedule in schedules:
+                schedule.start()
+            for schedule in schedules:
+                schedule.join()
         finally:  # whatever happened, the clients' settling time counts from now
             self.heal_time = time.time()
             self.healed.set()
 
-    def faults_run(self) -> None:
-        for fault in self.faults:
+    def owner(self, key: str) -> int | None:
+        """The worker of ``key``'s view still working, once its effect is in a ledger (at
+        most 10 s from now: a loaded machine, or a database fault, may start the view late)."""
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            for line in self.servers.ledger():
+                if line["key"] == key and line["t"] + line["work"] > time.time():
+                    return int(line["pid"])
+            time.sleep(0.05)
+        return None
+
+    def faults_run(self, faults: list[Fault]) -> None:
+        for fault in faults:
             wait = self.start + fault.at - time.time()
             if wait > 0:
                 time.sleep(wait)
@@ -454,23 +606,32 @@ class Run:
             event["long"] = fault.kind == "worker-kill" or cost >= LOCK * 2 / 3
             event["start"] = time.time()
             if fault.kind.startswith("worker"):
-                workers = self.servers.workers()
+                workers = [pid for pid in self.servers.workers() if pid not in self.held]
+                if fault.key is not None:
+                    owner = self.owner(fault.key)
+                    workers = [owner] if owner in workers else []
+                    event["start"] = time.time()
                 if not workers:
+                    log(f"fault {fault.kind}: no worker to take")
                     continue
                 pid = workers[fault.choice % len(workers)]
                 busy = self.servers.busy()
-                if fault.choice % 10 < 7 and busy in workers:  # mostly a worker mid-view
-                    pid = busy
+                if fault.key is None and fault.choice % 10 < 7 and busy in workers:
+                    pid = busy  # mostly a worker mid-view
                 event["pid"] = pid
                 with contextlib.suppress(ProcessLookupError):  # it died meanwhile
                     if fault.kind == "worker-kill":
                         os.kill(pid, signal.SIGKILL)
                     else:
-                        os.kill(pid, signal.SIGSTOP)
-                        time.sleep(fault.duration / 2)
-                        event["waits"] = self.lock_waits()
-                        time.sleep(fault.duration / 2)
-                        os.kill(pid, signal.SIGCONT)
+                        self.held.add(pid)
+                        try:
+                            os.kill(pid, signal.SIGSTOP)
+                            time.sleep(fault.duration / 2)
+                            event["waits"] = self.lock_waits()
+                            time.sleep(fault.duration / 2)
+                            os.kill(pid, signal.SIGCONT)
+                        finally:
+                            self.held.discard(pid)
             elif fault.kind == "db-blackhole":
                 assert self.servers.proxy is not None
                 self.servers.proxy.blackhole()
@@ -546,6 +707,9 @@ class Run:
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda story: self.until_final(story, random.Random(story.number)),
                           probes.values()))  # fmt: skip
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda given: self.poll(*given, final=True), sorted(self.operations)))
+        log(f"settled; every request sent once more, {len(self.operations)} operations polled")
         effects = self.servers.ledger()
         if "atomic" in {story.entry for story in self.stories}:
             response = httpx.get(f"{self.servers.url}/atomic-effects/", timeout=30)
@@ -574,6 +738,7 @@ class Run:
                                    "undelivered": state["undelivered"]})  # fmt: skip
                 break
             time.sleep(0.5)
+        log("outbox drained")
         for delivery in delivered:
             self.recorder.add({"type": "delivery", **delivery})
         for row in state["consumed"]:
@@ -591,8 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.store == "redis" and args.database != "sqlite":
         parser.error("the Redis store keeps the app's own tables on SQLite: --database sqlite")
-    stories, faults = generate(args.seed, args.seconds, args.store, args.database)
-    log(f"seed {args.seed}: {len(stories)} stories, {len(faults)} faults, "
+    stories, scene_faults, faults = generate(args.seed, args.seconds, args.store, args.database)
+    log(f"seed {args.seed}: {len(stories)} stories, {len(faults) + len(scene_faults)} faults, "
         f"{args.database}/{args.store}{' plant ' + args.plant if args.plant else ''}")  # fmt: skip
     history = args.history or Path(tempfile.gettempdir()) / (
         f"idempotency-verification-{args.seed}-{args.database}-{args.store}"
@@ -603,9 +768,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         servers.start()
         log("servers up")
-        events = Run(servers, stories, faults, args.seconds, args.seed).go()
+        events = Run(servers, stories, [scene_faults, faults], args.seconds, args.seed).go()
     finally:
         servers.stop(keep_log=history.with_suffix(".log"))
+        log("servers stopped")
     with history.open("w") as out:
         for event in events:
             out.write(json.dumps(event) + "\n")
@@ -615,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_faults_global=args.database == "sqlite" and args.store == "database",
     )
     result = checker.check(events, limits)
+    log(f"checked: {len(result.violations)} violations")
     violations = []
     seen = set()
     for violation in result.violations:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 
-from django.urls import path
+from django.urls import include, path
 
 from tests.verification import views
 
@@ -23,6 +23,8 @@ urlpatterns = [
     path("async/", views.async_view),
     path("ninja/", views.api.urls),
     path("call/", views.call),
+    path("accepted/", views.accepted),
+    path("idempotency/", include("django_idempotency.urls")),
     # The Redis store refuses atomic mode (E061) and the outbox.
     *([] if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL") else DATABASE_ONLY),
 ]

@@ -174,6 +174,12 @@ def plain(request: HttpRequest) -> HttpResponse:
     return JsonResponse(_effect(request, "plain", request.body), status=201)
 
 
+@idempotent(in_progress="accepted", lock_timeout=LOCK, ttl=TTL)
+def accepted(request: HttpRequest) -> HttpResponse:
+    """A duplicate of a request still running gets ``202`` and the operation's status URL."""
+    return JsonResponse(_effect(request, "accepted", request.body), status=201)
+
+
 @idempotent(lock_timeout=LOCK, ttl=SHORT_TTL)
 def short_ttl(request: HttpRequest) -> HttpResponse:
     return JsonResponse(_effect(request, "short-ttl", request.body), status=201)
@@ -221,6 +227,8 @@ class ApiKey(APIKeyHeader):
 
 
 api = NinjaAPI(urls_namespace="verification", title="Verification")
+# A database fault in the API key's authentication is a 503, not Django's 500 (docs/ninja.rst).
+api.add_exception_handler(DatabaseError, idempotent_ninja.exception_handler)
 
 
 @api.post("/", auth=ApiKey(), response={201: dict[str, Any]})
