@@ -10,6 +10,7 @@ DATABASE_ONLY = [
     path("atomic/", views.atomic),
     path("outbox/", views.outbox),
     path("outbox-state/", views.outbox_state),
+    path("accepted/", views.accepted),
 ]
 urlpatterns = [
     path("health/", views.health),
@@ -23,8 +24,7 @@ urlpatterns = [
     path("async/", views.async_view),
     path("ninja/", views.api.urls),
     path("call/", views.call),
-    path("accepted/", views.accepted),
     path("idempotency/", include("django_idempotency.urls")),
-    # The Redis store refuses atomic mode (E061) and the outbox.
+    # The Redis store refuses atomic mode (E061), the outbox and in_progress="accepted".
     *([] if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL") else DATABASE_ONLY),
 ]
