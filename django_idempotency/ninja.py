@@ -24,7 +24,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from ninja import Router
 from ninja.decorators import decorate_view
 from ninja.operation import Operation
@@ -36,6 +36,7 @@ from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, View
 from django_idempotency._conf.settings import conf, derived
 from django_idempotency._conf.values import SAFE_METHODS
 from django_idempotency._http import adapter as protocol
+from django_idempotency._http import framework_faults
 from django_idempotency._http.operations import operation_list, operation_status
 from django_idempotency._http.scopes import user_scope
 from django_idempotency._publish import ninja_openapi as openapi
@@ -49,7 +50,7 @@ from django_idempotency._store.limits import sha256_hex
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack: Python 3.11
 
-__all__ = ["auth_scope", "idempotent", "operations_router"]
+__all__ = ["auth_scope", "exception_handler", "idempotent", "operations_router"]
 
 Func = TypeVar("Func", bound=Callable[..., Any])
 
@@ -136,6 +137,21 @@ def auth_scope(auth: object) -> str:
             "it, return a model instance or a string, or give the operation a scope option."
         )
     return f"auth:{sha256_hex(str(auth))}"
+
+
+def exception_handler(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """A handler for ``api.add_exception_handler(DatabaseError, exception_handler)``: a
+    database fault (a lost or refused connection, a server shutting down or read-only) is
+    ``503 idempotency-unavailable`` with ``Retry-After``, not Django's ``500``; any other
+    database error is raised again, to Django, as ninja does without a handler.
+
+    ninja authenticates before it calls the operation, so an ``authenticate()`` that reads the
+    database (an API key's row) meets a fault before ``idempotent`` runs: nothing was claimed,
+    and the client's retry is answered as a first request."""
+    response = framework_faults.unavailable(exc)
+    if response is None:
+        raise exc
+    return response
 
 
 def _nobody(auth: object) -> str | None:

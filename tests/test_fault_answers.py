@@ -1,6 +1,7 @@
 """A database fault at any step before the view runs is a ``503`` with ``Retry-After``, and the
-view does not run (issue 25): the scope function reading the user, a function's own key or
-scope, and SQLite busy past its wait. Real faults: a database that refuses connections, another
+view does not run (issue 25): the scope function reading the user (a protected view's, and the
+operation endpoints' reading the asking principal), a function's own key or scope, and SQLite
+busy past its wait. Real faults: a database that refuses connections, another
 process holding SQLite's lock."""
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def test_a_logged_in_client_gets_503_when_the_default_scope_cannot_read_the_user
     assert_unavailable(response)
     assert executions() == 0
     assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.urls("tests.operations_urls")
+@pytest.mark.django_db(databases=["default", "unreachable"])
+@pytest.mark.parametrize("path", ["operations/1.AAAAAAAAAAAAAAAAAAAAAA", "operations/"])
+def test_the_operation_endpoints_answer_503_when_the_user_cannot_be_read(
+    logged_in: Client, path: str
+) -> None:
+    """The status and list endpoints read the asking principal as a protected view's scope
+    does: a fault there is their documented ``503``, not Django's ``500`` (found by
+    tests/verification under MariaDB's faults)."""
+    assert_unavailable(logged_in.get(f"/idempotency/{path}"))
 
 
 @pytest.mark.django_db(databases=["default", "unreachable"])

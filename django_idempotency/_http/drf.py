@@ -12,13 +12,15 @@ from django.http import HttpRequest, HttpResponseBase
 from django.views import View
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from django_idempotency._call import lifecycle
 from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
 from django_idempotency._conf.settings import OPTIONS
 from django_idempotency._http import adapter as protocol
-from django_idempotency._http import placement, problems
+from django_idempotency._http import framework_faults, placement, problems
 
 if TYPE_CHECKING:
     from rest_framework.views import APIView
@@ -124,6 +126,22 @@ class IdempotencyMixin(_Base):
             # it during authentication: refused as the claim would have refused it.
             return problems.body_too_large(str(exc))  # type: ignore[return-value]
         return super().handle_exception(exc)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponseBase | None:
+    """DRF's ``EXCEPTION_HANDLER``: a database fault (a lost or refused connection, a server
+    shutting down or read-only) is ``503 idempotency-unavailable`` with ``Retry-After``, not
+    DRF's uncaught exception (Django's ``500``); everything else is DRF's default handler's.
+
+    DRF authenticates a function view's token or session before ``@idempotent`` (under
+    ``@api_view``) runs, so a fault there never reaches the app; nothing was claimed, and the
+    client's retry is answered as a first request. A fault raised by a protected view itself
+    has released its claim already (the ``503`` is never stored)."""
+    response = framework_faults.unavailable(exc)
+    if response is None:
+        return drf_exception_handler(exc, context)
+    set_rollback()  # as DRF's own handler does: ATOMIC_REQUESTS' transaction is not committed
+    return response
 
 
 def _refuse_mixin_after(cls: type) -> None:

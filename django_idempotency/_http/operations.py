@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
@@ -28,7 +29,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._http import problems, responses
 from django_idempotency._http.scopes import ANONYMOUS_SCOPE
 from django_idempotency._store import operations as store
-from django_idempotency._store import sealing
+from django_idempotency._store import sealing, using
 from django_idempotency._store.limits import bounded_scope
 from django_idempotency._store.writes import COMPLETED
 
@@ -369,6 +370,18 @@ def _json(data: dict[str, Any], status: int) -> HttpResponse:
 
 
 def _scopes(request: HttpRequest) -> tuple[str, ...]:
+    """:func:`_principals`; a database fault reading them (the session's user, a DRF token)
+    is :class:`~.exceptions.StoreUnavailable`, the endpoint's ``503``, as it is for a
+    protected view's scope, not Django's ``500``."""
+    try:
+        return _principals(request)
+    except DatabaseError as exc:
+        if using(conf.DATABASE_ALIAS).is_transient(exc):
+            raise StoreUnavailable(f"The request's principal could not be read: {exc}") from exc
+        raise
+
+
+def _principals(request: HttpRequest) -> tuple[str, ...]:
     """The principals asking, as the views' records have them (none: credentials refused):
     ``OPERATION_SCOPE_FUNCTION``'s, or the scope setting's function's as Django's middleware
     authenticated the request and as DRF's default authentication does (when DRF is

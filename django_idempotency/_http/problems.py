@@ -93,12 +93,14 @@ def in_progress(retry_after: int) -> HttpResponse:
     )
 
 
-def unavailable() -> HttpResponse:
+def unavailable(
+    detail: str = "The idempotency store could not be reached, so the request was not processed.",
+) -> HttpResponse:
     return problem(
         503,
         "idempotency-unavailable",
         "Idempotency store unavailable",
-        "The idempotency store could not be reached, so the request was not processed.",
+        detail,
         headers={"Retry-After": str(conf.RETRY_AFTER)},
     )
 

@@ -8,10 +8,17 @@ Events (JSON objects, ``type`` first):
   ``response`` (a hash of the body's bytes), ``replayed``, ``execution`` and ``as`` (the
   execution and principal a 2xx answer names);
 - ``effect``: what a view ran (its ledger line): ``t``, ``entry``, ``principal``, ``key``,
-  ``body``, ``execution``, ``pid``;
+  ``body``, ``execution``, ``pid``; an outbox view's also ``message`` (the id it staged) and
+  ``fails`` (an attempt that answered ``503`` on purpose: it keeps nothing);
+- ``delivery``: a message the broker took (``message``, ``args``: the execution that staged it);
+- ``consumed``: the consumer's effect for a message (``message``, ``execution``);
+- ``undrained``: the outbox still held undelivered messages when the run stopped waiting;
 - ``fault``: ``kind``, ``start``, ``end``, ``pid`` (a worker's), ``long`` (longer than the
   lock can outlive);
-- ``unsettled``: ``op``: a client with no final answer when the run's settling time was up.
+- ``unsettled``: ``op``: a client with no final answer when the run's settling time was up;
+- ``poll``: a GET of an operation's status URL (``operation``) that a ``202`` gave ``owner``,
+  sent as ``principal`` (the owner or another): ``status``, the operation's ``state`` and the
+  ``execution`` its final response names; ``final``: sent once every key had settled.
 
 Each violation names its invariant (the issue's numbering), the key it is about and what was
 seen; :func:`shrink` cuts a violation's history down to the fewest events that still show it.
@@ -29,7 +36,8 @@ Event = dict[str, Any]
 #: Seconds of slack on a TTL's edge (the clients' clock and the servers' may differ by the
 #: time a request takes to reach the view).
 EDGE = 1.0
-#: Faults of the workers a view's own process suffers; the others hit every owner at once.
+#: Faults of the workers a view's own process suffers; the others hit every owner at once
+#: (the relay's death none: its messages are sent again once their lease passes).
 WORKER_FAULTS = {"worker-kill", "worker-stop"}
 
 
@@ -84,7 +92,8 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
     faults = sorted((e for e in events if e["type"] == "fault"), key=lambda e: e["start"])
     effects: dict[tuple[str, str], list[Event]] = defaultdict(list)
     for effect in events:
-        if effect["type"] == "effect":
+        # An attempt that failed on purpose released its record: a retry runs anew.
+        if effect["type"] == "effect" and not effect.get("fails"):
             effects[effect["principal"], effect["key"]].append(effect)
 
     # Record lives: a key's effects, a new life once the TTL of the record of the life's first
@@ -140,8 +149,8 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         status = done["status"]
         if status is not None and status >= 500 and status != 503:
             result.violate(8, key, f"answered {status}", op=[asked, done])
-        if status is None or not 200 <= status < 300:
-            continue
+        if status is None or not 200 <= status < 300 or status == 202:
+            continue  # a 202 is "still running" (its operation is invariant 7's), not an answer
         if done.get("as") != asked["principal"]:  # 3
             result.violate(3, key, f"{done.get('as')}'s answer reached {asked['principal']}",
                            op=[asked, done])  # fmt: skip
@@ -189,12 +198,101 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                 result.violate(5, key, "a retry after a final answer was not a replay",
                                op=[first_asked, first_done, asked, done])  # fmt: skip
 
+    _check_outbox(events, answered, result)
+    _check_operations(events, answered, result)
+
     for event in events:  # 8: a key that never settled
         if event["type"] == "unsettled" and event["op"] in invokes:
             asked = invokes[event["op"]]
             result.violate(8, (asked["principal"], asked["key"]), "no final answer after healing",
                            op=[asked])  # fmt: skip
     return result
+
+
+def _check_operations(
+    events: list[Event], answered: dict[tuple[str, str], list[tuple[Event, Event]]],
+    result: Result,
+) -> None:  # fmt: skip
+    """7: only an operation's principal reads it (anyone else gets ``404``, or ``503`` under a
+    fault), and once every key has settled it is ``succeeded`` or ``failed`` (or ``stalled``,
+    its owner gone), its response the one its key's replays give; or ``404``, a record
+    released and claimed anew (a new operation)."""
+    kept: dict[tuple[str, str], str] = {}
+    for key, answers in answered.items():
+        for _, done in answers:
+            if done.get("replayed"):
+                kept[key] = done["execution"]
+    keys = {e["op"]: (e["principal"], e["key"]) for e in events if e["type"] == "invoke"}
+    owners: dict[str, tuple[str, str]] = {}
+    for done in events:
+        if done["type"] == "complete" and done.get("location") and done["op"] in keys:
+            owners[done["location"]] = keys[done["op"]]
+    for poll in (e for e in events if e["type"] == "poll"):
+        key = owners.get(poll["operation"], (poll["owner"], "?"))
+        if poll["principal"] != poll["owner"]:
+            if poll["status"] not in (404, 503, None):
+                result.violate(7, key, f"{poll['principal']} read {poll['owner']}'s operation "
+                               f"({poll['status']})", polls=[poll])  # fmt: skip
+            continue
+        if not poll["final"] or poll["status"] in (404, None):
+            continue
+        if poll["status"] != 200 or poll.get("state") not in ("succeeded", "failed", "stalled"):
+            result.violate(7, key, f"an operation {poll.get('state') or poll['status']} after "
+                           "every key settled", polls=[poll])  # fmt: skip
+        elif poll.get("state") == "succeeded" and poll.get("execution") != kept.get(key):
+            result.violate(7, key, "an operation's response is not its key's stored answer",
+                           polls=[poll], stored=kept.get(key))  # fmt: skip
+
+
+def _check_outbox(
+    events: list[Event], answered: dict[tuple[str, str], list[tuple[Event, Event]]],
+    result: Result,
+) -> None:  # fmt: skip
+    """6: every message of a kept result is delivered and has one effect at the consumer; no
+    message of an attempt that kept nothing is ever delivered. A kept result is one a replay
+    named (every request is sent once more when the run has settled)."""
+    kept = {
+        done["execution"]
+        for answers in answered.values()
+        for _, done in answers
+        if done.get("replayed")
+    }
+    staged = {e["execution"]: e for e in events if e["type"] == "effect" and "message" in e}
+    delivered: dict[str, list[Event]] = defaultdict(list)
+    for delivery in (e for e in events if e["type"] == "delivery"):
+        delivered[delivery["message"]].append(delivery)
+    consumed: dict[str, list[Event]] = defaultdict(list)
+    for effect in (e for e in events if e["type"] == "consumed"):
+        consumed[effect["message"]].append(effect)
+
+    def key(execution: str) -> tuple[str, str]:
+        effect = staged.get(execution)
+        return ("?", "?") if effect is None else (effect["principal"], effect["key"])
+
+    for copies in delivered.values():
+        for execution in {copy["args"][0] for copy in copies}:
+            if execution not in kept:
+                effect = staged.get(execution)
+                why = "failed on purpose" if effect and effect.get("fails") else "kept nothing"
+                result.violate(6, key(execution), f"a message of an attempt that {why} was "
+                               "delivered", effects=[e for e in [effect] if e],
+                               deliveries=copies)  # fmt: skip
+    for execution in sorted(kept & set(staged)):
+        message = staged[execution]["message"]
+        if message not in delivered:
+            result.violate(6, key(execution), "a kept result's message was never delivered",
+                           effects=[staged[execution]])  # fmt: skip
+        elif len(consumed[message]) != 1:
+            result.violate(
+                6,
+                key(execution),
+                f"a message had {len(consumed[message])} effects at the consumer",
+                effects=[staged[execution], *consumed[message]],
+            )
+    for event in events:
+        if event["type"] == "undrained":
+            result.violate(6, ("?", "?"), "messages still undelivered after the run's wait",
+                           undelivered=event["undelivered"])  # fmt: skip
 
 
 def _units(events: list[Event]) -> list[list[Event]]:
@@ -222,10 +320,19 @@ def shrink(history: list[Event], violation: dict[str, Any], limits: Limits) -> l
                    (v["principal"], v["key"]) == key for v in found)  # fmt: skip
 
     ops = {e["op"] for e in history if e["type"] == "invoke" and (e["principal"], e["key"]) == key}
+    messages = {
+        e.get("message")
+        for e in history
+        if e["type"] == "effect" and (e["principal"], e["key"]) == key
+    }
+    locations = {e["location"] for e in history if e.get("op") in ops and e.get("location")}
     mine = [
         e
         for e in history
-        if (e["type"] == "effect" and (e["principal"], e["key"]) == key) or e.get("op") in ops
+        if (e["type"] == "effect" and (e["principal"], e["key"]) == key)
+        or e.get("op") in ops
+        or (e["type"] in ("delivery", "consumed") and e["message"] in messages)
+        or (e["type"] == "poll" and e["operation"] in locations)
     ]
     times = [e["t"] for e in mine if "t" in e]
     # The faults of the key's time are kept whole: dropping one never hides a violation, and

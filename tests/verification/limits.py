@@ -9,6 +9,12 @@ LOCK = 3
 TTL = 3600
 SHORT_TTL = 6
 #: Entry points and their TTLs.
-TTLS = {"mixin": TTL, "function": TTL, "plain": TTL, "atomic": TTL, "short-ttl": SHORT_TTL}
+TTLS = {
+    "mixin": TTL, "function": TTL, "function-policy": TTL, "plain": TTL, "async": TTL,
+    "ninja": TTL, "call": TTL, "atomic": TTL, "outbox": TTL, "accepted": TTL,
+    "short-ttl": SHORT_TTL,
+}  # fmt: skip
 #: Once the nemesis has healed, every key has a final answer within ``LOCK`` and this.
 SETTLE = 15.0
+#: Once every key is settled, every released message is delivered and consumed within this.
+DRAIN = 30.0

@@ -20,6 +20,8 @@ PLANTS = {
     "early-takeover": 1,
     "no-renewal": 1,
     "no-expiry-check": 5,
+    "release-on-failure": 6,
+    "operation-any-reader": 7,
 }
 
 
@@ -106,12 +108,52 @@ def _no_expiry_check() -> None:
     )
 
 
+def _release_on_failure() -> None:
+    """A two-phase attempt whose record is released (it raised, answered a 5xx) releases the
+    messages it staged first, as if its result had been kept."""
+    from django.db import connections, transaction
+
+    from django_idempotency._call import outbox, writing
+    from django_idempotency._store import outbox as store
+
+    original = writing.release
+
+    def release(attempt: Any, *, reason: str, raised: bool, undo: bool = False) -> None:
+        claim, alias = attempt.claim, attempt.policy.alias
+        messages = None if claim is None or claim.outbox is None else outbox.release(claim)
+        if messages is not None and not attempt.policy.atomic:
+            with transaction.atomic(using=alias):
+                store._insert(connections[alias], messages)
+                outbox.released(claim, alias, messages)
+        original(attempt, reason=reason, raised=raised, undo=undo)
+
+    writing.release = release
+
+
+def _operation_any_reader() -> None:
+    """The status endpoint shows an operation to every principal: the asking request proves,
+    besides its own, every user's scope and the anonymous one."""
+    from django.contrib.auth import get_user_model
+
+    from django_idempotency._http import operations, scopes
+
+    original = operations._scopes
+
+    def everyone(request: Any) -> tuple[str, ...]:
+        users = get_user_model().objects.values_list("pk", flat=True)
+        return (*original(request), *(f"user:{pk}" for pk in users), scopes.ANONYMOUS_SCOPE)
+
+    operations._scopes = everyone
+
+
 _APPLY: dict[str, Callable[[], None]] = {
     "no-fencing": _no_fencing,
     "shared-scope": _shared_scope,
     "early-takeover": _early_takeover,
     "no-renewal": _no_renewal,
     "no-expiry-check": _no_expiry_check,
+    "release-on-failure": _release_on_failure,
+    "operation-any-reader": _operation_any_reader,
 }
 
 

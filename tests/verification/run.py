@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,18 +52,25 @@ from tests.faults.proxy import FaultProxy  # noqa: E402
 from tests.faults.redis_server import RedisServer  # noqa: E402
 from tests.servers import harness  # noqa: E402
 from tests.verification import checker  # noqa: E402
-from tests.verification.limits import LOCK, SETTLE, TTLS  # noqa: E402
+from tests.verification.consumer import deliveries  # noqa: E402
+from tests.verification.limits import DRAIN, LOCK, SETTLE, TTLS  # noqa: E402
 from tests.verification.plants import PLANTS  # noqa: E402
 
 PRINCIPALS = ("alice", "bob", "anonymous")
-#: DRF entry points authenticate by token; the plain views by session.
-DRF_ENTRIES = ("mixin", "function")
+#: DRF entry points authenticate by token, ninja's by API key (the same token), the others by
+#: session; ninja's operation has no anonymous caller.
+DRF_ENTRIES = ("mixin", "function", "function-policy")
 WORKERS = 3
 THREADS = 8
 #: ``connect_timeout`` of tests/faults/settings.py, which the servers' settings extend.
 CONNECT_TIMEOUT = 3.0
-#: Statuses a client answers by trying again: in progress, unavailable, no answer at all.
-RETRY = {409, 503, None}
+#: Faults with no length.
+INSTANT = ("worker-kill", "db-cut", "db-terminate", "relay-kill")
+#: Statuses a client answers by trying again: in progress (``409``, or ``202`` from a view
+#: with ``in_progress="accepted"``), unavailable, no answer at all.
+RETRY = {202, 409, 503, None}
+#: Whom each principal's operations are polled by besides their own (who must get ``404``).
+OTHER = {"alice": "bob", "bob": "alice", "anonymous": "alice"}
 
 
 def log(message: str) -> None:
@@ -93,9 +102,31 @@ class Fault:
     kind: str
     duration: float
     choice: int  # which worker, among the living, sorted by pid
+    #: A scene's fault: the worker running this key's view, whichever it is.
+    key: str | None = None
+
+
+#: The scenes every run opens with, whatever its seed (keys and numbers from it): each plant's
+#: trigger, so that a plant is found from any seed, not only from one whose draws happen to
+#: build it (the random workload after them may build them again). ``FENCE_AT``'s view is
+#: stopped for ``FENCE_STOP`` seconds ``FENCE_STOP_AFTER`` after it starts, by a nemesis of the
+#: scenes' own.
+RENEWAL_AT, SCOPE_AT, SCOPE_AGAIN_AT, SHORT_TTL_AT, FAIL_AT, FENCE_AT = 0.3, 0.5, 2.5, 0.7, 0.9, 7.0
+ACCEPTED_AT = 1.1
+#: The renewal scene's duplicates come once its lock would have lapsed without renewal, so that
+#: they never wait behind it for a thread (a crowd may hold the workers' threads at first).
+RENEWAL_AGAIN_AT = RENEWAL_AT + LOCK + 0.3
+FENCE_WORK, FENCE_STOP_AFTER, FENCE_STOP = 1.5, 0.6, 6.0
+#: On SQLite a stopped worker excuses every owner (it may hold the only write lock): the
+#: random nemesis starts, and the fencing scene's stop, once the renewal scene's view would
+#: have been taken over (its lock lapsed, without renewal) and run again, with time to spare
+#: on a loaded machine.
+SQLITE_NEMESIS_FROM = FENCE_AT
+DATABASE_FAULTS = ("db-blackhole", "db-cut", "db-restart", "db-read-only", "db-terminate")
 
 
 def _body(rng: random.Random, entry: str) -> bytes:
+    fail = entry == "outbox" and rng.random() < 0.4  # its first attempt answers 503
     roll = rng.random()
     if roll < 0.65 or entry in ("short-ttl", "atomic"):
         # An atomic view holds its transaction while it works: SQLite's only writer.
@@ -104,25 +135,72 @@ def _body(rng: random.Random, entry: str) -> bytes:
         work = rng.uniform(0.5, 1.5)
     else:  # longer than the lock: only renewal keeps it
         work = LOCK + 1.5
-    body = {"n": rng.randrange(10**6), "work": round(work, 2)}
+    body: dict[str, Any] = {"n": rng.randrange(10**6), "work": round(work, 2)}
+    if fail:
+        body["fail"] = 1
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _scenes(seed: int, store: str) -> tuple[list[Story], list[Fault]]:
+    """The opening of every run: a view working past its lock and its duplicates once the
+    lock would have lapsed without renewal (found by ``no-renewal`` and ``early-takeover``),
+    one key sent by two principals (``shared-scope``), a short TTL's retry past it
+    (``no-expiry-check``); with the database store, an outbox body that fails once
+    (``release-on-failure``) and four clients of a view answering duplicates ``202``, whose
+    operation another principal polls (``operation-any-reader``); and a view whose worker is
+    stopped longer than its lock, so that a duplicate takes the record over, answers and is
+    replayed before the late owner resumes and writes (``no-fencing``: its write must be
+    fenced off, and the replays after it must not change). The fencing scene's first client
+    asks again once the late owner has written."""
+    rng = random.Random(f"scenes-{seed}")
+
+    def story(at: float, entry: str, principal: str, work: float, clients: int,
+              followups: list[float], fail: bool = False, key: str | None = None,
+              body: bytes | None = None) -> Story:  # fmt: skip
+        key = key or str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        if body is None:
+            given: dict[str, Any] = {"n": rng.randrange(10**6), "work": work}
+            body = json.dumps(given | ({"fail": 1} if fail else {}),
+                              separators=(",", ":")).encode()  # fmt: skip
+        return Story(0, at, entry, principal, key, body, clients, followups)
+
+    scope = story(SCOPE_AT, "mixin", "alice", 0.1, 1, [])
+    fence = story(FENCE_AT, "plain", "anonymous", FENCE_WORK, 6,
+                  [1.0, FENCE_STOP + FENCE_WORK])  # fmt: skip
+    renewal = story(RENEWAL_AT, "function", "bob", LOCK + 1.5, 1, [0.5])
+    stories = [
+        renewal,
+        story(RENEWAL_AGAIN_AT, "function", "bob", 0, 2, [], key=renewal.key, body=renewal.body),
+        scope,
+        story(SHORT_TTL_AT, "short-ttl", "alice", 0.1, 1, [TTLS["short-ttl"] + 2.5]),
+        story(SCOPE_AGAIN_AT, "mixin", "bob", 0.1, 1, [], key=scope.key, body=scope.body),
+        fence,
+    ]
+    if store == "database":  # the Redis store has no outbox, nor in_progress="accepted"
+        stories.append(story(FAIL_AT, "outbox", "alice", 0.1, 1, [0.5], fail=True))
+        stories.append(story(ACCEPTED_AT, "accepted", "alice", 1.0, 4, []))
+    stop = Fault(FENCE_AT + FENCE_STOP_AFTER, "worker-stop", FENCE_STOP, 0, key=fence.key)
+    return sorted(stories, key=lambda s: s.start), [stop]
 
 
 def generate(
     seed: int, seconds: float, store: str, database: str
-) -> tuple[list[Story], list[Fault]]:
+) -> tuple[list[Story], list[Fault], list[Fault]]:
+    """The stories (the scenes', then the seed's), the scenes' faults and the seed's faults."""
     rng = random.Random(seed)
-    entries = ["mixin", "function", "plain", "short-ttl"]
+    entries = ["mixin", "function", "function-policy", "plain", "async", "ninja", "call",
+               "short-ttl"]  # fmt: skip
     if store == "database":
-        entries.append("atomic")
-    stories: list[Story] = []
+        entries += ["atomic", "outbox", "accepted"]
+    stories, scene_faults = _scenes(seed, store)
     t = 0.0
     while True:
         t += rng.expovariate(2.0)  # two new stories a second
         if t >= seconds:
             break
         earlier = rng.choice(stories) if stories and rng.random() < 0.35 else None
-        clients = rng.choice((1, 1, 1, 2, 2, 3, 4, 8))
+        # Now and then a crowd: 16 or 32 clients at once under one key.
+        clients = rng.choice((16, 32)) if rng.random() < 0.04 else rng.choice((1, 1, 1, 2, 3, 4, 8))
         followups = sorted(rng.uniform(0.2, 3) for _ in range(rng.choice((0, 1, 1, 2))))
         if earlier is None:
             entry = rng.choice(entries)
@@ -141,36 +219,68 @@ def generate(
                 body = _body(rng, entry)
             elif variant == "other-principal":
                 principal = rng.choice([p for p in PRINCIPALS if p != principal])
+        if entry == "ninja" and principal == "anonymous":
+            principal = rng.choice(PRINCIPALS[:2])
         if json.loads(body)["work"] > LOCK:  # duplicates while it works past its first lock
             clients = max(clients, 2)
         if entry == "short-ttl":  # one retry past the TTL: a new life, never a replay
             followups.append(TTLS[entry] + 2.5)
-        stories.append(Story(len(stories), round(t, 3), entry, principal, key, body, clients,
+        stories.append(Story(0, round(t, 3), entry, principal, key, body, clients,
                              followups))  # fmt: skip
+    stories.sort(key=lambda each: each.start)
+    for number, each in enumerate(stories):
+        each.number = number
     kinds = ["worker-kill", "worker-stop", "worker-stop", "worker-stop"]
     if store == "redis":
         kinds += ["redis-stop", "redis-stop", "redis-kill"]
-    elif database != "sqlite":
-        kinds += ["db-blackhole", "db-blackhole", "db-cut"]
+    else:
+        kinds.append("relay-kill")
+    if database != "sqlite":
+        kinds += ["db-blackhole", *DATABASE_FAULTS]
+    # The nemesis has its own generator: a workload widened keeps each seed's schedule.
+    rng = random.Random(f"nemesis-{seed}")
+    # A server's run opens with one fault of each of the database's kinds, in the seed's
+    # order, one of them longer than the lock: a short run meets every kind.
+    first = rng.sample(DATABASE_FAULTS, len(DATABASE_FAULTS)) if database != "sqlite" else []
+    long_one = rng.choice([k for k in first if k not in INSTANT]) if first else None
     faults: list[Fault] = []
-    t = 1.0
+    t = 1.0 if first else SQLITE_NEMESIS_FROM
     while True:
-        t += rng.uniform(0.5, 2.5)
-        kind = rng.choice(kinds)
+        t += rng.uniform(0.5, 1.5) if first else rng.uniform(0.5, 2.5)
+        opening = bool(first)
+        kind = first.pop(0) if opening else rng.choice(kinds)
         # Shorter than the remaining lock (two thirds of it, renewed), or longer than the lock.
-        duration = (
-            rng.uniform(0.3, 1.2) if rng.random() < 0.5 else rng.uniform(LOCK + 0.5, LOCK + 4)
-        )
-        if kind in ("worker-kill", "db-cut"):
+        long = kind == long_one if opening else rng.random() >= 0.5
+        duration = rng.uniform(LOCK + 0.5, LOCK + 4) if long else rng.uniform(0.3, 1.2)
+        if kind in INSTANT:
             duration = 0.0
         if t + duration >= seconds:
             break
         faults.append(Fault(round(t, 3), kind, round(duration, 3), rng.randrange(1000)))
         t += duration
-    return stories, faults
+    return stories, scene_faults, faults
 
 
 # The servers ------------------------------------------------------------------------------
+
+
+def _migrated_sqlite(path: Path) -> None:
+    """A SQLite file with the tables made: a copy of one migrated before, kept in the temporary
+    directory under the hash of every migration's source and the packages' versions (a
+    migration costs a Django process seconds; most runs are on SQLite)."""
+    digest = hashlib.sha256()
+    for package in ("django", "djangorestframework"):
+        digest.update(importlib.metadata.version(package).encode())
+    for source in sorted(ROOT.glob("django_idempotency/migrations/*.py")) + sorted(
+        ROOT.glob("tests/*/migrations/*.py")
+    ):
+        digest.update(source.name.encode() + source.read_bytes())
+    template = Path(tempfile.gettempdir()) / f"idem-verify-{digest.hexdigest()[:16]}.sqlite3"
+    if not template.exists():
+        fresh = template.with_name(f"{template.name}.{os.getpid()}")
+        migrate(f"sqlite:///{fresh}")
+        os.replace(fresh, template)  # whole, even with two runs migrating at once
+    shutil.copyfile(template, path)
 
 
 @dataclass
@@ -183,11 +293,15 @@ class Servers:
     proxy: FaultProxy | None = None
     redis: RedisServer | None = None
     gunicorn: harness.Server | None = None
+    #: The outbox's relay (``manage.py idempotency_relay``) and consumer, database store only.
+    helpers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         if self.database == "sqlite":
             self.server = databases.SQLiteFile()
-            url = direct = self.server.url()
+            url = self.server.url()
+            _migrated_sqlite(self.server.path)
         else:
             self.server = (
                 databases.PostgresCluster()
@@ -196,8 +310,8 @@ class Servers:
             )
             self.server.create()
             self.proxy = FaultProxy(databases.free_port(), self.server.port).start()
-            url, direct = self.server.url(port=self.proxy.port), self.server.url()
-        migrate(direct)
+            url = self.server.url(port=self.proxy.port)
+            migrate(self.server.url())
         env = dict(os.environ)
         env.update(
             DJANGO_SETTINGS_MODULE="tests.verification.settings",
@@ -226,6 +340,22 @@ class Servers:
         self.gunicorn.start()
         assert self.gunicorn.process is not None
         databases.track(self.gunicorn.process.pid, "gunicorn")
+        if self.store == "database":
+            self.env = env
+            self.start_helper("relay")
+            self.start_helper("consumer")
+
+    def start_helper(self, name: str) -> None:
+        """The relay or the consumer, logging to a file of the run's folder."""
+        command = {
+            "relay": [sys.executable, "-m", "django", "idempotency_relay", "--interval", "0.5"],
+            "consumer": [sys.executable, "-m", "tests.verification.consumer"],
+        }[name]
+        with (self.folder / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        databases.track(process.pid, name)
+        self.helpers[name] = process
 
     @property
     def url(self) -> str:
@@ -260,12 +390,25 @@ class Servers:
         return effects
 
     def stop(self, keep_log: Path | None = None) -> None:
+        for name, process in self.helpers.items():
+            # At once, as gunicorn below: the outbox was drained, and a relay ends its pass
+            # before it heeds a SIGTERM.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+            databases.untrack(process.pid)
+            if keep_log is not None:
+                with keep_log.with_suffix(f".{name}.log").open("wb") as out:
+                    out.write((self.folder / f"{name}.log").read_bytes())
         if self.gunicorn is not None:
             for pid in self.gunicorn.worker_pids():  # none left stopped
                 if databases.alive(pid):
                     os.kill(pid, signal.SIGCONT)
-            self.gunicorn.stop()
+            # At once: the run has what it needs (a graceful stop costs its 2 s).
             if self.gunicorn.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.gunicorn.process.pid, signal.SIGKILL)
+                self.gunicorn.process.wait()
                 databases.untrack(self.gunicorn.process.pid)
             if keep_log is not None:
                 shutil.copy(self.gunicorn.log_path, keep_log)
@@ -303,18 +446,29 @@ def _digest(data: bytes) -> str:
 
 
 class Run:
-    def __init__(self, servers: Servers, stories: list[Story], faults: list[Fault],
+    def __init__(self, servers: Servers, stories: list[Story], faults: list[list[Fault]],
                  seconds: float, seed: int) -> None:  # fmt: skip
         self.servers = servers
         self.stories = stories
+        #: Schedules run side by side (the scenes' and the seed's), each one fault at a time.
         self.faults = faults
+        #: Workers stopped now: never chosen by the other schedule (its SIGCONT would end the
+        #: stop early).
+        self.held: set[int] = set()
         self.seconds = seconds
         self.seed = seed
         self.recorder = Recorder()
         self.credentials: dict[str, dict[str, str]] = {}
         self.start = 0.0
         self.healed = threading.Event()
+        #: The operations' status URLs the ``202`` s gave, with the principal they were given to.
+        self.operations: set[tuple[str, str]] = set()
         self.heal_time = float("inf")
+        # One client for every thread: a client made per request costs the run's process (and
+        # the fault proxy's threads in it) milliseconds of CPU each. No connection is kept:
+        # each request its own, as before, so a killed worker costs only its own requests.
+        self.http = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0,
+                                                                 max_connections=None))  # fmt: skip
 
     def log_in(self) -> None:
         for name in PRINCIPALS[:2]:
@@ -331,6 +485,8 @@ class Run:
             given = self.credentials[story.principal]
             if story.entry in DRF_ENTRIES:
                 headers["Authorization"] = f"Token {given['token']}"
+            elif story.entry == "ninja":
+                headers["X-API-Key"] = given["token"]
             else:
                 headers["Cookie"] = given["cookie"]
         return headers
@@ -345,8 +501,8 @@ class Run:
         })  # fmt: skip
         done: dict[str, Any] = {"type": "complete", "op": op, "status": None}
         try:
-            response = httpx.post(f"{self.servers.url}/{story.entry}/", content=story.body,
-                                  headers=self.headers(story), timeout=30)  # fmt: skip
+            response = self.http.post(f"{self.servers.url}/{story.entry}/", content=story.body,
+                                      headers=self.headers(story))  # fmt: skip
         except httpx.HTTPError as exc:
             done["error"] = type(exc).__name__
         else:
@@ -355,14 +511,43 @@ class Run:
                 response=_digest(response.content),
                 replayed=response.headers.get("Idempotent-Replayed") == "true",
             )
-            if 200 <= response.status_code < 300:
+            if response.status_code == 202:  # a duplicate: the operation's status URL
+                done["location"] = response.headers.get("Location")
+            elif 200 <= response.status_code < 300:
                 answer = response.json()
                 done.update(execution=answer.get("execution"), **{"as": answer.get("principal")})
         done["t"] = time.time()
         self.recorder.add(done)
+        if done.get("location"):
+            self.operations.add((story.principal, done["location"]))
+            self.poll(story.principal, done["location"])
         if done["status"] in RETRY:
             return op, None
         return op, int(done["status"])
+
+    def poll(self, owner: str, location: str, *, final: bool = False) -> None:
+        """GET an operation's status URL as its principal and as another (who must get
+        ``404``), recorded as ``poll`` events; ``final``: once every key has settled."""
+        for principal in (owner, OTHER[owner]):
+            event: dict[str, Any] = {"type": "poll", "t": time.time(), "owner": owner,
+                                     "principal": principal, "operation": location,
+                                     "final": final, "status": None}  # fmt: skip
+            given = self.credentials.get(principal)
+            headers = {"Cookie": given["cookie"]} if given else {}
+            try:
+                response = self.http.get(str(httpx.URL(self.servers.url).join(location)),
+                                         headers=headers)  # fmt: skip
+            except httpx.HTTPError as exc:
+                event["error"] = type(exc).__name__
+            else:
+                event["status"] = response.status_code
+                if response.status_code == 200:
+                    document = response.json()
+                    event["state"] = document.get("state")
+                    body = (document.get("response") or {}).get("body")
+                    if isinstance(body, dict):
+                        event["execution"] = body.get("execution")
+            self.recorder.add(event)
 
     def until_final(self, story: Story, rng: random.Random) -> bool:
         while True:
@@ -386,14 +571,30 @@ class Run:
                 return
 
     def nemesis(self) -> None:
+        schedules = [threading.Thread(target=self.faults_run, args=(faults,), daemon=True)
+                     for faults in self.faults]  # fmt: skip
         try:
-            self.faults_run()
+            for schedule in schedules:
+                schedule.start()
+            for schedule in schedules:
+                schedule.join()
         finally:  # whatever happened, the clients' settling time counts from now
             self.heal_time = time.time()
             self.healed.set()
 
-    def faults_run(self) -> None:
-        for fault in self.faults:
+    def owner(self, key: str) -> int | None:
+        """The worker of ``key``'s view still working, once its effect is in a ledger (at
+        most 10 s from now: a loaded machine, or a database fault, may start the view late)."""
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            for line in self.servers.ledger():
+                if line["key"] == key and line["t"] + line["work"] > time.time():
+                    return int(line["pid"])
+            time.sleep(0.05)
+        return None
+
+    def faults_run(self, faults: list[Fault]) -> None:
+        for fault in faults:
             wait = self.start + fault.at - time.time()
             if wait > 0:
                 time.sleep(wait)
@@ -405,21 +606,32 @@ class Run:
             event["long"] = fault.kind == "worker-kill" or cost >= LOCK * 2 / 3
             event["start"] = time.time()
             if fault.kind.startswith("worker"):
-                workers = self.servers.workers()
+                workers = [pid for pid in self.servers.workers() if pid not in self.held]
+                if fault.key is not None:
+                    owner = self.owner(fault.key)
+                    workers = [owner] if owner in workers else []
+                    event["start"] = time.time()
                 if not workers:
+                    log(f"fault {fault.kind}: no worker to take")
                     continue
                 pid = workers[fault.choice % len(workers)]
                 busy = self.servers.busy()
-                if fault.choice % 10 < 7 and busy in workers:  # mostly a worker mid-view
-                    pid = busy
+                if fault.key is None and fault.choice % 10 < 7 and busy in workers:
+                    pid = busy  # mostly a worker mid-view
                 event["pid"] = pid
                 with contextlib.suppress(ProcessLookupError):  # it died meanwhile
                     if fault.kind == "worker-kill":
                         os.kill(pid, signal.SIGKILL)
                     else:
-                        os.kill(pid, signal.SIGSTOP)
-                        time.sleep(fault.duration)
-                        os.kill(pid, signal.SIGCONT)
+                        self.held.add(pid)
+                        try:
+                            os.kill(pid, signal.SIGSTOP)
+                            time.sleep(fault.duration / 2)
+                            event["waits"] = self.lock_waits()
+                            time.sleep(fault.duration / 2)
+                            os.kill(pid, signal.SIGCONT)
+                        finally:
+                            self.held.discard(pid)
             elif fault.kind == "db-blackhole":
                 assert self.servers.proxy is not None
                 self.servers.proxy.blackhole()
@@ -428,6 +640,18 @@ class Run:
             elif fault.kind == "db-cut":
                 assert self.servers.proxy is not None
                 self.servers.proxy.cut_all()
+            elif fault.kind == "db-terminate":  # the server ends every session of the app
+                self.servers.server.terminate_backends()
+            elif fault.kind == "db-restart":  # down for the length, then started again
+                self.servers.server.stop_for(fault.duration)
+            elif fault.kind == "db-read-only":
+                self.servers.server.read_only(True)
+                time.sleep(fault.duration)
+                self.servers.server.read_only(False)
+            elif fault.kind == "relay-kill":  # a new relay at once, as a supervisor would
+                os.kill(self.servers.helpers["relay"].pid, signal.SIGKILL)
+                self.servers.helpers["relay"].wait()
+                self.servers.start_helper("relay")
             elif fault.kind == "redis-stop":
                 assert self.servers.redis is not None
                 self.servers.redis.freeze()
@@ -439,8 +663,25 @@ class Run:
                 time.sleep(fault.duration)
                 self.servers.redis.start()
             event["end"] = time.time()
+            if fault.kind in ("db-restart", "db-read-only"):  # a stop and a start take time too
+                event["long"] = event["end"] - event["start"] >= LOCK * 2 / 3
             self.recorder.add(event)
             log(f"fault {fault.kind} {fault.duration:.1f}s")
+
+    def lock_waits(self) -> list[Any]:
+        """MariaDB's transactions waiting for a lock and the ones they wait for, in the middle
+        of a stopped worker's time (which statements a stopped process holds up)."""
+        if self.servers.database != "mariadb":
+            return []
+        try:
+            return [list(map(str, row)) for row in self.servers.server.execute(
+                "SELECT r.trx_mysql_thread_id, r.trx_query, b.trx_mysql_thread_id, b.trx_query, "
+                "b.trx_started FROM information_schema.INNODB_LOCK_WAITS w "
+                "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id "
+                "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id"
+            )]  # fmt: skip
+        except Exception as exc:  # a diagnosis only
+            return [repr(exc)]
 
     def go(self) -> list[dict[str, Any]]:
         self.log_in()
@@ -466,13 +707,42 @@ class Run:
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda story: self.until_final(story, random.Random(story.number)),
                           probes.values()))  # fmt: skip
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda given: self.poll(*given, final=True), sorted(self.operations)))
+        log(f"settled; every request sent once more, {len(self.operations)} operations polled")
         effects = self.servers.ledger()
         if "atomic" in {story.entry for story in self.stories}:
             response = httpx.get(f"{self.servers.url}/atomic-effects/", timeout=30)
             effects += response.json()["effects"]
         for effect in effects:
             self.recorder.add({"type": "effect", **effect})
+        if self.servers.helpers:
+            self.drain()
         return self.recorder.events
+
+    def drain(self) -> None:
+        """Wait until the outbox has nothing undelivered and the consumer has had every
+        delivery (at most :data:`DRAIN` seconds), then record both."""
+        deadline = time.time() + DRAIN
+        while True:
+            state = httpx.get(f"{self.servers.url}/outbox-state/", timeout=30).json()
+            delivered = deliveries(self.servers.folder)
+            consumed = {row["message"] for row in state["consumed"]}
+            if not any(state["undelivered"].values()) and all(
+                delivery["message"] in consumed for delivery in delivered
+            ):
+                break
+            if time.time() > deadline:
+                log(f"outbox not drained: {state['undelivered']}")
+                self.recorder.add({"type": "undrained", "t": time.time(),
+                                   "undelivered": state["undelivered"]})  # fmt: skip
+                break
+            time.sleep(0.5)
+        log("outbox drained")
+        for delivery in delivered:
+            self.recorder.add({"type": "delivery", **delivery})
+        for row in state["consumed"]:
+            self.recorder.add({"type": "consumed", **row})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -486,8 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.store == "redis" and args.database != "sqlite":
         parser.error("the Redis store keeps the app's own tables on SQLite: --database sqlite")
-    stories, faults = generate(args.seed, args.seconds, args.store, args.database)
-    log(f"seed {args.seed}: {len(stories)} stories, {len(faults)} faults, "
+    stories, scene_faults, faults = generate(args.seed, args.seconds, args.store, args.database)
+    log(f"seed {args.seed}: {len(stories)} stories, {len(faults) + len(scene_faults)} faults, "
         f"{args.database}/{args.store}{' plant ' + args.plant if args.plant else ''}")  # fmt: skip
     history = args.history or Path(tempfile.gettempdir()) / (
         f"idempotency-verification-{args.seed}-{args.database}-{args.store}"
@@ -498,9 +768,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         servers.start()
         log("servers up")
-        events = Run(servers, stories, faults, args.seconds, args.seed).go()
+        events = Run(servers, stories, [scene_faults, faults], args.seconds, args.seed).go()
     finally:
         servers.stop(keep_log=history.with_suffix(".log"))
+        log("servers stopped")
     with history.open("w") as out:
         for event in events:
             out.write(json.dumps(event) + "\n")
@@ -510,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_faults_global=args.database == "sqlite" and args.store == "database",
     )
     result = checker.check(events, limits)
+    log(f"checked: {len(result.violations)} violations")
     violations = []
     seen = set()
     for violation in result.violations:

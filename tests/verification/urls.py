@@ -2,10 +2,16 @@ from __future__ import annotations
 
 import os
 
-from django.urls import path
+from django.urls import include, path
 
 from tests.verification import views
 
+DATABASE_ONLY = [
+    path("atomic/", views.atomic),
+    path("outbox/", views.outbox),
+    path("outbox-state/", views.outbox_state),
+    path("accepted/", views.accepted),
+]
 urlpatterns = [
     path("health/", views.health),
     path("setup/", views.setup),
@@ -14,6 +20,11 @@ urlpatterns = [
     path("function/", views.function),
     path("plain/", views.plain),
     path("short-ttl/", views.short_ttl),
-    # The Redis store refuses atomic mode (E061).
-    *([] if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL") else [path("atomic/", views.atomic)]),
+    path("function-policy/", views.function_policy),
+    path("async/", views.async_view),
+    path("ninja/", views.api.urls),
+    path("call/", views.call),
+    path("idempotency/", include("django_idempotency.urls")),
+    # The Redis store refuses atomic mode (E061), the outbox and in_progress="accepted".
+    *([] if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL") else DATABASE_ONLY),
 ]

@@ -6,64 +6,124 @@ of how many times a view ran. An atomic view's effect is an ``Execution`` row wr
 view's transaction: it happened only if that committed (``/atomic-effects/`` lists them).
 The body may ask the view to work ``work`` seconds after its effect (longer than the lock: only
 renewal keeps it). Every answer carries the execution and the principal it was made for.
+
+The outbox's views stage one message for the consumer (:mod:`.consumer`), naming their
+execution; a body with ``"fail": 1`` makes the first attempt of its key answer ``503`` after
+staging (an attempt that keeps nothing: its record released, its message never to be sent).
+Their ledger lines carry the message's id, and ``"fails"`` for such an attempt.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model, login
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from ninja import NinjaAPI
+from ninja.security import APIKeyHeader
+from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
-from rest_framework.decorators import api_view
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import idempotent
+from django_idempotency import (
+    IdempotencyInProgress,
+    IdempotencyKeyMismatch,
+    StoreUnavailable,
+    idempotent,
+    idempotent_function,
+)
+from django_idempotency import ninja as idempotent_ninja
+from django_idempotency.models import OutboxMessage
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
+from tests.verification.consumer import CONSUMER_LABEL, deliver
 from tests.verification.limits import LOCK, SHORT_TTL, TTL
 
 ATOMIC_LABEL = "verify-atomic"
 
 
 def _principal(request: Any) -> str:
-    user = getattr(request, "user", None)
-    return str(user.username) if user is not None and user.is_authenticated else "anonymous"
+    name = _name(getattr(request, "user", None))
+    return _name(getattr(request, "auth", None)) if name == "anonymous" else name  # ninja's
 
 
-def _effect(request: Any, entry: str, raw: bytes, *, atomic: bool = False) -> dict[str, Any]:
+def _name(user: Any) -> str:
+    return str(user.username) if getattr(user, "is_authenticated", False) else "anonymous"
+
+
+def _fails_once(line: dict[str, Any]) -> bool:
+    """Whether this is the first attempt of its principal's key (a marker file made once)."""
+    name = hashlib.sha256(f"{line['principal']}\0{line['key']}".encode()).hexdigest()[:16]
+    try:
+        os.close(os.open(_ledger() / f"fail-{name}", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _ledger() -> Path:
+    return Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"])
+
+
+def _effect(
+    request: Any,
+    entry: str,
+    raw: bytes,
+    *,
+    atomic: bool = False,
+    stage: bool = False,
+    principal: str | None = None,
+    work: bool = True,
+) -> dict[str, Any]:
+    """Record the effect; then work (``work``: here, else the caller's own)."""
     body = json.loads(raw or b"{}")
-    line = {
+    line: dict[str, Any] = {
         "t": time.time(),
         "entry": entry,
-        "principal": _principal(request),
+        "principal": _principal(request) if principal is None else principal,
         "key": request.headers.get("Idempotency-Key", ""),
         "body": hashlib.sha256(raw).hexdigest()[:16],
         "execution": uuid.uuid4().hex,
         "pid": os.getpid(),
         "work": float(body.get("work") or 0),
     }
+    if stage:
+        line["message"] = request.idempotency.enqueue(deliver, line["execution"])
+        if body.get("fail") and _fails_once(line):
+            line["fails"] = True
     if atomic:
         Execution.objects.create(label=ATOMIC_LABEL, payload=json.dumps(line))
     else:
-        path = Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"]) / f"effects-{os.getpid()}.jsonl"
+        path = _ledger() / f"effects-{os.getpid()}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             os.write(fd, (json.dumps(line) + "\n").encode())
             os.fsync(fd)
         finally:
             os.close(fd)
-    if body.get("work"):
+    if work and body.get("work"):
         time.sleep(float(body["work"]))
-    return {"execution": line["execution"], "principal": line["principal"], "n": body.get("n")}
+    answer = {"execution": line["execution"], "principal": line["principal"], "n": body.get("n")}
+    if "message" in line:
+        answer["message"] = line["message"]
+    if line.get("fails"):
+        answer["fails"] = True
+    return answer
 
 
 def health(request: HttpRequest) -> HttpResponse:
@@ -78,9 +138,21 @@ def setup(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"token": token.key})
 
 
+def _rows(label: str) -> list[dict[str, Any]]:
+    rows = Execution.objects.filter(label=label).values_list("payload", flat=True)
+    return [json.loads(row) for row in rows]
+
+
 def atomic_effects(request: HttpRequest) -> HttpResponse:
-    rows = Execution.objects.filter(label=ATOMIC_LABEL).values_list("payload", flat=True)
-    return JsonResponse({"effects": [json.loads(row) for row in rows]})
+    return JsonResponse({"effects": _rows(ATOMIC_LABEL)})
+
+
+def outbox_state(request: HttpRequest) -> HttpResponse:
+    """The outbox's undelivered messages (by state) and the consumer's effects: the run waits
+    for the first to be none and the second to have caught up before it checks."""
+    left = OutboxMessage.objects.exclude(state=OutboxMessage.State.SENT)
+    counts = {state: left.filter(state=state).count() for state in ("pending", "failed")}
+    return JsonResponse({"undelivered": counts, "consumed": _rows(CONSUMER_LABEL)})
 
 
 class MixinView(IdempotencyMixin, APIView):
@@ -102,6 +174,12 @@ def plain(request: HttpRequest) -> HttpResponse:
     return JsonResponse(_effect(request, "plain", request.body), status=201)
 
 
+@idempotent(in_progress="accepted", lock_timeout=LOCK, ttl=TTL)
+def accepted(request: HttpRequest) -> HttpResponse:
+    """A duplicate of a request still running gets ``202`` and the operation's status URL."""
+    return JsonResponse(_effect(request, "accepted", request.body), status=201)
+
+
 @idempotent(lock_timeout=LOCK, ttl=SHORT_TTL)
 def short_ttl(request: HttpRequest) -> HttpResponse:
     return JsonResponse(_effect(request, "short-ttl", request.body), status=201)
@@ -109,4 +187,89 @@ def short_ttl(request: HttpRequest) -> HttpResponse:
 
 @idempotent(atomic=True, lock_timeout=LOCK, ttl=TTL)
 def atomic(request: HttpRequest) -> HttpResponse:
-    return JsonResponse(_effect(request, "atomic", request.body, atomic=True), status=201)
+    return JsonResponse(
+        _effect(request, "atomic", request.body, atomic=True, stage=True), status=201
+    )
+
+
+@idempotent(lock_timeout=LOCK, ttl=TTL)
+def outbox(request: HttpRequest) -> HttpResponse:
+    answer = _effect(request, "outbox", request.body, stage=True)
+    return JsonResponse(answer, status=503 if answer.get("fails") else 201)
+
+
+@api_view(["POST"])
+@authentication_classes([TokenAuthentication])
+@permission_classes([AllowAny])
+@idempotent(lock_timeout=LOCK, ttl=TTL)
+def function_policy(request: Request) -> Response:
+    """The other order DRF's function views allow: its policy decorators between."""
+    return Response(_effect(request, "function-policy", request.body), status=201)
+
+
+@idempotent(lock_timeout=LOCK, ttl=TTL)
+async def async_view(request: HttpRequest) -> HttpResponse:
+    principal = _name(await request.auser())
+    raw = request.body
+    answer = await sync_to_async(_effect)(request, "async", raw, principal=principal, work=False)
+    await asyncio.sleep(float(json.loads(raw).get("work") or 0))
+    return JsonResponse(answer, status=201)
+
+
+class ApiKey(APIKeyHeader):
+    """django-ninja's API key: a DRF token's key in ``X-API-Key``."""
+
+    param_name = "X-API-Key"
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
+        found = Token.objects.select_related("user").filter(key=key).first()
+        return None if found is None else found.user
+
+
+api = NinjaAPI(urls_namespace="verification", title="Verification")
+# A database fault in the API key's authentication is a 503, not Django's 500 (docs/ninja.rst).
+api.add_exception_handler(DatabaseError, idempotent_ninja.exception_handler)
+
+
+@api.post("/", auth=ApiKey(), response={201: dict[str, Any]})
+@idempotent_ninja.idempotent(lock_timeout=LOCK, ttl=TTL)
+def ninja_operation(request: HttpRequest) -> tuple[int, dict[str, Any]]:
+    return 201, _effect(request, "ninja", request.body)
+
+
+_ran = threading.local()
+
+
+@idempotent_function(key="key", scope=lambda raw, key, principal: principal, lock_timeout=LOCK,
+                     ttl=TTL)  # fmt: skip
+def _called(raw: str, key: str, principal: str) -> dict[str, Any]:
+    _ran.now = True
+    return _effect(_Call(key), "call", raw.encode(), principal=principal)
+
+
+class _Call:
+    """What ``_effect`` reads of a request, for a call."""
+
+    def __init__(self, key: str) -> None:
+        self.headers = {"Idempotency-Key": key}
+
+
+@csrf_exempt
+def call(request: HttpRequest) -> HttpResponse:
+    """``idempotent_function`` behind an unprotected view: the key from the header, the
+    principal its scope; what it raises is the answer a view would give."""
+    _ran.now = False
+    try:
+        principal = _principal(request)  # the session's user: a database read
+        answer = _called(request.body.decode(), request.headers["Idempotency-Key"], principal)
+    except IdempotencyInProgress:
+        return JsonResponse({"title": "in progress"}, status=409)
+    except IdempotencyKeyMismatch:
+        return JsonResponse({"title": "key reused"}, status=422)
+    except (StoreUnavailable, DatabaseError):
+        return JsonResponse({"title": "unavailable"}, status=503)
+    response = HttpResponse(json.dumps(answer, sort_keys=True), status=201,
+                            content_type="application/json")  # fmt: skip
+    if not _ran.now:
+        response["Idempotent-Replayed"] = "true"
+    return response

@@ -1,0 +1,178 @@
+"""A database fault in a framework's own authentication, before ``@idempotent`` runs: with the
+app's exception handler (DRF's ``EXCEPTION_HANDLER``, ninja's ``add_exception_handler``) it is
+``503 idempotency-unavailable`` with ``Retry-After``, nothing is claimed and the view does not
+run; once the database answers, the client's retry runs as a first request. Without the
+handler it is the framework's uncaught exception, Django's ``500`` (the control). The fault is
+real: the token table is read from a database that refuses connections (a SQLite file that
+cannot be opened)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import DatabaseError, OperationalError, ProgrammingError
+from django.http import HttpRequest
+from django.test import Client, override_settings
+from django.urls import path
+from ninja import NinjaAPI, Router
+from ninja.security import APIKeyHeader
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.authtoken.models import Token
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from django_idempotency import IdempotencyKey, idempotent
+from django_idempotency import ninja as idempotent_ninja
+from django_idempotency.rest_framework import exception_handler
+from tests.conftest import executions, unreachable
+from tests.test_fault_answers import assert_unavailable
+from tests.testapp.models import Execution
+
+pytestmark = [
+    pytest.mark.urls(__name__),
+    pytest.mark.django_db(databases=["default", "unreachable"]),
+]
+
+
+def _ran(request: Any) -> dict[str, Any]:
+    return {"execution": Execution.objects.create(label="auth-faults").pk}
+
+
+@api_view(["POST"])
+@idempotent
+def drf_under(request: Request) -> Response:
+    """``@idempotent`` under ``@api_view``: DRF's default classes (a token first)."""
+    return Response(_ran(request), status=201)
+
+
+@api_view(["POST"])
+@authentication_classes([TokenAuthentication])
+@permission_classes([IsAuthenticated])
+@idempotent
+def drf_policy(request: Request) -> Response:
+    """The other order that works: DRF's policy decorators between."""
+    return Response(_ran(request), status=201)
+
+
+@api_view(["POST"])
+def drf_wrong_statement(request: Request) -> Response:
+    raise ProgrammingError("no such column: nope")
+
+
+class KeyInTheDatabase(APIKeyHeader):
+    """An API key read from the token table, as most projects keep theirs."""
+
+    param_name = "X-API-Key"
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
+        found = Token.objects.select_related("user").filter(key=key).first()
+        return None if found is None else found.user
+
+
+def _api(name: str, *, handled: bool) -> NinjaAPI:
+    api = NinjaAPI(urls_namespace=name)
+    if handled:
+        api.add_exception_handler(DatabaseError, idempotent_ninja.exception_handler)
+
+    @api.post("/operation", auth=KeyInTheDatabase())
+    @idempotent_ninja.idempotent
+    def operation(request: HttpRequest) -> dict[str, Any]:
+        return _ran(request)
+
+    router = Router(auth=KeyInTheDatabase())
+
+    @router.post("/decorated")
+    def decorated(request: HttpRequest) -> dict[str, Any]:
+        return _ran(request)
+
+    router.add_decorator(idempotent_ninja.idempotent)  # ninja's default mode
+    api.add_router("/router", router)
+    return api
+
+
+urlpatterns = [
+    path("drf/under/", drf_under),
+    path("drf/policy/", drf_policy),
+    path("drf/wrong-statement/", drf_wrong_statement),
+    path("ninja/", _api("auth-faults", handled=True).urls),
+    path("ninja-unhandled/", _api("auth-faults-unhandled", handled=False).urls),
+]
+
+DRF_PATHS = ["/drf/under/", "/drf/policy/"]
+NINJA_PATHS = ["/ninja/operation", "/ninja/router/decorated"]
+
+
+class TokensUnreachable:
+    """The token table is read from the database that is down (the rest is up)."""
+
+    def db_for_read(self, model: type, **hints: Any) -> str | None:
+        return "unreachable" if model._meta.app_label == "authtoken" else None
+
+
+@pytest.fixture
+def token() -> str:
+    return Token.objects.create(user=User.objects.create_user("reader")).key
+
+
+@contextmanager
+def tokens_unreachable() -> Iterator[None]:
+    with unreachable(), override_settings(DATABASE_ROUTERS=[f"{__name__}.TokensUnreachable"]):
+        yield
+
+
+def _headers(path: str, token: str, key: str) -> dict[str, str]:
+    ninja = path.startswith("/ninja")
+    credential = {"X-API-Key": token} if ninja else {"Authorization": f"Token {token}"}
+    return {"Idempotency-Key": key, **credential}
+
+
+def _post(client: Client, path: str, token: str, key: str) -> Any:
+    headers = _headers(path, token, key)
+    return client.post(path, {}, content_type="application/json", headers=headers)
+
+
+HANDLED = {"EXCEPTION_HANDLER": "django_idempotency.rest_framework.exception_handler"}
+
+
+@pytest.mark.parametrize("path", DRF_PATHS + NINJA_PATHS)
+def test_a_fault_in_authentication_is_503_and_the_retry_runs_once_it_is_over(
+    client: Client, token: str, path: str
+) -> None:
+    key = str(uuid.uuid4())
+    with override_settings(REST_FRAMEWORK=HANDLED), tokens_unreachable():
+        assert_unavailable(_post(client, path, token, key))
+        assert executions() == 0
+        assert not IdempotencyKey.objects.exists()
+    with override_settings(REST_FRAMEWORK=HANDLED):
+        first = _post(client, path, token, key)
+        replay = _post(client, path, token, key)
+    assert first.status_code in (200, 201), first.content
+    assert replay.content == first.content and replay["Idempotent-Replayed"] == "true"
+    assert executions() == 1
+
+
+@pytest.mark.parametrize("path", [*DRF_PATHS, "/ninja-unhandled/operation"])
+def test_without_the_handler_the_fault_is_the_frameworks_uncaught_exception(
+    client: Client, token: str, path: str
+) -> None:
+    """The control: DRF's default handler and ninja without one let it through (a ``500``)."""
+    with tokens_unreachable(), pytest.raises(OperationalError):
+        _post(client, path, token, str(uuid.uuid4()))
+
+
+def test_other_errors_are_drfs_default_handlers(client: Client, token: str) -> None:
+    """A wrong statement stays an uncaught exception; DRF's own exceptions keep their
+    answers (a token it does not know: ``401``)."""
+    with override_settings(REST_FRAMEWORK=HANDLED):
+        with pytest.raises(ProgrammingError):
+            client.post("/drf/wrong-statement/", {}, content_type="application/json")
+        refused = _post(client, "/drf/policy/", "not-a-token", str(uuid.uuid4()))
+    assert refused.status_code == 401
+    assert exception_handler(ProgrammingError("x"), {}) is None
