@@ -214,6 +214,7 @@ def test_unkeepable() -> None:
 
 
 @pytest.mark.postgresql
+@pytest.mark.unprepared  # a connection that prepares statements keeps the cursor, never libpq
 def test_the_libpq_fast_path_never_cuts_a_text_at_a_nul(debug: bool) -> None:
     """Below every caller: a store statement's text holding a NUL goes to psycopg's cursor,
     which refuses it, with ``DEBUG`` off as on; libpq answered ``a`` for ``a\\0zz``."""
