@@ -21,6 +21,7 @@ from __future__ import annotations
 from django.db import connections
 
 from django_idempotency._base.errors import StoreUnavailable
+from django_idempotency._conf.values import is_redis
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import unsupported
 from django_idempotency._store.claims import ClaimOutcome, Lock
@@ -58,7 +59,7 @@ def using(alias: str) -> Store:
         return _BOUND[alias]
     except KeyError:
         pass
-    if ":" in alias:  # a Redis store's name (issue 44): a cache alias's, or a URL
+    if is_redis(alias):  # a cache alias's, or a URL
         from django_idempotency._store.redis import RedisStore
 
         return _BOUND.setdefault(alias, RedisStore(alias))  # type: ignore[arg-type]

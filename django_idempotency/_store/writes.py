@@ -114,7 +114,7 @@ class FencedWrites(BoundStore):
                 token,
                 stale_at,
                 release,
-                status=COMPLETED if stored.status is None or stored.status < 400 else FAILED,
+                status=rules.stored_status(stored.status),
                 response_status=stored.status,
                 response_headers=stored.sealed[0],
                 response_body=stored.sealed[1],
