@@ -28,7 +28,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._function.calls import METHOD as CALL
 from django_idempotency._ops import maintenance, relay, store_checks
 from django_idempotency._store import operations as operation_store
-from django_idempotency._store import sealing, time_zones
+from django_idempotency._store import sealing
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 
 __all__ = ["IdempotencyKeyAdmin"]
@@ -265,8 +265,11 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         """Without the date hierarchy where the database cannot convert to the current time
         zone (MySQL/MariaDB without time-zone tables): a list, not a 500 (system check W002)."""
         changelist = super().get_changelist_instance(request)
-        if changelist.date_hierarchy and not time_zones.converts(
-            changelist.queryset.db, timezone.get_current_timezone_name()
+        database = store.served(changelist.queryset.db)
+        if (
+            changelist.date_hierarchy
+            and database is not None
+            and not database.converts_dates_to(timezone.get_current_timezone_name())
         ):
             changelist.date_hierarchy = None
         return changelist

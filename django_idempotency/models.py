@@ -20,8 +20,8 @@ class IdempotencyKey(models.Model):
 
     class Status(models.TextChoices):
         PROCESSING = rules.PROCESSING, _("processing")
-        COMPLETED = "completed", _("completed")
-        FAILED = "failed", _("failed")
+        COMPLETED = rules.COMPLETED, _("completed")
+        FAILED = rules.FAILED, _("failed")
 
     scope = models.CharField(_("scope"), max_length=255)
     key_hash = models.CharField(_("key hash"), max_length=64, help_text=_("SHA-256 of the key."))

@@ -19,7 +19,7 @@ from django_idempotency._ops.checks import (
     check_settings,
     eviction_warnings,
 )
-from django_idempotency._store import galera
+from django_idempotency._store import galera, using
 
 
 def ids(config: Any) -> list[str]:
@@ -300,7 +300,7 @@ def test_w003_names_each_lock_timeout_the_stall_outlasts() -> None:
 def test_w003_is_silent_on_a_server_that_is_no_galera_node() -> None:
     """On this suite's database (SQLite, PostgreSQL, and MariaDB in CI's MariaDB legs, where
     ``wsrep_on`` is OFF): no stall to read, no warning, even for a one-second lock."""
-    assert galera.alias_suspect_timeout("default") is None
+    assert using("default").eviction_stall() is None
     with override_settings(IDEMPOTENCY={"LOCK_TIMEOUT": 1, "TTL": 60}):
         messages = check_database_server(databases=["default"])
     assert [m for m in messages if m.id == "django_idempotency.W003"] == []

@@ -23,6 +23,7 @@ from django_idempotency import Claim, IdempotencyKey, idempotent_function
 from django_idempotency._call import outbox
 from django_idempotency._ops.relay import Relay
 from django_idempotency._store import outbox as store
+from django_idempotency._store import using
 from django_idempotency.models import OutboxMessage
 from django_idempotency.testing import outbox_sent
 from tests.testapp.outbox_tasks import receipt
@@ -326,12 +327,12 @@ def _released(count: int) -> list[str]:
 
 def test_a_batch_is_leased_to_its_relay() -> None:
     ids = _released(5)
-    taken = store.take(connection, 3, timedelta(minutes=1))
+    database = using("default")
+    taken = store.take(database, connection, 3, timedelta(minutes=1))
     assert [message.message_id for message in taken] == ids[:3]
-    assert [
-        message.message_id for message in store.take(connection, 10, timedelta(minutes=1))
-    ] == ids[3:]
-    assert store.take(connection, 10, timedelta(minutes=1)) == []
+    rest = store.take(database, connection, 10, timedelta(minutes=1))
+    assert [message.message_id for message in rest] == ids[3:]
+    assert store.take(database, connection, 10, timedelta(minutes=1)) == []
 
 
 @pytest.mark.server_db
@@ -341,11 +342,12 @@ def test_concurrent_relays_never_share_a_batch() -> None:
     ids = _released(300)
     taken: list[list[str]] = [[] for _ in range(4)]
     start = threading.Barrier(4)
+    database = using("default")
 
     def relay(index: int) -> None:
         try:
             start.wait()
-            while batch := store.take(connections["default"], 7, timedelta(minutes=1)):
+            while batch := store.take(database, connections["default"], 7, timedelta(minutes=1)):
                 taken[index] += [message.message_id for message in batch]
         finally:
             connections["default"].close()
@@ -384,7 +386,7 @@ def test_two_relays_send_each_message_once() -> None:
 def test_a_release_notifies_the_relay_on_postgresql(post: Post, key: str) -> None:
     listener = connections["default"].copy()
     try:
-        wait = store.listening(listener)
+        wait = store.listening(using("default"), listener)
         assert wait is not None
         assert not wait(0.2)
         post("/order/", {"order": "1"}, key=key)

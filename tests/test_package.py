@@ -179,6 +179,50 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
     assert not upward
 
 
+def _vendor_branches(source: str) -> list[int]:
+    """The lines of ``source`` that ask which database a connection is on: a comparison with
+    a ``.vendor``, or any ``connection.vendor``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Attribute) and o.attr == "vendor" for o in operands):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and node.attr == "vendor":
+            owner = node.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name.endswith("connection"):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_the_vendor_test_sees_a_branch() -> None:
+    assert _vendor_branches('if connection.vendor == "mysql":\n    pass') == [1]
+    assert _vendor_branches('x = self.connection.vendor\ny = store.vendor in ("a", "b")') == [1, 2]
+    assert _vendor_branches("if store.keeps_every_scope:\n    pass") == []
+
+
+def test_only_the_vendor_modules_ask_which_database_they_are_on() -> None:
+    """A new database is its vendor module and one line in ``VENDORS``: what the code every
+    vendor shares needs of a database is a flag or a method of the store (as Django's
+    ``BaseDatabaseFeatures``), never a branch on ``connection.vendor``. The registry picks a
+    store by vendor, and a store refuses a connection of another (``_store/__init__.py``,
+    ``_store/bound.py``); a migration keeps the test it was written with."""
+    from django_idempotency._store import VENDORS
+
+    homes = {
+        Path(importlib.import_module(store.__module__).__file__ or "") for store in VENDORS.values()
+    }
+    homes |= {PACKAGE / "_store" / "__init__.py", PACKAGE / "_store" / "bound.py"}
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path not in homes and path.parent.name != "migrations"
+        for line in _vendor_branches(path.read_text())
+    ]
+    assert found == []
+
+
 def test_the_api_page_documents_exactly_the_exports() -> None:
     text = (PACKAGE.parent / "docs" / "api.rst").read_text()
     documented = re.findall(r"^\.\. auto\w+:: (django_idempotency[\w.]*)$", text, re.M)

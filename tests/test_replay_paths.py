@@ -282,11 +282,12 @@ def test_the_claim_and_the_read_go_through_mysqlclients_connection(
 @mysql_only
 def test_errors_on_mysqlclients_connection_are_djangos() -> None:
     connection.ensure_connection()
+    fetch_row = using("default").fetch_row
     with pytest.raises(DatabaseError) as raised:
-        rows.fetch_row(connection, "SELECT no_such_column FROM no_such_table WHERE 1 = %s", [1])
+        fetch_row(connection, "SELECT no_such_column FROM no_such_table WHERE 1 = %s", [1])
     assert raised.value.__cause__ is not None
     assert raised.value.__cause__.args[0] == 1146  # type: ignore[attr-defined]  # no table
-    assert rows.fetch_row(connection, "SELECT %s, %s", ["a'b", None]) == ("a'b", None)
+    assert fetch_row(connection, "SELECT %s, %s", ["a'b", None]) == ("a'b", None)
 
 
 @mysql_only
@@ -306,7 +307,7 @@ def test_mysqls_claim_values_are_what_the_fields_write(use_tz: bool) -> None:
     with override_settings(USE_TZ=use_tz):
         connection.ensure_connection()
         values = ClaimValues(Who(), str(uuid.uuid4()), timedelta(seconds=30), timedelta(days=1))  # type: ignore[arg-type]
-        fast = values.params(connection)
+        fast = using("default").claim_params(connection, values)
         prepare = preparers(connection)
         slow_values = {
             "scope": "s",

@@ -2,21 +2,27 @@
 
 Records covering every combination of the fields the rules read are written to the database;
 for each rule, the rows its SQL selects, the rows its ``Q`` filters and the records its Python
-test accepts must be the same set.
+test accepts must be the same set. A result's status is the one
+:func:`~django_idempotency._base.rules.stored_status` gives, as the store writes it and as an
+operation's state reads it.
 """
 
 from __future__ import annotations
 
 import itertools
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connections
+from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency import IdempotencyKey
 from django_idempotency._base import rules
+from django_idempotency._store.operations import FAILED, SUCCEEDED, state_of
 from django_idempotency._store.rows import prep
+from tests.conftest import REDIS_STORE_NAME, flush_redis, redis_client, redis_records
 from tests.factories import IdempotencyKeyFactory
 
 pytestmark = pytest.mark.django_db
@@ -73,3 +79,76 @@ def test_the_models_flags_are_the_rules() -> None:
             )
             assert record.is_stale is rules.STALE.holds(record, timezone.now())
             assert record.is_expired is rules.EXPIRED.holds(record, timezone.now())
+
+
+#: Evaluates :data:`~django_idempotency._store.redis.scripts.TAKES_OVER` on a record given
+#: as ARGV: now (µs), the claimant's fingerprint, status, fingerprint, unlock (µs, '' none).
+_LUA_TAKES_OVER = """
+local now = tonumber(ARGV[1])
+local r = {ARGV[3], ARGV[4], '', false}
+if ARGV[5] ~= '' then r[4] = ARGV[5] end
+if %s then return 1 end
+return 0
+"""
+
+
+@pytest.mark.redis
+def test_the_redis_claims_takeover_is_the_rule() -> None:
+    """The Redis claim script's takeover, run by a Redis server on every combination of the
+    fields the rule reads, takes over what :data:`~.rules.TAKEOVER` does: an expired record is
+    absent there (its TTL), and claimed afresh."""
+    from django_idempotency._store.redis.scripts import TAKES_OVER
+
+    script = redis_client().register_script(_LUA_TAKES_OVER % TAKES_OVER)
+    now = timezone.now()
+    us = _microseconds(now)
+    past, future = now - timedelta(minutes=1), now + timedelta(minutes=1)
+    cases = itertools.product(
+        IdempotencyKey.Status.values,
+        [None, past, now, future],  # unlock_at
+        [past, now, future],  # expires_at
+        ["same", "other", "SAME"],  # request_hash
+    )
+    held = []
+    for status, unlock_at, expires_at, request_hash in cases:
+        record = IdempotencyKey(
+            status=status, unlock_at=unlock_at, expires_at=expires_at, request_hash=request_hash
+        )
+        unlock = "" if unlock_at is None else _microseconds(unlock_at)
+        in_lua = rules.EXPIRED.holds(record, now) or bool(
+            script(args=[us, "same", status, request_hash, unlock])
+        )
+        assert in_lua == rules.TAKEOVER.holds(record, now, "same"), record.__dict__
+        held.append(in_lua)
+    assert any(held) and not all(held)  # the rule tells records apart
+
+
+def _microseconds(moment: Any) -> int:
+    return round(moment.timestamp() * 1_000_000)
+
+
+# 5xx, 408 and 429 are released for a retry (RETRYABLE_STATUSES), not stored.
+@pytest.mark.parametrize("code", [200, 201, 202, 204, 303, 399, 400, 404, 409, 422, 451])
+@pytest.mark.parametrize(
+    "store", ["database", pytest.param(REDIS_STORE_NAME, marks=pytest.mark.redis)]
+)
+def test_a_result_is_stored_with_the_status_the_rule_gives(
+    post: Any, key: str, store: str, code: int
+) -> None:
+    """The record of a response below 400 is ``completed``, at or above ``failed``: as each
+    store writes it, and as an operation's state reads it (a ``202`` is still running)."""
+    if store != "database":
+        flush_redis()
+    with override_settings(IDEMPOTENCY={"STORE": store}):
+        assert post(f"/status/{code}/", key=key).status_code == code
+    (record,) = list(IdempotencyKey.objects.all()) if store == "database" else redis_records()
+    assert (record.response_status, record.status) == (code, rules.stored_status(code))
+    state = state_of(record, timezone.now())
+    if code != 202:
+        assert state == (FAILED if rules.is_error(code) else SUCCEEDED)
+
+
+def test_a_function_s_result_completes_its_record() -> None:
+    assert rules.stored_status(None) == rules.COMPLETED
+    assert rules.stored_status(399) == rules.COMPLETED
+    assert rules.stored_status(rules.LEAST_ERROR) == rules.FAILED

@@ -15,7 +15,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
 from django_idempotency import IdempotencyKey
-from django_idempotency._store import rows
+from django_idempotency._store import rows, using
 from tests.conftest import executions
 
 pytestmark = pytest.mark.django_db
@@ -42,21 +42,23 @@ def test_an_execute_wrapper_sees_the_claim_and_the_result(post: Post, key: str) 
 
 def test_a_transaction_marked_for_rollback_refuses_them() -> None:
     connection.ensure_connection()
-    rows.fetch_row(connection, "SELECT 1", [])  # the kept cursor, outside any check
+    fetch_row = using("default").fetch_row  # the vendor's way (MySQL's: mysqlclient's own)
+    fetch_row(connection, "SELECT 1", [])  # the kept cursor, outside any check
     with transaction.atomic():
         transaction.set_rollback(True)
         with pytest.raises(TransactionManagementError):
-            rows.fetch_row(connection, "SELECT 1", [])
+            fetch_row(connection, "SELECT 1", [])
         with pytest.raises(TransactionManagementError):
             rows.count_rows(connection, f"UPDATE {TABLE} SET scope = scope WHERE 1 = 0", [])
 
 
 def test_the_drivers_errors_arrive_as_djangos() -> None:
     connection.ensure_connection()
+    fetch_row = using("default").fetch_row
     # Each in a savepoint: on PostgreSQL an error aborts the test's transaction.
     with pytest.raises(DatabaseError), transaction.atomic():
-        rows.fetch_row(connection, "SELECT no_such_column FROM no_such_table", [])
+        fetch_row(connection, "SELECT no_such_column FROM no_such_table", [])
     with pytest.raises(DatabaseError), transaction.atomic():
         rows.count_rows(connection, "UPDATE no_such_table SET x = 1", [])
-    assert rows.fetch_row(connection, "SELECT 1", [])[0] == 1
+    assert fetch_row(connection, "SELECT 1", [])[0] == 1
     assert rows.count_rows(connection, f"UPDATE {TABLE} SET scope = scope WHERE 1 = 0", []) == 0

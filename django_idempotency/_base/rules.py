@@ -16,6 +16,24 @@ from django.db.models import Q
 #: The status of a record whose attempt is still running: ``IdempotencyKey.Status.PROCESSING``
 #: is this value, and the claim's SQL writes it.
 PROCESSING = "processing"
+#: The statuses of a record whose result is stored (``IdempotencyKey.Status``'s other values).
+COMPLETED = "completed"
+FAILED = "failed"
+#: The least HTTP status of an error: a stored response below it completes its record, one at
+#: or above it fails it.
+LEAST_ERROR = 400
+
+
+def is_error(response_status: int | None) -> bool:
+    """Whether a stored result is an error's response (a function's result has no status: it
+    is none)."""
+    return response_status is not None and response_status >= LEAST_ERROR
+
+
+def stored_status(response_status: int | None) -> str:
+    """The status a record keeps with its result: every store writes this one (a status
+    endpoint reads an operation's state from it)."""
+    return FAILED if is_error(response_status) else COMPLETED
 
 
 @dataclass(frozen=True)

@@ -229,10 +229,10 @@ class Claim:
     def _needs_database(self, why: str) -> None:
         """Raise ``ImproperlyConfigured`` (``why``, then where the record is) when the
         claim's record is in a Redis store, whose aliases are ``cache:<name>``."""
-        if ":" in self.alias:
-            from django.core.exceptions import ImproperlyConfigured
+        from django_idempotency._conf.values import is_redis, shown_store
 
-            from django_idempotency._conf.values import shown_store
+        if is_redis(self.alias):
+            from django.core.exceptions import ImproperlyConfigured
 
             raise ImproperlyConfigured(
                 f"{why}: this claim's record is in the Redis store "

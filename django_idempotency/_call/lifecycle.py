@@ -31,6 +31,7 @@ from django_idempotency._call.claim import Claim
 from django_idempotency._call.identity import Identity
 from django_idempotency._conf.options import Policy
 from django_idempotency._conf.values import DATABASE
+from django_idempotency._store import served
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -177,18 +178,19 @@ def narrow_store(policy: Policy) -> ImproperlyConfigured | None:
     when the database does not answer now (the claim meets that and says so)."""
     if policy.store != DATABASE:
         return None
-    connection = connections[policy.alias]
-    if connection.vendor != "mysql":
+    store = served(policy.alias)
+    if store is None or store.keeps_every_scope:  # none: the claim meets it, and says so
         return None
     from django_idempotency._conf.settings import words
-    from django_idempotency._store import charsets, deadlines, using
+    from django_idempotency._store import charsets, deadlines
 
+    connection = store.connection
     try:
         # Bounded as the app's statements are, and by the least of their deadlines: on a
         # silenced connection it gives up within a second (asked again next time), and the
         # claim meets the fault within its own bound (unbounded, a blackholed MariaDB
         # connection held the request past 26 s).
-        found = using(policy.alias).bounded(
+        found = store.bounded(
             connection, deadlines.LEAST, lambda: charsets.known_narrow(connection)
         )
     except DatabaseError:

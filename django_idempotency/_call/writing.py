@@ -276,7 +276,7 @@ def _reconnect(previous: BaseDatabaseWrapper | None, store: Store) -> BaseDataba
     if previous is not None:
         discard(previous)
     connection = connections[store.alias].copy()
-    if connection.vendor != "sqlite":
+    if store.has_server:
         options = connection.settings_dict.setdefault("OPTIONS", {})
         options.setdefault("connect_timeout", _CONNECT_TIMEOUT)
         # Not one of Django's pool (PostgreSQL), which may hold more connections the fault

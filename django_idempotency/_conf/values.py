@@ -560,7 +560,13 @@ def shown_store(value: str) -> str:
 
 def store_alias(value: str, database_alias: str) -> str:
     """The name the store layer knows a store by: the database alias, ``cache:<alias>`` or
-    the URL (a name with a colon is a Redis store's)."""
+    the URL (:func:`is_redis`)."""
     if value == DATABASE:
         return database_alias
     return value if "://" in value else CACHE_PREFIX + value
+
+
+def is_redis(name: str) -> bool:
+    """Whether a name the store layer knows a store by (:func:`store_alias`) is a Redis
+    store's: ``cache:<alias>`` and a URL have a colon, a database alias none."""
+    return ":" in name

@@ -12,7 +12,7 @@ from django.http import HttpResponse
 
 from django_idempotency._call.reports import logger
 from django_idempotency._http import problems
-from django_idempotency._store import VENDORS, using
+from django_idempotency._store import served
 
 
 def unavailable(exc: BaseException) -> HttpResponse | None:
@@ -36,6 +36,5 @@ def _transient(exc: DatabaseError) -> bool:
     """Whether any database the app has a store for calls ``exc`` transient: the error does
     not name its database, and each vendor reads its own codes."""
     return any(
-        connections[alias].vendor in VENDORS and using(alias).is_transient(exc)
-        for alias in connections
+        (store := served(alias)) is not None and store.is_transient(exc) for alias in connections
     )

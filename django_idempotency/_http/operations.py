@@ -22,6 +22,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonRespons
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 
+from django_idempotency._base import rules
 from django_idempotency._base.errors import OperationError, StoreUnavailable
 from django_idempotency._call import operations as ids
 from django_idempotency._call import storing, telemetry
@@ -329,7 +330,7 @@ def _state(operation_id: str, operation: store.Operation) -> HttpResponse:
     return _json(
         {
             "id": operation_id,
-            "state": SUCCEEDED if final < 400 else FAILED,
+            "state": FAILED if rules.is_error(final) else SUCCEEDED,
             "response": _response(final, headers, body or b""),
         },
         200,

@@ -38,7 +38,7 @@ from django_idempotency._conf.settings import (
 from django_idempotency._conf.values import DOCS
 from django_idempotency._http import adapter as protocol
 from django_idempotency._http import placement
-from django_idempotency._store import VENDORS, charsets, galera, time_zones
+from django_idempotency._store import VENDORS, charsets, galera, served, time_zones
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -174,8 +174,9 @@ def e019_atomic_requests(alias: str) -> Error | None:
 )
 def w002_time_zone_tables(alias: str) -> list[CheckMessage]:
     zone = timezone.get_default_timezone_name()
+    store = served(alias)
     try:
-        if time_zones.converts(alias, zone):
+        if store is None or store.converts_dates_to(zone):
             return []
     except DatabaseError:
         return []  # unreachable now: nothing to say about its tables
@@ -198,8 +199,9 @@ def w002_time_zone_tables(alias: str) -> list[CheckMessage]:
 )
 def w003_galera_eviction(alias: str) -> list[CheckMessage]:
     """On a Galera node, :func:`eviction_warnings` for its ``evs.suspect_timeout``."""
+    store = served(alias)
     try:
-        stall = galera.alias_suspect_timeout(alias)
+        stall = None if store is None else store.eviction_stall()
     except (DatabaseError, ValueError):
         return []  # unreachable now: nothing to say about its settings
     return [] if stall is None else eviction_warnings(stall)
@@ -337,6 +339,9 @@ def e033_view_ttl_under_lock() -> list[CheckMessage]:
     "``500 idempotency-misconfigured``, the view not run)"
 )
 def e034_narrow_character_set(alias: str) -> list[CheckMessage]:
+    store = served(alias)
+    if store is None or store.keeps_every_scope:
+        return []
     try:
         found = charsets.narrow(alias)
     except DatabaseError:

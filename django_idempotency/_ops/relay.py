@@ -26,6 +26,7 @@ from django.utils import timezone
 from django_idempotency._call import outbox, telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._store import outbox as store
+from django_idempotency._store import using
 from django_idempotency._store.bound import discard
 
 logger = logging.getLogger("django_idempotency")
@@ -63,8 +64,9 @@ class Relay:
         """Send every message due now, batch by batch."""
         done = Pass()
         connection = connections[self.alias]
+        database = using(self.alias)
         while not self.stopping.is_set():
-            taken = store.take(connection, self.batch_size, conf.OUTBOX_LEASE)
+            taken = store.take(database, connection, self.batch_size, conf.OUTBOX_LEASE)
             if not taken:
                 break
             done.batches += 1
@@ -145,7 +147,7 @@ class Relay:
         if listener is None:
             return None
         try:
-            return store.listening(listener)
+            return store.listening(using(self.alias), listener)
         except DatabaseError as exc:
             logger.warning("Outbox relay: no LISTEN (%s); polling.", exc)
             return None

@@ -6,18 +6,22 @@ time zones (:mod:`.time_zones`), a Galera node's eviction stall (:mod:`.galera`)
 read and completed as an operation (:mod:`.operations`). May import :mod:`.._conf`,
 :mod:`.._base` and the model.
 :class:`~.base.Store` is the interface and what every database shares; each vendor's
-statements live in a module of their own (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`),
-so another database is one more module and one line in :data:`VENDORS`; the hot statements
-(the claim, the fenced writes, atomic mode's read) go below the drivers' cursors where nothing
-else would see them (:mod:`.libpq`, :mod:`.mysqlclient`, issue 42). :func:`using` gives the
-store of a database alias; the engine, the lock renewer and the operators' actions call nothing
-else.
+statements, and what its database can do (the store's flags and methods, as Django's
+``BaseDatabaseFeatures``: nothing else asks ``connection.vendor``), live in a module of their
+own (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`), so another database is one more module
+and one line in :data:`VENDORS`; the hot statements (the claim, the fenced writes, atomic mode's
+read) go below the drivers' cursors where nothing else would see them (:mod:`.libpq`,
+:mod:`.mysqlclient`, issue 42). :func:`using` gives the store of a database alias (:func:`served`
+asks it what its database can do); the engine, the lock renewer and the operators' actions call
+nothing else.
 """
 
 from __future__ import annotations
 
 from django.db import connections
 
+from django_idempotency._base.errors import StoreUnavailable
+from django_idempotency._conf.values import is_redis
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import unsupported
 from django_idempotency._store.claims import ClaimOutcome, Lock
@@ -34,6 +38,7 @@ __all__ = [
     "Lock",
     "Store",
     "StoredResponse",
+    "served",
     "using",
 ]
 
@@ -54,7 +59,7 @@ def using(alias: str) -> Store:
         return _BOUND[alias]
     except KeyError:
         pass
-    if ":" in alias:  # a Redis store's name (issue 44): a cache alias's, or a URL
+    if is_redis(alias):  # a cache alias's, or a URL
         from django_idempotency._store.redis import RedisStore
 
         return _BOUND.setdefault(alias, RedisStore(alias))  # type: ignore[arg-type]
@@ -64,3 +69,12 @@ def using(alias: str) -> Store:
         raise unsupported(connection)
     # Two threads may both make one; either serves, and the dictionary keeps the first.
     return _BOUND.setdefault(alias, vendor(alias))
+
+
+def served(alias: str) -> Store | None:
+    """The store of the database ``alias``, asked what its database can do (the checks, the
+    admin); ``None`` where no vendor module serves it (check E030 refuses it)."""
+    try:
+        return using(alias)
+    except StoreUnavailable:
+        return None

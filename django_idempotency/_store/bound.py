@@ -7,14 +7,17 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
-from django_idempotency._store import deadlines
+from django_idempotency._store import deadlines, rows
+from django_idempotency._store.rows import per_connection, preparers
 from django_idempotency._store.statements import Statements
+from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
 
@@ -41,6 +44,32 @@ class BoundStore:
     #: The only ``isolation_level`` option a claim in atomic mode works under (``None``: any).
     isolation_level: str | None = None
 
+    # What the database can do, asked by the code every vendor shares instead of its vendor's
+    # name (as Django's ``BaseDatabaseFeatures``): a vendor module sets those it differs on.
+
+    #: Whether the database is a server reached over a network (not a file): a connection made
+    #: again after a fault is given a connect timeout.
+    has_server = True
+    #: Whether a statement's deadline reads the connection's socket before the statement runs:
+    #: MySQLdb refuses ``fileno()`` from another thread while one runs (:mod:`.deadlines`).
+    socket_read_first = False
+    #: Whether the database keeps every scope exactly, whatever its session's and table's
+    #: character sets (MySQL and MariaDB may fold or refuse one: check E034, :mod:`.charsets`).
+    keeps_every_scope = True
+    #: Whether a write's ``RETURNING`` can feed another write in the same statement (a
+    #: data-modifying CTE), and an ``UPDATE ... FROM`` read a CTE that locks its rows: the
+    #: outbox's release and batch are then one statement each (:mod:`.outbox`).
+    chains_writes = False
+    #: Whether writers take turns on the whole database (SQLite): a batch of the outbox is
+    #: taken by one ``UPDATE ... RETURNING``, with no row lock to skip.
+    one_writer = False
+    #: Whether a committed transaction can wake a waiting connection (``LISTEN``/``NOTIFY``):
+    #: the outbox's relays wait for a release rather than poll.
+    notifies = False
+    #: What an ``INSERT`` ends with to leave a row whose ``{column}`` (quoted) is taken as it is,
+    #: and that alone: ``INSERT IGNORE`` would swallow other errors too.
+    ignore_duplicate = " ON CONFLICT ({column}) DO NOTHING"
+
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self._statements: Statements | None = None
@@ -61,6 +90,41 @@ class BoundStore:
 
     def build_statements(self, connection: BaseDatabaseWrapper) -> Statements:
         return Statements.build(connection)
+
+    def converts_dates_to(self, zone: str) -> bool:
+        """Whether the database converts its datetimes to the time zone ``zone``, as Django's
+        date functions (the admin's date hierarchy) ask it to (:mod:`.time_zones`)."""
+        return True
+
+    def eviction_stall(self) -> timedelta | None:
+        """How long the database's surviving nodes stall writes while they evict a dead one
+        (:mod:`.galera`); ``None``: it is no such cluster."""
+        return None
+
+    def fetch_row(self, connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Any:
+        """Send one store statement that returns rows: its first row (``None``: none)."""
+        return rows.fetch_row(connection, sql, params)
+
+    def first(
+        self, connection: BaseDatabaseWrapper, sql: str, params: list[Any]
+    ) -> IdempotencyKey | None:
+        """The record a statement returns (all of its columns), as the ORM loads it.
+
+        A cursor and the fields' converters (dates, UUIDs, JSON), not ``raw()``, whose per-call
+        column resolution costs as much as the statement on a replay.
+        """
+        row = self.fetch_row(connection, sql, params)
+        return None if row is None else rows.loaded(connection, row)
+
+    #: Each column's value as the fenced writes send it (:func:`.rows.preparers`; a vendor may
+    #: send some as text its server reads for less).
+    text_preparers = staticmethod(preparers)
+
+    @staticmethod
+    @per_connection
+    def set_placeholders(connection: BaseDatabaseWrapper) -> dict[str, str]:
+        """How a fenced write's ``SET`` reads a column's value, where not ``%s``."""
+        return {}
 
     def is_lock_timeout(self, exc: BaseException) -> bool:
         """Whether a database error is a lock wait that ran out (a ``409``, not a ``503``)."""
@@ -110,7 +174,8 @@ class BoundStore:
         the connection is dead, and what it did is found again by its lock token. A fault
         drains the alias's connection pool (:meth:`faulted`)."""
         try:
-            watch = deadlines.watch(connection, seconds)  # connects first, if need be
+            # Connects first, if need be.
+            watch = deadlines.watch(connection, seconds, self.socket_read_first)
             try:
                 result = statement()
             finally:

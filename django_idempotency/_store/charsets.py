@@ -49,8 +49,8 @@ class Narrow:
 
 
 def narrow(alias: str) -> Narrow | None:
-    """Where ``alias``'s database would not keep every scope; ``None`` when it would (or it is
-    not MySQL or MariaDB). Reads the live session, so a connection's ``OPTIONS`` count."""
+    """Where ``alias``'s MySQL or MariaDB database would not keep every scope; ``None`` when
+    it would. Reads the live session, so a connection's ``OPTIONS`` count."""
     return narrow_on(connections[alias])
 
 
@@ -64,9 +64,8 @@ def known_narrow(connection: BaseDatabaseWrapper) -> Narrow | None:
 
 
 def narrow_on(connection: BaseDatabaseWrapper) -> Narrow | None:
-    """:func:`narrow` on ``connection``."""
-    if connection.vendor != "mysql":
-        return None
+    """:func:`narrow` on ``connection``, a MySQL or MariaDB one (a store that does not
+    :attr:`~.bound.BoundStore.keeps_every_scope`)."""
     places: list[tuple[str, str]] = []
     with connection.cursor() as cursor:
         cursor.execute(_SESSION)

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django_idempotency._base import rules
 from django_idempotency._store import deadlines
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.rows import EPOCH, Record, first, prep, preparers
+from django_idempotency._store.rows import EPOCH, Record, prep, preparers
 from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
 from django_idempotency.models import IdempotencyKey
 
@@ -138,41 +138,10 @@ class ClaimValues:
             "request_hash": identity.fingerprint,
             "lock_token": self.token,
         }
-        if connection.vendor == "mysql" and settings.USE_TZ and connection.timezone_name == "UTC":
-            # MySQL's times are naive text in the connection's zone, UTC: written from the
-            # clock, as the field would write them (``str()`` of the naive time), without an
-            # aware time made and converted four times (issue 42).
-            # The lock token as its field writes it: the text of a UUID for MariaDB's own
-            # type, its 32 hex digits for a char(32) column, with no uuid.UUID made.
-            token = self.token
-            if not connection.features.has_native_uuid_field:
-                token = token.replace("-", "")
-            instant = NAIVE_EPOCH + timedelta(microseconds=self.clock)
-            now = str(instant)
-            params = [prepare[name](values[name]) for name in CLAIM_PARAMS[:5]]
-            return [
-                *params,
-                token,
-                now,
-                now,
-                str(instant + self.lock_timeout),
-                str(instant + self.ttl),
-            ]
         values["created_at"] = values["updated_at"] = self.now
         values["unlock_at"] = self.unlock_at
         values["expires_at"] = self.expires_at
         return [prepare[name](values[name]) for name in CLAIM_PARAMS]
-
-
-#: The epoch as a naive time (UTC).
-NAIVE_EPOCH = datetime(1970, 1, 1)
-assert CLAIM_PARAMS[5:] == (
-    "lock_token",
-    "created_at",
-    "updated_at",
-    "unlock_at",
-    "expires_at",
-), CLAIM_PARAMS
 
 
 class Claims(BoundStore):
@@ -211,7 +180,9 @@ class Claims(BoundStore):
         try:
             connection = self.connection
             watch = deadlines.watch(
-                connection, deadlines.bound(lock_timeout) if bound is None else bound
+                connection,
+                deadlines.bound(lock_timeout) if bound is None else bound,
+                self.socket_read_first,
             )
             try:
                 outcome = self._claim_on(identity, connection, values, lock_timeout, started)
@@ -248,7 +219,7 @@ class Claims(BoundStore):
         if str(found.lock_token) != token:  # not this call's row: another call's record
             if not rules.TAKEOVER.holds(found, values.now, identity.fingerprint):
                 return found
-            params = values.params(connection)
+            params = self.claim_params(connection, values)
             again = take_over_params(connection, found.pk, params, values.now, identity.fingerprint)
             found = self.take_over(connection, found.pk, again, token)
             if found is None:
@@ -293,6 +264,11 @@ class Claims(BoundStore):
         """
         raise NotImplementedError
 
+    def claim_params(self, connection: BaseDatabaseWrapper, values: ClaimValues) -> list[Any]:
+        """The values of the claim's placeholders (:meth:`ClaimValues.params`); a vendor may
+        write them for less."""
+        return values.params(connection)
+
     def read_finished(
         self, identity: Claimant[Any], bound: float
     ) -> IdempotencyKey | Record | None:
@@ -316,7 +292,7 @@ class Claims(BoundStore):
         self, connection: BaseDatabaseWrapper, identity: Claimant[Any]
     ) -> IdempotencyKey | Record | None:
         now = prep("expires_at", timezone.now(), connection)
-        return first(
+        return self.first(
             connection,
             self.statements(connection).finished,
             [identity.scope, identity.key_hash, now],
@@ -333,7 +309,7 @@ class Claims(BoundStore):
         concurrent winner left. An expired record starts afresh; a stale one keeps its recovery
         point, attempt + 1.
         """
-        return first(connection, self.statements(connection).take_over, values)
+        return self.first(connection, self.statements(connection).take_over, values)
 
     def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
         """The cheap poll of a waiter: status and ``unlock_at`` only (within ``bound``

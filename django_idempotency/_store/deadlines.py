@@ -86,7 +86,9 @@ class Watchdog:
         self._watches: dict[int, Watch] = {}
         self._thread: threading.Thread | None = None
 
-    def watch(self, connection: BaseDatabaseWrapper, seconds: float) -> Watch:
+    def watch(
+        self, connection: BaseDatabaseWrapper, seconds: float, socket_first: bool = False
+    ) -> Watch:
         """Watch the statement about to run on ``connection`` for ``seconds``; end it with
         :meth:`unwatch`, always (``try``/``finally``).
 
@@ -95,13 +97,13 @@ class Watchdog:
         Counted in, a connection slow to open (a loaded machine, a server busy coming back)
         spent the statement's bound, and the first tick after it cut the statement it was
         made for: renewals after an outage connected in 1 to 3 s, each was cut as it began,
-        and owners whose records were still theirs lost them."""
+        and owners whose records were still theirs lost them. ``socket_first``: the driver
+        refuses ``fileno()`` from another thread while a statement runs (MySQLdb), so the
+        socket is read now."""
         if connection.connection is None:
             connection.ensure_connection()
         watch = Watch(connection, time.monotonic() + seconds)
-        if connection.vendor == "mysql":
-            # MySQLdb refuses fileno() from another thread while a statement runs: the socket
-            # is read now.
+        if socket_first:
             watch.fd = _socket_of(connection.connection)
         with self._lock:
             self._watches[id(watch)] = watch

@@ -13,8 +13,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import connections
-
 from django_idempotency._base import durations
 
 #: Galera's name of the time after which a silent node is suspected, then evicted.
@@ -44,15 +42,6 @@ def suspect_timeout(cursor: Any) -> timedelta | None:
     row = cursor.fetchone()
     value = provider_options("" if row is None else str(row[1])).get(SUSPECT_TIMEOUT)
     return None if value is None else durations.iso8601(value, SUSPECT_TIMEOUT)
-
-
-def alias_suspect_timeout(alias: str) -> timedelta | None:
-    """:func:`suspect_timeout` of the database ``alias``; ``None`` for another vendor."""
-    connection = connections[alias]
-    if connection.vendor != "mysql":
-        return None
-    with connection.cursor() as cursor:
-        return suspect_timeout(cursor)
 
 
 def least_lock_timeout(stall: timedelta) -> timedelta:

@@ -13,24 +13,24 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
+from django.conf import settings
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency._store import deadlines
+from django_idempotency._store import deadlines, galera, mysqlclient, time_zones
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import (
     aware,
-    fetch_row,
-    first,
     loaded,
     plain_connection,
     prep,
+    preparers,
     statement_cursor,
 )
 from django_idempotency._store.statements import CLAIM_PARAMS, Statements, fill
@@ -66,6 +66,21 @@ _IN_STATEMENT = "_django_idempotency_lock_wait"
 _DEADLOCK_RETRIES = 5
 _EXPIRES_INDEX = next(i.name for i in IdempotencyKey._meta.indexes if i.fields == ["expires_at"])
 
+
+#: The epoch as a naive time (UTC).
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+assert CLAIM_PARAMS == (
+    "scope",
+    "key_hash",
+    "method",
+    "path",
+    "request_hash",
+    "lock_token",
+    "created_at",
+    "updated_at",
+    "unlock_at",
+    "expires_at",
+), CLAIM_PARAMS
 
 #: ``ER_SP_DOES_NOT_EXIST``: the claim procedure is gone (its migration unapplied).
 NO_PROCEDURE = 1305
@@ -148,6 +163,60 @@ class MySQLStore(Store):
     # transaction's snapshot.
     isolation_level = "read committed"
     lock_wait_outlives_transaction = True
+    socket_read_first = True
+    keeps_every_scope = False
+    ignore_duplicate = " ON DUPLICATE KEY UPDATE {column} = {column}"
+
+    def converts_dates_to(self, zone: str) -> bool:
+        """Only with the server's time-zone tables, for a named zone (:mod:`.time_zones`)."""
+        if not settings.USE_TZ:
+            return True
+        return time_zones.converts(self.alias, self.connection.timezone_name, zone)
+
+    def eviction_stall(self) -> timedelta | None:
+        """A Galera node's ``evs.suspect_timeout``; ``None`` for a server that is no Galera
+        node (:mod:`.galera`)."""
+        with self.connection.cursor() as cursor:
+            return galera.suspect_timeout(cursor)
+
+    def fetch_row(self, connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Any:
+        """Through mysqlclient's connection itself where nothing else would see the statement
+        (:mod:`.mysqlclient`, issue 42); every result it leaves is read."""
+        raw = plain_connection(connection)
+        if raw is None:
+            return super().fetch_row(connection, sql, params)
+        connection.validate_no_broken_transaction()
+        with connection.wrap_database_errors:
+            return mysqlclient.first_row(raw, sql, params)
+
+    def claim_params(self, connection: BaseDatabaseWrapper, values: ClaimValues) -> list[Any]:
+        """With ``USE_TZ`` and the connection's zone UTC, the times are naive text in UTC:
+        written from the claim's clock, as the field would write them (``str()`` of the naive
+        time), without an aware time made and converted four times (issue 42). The lock token
+        as its field writes it: the text of a UUID for MariaDB's own type, its 32 hex digits
+        for a char(32) column, with no ``uuid.UUID`` made."""
+        if not (settings.USE_TZ and connection.timezone_name == "UTC"):
+            return values.params(connection)
+        identity = values.identity
+        token = values.token
+        if not connection.features.has_native_uuid_field:
+            token = token.replace("-", "")
+        instant = _NAIVE_EPOCH + timedelta(microseconds=values.clock)
+        now = str(instant)
+        prepare = preparers(connection)
+        fields = (identity.scope, identity.key_hash, identity.method, identity.path)
+        params = [
+            prepare[name](value)
+            for name, value in zip(CLAIM_PARAMS[:5], (*fields, identity.fingerprint), strict=True)
+        ]
+        return [
+            *params,
+            token,
+            now,
+            now,
+            str(instant + values.lock_timeout),
+            str(instant + values.ttl),
+        ]
 
     def build_statements(self, connection: BaseDatabaseWrapper) -> MySQLStatements:
         plain = Statements.plain(connection)
@@ -187,18 +256,18 @@ class MySQLStore(Store):
                     # Dropped since (the migration unapplied): plain statements from now on.
                     _HAS_PROCEDURE[database_key(connection)] = False
             bound = _bound(connection)
-            found = first(connection, bound + statements.select, key)
+            found = self.first(connection, bound + statements.select, key)
             if found is not None:
                 return found
             with connection.cursor() as cursor:
                 try:
-                    cursor.execute(bound + statements.insert, values.params(connection))
+                    cursor.execute(bound + statements.insert, self.claim_params(connection, values))
                 except IntegrityError as exc:
                     if error_code(exc) != DUPLICATE_KEY:
                         raise
                 else:
                     return int(cursor.lastrowid)
-            return first(connection, bound + statements.select, key)
+            return self.first(connection, bound + statements.select, key)
         except OperationalError as exc:
             if error_code(exc) == DEADLOCK and not connection.in_atomic_block:
                 return None
@@ -210,9 +279,9 @@ class MySQLStore(Store):
 
         The call's results are read to the end (the procedure's status follows its rows):
         a connection with results left unread refuses the next statement."""
-        sql, params = _bound(connection) + CALL, values.params(connection)
+        sql, params = _bound(connection) + CALL, self.claim_params(connection, values)
         if plain_connection(connection) is not None:  # on mysqlclient's connection (issue 42)
-            row = fetch_row(connection, sql, params)
+            row = self.fetch_row(connection, sql, params)
         else:
             with statement_cursor(connection) as cursor:
                 cursor.execute(sql, params)
@@ -241,7 +310,7 @@ class MySQLStore(Store):
             if not cursor.rowcount:
                 return None
         owned = [pk, prep("lock_token", token, connection)]
-        return first(connection, statements.select_owned, owned)
+        return self.first(connection, statements.select_owned, owned)
 
     def limit_lock_wait(self, timeout: timedelta) -> object:
         """Keep the session's lock wait limit aside and set ``timeout``, in one round trip.

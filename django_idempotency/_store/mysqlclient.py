@@ -12,8 +12,8 @@ connection takes the next one.
 
 Sent here only where nothing but Django's plain cursor wrapper would see the statement (no
 ``execute_wrapper()``, no query logging, no health check due); Django's checks and its error
-translation are kept by the caller (:func:`._store.rows.fetch_row`). The driver's errors are
-those its cursor raises: the cursor calls the same functions.
+translation are kept by the caller (:meth:`.mysql.MySQLStore.fetch_row`). The driver's errors
+are those its cursor raises: the cursor calls the same functions.
 """
 
 from __future__ import annotations

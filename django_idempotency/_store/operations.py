@@ -102,7 +102,7 @@ def state_of(record: Any, now: datetime) -> str:
         return STALLED
     if record.status == rules.PROCESSING or record.response_status == ACCEPTED:
         return RUNNING
-    if record.status == FAILED_STATUS or (record.response_status or 0) >= 400:
+    if record.status == FAILED_STATUS or rules.is_error(record.response_status):
         return FAILED
     return SUCCEEDED
 
@@ -263,7 +263,7 @@ def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
     """
     now = timezone.now()
     changes: dict[str, Any] = {
-        "status": COMPLETED if stored.status is None or stored.status < 400 else FAILED_STATUS,
+        "status": rules.stored_status(stored.status),
         "response_status": stored.status,
         "response_headers": stored.sealed[0],
         "response_body": stored.sealed[1],

@@ -3,16 +3,19 @@ write that releases them, taken in batches no two senders share, marked sent or 
 
 A release is idempotent on the message id (``ON CONFLICT DO NOTHING``; MariaDB's ``ON DUPLICATE
 KEY UPDATE`` of the id to itself): a takeover that stages a message again inserts nothing new.
-On PostgreSQL the fenced write and the insert are one statement (a data-modifying CTE whose
-insert reads the fenced ``UPDATE``'s ``RETURNING``: nothing is inserted when the fence refuses),
-and ``pg_notify`` in it wakes the relays when the transaction commits. Elsewhere the two run in
-one transaction (the attempt's own in atomic mode, or inside a caller's).
+Where a store :attr:`~.bound.BoundStore.chains_writes` (PostgreSQL) the fenced write and the
+insert are one statement (a data-modifying CTE whose insert reads the fenced ``UPDATE``'s
+``RETURNING``: nothing is inserted when the fence refuses), and where it
+:attr:`~.bound.BoundStore.notifies`, ``pg_notify`` in it wakes the relays when the transaction
+commits. Elsewhere the two run in one transaction (the attempt's own in atomic mode, or inside
+a caller's).
 
-Batches are claimed by pushing each message's ``available_at`` forward by a lease: on
-PostgreSQL in one ``UPDATE`` over ``SELECT ... FOR UPDATE SKIP LOCKED``, on MariaDB and MySQL in
-a transaction of the same ``SELECT`` and an ``UPDATE``, on SQLite in one ``UPDATE ...
-RETURNING`` (the database's single writer serialises them). A sender that dies leaves its
-messages to the next one once the lease has passed.
+Batches are claimed by pushing each message's ``available_at`` forward by a lease: in one
+``UPDATE`` over ``SELECT ... FOR UPDATE SKIP LOCKED`` where writes chain, in one ``UPDATE ...
+RETURNING`` where the database has :attr:`~.bound.BoundStore.one_writer` (SQLite: it
+serialises them), elsewhere (MariaDB, MySQL) in a transaction of the same ``SELECT`` and an
+``UPDATE``. A sender that dies leaves its messages to the next one once the lease has passed.
+The statements ask the store what its database can do, never its vendor.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, NamedTuple, TypeVar
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import MICROSECOND, aware, count_rows
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 
@@ -87,20 +91,24 @@ def _names(connection: BaseDatabaseWrapper, *names: str) -> str:
 
 
 def fenced_release(
-    connection: BaseDatabaseWrapper, sql: str, params: list[Any], release: Release
+    store: BoundStore,
+    connection: BaseDatabaseWrapper,
+    sql: str,
+    params: list[Any],
+    release: Release,
 ) -> int:
     """Run the fenced write ``sql`` and, only if it matched the record, insert the released
     messages: the rows the write matched."""
-    if connection.vendor == "postgresql":
-        return _fenced_release_postgresql(connection, sql, params, release)
+    if store.chains_writes:
+        return _fenced_release_chained(connection, sql, params, release)
     with _transaction(connection):
         matched = count_rows(connection, sql, params)
         if matched:
-            _insert(connection, release)
+            _insert(store, connection, release)
         return matched
 
 
-def _fenced_release_postgresql(
+def _fenced_release_chained(
     connection: BaseDatabaseWrapper, sql: str, params: list[Any], release: Release
 ) -> int:
     q = connection.ops.quote_name
@@ -129,9 +137,9 @@ def _fenced_release_postgresql(
     return 1 if rows else 0
 
 
-def _insert(connection: BaseDatabaseWrapper, release: Release) -> None:
-    """Insert the messages not there yet (MariaDB, MySQL, SQLite), in the write's
-    transaction."""
+def _insert(store: BoundStore, connection: BaseDatabaseWrapper, release: Release) -> None:
+    """Insert the messages not there yet, in the write's transaction (where writes do not
+    chain)."""
     q = connection.ops.quote_name
     table = _table(connection)
     ids = [message.message_id for message in release.messages]
@@ -154,11 +162,7 @@ def _insert(connection: BaseDatabaseWrapper, release: Release) -> None:
     params: list[Any] = []
     for message in new:
         params += [release.record, *message, PENDING, 0, "", *times]
-    ignore = (
-        f" ON DUPLICATE KEY UPDATE {q('message_id')} = {q('message_id')}"
-        if connection.vendor == "mysql"
-        else f" ON CONFLICT ({q('message_id')}) DO NOTHING"
-    )
+    ignore = store.ignore_duplicate.format(column=q("message_id"))
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} ({q('record_id')}, {_names(connection, *columns)}) "
@@ -190,7 +194,9 @@ def _transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
         connection.set_autocommit(True)
 
 
-def take(connection: BaseDatabaseWrapper, size: int, lease: timedelta) -> list[Taken]:
+def take(
+    store: BoundStore, connection: BaseDatabaseWrapper, size: int, lease: timedelta
+) -> list[Taken]:
     """Claim up to ``size`` messages that may be sent now, for ``lease``: no other sender
     takes them until it has passed (or they are marked). Their ``attempts`` is counted."""
     q = connection.ops.quote_name
@@ -202,7 +208,7 @@ def take(connection: BaseDatabaseWrapper, size: int, lease: timedelta) -> list[T
     pick = f"SELECT {q('id')} FROM {table} WHERE {due} ORDER BY {q('available_at')} LIMIT %s"
     push = f"{q('available_at')} = %s, {q('attempts')} = {q('attempts')} + 1"
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        if store.chains_writes:
             cursor.execute(
                 f"WITH batch AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE {table} SET {push} "
                 f"FROM batch WHERE {table}.{q('id')} = batch.{q('id')} RETURNING "
@@ -210,7 +216,7 @@ def take(connection: BaseDatabaseWrapper, size: int, lease: timedelta) -> list[T
                 [adapt(now), size, adapt(now + lease)],
             )
             rows = cursor.fetchall()
-        elif connection.vendor == "sqlite":
+        elif store.one_writer:
             cursor.execute(
                 f"UPDATE {table} SET {push} WHERE {q('id')} IN ({pick}) RETURNING {columns}",
                 [adapt(now + lease), adapt(now), size],
@@ -335,11 +341,12 @@ def delete_delivered(connection: BaseDatabaseWrapper, size: int) -> int:
         return int(cursor.rowcount)
 
 
-def listening(connection: BaseDatabaseWrapper) -> Callable[[float], bool] | None:
-    """On PostgreSQL with psycopg 3, ``LISTEN`` on ``connection`` (autocommit, the listener's
-    own) and return a wait: ``wait(seconds)`` is ``True`` when woken by a release before
-    ``seconds`` passed. ``None`` elsewhere (the relay polls)."""
-    if connection.vendor != "postgresql":
+def listening(store: BoundStore, connection: BaseDatabaseWrapper) -> Callable[[float], bool] | None:
+    """Where the store :attr:`~.bound.BoundStore.notifies` (PostgreSQL, with psycopg 3),
+    ``LISTEN`` on ``connection`` (autocommit, the listener's own) and return a wait:
+    ``wait(seconds)`` is ``True`` when woken by a release before ``seconds`` passed. ``None``
+    elsewhere (the relay polls)."""
+    if not store.notifies:
         return None
     connection.ensure_connection()
     raw = connection.connection

@@ -6,7 +6,6 @@ call); these helpers keep what the fields would do, computed once per connection
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,8 +20,7 @@ from django.db.models import CharField, DateTimeField, Field, IntegerField, Text
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_idempotency._base.json import acyclic_encoder
-from django_idempotency._store import libpq, mysqlclient
+from django_idempotency._store import libpq
 from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
@@ -95,15 +93,8 @@ def statement_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
 
 
 def fetch_row(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Any:
-    """Send one store statement that returns rows: its first row (``None``: none). On MySQL
-    through mysqlclient's connection itself where nothing else would see it
-    (:mod:`.mysqlclient`, issue 42); every result it leaves is read."""
-    if connection.vendor == "mysql":
-        raw = plain_connection(connection)
-        if raw is not None:
-            connection.validate_no_broken_transaction()
-            with connection.wrap_database_errors:
-                return mysqlclient.first_row(raw, sql, params)
+    """Send one store statement that returns rows: its first row (``None``: none). A vendor
+    may send it another way (:meth:`.bound.BoundStore.fetch_row`)."""
     return _send(connection, sql, params, _first_row)
 
 
@@ -214,16 +205,6 @@ def _converters(connection: BaseDatabaseWrapper) -> list[tuple[Any, list[Any]]]:
         (column, connection.ops.get_db_converters(column) + field.get_db_converters(connection))
         for field, column in zip(FIELDS, columns, strict=True)
     ]
-
-
-def first(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> IdempotencyKey | None:
-    """The record a statement returns (all of its columns), as the ORM loads it.
-
-    A cursor and the fields' converters (dates, UUIDs, JSON), not ``raw()``, whose per-call
-    column resolution costs as much as the statement on a replay.
-    """
-    row = fetch_row(connection, sql, params)
-    return None if row is None else loaded(connection, row)
 
 
 def loaded(connection: BaseDatabaseWrapper, row: Sequence[Any]) -> IdempotencyKey:
@@ -393,9 +374,6 @@ def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
     return preparers(connection)[name](value)
 
 
-#: ``json.dumps`` of the headers column's values, its C encoder made once.
-_HEADERS_JSON = acyclic_encoder(json.JSONEncoder())
-
 #: The epoch and the unit of a time sent as a number: microseconds since the epoch.
 EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
 MICROSECOND = timedelta(microseconds=1)
@@ -410,44 +388,6 @@ def microseconds(value: datetime) -> int:
     if value.tzinfo is None:
         value = value.astimezone()
     return (value - EPOCH) // MICROSECOND
-
-
-@per_connection
-def set_placeholders(connection: BaseDatabaseWrapper) -> dict[str, str]:
-    """How a fenced write's ``SET`` reads each column's value (:func:`text_preparers`):
-    ``%s``, or on PostgreSQL a time's expression."""
-    if connection.vendor != "postgresql":
-        return {}
-    return {field.name: POSTGRESQL_TIME for field in FIELDS if isinstance(field, DateTimeField)}
-
-
-@per_connection
-def text_preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any], Any]]:
-    """Each column's value as the store's fenced writes send it: on PostgreSQL, UUIDs and
-    JSON as text, which psycopg adapts for a fraction of what a ``UUID`` or a ``Jsonb`` costs
-    (issue 28), sent as of unknown type, which the server reads as the column's type
-    (``SET``, a comparison), and times as microseconds since the epoch
-    (:func:`set_placeholders`). Elsewhere :func:`preparers`."""
-    prepare = dict(preparers(connection))
-    if connection.vendor != "postgresql":
-        return prepare
-
-    def text(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        return lambda value: None if value is None else convert(value)
-
-    for field in FIELDS:
-        kind = field.get_internal_type()
-        if kind == "DateTimeField":
-            prepare[field.name] = text(microseconds)
-        elif kind == "UUIDField":
-            prepare[field.name] = text(str)
-        elif field.name == "response_headers":  # the app's own lists: no cycle
-            prepare[field.name] = text(_HEADERS_JSON)
-        elif kind == "JSONField" and getattr(field, "encoder", None) is None:
-            prepare[field.name] = text(json.dumps)
-        elif kind == "BinaryField":
-            prepare[field.name] = lambda value: value
-    return prepare
 
 
 @per_connection

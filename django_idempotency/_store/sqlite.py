@@ -24,7 +24,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django_idempotency._store.base import Store
 from django_idempotency._store.claims import ClaimValues, Lock
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
-from django_idempotency._store.rows import aware, first
+from django_idempotency._store.rows import aware
 from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
@@ -46,6 +46,8 @@ _CHUNK = 500
 class SQLiteStore(Store):
     vendor = "sqlite"
     name = "SQLite"
+    has_server = False
+    one_writer = True
 
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
@@ -159,11 +161,11 @@ class SQLiteStore(Store):
         statements = self.statements(connection)
         key = [values.identity.scope, values.identity.key_hash]
         if not connection.in_atomic_block:
-            found = first(connection, statements.select, key)
+            found = self.first(connection, statements.select, key)
             if found is not None:
                 return found
-        inserted = first(connection, statements.insert, values.params(connection))
-        return inserted or first(connection, statements.select, key)
+        inserted = self.first(connection, statements.insert, values.params(connection))
+        return inserted or self.first(connection, statements.select, key)
 
     # The statements after the claim, each waited out as the claim is (see the module).
 

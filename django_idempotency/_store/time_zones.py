@@ -5,14 +5,14 @@ MySQL and MariaDB convert to a named zone (``Europe/Berlin``) with ``CONVERT_TZ`
 the server's time-zone tables; without them (the default of most installs and container images)
 it answers ``NULL`` and Django raises "Database returned an invalid datetime value". The admin
 then leaves its date hierarchy out rather than answer 500, and the system check W002 says so
-(issue 26). PostgreSQL and SQLite convert on their own.
+(issue 26). PostgreSQL and SQLite convert on their own
+(:meth:`.bound.BoundStore.converts_dates_to`).
 """
 
 from __future__ import annotations
 
 from functools import cache
 
-from django.conf import settings
 from django.db import connections
 
 #: A moment that exists in every zone, as the database stores a datetime.
@@ -26,17 +26,12 @@ LOAD_TABLES = (
 )
 
 
-def converts(alias: str, zone: str) -> bool:
-    """Whether ``alias``'s database can convert its datetimes to the time zone ``zone``."""
-    connection = connections[alias]
-    if connection.vendor != "mysql" or not settings.USE_TZ:
-        return True
-    return _mysql_converts(alias, connection.timezone_name, zone)
-
-
 @cache
-def _mysql_converts(alias: str, stored_in: str, zone: str) -> bool:
-    """Once per process and pair of zones: the tables are there or not."""
+def converts(alias: str, stored_in: str, zone: str) -> bool:
+    """Whether ``alias``'s MySQL or MariaDB database, its datetimes stored in the zone
+    ``stored_in``, can convert them to the zone ``zone``
+    (:meth:`.mysql.MySQLStore.converts_dates_to`). Once per process and pair of zones: the
+    tables are there or not."""
     connection = connections[alias]
     # The SQL Django's own date truncation sends (datetimes(), the date hierarchy), on a value.
     # django-stubs still types it as before Django 4.2, which returned the SQL alone.

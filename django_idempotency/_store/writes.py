@@ -4,7 +4,7 @@ recovery point, the lock's renewal, the release (and an operator's, of a stale r
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,13 +17,7 @@ from django_idempotency._base import rules
 from django_idempotency._store import deadlines, sealing
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.outbox import Release, fenced_release
-from django_idempotency._store.rows import (
-    count_rows,
-    per_connection,
-    prep,
-    set_placeholders,
-    text_preparers,
-)
+from django_idempotency._store.rows import count_rows, per_connection, prep
 from django_idempotency._store.statements import later_of
 from django_idempotency.models import IdempotencyKey
 
@@ -120,7 +114,7 @@ class FencedWrites(BoundStore):
                 token,
                 stale_at,
                 release,
-                status=COMPLETED if stored.status is None or stored.status < 400 else FAILED,
+                status=rules.stored_status(stored.status),
                 response_status=stored.status,
                 response_headers=stored.sealed[0],
                 response_body=stored.sealed[1],
@@ -309,7 +303,7 @@ class FencedWrites(BoundStore):
         release: Release | None,
         **changes: Any,
     ) -> bool:
-        prepare = text_preparers(connection)
+        prepare = self.text_preparers(connection)
         values = []
         for name, value in changes.items():
             if name == HOLD_EXPIRY:  # its value twice (:func:`fenced_sql`)
@@ -335,12 +329,14 @@ class FencedWrites(BoundStore):
         ``delete()`` may first ``SELECT`` the rows to send signals, which would lose the fence
         between the two statements.
         """
-        sql = fenced_sql(connection, statement, stale=stale_at is not None)
-        params = [*params, pk, text_preparers(connection)["lock_token"](token)]
+        sql = fenced_sql(
+            connection, statement, stale=stale_at is not None, placeholders=self.set_placeholders
+        )
+        params = [*params, pk, self.text_preparers(connection)["lock_token"](token)]
         if stale_at is not None:
             params += rules.STALE.args(prep("unlock_at", stale_at, connection))
         if release is not None:  # with the outbox's messages it releases (issue 41)
-            return bool(fenced_release(connection, sql, params, release))
+            return bool(fenced_release(self, connection, sql, params, release))
         return bool(count_rows(connection, sql, params))
 
 
@@ -358,9 +354,16 @@ def _fenced_statements(connection: BaseDatabaseWrapper) -> dict[tuple[Write, boo
     return {}
 
 
-def fenced_sql(connection: BaseDatabaseWrapper, statement: Write, *, stale: bool) -> str:
+def fenced_sql(
+    connection: BaseDatabaseWrapper,
+    statement: Write,
+    *,
+    stale: bool,
+    placeholders: Callable[[BaseDatabaseWrapper], dict[str, str]],
+) -> str:
     """The SQL of a fenced write (:meth:`FencedWrites._fenced`), made once per connection:
-    quoting its dozen names cost a result's write as much as its values (issue 28)."""
+    quoting its dozen names cost a result's write as much as its values (issue 28).
+    ``placeholders`` are the store's :meth:`~.bound.BoundStore.set_placeholders`."""
     made = _fenced_statements(connection)
     sql = made.get((statement, stale))
     if sql is not None:
@@ -368,7 +371,7 @@ def fenced_sql(connection: BaseDatabaseWrapper, statement: Write, *, stale: bool
     q = connection.ops.quote_name
     head = statement
     if isinstance(head, tuple):
-        marks = set_placeholders(connection)
+        marks = placeholders(connection)
         head = "UPDATE {table} SET " + ", ".join(
             f"{q('expires_at')} = {later_of('expires_at', marks.get('expires_at', '%s'), q)}"
             if name == HOLD_EXPIRY

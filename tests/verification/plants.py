@@ -31,8 +31,8 @@ def _no_fencing() -> None:
 
     made = writes.fenced_sql
 
-    def unfenced(connection: Any, statement: Any, *, stale: bool) -> str:
-        sql = made(connection, statement, stale=stale)
+    def unfenced(connection: Any, statement: Any, **options: Any) -> str:
+        sql = made(connection, statement, **options)
         q = connection.ops.quote_name
         head, _, _ = sql.partition(f" AND {q('lock_token')} = %s")
         return f"{head} AND %s IS NOT NULL"  # the token's placeholder, matching anything

@@ -4,6 +4,6 @@ store'). :mod:`.store` speaks the interface the core calls; :mod:`.scripts` hold
 
 from __future__ import annotations
 
-from django_idempotency._store.redis.store import RedisStore, is_redis
+from django_idempotency._store.redis.store import RedisStore
 
-__all__ = ["RedisStore", "is_redis"]
+__all__ = ["RedisStore"]

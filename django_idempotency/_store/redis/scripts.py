@@ -34,6 +34,12 @@ local function hold(key, unlock)
 end
 """
 
+#: :data:`.._base.rules.TAKEOVER` as the claim reads it of the record's fields ``r`` (status,
+#: fingerprint, token, unlock: :data:`CLAIM`'s ``HMGET``) at the server's ``now``, for the
+#: claimant's fingerprint ``ARGV[2]``: a stale record of the same request. An expired record is
+#: absent (Redis's TTL), and claimed afresh. ``tests/test_rules.py`` checks the two agree.
+TAKES_OVER = "r[1] == 'processing' and r[2] == ARGV[2] and r[4] and tonumber(r[4]) <= now"
+
 #: ARGV: token, fingerprint, method, path, lock (µs), ttl (µs), scope. Returns
 #: ``{"new", now}``, ``{"own", now, attempt, rp, rd}`` (this token's claim, applied with its
 #: reply lost), ``{"takeover", now, attempt, rp, rd}``, or ``{"found", now, fields...}``.
@@ -61,7 +67,9 @@ if r[3] == ARGV[1] then
     return {'own', now, r[5], r[6], r[7], r[14]}
   end
 end
-if r[1] == 'processing' and r[2] == ARGV[2] and r[4] and tonumber(r[4]) <= now then
+if """
+    + TAKES_OVER
+    + """ then
   local attempt = tonumber(r[5]) + 1
   redis.call('HSET', key, 'tok', ARGV[1], 'att', attempt, 'ua', now + tonumber(ARGV[5]),
              'up', now)

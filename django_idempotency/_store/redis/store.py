@@ -32,6 +32,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 
+from django_idempotency._base import rules
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._conf.values import (
     CACHE_PREFIX,
@@ -44,7 +45,7 @@ from django_idempotency._store import deadlines
 from django_idempotency._store.claims import Lock, new_token
 from django_idempotency._store.redis import scripts
 from django_idempotency._store.rows import ATTNAMES, EPOCH, Record, _Converters
-from django_idempotency._store.writes import COMPLETED, FAILED, RenewalShortfall, StoredResponse
+from django_idempotency._store.writes import RenewalShortfall, StoredResponse
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
@@ -96,11 +97,6 @@ class _NoConnection:
 
 
 _NO_CONNECTION = _NoConnection()
-
-
-def is_redis(name: str) -> bool:
-    """Whether a policy's store name is a Redis store's (a cache alias's or a URL)."""
-    return ":" in name
 
 
 def key_prefix(name: str) -> str:
@@ -848,7 +844,7 @@ class RedisStore:
     ) -> bool:
         assert release is None, "the outbox needs the database store (Claim.enqueue refuses)"
         headers, body = stored.sealed
-        status = COMPLETED if stored.status is None or stored.status < 400 else FAILED
+        status = rules.stored_status(stored.status)
         key, scope, key_hash = self._records[pk]
         index = self._cluster is False
         done = self._run(
