@@ -115,6 +115,7 @@ def _release_on_failure() -> None:
 
     from django_idempotency._call import outbox, writing
     from django_idempotency._store import outbox as store
+    from django_idempotency._store import using
 
     original = writing.release
 
@@ -123,7 +124,7 @@ def _release_on_failure() -> None:
         messages = None if claim is None or claim.outbox is None else outbox.release(claim)
         if messages is not None and not attempt.policy.atomic:
             with transaction.atomic(using=alias):
-                store._insert(connections[alias], messages)
+                store._insert(using(alias), connections[alias], messages)
                 outbox.released(claim, alias, messages)
         original(attempt, reason=reason, raised=raised, undo=undo)
 
