@@ -184,28 +184,23 @@ class Store:
     def unlocks(self, keys: list[str]) -> dict[str, float]:
         """Each key's ``unlock_at`` (seconds since the epoch): read on the server itself, not
         through the app's path, so a fault of that path does not hide it."""
-        hashes = {hash_key(key): key for key in keys}
-        marks = ", ".join(["%s"] * len(hashes))
-        rows = self._execute(
-            self._sql(
-                "SELECT key_hash, unlock_at FROM django_idempotency_idempotencykey "
-                f"WHERE key_hash IN ({marks})"
-            ),
-            list(hashes),
-        )
-        return {hashes[key_hash]: _epoch(at) for key_hash, at in rows if at is not None}
+        return {key: _epoch(at) for key, at in self._column("unlock_at", keys) if at is not None}
 
     def statuses(self, keys: list[str]) -> dict[str, str]:
+        return dict(self._column("status", keys))
+
+    def _column(self, column: str, keys: list[str]) -> list[tuple[str, Any]]:
+        """``column`` of each key's record, as (key, value)."""
         hashes = {hash_key(key): key for key in keys}
         marks = ", ".join(["%s"] * len(hashes))
         rows = self._execute(
             self._sql(
-                "SELECT key_hash, status FROM django_idempotency_idempotencykey "
+                f"SELECT key_hash, {column} FROM django_idempotency_idempotencykey "
                 f"WHERE key_hash IN ({marks})"
             ),
             list(hashes),
         )
-        return {hashes[key_hash]: status for key_hash, status in rows}
+        return [(hashes[key_hash], value) for key_hash, value in rows]
 
 
 def _epoch(at: datetime) -> float:

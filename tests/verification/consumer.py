@@ -41,12 +41,7 @@ class FileBroker:
     ) -> None:
         line = {"message": task_id, "args": list(args), "t": time.time(), "pid": os.getpid()}
         path = Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"]) / f"deliveries-{os.getpid()}.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, (json.dumps(line) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_line(path, line)
 
 
 deliver = FileBroker()
@@ -115,3 +110,14 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def append_line(path: Path, line: dict[str, Any]) -> None:
+    """One JSON line appended and on disk before the caller goes on: the ledger a fault of the
+    app's processes never loses."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)

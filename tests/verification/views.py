@@ -51,7 +51,7 @@ from django_idempotency import ninja as idempotent_ninja
 from django_idempotency.models import OutboxMessage
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
-from tests.verification.consumer import CONSUMER_LABEL, deliver
+from tests.verification.consumer import CONSUMER_LABEL, append_line, deliver
 from tests.verification.limits import LOCK, SHORT_TTL, TTL
 
 ATOMIC_LABEL = "verify-atomic"
@@ -109,13 +109,7 @@ def _effect(
     if atomic:
         Execution.objects.create(label=ATOMIC_LABEL, payload=json.dumps(line))
     else:
-        path = _ledger() / f"effects-{os.getpid()}.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, (json.dumps(line) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_line(_ledger() / f"effects-{os.getpid()}.jsonl", line)
     if work and body.get("work"):
         time.sleep(float(body["work"]))
     answer = {"execution": line["execution"], "principal": line["principal"], "n": body.get("n")}
