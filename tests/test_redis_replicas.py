@@ -235,7 +235,9 @@ def test_redis_replicas_a_failover_to_a_stalled_replica(replicas: int, capsys: A
     sentinel promotes one, which never received the claims. Without the option each claim was
     acknowledged by the primary alone and is lost: every key's retry during its owner's run
     runs it again (5 of 5 here). With ``REDIS_REPLICAS: 1`` each claim answered ``503`` and its
-    function never ran: each key runs once, on its retry after the failover."""
+    function never ran: each key runs once, on its retry after the failover, or, where a claim
+    reached the promoted replica before the kill, after that claim's lock ends (held off till
+    then)."""
     from django_idempotency import StoreUnavailable
 
     keys = [f"k{n}" for n in range(5)]
@@ -291,6 +293,19 @@ def test_redis_replicas_a_failover_to_a_stalled_replica(replicas: int, capsys: A
                 except StoreUnavailable as exc:
                     owned.append(exc)
             pool.shutdown(wait=True)
+            if replicas:
+                # A claim the promoted replica holds although its owner was refused (the wait
+                # fell short, the stream did not; a CI run saw one of five): held off, never
+                # run, until its lock ends; then it runs once.
+                held = [key for key in keys if isinstance(retried[key], IdempotencyInProgress)]
+                assert not any(runs.get(key) for key in held), runs
+                while held:
+                    assert time.monotonic() < deadline + 60, f"{held} still held after the lock"
+                    try:
+                        retried[held[0]] = handle(held[0])
+                        held.pop(0)
+                    except (IdempotencyInProgress, StoreUnavailable):
+                        time.sleep(0.2)
     twice = sum(1 for key in keys if runs.get(key, 0) > 1)
     with capsys.disabled():
         print(
