@@ -6,7 +6,7 @@
 From the repository root. It starts servers of its own (a PostgreSQL cluster or a MariaDB
 server behind a fault proxy, or a SQLite file; a ``redis-server`` for the Redis store; gunicorn
 with threaded workers serving :mod:`tests.verification.views`) on ports of
-``IDEMPOTENCY_FAULT_PORTS`` (default ``26200-26259``), prints its progress on stderr, writes the
+``IDEMPOTENCY_FAULT_PORTS`` (default ``26400-26459``), prints its progress on stderr, writes the
 history as JSON lines and prints, as its last line on stdout, one JSON object: ``seed``,
 ``histories``, ``requests``, ``faults`` (counts by kind), ``windows``, ``violations`` (each
 with its invariant and the smallest history that shows it). Exit status 1 on a violation.
@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-os.environ.setdefault("IDEMPOTENCY_FAULT_PORTS", "26200-26259")
+os.environ.setdefault("IDEMPOTENCY_FAULT_PORTS", "26400-26459")
 
 import httpx  # noqa: E402
 
