@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import DatabaseError, OperationalError, ProgrammingError
+from django.db import DatabaseError, OperationalError, ProgrammingError, connections
 from django.http import HttpRequest
 from django.test import Client, override_settings
 from django.urls import path
@@ -27,10 +27,11 @@ from rest_framework.decorators import api_view, authentication_classes, permissi
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from django_idempotency import IdempotencyKey, idempotent
 from django_idempotency import ninja as idempotent_ninja
-from django_idempotency.rest_framework import exception_handler
+from django_idempotency.rest_framework import IdempotencyMixin, exception_handler
 from tests.conftest import executions, unreachable
 from tests.test_fault_answers import assert_unavailable
 from tests.testapp.models import Execution
@@ -76,6 +77,36 @@ class KeyInTheDatabase(APIKeyHeader):
         return None if found is None else found.user
 
 
+class WritesThenReadsToken(TokenAuthentication):
+    """Authentication that writes in the request's transaction before the token is read."""
+
+    def authenticate(self, request: Any) -> Any:
+        Execution.objects.create(label="before-the-fault")
+        return super().authenticate(request)
+
+
+class WritesThenReadsKey(KeyInTheDatabase):
+    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
+        Execution.objects.create(label="before-the-fault")
+        return super().authenticate(request, key)
+
+
+@api_view(["POST"])
+@authentication_classes([WritesThenReadsToken])
+@permission_classes([IsAuthenticated])
+@idempotent
+def drf_writes(request: Request) -> Response:
+    return Response(_ran(request), status=201)
+
+
+class MixinWrites(IdempotencyMixin, APIView):
+    authentication_classes = [WritesThenReadsToken]
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> Response:
+        return Response(_ran(request), status=201)
+
+
 def _api(name: str, *, handled: bool) -> NinjaAPI:
     api = NinjaAPI(urls_namespace=name)
     if handled:
@@ -94,6 +125,12 @@ def _api(name: str, *, handled: bool) -> NinjaAPI:
 
     router.add_decorator(idempotent_ninja.idempotent)  # ninja's default mode
     api.add_router("/router", router)
+
+    @api.post("/writes", auth=WritesThenReadsKey())
+    @idempotent_ninja.idempotent
+    def writes(request: HttpRequest) -> dict[str, Any]:
+        return _ran(request)
+
     return api
 
 
@@ -101,6 +138,8 @@ urlpatterns = [
     path("drf/under/", drf_under),
     path("drf/policy/", drf_policy),
     path("drf/wrong-statement/", drf_wrong_statement),
+    path("drf/writes/", drf_writes),
+    path("drf/mixin-writes/", MixinWrites.as_view()),
     path("ninja/", _api("auth-faults", handled=True).urls),
     path("ninja-unhandled/", _api("auth-faults-unhandled", handled=False).urls),
 ]
@@ -176,3 +215,18 @@ def test_other_errors_are_drfs_default_handlers(client: Client, token: str) -> N
         refused = _post(client, "/drf/policy/", "not-a-token", str(uuid.uuid4()))
     assert refused.status_code == 401
     assert exception_handler(ProgrammingError("x"), {}) is None
+
+
+@pytest.mark.parametrize("path", ["/drf/writes/", "/drf/mixin-writes/", "/ninja/writes"])
+def test_under_atomic_requests_the_503_rolls_the_requests_transaction_back(
+    client: Client, token: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Answered rather than raised, the fault would leave ``ATOMIC_REQUESTS``' transaction to
+    commit: on a lost connection the commit raised, a ``500`` after the ``503`` (ninja's
+    handler, and the mixin's own answer, seen on PostgreSQL with a terminated session), and
+    what the request wrote before the fault was kept. DRF's handler rolled back already."""
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    with override_settings(REST_FRAMEWORK=HANDLED), tokens_unreachable():
+        assert_unavailable(_post(client, path, token, str(uuid.uuid4())))
+    assert not Execution.objects.filter(label="before-the-fault").exists()
+    assert not IdempotencyKey.objects.exists()

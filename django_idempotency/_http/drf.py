@@ -13,7 +13,6 @@ from django.views import View
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
-from rest_framework.views import set_rollback
 
 from django_idempotency._call import lifecycle
 from django_idempotency._call.lifecycle import Answer
@@ -97,6 +96,7 @@ class IdempotencyMixin(_Base):
             answer = None if self._idempotency is None else self._idempotency.fault(exc)
             if answer is None:
                 raise
+            framework_faults.roll_back_request()
             raise _Answer(answer.value) from exc
         adapter = self._idempotency
         if adapter is None or adapter.policy is None or not self._handles(request.method):
@@ -137,10 +137,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponseBa
     ``@api_view``) runs, so a fault there never reaches the app; nothing was claimed, and the
     client's retry is answered as a first request. A fault raised by a protected view itself
     has released its claim already (the ``503`` is never stored)."""
-    response = framework_faults.unavailable(exc)
+    response = framework_faults.unavailable(exc)  # which rolls ATOMIC_REQUESTS back
     if response is None:
         return drf_exception_handler(exc, context)
-    set_rollback()  # as DRF's own handler does: ATOMIC_REQUESTS' transaction is not committed
     return response
 
 

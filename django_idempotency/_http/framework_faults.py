@@ -27,9 +27,21 @@ def unavailable(exc: BaseException) -> HttpResponse | None:
         exc,
         exc_info=exc,
     )
+    roll_back_request()
     return problems.unavailable(
         "The database could not be reached, so the request was not completed; retry later."
     )
+
+
+def roll_back_request() -> None:
+    """Mark each ``ATOMIC_REQUESTS`` transaction the request is in for rollback, as DRF's
+    handler does for the exceptions it answers. Answered rather than raised, the fault would
+    leave Django's ``atomic`` to commit: on the lost connection the commit raises, Django's
+    ``500`` after all, and writes made before the fault would be kept for a request answered
+    as not completed."""
+    for connection in connections.all(initialized_only=True):
+        if connection.settings_dict["ATOMIC_REQUESTS"] and connection.in_atomic_block:
+            connection.set_rollback(True)
 
 
 def _transient(exc: DatabaseError) -> bool:
