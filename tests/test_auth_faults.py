@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import DatabaseError, OperationalError, ProgrammingError, connections
-from django.http import HttpRequest
+from django.db.utils import load_backend
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, override_settings
 from django.urls import path
 from ninja import NinjaAPI, Router
@@ -31,6 +32,7 @@ from rest_framework.views import APIView
 
 from django_idempotency import IdempotencyKey, idempotent
 from django_idempotency import ninja as idempotent_ninja
+from django_idempotency._store import served
 from django_idempotency.rest_framework import IdempotencyMixin, exception_handler
 from tests.conftest import executions, unreachable
 from tests.test_fault_answers import assert_unavailable
@@ -65,6 +67,17 @@ def drf_policy(request: Request) -> Response:
 @api_view(["POST"])
 def drf_wrong_statement(request: Request) -> Response:
     raise ProgrammingError("no such column: nope")
+
+
+@api_view(["POST"])
+@idempotent
+def drf_beside(request: Request) -> Response:
+    """Reads a table the database beside the project's lacks (a SQLite file's ``no such
+    table``, an ``OperationalError`` without a SQLSTATE): a bug, never a fault to retry."""
+    return Response({"rows": Execution.objects.using(BESIDE).count()}, status=201)
+
+
+BESIDE = "beside"
 
 
 class KeyInTheDatabase(APIKeyHeader):
@@ -131,6 +144,39 @@ def _api(name: str, *, handled: bool) -> NinjaAPI:
     def writes(request: HttpRequest) -> dict[str, Any]:
         return _ran(request)
 
+    @api.post("/beside", auth=KeyInTheDatabase())
+    @idempotent_ninja.idempotent
+    def beside(request: HttpRequest) -> dict[str, Any]:
+        return {"rows": Execution.objects.using(BESIDE).count()}
+
+    return api
+
+
+def _chained_api() -> NinjaAPI:
+    """docs/ninja.rst's chain: the project's own handler of every exception still answers the
+    database errors that are no fault."""
+    api = NinjaAPI(urls_namespace="auth-faults-chained")
+
+    @api.exception_handler(Exception)
+    def server_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+        return JsonResponse({"error": type(exc).__name__}, status=500)
+
+    @api.exception_handler(DatabaseError)
+    def database_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+        try:
+            return idempotent_ninja.exception_handler(request, exc)  # a 503 for a fault
+        except DatabaseError:
+            return server_error(request, exc)  # any other: your handler's, as without it
+
+    @api.post("/operation", auth=KeyInTheDatabase())
+    @idempotent_ninja.idempotent
+    def operation(request: HttpRequest) -> dict[str, Any]:
+        return _ran(request)
+
+    @api.post("/wrong-statement")
+    def wrong_statement(request: HttpRequest) -> dict[str, Any]:
+        raise ProgrammingError("no such column: nope")
+
     return api
 
 
@@ -140,8 +186,10 @@ urlpatterns = [
     path("drf/wrong-statement/", drf_wrong_statement),
     path("drf/writes/", drf_writes),
     path("drf/mixin-writes/", MixinWrites.as_view()),
+    path("drf/beside/", drf_beside),
     path("ninja/", _api("auth-faults", handled=True).urls),
     path("ninja-unhandled/", _api("auth-faults-unhandled", handled=False).urls),
+    path("ninja-chained/", _chained_api().urls),
 ]
 
 DRF_PATHS = ["/drf/under/", "/drf/policy/"]
@@ -230,3 +278,85 @@ def test_under_atomic_requests_the_503_rolls_the_requests_transaction_back(
         assert_unavailable(_post(client, path, token, str(uuid.uuid4())))
     assert not Execution.objects.filter(label="before-the-fault").exists()
     assert not IdempotencyKey.objects.exists()
+
+
+@contextmanager
+def sqlite_beside() -> Iterator[None]:
+    """A SQLite database beside the project's own, under an alias of its own (a local or a
+    legacy one; its tables not made), as the project's settings would name it."""
+    given = {"default": {}, BESIDE: {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+    settings = connections.configure_settings(given)[BESIDE]
+    beside = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, BESIDE)
+    # Connected before the test case sees the alias, which it would refuse as not its own (an
+    # in-memory database stays connected between requests).
+    beside.ensure_connection()
+    connections[BESIDE] = beside
+    connections.settings[BESIDE] = settings
+    try:
+        yield
+    finally:
+        connections[BESIDE].close()
+        del connections[BESIDE]
+        del connections.settings[BESIDE]
+
+
+@pytest.mark.parametrize("path", ["/drf/beside/", "/ninja/beside"])
+def test_another_databases_wrong_statement_is_no_fault(
+    client: Client, token: str, path: str
+) -> None:
+    """A store judges only its own driver's errors: PostgreSQL's driver raises an
+    ``OperationalError`` without a SQLSTATE only for a lost connection, but SQLite's ``no
+    such table`` (and MySQL's unknown column) is one too; with a PostgreSQL store it was a
+    ``503`` that asked the client to retry a bug forever. It stays the ``500`` it is; the
+    SQLite store's own judgement is unchanged (a file it cannot open is a fault)."""
+    with override_settings(REST_FRAMEWORK=HANDLED), sqlite_beside():
+        with pytest.raises(OperationalError, match="no such table"):
+            _post(client, path, token, str(uuid.uuid4()))
+        with pytest.raises(OperationalError) as raised:
+            Execution.objects.using(BESIDE).count()
+        assert not any(
+            (store := served(alias)) is not None and store.is_transient(raised.value)
+            for alias in connections
+        )
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_a_handler_of_the_projects_reads_and_changes_the_503s_data(
+    client: Client, token: str
+) -> None:
+    """DRF's docs' custom handler sets ``response.data["status_code"]``: on the ``503`` (a plain
+    ``HttpResponse``, no ``data``) it raised ``AttributeError``, a ``500``. The ``503`` has its
+    problem as ``data``, what the handler adds is rendered, always as problem JSON."""
+    chained = {"EXCEPTION_HANDLER": f"{__name__}.handler_of_the_project"}
+    with override_settings(REST_FRAMEWORK=chained), tokens_unreachable():
+        response = _post(client, "/drf/under/", token, str(uuid.uuid4()))
+        browser = client.post(
+            "/drf/under/",
+            {},
+            content_type="application/json",
+            headers={**_headers("/drf/under/", token, str(uuid.uuid4())), "Accept": "text/html"},
+        )
+    for answer in (response, browser):
+        assert_unavailable(answer)
+        assert answer["Content-Type"] == "application/problem+json"
+        assert answer.json()["status_code"] == 503
+        assert answer["Cache-Control"] == "no-store"
+    assert executions() == 0
+
+
+def handler_of_the_project(exc: Exception, context: dict[str, Any]) -> Any:
+    response = exception_handler(exc, context)
+    if response is not None:
+        response.data["status_code"] = response.status_code
+    return response
+
+
+def test_the_projects_own_handler_answers_other_database_errors(client: Client, token: str) -> None:
+    """docs/ninja.rst's chain: ninja looks a handler up by the exception's class, so the app's
+    handler for ``DatabaseError`` comes before the project's for ``Exception``; it raises a
+    wrong statement again, which the chain hands to the project's handler."""
+    wrong = client.post("/ninja-chained/wrong-statement", {}, content_type="application/json")
+    assert wrong.status_code == 500 and wrong.json() == {"error": "ProgrammingError"}
+    with tokens_unreachable():
+        assert_unavailable(_post(client, "/ninja-chained/operation", token, str(uuid.uuid4())))
+    assert executions() == 0

@@ -4,14 +4,16 @@ and the status endpoint's authentication (:mod:`.drf_auth`), the only code impor
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.views import View
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils.encoders import JSONEncoder
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from django_idempotency._call import lifecycle
@@ -140,7 +142,27 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponseBa
     response = framework_faults.unavailable(exc)  # which rolls ATOMIC_REQUESTS back
     if response is None:
         return drf_exception_handler(exc, context)
-    return response
+    return _Problem.of(response)
+
+
+class _Problem(Response):
+    """The handler's ``503`` as DRF's handlers answer: a ``Response`` whose ``data`` a handler
+    of the project's may read and change (``response.data["status_code"] = ...``, as DRF's
+    docs show; a plain ``HttpResponse`` raised ``AttributeError`` there, a ``500``), always
+    rendered as the problem JSON it is, whichever renderer DRF negotiated."""
+
+    @classmethod
+    def of(cls, problem: HttpResponse) -> _Problem:
+        headers = {name: value for name, value in problem.items() if name != "Content-Type"}
+        answer = cls(json.loads(problem.content), status=problem.status_code, headers=headers)
+        # Still the app's own problem: never stored as a protected view's response.
+        answer.idempotency_problem = problem.idempotency_problem  # type: ignore[attr-defined]
+        return answer
+
+    @property
+    def rendered_content(self) -> str:
+        self["Content-Type"] = problems.CONTENT_TYPE
+        return json.dumps(self.data, cls=JSONEncoder)
 
 
 def _refuse_mixin_after(cls: type) -> None:

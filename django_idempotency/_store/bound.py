@@ -150,8 +150,25 @@ class BoundStore:
 
     def is_transient(self, exc: BaseException) -> bool:
         """Whether a database error says the store is unavailable for now (a ``503``) rather
-        than that a statement is wrong: contention or a fault."""
-        return self.is_contention(exc) or self.is_fault(exc)
+        than that a statement is wrong: contention or a fault. The project's code asks (the
+        scope function, a framework's authentication), whose error may come from another
+        database: one another vendor's driver raised is not this store's to judge (a SQLite
+        file's ``no such table`` or MySQL's unknown column is an ``OperationalError`` without
+        a SQLSTATE, which PostgreSQL's driver raises only for a lost connection)."""
+        return self.raised_by_driver(exc) and (self.is_contention(exc) or self.is_fault(exc))
+
+    def raised_by_driver(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is not another driver's: Django's error wrapping this alias's
+        driver's, or one no driver of the project's databases raised (the app's own, one the
+        project's code raised)."""
+        cause = exc.__cause__ if isinstance(exc, DatabaseError) else None
+        if cause is None:
+            return True
+        drivers = {alias: _driver_error(alias) for alias in connections}
+        own = drivers.get(self.alias)
+        if own is not None and isinstance(cause, own):
+            return True
+        return not any(error is not None and isinstance(cause, error) for error in drivers.values())
 
     @contextmanager
     def guard(self) -> Iterator[None]:
@@ -252,6 +269,13 @@ def database_key(connection: BaseDatabaseWrapper) -> tuple[Any, ...]:
     function or procedure) is kept under it."""
     settings = connection.settings_dict
     return (connection.alias, settings["NAME"], settings["HOST"], settings["PORT"])
+
+
+def _driver_error(alias: str) -> type[BaseException] | None:
+    """The base class of the errors the driver of the database ``alias`` raises (PEP 249's
+    ``Error``), which Django's errors wrap as their ``__cause__``."""
+    error = getattr(getattr(connections[alias], "Database", None), "Error", None)
+    return error if isinstance(error, type) and issubclass(error, BaseException) else None
 
 
 def unsupported(connection: BaseDatabaseWrapper) -> StoreUnavailable:
