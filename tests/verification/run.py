@@ -363,8 +363,13 @@ class Servers:
         return self.gunicorn.url
 
     def workers(self) -> list[int]:
-        assert self.gunicorn is not None
-        return sorted(pid for pid in self.gunicorn.worker_pids() if databases.alive(pid))
+        """gunicorn's live workers: the pids it booted that are still its children. Alive is
+        not enough: a run forks thousands of processes (database sessions, relays, re-forked
+        workers) and the kernel's pids wrap (32768 here) within minutes, so a dead worker's
+        pid soon names another process, which a worker fault would have SIGKILLed."""
+        assert self.gunicorn is not None and self.gunicorn.process is not None
+        master = self.gunicorn.process.pid
+        return sorted(pid for pid in self.gunicorn.worker_pids() if _parent(pid) == master)
 
     def busy(self) -> int | None:
         """The worker of an effect whose view is still working (the ledgers' last lines),
@@ -401,9 +406,8 @@ class Servers:
                 with keep_log.with_suffix(f".{name}.log").open("wb") as out:
                     out.write((self.folder / f"{name}.log").read_bytes())
         if self.gunicorn is not None:
-            for pid in self.gunicorn.worker_pids():  # none left stopped
-                if databases.alive(pid):
-                    os.kill(pid, signal.SIGCONT)
+            for pid in self.workers():  # none left stopped
+                os.kill(pid, signal.SIGCONT)
             # At once: the run has what it needs (a graceful stop costs its 2 s).
             if self.gunicorn.process is not None:
                 with contextlib.suppress(ProcessLookupError):
@@ -420,6 +424,15 @@ class Servers:
         if self.server is not None:
             self.server.destroy()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of a live process ``pid`` (``None`` for one gone, a zombie included)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return None
+    return None if fields[0] == "Z" else int(fields[1])
 
 
 # The run ----------------------------------------------------------------------------------

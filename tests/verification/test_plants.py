@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,35 @@ def test_clean_run(tmp_path: Path, database: str, store: str, seed: int) -> None
         assert {"db-blackhole", "db-cut", "db-restart", "db-read-only", "db-terminate"} <= set(
             summary["faults"]
         ), summary["faults"]
+
+
+def test_a_worker_fault_takes_only_gunicorns_own_children(tmp_path: Path) -> None:
+    """gunicorn's log names every worker it ever booted; a dead one's pid is soon another
+    process's (the kernel's pids wrap within minutes of a soak), which a worker fault would
+    have SIGKILLed: an hour-long run's own runner was seen gone. Only the master's live
+    children are workers: here this test's own process stands for the recycled pid."""
+    from types import SimpleNamespace
+
+    from tests.verification.run import Servers
+
+    master = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; "
+         "worker = subprocess.Popen(['sleep', '60']); print(worker.pid, flush=True); "
+         "sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    worker = 0
+    try:
+        assert master.stdout is not None
+        worker = int(master.stdout.readline())
+        booted = {worker, os.getpid()}  # os.getpid(): alive, but no worker of this master
+        gunicorn = SimpleNamespace(process=master, worker_pids=lambda: booted)
+        servers = Servers("sqlite", "database", "", folder=tmp_path, gunicorn=gunicorn)  # type: ignore[arg-type]
+        assert servers.workers() == [worker]
+    finally:
+        assert master.stdin is not None
+        master.stdin.close()
+        master.kill()
+        master.wait()
+        if worker:
+            os.kill(worker, signal.SIGKILL)
