@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from django_idempotency._base.errors import LockLost
 
@@ -64,10 +63,6 @@ class Claim:
     #: Whether the record may hold a recovery point: the attempt resumed from one, or set (or
     #: tried to set) one. Its release then keeps the record at the point (issue 39).
     progressed: bool = field(default=False, repr=False, compare=False)
-    #: How a recovery point is written, as durably as the result
-    #: (:func:`.writing.save_recovery_point`): set by :mod:`.writing`, which imports this
-    #: module, so that the claim imports nothing of it (no import cycle, issue 40).
-    save_point: ClassVar[Callable[[Claim, str, Any], None]]
     #: When the record's life began, as the claim knew it without a read: microseconds since
     #: the epoch (a record it inserted), or the row as its statements left it (with a
     #: ``created_at``); ``None``: read when first needed (:attr:`life`).
@@ -202,6 +197,58 @@ class Claim:
         )
         self.recovery_point = name
         self.recovery_data = data
+
+    def save_point(self, name: str, data: Any) -> None:
+        """Write a recovery point as durably as the result (:func:`.fencing.fenced_write`):
+        tried again on a new connection while the lock holds, and confirmed by the lock token
+        when the reply to the write that applied it was lost. Raises
+        :class:`~django_idempotency.LockLost` when the record is no longer the attempt's, and
+        :class:`~django_idempotency.StoreUnavailable` when the database did not answer in time,
+        never a driver's error: a view's answer is then a ``409`` or a ``503``, and the record
+        is kept at its last recovery point for the retry.
+
+        On the thread's connection inside a transaction (the point written with the view's own
+        writes, docs/consumers.rst) a fault is raised at once: the transaction is lost with it,
+        and a point written on another connection would claim work that was rolled back.
+        """
+        # Imported here, as in set_recovery_point: the store reads the model's fields.
+        from django.db import DatabaseError
+
+        from django_idempotency._call import outbox
+        from django_idempotency._call.fencing import Written, fenced_write
+        from django_idempotency._store import using
+
+        store = using(self.alias)
+        connection = store.connection
+        self.progressed = True  # applied or not, from now on the record may hold it
+        since = time.monotonic()
+        messages = None if self.outbox is None else outbox.release(self)
+        try:
+            written = fenced_write(
+                store,
+                self,
+                lambda own, bound: store.save_recovery_point(
+                    self.pk,
+                    self.token_text,
+                    name,
+                    data,
+                    self.lock_timeout,
+                    connection=own,
+                    bound=bound,
+                    release=messages,
+                ),
+                atomic=connection.in_atomic_block,
+                applied=lambda own: store.has_recovery_point(self.pk, self.token_text, name, own),
+            )
+        except DatabaseError as exc:
+            logger.warning(
+                "Idempotency record %s: could not save recovery point %r (%s).", self.pk, name, exc
+            )
+            raise store.refusal(exc) from exc
+        if written is Written.REFUSED:
+            raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
+        outbox.released(self, store.alias, messages)
+        self.held_for(since)
 
     def enqueue(self, task: Any, /, *args: Any, name: str | None = None, **kwargs: Any) -> str:
         """Stage a message for ``task`` (a Celery task, or a ``django.tasks`` task on Django

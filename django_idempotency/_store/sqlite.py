@@ -232,7 +232,7 @@ class SQLiteStore(Store):
         as a call of the same key, so a claim that meets it is the store unavailable, a
         ``503`` (issue 25), unless an atomic attempt of this process holds the key
         (:meth:`holds`, issue 38). An owner's writes wait it out
-        (:func:`django_idempotency._call.writing._fenced_write`)."""
+        (:func:`django_idempotency._call.fencing.fenced_write`)."""
         return isinstance(exc, OperationalError) and "is locked" in str(exc)
 
     def is_fault(self, exc: BaseException) -> bool:

@@ -313,7 +313,7 @@ class RedisStore:
     vendor = "redis"
     name = "Redis"
     #: :meth:`_run` tries a script again within its bound: an owner's result write is given
-    #: what its lock has left (:func:`django_idempotency._call.writing._fenced_write`).
+    #: what its lock has left (:func:`django_idempotency._call.fencing.fenced_write`).
     rides_out_faults = True
     lock_wait_outlives_transaction = False
 
