@@ -45,7 +45,7 @@ class Written(Enum):
     #: Applied, and its reply received.
     WRITTEN = "written"
     #: Applied by an earlier try whose reply was lost, as the record, read back by the
-    #: attempt's lock token, shows (issue 25; said so in the log, issue 39).
+    #: attempt's lock token, shows; the log says so.
     CONFIRMED = "confirmed"
     #: Not applied: the record is no longer this attempt's (taken over, or released).
     REFUSED = "refused"
@@ -67,11 +67,11 @@ def fenced_write(
     thread's own) within ``bound`` seconds, and says whether it matched the record. The bound
     is :func:`.deadlines.bound` of the lock, and no later than the lock could lapse (but a
     second, :data:`.deadlines.LEAST`); past it the connection is cut, a fault like any other (a
-    blackhole, issue 39). A store that rides faults out itself (``rides_out_faults``: Redis,
+    blackhole). A store that rides faults out itself (``rides_out_faults``: Redis,
     whose every try is bounded by its socket timeout) is given all the time the lock has left.
     Contention (another writer holds a lock it needs: a SQLite writer, a cleanup batch, an
-    operator's transaction; issue 32) is waited out on the same connection. A
-    fault (the connection lost, the server restarting, failing over or read-only; issue 25) is
+    operator's transaction) is waited out on the same connection. A
+    fault (the connection lost, the server restarting, failing over or read-only) is
     tried again on a connection of its own, made for the alias and closed after: never the
     thread's, which the project's code may hold in a transaction, and which Django does not
     reopen until the request ends.
@@ -80,7 +80,7 @@ def fenced_write(
     ("commit outcome unknown"). ``applied(connection)`` reads the record back by the lock token
     and says whether it was: asked when such a second write matches nothing, and once more, on
     a new connection, when the last try failed on a fault (a reply lost for longer than the
-    lock had left, issue 39).
+    lock had left).
 
     Tried with backoff until the claim's lock could lapse (:attr:`.Claim.held_until`), after
     which a retry may own the key and the fence decides. Where the write is part of a
@@ -98,7 +98,7 @@ def fenced_write(
             left = claim.held_until - time.monotonic()
             try:
                 # A store that rides faults out itself (Redis) is given the lock's time left:
-                # it raises only when that is spent, never after one share of it (issue 44).
+                # it raises only when that is spent, never after one share of it.
                 bound = max(left if store.rides_out_faults else min(share, left), deadlines.LEAST)
                 if write(own, bound):
                     return Written.WRITTEN
@@ -116,7 +116,7 @@ def fenced_write(
                 if fault and own is None and not store.connection.in_atomic_block:
                     # The thread's connection is broken: closed, so that the thread's next
                     # query (the view's own, after a recovery point) makes a new one; Django
-                    # reconnects only between requests otherwise (issue 39).
+                    # reconnects only between requests otherwise.
                     discard(store.connection)
                 if time.monotonic() + delay >= claim.held_until:
                     if fault and applied is not None and _applied_after_all(store, own, applied):
@@ -168,7 +168,7 @@ def _read_back(
     applied: Callable[[BaseDatabaseWrapper], bool],
 ) -> bool:
     """``applied(connection)`` within ``bound`` seconds: a read on a silent connection is cut
-    as a write is (issue 39)."""
+    as a write is."""
     return store.bounded(connection, bound, lambda: applied(connection))
 
 
@@ -182,6 +182,6 @@ def _reconnect(previous: BaseDatabaseWrapper | None, store: Store) -> BaseDataba
         options = connection.settings_dict.setdefault("OPTIONS", {})
         options.setdefault("connect_timeout", _CONNECT_TIMEOUT)
         # Not one of Django's pool (PostgreSQL), which may hold more connections the fault
-        # killed or silenced, and waits its own timeout for a new one (issue 39).
+        # killed or silenced, and waits its own timeout for a new one.
         options.pop("pool", None)
     return connection

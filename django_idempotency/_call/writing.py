@@ -44,7 +44,7 @@ def complete(attempt: Attempt, stored: StoredResponse) -> None:
     claim, identity, policy = attempt.claim, attempt.identity, attempt.policy
     assert claim is not None, "a write of an attempt whose claim was not made"
     store = using(policy.alias)
-    # The outbox's staged messages go with the result (issue 41); None for most requests.
+    # The outbox's staged messages go with the result; None for most requests.
     messages = None if claim.outbox is None else outbox.release(claim)
     with telemetry.span(
         "idempotency.store", identity.method, identity.operation, policy.atomic
@@ -127,7 +127,7 @@ def release(attempt: Attempt, *, reason: str, raised: bool, undo: bool = False) 
 
     A record that may hold a recovery point (:attr:`.Claim.progressed`) is kept, unlocked, so
     that the retry takes it over and resumes from the point instead of repeating every effect
-    before it (issue 39; docs/recovery.rst says why); any other is deleted. In atomic mode an
+    before it (docs/recovery.rst says why); any other is deleted. In atomic mode an
     exception (``raised``) rolls the claim back with the transaction, recovery points
     included, and so does a retryable status (``undo``: a ``5xx``, ``429``, ``408``), the
     view's own writes with it: committed, they would keep a charge whose retry runs the view
