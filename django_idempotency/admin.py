@@ -169,7 +169,7 @@ def _warning(text: StrOrPromise) -> str:
 
 
 class OutboxMessageInline(_Inline):
-    """A record's outbox messages (issue 41), read-only; re-sent from their own admin."""
+    """A record's outbox messages, read-only; re-sent from their own admin."""
 
     model = OutboxMessage
     fk_name = "record"
@@ -247,7 +247,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """A read-only admin selects nothing to change; the table's health above the list, and
-        where the records of views on a Redis store live (issue 44), not an empty table."""
+        where the records of views on a Redis store live, not an empty table."""
         if request.method == "GET":
             for note in store_checks.admin_notes():
                 messages.warning(request, note)
@@ -325,7 +325,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
 
     @admin.display(description=_("response"), ordering="response_status")
     def response(self, record: IdempotencyKey) -> str:
-        """The stored response's status; a function's stored result has none (issue 40)."""
+        """The stored response's status; a function's stored result has none."""
         if record.response_status is None and record.status == record.Status.COMPLETED:
             return str(_("result"))
         return str(record.response_status or "-")
@@ -352,7 +352,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
 
     @admin.display(description=_("operation id"))
     def operation(self, record: IdempotencyKey) -> str:
-        """The record's operation (issue 43), as its status endpoint names it."""
+        """The record's operation, as its status endpoint names it."""
         return operation_ids.make_id(record.pk, record.scope, record.key_hash, record.created_at)
 
     @admin.display(description=_("operation state"))
@@ -375,7 +375,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     @admin.display(description=_("stored response"))
     def response_hidden(self, record: IdempotencyKey) -> str:
         # Say what is at rest: a record stored before the keys were set is in the clear, and
-        # calling it encrypted misled its readers (issue 38).
+        # calling it encrypted misled its readers.
         if record.response_body is None and not record.response_headers:
             return "-"
         if sealing.encrypted(record.response_headers):
@@ -530,7 +530,7 @@ def _content_type(record: IdempotencyKey) -> str:
 
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(_MessageAdmin):
-    """The outbox's messages (issue 41): read-only, filtered by state, with a re-send action
+    """The outbox's messages: read-only, filtered by state, with a re-send action
     (pending and due now: the relay, or the next pass, sends it again)."""
 
     list_display = ("message_id", "task", "state", "attempts", "error", "released_at", "sent_at")

@@ -27,11 +27,11 @@ class IdempotencyConfig(AppConfig):
         register(Tags.database, deploy=True)(store_checks.check_stores_deploy)
         connect_signals()
         # A setting the checks refuse stops the server here, before any view runs: gunicorn
-        # and uvicorn run no system checks (issues 38 and 48).
+        # and uvicorn run no system checks.
         usable()
         if find_spec("drf_spectacular") is not None:
             # Registers the schema extension: protected views document themselves, and so
-            # does the operation status endpoint (issue 43).
+            # does the operation status endpoint.
             from django_idempotency._publish import openapi
 
             openapi.publish_operation_status()

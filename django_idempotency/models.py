@@ -79,7 +79,7 @@ class IdempotencyKey(models.Model):
 class OutboxMessage(models.Model):
     """A message an attempt staged with :meth:`~django_idempotency.Claim.enqueue`, released
     with the attempt's result (or a recovery point) and delivered by the fast path or
-    ``manage.py idempotency_relay`` (issue 41, ``docs/outbox.rst``).
+    ``manage.py idempotency_relay`` (``docs/outbox.rst``).
 
     ``record`` has no foreign key constraint: the app deletes records with plain SQL (a
     release, the cleanup), and a message released by a recovery point outlives a record an

@@ -157,7 +157,7 @@ def exception_handler(request: HttpRequest, exc: Exception) -> HttpResponse:
 def _nobody(auth: object) -> str | None:
     """Why ``auth`` identifies nobody (``None``: it may name a principal): an ``authenticate``
     that returns ``True``, ``1`` or ``1.0`` says that the request is allowed, not who sent it,
-    and its one scope would be everyone's: alice's response replayed to bob (issue 48)."""
+    and its one scope would be everyone's: alice's response replayed to bob."""
     if not isinstance(auth, (bool, numbers.Number)) and auth is not None and auth is not Ellipsis:
         return None
     return (
@@ -236,7 +236,7 @@ def _operations(view: object) -> list[Operation] | None:
 def testing_options(view: object, method: str | None = None) -> Options | None:
     """For :mod:`django_idempotency.testing`: the options of the protected operation at a
     ninja URL's view (``method``'s, or the path's only protected one); ``None``: not a ninja
-    view. ``ValueError`` when the path has no such operation (issue 38)."""
+    view. ``ValueError`` when the path has no such operation."""
     operations = _operations(view)
     if operations is None:
         return None
@@ -260,8 +260,7 @@ def testing_adapter(request: HttpRequest, view: object) -> protocol.HttpAdapter 
     """For :mod:`django_idempotency.testing`: the adapter of the ninja operation ``request``
     reaches through ``view`` (what its URL resolves to), with ``request.auth`` as ninja's
     authentication makes it unless the test set it; ``None``: not a ninja view. ``ValueError``
-    for an operation that is not protected, or a request ninja's authentication refuses
-    (issue 38)."""
+    for an operation that is not protected, or a request ninja's authentication refuses."""
     operations = _operations(view)
     if operations is None:
         return None
@@ -316,7 +315,7 @@ class _Adapter(protocol.HttpAdapter):
     def key_header(self) -> str | None:
         """Ninja's ``TestClient`` puts headers in ``META`` as given (``HTTP_Idempotency_Key``),
         where Django's handlers upper-case them; ``request.headers`` reads both spellings, and
-        the request is left as it came (issue 40)."""
+        the request is left as it came."""
         header = super().key_header()
         return self.request.headers.get(conf.HEADER) if header is None else header
 

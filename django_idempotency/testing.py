@@ -297,7 +297,7 @@ def expire_key(key: str, target: Target, /, *args: Any, **kwargs: Any) -> Idempo
     The request is described as for :func:`hold_key`.
     """
     identity, policy = _identify(key, target, args, kwargs)
-    if policy.store != DATABASE:  # Redis (issue 44): its TTL passes as it deletes the key
+    if policy.store != DATABASE:  # Redis: its TTL passes as it deletes the key
         expired = using(policy.alias).expire(identity.scope, identity.key_hash)  # type: ignore[attr-defined]
         if expired is None:
             raise LookupError(
@@ -519,7 +519,7 @@ def _identify_request(key: str, request: HttpRequest) -> tuple[Identity, Policy]
 
 def _adapter(request: HttpRequest, view: object) -> protocol.HttpAdapter:
     """The adapter the app makes for the request: a django-ninja operation's, with ninja's
-    ``request.auth``, or a view's (issue 38)."""
+    ``request.auth``, or a view's."""
     ninja = protocol.ninja()
     adapter: protocol.HttpAdapter | None = None
     if ninja is not None:

@@ -1,4 +1,4 @@
-"""The operation status endpoint (issue 43): ``path("idempotency/",
+"""The operation status endpoint: ``path("idempotency/",
 include("django_idempotency.urls"))`` serves ``GET idempotency/operations/<id>`` and the
 principal's list, ``GET idempotency/operations/``.
 

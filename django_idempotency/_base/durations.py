@@ -17,7 +17,7 @@ LEAST_STATEMENT = 1.0
 #: The shortest lock (``LOCK_TIMEOUT``, a ``lock_timeout``): no shorter than the deadline of the
 #: statement that claims it. A claim may take that long and still succeed, and a lock shorter
 #: than it can have lapsed when the claim returns: every duplicate then takes the record over
-#: while its view runs (a lock of 0.1 ms ran the views of 6 keys 56 times, issue 48).
+#: while its view runs (a lock of 0.1 ms ran the views of 6 keys 56 times).
 MIN_LOCK_TIMEOUT = timedelta(seconds=LEAST_STATEMENT)
 
 
@@ -26,7 +26,7 @@ def to_timedelta(value: object, name: str) -> timedelta:
 
     ``TypeError`` for a value that is not a duration at all, ``ValueError`` for one that is not
     finite or is longer than :data:`MAX_DURATION`, so that neither a system check nor a request
-    ever meets ``OverflowError`` (issue 20).
+    ever meets ``OverflowError``.
     """
     if isinstance(value, timedelta):
         duration = value
@@ -87,7 +87,7 @@ _ISO8601 = re.compile(
 
 def iso8601(text: str, name: str) -> timedelta:
     """An ISO 8601 duration (``PT5S``, ``PT1M30S``, ``PT0.5S``, ``P1DT2H``), or a bare number
-    of seconds; ``ValueError`` naming ``name`` for anything else (issue 38)."""
+    of seconds; ``ValueError`` naming ``name`` for anything else."""
     value = text.strip().upper()
     try:
         return to_timedelta(float(value), name)

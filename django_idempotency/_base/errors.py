@@ -81,8 +81,8 @@ class IdempotencyFailed(IdempotencyError):
 class OperationError(IdempotencyError):
     """``complete_operation()`` refused: the operation is unknown (or its record was erased),
     expired, already completed, or its request has not stored its own response yet.
-    :attr:`reason` says which: ``"unknown"``, ``"expired"``, ``"completed"`` or ``"running"``
-    (issue 43). A redelivered task that finds ``"completed"`` has nothing left to do."""
+    :attr:`reason` says which: ``"unknown"``, ``"expired"``, ``"completed"`` or ``"running"``.
+    A redelivered task that finds ``"completed"`` has nothing left to do."""
 
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)

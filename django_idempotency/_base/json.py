@@ -1,7 +1,7 @@
 """JSON written by the ``json`` module's C encoder, made once.
 
 ``JSONEncoder.encode`` (and so ``json.dumps``) makes its C encoder again on every call, which
-costs a small document more than writing it does (issue 28). :func:`acyclic_encoder` makes it
+costs a small document more than writing it does. :func:`acyclic_encoder` makes it
 once, for documents that cannot hold themselves (parsed JSON, the app's own lists): without
 the table of containers being written, which is what finds a cycle.
 """

@@ -47,7 +47,7 @@ def parse_key(value: str, *, min_length: int = 1, bare: bool = True) -> str:
         raise InvalidKey(BARE_KEY_REFUSED)
     elif "," in value:
         # Two header lines reach the view joined by "," (WSGI servers, Django's ASGI handler),
-        # as does a list sent on one line: never one merged key (issue 20).
+        # as does a list sent on one line: never one merged key.
         raise InvalidKey("The Idempotency-Key header has more than one value.")
     else:
         key = value
@@ -63,7 +63,7 @@ def parse_key(value: str, *, min_length: int = 1, bare: bool = True) -> str:
 #: A UUID as RFC 9562 writes it: 8-4-4-4-12 hexadecimal digits, any version. Either case is
 #: accepted and both spell the same UUID (RFC 9562 section 4: "case insensitive on input"), so
 #: :meth:`KeyFormat.check` gives the key in lower case: a client that retries with the other
-#: case is replayed, never charged twice (issue 26).
+#: case is replayed, never charged twice.
 UUID_PATTERN = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )

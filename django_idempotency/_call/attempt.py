@@ -15,9 +15,9 @@ from django_idempotency._conf.options import Policy
 @dataclass(slots=True)
 class Attempt:
     """The one value the claim loop, the writes, their reports and the renewer take, instead
-    of an identity, a policy and a claim side by side (issue 40). Made by the lifecycle once
-    its adapter has identified the call; slotted and not ``frozen`` (issue 28's reasons,
-    :class:`.Identity`), since :attr:`claim` is set once the claim is made."""
+    of an identity, a policy and a claim side by side. Made by the lifecycle once
+    its adapter has identified the call; slotted and not ``frozen`` (for
+    :class:`.Identity`'s reasons), since :attr:`claim` is set once the claim is made."""
 
     identity: Identity
     policy: Policy

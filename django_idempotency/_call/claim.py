@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from django_idempotency._base.errors import LockLost
 
@@ -43,7 +42,7 @@ class Claim:
     identity: Holder = field(repr=False)
     pk: int
     #: The lock token (a random UUID's text), as the record and the fenced writes have it:
-    #: the claim makes it as text, which costs a fraction of a ``uuid.UUID`` (issue 28).
+    #: the claim makes it as text, which costs a fraction of a ``uuid.UUID``.
     token_text: str
     attempt: int
     recovery_point: str
@@ -54,26 +53,22 @@ class Claim:
     #: attempt's: taken over after its lock expired, or released by an operator.
     lock_lost: bool = field(default=False, repr=False, compare=False)
     #: Until when (``time.monotonic()``) the lock is known held: the claim's or the last
-    #: renewal's start plus ``lock_timeout``. An owner's final write is tried again until then
-    #: (issue 25); after it, a retry may have taken the key over.
+    #: renewal's start plus ``lock_timeout``. An owner's final write is tried again until then;
+    #: after it, a retry may have taken the key over.
     held_until: float = field(default=0.0, repr=False, compare=False)
     #: Made inside a transaction (atomic mode, or a caller's): no other connection sees the
     #: record until that transaction commits, so none renews it or writes it again after a
     #: fault.
     uncommitted: bool = field(default=False, repr=False, compare=False)
     #: Whether the record may hold a recovery point: the attempt resumed from one, or set (or
-    #: tried to set) one. Its release then keeps the record at the point (issue 39).
+    #: tried to set) one. Its release then keeps the record at the point.
     progressed: bool = field(default=False, repr=False, compare=False)
-    #: How a recovery point is written, as durably as the result
-    #: (:func:`.writing.save_recovery_point`): set by :mod:`.writing`, which imports this
-    #: module, so that the claim imports nothing of it (no import cycle, issue 40).
-    save_point: ClassVar[Callable[[Claim, str, Any], None]]
     #: When the record's life began, as the claim knew it without a read: microseconds since
     #: the epoch (a record it inserted), or the row as its statements left it (with a
     #: ``created_at``); ``None``: read when first needed (:attr:`life`).
     known_life: Any = field(default=None, repr=False, compare=False)
     #: The outbox's messages staged and not yet released (an ``outbox.Staged``; ``None``:
-    #: none staged, and a write has nothing more to do, issue 41).
+    #: none staged, and a write has nothing more to do).
     outbox: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -127,7 +122,7 @@ class Claim:
 
     @property
     def operation_id(self) -> str:
-        """The record's operation id (issue 43): stable across every attempt, unguessable,
+        """The record's operation id: stable across every attempt, unguessable,
         never the key. Hand it to the background task that finishes the work, which calls
         :func:`~django_idempotency.complete_operation` with it. Made from
         :attr:`life` when first read."""
@@ -183,7 +178,7 @@ class Claim:
         :class:`~django_idempotency.StoreUnavailable` when the database did not answer in
         time; a protected view that lets either propagate answers ``409`` or ``503``.
         Raises :class:`ValueError` before any write for ``data`` holding a NUL (U+0000) in a
-        string or key, on every store: PostgreSQL's ``jsonb`` cannot keep one (issue 48).
+        string or key, on every store: PostgreSQL's ``jsonb`` cannot keep one.
         """
         # Imported here: Claim is a name of the package, importable before Django is set up
         # (a type hint's import), and these read the model's fields.
@@ -203,6 +198,58 @@ class Claim:
         self.recovery_point = name
         self.recovery_data = data
 
+    def save_point(self, name: str, data: Any) -> None:
+        """Write a recovery point as durably as the result (:func:`.fencing.fenced_write`):
+        tried again on a new connection while the lock holds, and confirmed by the lock token
+        when the reply to the write that applied it was lost. Raises
+        :class:`~django_idempotency.LockLost` when the record is no longer the attempt's, and
+        :class:`~django_idempotency.StoreUnavailable` when the database did not answer in time,
+        never a driver's error: a view's answer is then a ``409`` or a ``503``, and the record
+        is kept at its last recovery point for the retry.
+
+        On the thread's connection inside a transaction (the point written with the view's own
+        writes, docs/consumers.rst) a fault is raised at once: the transaction is lost with it,
+        and a point written on another connection would claim work that was rolled back.
+        """
+        # Imported here, as in set_recovery_point: the store reads the model's fields.
+        from django.db import DatabaseError
+
+        from django_idempotency._call import outbox
+        from django_idempotency._call.fencing import Written, fenced_write
+        from django_idempotency._store import using
+
+        store = using(self.alias)
+        connection = store.connection
+        self.progressed = True  # applied or not, from now on the record may hold it
+        since = time.monotonic()
+        messages = None if self.outbox is None else outbox.release(self)
+        try:
+            written = fenced_write(
+                store,
+                self,
+                lambda own, bound: store.save_recovery_point(
+                    self.pk,
+                    self.token_text,
+                    name,
+                    data,
+                    self.lock_timeout,
+                    connection=own,
+                    bound=bound,
+                    release=messages,
+                ),
+                atomic=connection.in_atomic_block,
+                applied=lambda own: store.has_recovery_point(self.pk, self.token_text, name, own),
+            )
+        except DatabaseError as exc:
+            logger.warning(
+                "Idempotency record %s: could not save recovery point %r (%s).", self.pk, name, exc
+            )
+            raise store.refusal(exc) from exc
+        if written is Written.REFUSED:
+            raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
+        outbox.released(self, store.alias, messages)
+        self.held_for(since)
+
     def enqueue(self, task: Any, /, *args: Any, name: str | None = None, **kwargs: Any) -> str:
         """Stage a message for ``task`` (a Celery task, or a ``django.tasks`` task on Django
         6.0+) with JSON-serialisable ``args`` and ``kwargs``; nothing is sent now.
@@ -220,7 +267,7 @@ class Claim:
         from django_idempotency._call.outbox import stage  # see set_recovery_point
 
         self.check_held()
-        # A view is refused before it runs (issue 44); an idempotent_function here.
+        # A view is refused before it runs; an idempotent_function here.
         self._needs_database(
             "The outbox needs the database store: its table shares no transaction with Redis"
         )

@@ -43,7 +43,7 @@ _MAX_WAIT = 0.25
 #: Claims in a row that may meet a concurrent claim or release before the key counts as busy.
 _CLAIM_TRIES = 5
 #: Of those, claims made again on a new connection after a fault: a pool may hand out a
-#: second connection the fault killed before it is drained (issue 39).
+#: second connection the fault killed before it is drained.
 RECONNECTS = 3
 
 T = TypeVar("T")
@@ -107,9 +107,9 @@ def finished(attempt: Attempt) -> Found | None:
 
     A replay then sends one statement, with no ``BEGIN`` and no ``COMMIT`` (and on MySQL no
     bound on the lock wait to set and put back): the claim would find the same record and
-    change nothing (issue 42). The read is bounded as every statement of the app is (issue
-    39). A fault here is left to the claim, which meets it again and answers it; a connection
-    that died in a restart is closed first, so that the transaction opens on a new one.
+    change nothing. The read is bounded as every statement of the app is. A fault here is
+    left to the claim, which meets it again and answers it; a connection that died in a
+    restart is closed first, so that the transaction opens on a new one.
     """
     identity, policy = attempt.identity, attempt.policy
     store = using(policy.alias)
@@ -146,7 +146,7 @@ def _bounded_claim(attempt: Attempt) -> Steps[Claim | Found]:
     if always or isinstance(outcome, Claim) or store.in_nested_transaction():
         _watched(store, policy, lambda: store.restore_lock_wait(previous))
     if isinstance(outcome, Claim):
-        # Until the transaction ends: lifecycle.run() lets go (issue 38).
+        # Until the transaction ends: lifecycle.run() lets go.
         store.hold(outcome.scope, outcome.key_hash)
     return outcome
 
@@ -154,7 +154,7 @@ def _bounded_claim(attempt: Attempt) -> Steps[Claim | Found]:
 def _watched(store: Store, policy: Policy, statement: Callable[[], T]) -> T:
     """A statement of atomic mode's claim besides the claim's own (the lock wait's bound, and
     the first claim's check that the claim function is there), within the claim's bound: on a
-    silent connection it would wait for good (issue 39)."""
+    silent connection it would wait for good."""
     try:
         return store.bounded(store.connection, deadlines.bound(policy.lock_timeout), statement)
     except DatabaseError as exc:
@@ -199,7 +199,7 @@ def held_here(attempt: Attempt, exc: StoreUnavailable) -> StoreUnavailable | Loc
     """What a wait for the database's write lock that ran out before the claim is: a ``409``
     (:class:`~.exceptions.LockWaitTimeout`) when an atomic attempt of this process holds the
     key, as a wait on a server's row lock is; otherwise the store unavailable, a ``503``:
-    SQLite does not say who holds its lock (issue 38)."""
+    SQLite does not say who holds its lock."""
     store, identity = using(attempt.policy.alias), attempt.identity
     if store.is_contention(exc.__cause__ or exc) and store.holds(identity.scope, identity.key_hash):
         return LockWaitTimeout(str(exc))
@@ -275,9 +275,9 @@ def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
 
     A persistent connection (``CONN_MAX_AGE``) that died in a restart fails at its first
     statement, which is the claim when nothing of the request used it before: Django reconnects
-    only between requests, or with ``CONN_HEALTH_CHECKS`` (issue 25). So does a connection
+    only between requests, or with ``CONN_HEALTH_CHECKS``. So does a connection
     Django's pool hands out, which it checks only with ``CONN_HEALTH_CHECKS``, and one cut
-    when the claim outlasted its bound (a blackhole; issue 39). The view has not run, no
+    when the claim outlasted its bound (a blackhole). The view has not run, no
     transaction is lost, and the claim is made with the same lock token, so a first claim
     applied with its reply lost is found as this call's own. A pooled connection is closed
     before it goes back, so the pool drops it.
@@ -302,7 +302,7 @@ def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
 
 def claim_again(policy: Policy, connection: BaseDatabaseWrapper, exc: StoreUnavailable) -> bool:
     """Whether atomic mode's attempt may start again in a new transaction after its claim
-    met a fault (issue 39): nothing ran before the claim in the transaction (the caller's own,
+    met a fault: nothing ran before the claim in the transaction (the caller's own,
     ``ATOMIC_REQUESTS``, is not ours to start again), and the view has not run. The
     transaction's end dropped the connection whose rollback failed (or, when entering the
     transaction failed, it is dropped here); the next is a new one. A server that refuses
@@ -386,7 +386,7 @@ class Unreachable(StoreUnavailable):
 class _Entered:
     """An atomic block entered and left within the claim's bound: on MySQL, entering it is a
     statement (``SET autocommit``), and leaving it is the ``COMMIT`` (or ``ROLLBACK``), each of
-    which a silent connection would hold for good (issue 39). A commit cut off so is a fault
+    which a silent connection would hold for good. A commit cut off so is a fault
     (``503``); the server, its connection closed, drops the uncommitted claim, which would
     otherwise hold the key until its own keepalives noticed (a pooled connection, blackholed
     mid-commit, held two keys past the fault suite's wait in CI)."""
@@ -418,7 +418,7 @@ def atomic_attempt(policy: Policy) -> Iterator[BaseDatabaseWrapper]:
     raw database error from inside the block. So does the block's end when it fails: a commit
     that fails (or :class:`~.exceptions.LockWaitTimeout` for a deadlock), and a rollback that
     fails and the reconnect Django then tries, whose error would otherwise replace the one the
-    block ended with (issue 25); so does a fault the protected code met on the store's
+    block ended with; so does a fault the protected code met on the store's
     database, since nothing of the attempt was kept. Any other error of the protected code is
     its own, raised as it is.
     """

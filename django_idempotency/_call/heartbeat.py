@@ -55,7 +55,7 @@ BATCH = 400
 LINGER = 2.0
 #: The first wait before a failed renewal is retried; it doubles up to the interval or
 #: :data:`LAST_RETRY`, whichever is shorter: renewals resume within a second of the database
-#: answering again, however long it was away (issue 25).
+#: answering again, however long it was away.
 FIRST_RETRY = 0.25
 LAST_RETRY = 1.0
 #: But no try waits longer than this share of the time left before the lock can lapse (or,
@@ -64,7 +64,7 @@ LAST_RETRY = 1.0
 #: still leaves most of what was left, and around the end by a try every ``PROBE``. A backoff
 #: step alone could outlast the lock: on MariaDB, whose restart is an outage of about 2 s, the
 #: next try after the server answered was due 0.6 s later, after a 2 s lock had lapsed and
-#: duplicates had taken two keys over (issue 39). Just past the end the lock may still be
+#: duplicates had taken two keys over. Just past the end the lock may still be
 #: held (nobody took it over yet): the renewal, fenced by the token alone, keeps it. A try is
 #: itself the cheapest probe: a connection the server refuses, or one ``UPDATE`` by primary key.
 LOCK_SHARE = 0.25
@@ -94,7 +94,7 @@ def retry_wait(failures: int, lock_timeout: timedelta, left: float) -> float:
 
     Backoff (:data:`FIRST_RETRY` doubling up to the interval or :data:`LAST_RETRY`) while the
     lock's end is far; near it, at most :data:`LOCK_SHARE` of the time to it (or since it), and
-    no less than :data:`PROBE` (issue 39).
+    no less than :data:`PROBE`.
     """
     backoff: float = min(FIRST_RETRY * 2 ** (failures - 1), interval(lock_timeout), LAST_RETRY)
     return max(PROBE, min(backoff, abs(left) * LOCK_SHARE))
@@ -106,7 +106,7 @@ def renewal_bound(lock_timeout: timedelta, held_until: list[float], now: float) 
     left before the earliest end (``held_until``) of any live lock the renewer holds, every
     group's (never less than :data:`PROBE`). One thread renews a store's groups in turn: a
     60 s lock's renewal on a silent connection held it for its own bound, 10 s, and a 3 s
-    lock's owner on the same healthy server was taken over (issue 50). Locks already past
+    lock's owner on the same healthy server was taken over. Locks already past
     their end are not counted: a try cannot save them, and they would starve the others'.
     """
     ahead = [end - now for end in held_until if end > now]

@@ -14,8 +14,7 @@ from django_idempotency._call.claim import Claim
 class Identity:
     """One protected call as the store and the reports see it; computed once per call (the
     scope and fingerprint functions are the project's, and may be costly). Not changed once
-    made; not ``frozen``, whose ``__init__`` costs every protected call three times as much
-    (issue 28)."""
+    made; not ``frozen``, whose ``__init__`` costs every protected call three times as much."""
 
     #: The client's idempotency key (a header's value, or a function's argument).
     key: str

@@ -50,7 +50,7 @@ class _Run:
 
 RUN = _Run()
 #: The app's own exceptions that may stop two-phase protected code after its claim
-#: (:meth:`.Claim.set_recovery_point`'s); each an answer of the adapter's (issue 39).
+#: (:meth:`.Claim.set_recovery_point`'s); each an answer of the adapter's.
 INTERRUPTIONS = (StoreUnavailable, LockWaitTimeout, LockLost)
 Interruption = StoreUnavailable | LockWaitTimeout | LockLost
 Step = float | _Run
@@ -214,7 +214,7 @@ def begin(adapter: Adapter[R], policy: Policy) -> claiming.Steps[Answer[R] | Cla
     except (LockWaitTimeout, StoreUnavailable) as exc:
         if policy.atomic:
             # The transaction is broken: run() answers outside it, or starts it again on a new
-            # connection (issue 39).
+            # connection.
             raise
         return adapter.refused(exc, policy)
     if isinstance(outcome, Claim):
@@ -303,7 +303,7 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
 
 def _answered_before(adapter: Adapter[R], policy: Policy) -> Answer[R] | None:
     """Atomic mode's answer from a finished record, read before its transaction opens (a
-    replay, a mismatch: :func:`.claiming.finished`, issue 42); ``None``: run the transaction,
+    replay, a mismatch: :func:`.claiming.finished`); ``None``: run the transaction,
     whose :func:`begin` makes the attempt that claims."""
     if adapter.claims_inside:
         return None

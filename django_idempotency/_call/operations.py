@@ -1,4 +1,4 @@
-"""A record's operation (issue 43, SPEC 4c): its id and its status URL.
+"""A record's operation (SPEC 4c): its id and its status URL.
 
 Every record is an operation. Its id is ``<pk>.<mac>``: the record's primary key, then an HMAC
 (``SECRET_KEY``, salted for this purpose) of the primary key, the scope, the key's hash and the

@@ -1,4 +1,4 @@
-"""The outbox (issue 41, ``docs/outbox.rst``): messages an attempt stages with
+"""The outbox (``docs/outbox.rst``): messages an attempt stages with
 :meth:`.Claim.enqueue`, released by the write that makes the attempt durable, then sent.
 
 Staging checks the task (a Celery task, or a ``django.tasks`` task on Django 6.0+) and

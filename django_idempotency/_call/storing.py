@@ -1,5 +1,5 @@
 """A view's or a function's say over its own stored result: :func:`no_store` and
-:func:`store_for` (issue 18), exported by the package.
+:func:`store_for`, exported by the package.
 
 Some results must not be replayed (a one-time download link, a short-lived token), or only for
 a while. A response is marked with a private attribute and returned as is, so a view returns it

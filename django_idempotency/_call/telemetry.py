@@ -57,7 +57,7 @@ if metrics is not None and trace is not None:
         unit="s",
         description="Time a wait-mode retry waited for the attempt in flight.",
     )
-    #: The outbox's backlog, set by the relay after each pass (issue 41).
+    #: The outbox's backlog, set by the relay after each pass.
     _outbox_pending: Any = _meter.create_gauge(
         "idempotency.outbox.pending", unit="{message}", description="Undelivered messages."
     )
@@ -75,7 +75,7 @@ def _tracing() -> bool:
     """Whether a span would be recorded. Until an application sets a tracer provider (an
     SDK's), the API's proxy tracer hands out no-op spans; this asks what the proxy asks (is a
     global provider set?) without a span's calls, so an application that never configures an
-    SDK pays nothing per request (issue 28). A tracer that is not the proxy always records."""
+    SDK pays nothing per request. A tracer that is not the proxy always records."""
     return not isinstance(_tracer, trace.ProxyTracer) or (
         getattr(trace, "_TRACER_PROVIDER", _tracer) is not None
     )
@@ -183,7 +183,7 @@ def span(
 ) -> AbstractContextManager[Span]:
     """A child of the current span (the request's, under Django's instrumentation), with the
     :func:`labels` of a call (made only if something records them): plain values, so that
-    telemetry knows no type of the layers that use it (issue 40).
+    telemetry knows no type of the layers that use it.
 
     It is not made current: the claim loop's generators yield inside it and may resume in another
     thread, where a context attached here could not be detached. ``duration`` records it in

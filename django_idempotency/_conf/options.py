@@ -150,7 +150,7 @@ def ttl_error(
     the other's setting (E033), and every policy (:func:`_policy`).
 
     A record that expires while its owner still holds the lock is claimed afresh by a
-    duplicate, and both run (issue 20).
+    duplicate, and both run.
     """
     if ttl is None or lock_timeout is None or ttl >= lock_timeout:
         return None
@@ -194,7 +194,7 @@ def ttl_under_lock(options: Options) -> str | None:
 
 @derived
 def _policy(options: Options) -> Policy:
-    usable()  # every setting, those read after the view too: refused before a claim (issue 38)
+    usable()  # every setting, those read after the view too: refused before a claim
     values = {
         name: option.fallback() if (value := options.get(name)) is None else value
         for name, option in _OPTIONS.items()

@@ -231,7 +231,7 @@ def _import(value: Any, name: str) -> Callable[..., Any]:
 
 def _alias(value: Any, name: str) -> str:
     """A database alias of ``DATABASES`` (E018 says so first): with no database, no record
-    can be claimed (issue 38)."""
+    can be claimed."""
     alias = str(value)
     if alias not in settings.DATABASES:
         raise ValueError(f"{name} {alias!r} is not in DATABASES.")
@@ -257,7 +257,7 @@ def _function(default: str, ids: tuple[int, int], arguments: tuple[str, ...]) ->
     called_as = values.called_as(*arguments)
 
     def convert(value: Any, name: str) -> Callable[..., Any]:
-        # One that cannot be called so can never work: refused before any view runs (issue 38).
+        # One that cannot be called so can never work: refused before any view runs.
         return called_as(_import(value, name), name)  # type: ignore[no-any-return]
 
     checks = {ids[0]: values.importable, ids[1]: called_as}
@@ -408,8 +408,8 @@ def usable() -> None:
     relay), and by every policy before anything is claimed (settings changed at run time,
     ``override_settings``). Otherwise ``METHODS: "POST"`` protected nothing and
     ``LOCK_TIMEOUT: 0`` ran one key's view once per duplicate under gunicorn while ``check``
-    and the relay refused them (issue 48); and a value read only after the view ran, to store
-    its result, let the retry run the view again (issue 38). The checks that need the URLconf
+    and the relay refused them; and a value read only after the view ran, to store
+    its result, let the retry run the view again. The checks that need the URLconf
     (E033, E061, E071) are kept by each view's policy before its claim, and those that query
     the database warn only. Cached until the settings change, as each value is.
     """

@@ -6,7 +6,7 @@ for a view's option) and returns the value as the code uses it, or raises ``Type
 same tests (:mod:`._conf` says which apply where), so a value is refused in the same words
 wherever it is given. Above each test, :func:`refusing` says what its system check refuses (the
 row of ``docs/checks.rst``, after the setting's name) and the check's hint: a check's words
-stand together, its id on its setting's line (issue 40).
+stand together, its id on its setting's line.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def header_name(value: Any, name: str) -> str:
 
 
 #: Headers that carry a credential: as ``HEADER`` the credential would be the key, and its
-#: unsalted SHA-256 (a key is stored as its hash) shown to the admin's staff (issue 48).
+#: unsalted SHA-256 (a key is stored as its hash) shown to the admin's staff.
 CREDENTIAL_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "cookie", "x-csrftoken", "x-csrf-token", "x-api-key"}
 )
@@ -221,7 +221,7 @@ def importable(value: Any, name: str) -> Callable[..., Any]:
 
 @refusing("is not ``None`` or a function called as ``f(request)``")
 def optional_scope_function(value: Any, name: str) -> Callable[..., Any] | None:
-    """The status endpoint's scope function (issue 43); ``None``: the scope setting's."""
+    """The status endpoint's scope function; ``None``: the scope setting's."""
     if value is None:
         return None
     function: Callable[..., Any] = importable(value, name)
@@ -374,7 +374,7 @@ def _strings(value: object, name: str, what: str, *, empty: bool = True) -> list
 
 
 #: ``STORE``'s value for the database (``DATABASE_ALIAS``), and the Redis cache backends a
-#: store may name (issue 44).
+#: store may name.
 DATABASE = "database"
 REDIS_CACHES = ("django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache")
 REDIS_URLS = (
@@ -436,8 +436,8 @@ def unambiguous(url: str) -> None:
     (:func:`_authority`, which the app shows and connects Sentinel and Cluster places by) does,
     or when it has a fragment. A password's ``/``, ``?`` or ``#`` not percent-encoded ends the
     authority early for the one and not for the other: ``redis://:S3cr@t/pw%#zz@host/0`` was
-    shown as ``redis://host/0`` while redis-py sent ``S3cr`` as AUTH to the host ``t`` (issue
-    48). The message never shows the URL's user or password."""
+    shown as ``redis://host/0`` while redis-py sent ``S3cr`` as AUTH to the host ``t``.
+    The message never shows the URL's user or password."""
     scheme, _, rest = url.partition("://")
     parts = urlsplit(url)
     authority = _authority(rest)[0]

@@ -177,7 +177,7 @@ class Spec:
             raise TypeError(f"{self.name}: scope() must return a str, not {type(extra).__name__}.")
         scope = f"{self.name}:{extra}" if extra else self.name
         if reason := unkeepable(scope):
-            # Refused before the claim on every store (issue 48), as a view's is.
+            # Refused before the claim on every store, as a view's is.
             raise ValueError(f"{self.name}: its scope was given {reason}.")
         return bounded_scope(scope)
 
@@ -306,7 +306,7 @@ class CallAdapter(lifecycle.Adapter[Any]):
 
     def identify(self, policy: Policy) -> Identity:
         """The call's identity; a database fault in the key, scope, payload or fingerprint
-        callable raises :class:`StoreUnavailable`, as the claim's would (issue 25)."""
+        callable raises :class:`StoreUnavailable`, as the claim's would."""
         try:
             return self.spec.identify(self.args, self.kwargs)
         except DatabaseError as exc:
@@ -374,7 +374,7 @@ class CallAdapter(lifecycle.Adapter[Any]):
             writing.release(attempt, reason="unserialisable result", raised=True)
             raise
         identity = attempt.identity
-        # A result, not a response (issue 40).
+        # A result, not a response.
         return StoredResponse(None, [], body, ttl, (identity.scope, identity.key_hash))
 
 
@@ -388,7 +388,7 @@ def _in_progress_message(spec: Spec, identity: Identity) -> str:
 def _stored_result(spec: Spec, record: IdempotencyKey | Record) -> Any:
     """The stored result, from the body alone: a record has no status and no headers, and one
     stored in the former shape, an HTTP ``200`` with a ``Content-Type``
-    (:class:`.StoredResponse`), reads the same (issue 40)."""
+    (:class:`.StoredResponse`), reads the same."""
     if record.status == IdempotencyKey.Status.FAILED:
         raise IdempotencyFailed(
             f"{spec.name}: the record of key {record.key_hash[:12]}… was marked failed "

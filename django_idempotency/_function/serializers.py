@@ -34,7 +34,7 @@ class JSONSerializer:
         if encoder is not None and not (
             isinstance(encoder, type) and issubclass(encoder, json.JSONEncoder)
         ):
-            # Refused here: json.dumps would refuse it only once the function had run (issue 38).
+            # Refused here: json.dumps would refuse it only once the function had run.
             raise TypeError(
                 f"encoder must be a json.JSONEncoder subclass (the class, not an instance), "
                 f"not {encoder!r}."

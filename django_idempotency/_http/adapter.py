@@ -56,7 +56,7 @@ def answerable(policy: Policy) -> Policy:
     """``policy``, unless its answers need what the URLconf lacks: ``in_progress="accepted"``
     answers with its operation's status URL, which ``django_idempotency.urls`` gives (check
     E071, which needs the URLconf and so does not run at startup). Refused before the claim:
-    the view would run, then fail on its own ``operation_url`` (issue 48)."""
+    the view would run, then fail on its own ``operation_url``."""
     if policy.in_progress == "accepted":
         try:
             ids.status_url("0.x")
@@ -109,7 +109,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
 
     def misconfigured(self, exc: ImproperlyConfigured) -> HttpResponseBase:
         """``500 idempotency-misconfigured``: a setting that can never work, met before the
-        claim (issue 38); its message goes to the log, not to the client."""
+        claim; its message goes to the log, not to the client."""
         request = self.request
         logger.error(
             "Idempotency settings cannot be used: %s The %s %s request was refused before its "
@@ -176,7 +176,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     def _scope_refused(self, policy: Policy, reason: str) -> HttpResponseBase:
         """``400 invalid-scope``: the scope function returned what no store keeps exactly.
 
-        Refused before the claim, alike on every store and with ``DEBUG`` on or off (issue 48).
+        Refused before the claim, alike on every store and with ``DEBUG`` on or off.
         A client can send what makes such a scope (``/t/acme%00x/`` reached a tenant's scope
         through gunicorn), so it is its ``400``, not a ``500``; the WARNING names the function.
         """
@@ -202,7 +202,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
             return Answer(_replay(found.record))
         record, policy = found.record, self.policy
         if policy is not None and policy.in_progress == "accepted" and record.pk is not None:
-            # The first request still runs: its operation's status URL (issue 43).
+            # The first request still runs: its operation's status URL.
             return Answer(
                 operations.accepted(record.pk, record.scope, record.key_hash, record.created_at)
             )
@@ -226,7 +226,7 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         """Store the view's response (or release the claim) and return the response. The
         app's own problem (a ``409``, ``422``, ``400``, ``503``, ``500`` it answered itself, from a
         layer inside this one) is never stored as the view's: the view did not answer it, and
-        its key would answer that problem until the record expired (issue 48)."""
+        its key would answer that problem until the record expired."""
         slug = getattr(result, "idempotency_problem", None)
         if slug is not None:
             writing.release(attempt, reason=f"the app's own {slug} answer", raised=False, undo=True)
@@ -260,7 +260,7 @@ def refuse_nested(request: HttpRequest) -> None:
     ``request.idempotency`` is a claim): two stacked ``@idempotent``, or ``IdempotencyMixin``
     and ``method_decorator(idempotent)`` on a handler. The inner claim would find the outer's
     record and answer ``409``, and the outer would store that ``409`` as the view's response:
-    every key poisoned until it expired (issue 48). Refused before the inner claim."""
+    every key poisoned until it expired. Refused before the inner claim."""
     if isinstance(getattr(request, "idempotency", None), Claim):
         raise ImproperlyConfigured(
             f"The {request.method} {request.path} request is protected twice: an outer layer "
@@ -330,7 +330,7 @@ def keep_body(request: HttpRequest) -> None:
     read.
 
     Without a key the request runs as if unprotected: its body is the view's business, and an
-    upload over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` must not fail for being read (issue 20).
+    upload over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` must not fail for being read.
     """
     if _wsgi_name(conf.HEADER) in request.META:
         bodies.read_when_asked(request)
@@ -362,9 +362,9 @@ def _call(
 
     One that raises, or returns anything but a ``str``, is a bug in the project: the exception
     propagates (its type kept: a database error stays one), with a note and an ERROR log naming
-    the function, before anything is claimed or the view runs (issue 18). A database fault
+    the function, before anything is claimed or the view runs. A database fault
     (the default scope reads ``request.user``, a query while the database is down) is no bug:
-    :class:`~.exceptions.StoreUnavailable`, a ``503`` (issue 25).
+    :class:`~.exceptions.StoreUnavailable`, a ``503``.
     """
     try:
         value = function(request, *args)
@@ -451,7 +451,7 @@ def _conclude(attempt: Attempt, response: HttpResponseBase, rolled_back: bool = 
     if rolled_back:
         # DRF marks an ATOMIC_REQUESTS transaction for rollback when it answers an exception
         # (a serializer's 400, an APIException's 503): the claim rolls back with the view's
-        # work, as after a crash, and a retry runs again (issue 20). First: no statement may
+        # work, as after a crash, and a retry runs again. First: no statement may
         # run in that transaction, not even a retryable status's release.
         writing.release(attempt, reason="transaction rolled back", raised=True)
         return
@@ -495,9 +495,9 @@ def _capture(attempt: Attempt, response: HttpResponseBase, ttl: timedelta | None
 
 def ninja() -> ModuleType | None:
     """``django_idempotency.ninja`` once something has imported it, else ``None``: the testing
-    toolkit and the checks reach django-ninja's operations through it (issue 38). Looked up,
-    never imported from here: the HTTP side imports nothing of the public modules above it
-    (issue 40). A project whose URLconf routes to a protected operation has imported it; the
+    toolkit and the checks reach django-ninja's operations through it. Looked up,
+    never imported from here: the HTTP side imports nothing of the public modules above it.
+    A project whose URLconf routes to a protected operation has imported it; the
     checks read the URLconf first."""
     return sys.modules.get("django_idempotency.ninja")
 

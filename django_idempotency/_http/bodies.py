@@ -34,7 +34,7 @@ CHUNK_SIZE = 64 * 1024
 #: What Django raises for a body it cannot read or parse: a multipart body without a boundary,
 #: more fields or files than Django allows, a body cut short. The client's error, not the
 #: project's: the app answers it ``400 invalid-request-body``, as its own problem, and claims
-#: nothing (issue 26). A body over the limit (``RequestDataTooBig``) is answered ``413``.
+#: nothing. A body over the limit (``RequestDataTooBig``) is answered ``413``.
 UNREADABLE = (
     MultiPartParserError,
     TooManyFieldsSent,

@@ -13,10 +13,10 @@ lost.
   element is written as ``?``, which no JSON value is, so the array's length still counts.
 - The output is written without recursion. A document nested deeper than Python's parser
   recursion allows is not canonicalised: :func:`canonical_json` returns ``None`` and its bytes
-  count as sent (issue 20).
+  count as sent.
 - Most bodies (no fraction or exponent, no ``-0``, no duplicate key, nothing left out) are
   written by the ``json`` module's C encoder instead, which writes them byte for byte as the
-  writer here does at a fraction of its cost (issue 28); anything else takes the writer.
+  writer here does at a fraction of its cost; anything else takes the writer.
 """
 
 from __future__ import annotations

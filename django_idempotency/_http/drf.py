@@ -67,7 +67,7 @@ class IdempotencyMixin(_Base):
     _idempotency: _DispatchAdapter | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Bad attributes fail at import, as the decorator's options do, not as a 500 (issue 20).
+        # Bad attributes fail at import, as the decorator's options do, not as a 500.
         super().__init_subclass__(**kwargs)
         placement.refuse_plain_view_mixin(cls)
         cls.get_idempotency_options()
@@ -94,7 +94,7 @@ class IdempotencyMixin(_Base):
             super().initial(request, *args, **kwargs)
         except DatabaseError as exc:
             # Authentication reads the user the scope is made of: a fault there is the
-            # scope's, a 503 (issue 25).
+            # scope's, a 503.
             answer = None if self._idempotency is None else self._idempotency.fault(exc)
             if answer is None:
                 raise

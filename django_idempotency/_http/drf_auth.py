@@ -1,4 +1,4 @@
-"""The operation status endpoint authenticated as a DRF view would be (issue 43): imported
+"""The operation status endpoint authenticated as a DRF view would be: imported
 only when DRF is installed; it imports DRF and nothing of the app (no import cycle)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ __all__ = ["authenticate"]
 
 def authenticate(request: HttpRequest) -> bool:
     """Authenticate a plain view's ``request`` as a DRF view with the default authentication
-    classes would (the operation status endpoint, issue 43): a token's user becomes
+    classes would (the operation status endpoint): a token's user becomes
     ``request.user``. ``False``: credentials were sent and refused. A request none of them
     authenticates keeps the user Django's middleware gave it (a session)."""
     before = getattr(request, "user", None)

@@ -5,7 +5,7 @@ canonicalised first (:mod:`._canonical_json`), so key order and whitespace do no
 ``multipart/form-data`` POST counts by its fields and files, not its random part boundary; other
 bodies count byte for byte. The body is read within Django's limit (:mod:`._bodies`).
 
-:func:`json_fingerprint` makes one that also leaves out named parts of the body (issue 18).
+:func:`json_fingerprint` makes one that also leaves out named parts of the body.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Long-running operations over HTTP (issue 43, SPEC 4c): the status endpoint, the ``202`` a
+"""Long-running operations over HTTP (SPEC 4c): the status endpoint, the ``202`` a
 duplicate gets under ``in_progress="accepted"``, and ``complete_operation()``.
 
 The status endpoint answers JSON of its own, never the final response itself: its ``200``
@@ -304,7 +304,7 @@ def accepted(pk: int, scope: str, key_hash: str, created_at: datetime) -> HttpRe
 def _state(operation_id: str, operation: store.Operation) -> HttpResponse:
     if operation.stalled(timezone.now()):
         # Its owner died with its lock lapsed: nothing runs it, so no Retry-After. The
-        # original request, retried, takes the record over and resumes it (issue 49).
+        # original request, retried, takes the record over and resumes it.
         return _json({"id": operation_id, "state": STALLED}, 200)
     if operation.running:
         shown: dict[str, Any] = {"id": operation_id, "state": RUNNING}
@@ -388,7 +388,7 @@ def _principals(request: HttpRequest) -> tuple[str, ...]:
     authenticated the request and as DRF's default authentication does (when DRF is
     installed). A plain Django view keys a token's request by what Django's middleware saw (a
     token is anonymous to it), a DRF view by the user DRF's classes found: the request may read
-    either principal's operations, each one it can prove (issue 48)."""
+    either principal's operations, each one it can prove."""
     function = conf.OPERATION_SCOPE_FUNCTION
     if function is not None:
         return (function(request),)

@@ -121,7 +121,7 @@ def refuse_misplaced(view: Callable[..., Any]) -> None:
 def refuse_plain_view_mixin(cls: type) -> None:
     """``ImproperlyConfigured`` when ``IdempotencyMixin`` is on a Django ``View`` that is not
     a DRF ``APIView``: the mixin claims in ``initial()``, which only DRF's dispatch calls, so
-    such a view would run with nothing claimed (issue 48)."""
+    such a view would run with nothing claimed."""
     base = sys.modules.get("django.views.generic.base")
     if base is None or not issubclass(cls, base.View) or _is_api_view(cls):
         return

@@ -106,7 +106,7 @@ def unavailable(
 
 
 def misconfigured() -> HttpResponse:
-    """A setting that can never work, met before the claim: nothing ran (issue 38). The
+    """A setting that can never work, met before the claim: nothing ran. The
     setting and its value are the operators' business: the log names them."""
     return problem(
         500,
@@ -158,7 +158,7 @@ def invalid_operation_query(detail: str = "limit and before are integers.") -> H
 
 def operation_not_found() -> HttpResponse:
     """The status endpoint's answer to an unknown id, another principal's operation or an
-    expired one, alike: never a hint that the id exists (issue 43)."""
+    expired one, alike: never a hint that the id exists."""
     return problem(
         404,
         "operation-not-found",

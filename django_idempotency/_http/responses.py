@@ -84,7 +84,7 @@ def capture(
 def replay(status: int, headers: list[list[str]], body: bytes) -> HttpResponse:
     """The stored response again. Its headers are given to the constructor, which sets them
     as ``response[name] = value`` would, in order (checked as any header is), and makes no
-    default ``Content-Type`` for the stored one to replace (issue 42)."""
+    default ``Content-Type`` for the stored one to replace."""
     return HttpResponse(bytes(body), status=status, headers=[*headers, _REPLAYED])
 
 

@@ -121,7 +121,7 @@ def pending(request: HttpRequest) -> bool:
 def _hand(messages: Sequence[Message]) -> None:
     """To the process's outbox sender thread (:class:`.outbox.Sender`): a broker that accepts
     connections and never answers held each such request's response 4 s on AMQP, and for good
-    on Redis (issue 49); it costs that thread instead."""
+    on Redis; it costs that thread instead."""
     if not outbox.sender.hand(DEFAULT_DB_ALIAS, partial(_send, messages)):
         logger.error(
             "Outbox fast path busy: the %d message(s) of a request without a key are lost "

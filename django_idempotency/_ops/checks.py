@@ -6,7 +6,7 @@ setting's line in :mod:`.._conf.settings`, their words with their tests, and run
 order, which is that of their ids; those that look at more than one value, the database or the
 views follow, one function each, in the order of their ids, with their row of
 ``docs/checks.rst`` above them (:func:`refusing`): a check's id, row, message and hint stand
-together (issue 40). ``docs/checks.rst``'s table is made from both.
+together. ``docs/checks.rst``'s table is made from both.
 """
 
 from __future__ import annotations
@@ -210,7 +210,7 @@ def w003_galera_eviction(alias: str) -> list[CheckMessage]:
 def eviction_warnings(stall: timedelta) -> list[CheckMessage]:
     """Each lock timeout (``LOCK_TIMEOUT``, and each two-phase view's own) whose renewed two
     thirds do not outlast ``stall``, the time writes stall while the survivors evict a dead
-    node: a view could run twice (issue 38)."""
+    node: a view could run twice."""
     try:
         locks = [(Settings.LOCK_TIMEOUT.label, conf.LOCK_TIMEOUT), *_view_lock_timeouts()]
     except ImproperlyConfigured:
@@ -310,7 +310,7 @@ def check_views(**kwargs: Any) -> list[CheckMessage]:
 )
 def e033_view_ttl_under_lock() -> list[CheckMessage]:
     """A view's TTL under its lock timeout lets a duplicate take over a record whose owner still
-    runs, and both execute (issue 20). Options given together are refused when the decorator or
+    runs, and both execute. Options given together are refused when the decorator or
     the class is made; this covers one given and the other from the settings."""
     errors: list[CheckMessage] = []
     seen: set[str] = set()
@@ -358,8 +358,8 @@ def e034_narrow_character_set(alias: str) -> list[CheckMessage]:
 def e035_idempotent_before_authentication() -> list[CheckMessage]:
     """A DRF view authenticates inside its ``dispatch``, an ``AccessMixin`` refuses there: a
     claim made around it would read the user before a token or Basic credentials were (every
-    caller's key the anonymous scope's), or claim and store a refused caller's redirect (issue
-    48). ``method_decorator`` decorates the method anew at each call, so the decorator itself
+    caller's key the anonymous scope's), or claim and store a refused caller's redirect.
+    ``method_decorator`` decorates the method anew at each call, so the decorator itself
     refuses these only at the first request; this refuses them at startup."""
     errors: list[CheckMessage] = []
     seen: set[type] = set()
@@ -416,7 +416,7 @@ def _outbox_deliverable() -> bool:
 )
 def e071_accepted_without_status_urls() -> list[CheckMessage]:
     """A ``202`` points at its operation's status URL, reversed from the app's URLconf: without
-    it every duplicate of a running request would fail (issue 43)."""
+    it every duplicate of a running request would fail."""
     users = ["IDEMPOTENCY['IN_PROGRESS']"] if conf.IN_PROGRESS == "accepted" else []
     for name, found in _protected_views():
         options = found() if callable(found) else found
@@ -449,7 +449,7 @@ def _protected_views() -> Iterator[tuple[str, Any]]:
     ninja = protocol.ninja()
     for callback in _callbacks(patterns):
         if ninja is not None and (operations := ninja._operations(callback)) is not None:
-            # A django-ninja path: its protected operations, each a view of its own (issue 38).
+            # A django-ninja path: its protected operations, each a view of its own.
             for operation in operations:
                 if (options := ninja._options_of(operation)) is not None:
                     function = operation.view_func

@@ -1,4 +1,4 @@
-"""Erasure of one principal's records now, not at their expiry (issue 31): GDPR's right to
+"""Erasure of one principal's records now, not at their expiry: GDPR's right to
 erasure, for code handling erasure requests and ``idempotency_cleanup --scope``."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def erase_scope(
     if not isinstance(scope, str) or not scope:
         raise ValueError(f"The scope to erase must be a non-empty string, not {scope!r}.")
     if reason := unkeepable(scope):
-        # Never made (issues 38, 48): on MySQL and MariaDB a padded one would erase the scope
+        # Never made: on MySQL and MariaDB a padded one would erase the scope
         # without its padding, on PostgreSQL one with a NUL the scope cut there.
         raise ValueError(f"The scope to erase is given {reason}; no record has such a scope.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
@@ -90,7 +90,7 @@ def erase_scope(
         )
     alias = using or conf.DATABASE_ALIAS
     kept = scope if stored else bounded_scope(scope)
-    # And in each Redis store the settings and the URLconf's views name (issue 44).
+    # And in each Redis store the settings and the URLconf's views name.
     elsewhere = [0, 0]
     for name in () if using else redis_stores():
         found = store.using(store_alias(name, alias)).erase_scope(kept, dry_run=dry_run)  # type: ignore[attr-defined]

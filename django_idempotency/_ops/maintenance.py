@@ -149,7 +149,7 @@ def in_batches(
 ) -> Deletion:
     """Call ``delete(size)`` (which deletes up to ``size`` records in a short transaction and
     says how many) until a batch deletes fewer than it may, or a bound stops it: the loop of
-    ``idempotency_cleanup`` and of :func:`.erasure.erase_scope` (issue 40). A batch short of
+    ``idempotency_cleanup`` and of :func:`.erasure.erase_scope`. A batch short of
     its size means nothing is left but rows others are working on: the next run takes them."""
     started = time.monotonic()
     deleted = batches = 0

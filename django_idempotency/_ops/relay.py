@@ -1,4 +1,4 @@
-"""The outbox's relay (issue 41, ``manage.py idempotency_relay``): the safety net and the worker
+"""The outbox's relay (``manage.py idempotency_relay``): the safety net and the worker
 for what the fast path did not send.
 
 One pass takes batches (:func:`.._store.outbox.take`: leased, never shared with another relay

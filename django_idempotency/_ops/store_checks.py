@@ -1,4 +1,4 @@
-"""System checks of the Redis store (issue 44): atomic views on it (E061), and at
+"""System checks of the Redis store: atomic views on it (E061), and at
 ``check --deploy`` whether each Redis store answers (E062) and keeps what it acknowledged
 (W060). ``STORE``'s own value is checked on its setting's line (E060)."""
 
@@ -41,7 +41,7 @@ def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
 )
 def e063_eviction(store: str) -> list[CheckMessage]:
     """Refuse an eviction policy that can remove records: an evicted record is a key whose
-    view runs again, or a live owner's lock lost to a duplicate (issue 50: ``allkeys-lru``
+    view runs again, or a live owner's lock lost to a duplicate (``allkeys-lru``
     and ``volatile-lru`` each ran 20 of 20 keys twice beside cache writes)."""
     from django_idempotency._store import using
 

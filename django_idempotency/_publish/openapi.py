@@ -268,7 +268,7 @@ class _OperationListSchema(_OperationStatusSchema):
 
 class OperationStatusView(APIView):
     """What drf-spectacular (and DRF's own generator) sees of the operation status endpoint,
-    a plain Django view: its schema only (issue 43). :func:`publish_operation_status` hands it
+    a plain Django view: its schema only. :func:`publish_operation_status` hands it
     to the view as DRF's ``as_view()`` would (``cls``), so the generators, which document DRF
     views alone, include the endpoint; requests never reach it."""
 

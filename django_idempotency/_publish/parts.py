@@ -137,7 +137,7 @@ RETRY_AFTER = {
 
 
 #: The body of the operation status endpoint, and of an ``in_progress="accepted"`` ``202``
-#: (issue 43, ``docs/operations.rst``).
+#: (``docs/operations.rst``).
 OPERATION_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "A long-running operation's state (django-idempotency).",

@@ -26,7 +26,7 @@ DRAFT = "https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-hea
 # The header values keys.parse_key accepts, as an ECMA-262 pattern for OpenAPI: a Structured
 # Field string, whose escapes (\" and \\) count as one character of the key, optionally followed
 # by parameters (ignored), or (unless BARE_KEYS is off) a bare value of printable ASCII without a
-# comma (two values, issue 20) that does not start with a quote or end with a space.
+# comma (two values) that does not start with a quote or end with a space.
 # tests/test_published.py holds it to parse_key, with bare keys accepted and refused.
 _SF_CHAR = r'(?:[ !#-\[\]-~]|\\["\\])'
 _PARAMETERS = r"(?: *;(?:[ -~]*[!-~])?)?"

@@ -11,7 +11,7 @@ statements, and what its database can do (the store's flags and methods, as Djan
 own (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`), so another database is one more module
 and one line in :data:`VENDORS`; the hot statements (the claim, the fenced writes, atomic mode's
 read) go below the drivers' cursors where nothing else would see them (:mod:`.libpq`,
-:mod:`.mysqlclient`, issue 42). :func:`using` gives the store of a database alias (:func:`served`
+:mod:`.mysqlclient`). :func:`using` gives the store of a database alias (:func:`served`
 asks it what its database can do); the engine, the lock renewer and the operators' actions call
 nothing else.
 """

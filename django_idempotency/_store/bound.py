@@ -138,14 +138,14 @@ class BoundStore:
 
     #: Whether the store's own writes ride a fault out within the bound they are given (the
     #: Redis store: a script is tried again on its client's pool): an owner's fenced write then
-    #: gives it all the time its lock has left, not one statement's share (issue 44).
+    #: gives it all the time its lock has left, not one statement's share.
     rides_out_faults = False
 
     def is_fault(self, exc: BaseException) -> bool:
         """Whether a statement failed for its connection or its server, not for itself: the
         connection was lost or refused, the server is shutting down or refuses writes for now
         (read-only, a failover). The same statement may succeed on a new connection once the
-        server answers again, so an owner's fenced write is tried again there (issue 25)."""
+        server answers again, so an owner's fenced write is tried again there."""
         return False
 
     def is_transient(self, exc: BaseException) -> bool:
@@ -212,7 +212,7 @@ class BoundStore:
         Django's pool (PostgreSQL, ``"pool"`` in ``OPTIONS``) hands out the connections it
         holds without a check unless ``CONN_HEALTH_CHECKS`` is on, and a restart killed, a
         blackhole silenced, every one made before the fault: each would fail, or hang, one
-        request after another (issue 39). Drained, the pool closes those it holds and those
+        request after another. Drained, the pool closes those it holds and those
         in use when they come back, and makes new ones. At most once per :data:`DRAIN_EVERY`.
         """
         if not self.is_fault(exc):

@@ -1,4 +1,4 @@
-"""Whether a MySQL or MariaDB database keeps every scope exactly (issue 48).
+"""Whether a MySQL or MariaDB database keeps every scope exactly.
 
 The scope travels from the session (``character_set_client`` and ``_connection``) through the
 claim procedure's ``p_scope`` into the table's ``scope`` column, and each converts it to its own
@@ -59,7 +59,7 @@ def known_narrow(connection: BaseDatabaseWrapper) -> Narrow | None:
     """:func:`narrow_on`, asked once per connection object (its ``OPTIONS``, which set the
     session's character set and ``sql_mode``, are the same for each session it opens), before
     its first claim: gunicorn runs no checks, and E034 was asked only by ``check --database``
-    and ``migrate`` (issue 48). A database error is raised, not kept: asked again next time."""
+    and ``migrate``. A database error is raised, not kept: asked again next time."""
     return narrow_on(connection)
 
 

@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 class Claimant(Protocol[C]):
     """What the store needs of a call to claim its key, and how the call takes its claim: the
-    store knows no type of the layers above it (issue 40). ``Identity`` is the one claimant."""
+    store knows no type of the layers above it. ``Identity`` is the one claimant."""
 
     @property
     def scope(self) -> str: ...
@@ -72,7 +72,7 @@ ClaimOutcome: TypeAlias = Union[T, IdempotencyKey, Record, None]  # noqa: UP007
 
 def new_token() -> str:
     """A fresh lock token: a random (version 4) UUID's text, made without a ``uuid.UUID``,
-    whose making and printing cost a claim more than all its other values (issue 28)."""
+    whose making and printing cost a claim more than all its other values."""
     digits = os.urandom(16).hex()
     variant = "89ab"[int(digits[16], 16) & 3]
     return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
@@ -92,7 +92,7 @@ class ClaimValues:
     The time is read as microseconds since the epoch (:attr:`clock`): PostgreSQL's claim
     function is sent that number and derives its times in the statement. The ``datetime``
     values are made only when a store reads them: making a time and writing it out as text
-    cost a claim more than all its other values (issue 28).
+    cost a claim more than all its other values.
     """
 
     __slots__ = ("_now", "clock", "identity", "lock_timeout", "token", "ttl")
@@ -170,8 +170,7 @@ class Claims(BoundStore):
         the first's, applied with its reply lost, and so this call's.
 
         Its statements end within ``bound`` seconds (default :func:`.deadlines.bound` of
-        ``lock_timeout``), or the connection is cut and the claim fails as on a lost one
-        (issue 39).
+        ``lock_timeout``), or the connection is cut and the claim fails as on a lost one.
         """
         started = time.monotonic()  # before now: the lock is surely held until lock_timeout later
         values = ClaimValues(identity, token or new_token(), lock_timeout, ttl)
@@ -274,10 +273,10 @@ class Claims(BoundStore):
     ) -> IdempotencyKey | Record | None:
         """The key's record when it is finished and not expired, read on its own: what a
         replay (or a mismatch) answers from, with no claim and no transaction; ``None``: no
-        such record, so the key is claimed (atomic mode, issue 42).
+        such record, so the key is claimed (atomic mode).
 
         The claim finds such a record and leaves it as it is, so the answer is the claim's.
-        The read ends within ``bound`` seconds, as every statement of the app does (issue 39).
+        The read ends within ``bound`` seconds, as every statement of the app does.
         Raises :class:`~.exceptions.StoreUnavailable`.
         """
         try:

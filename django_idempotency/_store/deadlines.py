@@ -1,4 +1,4 @@
-"""Deadlines on the app's own statements: a statement on a silent connection is ended (issue 39).
+"""Deadlines on the app's own statements: a statement on a silent connection is ended.
 
 A blackholed connection (a failover that moved an IP, a dropped NAT entry, a partition) stays
 open and silent: no reset, no error, and the kernel retries for about fifteen minutes. A claim,

@@ -1,5 +1,5 @@
 """What a MariaDB Galera cluster node tells the system checks: how long the survivors stall
-writes when a node dies (issue 38).
+writes when a node dies.
 
 When a node stops answering (SIGKILL, a lost network), the others hold every commit until they
 have evicted it, ``evs.suspect_timeout`` (five seconds by default) after its last message. An

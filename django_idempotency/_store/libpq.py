@@ -1,4 +1,4 @@
-"""PostgreSQL: a store statement sent through libpq itself, below psycopg's cursor (issue 42).
+"""PostgreSQL: a store statement sent through libpq itself, below psycopg's cursor.
 
 psycopg's cursor runs, per statement, more Python than the rest of a replay does: merging the
 parameters into the text, its generators around the round trip, its result bookkeeping. The
@@ -16,7 +16,7 @@ is begun first with the plain ``BEGIN`` psycopg would send (psycopg reads the tr
 state from libpq, so it sends no ``BEGIN`` of its own after it, and commits it), and where the
 connection sets an isolation level, read-only or deferrable transactions, the cursor begins it.
 A text holding a NUL is never sent here: libpq takes a text parameter as a C string and cuts
-it at the NUL (``tenant:a\0x`` was stored and found as ``tenant:a``, issue 48), where the
+it at the NUL (``tenant:a\0x`` was stored and found as ``tenant:a``), where the
 cursor refuses it (``DataError``). The scope is refused before any statement
 (:func:`._store.limits.unkeepable`); this keeps every other text as the cursor would.
 Parameters are sent apart from the SQL, as server-side binding sends them, with no statement

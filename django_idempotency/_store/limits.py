@@ -47,7 +47,7 @@ def bounded_scope(scope: str) -> str:
     return HASHED_SCOPE + sha256_hex(scope)
 
 
-#: Why no scope may have whitespace around it (issue 38): MySQL and MariaDB compare text
+#: Why no scope may have whitespace around it: MySQL and MariaDB compare text
 #: without its trailing spaces (PAD SPACE collations), so ``"user:7 "`` would be ``"user:7"``
 #: there and another principal elsewhere.
 PADDED_SCOPE = (
@@ -62,7 +62,7 @@ def padded(scope: str) -> bool:
 
 
 #: Why no scope may hold a NUL: PostgreSQL's text cannot, and libpq cuts a text parameter at
-#: its first NUL, so ``tenant:a\0x`` was stored and found as ``tenant:a`` (issue 48).
+#: its first NUL, so ``tenant:a\0x`` was stored and found as ``tenant:a``.
 NUL_SCOPE = (
     "with a NUL character (U+0000), which PostgreSQL's text cannot hold: it would be cut "
     "there, and two principals would share records"
@@ -95,7 +95,7 @@ def unkeepable(scope: str) -> str | None:
 
 def bounded_fingerprint(value: object) -> str:
     """What ``FINGERPRINT_FUNCTION`` returned, as stored: itself, or its SHA-256 when longer
-    than the column (a SHA-512 in hex: the docs promise only "a string", issue 20) or when a
+    than the column (a SHA-512 in hex: the docs promise only "a string") or when a
     store could not keep it exactly (:func:`unkeepable`)."""
     if not isinstance(value, str):
         raise TypeError(
@@ -104,5 +104,5 @@ def bounded_fingerprint(value: object) -> str:
     if len(value) <= MAX_FINGERPRINT and unkeepable(value) is None:
         return value
     # Longer than the column, or what a database would cut (a NUL), pad or not encode (a lone
-    # surrogate): two different requests must never store one fingerprint (issue 48).
+    # surrogate): two different requests must never store one fingerprint.
     return sha256_hex(value)

@@ -60,7 +60,7 @@ _PREVIOUS = "@django_idempotency_lock_wait"
 #: always put back.
 RESTORE_LOCK_WAIT = f"SET SESSION innodb_lock_wait_timeout = {_PREVIOUS}"
 #: The attribute of a connection holding the bound of atomic mode's claim on MariaDB, written
-#: into the claim's own statements (``SET STATEMENT ... FOR``, issue 42).
+#: into the claim's own statements (``SET STATEMENT ... FOR``).
 _IN_STATEMENT = "_django_idempotency_lock_wait"
 #: Two cleanups' locks on the secondary indexes can deadlock: the victim's batch is run again.
 _DEADLOCK_RETRIES = 5
@@ -101,7 +101,7 @@ _HAS_PROCEDURE: dict[tuple[Any, ...], bool] = {}
 def claim_procedure_sql(types: dict[str, str]) -> str:
     """``CREATE PROCEDURE``: the claim's read and a new key's insert (:class:`Statements`),
     run inside the database in one round trip (a two-phase first execution one statement,
-    as a replay is; issue 28).
+    as a replay is).
 
     It reads first: a live record (a replay, a mismatch, an attempt in flight) is answered by
     reads alone, which write nothing and wait on no lock, so replays are served while the
@@ -181,7 +181,7 @@ class MySQLStore(Store):
 
     def fetch_row(self, connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Any:
         """Through mysqlclient's connection itself where nothing else would see the statement
-        (:mod:`.mysqlclient`, issue 42); every result it leaves is read."""
+        (:mod:`.mysqlclient`); every result it leaves is read."""
         raw = plain_connection(connection)
         if raw is None:
             return super().fetch_row(connection, sql, params)
@@ -192,7 +192,7 @@ class MySQLStore(Store):
     def claim_params(self, connection: BaseDatabaseWrapper, values: ClaimValues) -> list[Any]:
         """With ``USE_TZ`` and the connection's zone UTC, the times are naive text in UTC:
         written from the claim's clock, as the field would write them (``str()`` of the naive
-        time), without an aware time made and converted four times (issue 42). The lock token
+        time), without an aware time made and converted four times. The lock token
         as its field writes it: the text of a UUID for MariaDB's own type, its 32 hex digits
         for a char(32) column, with no ``uuid.UUID`` made."""
         if not (settings.USE_TZ and connection.timezone_name == "UTC"):
@@ -280,7 +280,7 @@ class MySQLStore(Store):
         The call's results are read to the end (the procedure's status follows its rows):
         a connection with results left unread refuses the next statement."""
         sql, params = _bound(connection) + CALL, self.claim_params(connection, values)
-        if plain_connection(connection) is not None:  # on mysqlclient's connection (issue 42)
+        if plain_connection(connection) is not None:  # on mysqlclient's connection
             row = self.fetch_row(connection, sql, params)
         else:
             with statement_cursor(connection) as cursor:
@@ -318,7 +318,7 @@ class MySQLStore(Store):
         On MariaDB nothing is sent: each claim statement carries the bound itself
         (``SET STATEMENT innodb_lock_wait_timeout = ... FOR``), which sets it for that
         statement alone and puts the session's back after it, even when it fails: two round
-        trips fewer for every atomic claim (issue 42). MySQL has no such clause.
+        trips fewer for every atomic claim. MySQL has no such clause.
 
         The limit is whole seconds, at least one: a wait limit below a second waits a second.
         """

@@ -1,5 +1,5 @@
 """MySQL and MariaDB: a store statement that reads a row sent on mysqlclient's connection
-itself, below its cursor (issue 42).
+itself, below its cursor.
 
 mysqlclient's cursor runs, per statement, more Python than the rest of a replay does: its
 result's description and flags, its counters, its row buffer. The store's reads (the claim

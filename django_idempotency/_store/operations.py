@@ -1,4 +1,4 @@
-"""A record as an operation (issue 43): the status endpoint's read by primary key, and the
+"""A record as an operation: the status endpoint's read by primary key, and the
 operation's final response written once.
 
 An operation is running while its record is ``processing`` (the request itself runs), or
@@ -246,7 +246,7 @@ def created_at(alias: str, pk: int) -> datetime | None:
     """When record ``pk``'s life began (:attr:`.Claim.created_at`; ``None``: no such record):
     read on the claim's own connection, so atomic mode's uncommitted record is found too."""
     store = using(alias)
-    if hasattr(store, "created_at"):  # the Redis store: the record's own field (issue 50)
+    if hasattr(store, "created_at"):  # the Redis store: the record's own field
         return store.created_at(pk)  # type: ignore[no-any-return]
     with store.guard():
         value = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list("created_at").first()

@@ -1,4 +1,4 @@
-"""The outbox's statements (issue 41, ``docs/outbox.rst``): messages inserted with the fenced
+"""The outbox's statements (``docs/outbox.rst``): messages inserted with the fenced
 write that releases them, taken in batches no two senders share, marked sent or failed.
 
 A release is idempotent on the message id (``ON CONFLICT DO NOTHING``; MariaDB's ``ON DUPLICATE
@@ -277,7 +277,7 @@ def mark_failed(
 
 def _keepable(error: str) -> str:
     """An exception's text as every database keeps it: a NUL (which PostgreSQL's text refuses)
-    and a lone surrogate (which no UTF-8 column takes) written as escapes (issue 48)."""
+    and a lone surrogate (which no UTF-8 column takes) written as escapes."""
     return error.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 

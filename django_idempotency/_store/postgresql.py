@@ -79,7 +79,7 @@ _READ_ONLY = "25006"
 
 class _InTheClaim:
     """What :meth:`PostgreSQLStore.limit_lock_wait` returns when the claim function bounds the
-    wait: the connection to forget the bound on (not looked up again, issue 28)."""
+    wait: the connection to forget the bound on (not looked up again)."""
 
     __slots__ = ("connection",)
 
@@ -104,7 +104,7 @@ _HAS_FUNCTION: dict[tuple[Any, ...], bool] = {}
 
 #: The attribute of a connection holding the lock wait's bound a claim passes to the function:
 #: (the atomic block it holds for, value). An attribute: a weak dictionary's entry costs
-#: every atomic claim more than its bound's two other steps together (issue 28).
+#: every atomic claim more than its bound's two other steps together.
 _LOCK_WAIT = "_django_idempotency_lock_wait"
 
 
@@ -122,7 +122,7 @@ def set_placeholders(connection: BaseDatabaseWrapper) -> dict[str, str]:
 @per_connection
 def text_preparers(connection: BaseDatabaseWrapper) -> dict[str, Callable[[Any], Any]]:
     """Each column's value as the store's fenced writes send it: UUIDs and JSON as text,
-    which psycopg adapts for a fraction of what a ``UUID`` or a ``Jsonb`` costs (issue 28),
+    which psycopg adapts for a fraction of what a ``UUID`` or a ``Jsonb`` costs,
     sent as of unknown type, which the server reads as the column's type (``SET``, a
     comparison), and times as microseconds since the epoch (:func:`set_placeholders`)."""
     prepare = dict(preparers(connection))
@@ -158,7 +158,7 @@ class PostgreSQLStore(Store):
         # Cast, so that the values can be sent as text (cheaper to send than a UUID) whether
         # psycopg binds them on the client or on the server. The times come from the claim's
         # clock (microseconds since the epoch) and its two durations, added here: exact
-        # (whole microseconds), and no datetime made or written out in Python (issue 28).
+        # (whole microseconds), and no datetime made or written out in Python.
         arguments = ", ".join(
             {
                 "p_lock_token": "%s::uuid",
@@ -187,7 +187,7 @@ class PostgreSQLStore(Store):
         self, connection: BaseDatabaseWrapper, identity: Claimant[Any]
     ) -> Record | None:
         """One indexed read, sent through libpq (:mod:`.libpq`) where it can be: a replay's
-        only statement in atomic mode (issue 42)."""
+        only statement in atomic mode."""
         statements = self.statements(connection)
         assert isinstance(statements, PostgreSQLStatements)
         params = [identity.scope, identity.key_hash, time.time_ns() // 1000]

@@ -64,7 +64,7 @@ def kept_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper | None:
     Django makes it, for this statement alone.
 
     Making a cursor (``connection.cursor()``) costs Django about what sending the statement
-    does (issue 28). The cursor kept is Django's own wrapper, so the connection's
+    does. The cursor kept is Django's own wrapper, so the connection's
     ``execute_wrapper()`` hooks and its error translation apply as before; a connection that
     logs queries (``DEBUG``, a test counting them), whose health check is due, or that is not
     open yet gets ``None``, and a new driver connection (a reconnect) a new cursor.
@@ -124,8 +124,8 @@ def _send(
 ) -> T:
     """Run a store statement and ``read`` its cursor: on the kept cursor's driver cursor
     when nothing else would see the statement (without a generator's context manager: the
-    hot path of every claim and write, issue 28); on PostgreSQL, with ``read_result`` to read
-    libpq's result, below that cursor (:mod:`.libpq`, issue 42)."""
+    hot path of every claim and write); on PostgreSQL, with ``read_result`` to read
+    libpq's result, below that cursor (:mod:`.libpq`)."""
     if read_result is not None:
         raw = _libpq_connection(connection)
         if raw is not None:
@@ -152,7 +152,7 @@ def _send(
 def plain_connection(connection: BaseDatabaseWrapper) -> Any:
     """The driver's connection, when nothing but Django's plain cursor would see a statement
     sent on it: open, no ``execute_wrapper()`` hook, no query logging, no health check due;
-    else ``None`` (issue 42)."""
+    else ``None``."""
     raw = connection.connection
     if (
         raw is None
@@ -176,7 +176,7 @@ def _libpq_connection(connection: BaseDatabaseWrapper) -> Any:
 
 def _driver_cursor(connection: BaseDatabaseWrapper, cursor: Any) -> Any:
     """The driver's cursor inside Django's plain wrapper, when nothing but that wrapper's
-    own layers would see the statement (issue 28: they cost a store statement as much as
+    own layers would see the statement (they cost a store statement as much as
     its parameters): no ``execute_wrapper()`` hook, no query logging. Django's checks that
     matter are kept by :func:`_send`: a broken transaction
     refused, the driver's errors translated to Django's. The driver's cursor is still the
@@ -236,7 +236,7 @@ class _Converters(list[Callable[[Any], Any] | None]):
 
 
 class Record:
-    """A record as the claim read it, without making a model instance (issue 28).
+    """A record as the claim read it, without making a model instance.
 
     The row is kept as the database sent it (:data:`AS_TEXT` columns as text); a field is
     converted when it is first read, as the ORM would convert it, and :meth:`instance` makes
@@ -290,7 +290,7 @@ def _field(index: int) -> property:
 
 
 # A field read through a property: ``__getattr__`` runs only after the usual lookup failed, an
-# ``AttributeError`` made and dropped on every read (issue 28). It stays for the type checker.
+# ``AttributeError`` made and dropped on every read. It stays for the type checker.
 for _name, _index in _INDEX.items():
     if _name != "id":
         setattr(Record, _name, _field(_index))

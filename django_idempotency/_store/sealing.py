@@ -1,4 +1,4 @@
-"""How a stored response is kept at rest, and read back byte for byte (issue 31).
+"""How a stored response is kept at rest, and read back byte for byte.
 
 The record's two columns hold one of three shapes, told apart by the headers column alone, so
 no body can be mistaken for another shape whatever its bytes:
@@ -9,7 +9,7 @@ no body can be mistaken for another shape whatever its bytes:
 - ``{"codec": "framed"}`` and the body column holding the headers (JSON) and, after a newline,
   the body (compressed when that shrinks it): headers holding a NUL (U+0000), which
   PostgreSQL's ``jsonb`` cannot keep (``\u0000`` is refused) but a ``bytea`` can, so such a
-  response is stored and replayed exactly on every database (issue 48);
+  response is stored and replayed exactly on every database;
 - ``{"codec": "fernet"}`` and a Fernet token (its bytes, not its base64 text: a quarter
   smaller) of the headers and the body, the body compressed first when that shrinks it: nothing
   of either is readable in the table or a backup.

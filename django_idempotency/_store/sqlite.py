@@ -5,7 +5,7 @@ holds on a file (``database is locked`` once ``busy_timeout`` ran out), but not 
 connection of the same "shared cache" holds (``database table is locked``, at once): Django's
 in-memory test database shared by threads is such a cache. The store waits those out itself,
 for as long as the busy timeout (:meth:`SQLiteStore.waited_out`), so that both kinds of
-database make a concurrent duplicate wait for the first, never fail at once (issue 38).
+database make a concurrent duplicate wait for the first, never fail at once.
 """
 
 from __future__ import annotations
@@ -230,9 +230,9 @@ class SQLiteStore(Store):
         Not a lock wait that ran out (:meth:`is_lock_timeout`, a ``409``): SQLite does not
         say who holds its write lock, which is as likely another process's long transaction
         as a call of the same key, so a claim that meets it is the store unavailable, a
-        ``503`` (issue 25), unless an atomic attempt of this process holds the key
-        (:meth:`holds`, issue 38). An owner's writes wait it out
-        (:func:`django_idempotency._call.writing._fenced_write`)."""
+        ``503``, unless an atomic attempt of this process holds the key
+        (:meth:`holds`). An owner's writes wait it out
+        (:func:`django_idempotency._call.fencing.fenced_write`)."""
         return isinstance(exc, OperationalError) and "is locked" in str(exc)
 
     def is_fault(self, exc: BaseException) -> bool:

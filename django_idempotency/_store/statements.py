@@ -66,7 +66,7 @@ class Statements:
     select: str
     take_over: str
     #: The key's record when it is finished (not ``processing``) and not expired: read before
-    #: atomic mode's transaction opens (issue 42). Its parameters: ``select``'s, then the time.
+    #: atomic mode's transaction opens. Its parameters: ``select``'s, then the time.
     finished: str
 
     @classmethod
@@ -132,7 +132,7 @@ def later_of(column: str, value: str, quote: Callable[[str], str]) -> str:
 
 def finished_where(quote: Callable[[str], str], select: str, now: str) -> str:
     """``select`` narrowed to a finished record that is not expired at ``now`` (SQL): what the
-    claim would find and leave as it is, a replay's or a mismatch's (issue 42)."""
+    claim would find and leave as it is, a replay's or a mismatch's."""
     return (
         f"{select} AND {quote('status')} <> '{rules.PROCESSING}' AND {quote('expires_at')} > {now}"
     )

@@ -4,8 +4,8 @@
 MySQL and MariaDB convert to a named zone (``Europe/Berlin``) with ``CONVERT_TZ``, which needs
 the server's time-zone tables; without them (the default of most installs and container images)
 it answers ``NULL`` and Django raises "Database returned an invalid datetime value". The admin
-then leaves its date hierarchy out rather than answer 500, and the system check W002 says so
-(issue 26). PostgreSQL and SQLite convert on their own
+then leaves its date hierarchy out rather than answer 500, and the system check W002 says so.
+PostgreSQL and SQLite convert on their own
 (:meth:`.bound.BoundStore.converts_dates_to`).
 """
 

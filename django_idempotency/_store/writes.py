@@ -30,7 +30,7 @@ class StoredResponse:
     """A final result as the record keeps it: a view's response, or a function's result.
 
     A function's result has no status and no headers (``response_status`` NULL, the headers
-    ``[]``): it is no HTTP response (issue 40). It was once stored shaped as one, status ``200``
+    ``[]``): it is no HTTP response. It was once stored shaped as one, status ``200``
     with the serializer's ``Content-Type``; a record stored so is read as it is, since a
     function's replay reads the body alone (and an operator's ``failed`` from the status).
     No migration: ``response_status`` has always been nullable.
@@ -49,7 +49,7 @@ class StoredResponse:
     owner: tuple[str, str] | None = None
     #: The headers and body columns' values: compressed, encrypted (:mod:`.._sealing`). Made
     #: with it, once: ``MAX_STORED_BODY_SIZE`` reads them before the store writes them (and a
-    #: ``cached_property`` would cost a lock on every read, issue 28).
+    #: ``cached_property`` would cost a lock on every read).
     sealed: tuple[Any, bytes | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,7 +67,7 @@ def _token(value: Any) -> str:
 
 class RenewalShortfall(DatabaseError):
     """A renewal that settled some of its locks but not all: a Redis Cluster's node that
-    failed, or did not answer within the renewal's bound, while the others did (issue 50).
+    failed, or did not answer within the renewal's bound, while the others did.
     ``held``: the locks renewed (primary key, token); ``answered``: every lock (primary key)
     whose answer came (held or lost).
     The renewer counts those, and tries the others again as after a failure."""
@@ -128,14 +128,14 @@ class FencedWrites(BoundStore):
     def finished(self, pk: int, token: uuid.UUID | str, connection: BaseDatabaseWrapper) -> bool:
         """Whether the record is no longer ``processing`` under this lock token: a takeover
         changes the token and a release deletes the row, so only the owner's result did it
-        (a result write applied whose reply was lost, issue 25)."""
+        (a result write applied whose reply was lost)."""
         return self._holds(connection, pk, token, f"{{status}} <> '{rules.PROCESSING}'", [])
 
     def has_recovery_point(
         self, pk: int, token: uuid.UUID | str, name: str, connection: BaseDatabaseWrapper
     ) -> bool:
         """Whether the record is still ``processing`` under this lock token at recovery point
-        ``name``: a recovery point write applied whose reply was lost (issue 39)."""
+        ``name``: a recovery point write applied whose reply was lost."""
         return self._holds(
             connection,
             pk,
@@ -211,7 +211,7 @@ class FencedWrites(BoundStore):
     ) -> bool:
         """Leave the claim's record, with its recovery point, to the next attempt: still
         ``processing``, its lock lapsed now, so the next request takes it over and resumes
-        from the point (a release that keeps the progress, issue 39). ``False`` if the lock
+        from the point (a release that keeps the progress). ``False`` if the lock
         was lost."""
         now = timezone.now()
         on = self.connection if connection is None else connection
@@ -237,7 +237,7 @@ class FencedWrites(BoundStore):
         lost), one ``SELECT`` of the held rows' ids and tokens says which: portable, where
         ``UPDATE ... RETURNING`` is not. A lease is held only when its own pair is on a row: a
         stale owner and the claim that took its record over, in one process, share the
-        record's id, and matching ids alone kept both (issue 50's review).
+        record's id, and matching ids alone kept both.
         Within ``bound`` seconds (the renewer's; by default a statement's share of the lock).
         """
         connection = self.connection
@@ -335,7 +335,7 @@ class FencedWrites(BoundStore):
         params = [*params, pk, self.text_preparers(connection)["lock_token"](token)]
         if stale_at is not None:
             params += rules.STALE.args(prep("unlock_at", stale_at, connection))
-        if release is not None:  # with the outbox's messages it releases (issue 41)
+        if release is not None:  # with the outbox's messages it releases
             return bool(fenced_release(self, connection, sql, params, release))
         return bool(count_rows(connection, sql, params))
 
@@ -362,7 +362,7 @@ def fenced_sql(
     placeholders: Callable[[BaseDatabaseWrapper], dict[str, str]],
 ) -> str:
     """The SQL of a fenced write (:meth:`FencedWrites._fenced`), made once per connection:
-    quoting its dozen names cost a result's write as much as its values (issue 28).
+    quoting its dozen names cost a result's write as much as its values.
     ``placeholders`` are the store's :meth:`~.bound.BoundStore.set_placeholders`."""
     made = _fenced_statements(connection)
     sql = made.get((statement, stale))
@@ -380,7 +380,7 @@ def fenced_sql(
         )
     sql = head.format(table=q(IdempotencyKey._meta.db_table))
     sql += f" WHERE {q('id')} = %s AND {q('lock_token')} = %s"
-    # The status a live claim has, written out: a constant, not a value to send (issue 28).
+    # The status a live claim has, written out: a constant, not a value to send.
     sql += f" AND {rules.STALE.where(q)}" if stale else f" AND {q('status')} = '{rules.PROCESSING}'"
     made[(statement, stale)] = sql
     return sql

@@ -3,7 +3,7 @@
 A value a command cannot honour is a ``CommandError`` naming the argument and its range, the same
 on every database: ``--sleep nan`` once deleted a batch and then died, ``--batch-size`` past a
 database's integers was an ``OverflowError``, a ``DataError`` or a MySQL syntax error depending
-on the database, and MariaDB took a ``--limit`` that SQLite and PostgreSQL refused (issue 26).
+on the database, and MariaDB took a ``--limit`` that SQLite and PostgreSQL refused.
 The bounds are documented in docs/commands.rst.
 """
 
@@ -104,7 +104,7 @@ class Command(BaseCommand):
     def execute(self, *args: Any, **options: Any) -> str | None:
         """Under ``--verbosity 0``, print nothing: the app's own log lines (an erasure, a
         released record) too, which reach stderr through Python's last resort when the project
-        configures no logging for them; a configured handler still gets them (issue 38)."""
+        configures no logging for them; a configured handler still gets them."""
         logger = logging.getLogger("django_idempotency")
         if options.get("verbosity", 1) >= 1 or logger.hasHandlers():
             return super().execute(*args, **options)

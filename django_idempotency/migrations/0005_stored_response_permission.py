@@ -1,5 +1,5 @@
 """The ``view_stored_response`` permission: with ``ENCRYPTION_KEYS`` set, the admin shows a
-decrypted response only to staff holding it (issue 31). Options only: no SQL."""
+decrypted response only to staff holding it. Options only: no SQL."""
 
 from django.db import migrations
 

@@ -1,6 +1,6 @@
 """MySQL and MariaDB only: the claim procedure reads the key's record, and inserts a new key,
 in one round trip (``django_idempotency._store.mysql``): a two-phase first execution is one
-statement again, as a replay is (issue 28).
+statement again, as a replay is.
 
 Its parameters take the types of the table's columns as the table has them (with their
 character sets and collations), read when it is made. Self-contained: a copy of

@@ -1,4 +1,4 @@
-"""MySQL and MariaDB only: the scope and the fingerprint compare exactly (issue 38).
+"""MySQL and MariaDB only: the scope and the fingerprint compare exactly.
 
 Their columns took the database's collation, case- and accent-insensitive (``utf8mb4_general_ci``,
 ``utf8mb4_unicode_ci``, ``utf8mb4_uca1400_ai_ci``...): there ``Tenant:A``, ``tenant:a`` and

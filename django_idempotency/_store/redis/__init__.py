@@ -1,4 +1,4 @@
-"""The Redis store (issue 44): a second kind of store beside the database's vendors, for
+"""The Redis store: a second kind of store beside the database's vendors, for
 endpoints that trade durability and a shared transaction for latency (docs: 'Choosing the
 store'). :mod:`.store` speaks the interface the core calls; :mod:`.scripts` holds its Lua."""
 

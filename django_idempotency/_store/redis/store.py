@@ -128,7 +128,7 @@ def record_key(scope: str, key_hash: str, prefix: str = PREFIX) -> str:
 
 @lru_cache(maxsize=1024)
 def _scope_hash(scope: str) -> str:
-    """The scope's hash in its records' keys: a user's retries meet it again (issue 44)."""
+    """The scope's hash in its records' keys: a user's retries meet it again."""
     return hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 
@@ -313,7 +313,7 @@ class RedisStore:
     vendor = "redis"
     name = "Redis"
     #: :meth:`_run` tries a script again within its bound: an owner's result write is given
-    #: what its lock has left (:func:`django_idempotency._call.writing._fenced_write`).
+    #: what its lock has left (:func:`django_idempotency._call.fencing.fenced_write`).
     rides_out_faults = True
     lock_wait_outlives_transaction = False
 
@@ -516,9 +516,10 @@ class RedisStore:
     def _eval(self, name: str, keys: list[str], args: list[Any], seconds: float) -> Any:
         """``EVALSHA`` on a connection of the store's own, sent and read below redis-py's
         command machinery (its retry wrapper, its timing): every protected call's claim and
-        result, as the database store's statements go below the drivers' cursors (issue
-        42). A server that lost its scripts (a restart) gets it loaded; a cluster, Sentinel's
-        master, or a client without a plain pool runs it through redis-py's ``Script``.
+        result, as the database store's statements go below the drivers' cursors: on the
+        hot path those layers cost as much as the call. A server that lost its scripts (a
+        restart) gets it loaded; a cluster, Sentinel's master, or a client without a plain pool
+        runs it through redis-py's ``Script``.
         ``seconds``: what the try may take, its connect and handshake included."""
         import redis
 
@@ -557,7 +558,7 @@ class RedisStore:
 
     def _wait_command(self, name: str, seconds: float) -> tuple[Any, ...] | None:
         """The ``WAIT`` (``WAITAOF`` on Redis 7.2 and later) that follows a claim or a result
-        write on its connection when ``REDIS_REPLICAS`` asks for replicas (issue 50), its
+        write on its connection when ``REDIS_REPLICAS`` asks for replicas, its
         timeout within what the try has left (never 0: that is forever)."""
         if name not in _WAITED:
             return None
@@ -588,13 +589,13 @@ class RedisStore:
         """Send ``commands`` in one write on a connection of the store's own and read their
         replies (a server's refusal is its command's reply, an exception in the list), all
         within ``seconds``: the connection's socket timeout is set for this exchange, and a
-        connection made for it connects and shakes hands within it too (issue 50: a cache
+        connection made for it connects and shakes hands within it too (a cache
         alias's client has no socket timeout by default, and one try of a claim waited for a
         frozen server for good; a URL's client waited its 5 s timeout past the claim's bound).
 
         The connections are made from the client's pool's own settings (its host, its
         credentials, its TLS) but are the store's, kept on its idle list, one per concurrent
-        call (issue 44: the pool's checkout and release, its check for unread data and its
+        call (the pool's checkout and release, its check for unread data and its
         observability hooks cost a replay 11 µs, a tenth of our Python around the Redis call),
         so the cache's own connections keep the timeouts their settings give them. A
         connection that met anything but a server's replies is closed, with every idle one (a
@@ -726,7 +727,7 @@ class RedisStore:
             return self._record(identity, reply)
         # The record's life (its ``ca``) from the claim's own reply, never read later: an
         # owner whose record was lost and made again by another claim read the new record's
-        # life and presented its fencing pair as the new owner's (issue 50's review).
+        # life and presented its fencing pair as the new owner's.
         attempt, point, data = 1, "", None
         life: int | None = int(reply[1])
         if kind != b"new":
@@ -759,7 +760,7 @@ class RedisStore:
 
     def created_at(self, pk: int) -> datetime | None:
         """When a live claim's record began (:attr:`.Claim.life`, its operation id): it read
-        the database's table by the cache alias's name, which is no database (issue 50)."""
+        the database's table by the cache alias's name, which is no database."""
         import redis
 
         entry = self._records.get(pk)
@@ -979,7 +980,7 @@ class RedisStore:
         (routed to its record's slot), all within ``seconds``. With one call for every lock in
         turn, the first lock on a frozen or dead primary raised (or waited the client's socket
         timeout) and no lock on the healthy primaries was renewed: their owners were taken
-        over (issue 50: 6 of 6 keys ran twice). A node that fails or does not answer in time
+        over (6 of 6 keys ran twice). A node that fails or does not answer in time
         costs its own locks' renewal alone: :class:`RenewalShortfall` says which locks were
         settled, and the renewer tries the others again; a thread still waiting on a frozen
         node is left to its socket's timeout (its late answer is not counted).

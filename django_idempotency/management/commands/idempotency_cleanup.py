@@ -145,7 +145,7 @@ class Command(arguments.Command):
             )
             if done.stopped_by:
                 self.stdout.write(f"Stopped by {done.stopped_by}; expired records may remain.")
-        # The outbox's delivered messages go with their record (issue 41).
+        # The outbox's delivered messages go with their record.
         messages = delete_delivered(alias, batch_size, sleep=sleep)
         if verbosity >= 1 and messages:
             self.stdout.write(f"Deleted {messages} delivered outbox message{_s(messages)}.")
@@ -233,7 +233,7 @@ def _rate(rows: int, seconds: float) -> str:
     return f"{rows / seconds:,.0f}" if seconds > 0 else "-"
 
 
-#: The longest scope a message repeats whole; a longer one is cut (issue 38).
+#: The longest scope a message repeats whole; a longer one is cut.
 SHOWN_SCOPE = 80
 
 

@@ -1,4 +1,4 @@
-"""``manage.py idempotency_relay``: deliver the outbox's released messages (issue 41)."""
+"""``manage.py idempotency_relay``: deliver the outbox's released messages."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class Command(_arguments.Command):
         **options: Any,
     ) -> None:
         # The web server's validator: what stops gunicorn stops the relay, in the same words,
-        # with --skip-checks (call_command's default) too (issue 48).
+        # with --skip-checks (call_command's default) too.
         usable()
         if batch_size is not None:
             _arguments.count("--batch-size", batch_size)
