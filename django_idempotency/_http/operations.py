@@ -238,8 +238,8 @@ def operation_list(request: HttpRequest) -> HttpResponse:
             if scopes
             else []
         )
-    except StoreUnavailable:
-        return problems.unavailable()
+    except StoreUnavailable as exc:
+        return _unavailable(exc)
     page, more = found[:limit], len(found) > limit
     now = timezone.now()
     listed = []
@@ -273,8 +273,8 @@ def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
     try:
         scopes = _scopes(request)
         operation = store.read(conf.DATABASE_ALIAS, pk)
-    except StoreUnavailable:
-        return problems.unavailable()
+    except StoreUnavailable as exc:
+        return _unavailable(exc)
     if (
         operation is None
         or not _verified(operation_id, operation)
@@ -283,6 +283,12 @@ def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
     ):
         return problems.operation_not_found()
     return _state(operation_id, operation)
+
+
+def _unavailable(exc: StoreUnavailable) -> HttpResponse:
+    """The endpoints' ``503``, logged as a protected view's is: operators see the fault."""
+    logger.error("Idempotency operations endpoint unavailable (%s)", exc, exc_info=exc)
+    return problems.unavailable()
 
 
 def _verified(operation_id: str, operation: store.Operation) -> bool:
