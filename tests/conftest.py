@@ -220,7 +220,7 @@ def redis_client() -> Any:
     from django.conf import settings
 
     if REDIS_CLUSTER:
-        from django_idempotency._store.redis.store import cluster_client
+        from django_idempotency._store.redis.clients import cluster_client
 
         return cluster_client(settings.REDIS_URL)
     return redis.Redis.from_url(settings.REDIS_URL)

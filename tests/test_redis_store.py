@@ -47,7 +47,8 @@ from django_idempotency._conf.settings import usable
 from django_idempotency._ops import checks, store_checks
 from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.limits import bounded_scope
-from django_idempotency._store.redis.store import cluster_client, record_key
+from django_idempotency._store.redis.clients import cluster_client
+from django_idempotency._store.redis.keyspace import record_key
 from django_idempotency.testing import concurrently, stale_key
 from tests.conftest import flush_redis
 from tests.held import assert_held_off
@@ -218,7 +219,7 @@ def test_the_first_calls_of_many_threads_at_once_make_one_client(
     collection every connection the calls kept is still open. The client takes 50 ms to
     make here, so that the first calls all arrive while it is being made."""
     from django_idempotency._store.redis import RedisStore
-    from django_idempotency._store.redis import store as module
+    from django_idempotency._store.redis import clients as module
 
     made = module.client_for
 
@@ -239,7 +240,7 @@ def test_the_first_calls_of_many_threads_at_once_make_one_client(
         made_clients = len({id(each) for each in clients})
         del clients
         gc.collect()  # a client made and dropped closes its pool here
-        assert store._idle and all(each._sock is not None for each in store._idle)
+        assert store._wire.idle and all(each._sock is not None for each in store._wire.idle)
         assert made_clients == 1
 
 
@@ -263,7 +264,7 @@ def test_the_store_keeps_its_connections_and_drops_all_idle_ones_after_a_cut() -
             thread.start()
         for thread in threads:
             thread.join()
-        assert len(store._idle) >= 2
+        assert len(store._wire.idle) >= 2
         pool = store.client.connection_pool
         checkouts = []
         original = pool.get_connection
@@ -745,14 +746,14 @@ def test_a_script_call_is_packed_as_redis_pys_own_packer_packs_it() -> None:
     kinds of argument the scripts get (str, not ASCII too; int; bytes, a large body too)."""
     from redis.connection import Connection, Encoder, PythonRespSerializer
 
-    from django_idempotency._store.redis.store import _packed
+    from django_idempotency._store.redis.connections import packed
 
     parts = (
         "EVALSHA", "0" * 40, 2, "idempotency:{tenant:ä|abc}", "idempotency-scope:{tenant:ä}",
         "tok-1", 1_234_567_890_123, 0, "", b"\x00\xff\r\n", b"x" * 100_000, "{\"a\":[1,2]}",
     )  # fmt: skip
     python = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
-    assert b"".join(_packed(Connection(), parts)) == b"".join(python.pack(*parts))
+    assert b"".join(packed(Connection(), parts)) == b"".join(python.pack(*parts))
 
 
 @pytest.mark.parametrize("protocol", ["", "?protocol=2"])
@@ -764,7 +765,7 @@ def test_a_store_that_reads_its_own_commands_back_is_a_503_and_never_a_claim(
     list that a claim took for a record, and a result write for done. Both are faults of the
     connection: the claim answers ``503`` and the view does not run; a write is not done."""
     from django_idempotency._store.redis import RedisStore
-    from django_idempotency._store.redis.store import RedisFault
+    from django_idempotency._store.redis.faults import RedisFault
     from tests.conftest import executions, problem_slug
 
     with echo_server() as echo:

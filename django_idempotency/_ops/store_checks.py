@@ -109,7 +109,7 @@ def w061_unbounded(store: str) -> list[CheckMessage]:
     except Exception:
         return []  # E060 or E062 says why
     pool = getattr(client, "connection_pool", None)
-    if bound._pool is not None or pool is None:
+    if bound.bounds_each_call or pool is None:
         return []  # each call sets its own timeouts (or a cluster's client, made with them)
     kwargs = getattr(pool, "connection_kwargs", {})
     if kwargs.get("socket_timeout") is not None:

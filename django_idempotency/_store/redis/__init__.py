@@ -1,6 +1,23 @@
 """The Redis store: a second kind of store beside the database's vendors, for
 endpoints that trade durability and a shared transaction for latency (docs: 'Choosing the
-store'). :mod:`.store` speaks the interface the core calls; :mod:`.scripts` holds its Lua."""
+store'). Its modules, each one concern, from the bottom up:
+
+- :mod:`.keyspace`: the prefix of the store's keys, a record's key and its scope's index;
+- :mod:`.clients`: the redis-py client of a store name by topology (a cache alias's, one
+  server, TLS, Sentinel, Cluster), and the pool the store may take connections from;
+- :mod:`.faults`: :class:`~.faults.RedisFault`, what redis-py raises, a reply that is not the
+  script's, the refusals that pass, which refusals are an outage;
+- :mod:`.connections`: the store's own connections, one exchange within a call's time;
+- :mod:`.scripts`: the Lua; :mod:`.codec`: a record's fields and replies, by position;
+- :mod:`.waits`: ``REDIS_REPLICAS``' ``WAIT``/``WAITAOF`` and its check;
+- :mod:`.running`: one script's tries within its bound, on the store's own connection or
+  through redis-py's ``Script``;
+- :mod:`.renewal`: many locks renewed at once (a cluster's node by node);
+- :mod:`.scans`: erasure, the count, a key's records, the census;
+- :mod:`.store`: :class:`RedisStore`, the interface the core calls, delegating to the rest.
+
+Each imports, of these, only the ones above it in the list (and of ``_store`` and the layers
+below what any store module may)."""
 
 from __future__ import annotations
 

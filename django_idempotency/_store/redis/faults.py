@@ -1,0 +1,83 @@
+"""What counts as a fault of a Redis store, and what as a reply of its scripts: the failures
+redis-py raises, the refusals that pass (a server loading, a failover), a reply that did not
+come from our script, and which refusals are an outage (one log line) rather than a bug."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DatabaseError
+
+
+class RedisFault(DatabaseError):
+    """A Redis command that failed for its connection or its server (a ``DatabaseError``, so
+    that the core's writes report it as they report the database's)."""
+
+
+def failures() -> tuple[type[Exception], ...]:
+    """What redis-py raises for a server, a connection or a cluster that fails: its
+    ``RedisError``, and a cluster's ``RedisClusterException`` (not one: an unreachable cluster
+    at a worker's first call was a ``500``)."""
+    import redis
+    from redis.exceptions import RedisClusterException
+
+    return (redis.RedisError, RedisClusterException)
+
+
+#: The kinds a claim's reply starts with (:data:`.scripts.CLAIM`).
+_CLAIM_KINDS = frozenset((b"new", b"own", b"takeover", b"found"))
+
+
+def understood(name: str, reply: Any) -> bool:
+    """Whether a reply is the script's: a claim's is a list led by its kind, every other
+    script's a number. Anything else did not come from our script on a Redis server: a
+    client connected to itself (a server down on a port of the ephemeral range: its own
+    command read back) must not take it for a claim, or a write for done."""
+    if name == "CLAIM":
+        return isinstance(reply, list) and len(reply) > 1 and reply[0] in _CLAIM_KINDS
+    return type(reply) is int
+
+
+def connection_fault(name: str, what: Any) -> Exception:
+    """A reply that is not the script's, or a failure redis-py does not name as its own
+    (``AttributeError`` from a handshake whose ``HELLO`` was answered with a list,
+    ``ValueError`` from a socket closed under a read), as the connection's fault: tried
+    again, or answered ``503``, not a ``500``."""
+    import redis
+
+    if isinstance(what, Exception):
+        fault = redis.ConnectionError(f"{name}: the connection failed: {what!r}")
+    else:
+        fault = redis.ConnectionError(f"{name}: a reply that is not the script's: {what!r:.80}")
+    setattr(fault, _UNEXPECTED, True)  # logged with its traceback
+    return fault
+
+
+#: Marks a fault of :func:`connection_fault`: not redis-py's own, so not an expected outage.
+_UNEXPECTED = "_idempotency_unexpected"
+
+
+def passing(exc: Exception) -> bool:
+    """Whether a server's refusal passes: loading its data after a restart, a replica that
+    became read-only in a failover, a cluster's slot moving."""
+    text = str(exc).upper()
+    return text.startswith(("LOADING", "READONLY", "TRYAGAIN", "MOVED", "ASK", "MASTERDOWN"))
+
+
+def expected(exc: BaseException) -> bool:
+    """A refusal caused by the connection or the server (refused, cut, timed out, loading,
+    read-only): an outage, one log line per refused call. A 3 s outage logged 790 chained
+    tracebacks at ``ERROR``; what redis-py does not name as its own keeps its traceback."""
+    import redis
+
+    seen: BaseException | None = exc
+    known = False
+    while seen is not None:
+        if getattr(seen, _UNEXPECTED, False):
+            return False
+        if isinstance(seen, (redis.ConnectionError, redis.TimeoutError)) or (
+            isinstance(seen, redis.ResponseError) and passing(seen)
+        ):
+            known = True
+        seen = seen.__cause__
+    return known

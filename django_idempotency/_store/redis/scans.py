@@ -1,0 +1,94 @@
+"""What operators read and erase across records: a scope's finished records erased now, the
+records counted, one key's records in every scope, the census by status (each a ``SCAN`` of
+the store's prefix or a read of a scope's index)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django_idempotency._store.redis.codec import as_text
+from django_idempotency._store.redis.keyspace import glob, record_key, scope_index
+from django_idempotency.models import IdempotencyKey
+
+
+def erase(
+    client: Any, erase_record: Callable[[str], Any], scope: str, prefix: str, dry_run: bool
+) -> tuple[int, int]:
+    """Delete the scope's finished records now, each by ``erase_record`` (the ``ERASE``
+    script, given the record's key): (deleted, in progress)."""
+    index = scope_index(scope, prefix)
+    deleted = in_progress = 0
+    for member in client.zrange(index, 0, -1):
+        key_hash = as_text(member)
+        key = record_key(scope, key_hash, prefix)
+        if dry_run:
+            status = client.hget(key, "st")
+            if status == b"processing":
+                in_progress += 1
+            elif status is not None:
+                deleted += 1
+            continue
+        outcome = erase_record(key)
+        if outcome == 1:
+            deleted += 1
+        elif outcome == -1:
+            in_progress += 1
+        if outcome != -1:
+            client.zrem(index, member)
+    return deleted, in_progress
+
+
+def count(client: Any, prefix: str) -> int:
+    """How many records the store holds (a ``SCAN`` of its prefix: an operator's figure)."""
+    return sum(1 for _ in client.scan_iter(match=f"{glob(prefix)}r:*", count=1000))
+
+
+def key_records(
+    client: Any,
+    prefix: str,
+    key_hash: str,
+    read: Callable[[str, str], IdempotencyKey | None],
+) -> list[IdempotencyKey]:
+    """The key's records in every scope (a ``SCAN`` for its hash; each read by ``read``,
+    unsaved instances), oldest first: tests, operators."""
+    found = []
+    for name in client.scan_iter(match=f"{glob(prefix)}r:{{*:{key_hash}}}", count=1000):
+        scope = client.hget(name, "sc")
+        record = None if scope is None else read(as_text(scope), key_hash)
+        if record is not None:
+            found.append(record)
+    return sorted(found, key=lambda record: record.created_at)
+
+
+def census(client: Any, prefix: str) -> dict[str, Any]:
+    """The store's records by status, and how many are processing with their lock lapsed
+    (taken over by their key's next request): one ``SCAN`` and pipelined ``HMGET`` calls,
+    the times by the server's clock. Expired records are absent (Redis's TTL)."""
+    seconds, micro = client.time()
+    now = int(seconds) * 1_000_000 + int(micro)
+    by_status: dict[str, int] = {}
+    stale = 0
+    batch: list[Any] = []
+
+    def tally() -> None:
+        nonlocal stale
+        pipe = client.pipeline(transaction=False)
+        for name in batch:
+            pipe.hmget(name, "st", "ua")
+        for status, unlock in pipe.execute():
+            if status is None:  # expired since the scan
+                continue
+            text = as_text(status)
+            by_status[text] = by_status.get(text, 0) + 1
+            if text == "processing" and unlock and int(unlock) <= now:
+                stale += 1
+        batch.clear()
+
+    for name in client.scan_iter(match=f"{glob(prefix)}r:*", count=1000):
+        batch.append(name)
+        if len(batch) >= 1000:
+            tally()
+    if batch:
+        tally()
+    return {"total": sum(by_status.values()), "by_status": by_status, "stale": stale}
