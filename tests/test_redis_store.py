@@ -229,7 +229,7 @@ def test_the_first_calls_of_many_threads_at_once_make_one_client(
 
     monkeypatch.setattr(module, "client_for", slowly)
     for _ in range(5):  # a fresh store each round
-        store = RedisStore(settings.REDIS_URL)
+        store = RedisStore(settings.REDIS_URL, lambda exc: False)
 
         def first(store: Any = store) -> Any:
             client = store.client
@@ -775,7 +775,7 @@ def test_a_store_that_reads_its_own_commands_back_is_a_503_and_never_a_claim(
         assert response.status_code == 503
         assert problem_slug(response) == "idempotency-unavailable"
         assert executions() == 0
-        store: Any = RedisStore(url)
+        store: Any = RedisStore(url, lambda exc: False)
         for script, args in [("COMPLETE", ["t", "completed", 201, "[]", b"", "0", "", "h"]),
                              ("UNLOCK", ["t"])]:  # fmt: skip
             with pytest.raises(RedisFault, match=r"the connection failed|not the script.s"):
@@ -1623,3 +1623,20 @@ def test_an_owner_knows_its_records_life_from_its_claim() -> None:
         first.result(10)
     assert pairs["first"] == (life, 1)
     assert pairs["second"][0] > life
+
+
+def test_the_projects_database_errors_are_judged_by_the_databases_store() -> None:
+    """A database error of the project's code under a Redis-store view (the scope function
+    reading the user) is transient as the app's database's store says: the registry gives
+    the Redis store that judgement (the store no longer reaches up for it)."""
+    from django.db import OperationalError, ProgrammingError, connection
+
+    from django_idempotency._conf.settings import conf
+    from django_idempotency._store import using
+
+    store, database = using(settings.REDIS_URL), using(conf.DATABASE_ALIAS)
+    locked, wrong = OperationalError("database is locked"), ProgrammingError("no such column: x")
+    for exc in (locked, wrong):
+        assert store.is_transient(exc) == database.is_transient(exc)
+    assert not store.is_transient(wrong)
+    assert store.is_transient(locked) == (connection.vendor == "sqlite")

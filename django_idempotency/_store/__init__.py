@@ -21,6 +21,7 @@ from __future__ import annotations
 from django.db import connections
 
 from django_idempotency._base.errors import StoreUnavailable
+from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import is_redis
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import unsupported
@@ -62,7 +63,12 @@ def using(alias: str) -> Store:
     if is_redis(alias):  # a cache alias's, or a URL
         from django_idempotency._store.redis import RedisStore
 
-        return _BOUND.setdefault(alias, RedisStore(alias))  # type: ignore[arg-type]
+        # A database error of the project's code (the scope function reading the user) is
+        # the app's database's store's to judge.
+        def judge(exc: BaseException) -> bool:
+            return using(conf.DATABASE_ALIAS).is_transient(exc)
+
+        return _BOUND.setdefault(alias, RedisStore(alias, judge))  # type: ignore[arg-type]
     connection = connections[alias]
     vendor = VENDORS.get(connection.vendor)
     if vendor is None:

@@ -78,8 +78,11 @@ class RedisStore:
     rides_out_faults = True
     lock_wait_outlives_transaction = False
 
-    def __init__(self, alias: str) -> None:
+    def __init__(self, alias: str, judge: Callable[[BaseException], bool]) -> None:
         self.alias = alias
+        #: Whether a database error of the project's code is transient: the app's database's
+        #: store says (given by the registry, which knows the database's stores).
+        self._judge = judge
         self._client: Any = None
         self._prefix: str | None = None
         self._cluster: bool | None = None
@@ -153,12 +156,7 @@ class RedisStore:
     def is_transient(self, exc: BaseException) -> bool:
         """A database error of the project's code (the scope function reading the user):
         as the database's store says."""
-        if isinstance(exc, RedisFault):
-            return True
-        from django_idempotency._conf.settings import conf
-        from django_idempotency._store import using
-
-        return using(conf.DATABASE_ALIAS).is_transient(exc)
+        return isinstance(exc, RedisFault) or self._judge(exc)
 
     def faulted(self, exc: BaseException) -> None:
         pass
