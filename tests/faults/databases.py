@@ -35,8 +35,10 @@ DATABASE = "idem_faults"
 #: The app's own MariaDB user: ``read_only`` does not hold back root (it has SUPER).
 APP_USER, APP_PASSWORD = "idem", "idem"
 
-# Processes started here (pid -> what), ended at exit if still alive.
-_started: dict[int, str] = {}
+# Processes started here (pid -> what, and when it started: the kernel's pids wrap within
+# minutes of a long run, so a pid is ours only while its start time is), ended at exit if
+# still alive.
+_started: dict[int, tuple[str, int | None]] = {}
 _reserved: set[int] = set()
 
 
@@ -45,26 +47,44 @@ class FaultHarnessError(RuntimeError):
 
 
 def track(pid: int, what: str) -> None:
-    _started[pid] = what
+    _started[pid] = (what, started_at(pid))
 
 
 def untrack(pid: int) -> None:
     _started.pop(pid, None)
 
 
+def started_at(pid: int) -> int | None:
+    """When the process ``pid`` started (clock ticks since boot); ``None`` when ``pid`` names
+    no live process: gone, a zombie, or a thread of another process (``/proc`` shows a
+    thread's id too, and ``kill`` of it signals its whole process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    tgid = next((line.split()[1] for line in status.splitlines() if line.startswith("Tgid:")), "")
+    if len(fields) < 20 or fields[0] == "Z" or tgid != str(pid):
+        return None
+    return int(fields[19])  # the 22nd field: starttime
+
+
 def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie child of ours is reaped and counts as gone)."""
+    """Whether ``pid`` runs, and is still the process tracked under it if it is tracked (a
+    zombie child of ours is reaped and counts as gone; so does a pid the kernel has given to
+    another process or thread since)."""
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
             return False
     except ChildProcessError:
         pass
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError, ProcessLookupError):
+    began = started_at(pid)
+    if began is None:
         return False
-    return state != "Z"
+    tracked = _started.get(pid)
+    return tracked is None or tracked[1] is None or tracked[1] == began
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
@@ -77,13 +97,15 @@ def wait_gone(pid: int, timeout: float) -> bool:
 
 
 def end(pid: int, *, grace: float = STOP_TIMEOUT) -> None:
-    """SIGTERM ``pid`` (one of ours), SIGKILL it if it outlives ``grace``."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if not wait_gone(pid, grace):
+    """SIGTERM ``pid`` (one of ours), SIGKILL it if it outlives ``grace``; nothing if it is
+    gone already (its pid may be another process's by now)."""
+    if alive(pid):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        wait_gone(pid, 10)
+            os.kill(pid, signal.SIGTERM)
+        if not wait_gone(pid, grace) and alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            wait_gone(pid, 10)
     untrack(pid)
 
 

@@ -427,12 +427,14 @@ class Servers:
 
 
 def _parent(pid: int) -> int | None:
-    """The parent of a live process ``pid`` (``None`` for one gone, a zombie included)."""
+    """The parent of a live process ``pid`` (``None`` for one gone, a zombie, or a thread's
+    id: a worker's thread has the master as its parent too)."""
+    if databases.started_at(pid) is None:
+        return None
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (FileNotFoundError, IndexError, ProcessLookupError):
         return None
-    return None if fields[0] == "Z" else int(fields[1])
 
 
 # The run ----------------------------------------------------------------------------------
