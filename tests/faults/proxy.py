@@ -149,6 +149,13 @@ class FaultProxy:
         with self._lock:
             self._refusing = False
 
+    def repoint(self, upstream_port: int) -> int:
+        """Forward new connections to ``upstream_port`` (a failover's new primary) and reset
+        every open one, which reached the old server: how many."""
+        with self._lock:
+            self.upstream = (self.upstream[0], upstream_port)
+        return self.cut_all()
+
     def cut_all(self) -> int:
         """Reset every open connection at once, as a network failure does: how many."""
         with self._lock:
@@ -177,8 +184,10 @@ class FaultProxy:
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
 
     def _connect(self, client: socket.socket) -> None:
+        with self._lock:
+            upstream = self.upstream
         try:
-            server = socket.create_connection(self.upstream, timeout=5)
+            server = socket.create_connection(upstream, timeout=5)
         except OSError:
             # The server is down: refuse as it would (a reset, not a hang).
             _reset(client)
