@@ -230,6 +230,9 @@ class PostgresCluster(_Server):
     bin: Path = field(default_factory=postgresql_bin)
     #: Its streaming standby, made by :meth:`create` with ``replication``.
     standby: PostgresCluster | None = None
+    #: The port a standby streams from: a proxy's, standing for the distance between two
+    #: machines (:meth:`fail_over` has it pointed at the new primary); this one's otherwise.
+    via: int | None = None
 
     NAME: ClassVar[str] = "postgresql"
 
@@ -286,14 +289,14 @@ class PostgresCluster(_Server):
         """A streaming standby of this primary: ``pg_basebackup -R`` (as ``postgres``) through
         a replication slot of its own, on a port and in a folder of its own, started, and
         streaming (synchronous, when the primary asks for it) before this returns."""
-        standby = PostgresCluster(bin=self.bin)
+        standby = PostgresCluster(bin=self.bin, via=self.via)
         _, user = _as_user("postgres")
         if user is not None:
             shutil.chown(standby.root, user)
         # Slots are not copied to a standby: a promoted one has none, so the name is free.
-        self._pg("pg_basebackup", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                 "-D", str(standby.datadir), "-R", "-X", "stream", "-c", "fast", "-C", "-S",
-                 SLOT)  # fmt: skip
+        self._pg("pg_basebackup", "-h", "127.0.0.1", "-p", str(self.via or self.port),
+                 "-U", "postgres", "-D", str(standby.datadir), "-R", "-X", "stream", "-c", "fast",
+                 "-C", "-S", SLOT)  # fmt: skip
         with (standby.datadir / "postgresql.conf").open("a") as conf:
             conf.write(f"\nport = {standby.port}\nunix_socket_directories = '{standby.root}'\n")
         standby.start()
@@ -353,12 +356,15 @@ class PostgresCluster(_Server):
 
     def fail_over(
         self, pause: float, repoint: Callable[[int], None]
-    ) -> tuple[PostgresCluster, float]:
+    ) -> tuple[PostgresCluster, float, int]:
         """This primary killed (:meth:`kill`), its standby promoted ``pause`` seconds later
         (a failover manager's time to notice), ``repoint`` given the new primary's port (a
-        proxy's upstream, an address moved), this cluster's folder removed, and a fresh
+        proxy's upstream, an address moved: the app's, and :attr:`via`'s), this cluster's
+        folder removed, and a fresh
         standby made of the new primary, so that another failover has a target. The new
-        primary, and when (``time.time()``) it was promoted and pointed at.
+        primary, when (``time.time()``) it was promoted and pointed at, and how many bytes of
+        the WAL the primary had flushed (read just before the kill: a lower bound) the standby
+        had not received when it was promoted: what asynchronous replication may lose.
 
         With synchronous replication the new primary commits alone until its new standby is
         synchronous, as Patroni's ``synchronous_mode`` does (its strict mode would refuse every
@@ -368,8 +374,14 @@ class PostgresCluster(_Server):
         being that moment."""
         standby, self.standby = self.standby, None
         assert standby is not None, "a failover needs a standby: create(replication=...)"
+        flushed = self.execute("SELECT pg_current_wal_flush_lsn()::text", database="postgres")
         self.kill()
         time.sleep(pause)
+        behind = standby.execute(
+            "SELECT pg_wal_lsn_diff(%s::pg_lsn, pg_last_wal_receive_lsn())::bigint",
+            [flushed[0][0]],
+            database="postgres",
+        )[0][0]
         standby.promote()
         synchronous = bool(standby.setting("synchronous_standby_names"))
         if synchronous:
@@ -381,7 +393,7 @@ class PostgresCluster(_Server):
         if synchronous:
             standby.synchronous(True)
             standby.wait_streaming()
-        return standby, promoted
+        return standby, promoted, max(0, int(behind))
 
     def start(self) -> None:
         try:

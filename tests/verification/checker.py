@@ -14,8 +14,10 @@ Events (JSON objects, ``type`` first):
 - ``consumed``: the consumer's effect for a message (``message``, ``execution``);
 - ``undrained``: the outbox still held undelivered messages when the run stopped waiting;
 - ``fault``: ``kind``, ``start``, ``end``, ``pid`` (a worker's), ``long`` (longer than the
-  lock can outlive); a ``db-failover``'s also ``mode`` (``sync`` or ``async`` replication)
-  and ``promoted`` (when the standby was promoted and the proxy pointed at it);
+  lock can outlive); a ``db-failover``'s also ``mode`` (``sync`` or ``async`` replication),
+  ``promoted`` (when the standby was promoted and the proxy pointed at it), ``standby`` (when
+  a new standby streamed) and ``behind`` (bytes of WAL the primary had flushed and the
+  standby had not received);
 - ``unsettled``: ``op``: a client with no final answer when the run's settling time was up;
 - ``poll``: a GET of an operation's status URL (``operation``) that a ``202`` gave ``owner``,
   sent as ``principal`` (the owner or another): ``status``, the operation's ``state`` and the

@@ -122,6 +122,11 @@ FENCE_WORK, FENCE_STOP_AFTER, FENCE_STOP = 1.5, 0.6, 6.0
 #: have been taken over (its lock lapsed, without renewal) and run again, with time to spare
 #: on a loaded machine.
 SQLITE_NEMESIS_FROM = FENCE_AT
+#: Seconds the standby's stream takes to reach it with ``--failover`` (the distance between
+#: two machines in one region; on one machine it is none, and an asynchronous standby is
+#: never behind when its primary dies): each commit waits that long more with ``sync``; with
+#: ``async`` the commits of the last ``REPLICATION_LAG`` before a failover may be lost.
+REPLICATION_LAG = 0.05
 DATABASE_FAULTS = ("db-blackhole", "db-cut", "db-restart", "db-read-only", "db-terminate")
 
 
@@ -296,6 +301,8 @@ class Servers:
     folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-verify-")))
     server: Any = None
     proxy: FaultProxy | None = None
+    #: With ``failover``, the standby's stream passes it: :data:`REPLICATION_LAG`.
+    distance: FaultProxy | None = None
     redis: RedisServer | None = None
     gunicorn: harness.Server | None = None
     #: The outbox's relay (``manage.py idempotency_relay``) and consumer, database store only.
@@ -314,6 +321,9 @@ class Servers:
                 else databases.MariaDBServer()
             )
             if self.failover:
+                self.distance = FaultProxy(databases.free_port(), self.server.port,
+                                           lag=REPLICATION_LAG).start()  # fmt: skip
+                self.server.via = self.distance.port
                 self.server.create(replication=self.failover)
             else:
                 self.server.create()
@@ -365,16 +375,24 @@ class Servers:
         databases.track(process.pid, name)
         self.helpers[name] = process
 
-    def fail_over(self, pause: float) -> float:
+    def fail_over(self, pause: float) -> tuple[float, int]:
         """The primary killed, its standby promoted ``pause`` seconds later and the proxy
         pointed at it, a fresh standby made of it (:meth:`PostgresCluster.fail_over`): when
-        the new primary was promoted and pointed at."""
+        the new primary was promoted and pointed at, and the bytes of flushed WAL the standby
+        lacked."""
         assert self.proxy is not None
+        proxy, distance = self.proxy, self.distance
+        assert distance is not None
+
+        def repoint(port: int) -> None:
+            proxy.repoint(port)
+            distance.repoint(port)
+
         began = time.time()
-        self.server, promoted = self.server.fail_over(pause, self.proxy.repoint)
-        log(f"failover: promoted in {promoted - began:.1f}s, a new standby streaming "
-            f"{time.time() - promoted:.1f}s later")  # fmt: skip
-        return float(promoted)
+        self.server, promoted, behind = self.server.fail_over(pause, repoint)
+        log(f"failover: promoted in {promoted - began:.1f}s ({behind} bytes of WAL behind), "
+            f"a new standby streaming {time.time() - promoted:.1f}s later")  # fmt: skip
+        return float(promoted), int(behind)
 
     @property
     def url(self) -> str:
@@ -436,8 +454,9 @@ class Servers:
             if keep_log is not None:
                 shutil.copy(self.gunicorn.log_path, keep_log)
             self.gunicorn.discard_log()
-        if self.proxy is not None:
-            self.proxy.stop()
+        for proxy in (self.proxy, self.distance):
+            if proxy is not None:
+                proxy.stop()
         if self.redis is not None:
             self.redis.destroy()
         if self.server is not None:
@@ -681,7 +700,7 @@ class Run:
                     self.servers.server.stop_for(fault.duration)
                 elif fault.kind == "db-failover":  # the primary killed, its standby promoted
                     event["mode"] = self.servers.failover
-                    event["promoted"] = self.servers.fail_over(fault.duration)
+                    event["promoted"], event["behind"] = self.servers.fail_over(fault.duration)
                 elif fault.kind == "db-read-only":
                     self.servers.server.read_only(True)
                     time.sleep(fault.duration)
