@@ -355,16 +355,17 @@ class PostgresCluster(_Server):
         self._pg("pg_ctl", "promote", "-w", "-t", "60", "-D", str(self.datadir))
 
     def fail_over(
-        self, pause: float, repoint: Callable[[int], None]
+        self, pause: float, repoint: Callable[[int], None], sever: Callable[[], object] = list
     ) -> tuple[PostgresCluster, float, int]:
-        """This primary killed (:meth:`kill`), its standby promoted ``pause`` seconds later
-        (a failover manager's time to notice), ``repoint`` given the new primary's port (a
-        proxy's upstream, an address moved: the app's, and :attr:`via`'s), this cluster's
-        folder removed, and a fresh
-        standby made of the new primary, so that another failover has a target. The new
-        primary, when (``time.time()``) it was promoted and pointed at, and how many bytes of
-        the WAL the primary had flushed (read just before the kill: a lower bound) the standby
-        had not received when it was promoted: what asynchronous replication may lose.
+        """This primary cut off from its standby (``sever``: what was on its way to the
+        standby is lost) and killed at once (:meth:`kill`), its standby promoted ``pause``
+        seconds later (a failover manager's time to notice), ``repoint`` given the new
+        primary's port (a proxy's upstream, an address moved: the app's, and :attr:`via`'s),
+        this cluster's folder removed, and a fresh standby made of the new primary, so that
+        another failover has a target. The new primary, when (``time.time()``) it was
+        promoted and pointed at, and how many bytes of the WAL the primary had flushed (read
+        just before the kill: a lower bound) the standby had not received when it was
+        promoted: what asynchronous replication may lose.
 
         With synchronous replication the new primary commits alone until its new standby is
         synchronous, as Patroni's ``synchronous_mode`` does (its strict mode would refuse every
@@ -375,6 +376,7 @@ class PostgresCluster(_Server):
         standby, self.standby = self.standby, None
         assert standby is not None, "a failover needs a standby: create(replication=...)"
         flushed = self.execute("SELECT pg_current_wal_flush_lsn()::text", database="postgres")
+        sever()
         self.kill()
         time.sleep(pause)
         behind = standby.execute(

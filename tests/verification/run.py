@@ -11,6 +11,12 @@ history as JSON lines and prints, as its last line on stdout, one JSON object: `
 ``histories``, ``requests``, ``faults`` (counts by kind), ``windows``, ``violations`` (each
 with its invariant and the smallest history that shows it). Exit status 1 on a violation.
 
+With ``--failover sync|async`` (PostgreSQL) the cluster has a streaming standby, synchronous or
+not, and the nemesis fails the primary over to it (``db-failover``): the primary SIGKILLed,
+the standby promoted, the proxy pointed at it, a fresh standby made of it. The summary says
+the mode (``failover``) and how many violations had a failover in their time
+(``violations_at_failover``: asynchronous replication's losses).
+
 The workload and the nemesis's schedule are generated from the seed with ``random.Random``
 (not Hypothesis: the servers' interleavings are not the generator's to replay, so shrinking is a
 pass over the recorded history, :func:`checker.shrink`): the same seed runs the same schedule.
@@ -387,9 +393,12 @@ class Servers:
         def repoint(port: int) -> None:
             proxy.repoint(port)
             distance.repoint(port)
+            distance.admit()
 
         began = time.time()
-        self.server, promoted, behind = self.server.fail_over(pause, repoint)
+        # The primary's machine and its link gone at once: the stream's bytes on their way
+        # (REPLICATION_LAG's) never reach the standby.
+        self.server, promoted, behind = self.server.fail_over(pause, repoint, distance.refuse)
         log(f"failover: promoted in {promoted - began:.1f}s ({behind} bytes of WAL behind), "
             f"a new standby streaming {time.time() - promoted:.1f}s later")  # fmt: skip
         return float(promoted), int(behind)
