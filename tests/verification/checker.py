@@ -77,9 +77,11 @@ def _excuse(
 ) -> Event | None:
     """The fault that let ``second`` run again after ``first`` (SPEC 4a's window): the owner's
     worker killed, or a fault longer than its remaining lock (at least two thirds of the lock,
-    renewed) between the two effects. A failover that began once ``first``'s answer had
-    reached a client (``acked``: when an answer first named each execution) is none: the
-    result was stored before it was answered, and a promoted standby must have it."""
+    renewed) between the two effects; a worker stopped so long is either effect's (the late
+    owner's view may run before the taker's, or after it resumes). A failover that began once
+    ``first``'s answer had reached a client (``acked``: when an answer first named each
+    execution) is none: the result was stored before it was answered, and a promoted standby
+    must have it."""
     if first["entry"] in limits.atomic:
         return None
     for fault in faults:
@@ -88,9 +90,14 @@ def _excuse(
         answered = acked.get(first["execution"], float("inf"))
         if fault["kind"] == FAILOVER and answered < fault["start"]:
             continue
+        # A worker stopped between its claim and its view is a late owner too: its view runs
+        # once it resumes, after a retry took the record over and ran it (``second``'s).
+        owners = (
+            (first["pid"], second["pid"]) if fault["kind"] == "worker-stop" else (first["pid"],)
+        )
         if (
             fault["kind"] in WORKER_FAULTS
-            and fault.get("pid") != first["pid"]
+            and fault.get("pid") not in owners
             and not (limits.worker_faults_global and fault["kind"] == "worker-stop")
         ):
             continue

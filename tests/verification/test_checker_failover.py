@@ -52,3 +52,25 @@ def test_a_restart_after_the_answer_still_opens_a_window() -> None:
     result = checker.check(history({"kind": "db-restart", "start": 11.0, "end": 12.0}), LIMITS)
     assert result.violations == []
     assert len(result.windows) == 1
+
+
+def test_a_worker_stopped_before_its_view_ran_is_a_late_owner() -> None:
+    """A worker SIGSTOPped between its claim and its view, longer than the lock: a retry takes
+    the record over and runs the view, and the stopped worker runs it too once it resumes,
+    after the taker (SPEC 4a's window; found by an asynchronous failover's run, seed 3)."""
+    who = {"principal": "alice", "key": "k", "entry": "plain", "body": "b"}
+    events = [
+        {"type": "invoke", "op": "op1", "t": 14.3, **who},
+        {"type": "fault", "kind": "worker-stop", "pid": 1, "long": True, "start": 15.8,
+         "end": 21.9},
+        {"type": "invoke", "op": "op2", "t": 20.1, **who},
+        {"type": "effect", "t": 20.2, "execution": "x2", "pid": 2, **who},
+        {"type": "complete", "op": "op2", "t": 20.4, "status": 201, "response": "r2",
+         "replayed": False, "execution": "x2", "as": "alice"},
+        {"type": "effect", "t": 21.9, "execution": "x1", "pid": 1, **who},
+        {"type": "complete", "op": "op1", "t": 22.1, "status": 201, "response": "r1",
+         "replayed": False, "execution": "x1", "as": "alice"},
+    ]  # fmt: skip
+    result = checker.check(events, LIMITS)
+    assert result.violations == []
+    assert [window["fault"]["kind"] for window in result.windows] == ["worker-stop"]
