@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,6 +33,8 @@ PORTS_VARIABLE = "IDEMPOTENCY_FAULT_PORTS"
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 30.0
 DATABASE = "idem_faults"
+#: The replication slot of a primary's standby.
+SLOT = "standby"
 #: The app's own MariaDB user: ``read_only`` does not hold back root (it has SUPER).
 APP_USER, APP_PASSWORD = "idem", "idem"
 
@@ -159,6 +162,17 @@ def _as_user(name: str) -> tuple[list[str], str | None]:
     return ["runuser", "-u", name, "--"], name
 
 
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(FileNotFoundError, IndexError, ValueError, ProcessLookupError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
 def _run(command: list[str], what: str, timeout: float = START_TIMEOUT) -> str:
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
@@ -236,8 +250,20 @@ class PostgresCluster(_Server):
     """One cluster in a temporary folder, trust authentication, on ``port`` over TCP."""
 
     bin: Path = field(default_factory=postgresql_bin)
+    #: Its streaming standby, made by :meth:`create` with ``replication``.
+    standby: PostgresCluster | None = None
+    #: The port a standby streams from: a proxy's, standing for the distance between two
+    #: machines (:meth:`fail_over` has it pointed at the new primary); this one's otherwise.
+    via: int | None = None
 
     NAME: ClassVar[str] = "postgresql"
+
+    def destroy(self) -> None:
+        try:
+            super().destroy()
+        finally:
+            if self.standby is not None:
+                self.standby.destroy()
 
     def url(self, port: int | None = None, database: str = DATABASE) -> str:
         """A ``DATABASE_URL`` (through ``port``, a proxy's, when given)."""
@@ -247,8 +273,11 @@ class PostgresCluster(_Server):
         prefix, _ = _as_user("postgres")
         return _run([*prefix, str(self.bin / program), *args], program, timeout)
 
-    def create(self) -> None:
-        """``initdb`` and start; then the database the app uses."""
+    def create(self, replication: str = "") -> None:
+        """``initdb`` and start; then the database the app uses. With ``replication``
+        (``"sync"`` or ``"async"``), a streaming standby first (:meth:`make_standby`), and for
+        ``"sync"`` every commit waits until the standby has flushed it (``'*'``: whichever
+        standby streams; copied into each standby, so a promoted one keeps the rule)."""
         _, user = _as_user("postgres")
         if user is not None:
             shutil.chown(self.root, user)
@@ -261,8 +290,134 @@ class PostgresCluster(_Server):
                 "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
                 "shared_buffers = 32MB\n"
             )
+            if replication:
+                # A commit is acknowledged once it is in the primary's WAL (and, with "sync",
+                # the standby's), as a deployment's would be: losses are replication's only.
+                conf.write(
+                    "wal_level = replica\nmax_wal_senders = 10\nmax_replication_slots = 10\n"
+                    "wal_keep_size = 64MB\nhot_standby = on\nsynchronous_commit = on\n"
+                    # A standby whose primary restarted streams again within 0.2 s, not 5 s.
+                    "wal_retrieve_retry_interval = 200ms\n"
+                )
+                if replication == "sync":
+                    conf.write("synchronous_standby_names = '*'\n")
         self.start()
+        if replication:
+            # Before any commit: with "sync", a commit waits for a standby.
+            self.standby = self.make_standby()
         self.execute(f"CREATE DATABASE {DATABASE}", database="postgres")
+
+    def make_standby(self) -> PostgresCluster:
+        """A streaming standby of this primary: ``pg_basebackup -R`` (as ``postgres``) through
+        a replication slot of its own, on a port and in a folder of its own, started, and
+        streaming (synchronous, when the primary asks for it) before this returns."""
+        standby = PostgresCluster(bin=self.bin, via=self.via)
+        _, user = _as_user("postgres")
+        if user is not None:
+            shutil.chown(standby.root, user)
+        # Slots are not copied to a standby: a promoted one has none, so the name is free.
+        self._pg("pg_basebackup", "-h", "127.0.0.1", "-p", str(self.via or self.port),
+                 "-U", "postgres", "-D", str(standby.datadir), "-R", "-X", "stream", "-c", "fast",
+                 "-C", "-S", SLOT)  # fmt: skip
+        with (standby.datadir / "postgresql.conf").open("a") as conf:
+            conf.write(f"\nport = {standby.port}\nunix_socket_directories = '{standby.root}'\n")
+        standby.start()
+        self.wait_streaming()
+        return standby
+
+    def wait_streaming(self, timeout: float = START_TIMEOUT) -> None:
+        """Until a standby streams from this primary (and is its synchronous one, when the
+        primary has ``synchronous_standby_names``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            names = self.setting("synchronous_standby_names")
+            rows = self.execute("SELECT state, sync_state FROM pg_stat_replication",
+                                database="postgres")  # fmt: skip
+            if any(s == "streaming" and (sync == "sync" or not names) for s, sync in rows):
+                return
+            if time.monotonic() > deadline:
+                raise FaultHarnessError(f"no standby streaming after {timeout}s: {rows}")
+            time.sleep(0.05)
+
+    def setting(self, name: str) -> str:
+        return str(self.execute("SELECT current_setting(%s)", [name], database="postgres")[0][0])
+
+    def synchronous(self, on: bool) -> None:
+        """Commits wait for a standby (``synchronous_standby_names`` of ``postgresql.conf``)
+        or not (``''``), from every new transaction on."""
+        if on:
+            self.execute("ALTER SYSTEM RESET synchronous_standby_names", database="postgres")
+        else:
+            self.execute("ALTER SYSTEM SET synchronous_standby_names = ''", database="postgres")
+        self.execute("SELECT pg_reload_conf()", database="postgres")
+        # The reload is asynchronous: wait until a new session sees it.
+        deadline = time.monotonic() + 10
+        while bool(self.setting("synchronous_standby_names")) != on:
+            if time.monotonic() > deadline:
+                raise FaultHarnessError(f"synchronous_standby_names not {on} after 10 s")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """The primary's machine gone: SIGKILL the postmaster and every process of it at once
+        (no shutdown: nothing more reaches a standby or a client)."""
+        assert self.pid is not None
+        pid, self.pid = self.pid, None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)  # it forks no more while its children are read
+        children = _children(pid)
+        for each in [pid, *children]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(each, signal.SIGKILL)
+        for each in [pid, *children]:
+            wait_gone(each, STOP_TIMEOUT)
+        untrack(pid)
+
+    def promote(self) -> None:
+        """``pg_ctl promote``: this standby becomes a primary (on a new timeline)."""
+        self._pg("pg_ctl", "promote", "-w", "-t", "60", "-D", str(self.datadir))
+
+    def fail_over(
+        self, pause: float, repoint: Callable[[int], None], sever: Callable[[], object] = list
+    ) -> tuple[PostgresCluster, float, int]:
+        """This primary cut off from its standby (``sever``: what was on its way to the
+        standby is lost) and killed at once (:meth:`kill`), its standby promoted ``pause``
+        seconds later (a failover manager's time to notice), ``repoint`` given the new
+        primary's port (a proxy's upstream, an address moved: the app's, and :attr:`via`'s),
+        this cluster's folder removed, and a fresh standby made of the new primary, so that
+        another failover has a target. The new primary, when (``time.time()``) it was
+        promoted and pointed at, and how many bytes of the WAL the primary had flushed (read
+        just before the kill: a lower bound) the standby had not received when it was
+        promoted: what asynchronous replication may lose.
+
+        With synchronous replication the new primary commits alone until its new standby is
+        synchronous, as Patroni's ``synchronous_mode`` does (its strict mode would refuse every
+        commit meanwhile: they wait for a standby, and each one the app's bound gives up on
+        keeps its session, until ``max_connections`` is reached): nothing is lost unless the
+        new primary fails before then, which the nemesis never does, the failover's end
+        being that moment."""
+        standby, self.standby = self.standby, None
+        assert standby is not None, "a failover needs a standby: create(replication=...)"
+        flushed = self.execute("SELECT pg_current_wal_flush_lsn()::text", database="postgres")
+        sever()
+        self.kill()
+        time.sleep(pause)
+        behind = standby.execute(
+            "SELECT pg_wal_lsn_diff(%s::pg_lsn, pg_last_wal_receive_lsn())::bigint",
+            [flushed[0][0]],
+            database="postgres",
+        )[0][0]
+        standby.promote()
+        synchronous = bool(standby.setting("synchronous_standby_names"))
+        if synchronous:
+            standby.synchronous(False)
+        repoint(standby.port)
+        promoted = time.time()
+        self.destroy()
+        standby.standby = standby.make_standby()
+        if synchronous:
+            standby.synchronous(True)
+            standby.wait_streaming()
+        return standby, promoted, max(0, int(behind))
 
     def start(self) -> None:
         try:

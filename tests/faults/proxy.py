@@ -14,6 +14,7 @@ which is all it reads.
 from __future__ import annotations
 
 import contextlib
+import queue
 import re
 import socket
 import struct
@@ -58,8 +59,13 @@ class Trigger:
 class FaultProxy:
     """Listen on ``port`` (loopback), forward to ``upstream_port``; :meth:`arm` a cut."""
 
-    def __init__(self, port: int, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, port: int, upstream_port: int, upstream_host: str = "127.0.0.1", lag: float = 0.0
+    ) -> None:
         self.port = port
+        #: Seconds each of the server's bytes takes to reach the client: a delay line, not a
+        #: throttle (the distance between two machines; a standby's stream, issue 51).
+        self.lag = lag
         self.upstream = (upstream_host, upstream_port)
         self._lock = threading.Lock()
         self._pairs: list[_Pair] = []
@@ -149,6 +155,13 @@ class FaultProxy:
         with self._lock:
             self._refusing = False
 
+    def repoint(self, upstream_port: int) -> int:
+        """Forward new connections to ``upstream_port`` (a failover's new primary) and reset
+        every open one, which reached the old server: how many."""
+        with self._lock:
+            self.upstream = (self.upstream[0], upstream_port)
+        return self.cut_all()
+
     def cut_all(self) -> int:
         """Reset every open connection at once, as a network failure does: how many."""
         with self._lock:
@@ -177,8 +190,10 @@ class FaultProxy:
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
 
     def _connect(self, client: socket.socket) -> None:
+        with self._lock:
+            upstream = self.upstream
         try:
-            server = socket.create_connection(self.upstream, timeout=5)
+            server = socket.create_connection(upstream, timeout=5)
         except OSError:
             # The server is down: refuse as it would (a reset, not a hang).
             _reset(client)
@@ -195,7 +210,8 @@ class FaultProxy:
             self._pairs = [p for p in self._pairs if not p.closed]
             self._pairs.append(pair)
         threading.Thread(target=self._pump, args=(pair, self._upstream), daemon=True).start()
-        threading.Thread(target=self._pump, args=(pair, self._downstream), daemon=True).start()
+        downstream = self._lagging if self.lag else self._downstream
+        threading.Thread(target=self._pump, args=(pair, downstream), daemon=True).start()
 
     def _pump(self, pair: _Pair, direction: Callable[[_Pair], None]) -> None:
         """Whatever ends one direction (an error included) resets both: no side is left
@@ -249,6 +265,35 @@ class FaultProxy:
                 pair.client.sendall(chunk)
             except OSError:
                 self._close(pair)
+                return
+
+    def _lagging(self, pair: _Pair) -> None:
+        """Server to client, each chunk delivered :attr:`lag` seconds after it came (no
+        faults: a proxy with a lag only stands for a distance)."""
+        line: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+
+        def deliver() -> None:
+            while True:
+                due, chunk = line.get()
+                if not chunk:
+                    return
+                time.sleep(max(0.0, due - time.monotonic()))
+                try:
+                    pair.client.sendall(chunk)
+                except OSError:
+                    self._close(pair)
+                    return
+
+        sender = threading.Thread(target=deliver, daemon=True)
+        sender.start()
+        while True:
+            try:
+                chunk = pair.server.recv(65536)
+            except OSError:
+                chunk = b""
+            line.put((time.monotonic() + self.lag, chunk))
+            if not chunk:
+                sender.join()
                 return
 
     def _check(self, pair: _Pair, chunk: bytes) -> str | None:

@@ -14,7 +14,10 @@ Events (JSON objects, ``type`` first):
 - ``consumed``: the consumer's effect for a message (``message``, ``execution``);
 - ``undrained``: the outbox still held undelivered messages when the run stopped waiting;
 - ``fault``: ``kind``, ``start``, ``end``, ``pid`` (a worker's), ``long`` (longer than the
-  lock can outlive);
+  lock can outlive); a ``db-failover``'s also ``mode`` (``sync`` or ``async`` replication),
+  ``promoted`` (when the standby was promoted and the proxy pointed at it), ``standby`` (when
+  a new standby streamed) and ``behind`` (bytes of WAL the primary had flushed and the
+  standby had not received);
 - ``unsettled``: ``op``: a client with no final answer when the run's settling time was up;
 - ``poll``: a GET of an operation's status URL (``operation``) that a ``202`` gave ``owner``,
   sent as ``principal`` (the owner or another): ``status``, the operation's ``state`` and the
@@ -22,6 +25,9 @@ Events (JSON objects, ``type`` first):
 
 Each violation names its invariant (the issue's numbering), the key it is about and what was
 seen; :func:`shrink` cuts a violation's history down to the fewest events that still show it.
+A violation of invariant 1, 2 or 5 with a ``db-failover`` in its time carries that fault as
+``failover``: with asynchronous replication, a write the primary acknowledged and its standby
+never had (the violation stands; replication that does not wait cannot keep the promise).
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ EDGE = 1.0
 #: Faults of the workers a view's own process suffers; the others hit every owner at once
 #: (the relay's death none: its messages are sent again once their lease passes).
 WORKER_FAULTS = {"worker-kill", "worker-stop"}
+FAILOVER = "db-failover"
+#: The invariants a lost write breaks: a claim lost runs the view again (1), a result lost
+#: answers anew (2, 5).
+LOSSES = (1, 2, 5)
 
 
 @dataclass
@@ -62,18 +72,32 @@ class Result:
         )
 
 
-def _excuse(first: Event, second: Event, faults: list[Event], limits: Limits) -> Event | None:
+def _excuse(
+    first: Event, second: Event, faults: list[Event], limits: Limits, acked: dict[str, float]
+) -> Event | None:
     """The fault that let ``second`` run again after ``first`` (SPEC 4a's window): the owner's
     worker killed, or a fault longer than its remaining lock (at least two thirds of the lock,
-    renewed) between the two effects."""
+    renewed) between the two effects; a worker stopped so long is either effect's (the late
+    owner's view may run before the taker's, or after it resumes). A failover that began once
+    ``first``'s answer had reached a client (``acked``: when an answer first named each
+    execution) is none: the result was stored before it was answered, and a promoted standby
+    must have it."""
     if first["entry"] in limits.atomic:
         return None
     for fault in faults:
         if fault["start"] > second["t"] or fault["end"] < first["t"] - EDGE:
             continue
+        answered = acked.get(first["execution"], float("inf"))
+        if fault["kind"] == FAILOVER and answered < fault["start"]:
+            continue
+        # A worker stopped between its claim and its view is a late owner too: its view runs
+        # once it resumes, after a retry took the record over and ran it (``second``'s).
+        owners = (
+            (first["pid"], second["pid"]) if fault["kind"] == "worker-stop" else (first["pid"],)
+        )
         if (
             fault["kind"] in WORKER_FAULTS
-            and fault.get("pid") != first["pid"]
+            and fault.get("pid") not in owners
             and not (limits.worker_faults_global and fault["kind"] == "worker-stop")
         ):
             continue
@@ -90,6 +114,11 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
     invokes = {e["op"]: e for e in events if e["type"] == "invoke"}
     completes = {e["op"]: e for e in events if e["type"] == "complete" and e["op"] in invokes}
     faults = sorted((e for e in events if e["type"] == "fault"), key=lambda e: e["start"])
+    acked: dict[str, float] = {}
+    for done in completes.values():
+        status = done["status"]
+        if status is not None and 200 <= status < 300 and status != 202 and done.get("execution"):
+            acked[done["execution"]] = min(done["t"], acked.get(done["execution"], done["t"]))
     effects: dict[tuple[str, str], list[Event]] = defaultdict(list)
     for effect in events:
         # An attempt that failed on purpose released its record: a retry runs anew.
@@ -129,7 +158,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                     4, key, "a changed body ran under a used key", effects=[first, again]
                 )
                 continue
-            fault = _excuse(first, again, faults, limits)
+            fault = _excuse(first, again, faults, limits, acked)
             if fault is None:
                 result.violate(
                     1, key, "a view ran twice in one record life", effects=[first, again]
@@ -206,7 +235,25 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
             asked = invokes[event["op"]]
             result.violate(8, (asked["principal"], asked["key"]), "no final answer after healing",
                            op=[asked])  # fmt: skip
+    _attribute_failovers(result, [fault for fault in faults if fault["kind"] == FAILOVER])
     return result
+
+
+def _attribute_failovers(result: Result, failovers: list[Event]) -> None:
+    """Each violation of a lost write's kind gets the failover that began within its time
+    (from its first event, less :data:`EDGE`, to its last) as ``failover``."""
+    if not failovers:
+        return
+    for violation in result.violations:
+        if violation["invariant"] not in LOSSES:
+            continue
+        times = [e["t"] for e in violation.get("effects", []) + violation.get("op", []) if "t" in e]
+        if not times:
+            continue
+        for fault in failovers:
+            if min(times) - EDGE <= fault["start"] <= max(times):
+                violation["failover"] = fault
+                break
 
 
 def _check_operations(

@@ -1,7 +1,7 @@
 """Run a generated workload under a generated nemesis against real servers; check the history.
 
     python tests/verification/run.py --seconds N --seed S [--database sqlite|postgresql|mariadb]
-        [--store database|redis] [--plant NAME] [--history PATH]
+        [--store database|redis] [--plant NAME] [--history PATH] [--failover sync|async]
 
 From the repository root. It starts servers of its own (a PostgreSQL cluster or a MariaDB
 server behind a fault proxy, or a SQLite file; a ``redis-server`` for the Redis store; gunicorn
@@ -10,6 +10,12 @@ with threaded workers serving :mod:`tests.verification.views`) on ports of
 history as JSON lines and prints, as its last line on stdout, one JSON object: ``seed``,
 ``histories``, ``requests``, ``faults`` (counts by kind), ``windows``, ``violations`` (each
 with its invariant and the smallest history that shows it). Exit status 1 on a violation.
+
+With ``--failover sync|async`` (PostgreSQL) the cluster has a streaming standby, synchronous or
+not, and the nemesis fails the primary over to it (``db-failover``): the primary SIGKILLed,
+the standby promoted, the proxy pointed at it, a fresh standby made of it. The summary says
+the mode (``failover``) and how many violations had a failover in their time
+(``violations_at_failover``: asynchronous replication's losses).
 
 The workload and the nemesis's schedule are generated from the seed with ``random.Random``
 (not Hypothesis: the servers' interleavings are not the generator's to replay, so shrinking is a
@@ -122,6 +128,11 @@ FENCE_WORK, FENCE_STOP_AFTER, FENCE_STOP = 1.5, 0.6, 6.0
 #: have been taken over (its lock lapsed, without renewal) and run again, with time to spare
 #: on a loaded machine.
 SQLITE_NEMESIS_FROM = FENCE_AT
+#: Seconds the standby's stream takes to reach it with ``--failover`` (the distance between
+#: two machines in one region; on one machine it is none, and an asynchronous standby is
+#: never behind when its primary dies): each commit waits that long more with ``sync``; with
+#: ``async`` the commits of the last ``REPLICATION_LAG`` before a failover may be lost.
+REPLICATION_LAG = 0.05
 DATABASE_FAULTS = ("db-blackhole", "db-cut", "db-restart", "db-read-only", "db-terminate")
 
 
@@ -184,9 +195,11 @@ def _scenes(seed: int, store: str) -> tuple[list[Story], list[Fault]]:
 
 
 def generate(
-    seed: int, seconds: float, store: str, database: str
+    seed: int, seconds: float, store: str, database: str, failover: str = ""
 ) -> tuple[list[Story], list[Fault], list[Fault]]:
-    """The stories (the scenes', then the seed's), the scenes' faults and the seed's faults."""
+    """The stories (the scenes', then the seed's), the scenes' faults and the seed's faults.
+    With ``failover`` (PostgreSQL only), ``db-failover`` is one more of the database's kinds:
+    without it a seed's schedule is what it always was."""
     rng = random.Random(seed)
     entries = ["mixin", "function", "function-policy", "plain", "async", "ninja", "call",
                "short-ttl"]  # fmt: skip
@@ -235,13 +248,14 @@ def generate(
         kinds += ["redis-stop", "redis-stop", "redis-kill"]
     else:
         kinds.append("relay-kill")
+    opening = DATABASE_FAULTS + (("db-failover",) if failover else ())
     if database != "sqlite":
-        kinds += ["db-blackhole", *DATABASE_FAULTS]
+        kinds += ["db-blackhole", *opening]
     # The nemesis has its own generator: a workload widened keeps each seed's schedule.
     rng = random.Random(f"nemesis-{seed}")
     # A server's run opens with one fault of each of the database's kinds, in the seed's
     # order, one of them longer than the lock: a short run meets every kind.
-    first = rng.sample(DATABASE_FAULTS, len(DATABASE_FAULTS)) if database != "sqlite" else []
+    first = rng.sample(opening, len(opening)) if database != "sqlite" else []
     long_one = rng.choice([k for k in first if k not in INSTANT]) if first else None
     faults: list[Fault] = []
     t = 1.0 if first else SQLITE_NEMESIS_FROM
@@ -288,9 +302,13 @@ class Servers:
     database: str
     store: str
     plant: str
+    #: ``"sync"`` or ``"async"``: the PostgreSQL primary has a streaming standby to fail over to.
+    failover: str = ""
     folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="idem-verify-")))
     server: Any = None
     proxy: FaultProxy | None = None
+    #: With ``failover``, the standby's stream passes it: :data:`REPLICATION_LAG`.
+    distance: FaultProxy | None = None
     redis: RedisServer | None = None
     gunicorn: harness.Server | None = None
     #: The outbox's relay (``manage.py idempotency_relay``) and consumer, database store only.
@@ -308,7 +326,13 @@ class Servers:
                 if self.database == "postgresql"
                 else databases.MariaDBServer()
             )
-            self.server.create()
+            if self.failover:
+                self.distance = FaultProxy(databases.free_port(), self.server.port,
+                                           lag=REPLICATION_LAG).start()  # fmt: skip
+                self.server.via = self.distance.port
+                self.server.create(replication=self.failover)
+            else:
+                self.server.create()
             self.proxy = FaultProxy(databases.free_port(), self.server.port).start()
             url = self.server.url(port=self.proxy.port)
             migrate(self.server.url())
@@ -356,6 +380,28 @@ class Servers:
                                        stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         databases.track(process.pid, name)
         self.helpers[name] = process
+
+    def fail_over(self, pause: float) -> tuple[float, int]:
+        """The primary killed, its standby promoted ``pause`` seconds later and the proxy
+        pointed at it, a fresh standby made of it (:meth:`PostgresCluster.fail_over`): when
+        the new primary was promoted and pointed at, and the bytes of flushed WAL the standby
+        lacked."""
+        assert self.proxy is not None
+        proxy, distance = self.proxy, self.distance
+        assert distance is not None
+
+        def repoint(port: int) -> None:
+            proxy.repoint(port)
+            distance.repoint(port)
+            distance.admit()
+
+        began = time.time()
+        # The primary's machine and its link gone at once: the stream's bytes on their way
+        # (REPLICATION_LAG's) never reach the standby.
+        self.server, promoted, behind = self.server.fail_over(pause, repoint, distance.refuse)
+        log(f"failover: promoted in {promoted - began:.1f}s ({behind} bytes of WAL behind), "
+            f"a new standby streaming {time.time() - promoted:.1f}s later")  # fmt: skip
+        return float(promoted), int(behind)
 
     @property
     def url(self) -> str:
@@ -417,8 +463,9 @@ class Servers:
             if keep_log is not None:
                 shutil.copy(self.gunicorn.log_path, keep_log)
             self.gunicorn.discard_log()
-        if self.proxy is not None:
-            self.proxy.stop()
+        for proxy in (self.proxy, self.distance):
+            if proxy is not None:
+                proxy.stop()
         if self.redis is not None:
             self.redis.destroy()
         if self.server is not None:
@@ -479,6 +526,8 @@ class Run:
         #: The operations' status URLs the ``202`` s gave, with the principal they were given to.
         self.operations: set[tuple[str, str]] = set()
         self.heal_time = float("inf")
+        #: Faults the nemesis could not inflict (a failover whose standby did not come up).
+        self.nemesis_errors: list[str] = []
         # One client for every thread: a client made per request costs the run's process (and
         # the fault proxy's threads in it) milliseconds of CPU each. No connection is kept:
         # each request its own, as before, so a killed worker costs only its own requests.
@@ -620,65 +669,78 @@ class Run:
             cost = fault.duration + (CONNECT_TIMEOUT if fault.kind == "db-blackhole" else 0)
             event["long"] = fault.kind == "worker-kill" or cost >= LOCK * 2 / 3
             event["start"] = time.time()
-            if fault.kind.startswith("worker"):
-                workers = [pid for pid in self.servers.workers() if pid not in self.held]
-                if fault.key is not None:
-                    owner = self.owner(fault.key)
-                    workers = [owner] if owner in workers else []
-                    event["start"] = time.time()
-                if not workers:
-                    log(f"fault {fault.kind}: no worker to take")
-                    continue
-                pid = workers[fault.choice % len(workers)]
-                busy = self.servers.busy()
-                if fault.key is None and fault.choice % 10 < 7 and busy in workers:
-                    pid = busy  # mostly a worker mid-view
-                event["pid"] = pid
-                with contextlib.suppress(ProcessLookupError):  # it died meanwhile
-                    if fault.kind == "worker-kill":
-                        os.kill(pid, signal.SIGKILL)
-                    else:
-                        self.held.add(pid)
-                        try:
-                            os.kill(pid, signal.SIGSTOP)
-                            time.sleep(fault.duration / 2)
-                            event["waits"] = self.lock_waits()
-                            time.sleep(fault.duration / 2)
-                            os.kill(pid, signal.SIGCONT)
-                        finally:
-                            self.held.discard(pid)
-            elif fault.kind == "db-blackhole":
-                assert self.servers.proxy is not None
-                self.servers.proxy.blackhole()
-                time.sleep(fault.duration)
-                self.servers.proxy.restore()
-            elif fault.kind == "db-cut":
-                assert self.servers.proxy is not None
-                self.servers.proxy.cut_all()
-            elif fault.kind == "db-terminate":  # the server ends every session of the app
-                self.servers.server.terminate_backends()
-            elif fault.kind == "db-restart":  # down for the length, then started again
-                self.servers.server.stop_for(fault.duration)
-            elif fault.kind == "db-read-only":
-                self.servers.server.read_only(True)
-                time.sleep(fault.duration)
-                self.servers.server.read_only(False)
-            elif fault.kind == "relay-kill":  # a new relay at once, as a supervisor would
-                os.kill(self.servers.helpers["relay"].pid, signal.SIGKILL)
-                self.servers.helpers["relay"].wait()
-                self.servers.start_helper("relay")
-            elif fault.kind == "redis-stop":
-                assert self.servers.redis is not None
-                self.servers.redis.freeze()
-                time.sleep(fault.duration)
-                self.servers.redis.thaw()
-            elif fault.kind == "redis-kill":
-                assert self.servers.redis is not None
-                self.servers.redis.kill()
-                time.sleep(fault.duration)
-                self.servers.redis.start()
+            try:
+                if fault.kind.startswith("worker"):
+                    workers = [pid for pid in self.servers.workers() if pid not in self.held]
+                    if fault.key is not None:
+                        owner = self.owner(fault.key)
+                        workers = [owner] if owner in workers else []
+                        event["start"] = time.time()
+                    if not workers:
+                        log(f"fault {fault.kind}: no worker to take")
+                        continue
+                    pid = workers[fault.choice % len(workers)]
+                    busy = self.servers.busy()
+                    if fault.key is None and fault.choice % 10 < 7 and busy in workers:
+                        pid = busy  # mostly a worker mid-view
+                    event["pid"] = pid
+                    with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+                        if fault.kind == "worker-kill":
+                            os.kill(pid, signal.SIGKILL)
+                        else:
+                            self.held.add(pid)
+                            try:
+                                os.kill(pid, signal.SIGSTOP)
+                                time.sleep(fault.duration / 2)
+                                event["waits"] = self.lock_waits()
+                                time.sleep(fault.duration / 2)
+                                os.kill(pid, signal.SIGCONT)
+                            finally:
+                                self.held.discard(pid)
+                elif fault.kind == "db-blackhole":
+                    assert self.servers.proxy is not None
+                    self.servers.proxy.blackhole()
+                    time.sleep(fault.duration)
+                    self.servers.proxy.restore()
+                elif fault.kind == "db-cut":
+                    assert self.servers.proxy is not None
+                    self.servers.proxy.cut_all()
+                elif fault.kind == "db-terminate":  # the server ends every session of the app
+                    self.servers.server.terminate_backends()
+                elif fault.kind == "db-restart":  # down for the length, then started again
+                    self.servers.server.stop_for(fault.duration)
+                elif fault.kind == "db-failover":  # the primary killed, its standby promoted
+                    event["mode"] = self.servers.failover
+                    event["promoted"], event["behind"] = self.servers.fail_over(fault.duration)
+                elif fault.kind == "db-read-only":
+                    self.servers.server.read_only(True)
+                    time.sleep(fault.duration)
+                    self.servers.server.read_only(False)
+                elif fault.kind == "relay-kill":  # a new relay at once, as a supervisor would
+                    os.kill(self.servers.helpers["relay"].pid, signal.SIGKILL)
+                    self.servers.helpers["relay"].wait()
+                    self.servers.start_helper("relay")
+                elif fault.kind == "redis-stop":
+                    assert self.servers.redis is not None
+                    self.servers.redis.freeze()
+                    time.sleep(fault.duration)
+                    self.servers.redis.thaw()
+                elif fault.kind == "redis-kill":
+                    assert self.servers.redis is not None
+                    self.servers.redis.kill()
+                    time.sleep(fault.duration)
+                    self.servers.redis.start()
+            except Exception as exc:  # the run goes on, and says so (nemesis_errors)
+                event["error"] = repr(exc)
+                self.nemesis_errors.append(f"{fault.kind} at {fault.at}: {exc!r}")
+                log(f"fault {fault.kind} failed: {exc!r}")
             event["end"] = time.time()
             if fault.kind in ("db-restart", "db-read-only"):  # a stop and a start take time too
+                event["long"] = event["end"] - event["start"] >= LOCK * 2 / 3
+            if fault.kind == "db-failover" and "promoted" in event:
+                # The app's fault ends once the new primary is pointed at; the new standby's
+                # making, after, is the nemesis's own time (the next fault waits for it).
+                event["standby"], event["end"] = event["end"], event["promoted"]
                 event["long"] = event["end"] - event["start"] >= LOCK * 2 / 3
             self.recorder.add(event)
             log(f"fault {fault.kind} {fault.duration:.1f}s")
@@ -768,22 +830,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=("database", "redis"), default="database")
     parser.add_argument("--plant", choices=sorted(PLANTS), default="")
     parser.add_argument("--history", type=Path, help="where the JSON lines go")
+    parser.add_argument(
+        "--failover",
+        choices=("sync", "async"),
+        default="",
+        help="PostgreSQL: a streaming standby, synchronous or not, and db-failover faults",
+    )
     args = parser.parse_args(argv)
     if args.store == "redis" and args.database != "sqlite":
         parser.error("the Redis store keeps the app's own tables on SQLite: --database sqlite")
-    stories, scene_faults, faults = generate(args.seed, args.seconds, args.store, args.database)
+    if args.failover and args.database != "postgresql":
+        parser.error("--failover promotes a PostgreSQL standby: --database postgresql")
+    stories, scene_faults, faults = generate(
+        args.seed, args.seconds, args.store, args.database, args.failover
+    )
     log(f"seed {args.seed}: {len(stories)} stories, {len(faults) + len(scene_faults)} faults, "
-        f"{args.database}/{args.store}{' plant ' + args.plant if args.plant else ''}")  # fmt: skip
+        f"{args.database}/{args.store}{' plant ' + args.plant if args.plant else ''}"
+        f"{' failover ' + args.failover if args.failover else ''}")  # fmt: skip
     history = args.history or Path(tempfile.gettempdir()) / (
         f"idempotency-verification-{args.seed}-{args.database}-{args.store}"
-        f"{'-' + args.plant if args.plant else ''}.jsonl"
+        f"{'-' + args.plant if args.plant else ''}"
+        f"{'-failover-' + args.failover if args.failover else ''}.jsonl"
     )
-    servers = Servers(args.database, args.store, args.plant)
+    servers = Servers(args.database, args.store, args.plant, args.failover)
     began = time.monotonic()
     try:
         servers.start()
         log("servers up")
-        events = Run(servers, stories, [scene_faults, faults], args.seconds, args.seed).go()
+        run = Run(servers, stories, [scene_faults, faults], args.seconds, args.seed)
+        events = run.go()
     finally:
         servers.stop(keep_log=history.with_suffix(".log"))
         log("servers stopped")
@@ -812,6 +887,7 @@ def main(argv: list[str] | None = None) -> int:
         "database": args.database,
         "store": args.store,
         "plant": args.plant or None,
+        "failover": args.failover or None,
         "histories": 1,
         "keys": len({(s.principal, s.key) for s in stories}),
         "requests": sum(1 for e in events if e["type"] == "invoke"),
@@ -821,12 +897,16 @@ def main(argv: list[str] | None = None) -> int:
         "windows": result.windows,
         "violations": violations,
         "violations_total": len(result.violations),
+        # Violations of the lost-write kinds (1, 2, 5) with a failover in their time: with
+        # asynchronous replication, the acknowledged writes the promoted standby never had.
+        "violations_at_failover": sum(1 for v in result.violations if v.get("failover")),
+        "nemesis_errors": run.nemesis_errors,
         "history": str(history),
         "server_log": str(history.with_suffix(".log")),
         "wall_seconds": round(time.monotonic() - began, 1),
     }
     print(json.dumps(summary))
-    return 1 if result.violations else 0
+    return 1 if result.violations or run.nemesis_errors else 0
 
 
 if __name__ == "__main__":
