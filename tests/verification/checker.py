@@ -227,8 +227,8 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                 result.violate(5, key, "a retry after a final answer was not a replay",
                                op=[first_asked, first_done, asked, done])  # fmt: skip
 
-    _check_outbox(events, answered, result)
-    _check_operations(events, answered, result)
+    _check_outbox(events, answered, life_of, result)
+    _check_operations(events, answered, effects, result)
 
     for event in events:  # 8: a key that never settled
         if event["type"] == "unsettled" and event["op"] in invokes:
@@ -258,17 +258,25 @@ def _attribute_failovers(result: Result, failovers: list[Event]) -> None:
 
 def _check_operations(
     events: list[Event], answered: dict[tuple[str, str], list[tuple[Event, Event]]],
-    result: Result,
+    effects: dict[tuple[str, str], list[Event]], result: Result,
 ) -> None:  # fmt: skip
     """7: only an operation's principal reads it (anyone else gets ``404``, or ``503`` under a
     fault), and once every key has settled it is ``succeeded`` or ``failed`` (or ``stalled``,
     its owner gone), its response the one its key's replays give; or ``404``, a record
-    released and claimed anew (a new operation)."""
-    kept: dict[tuple[str, str], str] = {}
+    released and claimed anew (a new operation).
+
+    The stored answer is the one the key's last replay names, unless the view ran again after
+    that replay's answer (or the key was never replayed): the run's last request ran it anew
+    (its record expired, or left ``processing`` by a result write a fault lost, then taken
+    over) and nothing was asked after it. Its answer is then one of the executions that ran
+    since (the last of them, or a late owner's fenced off before it): any of them."""
+    kept: dict[tuple[str, str], set[str]] = {}
     for key, answers in answered.items():
-        for _, done in answers:
-            if done.get("replayed"):
-                kept[key] = done["execution"]
+        replays = [done for _, done in answers if done.get("replayed")]
+        since = replays[-1]["t"] if replays else float("-inf")
+        kept[key] = {run["execution"] for run in effects.get(key, []) if run["t"] > since}
+        if replays:
+            kept[key].add(replays[-1]["execution"])
     keys = {e["op"]: (e["principal"], e["key"]) for e in events if e["type"] == "invoke"}
     owners: dict[str, tuple[str, str]] = {}
     for done in events:
@@ -286,24 +294,32 @@ def _check_operations(
         if poll["status"] != 200 or poll.get("state") not in ("succeeded", "failed", "stalled"):
             result.violate(7, key, f"an operation {poll.get('state') or poll['status']} after "
                            "every key settled", polls=[poll])  # fmt: skip
-        elif poll.get("state") == "succeeded" and poll.get("execution") != kept.get(key):
+        elif poll.get("state") == "succeeded" and poll.get("execution") not in kept.get(key, ()):
             result.violate(7, key, "an operation's response is not its key's stored answer",
-                           polls=[poll], stored=kept.get(key))  # fmt: skip
+                           polls=[poll], stored=sorted(kept.get(key, ())))  # fmt: skip
 
 
 def _check_outbox(
     events: list[Event], answered: dict[tuple[str, str], list[tuple[Event, Event]]],
-    result: Result,
+    life_of: dict[str, tuple[tuple[str, str], int]], result: Result,
 ) -> None:  # fmt: skip
     """6: every message of a kept result is delivered and has one effect at the consumer; no
-    message of an attempt that kept nothing is ever delivered. A kept result is one a replay
-    named (every request is sent once more when the run has settled)."""
-    kept = {
-        done["execution"]
-        for answers in answered.values()
-        for _, done in answers
-        if done.get("replayed")
-    }
+    message of an attempt that kept nothing is ever delivered, and every message delivered
+    has one effect at the consumer.
+
+    A kept result is one a replay named (every request is sent once more when the run has
+    settled). An attempt kept nothing when it failed on purpose, or when its record life's
+    replays name another attempt (its result fenced off, or never written). An attempt whose
+    life no replay followed is neither: the run's last request ran it anew (its record
+    expired, or was left ``processing`` by a result write a fault lost, and was taken over),
+    and nothing was asked after it."""
+    kept: set[str] = set()
+    replayed_lives: dict[tuple[tuple[str, str], int], set[str]] = defaultdict(set)
+    for answers in answered.values():
+        for _, done in answers:
+            if done.get("replayed"):
+                kept.add(done["execution"])
+                replayed_lives[life_of[done["execution"]]].add(done["execution"])
     staged = {e["execution"]: e for e in events if e["type"] == "effect" and "message" in e}
     delivered: dict[str, list[Event]] = defaultdict(list)
     for delivery in (e for e in events if e["type"] == "delivery"):
@@ -316,14 +332,28 @@ def _check_outbox(
         effect = staged.get(execution)
         return ("?", "?") if effect is None else (effect["principal"], effect["key"])
 
-    for copies in delivered.values():
+    def kept_nothing(execution: str) -> bool:
+        effect = staged.get(execution)
+        if effect is None or effect.get("fails"):
+            return True
+        life = life_of.get(execution)
+        return execution not in kept and life is not None and bool(replayed_lives[life])
+
+    for message, copies in delivered.items():
         for execution in {copy["args"][0] for copy in copies}:
-            if execution not in kept:
+            if kept_nothing(execution):
                 effect = staged.get(execution)
                 why = "failed on purpose" if effect and effect.get("fails") else "kept nothing"
                 result.violate(6, key(execution), f"a message of an attempt that {why} was "
                                "delivered", effects=[e for e in [effect] if e],
                                deliveries=copies)  # fmt: skip
+            elif execution not in kept and len(consumed[message]) != 1:
+                result.violate(
+                    6,
+                    key(execution),
+                    f"a message had {len(consumed[message])} effects at the consumer",
+                    effects=[staged[execution], *consumed[message]],
+                )
     for execution in sorted(kept & set(staged)):
         message = staged[execution]["message"]
         if message not in delivered:

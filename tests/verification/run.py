@@ -525,6 +525,8 @@ class Run:
         self.healed = threading.Event()
         #: The operations' status URLs the ``202`` s gave, with the principal they were given to.
         self.operations: set[tuple[str, str]] = set()
+        #: The operations whose answer was a ``2xx`` the view ran for (not a replay).
+        self.fresh: set[str] = set()
         self.heal_time = float("inf")
         #: Faults the nemesis could not inflict (a failover whose standby did not come up).
         self.nemesis_errors: list[str] = []
@@ -582,6 +584,8 @@ class Run:
                 done.update(execution=answer.get("execution"), **{"as": answer.get("principal")})
         done["t"] = time.time()
         self.recorder.add(done)
+        if "execution" in done and not done["replayed"]:
+            self.fresh.add(op)
         if done.get("location"):
             self.operations.add((story.principal, done["location"]))
             self.poll(story.principal, done["location"])
@@ -614,16 +618,31 @@ class Run:
             self.recorder.add(event)
 
     def until_final(self, story: Story, rng: random.Random) -> bool:
+        return self.final_answer(story, rng) is not None
+
+    def final_answer(self, story: Story, rng: random.Random) -> str | None:
+        """Send ``story`` until it has a final answer: its operation (``None``: none came
+        within the settling time)."""
         while True:
             began = time.time()
             op, status = self.send(story)
             if status is not None:
-                return True
+                return op
             deadline = max(self.heal_time, began) + LOCK + SETTLE
             if time.time() > deadline:
                 self.recorder.add({"type": "unsettled", "op": op, "t": time.time()})
-                return False
+                return None
             time.sleep(rng.uniform(0.2, 0.6))
+
+    def probe(self, story: Story) -> None:
+        """Once every key has settled, ``story`` once more: the answer its key keeps for good.
+        Run anew (its record expired, or was left ``processing`` by a result write a fault
+        lost, and taken over), it is sent again, so that a replay names what it kept (the
+        checker's invariants 6 and 7 read the kept result from the replays)."""
+        rng = random.Random(story.number)
+        op = self.final_answer(story, rng)
+        if op is not None and op in self.fresh:
+            self.until_final(story, rng)
 
     def client(self, story: Story, index: int) -> None:
         rng = random.Random(f"{self.seed}-{story.number}-{index}")
@@ -782,8 +801,7 @@ class Run:
         # late owner's write that was not fenced off shows here, if no retry saw it before).
         probes = {(s.principal, s.key, s.body): s for s in self.stories if s.entry != "short-ttl"}
         with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(lambda story: self.until_final(story, random.Random(story.number)),
-                          probes.values()))  # fmt: skip
+            list(pool.map(self.probe, probes.values()))
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda given: self.poll(*given, final=True), sorted(self.operations)))
         log(f"settled; every request sent once more, {len(self.operations)} operations polled")
