@@ -39,6 +39,12 @@ EDGE = 1.0
 #: Faults of the workers a view's own process suffers; the others hit every owner at once
 #: (the relay's death none: its messages are sent again once their lease passes).
 WORKER_FAULTS = {"worker-kill", "worker-stop"}
+#: A store down: its owners renew nothing, from the fault's start to its end as measured (a
+#: restart's start takes its time on a loaded machine: a 1 s ``redis-kill`` kept Redis away
+#: 4.3 s, past the lock), and one fault followed at once by another is one outage.
+OUTAGES = {"db-blackhole", "db-restart", "db-read-only", "redis-stop", "redis-kill"}
+#: Seconds between two outages that leave an owner no time to renew.
+ADJACENT = 0.1
 
 
 @dataclass
@@ -79,9 +85,27 @@ def _excuse(first: Event, second: Event, faults: list[Event], limits: Limits) ->
             continue
         if fault["kind"] == "worker-kill" and fault["start"] >= first["t"] - EDGE:
             return fault
-        if fault.get("long"):
+        if fault.get("long") or _outage(fault, faults) >= limits.lock * 2 / 3:
             return fault
     return None
+
+
+def _outage(fault: Event, faults: list[Event]) -> float:
+    """Seconds of the store outage ``fault`` is part of, as measured: it and the outages
+    adjacent to it (``faults`` in order of start); ``0`` for a fault that is no outage."""
+    if fault["kind"] not in OUTAGES:
+        return 0.0
+    start, end = fault["start"], fault["end"]
+    grown = True
+    while grown:  # a chain grows both ways, one adjacent outage at a time
+        grown = False
+        for other in faults:
+            if other["kind"] not in OUTAGES or other["start"] > end + ADJACENT:
+                continue
+            if other["end"] >= start - ADJACENT and (other["start"] < start or other["end"] > end):
+                start, end = min(start, other["start"]), max(end, other["end"])
+                grown = True
+    return float(end - start)
 
 
 def check(history: Iterable[Event], limits: Limits) -> Result:

@@ -678,7 +678,7 @@ class Run:
                 time.sleep(fault.duration)
                 self.servers.redis.start()
             event["end"] = time.time()
-            if fault.kind in ("db-restart", "db-read-only"):  # a stop and a start take time too
+            if fault.kind in ("db-restart", "db-read-only", "redis-kill"):  # a start takes time too
                 event["long"] = event["end"] - event["start"] >= LOCK * 2 / 3
             self.recorder.add(event)
             log(f"fault {fault.kind} {fault.duration:.1f}s")
