@@ -52,3 +52,34 @@ def test_short_outages_with_time_between_them_open_no_window() -> None:
     second = {"kind": "redis-stop", "duration": 1.0, "start": 14.0, "end": 15.0}
     instant = {"kind": "db-cut", "duration": 0.0, "start": 15.0, "end": 15.1}
     assert runs_twice(checker.check(history(first, second, instant), LIMITS))
+
+
+def short_ttl(*faults: dict[str, Any]) -> list[dict[str, Any]]:
+    """alice's 6 s TTL record run at 0 s, first replayed at 5.3 s, replayed again at 7.1 s."""
+    who = {"principal": "alice", "key": "k", "entry": "short-ttl", "body": "b"}
+    answer = {"type": "complete", "status": 201, "response": "r", "replayed": True,
+              "execution": "x1", "as": "alice"}  # fmt: skip
+    return [
+        {"type": "invoke", "op": "op1", "t": -0.1, **who},
+        {"type": "effect", "t": 0.0, "execution": "x1", "pid": 1, **who},
+        *({"type": "fault", "long": True, **fault} for fault in faults),
+        {"type": "invoke", "op": "op2", "t": 5.3, **who},
+        {"op": "op2", "t": 5.35, **answer},
+        {"type": "invoke", "op": "op3", "t": 7.1, **who},
+        {"op": "op3", "t": 7.15, **answer},
+    ]
+
+
+def expired_replays(history: list[dict[str, Any]]) -> int:
+    limits = checker.Limits(lock=3, ttl={"short-ttl": 6})
+    return sum(v["invariant"] == 5 for v in checker.check(history, limits).violations)
+
+
+def test_a_renewal_held_by_a_store_outage_keeps_the_record_past_its_ttl() -> None:
+    freeze = {"kind": "redis-stop", "duration": 5.3, "start": 0.01, "end": 5.3}
+    assert expired_replays(short_ttl(freeze)) == 0
+
+
+def test_without_an_outage_a_replay_past_the_ttl_is_expired() -> None:
+    stop = {"kind": "worker-stop", "duration": 5.3, "start": 0.01, "end": 5.3, "pid": 2}
+    assert expired_replays(short_ttl()) == expired_replays(short_ttl(stop)) == 1
