@@ -804,3 +804,23 @@ def test_messages_released_in_a_block_that_rolls_back_leave_with_the_result(fail
     messages = ship(order_id=9)
     assert sorted(sent_ids()) == sorted(messages)
     assert states() == dict.fromkeys(messages, "sent")
+
+
+def test_messages_released_on_a_connection_closed_since_are_sent_without_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The result write committed, then its connection closed (a fault met after the commit):
+    the fast path sends at once; asking the closed connection whether a transaction is open
+    connected to a database that was down, and the stored result was answered 500 (a soak's
+    MariaDB run)."""
+    from django.db.utils import OperationalError
+
+    connections["default"].close()
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("the database is down")
+
+    monkeypatch.setattr(connections["default"], "connect", refuse)
+    sent: list[str] = []
+    outbox.after_commits("default", lambda: sent.append("sent"))
+    assert sent == ["sent"]

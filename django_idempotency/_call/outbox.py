@@ -198,6 +198,13 @@ def after_commits(alias: str, job: Callable[[], None]) -> None:
     def then(index: int) -> None:
         if index == len(waiting):
             job()
+        elif connections[waiting[index]].connection is None and not (
+            connections[waiting[index]].in_atomic_block
+        ):
+            # Closed since the write (a fault met after its commit): no transaction is left to
+            # wait for, and ``on_commit`` would connect only to ask whether one is, a 500 while
+            # the database is down after the result was stored.
+            then(index + 1)
         else:
             transaction.on_commit(partial(then, index + 1), using=waiting[index], robust=True)
 

@@ -754,7 +754,7 @@ class Run:
                 self.nemesis_errors.append(f"{fault.kind} at {fault.at}: {exc!r}")
                 log(f"fault {fault.kind} failed: {exc!r}")
             event["end"] = time.time()
-            if fault.kind in ("db-restart", "db-read-only"):  # a stop and a start take time too
+            if fault.kind in ("db-restart", "db-read-only", "redis-kill"):  # a start takes time too
                 event["long"] = event["end"] - event["start"] >= LOCK * 2 / 3
             if fault.kind == "db-failover" and "promoted" in event:
                 # The app's fault ends once the new primary is pointed at; the new standby's
