@@ -97,10 +97,15 @@ def _excuse(
         if fault["kind"] == FAILOVER and answered < fault["start"]:
             continue
         # A worker stopped between its claim and its view is a late owner too: its view runs
-        # once it resumes, after a retry took the record over and ran it (``second``'s).
-        owners = (
-            (first["pid"], second["pid"]) if fault["kind"] == "worker-stop" else (first["pid"],)
+        # once it resumes, after a retry took the record over and ran it (``second``'s). Its
+        # stop began by the first effect, and its view ran as it resumed; a stop that began
+        # later found both owners holding the key at once.
+        late = (
+            fault["kind"] == "worker-stop"
+            and fault["start"] <= first["t"]
+            and second["t"] <= fault["end"] + EDGE
         )
+        owners = (first["pid"], second["pid"]) if late else (first["pid"],)
         if (
             fault["kind"] in WORKER_FAULTS
             and fault.get("pid") not in owners
@@ -437,15 +442,17 @@ def _units(events: list[Event]) -> list[list[Event]]:
 
 
 def shrink(history: list[Event], violation: dict[str, Any], limits: Limits) -> list[Event]:
-    """The fewest events of ``history`` that still show ``violation``'s invariant on its key:
-    its key's events and the faults of their time, then each operation or effect dropped while
-    the violation still shows."""
+    """The fewest events of ``history`` that still show ``violation`` (its invariant and what was
+    seen) on its key: its key's events and the faults of their time, then each operation or
+    effect dropped while the violation still shows. Not another violation of the invariant: a
+    later answer that differs from the first became, its effects dropped, an answer no effect
+    made."""
     key = (violation["principal"], violation["key"])
 
     def shows(events: list[Event]) -> bool:
         found = check(events, limits).violations
-        return any(v["invariant"] == violation["invariant"] and
-                   (v["principal"], v["key"]) == key for v in found)  # fmt: skip
+        return any(v["invariant"] == violation["invariant"] and v["what"] == violation["what"]
+                   and (v["principal"], v["key"]) == key for v in found)  # fmt: skip
 
     ops = {e["op"] for e in history if e["type"] == "invoke" and (e["principal"], e["key"]) == key}
     messages = {
