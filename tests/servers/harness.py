@@ -41,6 +41,8 @@ class Server:
     workers: int = 1
     log_path: Path = field(init=False)
     process: subprocess.Popen[bytes] | None = field(init=False, default=None)
+    _read_to: int = field(init=False, default=0)
+    _booted: set[int] = field(init=False, default_factory=set)
 
     @property
     def url(self) -> str:
@@ -49,6 +51,7 @@ class Server:
     def start(self) -> None:
         fd, path = tempfile.mkstemp(prefix=f"idempotency-{self.name}-", suffix=".log")
         self.log_path = Path(path)
+        self._read_to, self._booted = 0, set()
         with os.fdopen(fd, "wb") as log:
             # Its own session, so stop() reaches the workers too.
             self.process = subprocess.Popen(
@@ -82,12 +85,19 @@ class Server:
         raise RuntimeError(f"{self.name} not ready after {START_TIMEOUT}s:\n{self.log()}")
 
     def worker_pids(self) -> set[int]:
-        """The pids of the worker processes gunicorn says it booted (dead ones included)."""
-        pids = set()
-        for line in self.log().splitlines():
+        """The pids of the worker processes gunicorn says it booted (dead ones included),
+        read on from where the last call stopped: an hour's log is hundreds of MB, and reading
+        it whole at each worker fault held the checker's process (its fault proxy's threads
+        too) for seconds."""
+        with self.log_path.open("rb") as log:
+            log.seek(self._read_to)
+            chunk = log.read()
+        complete = chunk.rfind(b"\n") + 1  # a line still being written is read next time
+        self._read_to += complete
+        for line in chunk[:complete].decode(errors="replace").splitlines():
             if "Booting worker with pid:" in line:
-                pids.add(int(line.rsplit(":", 1)[1]))
-        return pids
+                self._booted.add(int(line.rsplit(":", 1)[1]))
+        return set(self._booted)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
