@@ -18,7 +18,7 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._conf.values import display_name
-from django_idempotency._store import Store, deadlines
+from django_idempotency._store import Store, connecting, deadlines
 from django_idempotency._store.bound import discard
 
 logger = logging.getLogger("django_idempotency")
@@ -100,6 +100,8 @@ def fenced_write(
                 # A store that rides faults out itself (Redis) is given the lock's time left:
                 # it raises only when that is spent, never after one share of it.
                 bound = max(left if store.rides_out_faults else min(share, left), deadlines.LEAST)
+                if own is not None:
+                    own = connecting.connected(own, bound)
                 if write(own, bound):
                     return Written.WRITTEN
                 if (

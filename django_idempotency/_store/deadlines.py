@@ -25,6 +25,7 @@ once none has been for :data:`LINGER`.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -93,18 +94,55 @@ class Watchdog:
         :meth:`unwatch`, always (``try``/``finally``).
 
         The connection is made first, if need be, and the ``seconds`` count from then:
-        connecting is the driver's to bound (``connect_timeout``), and a cut cannot end it.
-        Counted in, a connection slow to open (a loaded machine, a server busy coming back)
-        spent the statement's bound, and the first tick after it cut the statement it was
-        made for: renewals after an outage connected in 1 to 3 s, each was cut as it began,
-        and owners whose records were still theirs lost them. ``socket_first``: the driver
-        refuses ``fileno()`` from another thread while a statement runs (MySQLdb), so the
-        socket is read now."""
+        connecting is the driver's to bound (``connect_timeout``), and a cut cannot end it;
+        the statements Django runs once connected have a bound of their own
+        (:meth:`connect`). Counted in, a connection slow to open (a loaded machine, a server
+        busy coming back) spent the statement's bound, and the first tick after it cut the
+        statement it was made for: renewals after an outage connected in 1 to 3 s, each was
+        cut as it began, and owners whose records were still theirs lost them.
+        ``socket_first``: the driver refuses ``fileno()`` from another thread while a
+        statement runs (MySQLdb), so the socket is read now."""
         if connection.connection is None:
-            connection.ensure_connection()
+            self.connect(connection, seconds)
         watch = Watch(connection, time.monotonic() + seconds)
         if socket_first:
             watch.fd = _socket_of(connection.connection)
+        self._add(watch)
+        return watch
+
+    def connect(self, connection: BaseDatabaseWrapper, seconds: float) -> None:
+        """Connect ``connection``, the statements Django runs as it connects within
+        ``seconds`` of the driver's connection being made (and the login itself left to
+        ``connect_timeout``). Those statements (PostgreSQL's ``SET TIME ZONE`` whenever the
+        server's zone is not spelled as Django's, ``SET ROLE``; MySQL's ``SET SESSION
+        TRANSACTION ISOLATION LEVEL`` on every connection) run before the statement's watch
+        begins: a connection silenced right after its login held them for good, and a
+        renewer reconnecting after a restart renewed nothing for over 20 s. The socket is
+        read in this thread as the driver returns (MySQLdb refuses ``fileno()`` from
+        another while a statement runs)."""
+        setup = Watch(connection, math.inf)
+        made = connection.get_new_connection
+
+        def get_new_connection(params: dict[str, Any]) -> Any:
+            raw = made(params)
+            setup.fd = _socket_of(raw)
+            setup.at = time.monotonic() + seconds
+            return raw
+
+        # This thread's wrapper (connections are per thread), for this one connect.
+        vars(connection)["get_new_connection"] = get_new_connection
+        self._add(setup)
+        try:
+            connection.ensure_connection()
+        finally:
+            vars(connection).pop("get_new_connection", None)
+            cut = self.unwatch(setup)
+        if cut:
+            raise Late(
+                f"No reply to the statements setting up a connection within {seconds:.3g} s."
+            )
+
+    def _add(self, watch: Watch) -> None:
         with self._lock:
             self._watches[id(watch)] = watch
             if self._thread is None:
@@ -112,7 +150,6 @@ class Watchdog:
                     target=self._run, name="django-idempotency-deadlines", daemon=True
                 )
                 self._thread.start()
-        return watch
 
     def unwatch(self, watch: Watch) -> bool:
         """Stop watching; whether the statement's connection was cut meanwhile. Once this
@@ -181,5 +218,6 @@ def _socket_of(raw: Any) -> int | None:
 
 watchdog = Watchdog()
 watch = watchdog.watch
+connect = watchdog.connect
 unwatch = watchdog.unwatch
 os.register_at_fork(after_in_child=watchdog.reset)

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_idempotency._base import rules
-from django_idempotency._store import deadlines, sealing
+from django_idempotency._store import connecting, deadlines, sealing
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.outbox import Release, fenced_release
 from django_idempotency._store.rows import count_rows, per_connection, prep
@@ -240,7 +240,11 @@ class FencedWrites(BoundStore):
         record's id, and matching ids alone kept both.
         Within ``bound`` seconds (the renewer's; by default a statement's share of the lock).
         """
+        seconds = deadlines.bound(lock_timeout) if bound is None else bound
         connection = self.connection
+        if self.has_server and connection.connection is None:
+            # The renewer's thread keeps what connected first (:mod:`.connecting`).
+            connection = connections[self.alias] = connecting.connected(connection, seconds)
         q = connection.ops.quote_name
         table = q(IdempotencyKey._meta.db_table)
         marks = ", ".join(["%s"] * len(leases))
@@ -269,7 +273,6 @@ class FencedWrites(BoundStore):
                 rows = {(row[0], _token(row[1])) for row in cursor.fetchall()}
             return {(pk, token) for pk, token in leases if (pk, _token(token)) in rows}
 
-        seconds = deadlines.bound(lock_timeout) if bound is None else bound
         return self.bounded(connection, seconds, renew)
 
     def release(

@@ -44,7 +44,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from django.db import connections
+from django.db import OperationalError, connections
 
 from django_idempotency import Claim, IdempotencyInProgress, idempotent_function
 from django_idempotency._store import using
@@ -140,6 +140,58 @@ def test_renewal_meets_the_database_back_before_the_lock_ends(paced: FaultProxy)
     assert EFFECTS[key] == 1
 
 
+#: A blackhole of every connection, new ones too, shorter than the lock's time left, struck
+#: just after a renewal; the drivers' ``connect_timeout`` longer than what the lock has left
+#: once the renewal's cut statement is tried again.
+BLACKHOLE = 4.0
+CONNECT_TIMEOUT = 5
+
+
+def test_renewal_connects_again_as_a_blackhole_ends(paced: FaultProxy) -> None:
+    """A renewal tried again during a blackhole of new connections waited its login out: the
+    driver's ``connect_timeout`` after the network healed, past the lock, and a duplicate
+    took the key over (a MariaDB soak, ``connect_timeout`` 3 s under a 3 s lock). Attempts
+    to connect now start beside the silent one while the lock lasts: the first after the
+    blackhole renews."""
+    options = connections.settings[PROXIED].setdefault("OPTIONS", {})
+    options["connect_timeout"] = CONNECT_TIMEOUT
+    key = str(uuid.uuid4())
+    results: list[str] = []
+    owner = threading.Thread(target=_owner, args=(key, results))
+    owner.start()
+    try:
+        claim = _held_and_renewed()
+        end = claim.held_until  # as the last renewal left it
+        paced.blackhole(new=True)
+        time.sleep(max(0.0, end - LOCK + BLACKHOLE - time.monotonic()))
+        paced.restore()
+        connections[PROXIED].close()  # this thread's, silenced for good
+        time.sleep(max(0.0, end + AFTER - time.monotonic()))
+        assert claim.held_until > end, "the lock was not renewed after the blackhole"
+        with pytest.raises(IdempotencyInProgress):
+            hold(key)
+    finally:
+        options.pop("connect_timeout", None)
+        GO.set()
+        owner.join(30)
+    assert results == [f"ran {key}"]
+    assert EFFECTS[key] == 1
+
+
+def _held_and_renewed() -> Claim:
+    """The held claim, once a renewal has just landed (its lock's end moved)."""
+    deadline = time.monotonic() + 30
+    while not HELD and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert HELD, "the function did not start"
+    claim = HELD[0]
+    first = claim.held_until
+    while claim.held_until == first and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert claim.held_until > first, "no renewal"
+    return claim
+
+
 #: How long the proxy holds the server's reply to a new connection's login, against a statement
 #: bound shorter than that, and a statement that takes less than the bound but more than the
 #: watchdog's tick (so that a cut lands before it ends).
@@ -169,6 +221,38 @@ def test_a_statement_on_a_connection_slow_to_open_has_its_whole_bound(
         connection.close()
     assert login.fired == 1  # the login was held
     assert time.monotonic() - started >= SLOW_LOGIN + STATEMENT
+
+
+#: How long the proxy keeps a connection silent after its login, at the first statement Django
+#: sends to set it up, before it resets it: far longer than the bound.
+SILENT = 20.0
+#: A setup statement on every connection: MySQL's isolation level always; PostgreSQL's role
+#: with ``assume_role`` (its time zone too, where the server's is not spelled ``UTC``).
+SETUP = rb"(?i)SET (ROLE|SESSION TRANSACTION)"
+
+
+def test_a_connection_silent_after_its_login_is_cut_at_the_bound(
+    server: Any, paced: FaultProxy
+) -> None:
+    """Django's setup statements (``SET TIME ZONE``, ``SET ROLE``, the isolation level) run
+    as it connects, before the statement's watch begins: a connection silenced right after
+    its login held them, and the renewer, for good (a PostgreSQL soak's renewer renewed
+    nothing for over 20 s after a restart, and four keys ran twice). They are bounded too."""
+    connection = connections[PROXIED]
+    connection.close()
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    if server.NAME == "postgresql":
+        options["assume_role"] = urlparse(server.url(paced.port)).username
+    setup = paced.arm("request", SETUP, count=1, hold=SILENT)
+    started = time.monotonic()
+    try:
+        with pytest.raises(OperationalError):
+            using(PROXIED).bounded(connection, BOUND, lambda: None)
+    finally:
+        options.pop("assume_role", None)
+        connection.close()
+    assert setup.fired == 1  # the setup statement was silenced
+    assert time.monotonic() - started < SILENT / 2
 
 
 #: Fault lengths (seconds) against the views' 3 s lock, renewed every second: a lock has 2 to 3 s

@@ -1,0 +1,98 @@
+"""Connecting for the app's own statements: a login the network silenced is not waited out.
+
+A statement is cut at its bound (:mod:`.deadlines`), but connecting cannot be: the driver holds
+its socket until it returns, after ``connect_timeout``, whole seconds, the same for every
+connection of the alias. A blackhole of new connections shorter than the lock (1.5 s under a
+3 s lock) left the renewer's reconnect, made during it, waiting ``connect_timeout`` (3 s) after
+the network had healed: the lock lapsed and a duplicate ran the view again (a MariaDB soak's
+double runs). So the renewer's connection, and an owner's write made again after a fault, are
+connected on threads of their own: while none has connected, another attempt starts beside
+them each ``bound`` (up to :data:`ATTEMPTS` at once), and the first to connect is used; the
+others are closed as they end. A login slow on a loaded machine is not given up either: every
+attempt has the driver's whole ``connect_timeout``. Once an attempt has failed, no new one
+starts, and when every one has, the last error is raised: a refused connection (a stopped
+server) fails at once, as without this.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency._store import deadlines
+from django_idempotency._store.bound import discard
+
+logger = logging.getLogger("django_idempotency")
+
+#: The most attempts to connect under way at once for one connection.
+ATTEMPTS = 8
+
+
+class _Race:
+    """Attempts to connect one connection, the first to connect wins."""
+
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
+        self.changed = threading.Condition()
+        self.winner: BaseDatabaseWrapper | None = None
+        self.error: BaseException | None = None
+        self.running = 0
+        self.over = False
+
+    def start(self, connection: BaseDatabaseWrapper) -> None:
+        """Start an attempt on a copy of ``connection`` (held: :attr:`changed`)."""
+        attempt = connection.copy()
+        # Closed from its attempt's thread when it loses; used from the caller's if it wins.
+        attempt.inc_thread_sharing()
+        self.running += 1
+        threading.Thread(
+            target=self._attempt, args=(attempt,), name="django-idempotency-connect", daemon=True
+        ).start()
+
+    def _attempt(self, attempt: BaseDatabaseWrapper) -> None:
+        error: BaseException | None = None
+        try:
+            deadlines.connect(attempt, self.bound)
+        except Exception as exc:  # the race's caller raises it, if every attempt fails
+            error = exc
+        with self.changed:
+            self.running -= 1
+            won = error is None and self.winner is None and not self.over
+            if won:
+                self.winner = attempt
+            elif error is not None:
+                self.error = error
+            self.changed.notify_all()
+        if not won:
+            discard(attempt)
+
+
+def connected(connection: BaseDatabaseWrapper, bound: float) -> BaseDatabaseWrapper:
+    """``connection`` if it is connected; else a copy of it, connected by the first of the
+    attempts raced for it (a new one each ``bound`` seconds while none has connected)."""
+    if connection.connection is not None:
+        return connection
+    race = _Race(bound)
+    with race.changed:
+        race.start(connection)
+        next_start = time.monotonic() + bound
+        while race.winner is None:
+            if race.error is not None and not race.running:
+                race.over = True
+                raise race.error
+            now = time.monotonic()
+            if race.error is None and race.running < ATTEMPTS and now >= next_start:
+                logger.info(
+                    "Connecting to %r takes over %.2g s; another attempt starts beside.",
+                    connection.alias,
+                    bound,
+                )
+                race.start(connection)
+                next_start = now + bound
+            race.changed.wait(max(0.0, next_start - now) if race.running < ATTEMPTS else None)
+        winner = race.winner
+    winner.dec_thread_sharing()
+    return winner
