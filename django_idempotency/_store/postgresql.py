@@ -36,6 +36,7 @@ from django.db import InterfaceError, OperationalError, ProgrammingError, transa
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField
 
+from django_idempotency._base.durations import MICROSECOND, microseconds
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._base.json import acyclic_encoder
 from django_idempotency._store import libpq
@@ -47,12 +48,10 @@ from django_idempotency._store.rows import (
     AS_TEXT,
     COLUMNS,
     FIELDS,
-    MICROSECOND,
     Converters,
     Record,
     fetch_row,
     lean_converters,
-    microseconds,
     per_connection,
     preparers,
 )

@@ -9,8 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from django.conf import settings
@@ -355,20 +354,6 @@ def aware(connection: BaseDatabaseWrapper, value: Any) -> datetime:
 def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
     """A value of the named column, as the field would send it to this database."""
     return preparers(connection)[name](value)
-
-
-#: The epoch and the unit of a time sent as a number: microseconds since the epoch.
-EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
-MICROSECOND = timedelta(microseconds=1)
-
-
-def microseconds(value: datetime) -> int:
-    """A time as microseconds since the epoch: exact, and made for a fraction of what
-    ``isoformat()`` costs. A naive time (``USE_TZ = False``) is local time, as Django makes it
-    and as the connection's time zone reads it."""
-    if value.tzinfo is None:
-        value = value.astimezone()
-    return (value - EPOCH) // MICROSECOND
 
 
 @per_connection

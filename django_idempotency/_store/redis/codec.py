@@ -13,13 +13,14 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from django_idempotency._base.durations import EPOCH, MICROSECOND
 from django_idempotency._store.redis import scripts
-from django_idempotency._store.rows import ATTNAMES, EPOCH, Converters, Record
+from django_idempotency._store.rows import ATTNAMES, Converters, Record
 
 
 def as_micros(delta: timedelta) -> int:
     """A duration as the scripts take it: microseconds."""
-    return max(0, delta // timedelta(microseconds=1))
+    return max(0, delta // MICROSECOND)
 
 
 def as_time(us: Any) -> datetime | None:
