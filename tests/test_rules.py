@@ -2,9 +2,10 @@
 
 Records covering every combination of the fields the rules read are written to the database;
 for each rule, the rows its SQL selects, the rows its ``Q`` filters and the records its Python
-test accepts must be the same set. A result's status is the one
-:func:`~django_idempotency._base.rules.stored_status` gives, as the store writes it and as an
-operation's state reads it.
+test accepts must be the same set. The Redis store's copies (its claim script's takeover, its
+census's stale records) are run on a Redis server against the same cases. A result's status is
+the one :func:`~django_idempotency._base.rules.stored_status` gives, as the store writes it and
+as an operation's state reads it.
 """
 
 from __future__ import annotations
@@ -121,6 +122,37 @@ def test_the_redis_claims_takeover_is_the_rule() -> None:
         assert in_lua == rules.TAKEOVER.holds(record, now, "same"), record.__dict__
         held.append(in_lua)
     assert any(held) and not all(held)  # the rule tells records apart
+
+
+@pytest.mark.redis
+def test_the_redis_census_counts_stale_records_by_the_rule() -> None:
+    """The Redis store's census (``idempotency_stats``), reading a record's raw fields and the
+    server's clock, counts as stale what :data:`~.rules.STALE` does, on every combination of
+    the fields it reads (a finished record's lock end is empty, a new one's may be absent)."""
+    from django_idempotency._conf.values import store_alias
+    from django_idempotency._store import using
+    from django_idempotency._store.redis.keyspace import record_key
+
+    flush_redis()
+    store: Any = using(store_alias(REDIS_STORE_NAME, "default"))
+    now = timezone.now()
+    past, future = now - timedelta(minutes=1), now + timedelta(minutes=1)
+    cases = list(itertools.product(IdempotencyKey.Status.values, [None, "", past, future]))
+    for number, (status, unlock_at) in enumerate(cases):
+        fields = {"st": status, "sc": "census"}
+        if unlock_at is not None:
+            fields["ua"] = unlock_at if unlock_at == "" else str(_microseconds(unlock_at))
+        redis_client().hset(record_key("census", f"{number:064x}", store.prefix), mapping=fields)
+    stale = [
+        status
+        for status, unlock_at in cases
+        if rules.STALE.holds(IdempotencyKey(status=status, unlock_at=unlock_at or None), now)
+    ]
+    counted = store.census()
+    flush_redis()
+    assert stale == [rules.PROCESSING]  # the rule tells records apart
+    assert counted["stale"] == len(stale)
+    assert counted["by_status"] == dict.fromkeys(IdempotencyKey.Status.values, 4)
 
 
 def _microseconds(moment: Any) -> int:
