@@ -21,7 +21,13 @@ from django.utils import timezone
 
 from django_idempotency import IdempotencyKey
 from django_idempotency._base import rules
-from django_idempotency._store.operations import FAILED, SUCCEEDED, state_of
+from django_idempotency._store.operations import (
+    FAILED,
+    STATES,
+    SUCCEEDED,
+    state_filter,
+    state_of,
+)
 from django_idempotency._store.rows import prep
 from tests.conftest import REDIS_STORE_NAME, flush_redis, redis_client, redis_records
 from tests.factories import IdempotencyKeyFactory
@@ -80,6 +86,35 @@ def test_the_models_flags_are_the_rules() -> None:
             )
             assert record.is_stale is rules.STALE.holds(record, timezone.now())
             assert record.is_expired is rules.EXPIRED.holds(record, timezone.now())
+
+
+def test_an_operation_s_state_is_the_same_as_a_q_and_in_python() -> None:
+    """The admin's filter by an operation's state (:func:`.state_filter`) puts each record a
+    store can hold in exactly the state the status endpoint and the admin's column give it
+    (:func:`.state_of`): running, stale, handed on (a ``202``), finished below and at
+    ``LEAST_ERROR``, a function's result (no status)."""
+    now = timezone.now()
+    past, future = now - timedelta(minutes=1), now + timedelta(minutes=1)
+    kept = [(rules.PROCESSING, None)] + [
+        (rules.stored_status(code), code) for code in (None, 200, 202, 399, 400, 404, 500)
+    ]
+    for number, ((status, code), unlock_at) in enumerate(
+        itertools.product(kept, [None, past, future])
+    ):
+        IdempotencyKeyFactory(
+            key_hash=f"{number:064d}", status=status, response_status=code, unlock_at=unlock_at
+        )
+    records = list(IdempotencyKey.objects.all())
+    in_q = {
+        state: set(
+            IdempotencyKey.objects.filter(state_filter(state, now)).values_list("pk", flat=True)
+        )
+        for state in STATES
+    }
+    for record in records:
+        found = [state for state in STATES if record.pk in in_q[state]]
+        assert found == [state_of(record, now)], (record.status, record.response_status)
+    assert all(in_q.values())  # every state is met
 
 
 #: Evaluates :data:`~django_idempotency._store.redis.scripts.TAKES_OVER` on a record given
