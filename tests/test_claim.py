@@ -274,6 +274,7 @@ def test_the_claim_imports_without_settings_or_models() -> None:
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [
         "django_idempotency._base",
+        "django_idempotency._base.durations",
         "django_idempotency._base.errors",
         "django_idempotency._call",
         "django_idempotency._call.claim",

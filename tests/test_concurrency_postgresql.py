@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -22,30 +23,36 @@ from django_idempotency._store.rows import Record
 from tests import factories
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory
+from tests.held import owner_then_duplicate
 from tests.test_unavailable import CALLS, COUNTED
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
 
+def send(path: str, key: str, body: Any = None) -> Any:
+    """POST ``body`` (an amount by default) to ``path`` with ``key``."""
+    return Client().post(
+        path,
+        {"amount": 4200} if body is None else body,
+        content_type="application/json",
+        headers={"Idempotency-Key": key},
+    )
+
+
 def storm(count: int, path: str, key: str | Callable[[int], str], body: Any = None) -> list[Any]:
     """Send ``count`` POSTs released at once from ``count`` threads."""
     barrier = threading.Barrier(count)
 
-    def send(index: int) -> Any:
+    def each(index: int) -> Any:
         try:
             barrier.wait(timeout=30)
-            return Client().post(
-                path,
-                {"amount": 4200} if body is None else body,
-                content_type="application/json",
-                headers={"Idempotency-Key": key(index) if callable(key) else key},
-            )
+            return send(path, key(index) if callable(key) else key, body)
         finally:
             connections.close_all()
 
     with ThreadPoolExecutor(max_workers=count) as pool:
-        return list(pool.map(send, range(count), timeout=60))
+        return list(pool.map(each, range(count), timeout=60))
 
 
 def outcome(response: Any) -> str:
@@ -98,9 +105,12 @@ def test_wait_mode_duplicates_receive_the_replay() -> None:
     [("/wait-short/", "wait-short"), ("/atomic-short-wait/", "atomic-short-wait")],
 )
 def test_waiting_is_bounded_by_wait_timeout(path: str, label: str) -> None:
+    """The duplicate, sent once the owner has claimed, gives up at its wait's bound while the
+    owner is held at its claim until it has answered: a ``409``, well within the owner's
+    life."""
     started = time.monotonic()
-    responses = storm(2, path + "?sleep=1.5", str(uuid.uuid4()))
-    assert sorted(outcome(r) for r in responses) == ["409", "executed"]
+    responses = owner_then_duplicate(*[partial(send, path, str(uuid.uuid4()))] * 2, hold=True)
+    assert [outcome(r) for r in responses] == ["executed", "409"]
     assert time.monotonic() - started < 5
     assert executions(label) == 1
 
@@ -110,8 +120,8 @@ def test_a_claim_refused_after_its_wait_ran_the_scope_and_fingerprint_once(path:
     """In atomic mode the wait ends in a ``LockWaitTimeout`` that ends the transaction too."""
     CALLS.clear()
     with override_settings(IDEMPOTENCY=COUNTED):
-        responses = storm(2, path + "?sleep=1.5", str(uuid.uuid4()))
-    assert sorted(outcome(r) for r in responses) == ["409", "executed"]
+        responses = owner_then_duplicate(*[partial(send, path, str(uuid.uuid4()))] * 2, hold=True)
+    assert [outcome(r) for r in responses] == ["executed", "409"]
     assert CALLS == {"scope": 2, "fingerprint": 2}
 
 

@@ -11,6 +11,7 @@ import pkgutil
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import django_idempotency
@@ -208,19 +209,58 @@ def test_only_the_vendor_modules_ask_which_database_they_are_on() -> None:
     ``BaseDatabaseFeatures``), never a branch on ``connection.vendor``. The registry picks a
     store by vendor, and a store refuses a connection of another (``_store/__init__.py``,
     ``_store/bound.py``); a migration keeps the test it was written with."""
+    assert _outside_the_vendor_modules(_vendor_branches, "__init__.py", "bound.py") == []
+
+
+def _outside_the_vendor_modules(find: Callable[[str], list[int]], *also: str) -> list[str]:
+    """Where ``find`` finds something in the package (``path:line``), but in the vendor
+    modules of ``VENDORS``, the store modules named in ``also`` and the migrations (each keeps
+    the test it was written with)."""
     from django_idempotency._store import VENDORS
 
     homes = {
         Path(importlib.import_module(store.__module__).__file__ or "") for store in VENDORS.values()
     }
-    homes |= {PACKAGE / "_store" / "__init__.py", PACKAGE / "_store" / "bound.py"}
-    found = [
+    homes |= {PACKAGE / "_store" / name for name in also}
+    return [
         f"{path.relative_to(PACKAGE)}:{line}"
         for path in sorted(PACKAGE.rglob("*.py"))
         if path not in homes and path.parent.name != "migrations"
-        for line in _vendor_branches(path.read_text())
+        for line in find(path.read_text())
     ]
-    assert found == []
+
+
+#: The database drivers a vendor module may speak to below Django's cursor.
+_DRIVERS = {"psycopg", "psycopg2", "psycopg_pool", "MySQLdb", "pymysql", "sqlite3", "oracledb"}
+
+
+def _driver_imports(source: str) -> list[int]:
+    """The lines of ``source`` that import a database driver, at the top or in a function."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name.partition(".")[0] in _DRIVERS for name in names):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_driver_test_sees_an_import() -> None:
+    assert _driver_imports("def f():\n    from psycopg.pq import Format") == [2]
+    assert _driver_imports("import MySQLdb.constants\nimport json") == [1]
+    assert _driver_imports("from django.db import connection\nfrom . import sqlite") == []
+
+
+def test_only_the_vendor_modules_import_a_database_driver() -> None:
+    """What a database's driver offers below Django's cursor (psycopg's loaders, libpq's
+    results, mysqlclient's rows) is its vendor's knowledge as much as ``connection.vendor``
+    is: it lives in the vendor modules and their own driver modules (:mod:`.libpq`,
+    :mod:`.mysqlclient`), never in the code every vendor shares."""
+    assert _outside_the_vendor_modules(_driver_imports, "libpq.py", "mysqlclient.py") == []
 
 
 def test_the_api_page_documents_exactly_the_exports() -> None:

@@ -11,10 +11,8 @@ connection of the pool, and each reports what its server connection carries.
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from io import StringIO
@@ -27,8 +25,9 @@ from django.db import connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from django_idempotency import IdempotencyKey, key_claimed
+from django_idempotency import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
+from tests.held import owner_then_duplicate
 
 pytestmark = [
     pytest.mark.postgresql,
@@ -120,32 +119,6 @@ def post(path: str, key: str) -> Any:
     )
 
 
-def concurrently(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[Any, Any]:
-    """Run ``first``, then ``second`` once ``first`` has claimed its key (``key_claimed``, sent
-    in its thread), each on its own connection."""
-    claimed = threading.Event()
-
-    def on_claim(**kwargs: Any) -> None:
-        claimed.set()
-
-    def run(call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        finally:
-            connections.close_all()
-
-    key_claimed.connect(on_claim, dispatch_uid="pgbouncer-first-claim")
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            one = pool.submit(run, first)
-            assert claimed.wait(30), "the first request never claimed its key"
-            key_claimed.disconnect(dispatch_uid="pgbouncer-first-claim")
-            two = pool.submit(run, second)
-            return one.result(timeout=60), two.result(timeout=60)
-    finally:
-        key_claimed.disconnect(dispatch_uid="pgbouncer-first-claim")
-
-
 def test_the_check_sees_what_a_client_leaves_behind(clean_pool: None) -> None:
     with connection.cursor() as cursor:  # autocommit: each one outlives its transaction
         cursor.execute("SET lock_timeout = '1234ms'")
@@ -182,9 +155,10 @@ def test_an_atomic_duplicate_refused_at_its_lock_wait_bound_leaves_nothing(
 ) -> None:
     key = str(uuid.uuid4())
 
-    owner, duplicate = concurrently(
-        lambda: post("/atomic-short-wait/?sleep=1.5", key),
-        lambda: post("/atomic-short-wait/?sleep=1.5", key),
+    owner, duplicate = owner_then_duplicate(
+        lambda: post("/atomic-short-wait/", key),
+        lambda: post("/atomic-short-wait/", key),
+        hold=True,
     )
 
     assert owner.status_code == 200
@@ -195,7 +169,7 @@ def test_an_atomic_duplicate_refused_at_its_lock_wait_bound_leaves_nothing(
 def test_a_waiting_duplicate_leaves_nothing(clean_pool: None) -> None:
     key = str(uuid.uuid4())
 
-    owner, waiter = concurrently(
+    owner, waiter = owner_then_duplicate(
         lambda: post("/wait/?sleep=0.8", key),
         lambda: post("/wait/?sleep=0.8", key),
     )

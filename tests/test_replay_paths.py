@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency._store import libpq, rows, using
+from django_idempotency._store.postgresql import read_record
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import executions
 
@@ -142,7 +143,7 @@ def test_values_go_and_come_back_as_the_cursor_sends_them(through_libpq: list[st
     )
     assert record.recovery_data is None
     statements = using("default").statements(connection)
-    found = rows.read_record(connection, statements.lean_finished, ["s", "k" * 64, 0])  # type: ignore[attr-defined]
+    found = read_record(connection, statements.lean_finished, ["s", "k" * 64, 0])  # type: ignore[attr-defined]
     assert found is not None and bytes(found.response_body) == body
     assert found.expires_at == record.expires_at
     assert len(through_libpq) == 2
@@ -187,9 +188,7 @@ def test_a_connection_with_its_own_isolation_level_begins_through_the_cursor() -
             assert libpq.usable(raw) is None
             rows.fetch_row(connection, "SELECT 1", [])  # the cursor begins it
             assert libpq.usable(raw) is raw  # begun: libpq may go on
-            row = rows.read_record(
-                connection, "SELECT current_setting('transaction_isolation')", []
-            )
+            row = read_record(connection, "SELECT current_setting('transaction_isolation')", [])
             assert row is not None
     finally:
         raw.isolation_level = None

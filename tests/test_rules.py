@@ -2,9 +2,10 @@
 
 Records covering every combination of the fields the rules read are written to the database;
 for each rule, the rows its SQL selects, the rows its ``Q`` filters and the records its Python
-test accepts must be the same set. A result's status is the one
-:func:`~django_idempotency._base.rules.stored_status` gives, as the store writes it and as an
-operation's state reads it.
+test accepts must be the same set. The Redis store's copies (its claim script's takeover, its
+census's stale records) are run on a Redis server against the same cases. A result's status is
+the one :func:`~django_idempotency._base.rules.stored_status` gives, as the store writes it and
+as an operation's state reads it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from django.utils import timezone
 
 from django_idempotency import IdempotencyKey
 from django_idempotency._base import rules
-from django_idempotency._store.operations import FAILED, SUCCEEDED, state_of
+from django_idempotency._store.operations import (
+    FAILED,
+    STATES,
+    SUCCEEDED,
+    state_filter,
+    state_of,
+)
 from django_idempotency._store.rows import prep
 from tests.conftest import REDIS_STORE_NAME, flush_redis, redis_client, redis_records
 from tests.factories import IdempotencyKeyFactory
@@ -81,6 +88,35 @@ def test_the_models_flags_are_the_rules() -> None:
             assert record.is_expired is rules.EXPIRED.holds(record, timezone.now())
 
 
+def test_an_operation_s_state_is_the_same_as_a_q_and_in_python() -> None:
+    """The admin's filter by an operation's state (:func:`.state_filter`) puts each record a
+    store can hold in exactly the state the status endpoint and the admin's column give it
+    (:func:`.state_of`): running, stale, handed on (a ``202``), finished below and at
+    ``LEAST_ERROR``, a function's result (no status)."""
+    now = timezone.now()
+    past, future = now - timedelta(minutes=1), now + timedelta(minutes=1)
+    kept = [(rules.PROCESSING, None)] + [
+        (rules.stored_status(code), code) for code in (None, 200, 202, 399, 400, 404, 500)
+    ]
+    for number, ((status, code), unlock_at) in enumerate(
+        itertools.product(kept, [None, past, future])
+    ):
+        IdempotencyKeyFactory(
+            key_hash=f"{number:064d}", status=status, response_status=code, unlock_at=unlock_at
+        )
+    records = list(IdempotencyKey.objects.all())
+    in_q = {
+        state: set(
+            IdempotencyKey.objects.filter(state_filter(state, now)).values_list("pk", flat=True)
+        )
+        for state in STATES
+    }
+    for record in records:
+        found = [state for state in STATES if record.pk in in_q[state]]
+        assert found == [state_of(record, now)], (record.status, record.response_status)
+    assert all(in_q.values())  # every state is met
+
+
 #: Evaluates :data:`~django_idempotency._store.redis.scripts.TAKES_OVER` on a record given
 #: as ARGV: now (µs), the claimant's fingerprint, status, fingerprint, unlock (µs, '' none).
 _LUA_TAKES_OVER = """
@@ -121,6 +157,37 @@ def test_the_redis_claims_takeover_is_the_rule() -> None:
         assert in_lua == rules.TAKEOVER.holds(record, now, "same"), record.__dict__
         held.append(in_lua)
     assert any(held) and not all(held)  # the rule tells records apart
+
+
+@pytest.mark.redis
+def test_the_redis_census_counts_stale_records_by_the_rule() -> None:
+    """The Redis store's census (``idempotency_stats``), reading a record's raw fields and the
+    server's clock, counts as stale what :data:`~.rules.STALE` does, on every combination of
+    the fields it reads (a finished record's lock end is empty, a new one's may be absent)."""
+    from django_idempotency._conf.values import store_alias
+    from django_idempotency._store import using
+    from django_idempotency._store.redis.keyspace import record_key
+
+    flush_redis()
+    store: Any = using(store_alias(REDIS_STORE_NAME, "default"))
+    now = timezone.now()
+    past, future = now - timedelta(minutes=1), now + timedelta(minutes=1)
+    cases = list(itertools.product(IdempotencyKey.Status.values, [None, "", past, future]))
+    for number, (status, unlock_at) in enumerate(cases):
+        fields = {"st": status, "sc": "census"}
+        if unlock_at is not None:
+            fields["ua"] = unlock_at if unlock_at == "" else str(_microseconds(unlock_at))
+        redis_client().hset(record_key("census", f"{number:064x}", store.prefix), mapping=fields)
+    stale = [
+        status
+        for status, unlock_at in cases
+        if rules.STALE.holds(IdempotencyKey(status=status, unlock_at=unlock_at or None), now)
+    ]
+    counted = store.census()
+    flush_redis()
+    assert stale == [rules.PROCESSING]  # the rule tells records apart
+    assert counted["stale"] == len(stale)
+    assert counted["by_status"] == dict.fromkeys(IdempotencyKey.Status.values, 4)
 
 
 def _microseconds(moment: Any) -> int:

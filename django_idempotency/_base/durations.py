@@ -1,12 +1,28 @@
-"""Durations given as a ``timedelta`` or a number of seconds."""
+"""Durations given as a ``timedelta`` or a number of seconds, and a time as a number: the
+microseconds since the epoch every store writes and reads (a record's life, the claim's clock)."""
 
 from __future__ import annotations
 
 import math
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 Duration = timedelta | int | float
+
+#: The epoch and the unit of a time sent as a number: microseconds since the epoch.
+EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+MICROSECOND = timedelta(microseconds=1)
+
+
+def microseconds(value: datetime) -> int:
+    """A time as microseconds since the epoch: exact, and made for a fraction of what
+    ``isoformat()`` costs. A naive time (``USE_TZ = False``) is local time, as Django makes it
+    and as the connection's time zone reads it."""
+    if value.tzinfo is None:
+        value = value.astimezone()
+    return (value - EPOCH) // MICROSECOND
+
 
 #: The longest duration accepted: ``now + ttl`` must stay a date the databases store (and
 #: ``timedelta`` itself tops out at 999,999,999 days). A thousand years is forever enough.

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
+from django_idempotency._base.durations import microseconds
 from django_idempotency._base.errors import LockLost
 
 __all__ = ["Claim"]
@@ -109,7 +110,6 @@ class Claim:
         if type(known) is int:
             return known
         # Imported here: see set_recovery_point.
-        from django_idempotency._call.operations import microseconds
         from django_idempotency._store.operations import created_at
 
         made = known.created_at if known is not None else created_at(self.alias, self.pk)

@@ -14,17 +14,17 @@ nothing. ``SECRET_KEY_FALLBACKS`` are accepted, so a rotated secret keeps ids va
 from __future__ import annotations
 
 import base64
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import datetime
 
 from django.conf import settings
 from django.utils.crypto import constant_time_compare, salted_hmac
+
+from django_idempotency._base.durations import microseconds
 
 __all__ = [
     "BIGINT",
     "URL_NAME",
     "make_id",
-    "microseconds",
     "parse_id",
     "status_url",
     "verify",
@@ -54,17 +54,6 @@ def make_id(pk: int, scope: str, key_hash: str, created_at: datetime | int) -> s
     """The operation id of record ``pk`` of ``scope`` and ``key_hash``, in the life that
     began at ``created_at`` (a time, or :attr:`.Claim.life`'s microseconds)."""
     return f"{pk}.{_mac(pk, scope, key_hash, created_at)}"
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
-
-
-def microseconds(value: datetime) -> int:
-    """A time as the database gave it, as a number: whatever its time zone (a naive one,
-    ``USE_TZ = False``, is local time, as Django makes it)."""
-    if value.tzinfo is None:
-        value = value.astimezone()
-    return (value - _EPOCH) // timedelta(microseconds=1)
 
 
 def parse_id(operation_id: str) -> int | None:

@@ -19,9 +19,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_idempotency._base import rules
+from django_idempotency._base.durations import EPOCH
 from django_idempotency._store import deadlines
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.rows import EPOCH, Record, prep, preparers
+from django_idempotency._store.rows import Record, prep, preparers
 from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
 from django_idempotency.models import IdempotencyKey
 

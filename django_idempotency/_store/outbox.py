@@ -29,8 +29,9 @@ from typing import Any, NamedTuple, TypeVar
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from django_idempotency._base.durations import MICROSECOND
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.rows import MICROSECOND, aware, count_rows
+from django_idempotency._store.rows import aware, count_rows
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 
 T = TypeVar("T")

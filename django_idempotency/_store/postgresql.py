@@ -29,29 +29,31 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 from django.db import InterfaceError, OperationalError, ProgrammingError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField
 
+from django_idempotency._base.durations import MICROSECOND, microseconds
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._base.json import acyclic_encoder
+from django_idempotency._store import libpq
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import database_key
 from django_idempotency._store.claims import Claimant, ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import (
+    AS_TEXT,
+    COLUMNS,
     FIELDS,
-    MICROSECOND,
-    POSTGRESQL_TIME,
+    Converters,
     Record,
-    lean_columns,
-    microseconds,
+    fetch_row,
+    lean_converters,
     per_connection,
     preparers,
-    read_record,
 )
 from django_idempotency._store.statements import Statements, finished_where
 from django_idempotency.models import IdempotencyKey
@@ -93,7 +95,7 @@ class PostgreSQLStatements(Statements):
     insert_or_select: str
     #: The same (and the takeover, and the lock wait's bound) in one call of the claim function.
     call: str
-    #: :attr:`~.Statements.finished`, every column as :func:`~.rows.read_record` reads them,
+    #: :attr:`~.Statements.finished`, every column as :func:`read_record` reads them,
     #: its time the claim's clock (microseconds since the epoch).
     lean_finished: str
 
@@ -106,6 +108,43 @@ _HAS_FUNCTION: dict[tuple[Any, ...], bool] = {}
 #: (the atomic block it holds for, value). An attribute: a weak dictionary's entry costs
 #: every atomic claim more than its bound's two other steps together.
 _LOCK_WAIT = "_django_idempotency_lock_wait"
+
+
+#: A time sent as microseconds since the epoch, read back by PostgreSQL exactly.
+POSTGRESQL_TIME = "timestamptz 'epoch' + %s::float8 * interval '1 microsecond'"
+
+
+def lean_columns(quote: Callable[[str], str]) -> str:
+    """Every column, :data:`~.rows.AS_TEXT` ones cast to text: what :func:`read_record`
+    reads."""
+    return ", ".join(
+        f"{quote(column)}::text" if column in AS_TEXT else quote(column) for column in COLUMNS
+    )
+
+
+def read_record(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Record | None:
+    """The record a lean statement returns (every column, :data:`~.rows.AS_TEXT` as text),
+    read through libpq where it can be (:mod:`.libpq`)."""
+    row = fetch_row(connection, sql, params, libpq.first_row)
+    return None if row is None else Record(row, record_converters(connection))
+
+
+@per_connection
+def record_converters(connection: BaseDatabaseWrapper) -> Converters:
+    """:func:`~.rows.lean_converters` with the time stamps loaded from their text as psycopg
+    loads them, with the connection's time zone (as Django's loader)."""
+    from psycopg.postgres import types
+    from psycopg.pq import Format
+
+    oid = types["timestamptz"].oid
+    loader_class = connection.connection.adapters.get_loader(oid, Format.TEXT)
+    loader = loader_class(oid, connection.connection)
+    zone = connection.timezone
+
+    def load_time(text: str) -> datetime:
+        return cast(datetime, loader.load(text.encode()).replace(tzinfo=zone))
+
+    return lean_converters(connection, load_time)
 
 
 #: ``json.dumps`` of the headers column's values, its C encoder made once.

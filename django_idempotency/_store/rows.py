@@ -9,8 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 from django.conf import settings
@@ -92,10 +91,16 @@ def statement_cursor(connection: BaseDatabaseWrapper) -> Iterator[Any]:
         yield cursor
 
 
-def fetch_row(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Any:
-    """Send one store statement that returns rows: its first row (``None``: none). A vendor
-    may send it another way (:meth:`.bound.BoundStore.fetch_row`)."""
-    return _send(connection, sql, params, _first_row)
+def fetch_row(
+    connection: BaseDatabaseWrapper,
+    sql: str,
+    params: list[Any],
+    read_result: Callable[[BaseDatabaseWrapper, Any, Any], Any] | None = None,
+) -> Any:
+    """Send one store statement that returns rows: its first row (``None``: none); with
+    ``read_result``, below the cursor where it can be (:func:`_send`). A vendor may send it
+    another way (:meth:`.bound.BoundStore.fetch_row`)."""
+    return _send(connection, sql, params, _first_row, read_result)
 
 
 def count_rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> int:
@@ -229,7 +234,7 @@ _PK = _INDEX["id"]
 _LOCK_TOKEN = _INDEX["lock_token"]
 
 
-class _Converters(list[Callable[[Any], Any] | None]):
+class Converters(list[Callable[[Any], Any] | None]):
     """A record's converters, one per column, and the alias they were made for."""
 
     alias = "default"
@@ -246,7 +251,7 @@ class Record:
 
     __slots__ = ("_convert", "_row", "_values")
 
-    def __init__(self, row: Sequence[Any], convert: _Converters) -> None:
+    def __init__(self, row: Sequence[Any], convert: Converters) -> None:
         self._row = row
         self._convert = convert
         self._values: dict[int, Any] = {}
@@ -296,23 +301,13 @@ for _name, _index in _INDEX.items():
         setattr(Record, _name, _field(_index))
 
 
-@per_connection
-def record_converters(connection: BaseDatabaseWrapper) -> _Converters:
+def lean_converters(
+    connection: BaseDatabaseWrapper, load_time: Callable[[Any], datetime]
+) -> Converters:
     """How each column of a lean read (:data:`AS_TEXT` as text) becomes the field's value:
     the ORM's converters, after the text columns are loaded as the cursor would have loaded
-    them (PostgreSQL's time stamps with the connection's time zone, as Django's loader)."""
-    from psycopg.postgres import types  # PostgreSQL only
-    from psycopg.pq import Format
-
-    oid = types["timestamptz"].oid
-    loader_class = connection.connection.adapters.get_loader(oid, Format.TEXT)
-    loader = loader_class(oid, connection.connection)
-    zone = connection.timezone
-
-    def load_time(text: str) -> datetime:
-        return cast(datetime, loader.load(text.encode()).replace(tzinfo=zone))
-
-    converters = _Converters()
+    them (a time by ``load_time``, the vendor's own loader of its text; a UUID by ``UUID``)."""
+    converters = Converters()
     converters.alias = connection.alias
     for field, (expression, convert_all) in zip(FIELDS, _converters(connection), strict=True):
         first_step: Callable[[Any], Any] | None = None
@@ -346,19 +341,6 @@ def instance_of(record: IdempotencyKey | Record) -> IdempotencyKey:
     return record if isinstance(record, IdempotencyKey) else record.instance()
 
 
-def read_record(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> Record | None:
-    """The record a lean statement returns (every column, :data:`AS_TEXT` as text)."""
-    row = _send(connection, sql, params, _first_row, libpq.first_row)
-    return None if row is None else Record(row, record_converters(connection))
-
-
-def lean_columns(quote: Callable[[str], str]) -> str:
-    """Every column, :data:`AS_TEXT` ones cast to text: what :func:`read_record` reads."""
-    return ", ".join(
-        f"{quote(column)}::text" if column in AS_TEXT else quote(column) for column in COLUMNS
-    )
-
-
 def aware(connection: BaseDatabaseWrapper, value: Any) -> datetime:
     """A time a cursor read raw, as the ORM would load it: SQLite may hand back the stored
     text, and SQLite and MySQL a naive time in the connection's time zone."""
@@ -372,22 +354,6 @@ def aware(connection: BaseDatabaseWrapper, value: Any) -> datetime:
 def prep(name: str, value: Any, connection: BaseDatabaseWrapper) -> Any:
     """A value of the named column, as the field would send it to this database."""
     return preparers(connection)[name](value)
-
-
-#: The epoch and the unit of a time sent as a number: microseconds since the epoch.
-EPOCH = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
-MICROSECOND = timedelta(microseconds=1)
-#: A time sent as microseconds since the epoch, read back by PostgreSQL exactly.
-POSTGRESQL_TIME = "timestamptz 'epoch' + %s::float8 * interval '1 microsecond'"
-
-
-def microseconds(value: datetime) -> int:
-    """A time as microseconds since the epoch: exact, and made for a fraction of what
-    ``isoformat()`` costs. A naive time (``USE_TZ = False``) is local time, as Django makes it
-    and as the connection's time zone reads it."""
-    if value.tzinfo is None:
-        value = value.astimezone()
-    return (value - EPOCH) // MICROSECOND
 
 
 @per_connection

@@ -13,13 +13,14 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from django_idempotency._base.durations import EPOCH, MICROSECOND
 from django_idempotency._store.redis import scripts
-from django_idempotency._store.rows import ATTNAMES, EPOCH, Record, _Converters
+from django_idempotency._store.rows import ATTNAMES, Converters, Record
 
 
 def as_micros(delta: timedelta) -> int:
     """A duration as the scripts take it: microseconds."""
-    return max(0, delta // timedelta(microseconds=1))
+    return max(0, delta // MICROSECOND)
 
 
 def as_time(us: Any) -> datetime | None:
@@ -59,7 +60,7 @@ _RP = _ROW_FIELDS.index("rp")
 _FROM_REPLY = itemgetter(*(2 + scripts.FIELDS.index(name) for name in _ROW_FIELDS[3:]))
 _OR_NOW = tuple(_ROW_FIELDS.index(name) for name in ("ca", "up", "ea"))
 #: How each becomes the field's value (``None``: kept as it is), when first read.
-_CONVERTERS = _Converters(
+_CONVERTERS = Converters(
     [
         None,
         None,

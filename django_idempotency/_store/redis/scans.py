@@ -5,8 +5,11 @@ the store's prefix or a read of a scope's index)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
+from django_idempotency._base import rules
+from django_idempotency._base.durations import EPOCH
 from django_idempotency._store.redis.codec import as_text
 from django_idempotency._store.redis.keyspace import glob, record_key, scope_index
 from django_idempotency.models import IdempotencyKey
@@ -61,12 +64,20 @@ def key_records(
     return sorted(found, key=lambda record: record.created_at)
 
 
+class _Lock(NamedTuple):
+    """The fields of a record :data:`~.._base.rules.STALE` reads (its lock's end aware, as
+    the server's clock is read)."""
+
+    status: str
+    unlock_at: datetime | None
+
+
 def census(client: Any, prefix: str) -> dict[str, Any]:
-    """The store's records by status, and how many are processing with their lock lapsed
-    (taken over by their key's next request): one ``SCAN`` and pipelined ``HMGET`` calls,
-    the times by the server's clock. Expired records are absent (Redis's TTL)."""
+    """The store's records by status, and how many are :data:`~.._base.rules.STALE` (taken
+    over by their key's next request): one ``SCAN`` and pipelined ``HMGET`` calls, the times
+    by the server's clock. Expired records are absent (Redis's TTL)."""
     seconds, micro = client.time()
-    now = int(seconds) * 1_000_000 + int(micro)
+    now = EPOCH + timedelta(seconds=int(seconds), microseconds=int(micro))
     by_status: dict[str, int] = {}
     stale = 0
     batch: list[Any] = []
@@ -81,7 +92,8 @@ def census(client: Any, prefix: str) -> dict[str, Any]:
                 continue
             text = as_text(status)
             by_status[text] = by_status.get(text, 0) + 1
-            if text == "processing" and unlock and int(unlock) <= now:
+            unlock_at = EPOCH + timedelta(microseconds=int(unlock)) if unlock else None
+            if rules.STALE.holds(_Lock(text, unlock_at), now):
                 stale += 1
         batch.clear()
 
