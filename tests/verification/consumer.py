@@ -1,66 +1,86 @@
-"""The outbox's far side: a broker that is a file, and a consumer process protected by
+"""The outbox's far side: a Celery task on RabbitMQ, its body protected by
 ``idempotent_function``, as docs/outbox.rst's recipe writes one.
 
 :data:`deliver` is what the views stage (``request.idempotency.enqueue(deliver, execution)``):
-a stand-in for a Celery task whose ``apply_async`` appends the message (its id, its
-arguments) to ``deliveries-<pid>.jsonl`` in the ledger folder and fsyncs it, so the file is the
-broker's queue, written by whoever sends (the web workers' fast path, the relay) and never
-touched by the nemesis. ``python -m tests.verification.consumer`` reads those files and runs
-:func:`consume` for each delivery until it succeeds; a message delivered twice is handed over
-twice (at least once). The consumer's effect is an ``Execution`` row written in one
-transaction with its recovery point (the docs' recipe), so it happened exactly when that
-committed: ``/consumer-effects/`` lists them.
+a real Celery task of :data:`app`, sent by the web workers' fast path and the relay to a queue
+of the run's own (``IDEMPOTENCY_VERIFY_QUEUE`` on ``IDEMPOTENCY_VERIFY_AMQP_URL``: settings.py)
+and run by ``celery --app=tests.verification.consumer worker`` (run.py starts it, and the
+nemesis SIGKILLs its process group: ``consumer-kill``). The recipe's settings: ``acks_late``
+and ``reject_on_worker_lost`` (a killed worker's message comes back), a prefetch of one; a
+copy that meets the key in progress, or a database fault, is retried with backoff.
+
+The recorder: every start of the task's body (a delivery: the message's id, the execution it
+names, its retry count) is a line appended to ``deliveries-<pid>.jsonl`` in the ledger folder
+and fsynced before the body goes on, so the file, never touched by the nemesis, holds every
+delivery that ran; a message handed over twice is two lines. The consumer's effect is an
+``Execution`` row written in one transaction with its recovery point (the docs' recipe), so
+it happened exactly when that committed: ``/outbox-state/`` lists them. After its effect
+the body works ``CONSUMER_WORK`` seconds (limits.py) before its result is written: a worker
+killed then leaves the record ``processing`` at its recovery point, and the redelivered
+message must resume from it rather than run the effect again.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from celery import Celery
+
+from tests.verification.ledger import append_line
+from tests.verification.limits import CONSUMER_WORK, LOCK
+
 CONSUMER_LABEL = "verify-consumer"
+TASK_NAME = "tests.verification.consumer.deliver"
+
+app = Celery("verification")
+app.config_from_object("django.conf:settings", namespace="CELERY")
 
 
-class FileBroker:
-    """What the outbox needs of a Celery task: a ``name`` it is found at, and
-    ``apply_async``."""
+@app.task(
+    bind=True,
+    name=TASK_NAME,
+    acks_late=True,  # acknowledged when it ends: a killed worker's message comes back
+    reject_on_worker_lost=True,  # also when only its pool process was killed
+    # A copy running, a dead worker's lock not yet expired (IdempotencyInProgress), or a
+    # database fault: again later. The body resumes from its recovery point, so any exception
+    # may be retried.
+    autoretry_for=(Exception,),
+    retry_backoff=1,
+    retry_backoff_max=LOCK,  # a dead worker's key is free by then
+    max_retries=None,
+)
+def deliver(self: Any, execution: str) -> None:
+    line = {"message": self.request.id, "args": [execution], "t": time.time(),
+            "pid": os.getpid(), "retries": self.request.retries}  # fmt: skip
+    append_line(_folder() / f"deliveries-{os.getpid()}.jsonl", line)
+    try:
+        _consume()(execution, message_id=self.request.id)
+    except Exception:
+        from django.db import connections
 
-    name = "tests.verification.consumer.deliver"
-
-    def apply_async(
-        self,
-        args: list[Any] | tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        task_id: str | None = None,
-        **options: Any,
-    ) -> None:
-        line = {"message": task_id, "args": list(args), "t": time.time(), "pid": os.getpid()}
-        path = Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"]) / f"deliveries-{os.getpid()}.jsonl"
-        append_line(path, line)
+        connections.close_all()  # a fault's connection is not the retry's
+        raise
 
 
-deliver = FileBroker()
+def _folder() -> Path:
+    return Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"])
 
 
-def deliveries(folder: Path) -> list[dict[str, Any]]:
-    """Every delivery the broker took, in no particular order."""
-    found = []
-    for path in sorted(folder.glob("deliveries-*.jsonl")):
-        found += [json.loads(line) for line in path.read_text().splitlines() if line]
-    return found
+_consumer: list[Any] = []
 
 
 def _consume() -> Any:
+    """The recipe's consumer, made once the worker's Django is set up."""
+    if _consumer:
+        return _consumer[0]
     from django.db import transaction
 
     from django_idempotency import Claim, idempotent_function
     from tests.testapp.models import Execution
-    from tests.verification.limits import LOCK
 
     @idempotent_function(key="message_id", name="verify.consume", lock_timeout=LOCK)
     def consume(execution: str, *, message_id: str, idempotency: Claim) -> Any:
@@ -70,54 +90,8 @@ def _consume() -> Any:
                         "pid": os.getpid()}  # fmt: skip
                 Execution.objects.create(label=CONSUMER_LABEL, payload=json.dumps(line))
                 idempotency.set_recovery_point("done", line)
+            time.sleep(CONSUMER_WORK)
         return idempotency.recovery_data
 
+    _consumer.append(consume)
     return consume
-
-
-def main() -> None:
-    """Consume every delivery, each until it succeeds, until ``SIGTERM``."""
-    import django
-    from django.db import connections
-
-    django.setup()
-    consume = _consume()
-    folder = Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"])
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    offsets: dict[Path, int] = {}
-    waiting: list[dict[str, Any]] = []
-    while not stopping.is_set():
-        for path in folder.glob("deliveries-*.jsonl"):
-            with path.open("rb") as queue:
-                queue.seek(offsets.get(path, 0))
-                data = queue.read()
-            whole = data[: data.rfind(b"\n") + 1]
-            offsets[path] = offsets.get(path, 0) + len(whole)
-            waiting += [json.loads(line) for line in whole.splitlines() if line]
-        left = []
-        for delivery in waiting:
-            try:
-                consume(*delivery["args"], message_id=delivery["message"])
-            except Exception as exc:  # in progress elsewhere, a database fault: later
-                print(f"consume {delivery['message']}: {type(exc).__name__}: {exc}",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                left.append(delivery)
-                connections.close_all()
-        waiting = left
-        stopping.wait(0.2)
-
-
-if __name__ == "__main__":
-    main()
-
-
-def append_line(path: Path, line: dict[str, Any]) -> None:
-    """One JSON line appended and on disk before the caller goes on: the ledger a fault of the
-    app's processes never loses."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, (json.dumps(line) + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -18,3 +18,6 @@ TTLS = {
 SETTLE = 15.0
 #: Once every key is settled, every released message is delivered and consumed within this.
 DRAIN = 30.0
+#: Seconds the consumer's task works after its effect, before its result is written: a worker
+#: killed then must not run the effect again for the redelivered message.
+CONSUMER_WORK = 0.3

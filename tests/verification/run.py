@@ -58,8 +58,8 @@ from tests.faults.proxy import FaultProxy  # noqa: E402
 from tests.faults.redis_server import RedisServer  # noqa: E402
 from tests.servers import harness  # noqa: E402
 from tests.verification import checker  # noqa: E402
-from tests.verification.consumer import deliveries  # noqa: E402
-from tests.verification.limits import DRAIN, LOCK, SETTLE, TTLS  # noqa: E402
+from tests.verification.ledger import deliveries, last_delivery  # noqa: E402
+from tests.verification.limits import CONSUMER_WORK, DRAIN, LOCK, SETTLE, TTLS  # noqa: E402
 from tests.verification.plants import PLANTS  # noqa: E402
 
 PRINCIPALS = ("alice", "bob", "anonymous")
@@ -70,8 +70,13 @@ WORKERS = 3
 THREADS = 8
 #: ``connect_timeout`` of tests/faults/settings.py, which the servers' settings extend.
 CONNECT_TIMEOUT = 3.0
+#: How long a ``consumer-kill`` waits for a task that started its body within
+#: :data:`CONSUMER_WORK` seconds (one working after its effect, before its result).
+CONSUMER_KILL_WAIT = 2.0
 #: Faults with no length.
-INSTANT = ("worker-kill", "db-cut", "db-terminate", "relay-kill")
+INSTANT = ("worker-kill", "db-cut", "db-terminate", "relay-kill", "consumer-kill")
+#: The outbox's broker (RabbitMQ), shared: each run has a queue of its own, deleted after.
+AMQP_URL = os.environ.get("IDEMPOTENCY_VERIFY_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 #: Statuses a client answers by trying again: in progress (``409``, or ``202`` from a view
 #: with ``in_progress="accepted"``), unavailable, no answer at all.
 RETRY = {202, 409, 503, None}
@@ -275,6 +280,22 @@ def generate(
     return stories, scene_faults, faults
 
 
+def consumer_faults(seed: int, seconds: float, store: str) -> list[Fault]:
+    """With the database store, the Celery worker's SIGKILLs (``consumer-kill``): every 3 to
+    9 s, from a generator of their own, so that the other schedules of a seed stay what they
+    were. Each waits (at most :data:`CONSUMER_KILL_WAIT` s) for a task mid-body."""
+    if store != "database":
+        return []
+    rng = random.Random(f"consumer-{seed}")
+    faults = []
+    t = 0.0
+    while True:
+        t += rng.uniform(3, 9)
+        if t >= seconds:
+            return faults
+        faults.append(Fault(round(t, 3), "consumer-kill", 0.0, rng.randrange(1000)))
+
+
 # The servers ------------------------------------------------------------------------------
 
 
@@ -311,8 +332,11 @@ class Servers:
     distance: FaultProxy | None = None
     redis: RedisServer | None = None
     gunicorn: harness.Server | None = None
-    #: The outbox's relay (``manage.py idempotency_relay``) and consumer, database store only.
+    #: The outbox's relay (``manage.py idempotency_relay``) and consumer (a Celery worker, in a
+    #: session of its own: its process group is its pool too), database store only.
     helpers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: The Celery queue of this run on the shared RabbitMQ (and the exchange of that name).
+    queue: str = field(default_factory=lambda: f"idem-verify-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
@@ -343,6 +367,8 @@ class Servers:
             IDEMPOTENCY_FAULT_DIR=str(self.folder),
             IDEMPOTENCY_VERIFY_LEDGER=str(self.folder),
             IDEMPOTENCY_VERIFY_PLANT=self.plant,
+            IDEMPOTENCY_VERIFY_QUEUE=self.queue,
+            IDEMPOTENCY_VERIFY_AMQP_URL=AMQP_URL,
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
             PYTHONUNBUFFERED="1",
         )
@@ -370,16 +396,58 @@ class Servers:
             self.start_helper("consumer")
 
     def start_helper(self, name: str) -> None:
-        """The relay or the consumer, logging to a file of the run's folder."""
+        """The relay or the consumer (a Celery worker of two pool processes taking only the
+        run's queue), logging to a file of the run's folder."""
         command = {
             "relay": [sys.executable, "-m", "django", "idempotency_relay", "--interval", "0.5"],
-            "consumer": [sys.executable, "-m", "tests.verification.consumer"],
-        }[name]
+            "consumer": [
+                sys.executable, "-m", "celery", "--app=tests.verification.consumer", "worker",
+                "--pool=prefork", "--concurrency=2", f"--queues={self.queue}",
+                f"--hostname={self.queue}@%h", "--loglevel=INFO", "--without-gossip",
+                "--without-mingle", "--without-heartbeat",
+            ],
+        }[name]  # fmt: skip
         with (self.folder / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                                       stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=name == "consumer")  # fmt: skip
         databases.track(process.pid, name)
         self.helpers[name] = process
+
+    def kill_helper(self, name: str) -> None:
+        """SIGKILL the relay, or the consumer's whole process group (its worker and pool)."""
+        process = self.helpers[name]
+        with contextlib.suppress(ProcessLookupError):
+            if name == "consumer":
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        databases.untrack(process.pid)
+
+    def queued(self) -> int | None:
+        """Messages ready in the run's queue (``None``: not known, the queue not declared
+        yet)."""
+        from kombu import Connection
+
+        try:
+            with Connection(AMQP_URL, connect_timeout=10) as connection:
+                _, count, _ = connection.default_channel.queue_declare(self.queue, passive=True)
+        except Exception:
+            return None
+        return int(count)
+
+    def remove_queue(self) -> None:
+        """The run's queue and its exchange gone from the shared broker."""
+        from kombu import Connection
+
+        try:
+            with Connection(AMQP_URL, connect_timeout=10) as connection:
+                channel = connection.default_channel
+                channel.queue_delete(self.queue)
+                channel.exchange_delete(self.queue)
+        except Exception as exc:  # the run's result stands; the leftover is named
+            log(f"queue {self.queue} not removed: {exc!r}")
 
     def fail_over(self, pause: float) -> tuple[float, int]:
         """The primary killed, its standby promoted ``pause`` seconds later and the proxy
@@ -441,13 +509,10 @@ class Servers:
         return effects
 
     def stop(self, keep_log: Path | None = None) -> None:
-        for name, process in self.helpers.items():
+        for name in self.helpers:
             # At once, as gunicorn below: the outbox was drained, and a relay ends its pass
             # before it heeds a SIGTERM.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGKILL)
-            process.wait()
-            databases.untrack(process.pid)
+            self.kill_helper(name)
             if keep_log is not None:
                 with keep_log.with_suffix(f".{name}.log").open("wb") as out:
                     out.write((self.folder / f"{name}.log").read_bytes())
@@ -466,6 +531,8 @@ class Servers:
         for proxy in (self.proxy, self.distance):
             if proxy is not None:
                 proxy.stop()
+        if self.helpers:
+            self.remove_queue()
         if self.redis is not None:
             self.redis.destroy()
         if self.server is not None:
@@ -735,10 +802,13 @@ class Run:
                     self.servers.server.read_only(True)
                     time.sleep(fault.duration)
                     self.servers.server.read_only(False)
-                elif fault.kind == "relay-kill":  # a new relay at once, as a supervisor would
-                    os.kill(self.servers.helpers["relay"].pid, signal.SIGKILL)
-                    self.servers.helpers["relay"].wait()
-                    self.servers.start_helper("relay")
+                elif fault.kind in ("relay-kill", "consumer-kill"):
+                    name = fault.kind.partition("-")[0]
+                    if name == "consumer":  # mostly a task mid-body
+                        event["mid_task"] = self.consumer_busy()
+                    event["pid"] = self.servers.helpers[name].pid
+                    self.servers.kill_helper(name)
+                    self.servers.start_helper(name)  # a new one at once, as a supervisor would
                 elif fault.kind == "redis-stop":
                     assert self.servers.redis is not None
                     self.servers.redis.freeze()
@@ -763,6 +833,17 @@ class Run:
                 event["long"] = event["end"] - event["start"] >= LOCK * 2 / 3
             self.recorder.add(event)
             log(f"fault {fault.kind} {fault.duration:.1f}s")
+
+    def consumer_busy(self) -> bool:
+        """Wait (at most :data:`CONSUMER_KILL_WAIT` s) for a task that started its body
+        within the last :data:`CONSUMER_WORK` s: whether one did."""
+        deadline = time.time() + CONSUMER_KILL_WAIT
+        while True:
+            if time.time() - last_delivery(self.servers.folder) < CONSUMER_WORK:
+                return True
+            if time.time() > deadline:
+                return False
+            time.sleep(0.05)
 
     def lock_waits(self) -> list[Any]:
         """MariaDB's transactions waiting for a lock and the ones they wait for, in the middle
@@ -816,15 +897,20 @@ class Run:
         return self.recorder.events
 
     def drain(self) -> None:
-        """Wait until the outbox has nothing undelivered and the consumer has had every
-        delivery (at most :data:`DRAIN` seconds), then record both."""
+        """Wait until the outbox has nothing undelivered, the run's queue nothing ready, and
+        the consumer has an effect for every message sent and every delivery (at most
+        :data:`DRAIN` seconds), then record the deliveries and the effects. (A copy of a
+        message consumed already, waiting for a retry's countdown in the worker, may start
+        after: a replay, not recorded.)"""
         deadline = time.time() + DRAIN
         while True:
             state = httpx.get(f"{self.servers.url}/outbox-state/", timeout=30).json()
             delivered = deliveries(self.servers.folder)
             consumed = {row["message"] for row in state["consumed"]}
-            if not any(state["undelivered"].values()) and all(
-                delivery["message"] in consumed for delivery in delivered
+            if (
+                not any(state["undelivered"].values())
+                and consumed >= set(state["sent"]) | {each["message"] for each in delivered}
+                and self.servers.queued() == 0
             ):
                 break
             if time.time() > deadline:
@@ -862,7 +948,9 @@ def main(argv: list[str] | None = None) -> int:
     stories, scene_faults, faults = generate(
         args.seed, args.seconds, args.store, args.database, args.failover
     )
-    log(f"seed {args.seed}: {len(stories)} stories, {len(faults) + len(scene_faults)} faults, "
+    consumer_kills = consumer_faults(args.seed, args.seconds, args.store)
+    log(f"seed {args.seed}: {len(stories)} stories, "
+        f"{len(faults) + len(scene_faults) + len(consumer_kills)} faults, "
         f"{args.database}/{args.store}{' plant ' + args.plant if args.plant else ''}"
         f"{' failover ' + args.failover if args.failover else ''}")  # fmt: skip
     history = args.history or Path(tempfile.gettempdir()) / (
@@ -875,7 +963,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         servers.start()
         log("servers up")
-        run = Run(servers, stories, [scene_faults, faults], args.seconds, args.seed)
+        run = Run(servers, stories, [scene_faults, faults, consumer_kills], args.seconds,
+                  args.seed)  # fmt: skip
         events = run.go()
     finally:
         servers.stop(keep_log=history.with_suffix(".log"))

@@ -18,9 +18,9 @@ REST_FRAMEWORK = {
 }
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.verification.apps.VerificationConfig"]
 
-#: The outbox's messages go to a file (tests/verification/consumer.py): one the fast path did not
-#: send or mark (its worker killed, or stopped past half the lease) is the relay's in seconds,
-#: so a run's messages are all delivered soon after it heals.
+#: The outbox's messages go to a Celery task (tests/verification/consumer.py): one the fast path
+#: did not send or mark (its worker killed, or stopped past half the lease) is the relay's in
+#: seconds, so a run's messages are all delivered soon after it heals.
 IDEMPOTENCY: dict[str, object] = {
     "OUTBOX_LEASE": 4,
     "OUTBOX_RETRY_DELAY": 0.5,
@@ -29,3 +29,17 @@ IDEMPOTENCY: dict[str, object] = {
 }
 if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL"):
     IDEMPOTENCY["STORE"] = os.environ["IDEMPOTENCY_VERIFY_REDIS_URL"]
+
+# The Celery recipe (docs/outbox.rst): a killed worker's message comes back, and a worker holds
+# no more unacknowledged tasks than it runs. The broker is RabbitMQ, the queue the run's own
+# (run.py names it, and deletes it with its exchange when the run ends).
+CELERY_BROKER_URL = os.environ.get(
+    "IDEMPOTENCY_VERIFY_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"
+)
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("IDEMPOTENCY_VERIFY_QUEUE", "idem-verify")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = False  # no reply queues left behind on a shared broker
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

@@ -7,9 +7,10 @@ view's transaction: it happened only if that committed (``/atomic-effects/`` lis
 The body may ask the view to work ``work`` seconds after its effect (longer than the lock: only
 renewal keeps it). Every answer carries the execution and the principal it was made for.
 
-The outbox's views stage one message for the consumer (:mod:`.consumer`), naming their
-execution; a body with ``"fail": 1`` makes the first attempt of its key answer ``503`` after
-staging (an attempt that keeps nothing: its record released, its message never to be sent).
+The outbox's views stage one message for the consumer, a Celery task (:mod:`.consumer`),
+naming their execution; a body with ``"fail": 1`` makes the first attempt of its key answer
+``503`` after staging (an attempt that keeps nothing: its record released, its message never
+to be sent).
 Their ledger lines carry the message's id, and ``"fails"`` for such an attempt.
 """
 
@@ -51,7 +52,8 @@ from django_idempotency import ninja as idempotent_ninja
 from django_idempotency.models import OutboxMessage
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
-from tests.verification.consumer import CONSUMER_LABEL, append_line, deliver
+from tests.verification.consumer import CONSUMER_LABEL, deliver
+from tests.verification.ledger import append_line
 from tests.verification.limits import LOCK, SHORT_TTL, TTL
 
 ATOMIC_LABEL = "verify-atomic"
@@ -142,11 +144,14 @@ def atomic_effects(request: HttpRequest) -> HttpResponse:
 
 
 def outbox_state(request: HttpRequest) -> HttpResponse:
-    """The outbox's undelivered messages (by state) and the consumer's effects: the run waits
-    for the first to be none and the second to have caught up before it checks."""
+    """The outbox's undelivered messages (by state), the ids of those sent, and the consumer's
+    effects: the run waits for the first to be none and the last to have caught up with the
+    others before it checks."""
     left = OutboxMessage.objects.exclude(state=OutboxMessage.State.SENT)
     counts = {state: left.filter(state=state).count() for state in ("pending", "failed")}
-    return JsonResponse({"undelivered": counts, "consumed": _rows(CONSUMER_LABEL)})
+    sent = OutboxMessage.objects.filter(state=OutboxMessage.State.SENT)
+    return JsonResponse({"undelivered": counts, "consumed": _rows(CONSUMER_LABEL),
+                         "sent": list(sent.values_list("message_id", flat=True))})  # fmt: skip
 
 
 class MixinView(IdempotencyMixin, APIView):
