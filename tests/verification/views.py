@@ -208,7 +208,14 @@ def function_policy(request: Request) -> Response:
 
 @idempotent(lock_timeout=LOCK, ttl=TTL)
 async def async_view(request: HttpRequest) -> HttpResponse:
-    principal = _name(await request.auser())
+    """The session's user read with ``auser()``: a query of the view's own (the app read the
+    user for its scope with ``request.user``, whose cache ``auser()`` does not share), so a
+    database fault meets it as it would any view's own query, and the view answers ``503``
+    (its record released) rather than Django's ``500``."""
+    try:
+        principal = _name(await request.auser())
+    except DatabaseError:
+        return JsonResponse({"title": "unavailable"}, status=503)
     raw = request.body
     answer = await sync_to_async(_effect)(request, "async", raw, principal=principal, work=False)
     await asyncio.sleep(float(json.loads(raw).get("work") or 0))
