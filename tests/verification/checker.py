@@ -10,10 +10,12 @@ Events (JSON objects, ``type`` first):
 - ``effect``: what a view ran (its ledger line): ``t``, ``entry``, ``principal``, ``key``,
   ``body``, ``execution``, ``pid``; an outbox view's also ``message`` (the id it staged) and
   ``fails`` (an attempt that answered ``503`` on purpose: it keeps nothing);
-- ``delivery``: a message the broker took (``message``, ``args``: the execution that staged it);
+- ``delivery``: a start of the consumer's Celery task (``message``, ``args``: the execution
+  that staged it; ``retries``);
 - ``consumed``: the consumer's effect for a message (``message``, ``execution``);
 - ``undrained``: the outbox still held undelivered messages when the run stopped waiting;
-- ``fault``: ``kind``, ``start``, ``end``, ``pid`` (a worker's), ``long`` (longer than the
+- ``fault``: ``kind``, ``start``, ``end``, ``pid`` (a worker's, the relay's or the Celery
+  worker's; a ``consumer-kill``'s also ``mid_task``), ``long`` (longer than the
   lock can outlive); a ``db-failover``'s also ``mode`` (``sync`` or ``async`` replication),
   ``promoted`` (when the standby was promoted and the proxy pointed at it), ``standby`` (when
   a new standby streamed) and ``behind`` (bytes of WAL the primary had flushed and the
@@ -43,7 +45,8 @@ Event = dict[str, Any]
 #: time a request takes to reach the view).
 EDGE = 1.0
 #: Faults of the workers a view's own process suffers; the others hit every owner at once
-#: (the relay's death none: its messages are sent again once their lease passes).
+#: (the relay's death none: its messages are sent again once their lease passes; nor the
+#: Celery worker's: its messages come back to the next one).
 WORKER_FAULTS = {"worker-kill", "worker-stop"}
 FAILOVER = "db-failover"
 #: The invariants a lost write breaks: a claim lost runs the view again (1), a result lost
