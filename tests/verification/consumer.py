@@ -15,9 +15,12 @@ and fsynced before the body goes on, so the file, never touched by the nemesis, 
 delivery that ran; a message handed over twice is two lines. The consumer's effect is an
 ``Execution`` row written in one transaction with its recovery point (the docs' recipe), so
 it happened exactly when that committed: ``/outbox-state/`` lists them. After its effect
-the body works ``CONSUMER_WORK`` seconds (limits.py) before its result is written: a worker
-killed then leaves the record ``processing`` at its recovery point, and the redelivered
-message must resume from it rather than run the effect again.
+the body notes that it is working (``working-<pid>.jsonl``) and works ``CONSUMER_WORK``
+seconds (limits.py) before its result is written: the nemesis's ``consumer-kill`` waits for
+such a note, so a worker killed then leaves the record ``processing`` at its recovery point,
+and the redelivered message must resume from it rather than run the effect again. A worker
+notes when it is ready (``consumer-ready.jsonl``): the nemesis kills a worker that has
+started, not one still importing (on a loaded machine a worker takes seconds to start).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_ready
 
 from tests.verification.ledger import append_line
 from tests.verification.limits import CONSUMER_WORK, LOCK
@@ -66,6 +70,11 @@ def deliver(self: Any, execution: str) -> None:
         raise
 
 
+@worker_ready.connect
+def _ready(**kwargs: Any) -> None:
+    append_line(_folder() / "consumer-ready.jsonl", {"pid": os.getpid(), "t": time.time()})
+
+
 def _folder() -> Path:
     return Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"])
 
@@ -90,6 +99,8 @@ def _consume() -> Any:
                         "pid": os.getpid()}  # fmt: skip
                 Execution.objects.create(label=CONSUMER_LABEL, payload=json.dumps(line))
                 idempotency.set_recovery_point("done", line)
+            append_line(_folder() / f"working-{os.getpid()}.jsonl",
+                        {"message": message_id, "t": time.time()})  # fmt: skip
             time.sleep(CONSUMER_WORK)
         return idempotency.recovery_data
 

@@ -18,10 +18,11 @@ def deliveries(folder: Path) -> list[dict[str, Any]]:
     return found
 
 
-def last_delivery(folder: Path) -> float:
-    """When the newest delivery started (``0``: none yet)."""
+def newest(folder: Path, pattern: str) -> float:
+    """The newest time (``t``) among the last lines of the files ``pattern`` names (``0``:
+    none yet)."""
     newest = 0.0
-    for path in folder.glob("deliveries-*.jsonl"):
+    for path in folder.glob(pattern):
         with path.open("rb") as ledger:
             ledger.seek(max(0, path.stat().st_size - 1024))
             lines = ledger.read().splitlines()

@@ -58,7 +58,7 @@ from tests.faults.proxy import FaultProxy  # noqa: E402
 from tests.faults.redis_server import RedisServer  # noqa: E402
 from tests.servers import harness  # noqa: E402
 from tests.verification import checker  # noqa: E402
-from tests.verification.ledger import deliveries, last_delivery  # noqa: E402
+from tests.verification.ledger import deliveries, newest  # noqa: E402
 from tests.verification.limits import CONSUMER_WORK, DRAIN, LOCK, SETTLE, TTLS  # noqa: E402
 from tests.verification.plants import PLANTS  # noqa: E402
 
@@ -70,9 +70,10 @@ WORKERS = 3
 THREADS = 8
 #: ``connect_timeout`` of tests/faults/settings.py, which the servers' settings extend.
 CONNECT_TIMEOUT = 3.0
-#: How long a ``consumer-kill`` waits for a task that started its body within
-#: :data:`CONSUMER_WORK` seconds (one working after its effect, before its result).
-CONSUMER_KILL_WAIT = 2.0
+#: How long a ``consumer-kill`` waits for the Celery worker to be ready (a worker killed while
+#: it still imports tests nothing), then for a task working after its effect, before its
+#: result (its note younger than :data:`CONSUMER_WORK`).
+CONSUMER_READY_WAIT, CONSUMER_KILL_WAIT = 60.0, 4.0
 #: Faults with no length.
 INSTANT = ("worker-kill", "db-cut", "db-terminate", "relay-kill", "consumer-kill")
 #: The outbox's broker (RabbitMQ), shared: each run has a queue of its own, deleted after.
@@ -281,16 +282,17 @@ def generate(
 
 
 def consumer_faults(seed: int, seconds: float, store: str) -> list[Fault]:
-    """With the database store, the Celery worker's SIGKILLs (``consumer-kill``): every 3 to
-    9 s, from a generator of their own, so that the other schedules of a seed stay what they
-    were. Each waits (at most :data:`CONSUMER_KILL_WAIT` s) for a task mid-body."""
+    """With the database store, the Celery worker's SIGKILLs (``consumer-kill``): every 4 to
+    12 s, from a generator of their own, so that the other schedules of a seed stay what they
+    were. Each waits for the worker to be ready, then (at most :data:`CONSUMER_KILL_WAIT`
+    s) for a task between its effect and its result."""
     if store != "database":
         return []
     rng = random.Random(f"consumer-{seed}")
     faults = []
     t = 0.0
     while True:
-        t += rng.uniform(3, 9)
+        t += rng.uniform(4, 12)
         if t >= seconds:
             return faults
         faults.append(Fault(round(t, 3), "consumer-kill", 0.0, rng.randrange(1000)))
@@ -804,8 +806,8 @@ class Run:
                     self.servers.server.read_only(False)
                 elif fault.kind in ("relay-kill", "consumer-kill"):
                     name = fault.kind.partition("-")[0]
-                    if name == "consumer":  # mostly a task mid-body
-                        event["mid_task"] = self.consumer_busy()
+                    if name == "consumer":  # a worker ready, mostly mid-task
+                        event["ready"], event["mid_task"] = self.consumer_busy()
                     event["pid"] = self.servers.helpers[name].pid
                     self.servers.kill_helper(name)
                     self.servers.start_helper(name)  # a new one at once, as a supervisor would
@@ -834,16 +836,23 @@ class Run:
             self.recorder.add(event)
             log(f"fault {fault.kind} {fault.duration:.1f}s")
 
-    def consumer_busy(self) -> bool:
-        """Wait (at most :data:`CONSUMER_KILL_WAIT` s) for a task that started its body
-        within the last :data:`CONSUMER_WORK` s: whether one did."""
-        deadline = time.time() + CONSUMER_KILL_WAIT
-        while True:
-            if time.time() - last_delivery(self.servers.folder) < CONSUMER_WORK:
-                return True
+    def consumer_busy(self) -> tuple[bool, bool]:
+        """Wait (at most :data:`CONSUMER_READY_WAIT` s) for the Celery worker to be ready,
+        then (at most :data:`CONSUMER_KILL_WAIT` s) for a task that noted its effect within
+        the last :data:`CONSUMER_WORK` s: whether it was ready, and whether one did."""
+        folder, pid = self.servers.folder, self.servers.helpers["consumer"].pid
+        deadline = time.time() + CONSUMER_READY_WAIT
+        ready = folder / "consumer-ready.jsonl"
+        while not (ready.exists() and f'"pid": {pid},' in ready.read_text()):
             if time.time() > deadline:
-                return False
+                return False, False
+            time.sleep(0.1)
+        deadline = time.time() + CONSUMER_KILL_WAIT
+        while time.time() - newest(folder, "working-*.jsonl") >= CONSUMER_WORK:
+            if time.time() > deadline:
+                return True, False
             time.sleep(0.05)
+        return True, True
 
     def lock_waits(self) -> list[Any]:
         """MariaDB's transactions waiting for a lock and the ones they wait for, in the middle
