@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from types import FrameType
 from typing import Any
 
@@ -25,11 +26,16 @@ from django.utils import timezone
 
 from django_idempotency._call import outbox, telemetry
 from django_idempotency._conf.settings import conf
+from django_idempotency._store import Store, using
 from django_idempotency._store import outbox as store
-from django_idempotency._store import using
 from django_idempotency._store.bound import discard
 
 logger = logging.getLogger("django_idempotency")
+
+#: The longest one of the relay's statements may take (seconds), past which its connection is
+#: cut (:mod:`.._store.deadlines`) and the pass made again on a new one. Unbounded, a relay
+#: whose connection a blackhole silenced waited on it for good, and nothing more was sent.
+STATEMENT_BOUND = 10.0
 
 
 @dataclass
@@ -66,16 +72,20 @@ class Relay:
         connection = connections[self.alias]
         database = using(self.alias)
         while not self.stopping.is_set():
-            taken = store.take(database, connection, self.batch_size, conf.OUTBOX_LEASE)
+            taken = database.bounded(
+                connection,
+                STATEMENT_BOUND,
+                lambda: store.take(database, connection, self.batch_size, conf.OUTBOX_LEASE),
+            )
             if not taken:
                 break
             done.batches += 1
-            self._send(connection, taken, done)
+            self._send(database, connection, taken, done)
             if len(taken) < self.batch_size:
                 break
         return done
 
-    def _send(self, connection: Any, taken: list[store.Taken], done: Pass) -> None:
+    def _send(self, database: Store, connection: Any, taken: list[store.Taken], done: Pass) -> None:
         sent: list[str] = []
         for message in taken:
             try:
@@ -90,11 +100,24 @@ class Relay:
                     "" if retry else ", the last",
                     error,
                 )
-                store.mark_failed(connection, message.message_id, error, retry, counted=True)
+                database.bounded(
+                    connection,
+                    STATEMENT_BOUND,
+                    partial(
+                        store.mark_failed,
+                        connection,
+                        message.message_id,
+                        error,
+                        retry,
+                        counted=True,
+                    ),
+                )
                 done.failed += 1
             else:
                 sent.append(message.message_id)
-        store.mark_sent(connection, sent, counted=True)
+        database.bounded(
+            connection, STATEMENT_BOUND, partial(store.mark_sent, connection, sent, counted=True)
+        )
         done.sent += len(sent)
 
     def run(self, *, once: bool = False) -> Pass:

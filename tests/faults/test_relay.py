@@ -1,0 +1,105 @@
+"""The outbox's relay through a blackhole: its statements are cut at their bound.
+
+The relay (``manage.py idempotency_relay``) took batches and marked them on a connection with
+no deadline: once a blackhole silenced it (a failover that moved an IP), the relay waited on
+it for good and sent nothing more (a checker run's message left pending after its last
+blackhole). A pass is now cut at :data:`~django_idempotency._ops.relay.STATEMENT_BOUND` and
+made again on a new connection: a message released after the blackhole is sent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+from django_idempotency._ops import relay as relays
+from django_idempotency.models import IdempotencyKey, OutboxMessage
+from tests.faults.conftest import PROXIED
+from tests.faults.proxy import FaultProxy
+from tests.testapp.outbox_tasks import receipt
+
+pytestmark = pytest.mark.faults
+
+#: The relay's bound in this test, and how long a message may take to be sent after it.
+BOUND = 1.0
+SENT_WITHIN = 15.0
+
+
+@pytest.fixture(scope="module", params=["postgresql", "mariadb"], ids=["pg-cluster", "mariadb"])
+def server(request: pytest.FixtureRequest) -> Any:
+    """Each server in turn (ids apart from the vendor markers: see ``proxied_store``)."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+def running(proxied_store: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    monkeypatch.setattr(relays, "STATEMENT_BOUND", BOUND)
+    receipt.reset()
+    relay = relays.Relay(PROXIED, interval=0.1)
+
+    def run() -> None:
+        try:
+            relay.run()
+        finally:
+            connections.close_all()  # this thread's
+
+    thread = threading.Thread(target=run, name="relay")
+    thread.start()
+    try:
+        yield proxied_store
+    finally:
+        relay.stop()
+        thread.join(SENT_WITHIN + 30)
+
+
+def _release() -> str:
+    """A message released and due, written on a new connection of this thread's."""
+    connections[PROXIED].close()
+    record = IdempotencyKey.objects.using(PROXIED).create(
+        scope="s",
+        key_hash=uuid.uuid4().hex,
+        method="POST",
+        path="/",
+        request_hash="h",
+        status="completed",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+    message = OutboxMessage.objects.using(PROXIED).create(
+        record=record,
+        message_id=str(uuid.uuid4()),
+        engine="celery",
+        task=receipt.name,
+        arguments='{"args":[],"kwargs":{}}',
+        available_at=timezone.now(),
+    )
+    return message.message_id
+
+
+def _sent(message_id: str) -> bool:
+    deadline = time.monotonic() + SENT_WITHIN
+    while time.monotonic() < deadline:
+        if message_id in [task_id for task_id, _, _ in receipt.sent]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_relay_silenced_by_a_blackhole_sends_again_on_a_new_connection(
+    running: FaultProxy,
+) -> None:
+    assert _sent(_release()), "the relay sent nothing before the fault"
+    silenced = running.blackhole(new=False)  # its open connections only: new ones pass
+    assert silenced >= 1
+    try:
+        assert _sent(_release()), "the relay sent nothing after its connection was silenced"
+    finally:
+        running.restore()
+        connections[PROXIED].close()
