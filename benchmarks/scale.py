@@ -16,7 +16,8 @@ Parts (give one or more, in order)::
                  outbox holding --messages sent messages
     cleanup      idempotency_cleanup (a subprocess, as cron runs it) deleting --expired expired
                  records while gunicorn serves --rate keyed requests a second; lock waits; on
-                 PostgreSQL, what dropping a day's partition of the same rows would cost
+                 PostgreSQL, what dropping a day's partition of the same rows would cost. With
+                 --cleanup-args given more than once, its variants alternate, side by side
     churn        --days simulated days of --per-day records (a day lasts --day-seconds), claimed
                  then completed then expired and cleaned up hourly, with PostgreSQL's default
                  autovacuum and with the table settings docs/scale.rst recommends, side by side
@@ -78,6 +79,12 @@ def main() -> None:
     )
     parser.add_argument("--database", default="bench_scale", help="created, then dropped")
     parser.add_argument("--keep", action="store_true", help="leave the database at the end")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="use the database --keep left, and leave it (its records stay; latency fills from "
+        "there on): sizes filled once measured again, alternating with another database",
+    )
     parser.add_argument("--sizes", default="0,1000000,10000000", help="latency: table sizes")
     parser.add_argument("--rounds", type=int, default=2000, help="latency: rounds per size")
     parser.add_argument("--messages", type=int, default=3_000_000, help="outbox: sent messages")
@@ -85,6 +92,16 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=1_000_000, help="cleanup: live rows beside")
     parser.add_argument("--rate", type=float, default=200.0, help="cleanup: requests a second")
     parser.add_argument("--idle", type=float, default=30.0, help="cleanup: seconds without it")
+    parser.add_argument(
+        "--cleanup-args",
+        action="append",
+        help="cleanup: idempotency_cleanup's options for a variant (\"--batch-size 200 --sleep "
+        '0.02"); given more than once, the variants alternate in random order, each run '
+        "deleting its share (--limit) after an idle window of its own",
+    )
+    parser.add_argument(
+        "--cleanup-rounds", type=int, default=1, help="cleanup: runs of each variant"
+    )
     parser.add_argument("--per-day", type=int, default=1_000_000, help="churn: records a day")
     parser.add_argument("--days", type=int, default=3, help="churn: simulated days")
     parser.add_argument("--day-seconds", type=float, default=240.0, help="churn: a day, compressed")
@@ -108,17 +125,20 @@ def main() -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.overhead_project.settings"
     if args.redis:
         os.environ["BENCH_REDIS_URL"] = args.redis
-    create_database(args.server, args.database)
+    if not args.reuse:
+        create_database(args.server, args.database)
     try:
         bench = Bench(args, bench_url)
         bench.setup()
+        if args.reuse:  # a fill numbers its records from 1 up: the next one goes on from there
+            bench.top = count()
         for part in args.parts:
             getattr(bench, part)()
     finally:
         from django.db import connections
 
         connections.close_all()
-        if not args.keep:
+        if not (args.keep or args.reuse):
             drop_database(args.server, args.database)
 
 
@@ -495,38 +515,96 @@ class Bench:
 
     def cleanup(self) -> None:
         args = self.args
+        variants = args.cleanup_args or [""]
+        runs = len(variants) * args.cleanup_rounds
         print(
             f"\n## cleanup: {args.expired:,} expired records beside {args.live:,} live ones, "
-            f"while gunicorn serves {args.rate:.0f} keyed requests/s (first executions)"
+            f"while gunicorn serves {args.rate:.0f} keyed requests/s (first executions); "
+            f"{runs} run(s) of idempotency_cleanup, variants {variants}"
         )
         seconds = self.grow(args.live) + self.grow(args.expired, expired=True)
         say(f"filled in {seconds:.0f} s: {per_record(count())}")
+        share = ["--limit", str(-(-args.expired // runs))] if runs > 1 else []
+        windows: dict[str, list[Window]] = {variant: [] for variant in variants}
         with self.server("gunicorn") as url:
             recorder = Paced(url + "/two-phase/", args.rate)
             recorder.start()
-            time.sleep(args.idle)  # the idle window's requests
-            with LockWatch(self.vendor) as locks:
-                output, first, last = self.timed_cleanup()
+            time.sleep(5)  # warm-up: the server's connections and threads, counted in no window
+            for _ in range(args.cleanup_rounds):
+                for variant in random.sample(variants, len(variants)):
+                    self.purged()
+                    idle_from = time.monotonic()
+                    time.sleep(args.idle)  # the idle window's requests
+                    idle_to = time.monotonic()
+                    with LockWatch(self.vendor) as locks:
+                        output, first, last = self.timed_cleanup([*variant.split(), *share])
+                    windows[variant].append(
+                        Window(idle_from, idle_to, first, last, output, locks.counts())
+                    )
             time.sleep(args.idle / 2)
             recorder.stop()
-        idle = [lat for at, lat, _ in recorder.samples if at < first - 1]
-        during = [lat for at, lat, _ in recorder.samples if first <= at < last]
+        for variant, measured in windows.items():
+            self.cleanup_figures(variant or "(defaults)", measured, recorder.samples)
         statuses = Counter(status for _, _, status in recorder.samples)
-        for line in output.splitlines():
-            if not line.startswith("Batch "):
-                say(f"idempotency_cleanup: {line}")
+        say(f"statuses of all requests: {dict(statuses)}")
+        if self.vendor == "postgresql":
+            self.partition_drop(args.expired)
+
+    def cleanup_figures(
+        self, variant: str, windows: list[Window], samples: list[tuple[float, float, int]]
+    ) -> None:
+        """A variant's figures: its runs' idle windows against their cleanups, pooled."""
+        idle = [
+            lat for at, lat, _ in samples if any(w.idle_from <= at < w.idle_to for w in windows)
+        ]
+        during = [lat for at, lat, _ in samples if any(w.first <= at < w.last for w in windows)]
+        print(f"\n### idempotency_cleanup {variant}: {len(windows)} run(s)")
+        for window in windows:
+            for line in window.output.splitlines():
+                if not line.startswith("Batch "):
+                    say(f"idempotency_cleanup: {line}")
+            alone = [lat for at, lat, _ in samples if window.idle_from <= at < window.idle_to]
+            beside = [lat for at, lat, _ in samples if window.first <= at < window.last]
+            if alone and beside:
+                say(
+                    f"  this run: p99 without {percentile(alone, 0.99) * 1000:.1f} ms, during "
+                    f"{percentile(beside, 0.99) * 1000:.1f} ms: "
+                    f"{percentile(beside, 0.99) / percentile(alone, 0.99):.2f}"
+                )
         say(f"requests without cleanup: n={len(idle)} {ms(idle)}")
         say(f"requests during cleanup:  n={len(during)} {ms(during)}")
         say(
             f"p99 during / without: {percentile(during, 0.99) / percentile(idle, 0.99):.2f} "
-            f"(goal: at most 2); statuses {dict(statuses)}"
+            f"(goal: at most 2); p50 {statistics.median(during) / statistics.median(idle):.2f}"
         )
+        waiting_samples, total = (sum(w.locks[i] for w in windows) for i in range(2))
+        most = max(w.locks[2] for w in windows)
         say(
-            f"lock waits during cleanup: {locks.waiting_samples} of {locks.samples} samples "
-            f"(every 0.1 s) saw a session waiting for a lock, at most {locks.most} at once"
+            f"lock waits during cleanup: {waiting_samples} of {total} samples "
+            f"(every 0.1 s) saw a session waiting for a lock, at most {most} at once"
         )
+
+    def purged(self) -> None:
+        """On MySQL/MariaDB, wait for InnoDB's purge of the last run's deletes (its history
+        list) before an idle window, so that no window "without cleanup" holds the purge of
+        the one before: the purge is the cleanup's work, done after its commits."""
+        from django.db import connection
+
         if self.vendor == "postgresql":
-            self.partition_drop(args.expired)
+            return
+        started = time.monotonic()
+        with connection.cursor() as cursor:
+            while time.monotonic() - started < 600:
+                cursor.execute(
+                    "SELECT count FROM information_schema.INNODB_METRICS "
+                    "WHERE name = 'trx_rseg_history_len'"
+                )
+                history = int(cursor.fetchone()[0])
+                if history < 100:
+                    break
+                time.sleep(1)
+        if time.monotonic() - started > 1:
+            say(f"waited {time.monotonic() - started:.0f} s for InnoDB's purge (history {history})")
 
     def partition_drop(self, rows: int) -> None:
         """What dropping a partition of ``rows`` expired records costs: the same rows in a
@@ -546,12 +624,12 @@ class Bench:
             seconds = time.perf_counter() - started
         say(f"dropping a table of the same {rows:,} expired records: {seconds * 1000:.0f} ms")
 
-    def timed_cleanup(self) -> tuple[str, float, float]:
+    def timed_cleanup(self, options: list[str]) -> tuple[str, float, float]:
         """``idempotency_cleanup`` in a process of its own, as cron starts it: its output and
         when its first and its last batch of records were reported (its start-up and its
         outbox pass are not the records' deletion)."""
         process = subprocess.Popen(
-            [sys.executable, "-m", "django", "idempotency_cleanup", "-v", "2"],
+            [sys.executable, "-m", "django", "idempotency_cleanup", "-v", "2", *options],
             cwd=ROOT,
             env=self.env(),
             stdout=subprocess.PIPE,
@@ -964,6 +1042,19 @@ class Paced(threading.Thread):
         self.samples.append((due, time.monotonic() - due, status))
 
 
+@dataclass(frozen=True)
+class Window:
+    """One cleanup run's idle window before it, its first and last batch, its output, and its
+    lock waits (:meth:`LockWatch.counts`); times from ``time.monotonic``."""
+
+    idle_from: float
+    idle_to: float
+    first: float
+    last: float
+    output: str
+    locks: tuple[int, int, int]
+
+
 class LockWatch:
     """Samples, every 0.1 s on a connection of its own, how many sessions wait for a lock."""
 
@@ -983,6 +1074,10 @@ class LockWatch:
     def stop(self) -> None:
         self.stopping.set()
         self.thread.join()
+
+    def counts(self) -> tuple[int, int, int]:
+        """Samples that saw a session waiting, samples in all, the most waiting at once."""
+        return self.waiting_samples, self.samples, self.most
 
     def run(self) -> None:
         from django.db import connection
