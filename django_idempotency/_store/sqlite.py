@@ -6,10 +6,18 @@ connection of the same "shared cache" holds (``database table is locked``, at on
 in-memory test database shared by threads is such a cache. The store waits those out itself,
 for as long as the busy timeout (:meth:`SQLiteStore.waited_out`), so that both kinds of
 database make a concurrent duplicate wait for the first, never fail at once.
+
+The busy handler is no queue: a connection that has waited long tries again every 100 ms, one
+that just came tries at once and then every few milliseconds, so under a crowd of writers the
+longest waiter loses every hand-over of the lock. An owner's writes (its renewal, its result, a
+release, a recovery point) would lose so to the claims and views of other calls, past the lock
+they keep: a duplicate then took a live owner's record over. They try for the lock every few
+milliseconds instead, until their bound (:meth:`SQLiteStore.owner_write`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -21,6 +29,8 @@ from typing import Any, TypeVar
 from django.db import OperationalError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_idempotency._conf.values import display_name
+from django_idempotency._store import deadlines
 from django_idempotency._store.base import Store
 from django_idempotency._store.claims import ClaimValues, Lock
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
@@ -28,6 +38,8 @@ from django_idempotency._store.rows import aware
 from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
+
+logger = logging.getLogger("django_idempotency")
 
 #: What SQLite says of a file it cannot open or write for now (:meth:`SQLiteStore.is_fault`).
 _FAULTS = ("unable to open database file", "disk i/o error", "readonly database")
@@ -41,6 +53,9 @@ _FIRST_PAUSE = 0.001
 _LONGEST_PAUSE = 0.05
 #: SQLite caps a statement's parameters: the cleanup deletes a batch in chunks of this many.
 _CHUNK = 500
+#: An owner's write tries for the write lock at once, then within this busy timeout (SQLite's
+#: handler sleeps 1, 2, 5 ms between its tries), again and again until its bound (seconds).
+_OWNER_TRY = 0.01
 
 
 class SQLiteStore(Store):
@@ -55,6 +70,8 @@ class SQLiteStore(Store):
         #: that has not committed, which no other connection can see (:meth:`holds`).
         self._held: Counter[tuple[str, str]] = Counter()
         self._held_lock = threading.Lock()
+        #: The deadline (``time.monotonic()``) of the thread's bounded statement (:meth:`bounded`).
+        self._bounds = threading.local()
 
     @contextmanager
     def atomic(self, wait: timedelta) -> Iterator[None]:
@@ -86,18 +103,72 @@ class SQLiteStore(Store):
         limit = min(wait, busy)
         if limit < busy:
             _set_busy_timeout(connection, limit)
-        mode = connection.transaction_mode  # type: ignore[attr-defined]  # Django 5.1+
-        connection.transaction_mode = mode if mode == "EXCLUSIVE" else "IMMEDIATE"  # type: ignore[attr-defined]
         try:
-            self.waited_out(
-                connection,
-                lambda: stack.enter_context(transaction.atomic(using=self.alias)),
-                limit,
-            )
+            self.waited_out(connection, lambda: _enter_immediate(connection, stack), limit)
         finally:
-            connection.transaction_mode = mode  # type: ignore[attr-defined]
             if limit < busy:
                 _set_busy_timeout(connection, busy)
+
+    def owner_write(
+        self, connection: BaseDatabaseWrapper, call: Callable[[], T], deadline: float | None
+    ) -> T:
+        """An owner's write (``call()``), tried for the write lock every few milliseconds until
+        ``deadline`` (``time.monotonic()``; ``None``: as any statement, with SQLite's busy
+        handler alone).
+
+        First as it is, within a short busy timeout. Met by another writer's lock, it is tried
+        again in a transaction begun ``IMMEDIATE`` (:meth:`_holding_the_lock`), as quick as any
+        newcomer to take the lock when it is let go, however long it has waited. Inside a
+        transaction the caller's (atomic mode) it is one statement of that, run as it is.
+        """
+        if deadline is None or connection.in_atomic_block:
+            return self.waited_out(connection, call)
+        busy = busy_timeout(connection)
+        _set_busy_timeout(connection, _OWNER_TRY)
+        try:
+            try:
+                return call()
+            except OperationalError as exc:
+                if not self.is_contention(exc) or time.monotonic() >= deadline:
+                    raise
+            logger.info(
+                "Idempotency store %r busy; writing again as soon as its write lock is free "
+                "(for %.2gs at most).",
+                display_name(self.alias),
+                deadline - time.monotonic(),
+            )
+            while True:
+                try:
+                    return self._holding_the_lock(connection, call, busy)
+                except OperationalError as exc:
+                    if not self.is_contention(exc) or time.monotonic() >= deadline:
+                        raise
+        finally:
+            _set_busy_timeout(connection, busy)
+
+    def _holding_the_lock(
+        self, connection: BaseDatabaseWrapper, call: Callable[[], T], busy: float
+    ) -> T:
+        """``call()`` in a transaction begun ``IMMEDIATE`` within a short busy timeout; begun,
+        it holds the write lock, and its statements and commit (which waits for the readers
+        to finish) wait the busy timeout whole: they lose the lock to no one."""
+        _set_busy_timeout(connection, _OWNER_TRY)
+        with ExitStack() as stack:
+            _enter_immediate(connection, stack)
+            _set_busy_timeout(connection, busy)
+            return call()
+
+    def bounded(
+        self, connection: BaseDatabaseWrapper, seconds: float, statement: Callable[[], T]
+    ) -> T:
+        """As every store's, and the bound is also the deadline of an owner's write inside
+        (:meth:`owner_write`): no statement on a file is cut, but a wait for its lock ends."""
+        outer = getattr(self._bounds, "deadline", None)
+        self._bounds.deadline = time.monotonic() + seconds
+        try:
+            return super().bounded(connection, seconds, statement)
+        finally:
+            self._bounds.deadline = outer
 
     def waited_out(
         self, connection: BaseDatabaseWrapper, call: Callable[[], T], limit: float | None = None
@@ -185,8 +256,14 @@ class SQLiteStore(Store):
         lock_timeout: timedelta,
         bound: float | None = None,
     ) -> set[tuple[int, Any]]:
+        """An owner's write (:meth:`owner_write`) until the renewal's bound."""
         renew = super().renew
-        return self.waited_out(self.connection, lambda: renew(leases, lock_timeout, bound))
+        seconds = deadlines.bound(lock_timeout) if bound is None else bound
+        return self.owner_write(
+            self.connection,
+            lambda: renew(leases, lock_timeout, bound),
+            time.monotonic() + seconds,
+        )
 
     def _fenced(
         self,
@@ -198,11 +275,14 @@ class SQLiteStore(Store):
         stale_at: datetime | None,
         release: Any = None,
     ) -> bool:
-        """Every fenced write: the result, a release, a recovery point."""
+        """Every fenced write: the result, a release, a recovery point. An owner's, given a
+        bound (:meth:`bounded`), is an owner's write until then (:meth:`owner_write`); an
+        operator's waits as any statement."""
         fenced = super()._fenced
-        return self.waited_out(
+        return self.owner_write(
             connection,
             lambda: fenced(connection, statement, params, pk, token, stale_at, release),
+            getattr(self._bounds, "deadline", None),
         )
 
     def delete_batch(self, connection: BaseDatabaseWrapper, batch: BatchQuery) -> Batch:
@@ -264,12 +344,26 @@ class SQLiteStore(Store):
 
 def busy_timeout(connection: BaseDatabaseWrapper) -> float:
     """How long the connection waits for another's lock on the file (seconds): Django's
-    ``timeout`` option, 5 s by default, or what ``PRAGMA busy_timeout`` set since."""
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA busy_timeout")
-        return int(cursor.fetchone()[0]) / 1000
+    ``timeout`` option, 5 s by default, or what ``PRAGMA busy_timeout`` set since. Read on the
+    driver's connection: an owner's every write reads and sets it, and Django's cursor costs
+    more than the statement."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        return int(connection.connection.execute("PRAGMA busy_timeout").fetchone()[0]) / 1000
+
+
+def _enter_immediate(connection: BaseDatabaseWrapper, stack: ExitStack) -> None:
+    """Enter a transaction begun ``IMMEDIATE`` (``EXCLUSIVE`` if the project begins its own so)
+    on ``connection``, left with ``stack``."""
+    mode = connection.transaction_mode  # type: ignore[attr-defined]  # Django 5.1+
+    connection.transaction_mode = mode if mode == "EXCLUSIVE" else "IMMEDIATE"  # type: ignore[attr-defined]
+    try:
+        stack.enter_context(transaction.atomic(using=connection.alias))
+    finally:
+        connection.transaction_mode = mode  # type: ignore[attr-defined]
 
 
 def _set_busy_timeout(connection: BaseDatabaseWrapper, seconds: float) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(f"PRAGMA busy_timeout = {max(1, round(seconds * 1000))}")
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        connection.connection.execute(f"PRAGMA busy_timeout = {max(1, round(seconds * 1000))}")

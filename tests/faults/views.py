@@ -5,9 +5,10 @@ name in ``IDEMPOTENCY_FAULT_DIR``) so that the fault lands between the claim and
 write. A view past its effect, about to wait, is a line in ``started``; a two-phase view's
 effect is a line in ``effects``
 (a file: it survives whatever the database does), an atomic view's an ``Execution`` row in its
-own transaction (it happened only if that committed). Headers are not in the fingerprint, so a
-retry is the same request. ``log_in`` gives a client a session: its requests' scope is the
-user's, read from the database.
+own transaction (it happened only if that committed). ``X-Work`` (seconds, at most one) makes
+the view work that long after its effect: an atomic view holds SQLite's one write lock while it
+works. Headers are not in the fingerprint, so a retry is the same request. ``log_in`` gives a
+client a session: its requests' scope is the user's, read from the database.
 """
 
 from __future__ import annotations
@@ -66,8 +67,18 @@ def _run(request: HttpRequest, effect: str) -> HttpResponse:
     # before the effect, a slow worker's atomic INSERT met a blackhole injected meanwhile, a
     # statement of the view's own that nothing bounds (CI: one key held for good).
     _append("started", f"{key} {execution}")
+    _work(request)
     _wait_gate(request)
     return JsonResponse({"key": key, "execution": execution, "pid": os.getpid()}, status=201)
+
+
+def _work(request: HttpRequest) -> None:
+    try:
+        seconds = float(request.headers.get("X-Work", "0"))
+    except ValueError:
+        return
+    if 0 < seconds <= 1:
+        time.sleep(seconds)
 
 
 def health(request: HttpRequest) -> HttpResponse:
