@@ -116,7 +116,8 @@ def renewals(monkeypatch: pytest.MonkeyPatch) -> Iterator[Renewals]:
         return result
 
     def created(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-        if threading.current_thread().name != heartbeat.THREAD_NAME:
+        # The renewer's own thread, or one connecting for it (``_store.connecting``).
+        if not threading.current_thread().name.startswith(heartbeat.THREAD_NAME):
             return
         seen.connections.append(connection)
         if connection.vendor in BACKEND_ID:

@@ -280,7 +280,7 @@ def hundred_jobs(seconds: float) -> None:
 
     def created(connection: Any, **kwargs: Any) -> None:
         # A reconnection of the same wrapper signals again (MySQL): count its statements once.
-        if threading.current_thread().name == heartbeat.THREAD_NAME and (
+        if threading.current_thread().name.startswith(heartbeat.THREAD_NAME) and (
             count not in connection.execute_wrappers
         ):
             connection.execute_wrappers.append(count)

@@ -48,9 +48,10 @@ class _Race:
         # Closed from its attempt's thread when it loses; used from the caller's if it wins.
         attempt.inc_thread_sharing()
         self.running += 1
-        threading.Thread(
-            target=self._attempt, args=(attempt,), name="django-idempotency-connect", daemon=True
-        ).start()
+        # Named for the thread it connects for (the renewer's, a request's): its signals
+        # (``connection_created``) and a thread dump say whose connection it is.
+        name = f"{threading.current_thread().name} (connecting)"
+        threading.Thread(target=self._attempt, args=(attempt,), name=name, daemon=True).start()
 
     def _attempt(self, attempt: BaseDatabaseWrapper) -> None:
         error: BaseException | None = None
