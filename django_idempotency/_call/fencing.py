@@ -26,8 +26,6 @@ logger = logging.getLogger("django_idempotency")
 #: A write's first and longest pause before it is tried again (seconds).
 _FIRST_RETRY = 0.02
 _MAX_RETRY = 0.25
-#: The bound on connecting again for an owner's write (seconds; libpq's least is 2).
-_CONNECT_TIMEOUT = 5
 
 
 class Fenced(Protocol):
@@ -182,7 +180,7 @@ def _reconnect(previous: BaseDatabaseWrapper | None, store: Store) -> BaseDataba
     connection = connections[store.alias].copy()
     if store.has_server:
         options = connection.settings_dict.setdefault("OPTIONS", {})
-        options.setdefault("connect_timeout", _CONNECT_TIMEOUT)
+        options.setdefault("connect_timeout", connecting.CONNECT_TIMEOUT)
         # Not one of Django's pool (PostgreSQL), which may hold more connections the fault
         # killed or silenced, and waits its own timeout for a new one.
         options.pop("pool", None)

@@ -11,7 +11,10 @@ them each ``bound`` (up to :data:`ATTEMPTS` at once), and the first to connect i
 others are closed as they end. A login slow on a loaded machine is not given up either: every
 attempt has the driver's whole ``connect_timeout``. Once an attempt has failed, no new one
 starts, and when every one has, the last error is raised: a refused connection (a stopped
-server) fails at once, as without this.
+server) fails at once, as without this. An alias whose settings give no ``connect_timeout``
+(psycopg's default is 130 s, MySQLdb's none) has its attempts given :data:`CONNECT_TIMEOUT`
+where the caller asks (a server's): otherwise, once :data:`ATTEMPTS` were under way in a
+blackhole, none started after it healed, and the renewer waited minutes for the silent ones.
 """
 
 from __future__ import annotations
@@ -29,13 +32,16 @@ logger = logging.getLogger("django_idempotency")
 
 #: The most attempts to connect under way at once for one connection.
 ATTEMPTS = 8
+#: The bound on connecting an attempt whose alias gives none (seconds; libpq's least is 2).
+CONNECT_TIMEOUT = 5
 
 
 class _Race:
     """Attempts to connect one connection, the first to connect wins."""
 
-    def __init__(self, bound: float) -> None:
+    def __init__(self, bound: float, connect_timeout: int | None) -> None:
         self.bound = bound
+        self.connect_timeout = connect_timeout
         self.changed = threading.Condition()
         self.winner: BaseDatabaseWrapper | None = None
         self.error: BaseException | None = None
@@ -44,7 +50,10 @@ class _Race:
 
     def start(self, connection: BaseDatabaseWrapper) -> None:
         """Start an attempt on a copy of ``connection`` (held: :attr:`changed`)."""
-        attempt = connection.copy()
+        attempt = connection.copy()  # its settings a copy of the alias's
+        if self.connect_timeout is not None:
+            options = attempt.settings_dict.setdefault("OPTIONS", {})
+            options.setdefault("connect_timeout", self.connect_timeout)
         # Closed from its attempt's thread when it loses; used from the caller's if it wins.
         attempt.inc_thread_sharing()
         self.running += 1
@@ -71,12 +80,15 @@ class _Race:
             discard(attempt)
 
 
-def connected(connection: BaseDatabaseWrapper, bound: float) -> BaseDatabaseWrapper:
+def connected(
+    connection: BaseDatabaseWrapper, bound: float, connect_timeout: int | None = None
+) -> BaseDatabaseWrapper:
     """``connection`` if it is connected; else a copy of it, connected by the first of the
-    attempts raced for it (a new one each ``bound`` seconds while none has connected)."""
+    attempts raced for it (a new one each ``bound`` seconds while none has connected), each
+    given ``connect_timeout`` (seconds) if its settings give none."""
     if connection.connection is not None:
         return connection
-    race = _Race(bound)
+    race = _Race(bound, connect_timeout)
     with race.changed:
         race.start(connection)
         next_start = time.monotonic() + bound

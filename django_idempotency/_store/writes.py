@@ -244,7 +244,9 @@ class FencedWrites(BoundStore):
         connection = self.connection
         if self.has_server and connection.connection is None:
             # The renewer's thread keeps what connected first (:mod:`.connecting`).
-            connection = connections[self.alias] = connecting.connected(connection, seconds)
+            connection = connections[self.alias] = connecting.connected(
+                connection, seconds, connecting.CONNECT_TIMEOUT
+            )
         q = connection.ops.quote_name
         table = q(IdempotencyKey._meta.db_table)
         marks = ", ".join(["%s"] * len(leases))
