@@ -158,10 +158,17 @@ class Relay:
         return total
 
     def _gauge(self) -> None:
-        """Set the backlog's gauges (OpenTelemetry), read once per pass."""
+        """Set the backlog's gauges (OpenTelemetry), read once per pass within
+        :data:`STATEMENT_BOUND`, as the pass's statements are: a read silenced on the relay's
+        connection held the relay, which sent nothing more. A failed read's connection is
+        discarded (the next pass makes a new one)."""
+        connection = connections[self.alias]
         try:
-            figures = backlog(self.alias)
+            figures = using(self.alias).bounded(
+                connection, STATEMENT_BOUND, lambda: backlog(self.alias)
+            )
         except DatabaseError:
+            discard(connection)
             return
         age = figures["outbox_oldest_undelivered_age_seconds"] or 0.0
         telemetry.outbox_backlog(figures["outbox_pending"], figures["outbox_failed"], age)

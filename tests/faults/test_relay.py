@@ -4,7 +4,8 @@ The relay (``manage.py idempotency_relay``) took batches and marked them on a co
 no deadline: once a blackhole silenced it (a failover that moved an IP), the relay waited on
 it for good and sent nothing more (a checker run's message left pending after its last
 blackhole). A pass is now cut at :data:`~django_idempotency._ops.relay.STATEMENT_BOUND` and
-made again on a new connection: a message released after the blackhole is sent.
+made again on a new connection: a message released after the blackhole is sent. So is the
+backlog's read for the OpenTelemetry gauges, after each pass: silenced, it held the relay.
 """
 
 from __future__ import annotations
@@ -103,3 +104,31 @@ def test_a_relay_silenced_by_a_blackhole_sends_again_on_a_new_connection(
     finally:
         running.restore()
         connections[PROXIED].close()
+
+
+#: How long the proxy keeps the backlog's statement silent before it resets the connection: far
+#: longer than the message may take to be sent.
+SILENT = 60.0
+
+
+def test_a_relay_whose_backlog_read_is_silenced_sends_on(
+    running: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the backlog's gauges on (OpenTelemetry), the relay reads the backlog after every
+    pass on its own connection: that read was unbounded, and silenced, it held the relay, which
+    sent nothing until the connection was reset (a blackhole's: for good)."""
+    gauged: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(relays.telemetry, "gauging_outbox", lambda: True)
+    monkeypatch.setattr(relays.telemetry, "outbox_backlog", lambda *figures: gauged.append(figures))
+    assert _sent(_release()), "the relay sent nothing before the fault"
+    silenced = running.arm("request", rb"(?i)GROUP BY", count=1, hold=SILENT)
+    deadline = time.monotonic() + SENT_WITHIN
+    while not silenced.fired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert silenced.fired == 1, "the relay read no backlog"
+    try:
+        assert _sent(_release()), "the relay sent nothing after its backlog read was silenced"
+    finally:
+        running.disarm()
+        connections[PROXIED].close()
+    assert gauged
