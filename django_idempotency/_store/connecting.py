@@ -97,7 +97,9 @@ def connected(
                 race.over = True
                 raise race.error
             now = time.monotonic()
-            if race.error is None and race.running < ATTEMPTS and now >= next_start:
+            # No new attempt once one has failed or while ATTEMPTS run: woken as one ends.
+            starting = race.error is None and race.running < ATTEMPTS
+            if starting and now >= next_start:
                 logger.info(
                     "Connecting to %r takes over %.2g s; another attempt starts beside.",
                     connection.alias,
@@ -105,7 +107,8 @@ def connected(
                 )
                 race.start(connection)
                 next_start = now + bound
-            race.changed.wait(max(0.0, next_start - now) if race.running < ATTEMPTS else None)
+            starting = race.error is None and race.running < ATTEMPTS
+            race.changed.wait(max(0.0, next_start - now) if starting else None)
         winner = race.winner
     winner.dec_thread_sharing()
     return winner

@@ -21,9 +21,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import OperationalError, connections
 
 from django_idempotency import Claim, IdempotencyInProgress, idempotent_function
+from django_idempotency._store import connecting
 from tests.faults.conftest import PROXIED
 from tests.faults.proxy import FaultProxy
 
@@ -133,3 +134,41 @@ def test_a_short_lock_beside_does_not_cost_a_long_one_its_lock(raced: FaultProxy
         for owner in owners:
             owner.join(150)
     assert EFFECTS[long_key] == 1
+
+
+class _CountedCondition(threading.Condition):
+    """A condition that counts its waits (the race's, here: how often its caller woke)."""
+
+    waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        type(self).waits += 1
+        return super().wait(timeout)
+
+
+#: The race's spacing of its attempts, and their driver's connect timeout (libpq's least).
+SPACING = 0.5
+TIMEOUT = 2
+
+
+def test_the_race_waits_for_its_last_attempts_without_spinning(
+    raced: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once an attempt has failed no new one starts, and the caller waits for those under way:
+    it woke only when one ended. Its wait was the time to the next start, long past, so it
+    spun (a busy loop of the renewer's thread, thousands of wake-ups, for as long as the last
+    attempts took: seconds, on a machine the fault has loaded already)."""
+    monkeypatch.setattr(connecting.threading, "Condition", _CountedCondition)
+    _CountedCondition.waits = 0
+    connection = connections[PROXIED].copy()
+    connection.settings_dict.setdefault("OPTIONS", {})["connect_timeout"] = TIMEOUT
+    raced.blackhole(new=True)
+    started = time.monotonic()
+    try:
+        with pytest.raises(OperationalError):
+            connecting.connected(connection, SPACING)
+    finally:
+        raced.restore()
+    took = time.monotonic() - started
+    assert took >= TIMEOUT + SPACING  # attempts were still under way after the first failed
+    assert _CountedCondition.waits <= 4 * connecting.ATTEMPTS
