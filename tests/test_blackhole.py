@@ -232,3 +232,27 @@ def test_a_store_silent_for_good_answers_503(store: FaultProxy) -> None:
     assert response.status_code == 503, response.content
     assert EFFECTS[key] == 0
     assert deadlines.watchdog.watching() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_connecting_within_the_bound_keeps_the_connections_own_get_new_connection() -> None:
+    """The setup statements' bound overrides the wrapper's ``get_new_connection`` for one
+    connect; one the wrapper had of its own (a project's or a tool's, on the instance) is put
+    back after it, not deleted."""
+    connection = connections["default"].copy()
+    made = connection.get_new_connection
+    calls: list[dict[str, Any]] = []
+
+    def own(params: dict[str, Any]) -> Any:
+        calls.append(params)
+        return made(params)
+
+    connection.get_new_connection = own  # type: ignore[method-assign]
+    try:
+        deadlines.connect(connection, 5.0)
+        assert connection.get_new_connection is own
+        connection.close()
+        connection.ensure_connection()
+        assert len(calls) == 2
+    finally:
+        connection.close()

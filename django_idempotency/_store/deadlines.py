@@ -129,13 +129,18 @@ class Watchdog:
             setup.at = time.monotonic() + seconds
             return raw
 
-        # This thread's wrapper (connections are per thread), for this one connect.
+        # This thread's wrapper (connections are per thread), for this one connect; one the
+        # instance had of its own (a project's, a tool's) is put back after it.
+        own = vars(connection).get("get_new_connection")
         vars(connection)["get_new_connection"] = get_new_connection
         self._add(setup)
         try:
             connection.ensure_connection()
         finally:
-            vars(connection).pop("get_new_connection", None)
+            if own is None:
+                vars(connection).pop("get_new_connection", None)
+            else:
+                vars(connection)["get_new_connection"] = own
             cut = self.unwatch(setup)
         if cut:
             raise Late(
