@@ -99,7 +99,8 @@ def fenced_write(
                 # it raises only when that is spent, never after one share of it.
                 bound = max(left if store.rides_out_faults else min(share, left), deadlines.LEAST)
                 if own is not None:
-                    own = connecting.connected(own, bound)
+                    until = max(claim.held_until, time.monotonic() + bound)
+                    own = connecting.connected(own, bound, until=until)
                 if write(own, bound):
                     return Written.WRITTEN
                 if (

@@ -20,6 +20,7 @@ blackhole, none started after it healed, and the renewer waited minutes for the 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -81,11 +82,17 @@ class _Race:
 
 
 def connected(
-    connection: BaseDatabaseWrapper, bound: float, connect_timeout: int | None = None
+    connection: BaseDatabaseWrapper,
+    bound: float,
+    connect_timeout: int | None = None,
+    until: float | None = None,
 ) -> BaseDatabaseWrapper:
     """``connection`` if it is connected; else a copy of it, connected by the first of the
     attempts raced for it (a new one each ``bound`` seconds while none has connected), each
-    given ``connect_timeout`` (seconds) if its settings give none."""
+    given ``connect_timeout`` (seconds) if its settings give none. With ``until``
+    (``time.monotonic()``), :class:`.deadlines.Late` once it has passed with none connected:
+    an owner's write gives up as its lock lapses, not when its last attempt does (eight
+    attempts spaced by a 10 s lock's bound held an owner 16 s in a blackhole)."""
     if connection.connection is not None:
         return connection
     race = _Race(bound, connect_timeout)
@@ -97,6 +104,9 @@ def connected(
                 race.over = True
                 raise race.error
             now = time.monotonic()
+            if until is not None and now >= until:
+                race.over = True
+                raise deadlines.Late(f"No connection to {connection.alias!r} in time.")
             # No new attempt once one has failed or while ATTEMPTS run: woken as one ends.
             starting = race.error is None and race.running < ATTEMPTS
             if starting and now >= next_start:
@@ -108,7 +118,10 @@ def connected(
                 race.start(connection)
                 next_start = now + bound
             starting = race.error is None and race.running < ATTEMPTS
-            race.changed.wait(max(0.0, next_start - now) if starting else None)
+            wake = next_start if starting else math.inf
+            if until is not None:
+                wake = min(wake, until)
+            race.changed.wait(None if wake == math.inf else max(0.0, wake - now))
         winner = race.winner
     winner.dec_thread_sharing()
     return winner
