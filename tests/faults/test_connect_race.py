@@ -26,6 +26,7 @@ from django.db import OperationalError, connections
 from django_idempotency import Claim, IdempotencyInProgress, idempotent_function
 from django_idempotency._store import connecting
 from tests.faults.conftest import PROXIED
+from tests.faults.proxied import proxied_server  # noqa: F401 (the fixture ``server``)
 from tests.faults.proxy import FaultProxy
 
 pytestmark = pytest.mark.faults
@@ -59,12 +60,6 @@ def _hold(message_id: str, claim: Claim) -> str:
         HELD[message_id] = claim
         GO.wait(90)
     return f"ran {message_id}"
-
-
-@pytest.fixture(scope="module", params=["postgresql", "mariadb"], ids=["pg-cluster", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Any:
-    """Each server in turn (ids apart from the vendor markers: see ``proxied_store``)."""
-    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture

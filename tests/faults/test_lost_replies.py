@@ -34,6 +34,7 @@ from django_idempotency import Claim, idempotent_function
 from django_idempotency._base.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.faults.conftest import PROXIED
+from tests.faults.proxied import proxied_server  # noqa: F401 (the fixture ``server``)
 from tests.faults.proxy import RESULT_WRITE, FaultProxy
 
 pytestmark = pytest.mark.faults
@@ -51,12 +52,6 @@ def handle(message_id: str) -> str:
     for then in THEN:
         then()
     return f"handled {message_id}"
-
-
-@pytest.fixture(scope="module", params=["postgresql", "mariadb"], ids=["pg-cluster", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Any:
-    """Each server in turn (ids apart from the vendor markers: see ``proxied_store``)."""
-    return request.getfixturevalue(request.param)
 
 
 @pytest.mark.parametrize("silent", [0.0, LOCK + 1], ids=["reset-at-once", "silent-past-the-lock"])

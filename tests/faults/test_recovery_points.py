@@ -35,6 +35,7 @@ from django_idempotency._base.keys import hash_key
 from django_idempotency.models import IdempotencyKey
 from tests.faults import app as apps
 from tests.faults.conftest import PROXIED
+from tests.faults.proxied import proxied_server  # noqa: F401 (the fixture ``server``)
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import KEYS, Fault, check, run
 
@@ -71,12 +72,6 @@ urlpatterns = [
     path("refund/", idempotent(lock_timeout=LOCK)(_refund)),
     path("refund-short/", idempotent(lock_timeout=SHORT)(_refund)),
 ]
-
-
-@pytest.fixture(scope="module", params=["postgresql", "mariadb"], ids=["pg-cluster", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Any:
-    """Each server in turn (ids apart from the vendor markers: see ``proxied_store``)."""
-    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from django.utils import timezone
 from django_idempotency._ops import relay as relays
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 from tests.faults.conftest import PROXIED
+from tests.faults.proxied import proxied_server  # noqa: F401 (the fixture ``server``)
 from tests.faults.proxy import FaultProxy
 from tests.testapp.outbox_tasks import receipt
 
@@ -32,12 +33,6 @@ pytestmark = pytest.mark.faults
 #: The relay's bound in this test, and how long a message may take to be sent after it.
 BOUND = 1.0
 SENT_WITHIN = 15.0
-
-
-@pytest.fixture(scope="module", params=["postgresql", "mariadb"], ids=["pg-cluster", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Any:
-    """Each server in turn (ids apart from the vendor markers: see ``proxied_store``)."""
-    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture

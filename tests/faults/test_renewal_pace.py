@@ -50,6 +50,7 @@ from django_idempotency import Claim, IdempotencyInProgress, idempotent_function
 from django_idempotency._store import using
 from tests.faults import app as apps
 from tests.faults.conftest import PROXIED
+from tests.faults.proxied import proxied_server  # noqa: F401 (the fixture ``server``)
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import Fault, Spell, check, run
 from tests.faults.views import RENEWED_LOCK
@@ -77,12 +78,6 @@ def hold(message_id: str, *, idempotency: Claim) -> str:
         HELD.append(idempotency)
         GO.wait(60)
     return f"ran {message_id}"
-
-
-@pytest.fixture(scope="module", params=["postgresql", "mariadb"], ids=["pg-cluster", "mariadb"])
-def server(request: pytest.FixtureRequest) -> Any:
-    """Each server in turn (ids apart from the vendor markers: see ``proxied_store``)."""
-    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture
