@@ -769,6 +769,11 @@ class Bench:
             "gunicorn": {"bare": "/bare/", "protected": "/two-phase/"},
             "uvicorn": {"bare": "/async-bare/", "protected": "/async-two-phase/"},
         }
+        # First executions that commit once, as the bare view does (the sync view only): atomic
+        # mode, and the Redis store (the record in Redis, the view's row in the database).
+        once = {"atomic": "/atomic/"}
+        if args.redis:
+            once["redis"] = "/two-phase-redis/"
         for kind, paths in servers.items():
             if kind not in args.servers.split(","):
                 continue
@@ -780,13 +785,20 @@ class Bench:
                 asyncio.run(closed_loop(url + paths["protected"], 8, 0, keys=replays))
                 for n in conns:
                     rates: dict[str, list[float]] = {"bare": [], "first": [], "replay": []}
+                    extra = once if kind == "gunicorn" else {}
+                    rates.update({name: [] for name in extra})
                     for _ in range(2):
-                        for name in random.sample(list(rates), 3):
-                            path = paths["protected" if name != "bare" else "bare"]
+                        for name in random.sample(list(rates), len(rates)):
+                            role = "bare" if name == "bare" else "protected"
+                            path = extra.get(name) or paths[role]
                             keys = replays if name == "replay" else None
                             result = asyncio.run(
                                 closed_loop(
-                                    url + path, n, args.seconds, keys=keys, keyed=name == "first"
+                                    url + path,
+                                    n,
+                                    args.seconds,
+                                    keys=keys,
+                                    keyed=name == "first" or name in extra,
                                 )
                             )
                             rates[name].append(result)
@@ -798,7 +810,13 @@ class Bench:
                         f"first {statistics.mean(rates['first']):,.0f}/s "
                         f"({statistics.mean(rates['first']) / bare:.2f}), "
                         f"replay {statistics.mean(rates['replay']):,.0f}/s "
-                        f"({statistics.mean(rates['replay']) / bare:.2f}){errors}"
+                        f"({statistics.mean(rates['replay']) / bare:.2f})"
+                        + "".join(
+                            f", {name} first {statistics.mean(rates[name]):,.0f}/s "
+                            f"({statistics.mean(rates[name]) / bare:.2f})"
+                            for name in extra
+                        )
+                        + errors
                     )
         if "hot" not in args.servers.split(","):
             return None
