@@ -5,6 +5,7 @@ them, with retries, a failed state, and batches no two relays share."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ from django.utils import timezone
 
 from django_idempotency import Claim, IdempotencyKey, idempotent_function
 from django_idempotency._call import outbox
-from django_idempotency._ops.relay import Relay
+from django_idempotency._ops.relay import Relay, backlog
 from django_idempotency._store import outbox as store
 from django_idempotency._store import using
 from django_idempotency.models import OutboxMessage
@@ -393,6 +394,89 @@ def test_a_release_notifies_the_relay_on_postgresql(post: Post, key: str) -> Non
         assert wait(5)
     finally:
         listener.close()
+
+
+def _backlog_rows(record: IdempotencyKey, state: str, count: int, hours: float) -> None:
+    """``count`` messages of ``record`` in ``state``, released ``hours`` ago."""
+    released = timezone.now() - timedelta(hours=hours)
+    rows = [
+        OutboxMessage(
+            record=record,
+            message_id=str(uuid.uuid4()),
+            engine="celery",
+            task=receipt.name,
+            arguments="{}",
+            state=state,
+            released_at=released,
+            available_at=released,
+        )
+        for _ in range(count)
+    ]
+    OutboxMessage.objects.bulk_create(rows, batch_size=1000)
+
+
+def _record() -> IdempotencyKey:
+    return IdempotencyKey.objects.create(
+        scope="s",
+        key_hash=uuid.uuid4().hex,
+        method="POST",
+        path="/",
+        request_hash="h",
+        status="completed",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+
+
+def test_the_backlog_counts_the_undelivered_messages_by_state() -> None:
+    """``idempotency_stats``' figures and the relay's gauges: the pending and failed messages
+    and the oldest one's age; sent ones, older still, count for nothing."""
+    record = _record()
+    _backlog_rows(record, "sent", 3, hours=5)
+    _backlog_rows(record, "pending", 2, hours=1)
+    _backlog_rows(record, "failed", 1, hours=3)
+    figures = backlog("default")
+    assert (figures["outbox_pending"], figures["outbox_failed"]) == (2, 1)
+    assert 3 * 3600 <= figures["outbox_oldest_undelivered_age_seconds"] < 3 * 3600 + 60
+    OutboxMessage.objects.exclude(state="sent").update(state="sent")
+    assert backlog("default") == {
+        "outbox_pending": 0,
+        "outbox_failed": 0,
+        "outbox_oldest_undelivered_age_seconds": None,
+    }
+
+
+def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+@pytest.mark.postgresql
+def test_the_backlog_is_read_by_the_index_on_postgresql() -> None:
+    """Read after every pass (the relay's gauges) and by ``idempotency_stats``, the backlog
+    seeks the undelivered states in the ``(state, available_at)`` index. ``state <> 'sent'``
+    could not: it read every sent message, millions on a large outbox."""
+    record = _record()
+    _backlog_rows(record, "sent", 5000, hours=2)
+    _backlog_rows(record, "pending", 2, hours=1)
+    _backlog_rows(record, "failed", 1, hours=1)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {OutboxMessage._meta.db_table}")
+    with CaptureQueriesContext(connection) as queries:
+        left = store.backlog(connection)
+    assert (left.pending, left.failed) == (2, 1)
+    [query] = [query["sql"] for query in queries if "GROUP BY" in query["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {query}")
+        explained = cursor.fetchone()[0]
+    [plan] = json.loads(explained) if isinstance(explained, str) else explained
+    seeks = [
+        node
+        for node in _plan_nodes(plan["Plan"])
+        if node.get("Index Name") == "django_idempotency_outbox"
+        and re.search(r"\bstate\b", node.get("Index Cond", ""))
+    ]
+    assert seeks, json.dumps(plan, indent=1)
 
 
 @pytest.mark.postgresql
