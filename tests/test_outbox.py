@@ -396,6 +396,57 @@ def test_a_release_notifies_the_relay_on_postgresql(post: Post, key: str) -> Non
         listener.close()
 
 
+def _listeners() -> set[int]:
+    """The backends listening on the test's database (the last statement of a listener's is
+    its ``LISTEN``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query LIKE %s AND pid <> pg_backend_pid()",
+            ["LISTEN%"],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _within(condition: Callable[[], Any], seconds: float) -> Any:
+    """``condition()``'s first true value within ``seconds``, else the last (false) one."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value
+
+
+@pytest.mark.postgresql
+@override_settings(IDEMPOTENCY=NO_FAST_PATH)
+def test_a_relay_whose_listener_was_terminated_listens_again(post: Post, key: str) -> None:
+    """The listener's backend terminated (a restart, ``pg_terminate_backend``), the relay
+    listens on a new connection: a release is sent at once, not at the next poll (60 s). It
+    listened again on the dead connection, which failed for good, and only polled."""
+    relay = Relay("default", interval=60)
+
+    def run() -> None:
+        try:
+            relay.run()
+        finally:
+            connections.close_all()  # this thread's
+
+    thread = threading.Thread(target=run, name="relay")
+    thread.start()
+    try:
+        first = _within(_listeners, 10)
+        assert len(first) == 1, "the relay never listened"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [next(iter(first))])
+        again = _within(lambda: _listeners() - first, 10)  # none without the fix: released anyway
+        ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+        sent = _within(lambda: set(ids) <= {task_id for task_id, _, _ in receipt.sent}, 10)
+        assert sent, f"not sent within 10 s of its release (listening again: {bool(again)})"
+    finally:
+        relay.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
 def _backlog_rows(record: IdempotencyKey, state: str, count: int, hours: float) -> None:
     """``count`` messages of ``record`` in ``state``, released ``hours`` ago."""
     released = timezone.now() - timedelta(hours=hours)
