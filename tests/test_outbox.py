@@ -5,6 +5,7 @@ them, with retries, a failed state, and batches no two relays share."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ from django.utils import timezone
 
 from django_idempotency import Claim, IdempotencyKey, idempotent_function
 from django_idempotency._call import outbox
-from django_idempotency._ops.relay import Relay
+from django_idempotency._ops.relay import Relay, backlog
 from django_idempotency._store import outbox as store
 from django_idempotency._store import using
 from django_idempotency.models import OutboxMessage
@@ -393,6 +394,140 @@ def test_a_release_notifies_the_relay_on_postgresql(post: Post, key: str) -> Non
         assert wait(5)
     finally:
         listener.close()
+
+
+def _listeners() -> set[int]:
+    """The backends listening on the test's database (the last statement of a listener's is
+    its ``LISTEN``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query LIKE %s AND pid <> pg_backend_pid()",
+            ["LISTEN%"],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _within(condition: Callable[[], Any], seconds: float) -> Any:
+    """``condition()``'s first true value within ``seconds``, else the last (false) one."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value
+
+
+@pytest.mark.postgresql
+@override_settings(IDEMPOTENCY=NO_FAST_PATH)
+def test_a_relay_whose_listener_was_terminated_listens_again(post: Post, key: str) -> None:
+    """The listener's backend terminated (a restart, ``pg_terminate_backend``), the relay
+    listens on a new connection: a release is sent at once, not at the next poll (60 s). It
+    listened again on the dead connection, which failed for good, and only polled."""
+    relay = Relay("default", interval=60)
+
+    def run() -> None:
+        try:
+            relay.run()
+        finally:
+            connections.close_all()  # this thread's
+
+    thread = threading.Thread(target=run, name="relay")
+    thread.start()
+    try:
+        first = _within(_listeners, 10)
+        assert len(first) == 1, "the relay never listened"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [next(iter(first))])
+        again = _within(lambda: _listeners() - first, 10)  # none without the fix: released anyway
+        ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+        sent = _within(lambda: set(ids) <= {task_id for task_id, _, _ in receipt.sent}, 10)
+        assert sent, f"not sent within 10 s of its release (listening again: {bool(again)})"
+    finally:
+        relay.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def _backlog_rows(record: IdempotencyKey, state: str, count: int, hours: float) -> None:
+    """``count`` messages of ``record`` in ``state``, released ``hours`` ago."""
+    released = timezone.now() - timedelta(hours=hours)
+    rows = [
+        OutboxMessage(
+            record=record,
+            message_id=str(uuid.uuid4()),
+            engine="celery",
+            task=receipt.name,
+            arguments="{}",
+            state=state,
+            released_at=released,
+            available_at=released,
+        )
+        for _ in range(count)
+    ]
+    OutboxMessage.objects.bulk_create(rows, batch_size=1000)
+
+
+def _record() -> IdempotencyKey:
+    return IdempotencyKey.objects.create(
+        scope="s",
+        key_hash=uuid.uuid4().hex,
+        method="POST",
+        path="/",
+        request_hash="h",
+        status="completed",
+        expires_at=timezone.now() + timedelta(hours=1),
+    )
+
+
+def test_the_backlog_counts_the_undelivered_messages_by_state() -> None:
+    """``idempotency_stats``' figures and the relay's gauges: the pending and failed messages
+    and the oldest one's age; sent ones, older still, count for nothing."""
+    record = _record()
+    _backlog_rows(record, "sent", 3, hours=5)
+    _backlog_rows(record, "pending", 2, hours=1)
+    _backlog_rows(record, "failed", 1, hours=3)
+    figures = backlog("default")
+    assert (figures["outbox_pending"], figures["outbox_failed"]) == (2, 1)
+    assert 3 * 3600 <= figures["outbox_oldest_undelivered_age_seconds"] < 3 * 3600 + 60
+    OutboxMessage.objects.exclude(state="sent").update(state="sent")
+    assert backlog("default") == {
+        "outbox_pending": 0,
+        "outbox_failed": 0,
+        "outbox_oldest_undelivered_age_seconds": None,
+    }
+
+
+def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+@pytest.mark.postgresql
+def test_the_backlog_is_read_by_the_index_on_postgresql() -> None:
+    """Read after every pass (the relay's gauges) and by ``idempotency_stats``, the backlog
+    seeks the undelivered states in the ``(state, available_at)`` index. ``state <> 'sent'``
+    could not: it read every sent message, millions on a large outbox."""
+    record = _record()
+    _backlog_rows(record, "sent", 5000, hours=2)
+    _backlog_rows(record, "pending", 2, hours=1)
+    _backlog_rows(record, "failed", 1, hours=1)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {OutboxMessage._meta.db_table}")
+    with CaptureQueriesContext(connection) as queries:
+        left = store.backlog(connection)
+    assert (left.pending, left.failed) == (2, 1)
+    [query] = [query["sql"] for query in queries if "GROUP BY" in query["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {query}")
+        explained = cursor.fetchone()[0]
+    [plan] = json.loads(explained) if isinstance(explained, str) else explained
+    seeks = [
+        node
+        for node in _plan_nodes(plan["Plan"])
+        if node.get("Index Name") == "django_idempotency_outbox"
+        and re.search(r"\bstate\b", node.get("Index Cond", ""))
+    ]
+    assert seeks, json.dumps(plan, indent=1)
 
 
 @pytest.mark.postgresql

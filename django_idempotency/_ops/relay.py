@@ -4,9 +4,9 @@ for what the fast path did not send.
 One pass takes batches (:func:`.._store.outbox.take`: leased, never shared with another relay
 or the fast path) until one comes back short, sends each message (:func:`.._call.outbox.send`)
 and marks it sent, or failed with its backoff. Between passes it waits for a release's
-``NOTIFY`` on PostgreSQL (psycopg 3), and polls elsewhere. ``SIGTERM`` and ``SIGINT`` end it
-after the batch in hand: no message is left half sent; one killed harder is sent again once
-its lease passes (at least once).
+``NOTIFY`` on PostgreSQL (psycopg 3, :mod:`.listener`), and polls elsewhere. ``SIGTERM`` and
+``SIGINT`` end it after the batch in hand: no message is left half sent; one killed harder is
+sent again once its lease passes (at least once).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from django_idempotency._call import outbox, telemetry
 from django_idempotency._conf.settings import conf
+from django_idempotency._ops.listener import Listener
 from django_idempotency._store import Store, using
 from django_idempotency._store import outbox as store
 from django_idempotency._store.bound import discard
@@ -127,10 +128,12 @@ class Relay:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
         total = Pass()
-        listener = None if once else connections[self.alias].copy()
-        wait = self._listen(listener)
+        listener = None if once else Listener(self.alias)
+        if listener is not None:
+            listener.listen(STATEMENT_BOUND)
         if not once:  # said once the signals are handled: an operator's (or a test's) cue
             self.report("Relaying; SIGTERM or SIGINT stops after the batch in hand.")
+        announced = True  # the first pass's work was released before the listener
         try:
             while not self.stopping.is_set():
                 try:
@@ -150,11 +153,14 @@ class Relay:
                     self.report(f"Sent {done.sent}, failed {done.failed}.")
                 if once:
                     break
+                if listener is not None and done.batches and not announced:
+                    listener.drop()  # work no notification announced: it missed one
+                announced = True
                 if done.batches == 0 or not done.sent + done.failed:
-                    wait = self._wait(wait, listener)
+                    announced = self._wait(listener)
         finally:
             if listener is not None:
-                discard(listener)
+                listener.drop()
         return total
 
     def _gauge(self) -> None:
@@ -173,35 +179,21 @@ class Relay:
         age = figures["outbox_oldest_undelivered_age_seconds"] or 0.0
         telemetry.outbox_backlog(figures["outbox_pending"], figures["outbox_failed"], age)
 
-    def _listen(self, listener: Any) -> Callable[[float], bool] | None:
-        if listener is None:
-            return None
-        try:
-            return store.listening(using(self.alias), listener)
-        except DatabaseError as exc:
-            logger.warning("Outbox relay: no LISTEN (%s); polling.", exc)
-            return None
-
-    def _wait(self, wait: Callable[[float], bool] | None, listener: Any) -> Any:
+    def _wait(self, listener: Listener | None) -> bool:
         """Wait for a release's notification or the poll interval, a second at a time (so
-        that a stop is prompt)."""
+        that a stop is prompt): whether a notification came. A listener lost meanwhile
+        listens again at the next second (:mod:`.listener`)."""
         deadline = time.monotonic() + self.interval
         while not self.stopping.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            if wait is None:
+            if listener is not None and listener.listen(STATEMENT_BOUND):
+                if listener.wait(min(left, 1.0)):
+                    return True
+            else:
                 self.stopping.wait(min(left, 1.0))
-                continue
-            try:
-                if wait(min(left, 1.0)):
-                    break
-            except Exception as exc:  # the listener's connection lost: listen again later
-                logger.warning("Outbox relay: LISTEN failed (%s).", exc)
-                wait = self._listen(listener)
-                if wait is None:
-                    self.stopping.wait(min(left, 1.0))
-        return wait
+        return False
 
 
 def backlog(alias: str) -> dict[str, Any]:

@@ -306,11 +306,13 @@ class Backlog(NamedTuple):
 
 
 def backlog(connection: BaseDatabaseWrapper) -> Backlog:
+    """The backlog, read by the index on ``(state, available_at)``: the states are named, as
+    the index can seek them (``state <> 'sent'`` read every sent message, each pass)."""
     q = connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {q('state')}, count(*), min({q('released_at')}) FROM {_table(connection)} "
-            f"WHERE {q('state')} <> '{SENT}' GROUP BY {q('state')}"
+            f"WHERE {q('state')} IN ('{PENDING}', '{FAILED}') GROUP BY {q('state')}"
         )
         rows = cursor.fetchall()
     counts = {state: count for state, count, _ in rows}
