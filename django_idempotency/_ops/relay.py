@@ -27,7 +27,7 @@ from django.utils import timezone
 from django_idempotency._call import outbox, telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._ops.listener import Listener
-from django_idempotency._store import Store, using
+from django_idempotency._store import Store, connecting, using
 from django_idempotency._store import outbox as store
 from django_idempotency._store.bound import discard
 
@@ -68,10 +68,21 @@ class Relay:
         self.stopping.set()
 
     def one_pass(self) -> Pass:
-        """Send every message due now, batch by batch."""
+        """Send every message due now, batch by batch.
+
+        A connection to make (the first, or one discarded after a fault) is raced as the
+        renewer's is (:mod:`.._store.connecting`), each attempt's login bounded by
+        :data:`~.._store.connecting.CONNECT_TIMEOUT` where the alias gives none: made in a
+        blackhole, a single login held the relay its driver's ``connect_timeout`` (psycopg's
+        default 130 s, MySQLdb's none) however soon the network came back."""
         done = Pass()
         connection = connections[self.alias]
         database = using(self.alias)
+        if database.has_server and connection.connection is None:
+            # This thread keeps what connected first.
+            connection = connections[self.alias] = connecting.connected(
+                connection, STATEMENT_BOUND, connecting.CONNECT_TIMEOUT
+            )
         while not self.stopping.is_set():
             taken = database.bounded(
                 connection,

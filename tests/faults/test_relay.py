@@ -6,6 +6,8 @@ it for good and sent nothing more (a checker run's message left pending after it
 blackhole). A pass is now cut at :data:`~django_idempotency._ops.relay.STATEMENT_BOUND` and
 made again on a new connection: a message released after the blackhole is sent. So is the
 backlog's read for the OpenTelemetry gauges, after each pass: silenced, it held the relay.
+And the new connection is raced (:mod:`django_idempotency._store.connecting`): one login made
+in a blackhole held the relay the driver's ``connect_timeout`` after the network came back.
 """
 
 from __future__ import annotations
@@ -127,3 +129,39 @@ def test_a_relay_whose_backlog_read_is_silenced_sends_on(
         running.disarm()
         connections[PROXIED].close()
     assert gauged
+
+
+#: How long the network stays silent in the reconnection's test: under
+#: :data:`~django_idempotency._store.connecting.CONNECT_TIMEOUT`, so none of the raced attempts
+#: has failed when the network comes back.
+SILENCED_LOGINS = 4.0
+#: By when after the network's return the message must be sent (seconds): an attempt starts
+#: within a bound (1 s) of it.
+SENT_AFTER_HEAL = 4.0
+
+
+def test_a_relay_reconnecting_into_a_short_blackhole_sends_once_it_heals(
+    running: FaultProxy,
+) -> None:
+    """The relay's connection is lost and its new logins are silenced for a few seconds: the
+    pass's connection was made by one login, held for the driver's ``connect_timeout``
+    (psycopg's default 130 s, MySQLdb's none) after the network came back. Raced at the bound,
+    a new attempt logs in within one of it, and a message released then is sent."""
+    assert _sent(_release()), "the relay sent nothing before the fault"
+    # New connections too: the relay's pass is cut at its bound, the next one's login silenced.
+    running.blackhole()
+    try:
+        time.sleep(SILENCED_LOGINS)
+        running.restore()
+        healed = time.monotonic()
+        message_id = _release()
+        while time.monotonic() < healed + SENT_AFTER_HEAL:
+            if message_id in [task_id for task_id, _, _ in receipt.sent]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"not sent within {SENT_AFTER_HEAL:g} s of the network's return")
+    finally:
+        running.restore()
+        running.cut_all()  # a login still silenced ends (MySQLdb's would wait for good)
+        connections[PROXIED].close()
