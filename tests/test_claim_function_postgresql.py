@@ -349,3 +349,20 @@ def test_a_new_session_s_first_claim_decides_as_the_function_does(record: str) -
         assert sent == (plain if fresh else ["call"]), sent
     assert results[0] == results[1]
     assert results[0][0] == ("claimed" if taken_over else "held")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_that_claimed_calls_the_function_from_any_wrapper() -> None:
+    """A pool hands one server session to a different connection object at each checkout: what
+    a session has claimed is kept with the driver's connection, not Django's wrapper."""
+    connection.close()
+    claim(str(uuid.uuid4()))  # this session's first claim: plain statements
+    other = connections.create_connection("default")
+    other.connection = connection.connection  # the same session, as a pool's checkout
+    try:
+        assert PostgreSQLStore.claims_by_call(other)
+        connection.close()  # a new session: a wrapper that has not claimed on it reads plainly
+        connection.ensure_connection()
+        assert not PostgreSQLStore.claims_by_call(connection)
+    finally:
+        other.connection = None  # not closed twice: it was the suite's connection's
