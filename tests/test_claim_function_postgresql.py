@@ -284,3 +284,85 @@ def test_the_record_a_claim_reads_is_the_one_the_orm_loads(record: str) -> None:
         getattr(loaded, name) for name in rows.ATTNAMES
     ]
     assert instance.unlock_at is None or instance.unlock_at.tzinfo is not None
+
+
+def _claim_statements(run: Any) -> list[str]:
+    """The statements on the table that ``run()`` sends, each as its kind: the call, a read,
+    the plain insert (``WITH inserted``), a takeover."""
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, *rest: Any) -> Any:
+        if f"{CLAIM_FUNCTION}(" in sql:
+            sent.append("call")
+        elif sql.startswith("WITH inserted"):
+            sent.append("insert")
+        elif sql.startswith("UPDATE") and IdempotencyKey._meta.db_table in sql:
+            sent.append("update")
+        elif sql.startswith("SELECT") and f'FROM "{IdempotencyKey._meta.db_table}"' in sql:
+            sent.append("read")
+        return execute(sql, *rest)
+
+    with connection.execute_wrapper(record):
+        run()
+    return sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_session_s_first_claim_reads_without_compiling_the_function() -> None:
+    """Issue 53: loading PL/pgSQL and compiling the function, once per session, cost a new
+    session's replay twice a plain read, and with ``CONN_MAX_AGE`` 0 (or under ASGI) every
+    request's session is new: async replays served fewer requests a second than the bare view,
+    which inserts and commits. A session's first claim outside a transaction reads the record
+    with a plain statement; its next claims call the function."""
+    client, key = Client(), str(uuid.uuid4())
+    post = lambda key: client.post(  # noqa: E731
+        "/create/", {}, content_type="application/json", headers={"Idempotency-Key": key}
+    )
+    assert post(key).status_code == 201
+    connection.close()  # the next request's session is a new one
+    replays: list[Any] = []
+    sent = _claim_statements(lambda: replays.extend([post(key), post(key)]))
+    assert [replay.headers["Idempotent-Replayed"] for replay in replays] == ["true", "true"]
+    assert sent == ["read", "call"]
+    connection.close()
+    assert _claim_statements(lambda: post(str(uuid.uuid4())).status_code == 201) == [
+        "read",
+        "insert",
+        "update",  # the result stored
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("record", list(RECORDS))
+def test_a_new_session_s_first_claim_decides_as_the_function_does(record: str) -> None:
+    factory, taken_over = RECORDS[record]
+    results = []
+    for fresh in (True, False):
+        key = str(uuid.uuid4())
+        IdempotencyKeyFactory(key=key, **{"request_hash": FINGERPRINT, **factory})
+        if fresh:
+            connection.close()
+        outcomes: list[store.ClaimOutcome] = []
+        sent = _claim_statements(lambda: outcomes.append(claim(key)))  # noqa: B023
+        results.append(outcome_of(outcomes[0]))
+        plain = ["read", "update"] if taken_over else ["read"]
+        assert sent == (plain if fresh else ["call"]), sent
+    assert results[0] == results[1]
+    assert results[0][0] == ("claimed" if taken_over else "held")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_that_claimed_calls_the_function_from_any_wrapper() -> None:
+    """A pool hands one server session to a different connection object at each checkout: what
+    a session has claimed is kept with the driver's connection, not Django's wrapper."""
+    connection.close()
+    claim(str(uuid.uuid4()))  # this session's first claim: plain statements
+    other = connections.create_connection("default")
+    other.connection = connection.connection  # the same session, as a pool's checkout
+    try:
+        assert PostgreSQLStore.claims_by_call(other)
+        connection.close()  # a new session: a wrapper that has not claimed on it reads plainly
+        connection.ensure_connection()
+        assert not PostgreSQLStore.claims_by_call(connection)
+    finally:
+        other.connection = None  # not closed twice: it was the suite's connection's

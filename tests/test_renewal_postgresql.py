@@ -106,10 +106,12 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
         return event_id
 
     # A first call (another key) asks whether the claim function exists, a query naming it:
-    # the held reply is then the claim's own.
+    # the held reply is then the claim's own. Each attempt's session is new (CONN_MAX_AGE 0):
+    # its claim reads, then inserts with the plain statement, not the function (issue 53).
     _attempt_or_held(handle, "warm")
     runs.clear()
-    held = proxy.arm("delay", re.escape(f"{CLAIM_FUNCTION}(".encode()), count=1, hold=HELD_REPLY)
+    insert = re.escape(f"{CLAIM_FUNCTION}(".encode()) + rb"|WITH inserted AS \(INSERT"
+    held = proxy.arm("delay", insert, count=1, hold=HELD_REPLY)
     pool = ThreadPoolExecutor(max_workers=1)
     try:
         owner = pool.submit(_attempt_or_held, lambda key: handle(key, 1.5), "k")

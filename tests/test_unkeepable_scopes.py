@@ -380,3 +380,38 @@ def test_a_utf8mb4_session_claims_as_before() -> None:
     """The suite's own connection: asked once, nothing found, the claim runs."""
     assert post("/t/😀/atomic-orders/", str(uuid.uuid4())).status_code == 201
     assert executions("order") == 1
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+def test_the_character_sets_are_asked_once_per_database_not_per_connection_object() -> None:
+    """Under ASGI each request's database work runs on a thread of its own, with a connection
+    object of its own (Django's are per thread): asked once per connection object, the
+    character sets cost every async request three statements more (two of them reading
+    ``information_schema``), a replay more than the bare view's ``INSERT`` did (issue 53). A
+    new connection object made from the same settings asks nothing before its claim."""
+    from django.db import connections
+
+    key = str(uuid.uuid4())
+    assert post("/t/😀/orders/", key).status_code == 201  # asked for these settings, if not yet
+    ours = connections["default"]
+    fresh = connections.create_connection("default")  # a new thread's, as under ASGI
+    assert fresh.settings_dict is ours.settings_dict
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, *rest: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, *rest)
+
+    connections["default"] = fresh
+    try:
+        with fresh.execute_wrapper(record):
+            replay = post("/t/😀/orders/", key)
+            first = post("/t/😀/orders/", str(uuid.uuid4()))
+    finally:
+        connections["default"] = ours
+        fresh.close()
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert first.status_code == 201
+    assert not [sql for sql in sent if "character_set" in sql or "information_schema" in sql]
+    assert sent  # the claims went through the wrapper: it saw them

@@ -174,7 +174,7 @@ def wrap(
 def narrow_store(policy: Policy) -> ImproperlyConfigured | None:
     """E034's error, in its words, when the MySQL or MariaDB database the policy claims on
     would fold or refuse a scope (a session or table not ``utf8mb4``: two tenants one record);
-    asked once per connection object (:func:`.charsets.known_narrow`), ``None`` elsewhere, or
+    asked once per database settings (:func:`.charsets.known_narrow`), ``None`` elsewhere, or
     when the database does not answer now (the claim meets that and says so)."""
     if policy.store != DATABASE:
         return None

@@ -16,13 +16,13 @@ all the way, the ``sql_mode`` changes nothing of the scope (it is never longer t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.core.checks import CheckMessage, Error
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._conf.settings import check_name
-from django_idempotency._store.rows import per_connection
 from django_idempotency.models import IdempotencyKey
 
 #: The one MySQL character set that holds every character.
@@ -54,13 +54,26 @@ def narrow(alias: str) -> Narrow | None:
     return narrow_on(connections[alias])
 
 
-@per_connection
+#: :func:`known_narrow`'s findings, by the settings they were asked with (the dict itself is
+#: kept beside, so that a reused ``id`` is never taken for it).
+_KNOWN: dict[int, tuple[dict[str, Any], Narrow | None]] = {}
+
+
 def known_narrow(connection: BaseDatabaseWrapper) -> Narrow | None:
-    """:func:`narrow_on`, asked once per connection object (its ``OPTIONS``, which set the
-    session's character set and ``sql_mode``, are the same for each session it opens), before
-    its first claim: gunicorn runs no checks, and E034 was asked only by ``check --database``
-    and ``migrate``. A database error is raised, not kept: asked again next time."""
-    return narrow_on(connection)
+    """:func:`narrow_on`, asked once per database settings (``DATABASES[alias]``, whose
+    ``OPTIONS`` set the session's character set and ``sql_mode`` of every connection made
+    from them), before the first claim: gunicorn runs no checks, and E034 was asked only by
+    ``check --database`` and ``migrate``. Not once per connection object: under ASGI each
+    request's database work runs on a thread of its own, with a connection object of its own,
+    and its three statements (two of them reading ``information_schema``) cost a replay more
+    than its claim did. A database error is raised, not kept: asked again next time."""
+    settings_dict = connection.settings_dict
+    known = _KNOWN.get(id(settings_dict))
+    if known is not None and known[0] is settings_dict:
+        return known[1]
+    found = narrow_on(connection)
+    _KNOWN[id(settings_dict)] = (settings_dict, found)
+    return found
 
 
 def narrow_on(connection: BaseDatabaseWrapper) -> Narrow | None:
