@@ -2,7 +2,8 @@
 samples ``/proc/locks`` (Linux) every few milliseconds and writes a line to ``OUT`` each time
 the holders change: the time, then each process holding a lock as ``pid:kinds``, the kinds
 ``S`` (shared: reading), ``R`` (reserved: writing), ``P`` (pending: waiting for the readers
-to commit) and ``E`` (exclusive: committing). SQLite's unix locks are byte ranges of the
+to commit), ``E`` (exclusive: committing) and ``p`` (a reader taking its shared lock: for that
+moment no writer can take the pending one). SQLite's unix locks are byte ranges of the
 file: the pending byte at 1 GiB, the reserved byte after it, then 510 shared bytes."""
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def holders(inode: int) -> dict[int, str]:
             start = int(fields[6])
             end = PENDING_BYTE * 4 if fields[7] == "EOF" else int(fields[7])
             kinds = found.setdefault(pid, set())
-            if start <= PENDING_BYTE <= end and kind == "WRITE":
-                kinds.add("P")
+            if start <= PENDING_BYTE <= end:
+                kinds.add("P" if kind == "WRITE" else "p")
             if start <= RESERVED_BYTE <= end and kind == "WRITE":
                 kinds.add("R")
             if start <= SHARED_FIRST <= end:
