@@ -21,11 +21,12 @@ The statements ask the store what its database can do, never its vendor.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
 
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
@@ -183,16 +184,28 @@ def _transaction(connection: BaseDatabaseWrapper) -> Iterator[None]:
     connection.set_autocommit(False)
     try:
         yield
-    except BaseException:
-        try:
-            connection.rollback()
-        finally:
-            connection.set_autocommit(True)
-        raise
-    try:
         connection.commit()
-    finally:
+    except BaseException:
+        _roll_back(connection)
+        raise
+    connection.set_autocommit(True)
+
+
+def _roll_back(connection: BaseDatabaseWrapper) -> None:
+    """End a transaction whose statement or commit failed: rolled back, in autocommit again.
+
+    A commit refused leaves the transaction open: SQLite's, whose commit waits for the file's
+    readers no longer than the busy timeout, holds the write lock on (and, pending, keeps every
+    new reader out), and the return to autocommit, which commits first, is refused as well.
+    Left so, an owner's result with the outbox's messages stayed uncommitted in it until the
+    connection closed, and a second try wrote inside it. A connection that cannot roll back (it
+    was lost) is closed, which ends its transaction too."""
+    try:
+        connection.rollback()
         connection.set_autocommit(True)
+    except DatabaseError:
+        with suppress(DatabaseError):
+            connection.close()
 
 
 def take(

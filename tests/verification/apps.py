@@ -16,3 +16,7 @@ class VerificationConfig(AppConfig):
         from tests.verification import plants
 
         plants.apply(os.environ.get("IDEMPOTENCY_VERIFY_PLANT", ""))
+        if os.environ.get("IDEMPOTENCY_VERIFY_SQLITE_TRACE"):
+            from tests.verification import trace
+
+            trace.install(os.environ["IDEMPOTENCY_VERIFY_SQLITE_TRACE"])
