@@ -127,19 +127,31 @@ def _expiry(
     limits: Limits,
 ) -> float:  # fmt: skip
     """When ``source``'s record may expire (its TTL from its run, and the edge): later when a
-    store outage held its owner's renewals and result write, for a renewal that lands holds the
-    record until its lock's end (SPEC 4a), and one may land as late as the result, stored
-    before its first replay. A soak's Redis frozen 5.3 s under a 6 s TTL: the owner's renewal
-    and result landed when it thawed, and the record lived 3 s on."""
+    store outage, or a stop of its owner's worker, held its owner's renewals and result write,
+    for a renewal that lands holds the record until its lock's end (SPEC 4a), and one may land
+    as late as the result, stored before its first replay. A soak's Redis frozen 5.3 s under a
+    6 s TTL: the owner's renewal and result landed when it thawed, and the record lived 3 s
+    on; a SQLite soak's owner stopped 5.2 s: the same as it resumed."""
     expiry = source["t"] + limits.ttl[asked["entry"]]
     stored = replayed_at.get(source["execution"], asked["t"])
     held = any(
-        fault["kind"] in OUTAGES and fault["start"] <= stored and fault["end"] >= source["t"]
+        _holds_owner(fault, source, limits)
+        and fault["start"] <= stored
+        and fault["end"] >= source["t"]
         for fault in faults
     )
     if held:
         expiry = max(expiry, stored + limits.lock)
     return expiry + EDGE
+
+
+def _holds_owner(fault: Event, source: Event, limits: Limits) -> bool:
+    """Whether ``fault`` holds the writes of ``source``'s owner while it lasts: a store outage,
+    or a stop of its worker (of any worker, with ``worker_faults_global``)."""
+    if fault["kind"] in OUTAGES:
+        return True
+    owner = fault.get("pid") == source["pid"] or limits.worker_faults_global
+    return fault["kind"] == "worker-stop" and owner
 
 
 def _outage(fault: Event, faults: list[Event]) -> float:
