@@ -142,8 +142,8 @@ class Fault:
 RENEWAL_AT, SCOPE_AT, SCOPE_AGAIN_AT, SHORT_TTL_AT, FAIL_AT, FENCE_AT = 0.3, 0.5, 2.5, 0.7, 0.9, 7.0
 ACCEPTED_AT, EXPORT_AT, STEPS_FAIL_AT = 1.1, 1.3, 1.5
 #: The recovery point's kill: a ``/steps/`` view working ``STEPS_WORK`` s after its point, its
-#: worker SIGKILLed ``STEPS_KILL_AFTER`` s after it starts, after the renewal scene's answers and
-#: before the fencing scene.
+#: worker SIGKILLed once the point is saved (``STEPS_KILL_AFTER`` s after it starts at the
+#: earliest), after the renewal scene's answers and before the fencing scene.
 STEPS_KILL_AT, STEPS_WORK, STEPS_KILL_AFTER = 5.0, 2.0, 0.5
 #: The renewal scene's duplicates come once its lock would have lapsed without renewal, so that
 #: they never wait behind it for a thread (a crowd may hold the workers' threads at first).
@@ -841,14 +841,22 @@ class Run:
             self.heal_time = time.time()
             self.healed.set()
 
-    def owner(self, key: str) -> int | None:
+    def owner(self, key: str, *, at_point: bool = False) -> int | None:
         """The worker of ``key``'s view still working, once its effect is in a ledger (at
-        most 10 s from now: a loaded machine, or a database fault, may start the view late)."""
+        most 10 s from now: a loaded machine, or a database fault, may start the view late);
+        ``at_point``: once its ``/steps/`` recovery point is saved too (a kill before it would
+        test a takeover from the start, not from the point: on a loaded machine the point's
+        write came 0.5 s after the first step)."""
         deadline = time.time() + 10
         while time.time() < deadline:
-            for line in self.servers.ledger():
-                if line["key"] == key and line["t"] + line["work"] > time.time():
-                    return int(line["pid"])
+            if at_point:
+                for line in read_lines(self.servers.folder, "points-*.jsonl"):
+                    if line["key"] == key and line["t"] + STEPS_WORK > time.time():
+                        return int(line["pid"])
+            else:
+                for line in self.servers.ledger():
+                    if line["key"] == key and line["t"] + line["work"] > time.time():
+                        return int(line["pid"])
             time.sleep(0.05)
         return None
 
@@ -868,7 +876,7 @@ class Run:
                 if fault.kind.startswith("worker"):
                     workers = [pid for pid in self.servers.workers() if pid not in self.held]
                     if fault.key is not None:
-                        owner = self.owner(fault.key)
+                        owner = self.owner(fault.key, at_point=fault.scene == "steps")
                         workers = [owner] if owner in workers else []
                         event["start"] = time.time()
                     if not workers:
