@@ -331,7 +331,7 @@ def generate(
 
 def _more(seed: int, seconds: float, store: str) -> list[Story]:
     """The stories of ``/steps/`` (a recovery point between two effects) and, with the
-    database store, ``/export/`` (an operation the consumer's task completes): one every 2 s,
+    database store, ``/export/`` (an operation the consumer's task completes): one every 3 s,
     a quarter of them reusing an earlier one's key as the others do, from a generator of their
     own, so that each seed's other stories are what they were."""
     rng = random.Random(f"more-{seed}")
@@ -339,7 +339,7 @@ def _more(seed: int, seconds: float, store: str) -> list[Story]:
     stories: list[Story] = []
     t = 0.0
     while True:
-        t += rng.expovariate(0.5)
+        t += rng.expovariate(1 / 3)
         if t >= seconds:
             return stories
         clients = rng.choice((1, 1, 2, 3, 4))
