@@ -3,13 +3,19 @@
 Events (JSON objects, ``type`` first):
 
 - ``invoke``: ``op``, ``t`` (seconds, the clients' clock), ``principal``, ``key``, ``entry``,
-  ``body`` (a hash);
+  ``body`` (a hash), ``auth`` (how the client proved its principal: ``token``, ``basic``,
+  ``session``, ``api-key``, ``none``);
 - ``complete``: ``op``, ``t``, ``status`` (``None``: no answer, ``error`` says why),
   ``response`` (a hash of the body's bytes), ``replayed``, ``execution`` and ``as`` (the
-  execution and principal a 2xx answer names);
+  execution and principal a 2xx answer names), ``first`` (a ``/steps/`` answer's first step);
 - ``effect``: what a view ran (its ledger line): ``t``, ``entry``, ``principal``, ``key``,
   ``body``, ``execution``, ``pid``; an outbox view's also ``message`` (the id it staged) and
-  ``fails`` (an attempt that answered ``503`` on purpose: it keeps nothing);
+  ``fails`` (an attempt that answered ``503`` on purpose: it keeps nothing); a ``/steps/``
+  view's also ``step`` (1 or 2), ``attempt`` (the claim's) and, for the second step,
+  ``first`` (the first step's execution it built on) and ``resumed`` (its attempt started
+  from the recovery point);
+- ``point``: a ``/steps/`` view's recovery point saved (``set_recovery_point`` returned):
+  ``t``, ``principal``, ``key``, ``execution`` (the first step it names), ``attempt``;
 - ``delivery``: a start of the consumer's Celery task (``message``, ``args``: the execution
   that staged it; ``retries``);
 - ``consumed``: the consumer's effect for a message (``message``, ``execution``);
@@ -24,6 +30,11 @@ Events (JSON objects, ``type`` first):
 - ``poll``: a GET of an operation's status URL (``operation``) that a ``202`` gave ``owner``,
   sent as ``principal`` (the owner or another): ``status``, the operation's ``state`` and the
   ``execution`` its final response names; ``final``: sent once every key had settled.
+
+Invariant 9 is the recovery point's (docs/recovery.rst): an effect before a recovery point
+that was saved never runs again in its record life (a later attempt resumes from the point),
+every second step builds on a first step whose point was saved, and an answer names the steps
+that ran together.
 
 Each violation names its invariant (the issue's numbering), the key it is about and what was
 seen; :func:`shrink` cuts a violation's history down to the fewest events that still show it.
@@ -50,8 +61,11 @@ EDGE = 1.0
 WORKER_FAULTS = {"worker-kill", "worker-stop"}
 FAILOVER = "db-failover"
 #: The invariants a lost write breaks: a claim lost runs the view again (1), a result lost
-#: answers anew (2, 5).
-LOSSES = (1, 2, 5)
+#: answers anew (2, 5), a recovery point lost runs its step again (9).
+LOSSES = (1, 2, 5, 9)
+#: Entry points whose operation a background task completes (``complete_operation``): once
+#: every key has settled, each is ``succeeded``.
+COMPLETED_BY_TASK = frozenset({"export"})
 #: A store down: its owners renew nothing, from the fault's start to its end as measured (a
 #: restart's start takes its time on a loaded machine: a 1 s ``redis-kill`` kept Redis away
 #: 4.3 s, past the lock), and one fault followed at once by another is one outage.
@@ -212,15 +226,26 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
             lives.setdefault((key, number), []).append(run)
             life_of[run["execution"]] = (key, number)
 
-    # 1 and 4: one effect per life, of one body.
+    # 1 and 4: one effect per life (per step: a /steps/ view has two), of one body; 9: none
+    # before a saved recovery point again.
+    saved = {e["execution"]: e for e in events if e["type"] == "point"}
     late: set[str] = set()  # executions run again in a window: their answers are excused
     for (key, number), runs in lives.items():
-        first = runs[0]
-        for again in runs[1:]:
+        steps: dict[Any, list[Event]] = defaultdict(list)
+        for run in runs:
+            steps[run.get("step")].append(run)
+        pairs = [(group[0], again) for group in steps.values() for again in group[1:]]
+        for first, again in pairs:
             if again["body"] != first["body"]:
                 result.violate(
                     4, key, "a changed body ran under a used key", effects=[first, again]
                 )
+                continue
+            point = _point_before(steps[again.get("step")], again, saved)
+            if point is not None:
+                result.violate(9, key, "an effect before a saved recovery point ran again "
+                               "in its record life", effects=[first, again],
+                               points=[point])  # fmt: skip
                 continue
             fault = _excuse(first, again, faults, limits, acked)
             if fault is None:
@@ -234,12 +259,15 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                      "executions": [first["execution"], again["execution"]]}
                 )  # fmt: skip
 
+    _check_steps(lives, result)
+
     replayed_at: dict[str, float] = {}  # when a replay first named each execution
     for done in completes.values():
         if done.get("replayed") and done.get("execution"):
             execution = done["execution"]
             replayed_at[execution] = min(replayed_at.get(execution, done["t"]), done["t"])
 
+    by_execution = {run["execution"]: run for runs in lives.values() for run in runs}
     # Answers, in the order they came.
     answered: dict[tuple[str, str], list[tuple[Event, Event]]] = defaultdict(list)
     for op, done in sorted(completes.items(), key=lambda item: item[1]["t"]):
@@ -261,6 +289,11 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         source = lives[found][0]
         if asked["body"] != source["body"]:  # 4
             result.violate(4, key, "a changed body was answered 2xx, not 422", op=[asked, done])
+            continue
+        ran = by_execution.get(done["execution"], {})
+        if ran.get("step") == 2 and done.get("first") != ran.get("first"):  # 9
+            result.violate(9, key, "an answer names steps that did not run together",
+                           op=[asked, done], effects=[ran])  # fmt: skip
             continue
         expiry = _expiry(source, asked, faults, replayed_at, limits)
         if done.get("replayed") and asked["t"] > expiry:
@@ -310,6 +343,42 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
     return result
 
 
+def _point_before(group: list[Event], again: Event, saved: dict[str, Event]) -> Event | None:
+    """The recovery point saved after an earlier effect of ``again``'s step (``group``: the
+    step's effects in its record life, in time order) by an attempt before ``again``'s:
+    ``again``'s attempt claimed the record at that point (a takeover comes after the point's
+    write, which the owner's lock token fences), and must have resumed from it. ``None``:
+    none (a late owner, whose point the fence then refuses, is an older attempt)."""
+    attempt = again.get("attempt")
+    if attempt is None:
+        return None
+    for earlier in group:
+        if earlier is again:
+            return None
+        point = saved.get(earlier["execution"])
+        if point is not None and point.get("attempt", attempt) < attempt:
+            return point
+    return None
+
+
+def _check_steps(lives: dict[tuple[tuple[str, str], int], list[Event]], result: Result) -> None:
+    """9: every second step builds on a first step that ran in its record life: its own
+    attempt's, or, resumed, the one its recovery point names (saved: a worker killed between
+    the point's write and its line in the ledger leaves the point without its line)."""
+    for (key, _), runs in lives.items():
+        firsts = {run["execution"]: run for run in runs if run.get("step") == 1}
+        for run in runs:
+            if run.get("step") != 2:
+                continue
+            first = firsts.get(run.get("first") or "")
+            if first is None:
+                result.violate(9, key, "a second step built on no first step of its record "
+                               "life", effects=[run])  # fmt: skip
+            elif not run.get("resumed") and first.get("attempt") != run.get("attempt"):
+                result.violate(9, key, "a second step built on another attempt's first step "
+                               "without resuming from its point", effects=[first, run])  # fmt: skip
+
+
 def _attribute_failovers(result: Result, failovers: list[Event]) -> None:
     """Each violation of a lost write's kind gets the failover that began within its time
     (from its first event, less :data:`EDGE`, to its last) as ``failover``."""
@@ -334,7 +403,10 @@ def _check_operations(
     """7: only an operation's principal reads it (anyone else gets ``404``, or ``503`` under a
     fault), and once every key has settled it is ``succeeded`` or ``failed`` (or ``stalled``,
     its owner gone), its response the one its key's replays give; or ``404``, a record
-    released and claimed anew (a new operation).
+    released and claimed anew (a new operation). An operation a background task completes
+    (:data:`COMPLETED_BY_TASK`: its view answers ``202``) is ``succeeded``, with its key's
+    stored answer: neither ``running`` (its completion lost, or never sent) nor ``stalled``
+    nor ``failed`` is its end.
 
     The stored answer is the one the key's last replay names, unless the view ran again after
     that replay's answer (or the key was never replayed): the run's last request ran it anew
@@ -349,10 +421,14 @@ def _check_operations(
         if replays:
             kept[key].add(replays[-1]["execution"])
     keys = {e["op"]: (e["principal"], e["key"]) for e in events if e["type"] == "invoke"}
+    entries = {e["op"]: e["entry"] for e in events if e["type"] == "invoke"}
     owners: dict[str, tuple[str, str]] = {}
+    completed_by_task: set[str] = set()
     for done in events:
         if done["type"] == "complete" and done.get("location") and done["op"] in keys:
             owners[done["location"]] = keys[done["op"]]
+            if entries[done["op"]] in COMPLETED_BY_TASK:
+                completed_by_task.add(done["location"])
     for poll in (e for e in events if e["type"] == "poll"):
         key = owners.get(poll["operation"], (poll["owner"], "?"))
         if poll["principal"] != poll["owner"]:
@@ -361,6 +437,13 @@ def _check_operations(
                                f"({poll['status']})", polls=[poll])  # fmt: skip
             continue
         if not poll["final"] or poll["status"] in (404, None):
+            continue
+        if poll["operation"] in completed_by_task and (
+            poll["status"] != 200 or poll.get("state") != "succeeded"
+        ):  # its task completes it (complete_operation), and every key has settled
+            result.violate(7, key, "an operation its task completes is "
+                           f"{poll.get('state') or poll['status']} after every key settled",
+                           polls=[poll])  # fmt: skip
             continue
         if poll["status"] != 200 or poll.get("state") not in ("succeeded", "failed", "stalled"):
             result.violate(7, key, f"an operation {poll.get('state') or poll['status']} after "
@@ -479,7 +562,7 @@ def shrink(history: list[Event], violation: dict[str, Any], limits: Limits) -> l
     mine = [
         e
         for e in history
-        if (e["type"] == "effect" and (e["principal"], e["key"]) == key)
+        if (e["type"] in ("effect", "point") and (e["principal"], e["key"]) == key)
         or e.get("op") in ops
         or (e["type"] in ("delivery", "consumed") and e["message"] in messages)
         or (e["type"] == "poll" and e["operation"] in locations)

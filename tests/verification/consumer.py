@@ -21,6 +21,12 @@ such a note, so a worker killed then leaves the record ``processing`` at its rec
 and the redelivered message must resume from it rather than run the effect again. A worker
 notes when it is ready (``consumer-ready.jsonl``): the nemesis kills a worker that has
 started, not one still importing (on a loaded machine a worker takes seconds to start).
+
+An ``/export/`` view's message also names its operation and the answer to complete it with:
+once its effect is at its recovery point, the task completes the operation
+(``complete_operation``, docs/operations.rst's recipe), on every delivery, a completion already
+stored (``OperationError``, ``"completed"``: a worker killed after completing) being the
+end of it.
 """
 
 from __future__ import annotations
@@ -57,12 +63,14 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
     retry_backoff_max=LOCK,  # a dead worker's key is free by then
     max_retries=None,
 )
-def deliver(self: Any, execution: str) -> None:
+def deliver(self: Any, execution: str, operation: str = "", answer: Any = None) -> None:
     line = {"message": self.request.id, "args": [execution], "t": time.time(),
             "pid": os.getpid(), "retries": self.request.retries}  # fmt: skip
+    if operation:
+        line["operation"] = operation
     append_line(_folder() / f"deliveries-{os.getpid()}.jsonl", line)
     try:
-        _consume()(execution, message_id=self.request.id)
+        _consume()(execution, message_id=self.request.id, operation=operation, answer=answer)
     except Exception:
         from django.db import connections
 
@@ -87,12 +95,14 @@ def _consume() -> Any:
     if _consumer:
         return _consumer[0]
     from django.db import transaction
+    from django.http import JsonResponse
 
-    from django_idempotency import Claim, idempotent_function
+    from django_idempotency import Claim, OperationError, complete_operation, idempotent_function
     from tests.testapp.models import Execution
 
     @idempotent_function(key="message_id", name="verify.consume", lock_timeout=LOCK)
-    def consume(execution: str, *, message_id: str, idempotency: Claim) -> Any:
+    def consume(execution: str, *, message_id: str, idempotency: Claim, operation: str = "",
+                answer: Any = None) -> Any:  # fmt: skip
         if idempotency.recovery_point == "":
             with transaction.atomic():  # the effect and the note that it exists: both or neither
                 line = {"message": message_id, "execution": execution, "t": time.time(),
@@ -102,6 +112,12 @@ def _consume() -> Any:
             append_line(_folder() / f"working-{os.getpid()}.jsonl",
                         {"message": message_id, "t": time.time()})  # fmt: skip
             time.sleep(CONSUMER_WORK)
+        if operation:  # the operation's final response: the answer the view would have given
+            try:
+                complete_operation(operation, JsonResponse(answer, status=201))
+            except OperationError as exc:
+                if exc.reason != "completed":  # a worker killed after completing: done
+                    raise
         return idempotency.recovery_data
 
     _consumer.append(consume)

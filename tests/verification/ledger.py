@@ -12,8 +12,14 @@ from typing import Any
 
 def deliveries(folder: Path) -> list[dict[str, Any]]:
     """Every delivery the consumer's task started, in no particular order."""
+    return read_lines(folder, "deliveries-*.jsonl")
+
+
+def read_lines(folder: Path, pattern: str) -> list[dict[str, Any]]:
+    """Every line of the files ``pattern`` names (``points-*.jsonl``: the recovery points the
+    ``/steps/`` views saved), in no particular order."""
     found = []
-    for path in sorted(folder.glob("deliveries-*.jsonl")):
+    for path in sorted(folder.glob(pattern)):
         found += [json.loads(line) for line in path.read_text().splitlines() if line]
     return found
 

@@ -1,5 +1,5 @@
-"""The views' lock and TTLs (seconds): read by the views, the generator and the checker, so
-that the three agree. Nothing here imports Django."""
+"""The views' lock and TTLs (seconds), and the users' passwords: read by the views, the
+generator and the checker, so that the three agree. Nothing here imports Django."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ SHORT_TTL = 6
 TTLS = {
     "mixin": TTL, "function": TTL, "function-policy": TTL, "plain": TTL, "async": TTL,
     "ninja": TTL, "call": TTL, "atomic": TTL, "outbox": TTL, "accepted": TTL,
-    "short-ttl": SHORT_TTL,
+    "short-ttl": SHORT_TTL, "steps": TTL, "export": TTL,
 }  # fmt: skip
 #: Once the nemesis has healed, every key has a final answer within ``LOCK`` and this.
 SETTLE = 15.0
@@ -21,3 +21,9 @@ DRAIN = 30.0
 #: Seconds the consumer's task works after its effect, before its result is written: a worker
 #: killed then must not run the effect again for the redelivered message.
 CONSUMER_WORK = 0.3
+
+
+def password(user: str) -> str:
+    """A verification user's password (Basic authentication): a test project's, as its MD5
+    hasher (settings.py) is."""
+    return f"{user}-verify"

@@ -22,6 +22,8 @@ PLANTS = {
     "no-expiry-check": 5,
     "release-on-failure": 6,
     "operation-any-reader": 7,
+    "resume-from-start": 9,
+    "completion-dropped": 7,
 }
 
 
@@ -147,6 +149,30 @@ def _operation_any_reader() -> None:
     operations._scopes = everyone
 
 
+def _resume_from_start() -> None:
+    """A takeover ignores the recovery point its record holds: the view starts from the
+    beginning, as a first attempt does."""
+    from django_idempotency._call.identity import Identity
+
+    original = Identity.claimed
+
+    def claimed(self: Any, **given: Any) -> Any:
+        return original(self, **{**given, "recovery_point": "", "recovery_data": None})
+
+    Identity.claimed = claimed  # type: ignore[method-assign]
+
+
+def _completion_dropped() -> None:
+    """``complete_operation`` reports the operation completed and stores nothing: it runs
+    until its TTL, and a retry of its request is answered its ``202`` until then."""
+    from django_idempotency._store import operations
+
+    def complete(alias: str, operation: Any, stored: Any) -> bool:
+        return True
+
+    operations.complete = complete
+
+
 _APPLY: dict[str, Callable[[], None]] = {
     "no-fencing": _no_fencing,
     "shared-scope": _shared_scope,
@@ -155,6 +181,8 @@ _APPLY: dict[str, Callable[[], None]] = {
     "no-expiry-check": _no_expiry_check,
     "release-on-failure": _release_on_failure,
     "operation-any-reader": _operation_any_reader,
+    "resume-from-start": _resume_from_start,
+    "completion-dropped": _completion_dropped,
 }
 
 

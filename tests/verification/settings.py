@@ -12,10 +12,19 @@ from tests.faults.settings import INSTALLED_APPS, REST_FRAMEWORK
 ROOT_URLCONF = "tests.verification.urls"
 #: A database fault in DRF's own token authentication (before ``@idempotent`` runs on a
 #: function view) is a ``503``, not DRF's uncaught exception (docs/usage.rst).
+#: Basic authentication is a principal kind of the DRF entry points beside the token.
 REST_FRAMEWORK = {
     **REST_FRAMEWORK,
     "EXCEPTION_HANDLER": "django_idempotency.rest_framework.exception_handler",
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
 }
+#: Each Basic request checks its password: MD5, a test project's hasher only (PBKDF2 would cost
+#: every such request a quarter of a second of CPU on the runs' two cores).
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.verification.apps.VerificationConfig"]
 
 #: The outbox's messages go to a Celery task (tests/verification/consumer.py): one the fast path

@@ -29,7 +29,7 @@ def probed(answers: list[tuple[str, bool]]) -> list[dict[str, Any]]:
                       body=b"{}", clients=1, followups=[])  # fmt: skip
     runner = run.Run(servers, [story], [], seconds=1.0, seed=1)
     runner.http = httpx.Client(transport=httpx.MockTransport(answer))
-    runner.headers = lambda story: {}  # type: ignore[method-assign]
+    runner.headers = lambda story, index=0: {}  # type: ignore[method-assign]
     runner.probe(story)
     return [event for event in runner.recorder.events if event["type"] == "complete"]
 

@@ -11,6 +11,7 @@ DATABASE_ONLY = [
     path("outbox/", views.outbox),
     path("outbox-state/", views.outbox_state),
     path("accepted/", views.accepted),
+    path("export/", views.export),
 ]
 urlpatterns = [
     path("health/", views.health),
@@ -20,11 +21,13 @@ urlpatterns = [
     path("function/", views.function),
     path("plain/", views.plain),
     path("short-ttl/", views.short_ttl),
+    path("steps/", views.steps),
     path("function-policy/", views.function_policy),
     path("async/", views.async_view),
     path("ninja/", views.api.urls),
     path("call/", views.call),
     path("idempotency/", include("django_idempotency.urls")),
-    # The Redis store refuses atomic mode (E061), the outbox and in_progress="accepted".
+    # The Redis store refuses atomic mode (E061), the outbox and in_progress="accepted" (and
+    # operations: /export/).
     *([] if os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL") else DATABASE_ONLY),
 ]

@@ -12,6 +12,13 @@ naming their execution; a body with ``"fail": 1`` makes the first attempt of its
 ``503`` after staging (an attempt that keeps nothing: its record released, its message never
 to be sent).
 Their ledger lines carry the message's id, and ``"fails"`` for such an attempt.
+
+``/steps/`` runs two effects with a recovery point between them (docs/recovery.rst): its
+ledger lines carry the ``step``, the ``attempt`` and, for the second, the first step's
+execution it builds on (``first``) and whether the attempt resumed from the point
+(``resumed``); each point saved is a line of ``points-<pid>.jsonl``, appended once
+``set_recovery_point`` returned. ``/export/`` answers ``202`` and leaves its operation to the
+consumer's task, which completes it with ``complete_operation`` (docs/operations.rst).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI
 from ninja.security import APIKeyHeader
-from rest_framework.authentication import TokenAuthentication
+from rest_framework.authentication import BasicAuthentication, TokenAuthentication
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
 from rest_framework.permissions import AllowAny
@@ -54,7 +61,7 @@ from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
 from tests.verification.consumer import CONSUMER_LABEL, deliver
 from tests.verification.ledger import append_line
-from tests.verification.limits import LOCK, SHORT_TTL, TTL
+from tests.verification.limits import LOCK, SHORT_TTL, TTL, password
 
 ATOMIC_LABEL = "verify-atomic"
 
@@ -91,8 +98,12 @@ def _effect(
     stage: bool = False,
     principal: str | None = None,
     work: bool = True,
+    step: dict[str, Any] | None = None,
+    operation: bool = False,
 ) -> dict[str, Any]:
-    """Record the effect; then work (``work``: here, else the caller's own)."""
+    """Record the effect (``step``: a ``/steps/`` view's, its fields on the line; ``stage``:
+    with a message for the consumer, which completes the attempt's operation with the answer
+    when ``operation``); then work (``work``: here, else the caller's own)."""
     body = json.loads(raw or b"{}")
     line: dict[str, Any] = {
         "t": time.time(),
@@ -103,9 +114,13 @@ def _effect(
         "execution": uuid.uuid4().hex,
         "pid": os.getpid(),
         "work": float(body.get("work") or 0),
+        **(step or {}),
     }
+    answer = {"execution": line["execution"], "principal": line["principal"], "n": body.get("n")}
     if stage:
-        line["message"] = request.idempotency.enqueue(deliver, line["execution"])
+        # An operation's message carries its id and the answer its completion stores.
+        args = (request.idempotency.operation_id, dict(answer)) if operation else ()
+        line["message"] = request.idempotency.enqueue(deliver, line["execution"], *args)
         if body.get("fail") and _fails_once(line):
             line["fails"] = True
     if atomic:
@@ -114,7 +129,6 @@ def _effect(
         append_line(_ledger() / f"effects-{os.getpid()}.jsonl", line)
     if work and body.get("work"):
         time.sleep(float(body["work"]))
-    answer = {"execution": line["execution"], "principal": line["principal"], "n": body.get("n")}
     if "message" in line:
         answer["message"] = line["message"]
     if line.get("fails"):
@@ -127,8 +141,11 @@ def health(request: HttpRequest) -> HttpResponse:
 
 
 def setup(request: HttpRequest) -> HttpResponse:
-    """``?user=NAME``: the user (made once), its DRF token, and a session for it (a cookie)."""
+    """``?user=NAME``: the user (made once, its password :func:`.limits.password`'s, for
+    Basic authentication), its DRF token, and a session for it (a cookie)."""
     user, _ = get_user_model().objects.get_or_create(username=request.GET["user"])
+    user.set_password(password(user.username))  # MD5 in these settings: Basic costs no PBKDF2
+    user.save(update_fields=["password"])
     token, _ = Token.objects.get_or_create(user=user)
     login(request, user, backend="django.contrib.auth.backends.ModelBackend")
     return JsonResponse({"token": token.key})
@@ -184,6 +201,58 @@ def short_ttl(request: HttpRequest) -> HttpResponse:
     return JsonResponse(_effect(request, "short-ttl", request.body), status=201)
 
 
+@idempotent(lock_timeout=LOCK, ttl=TTL)
+def steps(request: HttpRequest) -> HttpResponse:
+    """Two effects with a recovery point between them (docs/recovery.rst's shape): the first
+    step, ``set_recovery_point("first")`` naming it, the body's work, the second step. An
+    attempt that takes the record over at the point (its owner killed, stopped or cut off
+    past its lock, or its first attempt failed after the point) runs the second step only,
+    building on the first step the point names. A body with ``"fail": 1`` makes the first
+    attempt of its key answer ``503`` once its point is saved: the record is kept at the point
+    and its retry resumes from it (:ref:`recovery-after-failure`). ``LockLost`` and
+    ``StoreUnavailable`` from the point propagate: ``409`` and ``503``."""
+    claim = request.idempotency
+    raw = request.body
+    body = json.loads(raw or b"{}")
+    work = float(body.get("work") or 0)
+    resumed = claim.recovery_point == "first"
+    if resumed:
+        first = str(claim.recovery_data["execution"])
+    else:
+        step = {"step": 1, "attempt": claim.attempt}
+        done = _effect(request, "steps", raw, work=False, step=step)
+        first = done["execution"]
+        claim.set_recovery_point("first", {"execution": first})
+        point = {"t": time.time(), "entry": "steps", "principal": done["principal"],
+                 "key": request.headers.get("Idempotency-Key", ""), "execution": first,
+                 "attempt": claim.attempt, "pid": os.getpid()}  # fmt: skip
+        if body.get("fail") and _fails_once(point):
+            point["fails"] = True
+        append_line(_ledger() / f"points-{os.getpid()}.jsonl", point)
+        if point.get("fails"):
+            return JsonResponse({"title": "failed after its recovery point"}, status=503)
+    time.sleep(work)  # a worker killed or stopped here leaves the record at its point
+    # Nothing works after the second step (``work``: what the nemesis reads as still running).
+    step = {"step": 2, "attempt": claim.attempt, "first": first, "resumed": resumed, "work": 0}
+    answer = _effect(request, "steps", raw, work=False, step=step)
+    return JsonResponse({**answer, "first": first}, status=201)
+
+
+@idempotent(in_progress="accepted", lock_timeout=LOCK, ttl=TTL)
+def export(request: HttpRequest) -> HttpResponse:
+    """The recipe of docs/operations.rst: the view's effect, then its operation's work staged
+    for the consumer's task (``enqueue``: sent once this ``202`` is stored), which completes
+    the operation with the answer the view would have given (``complete_operation``). A retry
+    gets this ``202`` replayed until then, and the final response after."""
+    claim = request.idempotency
+    answer = _effect(request, "export", request.body, work=False, stage=True, operation=True)
+    return JsonResponse(
+        {"operation": claim.operation_id, "principal": answer["principal"]},
+        status=202,
+        headers={"Location": claim.operation_url},
+    )
+
+
 @idempotent(atomic=True, lock_timeout=LOCK, ttl=TTL)
 def atomic(request: HttpRequest) -> HttpResponse:
     return JsonResponse(
@@ -198,7 +267,7 @@ def outbox(request: HttpRequest) -> HttpResponse:
 
 
 @api_view(["POST"])
-@authentication_classes([TokenAuthentication])
+@authentication_classes([TokenAuthentication, BasicAuthentication])
 @permission_classes([AllowAny])
 @idempotent(lock_timeout=LOCK, ttl=TTL)
 def function_policy(request: Request) -> Response:
