@@ -132,7 +132,9 @@ def test_the_result_write_failing_releases_nothing(
 
 
 def _fail_result_write(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-    if "response_body" in sql and sql.lstrip().upper().startswith(("UPDATE", "WITH")):
+    # The result write: an UPDATE, or with messages a CTE that updates first (not a new
+    # session's plain claim, ``WITH inserted AS (INSERT``).
+    if "response_body" in sql and sql.lstrip().upper().startswith(("UPDATE", "WITH FENCED")):
         from django.db import IntegrityError
 
         raise IntegrityError("refused for the test")

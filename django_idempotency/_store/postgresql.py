@@ -312,7 +312,7 @@ class PostgreSQLStore(Store):
         (:meth:`insert_or_load`): PL/pgSQL is loaded and the function compiled once per
         session, which cost a new session's replay twice a plain read (3.0 ms for 1.5 ms on
         PostgreSQL 15), and with ``CONN_MAX_AGE`` 0, or under ASGI, each request's session is
-        new (issue 53)."""
+        new."""
         raw = connection.connection  # None before it connects: a new session, then
         return (
             connection.in_atomic_block
