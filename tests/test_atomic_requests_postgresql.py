@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 from django.db import connections
+from django.db.models.signals import post_save
 from django.test import Client, override_settings
 
 from django_idempotency import IdempotencyKey
 from django_idempotency._base.keys import hash_key
 from tests.conftest import executions
+from tests.testapp.models import Execution
 
 pytestmark = [
     pytest.mark.server_db,
@@ -42,7 +44,7 @@ def post_to(path: str, key: str) -> Any:
 def post(key: str, results: list[Any] | None = None) -> Any:
     try:
         response = Client().post(
-            "/create/?sleep=1",
+            "/create/",
             {},
             content_type="application/json",
             headers={"Idempotency-Key": key},
@@ -56,20 +58,36 @@ def post(key: str, results: list[Any] | None = None) -> Any:
 
 
 def test_claim_is_visible_while_the_view_transaction_is_open(atomic_requests: None) -> None:
+    """The view has written its row, in ATOMIC_REQUESTS' transaction, and is held there (a
+    ``post_save`` receiver in its thread) until the duplicate has answered: the claim, committed
+    on its own alias, is seen, and the view's row is not. With the view sleeping a fixed 1 s
+    before its write, the row was not written yet when counted, and a duplicate a loaded
+    machine sent later than 1 s replayed (or waited for the commit, unnoticed)."""
     key = str(uuid.uuid4())
     results: list[Any] = []
+    written, answered = threading.Event(), threading.Event()
+
+    def hold(**kwargs: Any) -> None:
+        written.set()
+        assert answered.wait(30), "the duplicate never answered"
+
+    post_save.connect(hold, sender=Execution, dispatch_uid="held-view-transaction", weak=False)
     first = threading.Thread(target=post, args=(key, results))
-    first.start()
-    deadline = time.monotonic() + 5
-    while not IdempotencyKey.objects.using("idempotency").filter(key_hash=hash_key(key)).exists():
-        assert time.monotonic() < deadline, "the claim was never committed"
-        time.sleep(0.02)
-    assert executions() == 0  # the view's own work is still uncommitted in its transaction
-    started = time.monotonic()
-    duplicate = post(key)
+    try:
+        first.start()
+        assert written.wait(30), "the view never wrote its row"
+        claimed = IdempotencyKey.objects.using("idempotency").filter(key_hash=hash_key(key))
+        assert claimed.exists(), "the claim is not committed"
+        assert executions() == 0  # the view's own work is still uncommitted in its transaction
+        started = time.monotonic()
+        duplicate = post(key)
+        elapsed = time.monotonic() - started
+    finally:
+        answered.set()
+        first.join(timeout=30)
+        post_save.disconnect(sender=Execution, dispatch_uid="held-view-transaction")
     assert duplicate.status_code == 409
-    assert time.monotonic() - started < 0.9  # answered at once, not after the first commits
-    first.join(timeout=10)
+    assert elapsed < 0.9  # answered at once, not after the first commits
     assert results[0].status_code == 201
     assert executions() == 1
     assert post(key)["Idempotent-Replayed"] == "true"

@@ -23,7 +23,7 @@ from django_idempotency._store.rows import Record
 from tests import factories
 from tests.conftest import executions
 from tests.factories import IdempotencyKeyFactory
-from tests.held import owner_then_duplicate
+from tests.held import owner_held_until, owner_then_duplicate, waiting_threads
 from tests.test_unavailable import CALLS, COUNTED
 from tests.waiting import wait_for
 
@@ -93,8 +93,16 @@ def test_drf_viewset_twenty_identical_requests_execute_once() -> None:
     assert executions("drf-storm") == 1
 
 
-def test_wait_mode_duplicates_receive_the_replay() -> None:
-    responses = storm(8, "/wait/?sleep=0.5", str(uuid.uuid4()))
+def test_wait_mode_duplicates_receive_the_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight at once: the owner is held at its claim until the seven others wait for it, and
+    they replay its result. With a view running a fixed 0.5 s instead, duplicates that came
+    later (a loaded machine) replayed a finished record without having waited."""
+    waiting = waiting_threads(monkeypatch)
+    responses = owner_held_until(
+        partial(storm, 8, "/wait/", str(uuid.uuid4())),
+        lambda: len(waiting) == 7,
+        "the seven duplicates to wait for the owner",
+    )
     counts = Counter(outcome(response) for response in responses)
     assert counts == {"executed": 1, "replay": 7}
     assert executions("wait") == 1
@@ -126,7 +134,13 @@ def test_a_claim_refused_after_its_wait_ran_the_scope_and_fingerprint_once(path:
 
 
 def test_atomic_duplicates_wait_for_the_commit_and_replay() -> None:
-    responses = storm(8, "/atomic/?sleep=0.5", str(uuid.uuid4()))
+    """The owner is held at its claim, its row uncommitted, until the seven others' claims
+    wait on it (the server's own view of its waiters), not for a fixed 0.5 s."""
+    responses = owner_held_until(
+        partial(storm, 8, "/atomic/", str(uuid.uuid4())),
+        lambda: waiting_claims() == 7,
+        "the seven duplicates' claims to wait on the owner's row",
+    )
     counts = Counter(outcome(response) for response in responses)
     assert counts == {"executed": 1, "replay": 7}
     assert executions("atomic") == 1
@@ -134,7 +148,11 @@ def test_atomic_duplicates_wait_for_the_commit_and_replay() -> None:
 
 def test_atomic_failure_lets_a_waiting_duplicate_run() -> None:
     key = str(uuid.uuid4())
-    responses = storm(2, "/atomic/?sleep=0.3&fail=", key)
+    responses = owner_held_until(
+        partial(storm, 2, "/atomic/?fail=", key),
+        lambda: waiting_claims() == 1,
+        "the duplicate's claim to wait on the owner's row",
+    )
     assert sorted(outcome(r) for r in responses) == ["executed", "replay"]
     assert IdempotencyKey.objects.count() == 1
 
@@ -172,7 +190,8 @@ def test_expired_record_is_replaced_by_exactly_one_of_twenty() -> None:
 
 
 def waiting_claims() -> int:
-    """How many claims wait on another transaction's uncommitted insert of their key."""
+    """How many claims wait on another transaction's uncommitted insert of their key (an atomic
+    claim on MySQL/MariaDB is the procedure's ``CALL`` under its own lock wait bound)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity "
@@ -181,7 +200,7 @@ def waiting_claims() -> int:
             if connection.vendor == "postgresql"
             else "SELECT count(*) FROM information_schema.processlist "
             "WHERE command = 'Query' AND db = DATABASE() "
-            "AND (info LIKE %s OR info LIKE 'CALL %%')",
+            "AND (info LIKE %s OR info LIKE 'CALL %%' OR info LIKE 'SET STATEMENT %% FOR CALL %%')",
             [f"%%, {CLAIM_FUNCTION}(%%" if connection.vendor == "postgresql" else "INSERT INTO%%"],
         )
         return int(cursor.fetchone()[0])

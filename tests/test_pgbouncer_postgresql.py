@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from django_idempotency import IdempotencyKey
 from tests.factories import IdempotencyKeyFactory
-from tests.held import owner_then_duplicate
+from tests.held import owner_then_duplicate, waiting_threads
 
 pytestmark = [
     pytest.mark.postgresql,
@@ -166,12 +166,18 @@ def test_an_atomic_duplicate_refused_at_its_lock_wait_bound_leaves_nothing(
     assert leftovers() == set()
 
 
-def test_a_waiting_duplicate_leaves_nothing(clean_pool: None) -> None:
+def test_a_waiting_duplicate_leaves_nothing(
+    clean_pool: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner is held at its claim until the duplicate waits for it (a fixed 0.8 s run let a
+    late duplicate replay without having waited)."""
     key = str(uuid.uuid4())
+    waiting = waiting_threads(monkeypatch)
 
     owner, waiter = owner_then_duplicate(
-        lambda: post("/wait/?sleep=0.8", key),
-        lambda: post("/wait/?sleep=0.8", key),
+        lambda: post("/wait/", key),
+        lambda: post("/wait/", key),
+        until=(lambda: waiting, "the duplicate to wait for the owner"),
     )
 
     assert owner.status_code == waiter.status_code == 200

@@ -216,27 +216,34 @@ def test_the_first_calls_of_many_threads_at_once_make_one_client(
     """A fresh worker's first requests, all at once (CI's Redis fault leg): two clients made
     by two of them, the one dropped closed its pool when collected, and with it a connection
     another thread was reading (a ``500``). Every thread gets the one client, and after a
-    collection every connection the calls kept is still open. The client takes 50 ms to
-    make here, so that the first calls all arrive while it is being made."""
+    collection every connection the calls kept is still open. The client is made here only
+    once every call has come to ask for it (and 50 ms later), so that the first calls all
+    arrive while it is being made: with a fixed 50 ms alone, calls that a loaded machine
+    started later found it made, and the test passed without two first calls ever at once."""
     from django_idempotency._store.redis import RedisStore
     from django_idempotency._store.redis import clients as module
 
     made = module.client_for
+    calls = 16
+    arrived: list[int] = []
 
     def slowly(name: str) -> Any:
-        time.sleep(0.05)
+        wait_for(lambda: len(arrived) == calls, "every first call to ask for the client")
+        time.sleep(0.05)  # the making's own time: each call past its check meanwhile
         return made(name)
 
     monkeypatch.setattr(module, "client_for", slowly)
     for _ in range(5):  # a fresh store each round
         store = RedisStore(settings.REDIS_URL, lambda exc: False)
+        arrived.clear()
 
         def first(store: Any = store) -> Any:
+            arrived.append(1)
             client = store.client
             assert store._run("UNLOCK", ["idempotency:r:{race}"], ["t"], 5.0) == 0
             return client
 
-        clients = concurrently(first, 16)  # an exception of any is raised
+        clients = concurrently(first, calls)  # an exception of any is raised
         made_clients = len({id(each) for each in clients})
         del clients
         gc.collect()  # a client made and dropped closes its pool here
