@@ -27,6 +27,7 @@ from django_idempotency._store import outbox as store
 from django_idempotency._store import using
 from django_idempotency.models import OutboxMessage
 from django_idempotency.testing import outbox_sent
+from tests.relaying import relay_thread
 from tests.testapp.outbox_tasks import receipt
 
 pytestmark = [pytest.mark.urls("tests.outbox_urls"), pytest.mark.django_db(transaction=True)]
@@ -313,19 +314,21 @@ def _released(count: int) -> list[str]:
         expires_at=timezone.now() + timedelta(hours=1),
     )
     now = timezone.now()
-    rows = [
-        OutboxMessage(
-            record=record,
-            message_id=str(uuid.uuid4()),
-            engine="celery",
-            task=receipt.name,
-            arguments='{"args":[],"kwargs":{}}',
-            available_at=now,
-        )
-        for _ in range(count)
-    ]
+    rows = [_message(record, available_at=now) for _ in range(count)]
     OutboxMessage.objects.bulk_create(rows)
     return [row.message_id for row in rows]
+
+
+def _message(record: IdempotencyKey, **fields: Any) -> OutboxMessage:
+    """A message of ``record`` for the receipt task (not saved), with ``fields``."""
+    return OutboxMessage(
+        record=record,
+        message_id=str(uuid.uuid4()),
+        engine="celery",
+        task=receipt.name,
+        arguments='{"args":[],"kwargs":{}}',
+        **fields,
+    )
 
 
 def test_a_batch_is_leased_to_its_relay() -> None:
@@ -424,17 +427,7 @@ def test_a_relay_whose_listener_was_terminated_listens_again(post: Post, key: st
     """The listener's backend terminated (a restart, ``pg_terminate_backend``), the relay
     listens on a new connection: a release is sent at once, not at the next poll (60 s). It
     listened again on the dead connection, which failed for good, and only polled."""
-    relay = Relay("default", interval=60)
-
-    def run() -> None:
-        try:
-            relay.run()
-        finally:
-            connections.close_all()  # this thread's
-
-    thread = threading.Thread(target=run, name="relay")
-    thread.start()
-    try:
+    with relay_thread(Relay("default", interval=60), 30) as thread:
         first = _within(_listeners, 10)
         assert len(first) == 1, "the relay never listened"
         with connection.cursor() as cursor:
@@ -443,9 +436,6 @@ def test_a_relay_whose_listener_was_terminated_listens_again(post: Post, key: st
         ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
         sent = _within(lambda: set(ids) <= {task_id for task_id, _, _ in receipt.sent}, 10)
         assert sent, f"not sent within 10 s of its release (listening again: {bool(again)})"
-    finally:
-        relay.stop()
-        thread.join(30)
     assert not thread.is_alive()
 
 
@@ -453,16 +443,7 @@ def _backlog_rows(record: IdempotencyKey, state: str, count: int, hours: float) 
     """``count`` messages of ``record`` in ``state``, released ``hours`` ago."""
     released = timezone.now() - timedelta(hours=hours)
     rows = [
-        OutboxMessage(
-            record=record,
-            message_id=str(uuid.uuid4()),
-            engine="celery",
-            task=receipt.name,
-            arguments="{}",
-            state=state,
-            released_at=released,
-            available_at=released,
-        )
+        _message(record, state=state, released_at=released, available_at=released)
         for _ in range(count)
     ]
     OutboxMessage.objects.bulk_create(rows, batch_size=1000)

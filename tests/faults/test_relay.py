@@ -12,7 +12,6 @@ in a blackhole held the relay the driver's ``connect_timeout`` after the network
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from django_idempotency.models import IdempotencyKey, OutboxMessage
 from tests.faults.conftest import PROXIED
 from tests.faults.proxied import proxied_server  # noqa: F401 (the fixture ``server``)
 from tests.faults.proxy import FaultProxy
+from tests.relaying import relay_thread
 from tests.testapp.outbox_tasks import receipt
 
 pytestmark = pytest.mark.faults
@@ -41,21 +41,8 @@ SENT_WITHIN = 15.0
 def running(proxied_store: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
     monkeypatch.setattr(relays, "STATEMENT_BOUND", BOUND)
     receipt.reset()
-    relay = relays.Relay(PROXIED, interval=0.1)
-
-    def run() -> None:
-        try:
-            relay.run()
-        finally:
-            connections.close_all()  # this thread's
-
-    thread = threading.Thread(target=run, name="relay")
-    thread.start()
-    try:
+    with relay_thread(relays.Relay(PROXIED, interval=0.1), SENT_WITHIN + 30):
         yield proxied_store
-    finally:
-        relay.stop()
-        thread.join(SENT_WITHIN + 30)
 
 
 def _release() -> str:

@@ -24,6 +24,7 @@ from tests.faults.conftest import PROXIED
 from tests.faults.databases import DATABASE, PostgresCluster
 from tests.faults.proxy import FaultProxy
 from tests.faults.test_relay import _release
+from tests.relaying import relay_thread
 from tests.testapp.outbox_tasks import receipt
 
 pytestmark = pytest.mark.faults
@@ -53,20 +54,10 @@ def relaying(monkeypatch: pytest.MonkeyPatch, interval: float) -> Iterator[threa
         return wait(*args)
 
     relay._wait = waits  # type: ignore[method-assign]
-
-    def run() -> None:
-        try:
-            relay.run()
-        finally:
-            connections.close_all()  # this thread's
-
-    thread = threading.Thread(target=run, name="relay")
-    thread.start()
     try:
-        yield waiting
+        with relay_thread(relay, 60):
+            yield waiting
     finally:
-        relay.stop()
-        thread.join(60)
         connections[PROXIED].close()
 
 
