@@ -307,6 +307,14 @@ def _claim_statements(run: Any) -> list[str]:
     return sent
 
 
+def _new_session() -> None:
+    """The suite's connection closed, and with Django's pool on (the pool leg) the pool too:
+    closed, a pooled connection's session is handed to the next checkout as it is."""
+    connection.close()
+    if getattr(connection, "pool", None) is not None:
+        connection.close_pool()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_new_session_s_first_claim_reads_without_compiling_the_function() -> None:
     """Issue 53: loading PL/pgSQL and compiling the function, once per session, cost a new
@@ -319,12 +327,12 @@ def test_a_new_session_s_first_claim_reads_without_compiling_the_function() -> N
         "/create/", {}, content_type="application/json", headers={"Idempotency-Key": key}
     )
     assert post(key).status_code == 201
-    connection.close()  # the next request's session is a new one
+    _new_session()  # the next request's session is a new one
     replays: list[Any] = []
     sent = _claim_statements(lambda: replays.extend([post(key), post(key)]))
     assert [replay.headers["Idempotent-Replayed"] for replay in replays] == ["true", "true"]
     assert sent == ["read", "call"]
-    connection.close()
+    _new_session()
     assert _claim_statements(lambda: post(str(uuid.uuid4())).status_code == 201) == [
         "read",
         "insert",
@@ -341,7 +349,7 @@ def test_a_new_session_s_first_claim_decides_as_the_function_does(record: str) -
         key = str(uuid.uuid4())
         IdempotencyKeyFactory(key=key, **{"request_hash": FINGERPRINT, **factory})
         if fresh:
-            connection.close()
+            _new_session()
         outcomes: list[store.ClaimOutcome] = []
         sent = _claim_statements(lambda: outcomes.append(claim(key)))  # noqa: B023
         results.append(outcome_of(outcomes[0]))
@@ -355,13 +363,13 @@ def test_a_new_session_s_first_claim_decides_as_the_function_does(record: str) -
 def test_a_session_that_claimed_calls_the_function_from_any_wrapper() -> None:
     """A pool hands one server session to a different connection object at each checkout: what
     a session has claimed is kept with the driver's connection, not Django's wrapper."""
-    connection.close()
+    _new_session()
     claim(str(uuid.uuid4()))  # this session's first claim: plain statements
     other = connections.create_connection("default")
     other.connection = connection.connection  # the same session, as a pool's checkout
     try:
         assert PostgreSQLStore.claims_by_call(other)
-        connection.close()  # a new session: a wrapper that has not claimed on it reads plainly
+        _new_session()  # a wrapper that has not claimed on it reads plainly
         connection.ensure_connection()
         assert not PostgreSQLStore.claims_by_call(connection)
     finally:

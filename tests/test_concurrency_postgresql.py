@@ -8,6 +8,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -191,8 +192,13 @@ def test_expired_record_is_replaced_by_exactly_one_of_twenty() -> None:
 
 def waiting_claims() -> int:
     """How many claims wait on another transaction's uncommitted insert of their key (an atomic
-    claim on MySQL/MariaDB is the procedure's ``CALL`` under its own lock wait bound)."""
-    with connection.cursor() as cursor:
+    claim on MySQL/MariaDB is the procedure's ``CALL`` under its own lock wait bound).
+
+    Asked on a connection of its own, outside Django's pool (the pool leg): the storm's
+    threads may hold every connection the pool has while the owner is held."""
+    observer = connection.copy()
+    observer.settings_dict["OPTIONS"].pop("pool", None)
+    with closing(observer), observer.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE wait_event_type = 'Lock' "

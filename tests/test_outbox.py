@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from django_idempotency import Claim, IdempotencyKey, idempotent_function
 from django_idempotency._call import outbox
+from django_idempotency._ops.listener import Listener
 from django_idempotency._ops.relay import Relay, backlog
 from django_idempotency._store import outbox as store
 from django_idempotency._store import using
@@ -390,15 +391,18 @@ def test_two_relays_send_each_message_once() -> None:
 @pytest.mark.postgresql
 @override_settings(IDEMPOTENCY=NO_FAST_PATH)
 def test_a_release_notifies_the_relay_on_postgresql(post: Post, key: str) -> None:
-    listener = connections["default"].copy()
+    """The relay's listener wakes at a release's ``NOTIFY``. Its connection is its own, never
+    one of Django's pool (the pool leg), which it would hold for the relay's life."""
+    listener = Listener("default")
     try:
-        wait = store.listening(using("default"), listener)
-        assert wait is not None
-        assert not wait(0.2)
+        assert listener.listen(5)
+        assert getattr(listener._connection, "pool", None) is None
+        assert not listener.wait(0.2)
         post("/order/", {"order": "1"}, key=key)
-        assert wait(5)
+        assert listener.wait(5)
     finally:
-        listener.close()
+        listener.drop()
+    assert _within(lambda: not _listeners(), 5), "the listener's session outlived it"
 
 
 def _listeners() -> set[int]:

@@ -1,10 +1,11 @@
 """The relay's ``LISTEN`` (PostgreSQL with psycopg 3): woken by a release's ``NOTIFY``
 rather than at its next poll.
 
-The listener is a connection of its own, and dies alone (a restart, ``pg_terminate_backend``,
-a network cut). A failed wait closes it, and ``LISTEN`` is sent again on a new connection at
-each second of the relay's waits until it succeeds: tried again on the dead connection, it
-failed for good, and the relay only polled. A blackholed listener fails nothing (no
+The listener is a connection of its own, never one of Django's pool (it would hold one for
+the relay's life), and dies alone (a restart, ``pg_terminate_backend``, a network cut). A
+failed wait closes it, and ``LISTEN`` is sent again on a new connection at each second of the
+relay's waits until it succeeds: tried again on the dead connection, it failed for good, and
+the relay only polled. A blackholed listener fails nothing (no
 notification comes, as when there is none), so the relay drops it when a pass finds work
 after a wait no notification ended: the evidence that it missed one. A message due without a
 ``NOTIFY`` (the fast path's lease, a retry's backoff) drops it needlessly: one new connection
@@ -54,8 +55,8 @@ class Listener:
             return False
         self._connection = connection = connections[self.alias].copy()
         options = connection.settings_dict.setdefault("OPTIONS", {})
-        if "pool" not in options:  # a pool's connections have the pool's settings
-            options.setdefault("connect_timeout", CONNECT_TIMEOUT)
+        options.pop("pool", None)
+        options.setdefault("connect_timeout", CONNECT_TIMEOUT)
         try:
             wait = store.bounded(connection, bound, partial(outbox.listening, store, connection))
         except DatabaseError as exc:
