@@ -54,9 +54,25 @@ def narrow(alias: str) -> Narrow | None:
     return narrow_on(connections[alias])
 
 
-#: :func:`known_narrow`'s findings, by the settings they were asked with (the dict itself is
-#: kept beside, so that a reused ``id`` is never taken for it).
-_KNOWN: dict[int, tuple[dict[str, Any], Narrow | None]] = {}
+#: :func:`known_narrow`'s findings, by the settings they were asked with (their values: a
+#: connection made again after a fault is a copy, with a settings dict of its own, and one
+#: entry per copy grew without end).
+_KNOWN: dict[tuple[Any, ...], Narrow | None] = {}
+
+
+def _settings_key(settings_dict: dict[str, Any]) -> tuple[Any, ...]:
+    """What sets a session's character sets and ``sql_mode``: the server, the database, the
+    user and every option, the connect timeout a copy adds aside."""
+    options = {
+        k: v for k, v in (settings_dict.get("OPTIONS") or {}).items() if k != "connect_timeout"
+    }
+    return (
+        settings_dict.get("HOST"),
+        settings_dict.get("PORT"),
+        settings_dict.get("NAME"),
+        settings_dict.get("USER"),
+        repr(sorted(options.items(), key=lambda item: str(item[0]))),
+    )
 
 
 def known_narrow(connection: BaseDatabaseWrapper) -> Narrow | None:
@@ -67,12 +83,10 @@ def known_narrow(connection: BaseDatabaseWrapper) -> Narrow | None:
     request's database work runs on a thread of its own, with a connection object of its own,
     and its three statements (two of them reading ``information_schema``) cost a replay more
     than its claim did. A database error is raised, not kept: asked again next time."""
-    settings_dict = connection.settings_dict
-    known = _KNOWN.get(id(settings_dict))
-    if known is not None and known[0] is settings_dict:
-        return known[1]
-    found = narrow_on(connection)
-    _KNOWN[id(settings_dict)] = (settings_dict, found)
+    key = _settings_key(connection.settings_dict)
+    if key in _KNOWN:
+        return _KNOWN[key]
+    found = _KNOWN[key] = narrow_on(connection)
     return found
 
 
