@@ -28,7 +28,7 @@ from django_idempotency._store import outbox as store
 from django_idempotency._store import using
 from django_idempotency.models import OutboxMessage
 from django_idempotency.testing import outbox_sent
-from tests.relaying import relay_thread
+from tests.relaying import relay_here, relay_thread
 from tests.testapp.outbox_tasks import receipt
 
 pytestmark = [pytest.mark.urls("tests.outbox_urls"), pytest.mark.django_db(transaction=True)]
@@ -566,7 +566,8 @@ def test_the_relay_stops_on_sigterm_while_it_waits_for_work() -> None:
 
     stopper = threading.Thread(target=stop)
     stopper.start()
-    relay.run()
+    with relay_here():
+        relay.run()
     ended = time.monotonic()
     stopper.join()
     assert stopped, "the relay never waited for work"
