@@ -425,3 +425,34 @@ def test_the_character_sets_are_asked_once_per_database_not_per_connection_objec
     assert first.status_code == 201
     assert not [sql for sql in sent if "character_set" in sql or "information_schema" in sql]
     assert sent  # the claims went through the wrapper: it saw them
+
+
+@pytest.mark.mysql
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_made_again_after_a_fault_asks_the_character_sets_no_more() -> None:
+    """A connection made again after a fault (the claim's, the renewer's) is a copy, with a
+    settings dict of its own and a connect timeout added: kept by the dict, the character sets
+    were asked again on each copy, and a finding kept for each, without end."""
+    from django.db import connections
+
+    base = connections.create_connection("default")
+    copies = [base.copy() for _ in range(3)]
+    for copy in copies:
+        copy.settings_dict.setdefault("OPTIONS", {})["connect_timeout"] = 5
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, *rest: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, *rest)
+
+    try:
+        charsets.known_narrow(base)
+        known = len(charsets._KNOWN)
+        for copy in copies:
+            with copy.execute_wrapper(record):
+                charsets.known_narrow(copy)
+    finally:
+        for each in (base, *copies):
+            each.close()
+    assert not sent, sent
+    assert len(charsets._KNOWN) == known
