@@ -145,9 +145,6 @@ def _bounded_claim(attempt: Attempt) -> Steps[Claim | Found]:
         raise
     if always or isinstance(outcome, Claim) or store.in_nested_transaction():
         _watched(store, policy, lambda: store.restore_lock_wait(previous))
-    if isinstance(outcome, Claim):
-        # Until the transaction ends: lifecycle.run() lets go.
-        store.hold(outcome.scope, outcome.key_hash)
     return outcome
 
 
@@ -246,6 +243,11 @@ def _claim(attempt: Attempt, store: Store) -> Steps[Claim | Found]:
                 lock = policy.lock_timeout.total_seconds()
                 outcome.held_until = min(outcome.held_until, unanswered + lock)
             attempt.claim = outcome
+            if policy.atomic:
+                # Held here (:func:`held_here`) from the claim until the transaction ends
+                # (lifecycle.run() lets go), its receivers included: a duplicate whose wait for
+                # the lock runs out while they run is a ``409``, not a ``503``.
+                store.hold(outcome.scope, outcome.key_hash)
             _announce_claim(attempt, outcome)
             return outcome
         record = outcome

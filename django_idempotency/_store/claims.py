@@ -314,7 +314,14 @@ class Claims(BoundStore):
     def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
         """The cheap poll of a waiter: status and ``unlock_at`` only (within ``bound``
         seconds, :meth:`bounded`)."""
-        connection = self.connection
+        with self.guard():
+            row = self.read_status(self.connection, scope, key_hash, bound)
+        return None if row is None else Lock(*row)
+
+    def read_status(
+        self, connection: BaseDatabaseWrapper, scope: str, key_hash: str, bound: float | None
+    ) -> tuple[str, Any] | None:
+        """:meth:`peek_status`'s read, its database errors raised as they are."""
 
         def read() -> tuple[str, Any] | None:
             return (
@@ -324,9 +331,7 @@ class Claims(BoundStore):
                 .first()
             )
 
-        with self.guard():
-            row = read() if bound is None else self.bounded(connection, bound, read)
-        return None if row is None else Lock(*row)
+        return read() if bound is None else self.bounded(connection, bound, read)
 
     def limit_lock_wait(self, timeout: timedelta) -> object:
         """Bound how long the claim waits for another transaction's uncommitted row (atomic

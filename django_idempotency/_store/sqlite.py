@@ -32,7 +32,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django_idempotency._conf.values import display_name
 from django_idempotency._store import deadlines
 from django_idempotency._store.base import Store
-from django_idempotency._store.claims import ClaimValues, Lock
+from django_idempotency._store.claims import ClaimValues
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import aware
 from django_idempotency.models import IdempotencyKey
@@ -253,9 +253,14 @@ class SQLiteStore(Store):
         take_over = super().take_over
         return self.waited_out(connection, lambda: take_over(connection, pk, values, token))
 
-    def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
-        peek = super().peek_status
-        return self.waited_out(self.connection, lambda: peek(scope, key_hash, bound))
+    def read_status(
+        self, connection: BaseDatabaseWrapper, scope: str, key_hash: str, bound: float | None
+    ) -> tuple[str, Any] | None:
+        """The read, not :meth:`peek_status`, is waited out: its guard makes the table lock a
+        ``StoreUnavailable``, which was never tried again (a waiter's ``503`` while its owner
+        wrote the result)."""
+        read = super().read_status
+        return self.waited_out(connection, lambda: read(connection, scope, key_hash, bound))
 
     def renew(
         self,
