@@ -145,7 +145,7 @@ def test_an_atomic_duplicate_still_waiting_at_its_wait_timeout_is_409() -> None:
 def test_a_waiting_duplicates_poll_waits_out_a_table_lock(monkeypatch: pytest.MonkeyPatch) -> None:
     """A waiter's poll (``in_progress="wait"``) that meets another connection's lock on the
     table, in the shared cache, waits it out as the claim does. It failed at once: a ``503``
-    for a duplicate whose poll met its owner writing the result (once in 17 runs of the
+    for a duplicate whose poll met its owner writing the result (twice in 54 runs of the
     storms above on a loaded machine). The lock is let go once the poll is seen pausing, or
     has ended."""
     pausing: set[int] = set()
