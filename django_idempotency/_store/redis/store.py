@@ -77,6 +77,9 @@ class RedisStore:
     #: what its lock has left (:func:`django_idempotency._call.fencing.fenced_write`).
     rides_out_faults = True
     lock_wait_outlives_transaction = False
+    #: Writers do not take one lock in turn: a renewal is cut to a share of the time left
+    #: (:func:`django_idempotency._call.heartbeat.renewal_bound`), as on a database server.
+    one_writer = False
 
     def __init__(self, alias: str, judge: Callable[[BaseException], bool]) -> None:
         self.alias = alias
