@@ -259,13 +259,10 @@ class Renewer:
         since = time.monotonic()
         with self._cond:
             self._connected = True
-            seconds = renewal_bound(
-                lock_timeout,
-                [lease.claim.held_until for lease in self._leases.values()],
-                since,
-                store.using(alias).one_writer,
-            )
+            held_until = [lease.claim.held_until for lease in self._leases.values()]
         try:
+            one_writer = store.using(alias).one_writer
+            seconds = renewal_bound(lock_timeout, held_until, since, one_writer)
             for start in range(0, len(leases), BATCH):
                 batch = leases[start : start + BATCH]
                 pairs = [(lease.claim.pk, lease.claim.token_text) for lease in batch]
