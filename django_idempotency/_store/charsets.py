@@ -58,6 +58,8 @@ def narrow(alias: str) -> Narrow | None:
 #: connection made again after a fault is a copy, with a settings dict of its own, and one
 #: entry per copy grew without end).
 _KNOWN: dict[tuple[Any, ...], Narrow | None] = {}
+#: A connection object's key in :data:`_KNOWN`, kept on it.
+_KEY = "_django_idempotency_settings_key"
 
 
 def _settings_key(settings_dict: dict[str, Any]) -> tuple[Any, ...]:
@@ -83,7 +85,9 @@ def known_narrow(connection: BaseDatabaseWrapper) -> Narrow | None:
     request's database work runs on a thread of its own, with a connection object of its own,
     and its three statements (two of them reading ``information_schema``) cost a replay more
     than its claim did. A database error is raised, not kept: asked again next time."""
-    key = _settings_key(connection.settings_dict)
+    key = connection.__dict__.get(_KEY)
+    if key is None:  # once per connection object: every keyed request asks
+        key = connection.__dict__[_KEY] = _settings_key(connection.settings_dict)
     if key in _KNOWN:
         return _KNOWN[key]
     found = _KNOWN[key] = narrow_on(connection)
