@@ -114,10 +114,7 @@ class Command(arguments.Command):
                 outcome = ("released" if release else "failed") if succeeded else "skipped"
             rows.append(_row(record, outcome))
 
-        if as_json:
-            self.stdout.write(json.dumps(rows, indent=2))
-            return
-        if verbosity < 1:
+        if self._printed_or_quiet(rows, as_json, verbosity):
             return
         if rows:
             self._table(rows)
@@ -177,10 +174,7 @@ class Command(arguments.Command):
                     "action": outcome,
                 }
             )
-        if as_json:
-            self.stdout.write(json.dumps(rows, indent=2))
-            return
-        if verbosity < 1:
+        if self._printed_or_quiet(rows, as_json, verbosity):
             return
         if rows:
             columns = ["operation", "scope", "path", "age", "silent for"]
@@ -207,6 +201,13 @@ class Command(arguments.Command):
             "completed",
             dry_run=dry_run,
         )
+
+    def _printed_or_quiet(self, rows: list[dict[str, Any]], as_json: bool, verbosity: int) -> bool:
+        """Whether nothing more is printed: the rows went out as JSON, or verbosity 0."""
+        if as_json:
+            self.stdout.write(json.dumps(rows, indent=2))
+            return True
+        return verbosity < 1
 
     def _lines(self, columns: list[str], table: list[list[str]]) -> None:
         widths = [max(len(line[i]) for line in [columns, *table]) for i in range(len(columns))]
