@@ -621,3 +621,20 @@ def test_on_sqlite_a_renewal_waits_for_the_write_lock_until_the_lock_ends() -> N
     assert heartbeat.renewal_bound(lock, ends, now) == pytest.approx(2.0 * heartbeat.LOCK_SHARE)
     near = heartbeat.renewal_bound(lock, [now + 0.01], now, one_writer=True)
     assert near == heartbeat.PROBE
+
+
+def test_on_sqlite_a_renewal_leaves_the_other_groups_their_share() -> None:
+    """One thread renews a store's ``lock_timeout`` groups in turn: on SQLite a group's try
+    waits for the write lock until its own locks' earliest end, but no longer than the share of
+    another group's, whose renewal comes next (waiting until the other's end left it none)."""
+    lock, now = timedelta(seconds=3), 100.0
+    own, other = [now + 2.0], [now + 1.0]
+    wait = heartbeat.renewal_bound(lock, own, now, one_writer=True, others_until=other)
+    assert wait == pytest.approx(1.0 * heartbeat.LOCK_SHARE)
+    later = [now + 9.0]  # another group's lock ending after the group's own: no cut
+    assert heartbeat.renewal_bound(lock, own, now, True, later) == pytest.approx(2.0)
+    past = [now - 1.0]  # the group's own locks past their end: the others' share, as on a server
+    wait = heartbeat.renewal_bound(lock, past, now, one_writer=True, others_until=other)
+    assert wait == pytest.approx(min(heartbeat.deadlines.bound(lock), heartbeat.LOCK_SHARE))
+    served = heartbeat.renewal_bound(lock, own, now, one_writer=False, others_until=other)
+    assert served == pytest.approx(1.0 * heartbeat.LOCK_SHARE)

@@ -101,28 +101,40 @@ def retry_wait(failures: int, lock_timeout: timedelta, left: float) -> float:
 
 
 def renewal_bound(
-    lock_timeout: timedelta, held_until: list[float], now: float, one_writer: bool = False
+    lock_timeout: timedelta,
+    held_until: list[float],
+    now: float,
+    one_writer: bool = False,
+    others_until: list[float] | None = None,
 ) -> float:
     """Seconds one renewal try of a ``lock_timeout`` group may take: a statement's share of
     its own lock (:func:`.deadlines.bound`), and no more than :data:`LOCK_SHARE` of the time
-    left before the earliest end (``held_until``) of any live lock the renewer holds, every
-    group's (never less than :data:`PROBE`). One thread renews a store's groups in turn: a
-    60 s lock's renewal on a silent connection held it for its own bound, 10 s, and a 3 s
-    lock's owner on the same healthy server was taken over. Locks already past
-    their end are not counted: a try cannot save them, and they would starve the others'.
+    left before the earliest end of any live lock the renewer holds, the group's own
+    (``held_until``) and every other group's (``others_until``), never less than
+    :data:`PROBE`. One thread renews a store's groups in turn: a 60 s lock's renewal on a
+    silent connection held it for its own bound, 10 s, and a 3 s lock's owner on the same
+    healthy server was taken over. Locks already past their end are not counted: a try cannot
+    save them, and they would starve the others'.
 
     Where writers take one lock in turn (``one_writer``: SQLite), a try waits for that lock
-    until the earliest end: it waits for other writers, not for a server that may answer a
-    new try sooner. Cut to a share, tries filled little more than half of the time left (the
-    rest was their pauses), and under a crowd of writers that each hold the lock 0.2 s the
-    shortest missed every hand-over until a live owner's lock lapsed.
+    until the earliest end of its own group's locks: it waits for other writers, not for a
+    server that may answer a new try sooner. Cut to a share, tries filled little more than
+    half of the time left (the rest was their pauses), and under a crowd of writers that each
+    hold the lock 0.2 s the shortest missed every hand-over until a live owner's lock lapsed.
+    The other groups' locks still cut it to the share, so that their own renewals, next on
+    the thread, have time left.
     """
     ahead = [end - now for end in held_until if end > now]
+    others = [end - now for end in others_until or () if end > now]
+    if one_writer and ahead:
+        wait = min(ahead)
+        if others:
+            wait = min(wait, LOCK_SHARE * min(others))
+        return max(PROBE, wait)
+    ahead += others
     own = deadlines.bound(lock_timeout)
     if not ahead:
         return own
-    if one_writer:
-        return max(PROBE, min(ahead))
     return min(own, max(PROBE, LOCK_SHARE * min(ahead)))
 
 
@@ -259,10 +271,13 @@ class Renewer:
         since = time.monotonic()
         with self._cond:
             self._connected = True
-            held_until = [lease.claim.held_until for lease in self._leases.values()]
+            held_until = [lease.claim.held_until for lease in leases]
+            others = [
+                lease.claim.held_until for lease in self._leases.values() if lease.group != group
+            ]
         try:
             one_writer = store.using(alias).one_writer
-            seconds = renewal_bound(lock_timeout, held_until, since, one_writer)
+            seconds = renewal_bound(lock_timeout, held_until, since, one_writer, others)
             for start in range(0, len(leases), BATCH):
                 batch = leases[start : start + BATCH]
                 pairs = [(lease.claim.pk, lease.claim.token_text) for lease in batch]
