@@ -233,11 +233,7 @@ class Command(arguments.Command):
             ][: len(columns)]
             for row in rows
         ]
-        widths = [max(len(line[i]) for line in [columns, *table]) for i in range(len(columns))]
-        for line in [columns, *table]:
-            self.stdout.write(
-                "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
-            )
+        self._lines(columns, table)
 
 
 def _resolve(
