@@ -315,3 +315,39 @@ def test_the_package_s_comments_cite_no_issue_numbers() -> None:
         for match in cited.finditer(path.read_text())
     ]
     assert found == []
+
+
+#: The longest a package function may be, from its ``def`` to its last line (decorators not
+#: counted): longer, it does more than one step, and a reader cannot see it whole.
+MAX_FUNCTION_LINES = 50
+
+
+def _long_functions(source: str) -> list[tuple[str, int, int]]:
+    """Each function of ``source`` (methods and nested ones too) longer than
+    :data:`MAX_FUNCTION_LINES`: its name, first line and length."""
+    return [
+        (node.name, node.lineno, length)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (length := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
+
+
+def test_the_length_test_sees_a_long_function() -> None:
+    body = "".join(f"    x{n} = {n}\n" for n in range(MAX_FUNCTION_LINES - 1))
+    assert _long_functions(f"def f():\n{body}") == []
+    assert _long_functions(f"class C:\n def g(self):\n{body}    pass\n") == [
+        ("g", 2, MAX_FUNCTION_LINES + 1)
+    ]
+
+
+def test_no_package_function_is_longer_than_fifty_lines() -> None:
+    """A function does one step, cut along the steps it calls; the migrations, written once
+    and never read again, are left as Django writes them."""
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line} {name} ({length} lines)"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.parent.name != "migrations"
+        for name, line, length in _long_functions(path.read_text())
+    ]
+    assert found == []

@@ -7,10 +7,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django_idempotency._base.durations import microseconds
 from django_idempotency._base.errors import LockLost
+
+if TYPE_CHECKING:
+    from django_idempotency._call.fencing import Written
+    from django_idempotency._store import Store
+    from django_idempotency._store.outbox import Release
 
 __all__ = ["Claim"]
 
@@ -212,19 +217,29 @@ class Claim:
         and a point written on another connection would claim work that was rolled back.
         """
         # Imported here, as in set_recovery_point: the store reads the model's fields.
-        from django.db import DatabaseError
-
         from django_idempotency._call import outbox
-        from django_idempotency._call.fencing import Written, fenced_write
+        from django_idempotency._call.fencing import Written
         from django_idempotency._store import using
 
         store = using(self.alias)
-        connection = store.connection
         self.progressed = True  # applied or not, from now on the record may hold it
         since = time.monotonic()
         messages = None if self.outbox is None else outbox.release(self)
+        written = self._write_point(store, name, data, messages)
+        if written is Written.REFUSED:
+            raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
+        outbox.released(self, store.alias, messages)
+        self.held_for(since)
+
+    def _write_point(self, store: Store, name: str, data: Any, messages: Release | None) -> Written:
+        """The point's fenced write, the outbox's staged ``messages`` released with it; a
+        database error the view sees as the store's refusal (a ``503``), never a driver's."""
+        from django.db import DatabaseError
+
+        from django_idempotency._call.fencing import fenced_write
+
         try:
-            written = fenced_write(
+            return fenced_write(
                 store,
                 self,
                 lambda own, bound: store.save_recovery_point(
@@ -237,7 +252,7 @@ class Claim:
                     bound=bound,
                     release=messages,
                 ),
-                atomic=connection.in_atomic_block,
+                atomic=store.connection.in_atomic_block,
                 applied=lambda own: store.has_recovery_point(self.pk, self.token_text, name, own),
             )
         except DatabaseError as exc:
@@ -245,10 +260,6 @@ class Claim:
                 "Idempotency record %s: could not save recovery point %r (%s).", self.pk, name, exc
             )
             raise store.refusal(exc) from exc
-        if written is Written.REFUSED:
-            raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
-        outbox.released(self, store.alias, messages)
-        self.held_for(since)
 
     def enqueue(self, task: Any, /, *args: Any, name: str | None = None, **kwargs: Any) -> str:
         """Stage a message for ``task`` (a Celery task, or a ``django.tasks`` task on Django

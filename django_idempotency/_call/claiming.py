@@ -239,16 +239,7 @@ def _claim(attempt: Attempt, store: Store) -> Steps[Claim | Found]:
         if outcome is None:
             continue  # raced with another call's claim or release: claim again
         if isinstance(outcome, Claim):
-            if unanswered is not None:
-                lock = policy.lock_timeout.total_seconds()
-                outcome.held_until = min(outcome.held_until, unanswered + lock)
-            attempt.claim = outcome
-            if policy.atomic:
-                # Held here (:func:`held_here`) from the claim until the transaction ends
-                # (lifecycle.run() lets go), its receivers included: a duplicate whose wait for
-                # the lock runs out while they run is a ``409``, not a ``503``.
-                store.hold(outcome.scope, outcome.key_hash)
-            _announce_claim(attempt, outcome)
+            _claimed(attempt, store, outcome, unanswered)
             return outcome
         record = outcome
         if record.request_hash != identity.fingerprint:
@@ -258,13 +249,7 @@ def _claim(attempt: Attempt, store: Store) -> Steps[Claim | Found]:
         if policy.in_progress != "wait" or time.monotonic() >= deadline:
             break
         waited = True
-        started = time.monotonic()
-        while True:
-            yield min(delay, max(0.0, deadline - time.monotonic()))
-            delay = min(delay * 2, _MAX_WAIT)
-            if time.monotonic() >= deadline or _settled(store, identity, bound):
-                break
-        telemetry.record_wait(time.monotonic() - started, attempt.attributes())
+        delay = yield from _wait(attempt, store, deadline, delay, bound)
     if record is None:
         record = IdempotencyKey(scope=identity.scope, key_hash=identity.key_hash)
     return _found(Kind.IN_PROGRESS, record, attempt)
@@ -332,7 +317,36 @@ def _settled(store: Store, identity: Identity, bound: float) -> bool:
     )
 
 
-def _announce_claim(attempt: Attempt, claim: Claim) -> None:
+def _wait(
+    attempt: Attempt, store: Store, deadline: float, delay: float, bound: float
+) -> Steps[float]:
+    """Wait, backing off, until the record in progress settles (finished, released, its lock
+    lapsed) or ``deadline`` passes; the wait is recorded. Returns the next pause, which grows
+    from one wait to the next of the same claim."""
+    started = time.monotonic()
+    while True:
+        yield min(delay, max(0.0, deadline - time.monotonic()))
+        delay = min(delay * 2, _MAX_WAIT)
+        if time.monotonic() >= deadline or _settled(store, attempt.identity, bound):
+            break
+    telemetry.record_wait(time.monotonic() - started, attempt.attributes())
+    return delay
+
+
+def _claimed(attempt: Attempt, store: Store, claim: Claim, unanswered: float | None) -> None:
+    """The claim made is the attempt's, and announced (a takeover as a warning). Where a
+    claim's reply was lost (``unanswered``: when it was sent), the lock may have been set then,
+    and is taken to lapse from that moment."""
+    policy = attempt.policy
+    if unanswered is not None:
+        lock = policy.lock_timeout.total_seconds()
+        claim.held_until = min(claim.held_until, unanswered + lock)
+    attempt.claim = claim
+    if policy.atomic:
+        # Held here (:func:`held_here`) from the claim until the transaction ends
+        # (lifecycle.run() lets go), its receivers included: a duplicate whose wait for
+        # the lock runs out while they run is a ``409``, not a ``503``.
+        store.hold(claim.scope, claim.key_hash)
     if claim.is_takeover:
         report(
             "takeover",

@@ -67,12 +67,6 @@ def fenced_write(
     second, :data:`.deadlines.LEAST`); past it the connection is cut, a fault like any other (a
     blackhole). A store that rides faults out itself (``rides_out_faults``: Redis,
     whose every try is bounded by its socket timeout) is given all the time the lock has left.
-    Contention (another writer holds a lock it needs: a SQLite writer, a cleanup batch, an
-    operator's transaction) is waited out on the same connection. A
-    fault (the connection lost, the server restarting, failing over or read-only) is
-    tried again on a connection of its own, made for the alias and closed after: never the
-    thread's, which the project's code may hold in a transaction, and which Django does not
-    reopen until the request ends.
 
     The write may then be the second of a pair whose first was applied and whose reply was lost
     ("commit outcome unknown"). ``applied(connection)`` reads the record back by the lock token
@@ -80,15 +74,26 @@ def fenced_write(
     a new connection, when the last try failed on a fault (a reply lost for longer than the
     lock had left).
 
-    Tried with backoff until the claim's lock could lapse (:attr:`.Claim.held_until`), after
-    which a retry may own the key and the fence decides. Where the write is part of a
-    transaction (``atomic``: atomic mode, or the thread's connection in an atomic block) or the
-    claim is (not committed, so no other connection could see it), the error has spoiled the
-    transaction: it is raised at once.
+    Where the write is part of a transaction (``atomic``: atomic mode, or the thread's
+    connection in an atomic block) or the claim is (not committed, so no other connection
+    could see it), the error has spoiled the transaction: it is raised at once.
     """
     share = deadlines.bound(claim.lock_timeout)
     if atomic or claim.uncommitted:
         return Written.WRITTEN if write(None, share) else Written.REFUSED
+    return _retried(store, claim, write, applied, share)
+
+
+def _retried(
+    store: Store,
+    claim: Fenced,
+    write: Callable[[BaseDatabaseWrapper | None, float], bool],
+    applied: Callable[[BaseDatabaseWrapper], bool] | None,
+    share: float,
+) -> Written:
+    """:func:`fenced_write` outside a transaction, tried with backoff until the claim's lock
+    could lapse (:attr:`.Claim.held_until`), after which a retry may own the key and the fence
+    decides."""
     delay = _FIRST_RETRY
     own: BaseDatabaseWrapper | None = None
     try:
@@ -123,27 +128,46 @@ def fenced_write(
                     if fault and applied is not None and _applied_after_all(store, own, applied):
                         return Written.CONFIRMED
                     raise
-                if fault:
-                    own = _reconnect(own, store)
-                    logger.warning(
-                        "Idempotency store %r failed (%s); writing record %s again on a new "
-                        "connection in %.2gs.",
-                        display_name(store.alias),
-                        exc,
-                        claim.pk,
-                        delay,
-                    )
-                else:
-                    logger.info(
-                        "Idempotency store %r busy; writing again in %.2gs.",
-                        display_name(store.alias),
-                        delay,
-                    )
+                own = _before_retry(store, claim, own, exc, fault=fault, delay=delay)
             time.sleep(delay)
             delay = min(delay * 2, _MAX_RETRY)
     finally:
         if own is not None:
             discard(own)
+
+
+def _before_retry(
+    store: Store,
+    claim: Fenced,
+    own: BaseDatabaseWrapper | None,
+    exc: DatabaseError,
+    *,
+    fault: bool,
+    delay: float,
+) -> BaseDatabaseWrapper | None:
+    """The connection the next try writes on. Contention (another writer holds a lock it
+    needs: a SQLite writer, a cleanup batch, an operator's transaction) is waited out on the
+    same connection. A fault (the connection lost, the server restarting, failing over or
+    read-only) is tried again on a connection of its own, made for the alias and closed after:
+    never the thread's, which the project's code may hold in a transaction, and which Django
+    does not reopen until the request ends. A fault is logged as a warning."""
+    if fault:
+        own = _reconnect(own, store)
+        logger.warning(
+            "Idempotency store %r failed (%s); writing record %s again on a new "
+            "connection in %.2gs.",
+            display_name(store.alias),
+            exc,
+            claim.pk,
+            delay,
+        )
+    else:
+        logger.info(
+            "Idempotency store %r busy; writing again in %.2gs.",
+            display_name(store.alias),
+            delay,
+        )
+    return own
 
 
 def _applied_after_all(

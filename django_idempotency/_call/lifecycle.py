@@ -292,13 +292,23 @@ def run(adapter: Adapter[R], call: Callable[[Claim | None], R]) -> R:
             assert adapter.attempt is not None
             claiming.let_go(adapter.attempt)
     if adapter.attempt is None:  # refused before the claim: connecting, SQLite's BEGIN
-        identity = adapter.identified(policy)
-        if isinstance(identity, Identity):
-            attempt = Attempt(identity, policy, adapter.request)
-            if isinstance(refusal, StoreUnavailable):
-                refusal = claiming.held_here(attempt, refusal)
-            claiming.refused(attempt, refusal)
+        refusal = _refused_before_claim(adapter, policy, refusal)
     return adapter.refused(refusal, policy).value
+
+
+def _refused_before_claim(
+    adapter: Adapter[R], policy: Policy, refusal: StoreUnavailable | LockWaitTimeout
+) -> StoreUnavailable | LockWaitTimeout:
+    """An atomic attempt refused before its claim is reported as a claim's refusal would be,
+    its key known: a wait for SQLite's write lock while this process holds the key is a
+    ``409``, as a wait on a server's row lock is (:func:`.claiming.held_here`)."""
+    identity = adapter.identified(policy)
+    if isinstance(identity, Identity):
+        attempt = Attempt(identity, policy, adapter.request)
+        if isinstance(refusal, StoreUnavailable):
+            refusal = claiming.held_here(attempt, refusal)
+        claiming.refused(attempt, refusal)
+    return refusal
 
 
 def _answered_before(adapter: Adapter[R], policy: Policy) -> Answer[R] | None:

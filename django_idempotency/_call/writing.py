@@ -14,9 +14,11 @@ from django.db import DatabaseError, transaction
 from django_idempotency._base import signals
 from django_idempotency._call import outbox, storing, telemetry
 from django_idempotency._call.attempt import Attempt
+from django_idempotency._call.claim import Claim
 from django_idempotency._call.fencing import Written, fenced_write
 from django_idempotency._call.reports import report
-from django_idempotency._store import StoredResponse, using
+from django_idempotency._store import Store, StoredResponse, using
+from django_idempotency._store.outbox import Release
 
 
 def conclude(
@@ -50,44 +52,13 @@ def complete(attempt: Attempt, stored: StoredResponse) -> None:
         "idempotency.store", identity.method, identity.operation, policy.atomic
     ) as span:
         try:
-            written = fenced_write(
-                store,
-                claim,
-                lambda connection, bound: store.store_response(
-                    claim.pk,
-                    claim.token_text,
-                    stored,
-                    connection=connection,
-                    bound=bound,
-                    release=messages,
-                ),
-                atomic=policy.atomic,
-                applied=lambda connection: store.finished(claim.pk, claim.token_text, connection),
-            )
+            written = _store_result(store, claim, stored, messages, atomic=policy.atomic)
         except DatabaseError as exc:
             if policy.atomic:  # the transaction is lost with it: nothing of the attempt is kept
                 with store.guard():
                     raise
             if not claim.lock_lost:
-                # A fault or contention was tried again until the lock could lapse; any other
-                # error (a DataError: a value the database refuses) was raised at once, and
-                # trying it again would not help: said as it is, not as an outage.
-                why = (
-                    "the database did not answer before its lock could lapse"
-                    if store.is_fault(exc) or store.is_contention(exc)
-                    else f"the database refused the write ({type(exc).__name__}: {exc})"
-                )
-                report(
-                    "unavailable",
-                    attempt,
-                    logging.ERROR,
-                    "Could not store the result of idempotency record %s: %s. A retry after its "
-                    "lock lapses runs the %s again.",
-                    claim.pk,
-                    why,
-                    attempt.code,
-                    exc_info=True,
-                )
+                _not_stored(attempt, claim, store, exc)
                 span.finish("unavailable", claim.attempt)
                 return
             # Renewal found the record another attempt's: the fence would refuse the result.
@@ -106,6 +77,55 @@ def complete(attempt: Attempt, stored: StoredResponse) -> None:
             response=stored,
         )
         span.finish(outcome, claim.attempt)
+
+
+def _store_result(
+    store: Store,
+    claim: Claim,
+    stored: StoredResponse,
+    messages: Release | None,
+    *,
+    atomic: bool,
+) -> Written:
+    """The result's fenced write, the outbox's staged ``messages`` released with it; a write
+    whose reply was lost is confirmed by the record, finished under the lock token."""
+    return fenced_write(
+        store,
+        claim,
+        lambda connection, bound: store.store_response(
+            claim.pk,
+            claim.token_text,
+            stored,
+            connection=connection,
+            bound=bound,
+            release=messages,
+        ),
+        atomic=atomic,
+        applied=lambda connection: store.finished(claim.pk, claim.token_text, connection),
+    )
+
+
+def _not_stored(attempt: Attempt, claim: Claim, store: Store, exc: DatabaseError) -> None:
+    """A two-phase result that could not be stored, reported as what it was. A fault or
+    contention was tried again until the lock could lapse; any other error (a DataError: a
+    value the database refuses) was raised at once, and trying it again would not help: said
+    as it is, not as an outage."""
+    why = (
+        "the database did not answer before its lock could lapse"
+        if store.is_fault(exc) or store.is_contention(exc)
+        else f"the database refused the write ({type(exc).__name__}: {exc})"
+    )
+    report(
+        "unavailable",
+        attempt,
+        logging.ERROR,
+        "Could not store the result of idempotency record %s: %s. A retry after its "
+        "lock lapses runs the %s again.",
+        claim.pk,
+        why,
+        attempt.code,
+        exc_info=True,
+    )
 
 
 _STORED_LEVELS = {
@@ -146,28 +166,12 @@ def release(attempt: Attempt, *, reason: str, raised: bool, undo: bool = False) 
                 if not raised:
                     transaction.set_rollback(True, using=policy.alias)
             else:
-                store = using(policy.alias)
-                free = store.unlock if keep else store.release
-                fenced_write(
-                    store,
-                    claim,
-                    lambda connection, bound: free(
-                        claim.pk, claim.token_text, connection=connection, bound=bound
-                    ),
-                    atomic=policy.atomic,
-                )
+                _free(using(policy.alias), claim, keep=keep, atomic=policy.atomic)
         except DatabaseError:
             if policy.atomic:
                 raise
             span.finish("unavailable", claim.attempt)
-            report(
-                "unavailable",
-                attempt,
-                logging.ERROR,
-                "Could not release idempotency record %s.",
-                claim.pk,
-                exc_info=True,
-            )
+            _not_released(attempt, claim)
             return
         span.finish("released", claim.attempt)
         report(
@@ -182,3 +186,30 @@ def release(attempt: Attempt, *, reason: str, raised: bool, undo: bool = False) 
             signal=signals.key_released,
             reason=reason,
         )
+
+
+def _free(store: Store, claim: Claim, *, keep: bool, atomic: bool) -> None:
+    """The claim's lock given up by a fenced write: the record unlocked where it may hold a
+    recovery point (``keep``) for the retry to resume from, deleted otherwise."""
+    free = store.unlock if keep else store.release
+    fenced_write(
+        store,
+        claim,
+        lambda connection, bound: free(
+            claim.pk, claim.token_text, connection=connection, bound=bound
+        ),
+        atomic=atomic,
+    )
+
+
+def _not_released(attempt: Attempt, claim: Claim) -> None:
+    """A two-phase release that failed is logged, not raised: the record stays locked, and
+    the retry takes it over once its lock lapses."""
+    report(
+        "unavailable",
+        attempt,
+        logging.ERROR,
+        "Could not release idempotency record %s.",
+        claim.pk,
+        exc_info=True,
+    )

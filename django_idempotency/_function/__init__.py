@@ -73,17 +73,23 @@ def idempotent_function(
             name=name,
             options=built,
         )
-        wrapped = wraps(func)(
-            lifecycle.wrap(
-                func,
-                partial(calls.CallAdapter, spec),
-                label=spec.name,
-                kind="function",
-                atomic=built.atomic,
-            )
-        )
-        wrapped.__signature__ = spec.signature  # type: ignore[attr-defined]
-        wrapped.idempotency_spec = spec  # type: ignore[attr-defined]
-        return wrapped  # type: ignore[return-value]
+        return _wrapped(func, spec)
 
     return decorate
+
+
+def _wrapped(func: Func, spec: calls.Spec) -> Func:
+    """``func`` run through the lifecycle, looking as it does to its callers: its name and
+    docstring, and its signature without the claim parameter (which they never pass)."""
+    wrapped = wraps(func)(
+        lifecycle.wrap(
+            func,
+            partial(calls.CallAdapter, spec),
+            label=spec.name,
+            kind="function",
+            atomic=spec.options.atomic,
+        )
+    )
+    wrapped.__signature__ = spec.signature  # type: ignore[attr-defined]
+    wrapped.idempotency_spec = spec  # type: ignore[attr-defined]
+    return wrapped  # type: ignore[return-value]

@@ -88,18 +88,7 @@ class Spec:
         parameters = list(signature.parameters.values())
         takes_claim = _check_claim_parameter(label, parameters)
         public = [p for p in parameters if not (takes_claim and p.name == CLAIM_PARAMETER)]
-        if isinstance(key, str):
-            named = {p.name: p for p in public}
-            if key not in named or named[key].kind in (
-                inspect.Parameter.VAR_POSITIONAL,
-                inspect.Parameter.VAR_KEYWORD,
-            ):
-                raise ImproperlyConfigured(
-                    f"{label}: key={key!r} names no parameter of the function; give a parameter "
-                    "name or a callable taking the function's arguments."
-                )
-        elif not callable(key):
-            raise ImproperlyConfigured(f"{label}: key must be a parameter name or a callable.")
+        _check_key(label, key, public)
         if not (scope is None or isinstance(scope, str) or callable(scope)):
             raise ImproperlyConfigured(f"{label}: scope must be a string or a callable.")
         if payload is not None and not callable(payload):
@@ -215,6 +204,23 @@ def _digest(*parts: str) -> str:
         digest.update(part.encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
     return digest.hexdigest()
+
+
+def _check_key(label: str, key: object, public: list[inspect.Parameter]) -> None:
+    """A key named by its parameter must name one that holds a single value (not ``*args`` or
+    ``**kwargs``): found missing at decoration, not at the first call."""
+    if isinstance(key, str):
+        named = {p.name: p for p in public}
+        if key not in named or named[key].kind in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
+            raise ImproperlyConfigured(
+                f"{label}: key={key!r} names no parameter of the function; give a parameter "
+                "name or a callable taking the function's arguments."
+            )
+    elif not callable(key):
+        raise ImproperlyConfigured(f"{label}: key must be a parameter name or a callable.")
 
 
 def _check_claim_parameter(label: str, parameters: list[inspect.Parameter]) -> bool:

@@ -29,8 +29,8 @@ from django_idempotency._call import storing, telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._http import problems, responses
 from django_idempotency._http.scopes import ANONYMOUS_SCOPE
+from django_idempotency._store import StoredResponse, sealing, using
 from django_idempotency._store import operations as store
-from django_idempotency._store import sealing, using
 from django_idempotency._store.limits import bounded_scope
 from django_idempotency._store.writes import COMPLETED
 
@@ -75,6 +75,26 @@ def complete_operation(
     for a ``202`` (a final response is no ``202``) or a body over ``MAX_BODY_SIZE``;
     :class:`~django_idempotency.StoreUnavailable` when the database did not answer.
     """
+    stored = _final(response, status, data)
+    alias = conf.DATABASE_ALIAS
+    operation = _operation(alias, operation_id)
+    if operation is not None:  # sealed for its record
+        stored = replace(stored, owner=(operation.scope, operation.key_hash))
+    if operation is not None and store.complete(alias, operation, stored):
+        logger.info(
+            "Idempotency operation %s completed with status %s.",
+            operation_id,
+            stored.status,
+            extra=telemetry.log_facts("operation_completed", operation.key_hash, operation.scope),
+        )
+        return
+    # Refused: read it again to say why (a concurrent completion, an expiry meanwhile).
+    raise _refusal(operation_id, operation and _operation(alias, operation_id))
+
+
+def _final(response: HttpResponseBase | None, status: int, data: Any) -> StoredResponse:
+    """The operation's final response as its record keeps it, refused before the record is
+    read when no retry could replay it: not rendered, a ``202``, too large."""
     if response is None:
         response = JsonResponse(data, status=status, encoder=DjangoJSONEncoder, safe=False)
     responses.check_replayable(response)
@@ -98,20 +118,7 @@ def complete_operation(
         raise ValueError(
             f"The operation's final response is over MAX_BODY_SIZE ({conf.MAX_BODY_SIZE} bytes)."
         )
-    alias = conf.DATABASE_ALIAS
-    operation = _operation(alias, operation_id)
-    if operation is not None:  # sealed for its record
-        stored = replace(stored, owner=(operation.scope, operation.key_hash))
-    if operation is not None and store.complete(alias, operation, stored):
-        logger.info(
-            "Idempotency operation %s completed with status %s.",
-            operation_id,
-            stored.status,
-            extra=telemetry.log_facts("operation_completed", operation.key_hash, operation.scope),
-        )
-        return
-    # Refused: read it again to say why (a concurrent completion, an expiry meanwhile).
-    raise _refusal(operation_id, operation and _operation(alias, operation_id))
+    return stored
 
 
 def fail_operation(
@@ -242,26 +249,30 @@ def operation_list(request: HttpRequest) -> HttpResponse:
         return _unavailable(exc)
     page, more = found[:limit], len(found) > limit
     now = timezone.now()
-    listed = []
-    for operation in page:
-        operation_id = ids.make_id(
-            operation.pk, operation.scope, operation.key_hash, operation.created_at
-        )
-        item = {
-            "id": operation_id,
-            "state": store.state_of(operation, now),
-            "created_at": operation.created_at,
-            "url": ids.status_url(operation_id),
-        }
-        if item["state"] == RUNNING and operation.progress is not None:
-            item["progress"] = operation.progress
-        listed.append(item)
+    listed = [_listed(operation, now) for operation in page]
     following = None
     if more:
         query = request.GET.copy()
         query["before"] = str(page[-1].pk)
         following = f"{request.path}?{query.urlencode()}"
     return _json({"operations": listed, "next": following}, 200)
+
+
+def _listed(operation: store.Operation, now: datetime) -> dict[str, Any]:
+    """An operation as the list shows it: its id and the status URL its client polls, its
+    state, and its progress while it runs (a finished one's response is the status's)."""
+    operation_id = ids.make_id(
+        operation.pk, operation.scope, operation.key_hash, operation.created_at
+    )
+    item = {
+        "id": operation_id,
+        "state": store.state_of(operation, now),
+        "created_at": operation.created_at,
+        "url": ids.status_url(operation_id),
+    }
+    if item["state"] == RUNNING and operation.progress is not None:
+        item["progress"] = operation.progress
+    return item
 
 
 @require_safe

@@ -74,6 +74,26 @@ def erase_scope(
     can be stored as (``sha256:`` with anything but 64 lowercase hex digits, or a scope that
     would be stored hashed) is a :class:`ValueError`.
     """
+    _check(scope, batch_size=batch_size, stored=stored)
+    alias = using or conf.DATABASE_ALIAS
+    kept = scope if stored else bounded_scope(scope)
+    elsewhere = [0, 0] if using else _erase_in_redis(kept, alias, dry_run=dry_run)
+    records = IdempotencyKey.objects.using(alias).filter(scope=kept)
+    if dry_run:
+        finished = records.exclude(status=rules.PROCESSING).count() + elsewhere[0]
+        return Erasure(scope, finished, _in_progress(records) + elsewhere[1], dry_run=True)
+    bound = store.using(alias)
+    deleted = maintenance.in_batches(
+        lambda size: _batch(bound, kept, size), min(batch_size, BATCH_SIZE)
+    ).deleted
+    erasure = Erasure(scope, deleted + elsewhere[0], _in_progress(records) + elsewhere[1])
+    _log(erasure, deleted, kept, stored=stored)
+    return erasure
+
+
+def _check(scope: str, *, batch_size: int, stored: bool) -> None:
+    """Refuse, before anything is read, a scope no record can have and a batch size that is
+    not one: a :class:`ValueError` the caller can correct."""
     if not isinstance(scope, str) or not scope:
         raise ValueError(f"The scope to erase must be a non-empty string, not {scope!r}.")
     if reason := unkeepable(scope):
@@ -88,22 +108,21 @@ def erase_scope(
             "or fewer, not beginning with sha256:) or sha256: and 64 lowercase hex digits, as "
             f"the admin shows it; no record is stored as {scope[:80]!r}."
         )
-    alias = using or conf.DATABASE_ALIAS
-    kept = scope if stored else bounded_scope(scope)
-    # And in each Redis store the settings and the URLconf's views name.
+
+
+def _erase_in_redis(kept: str, alias: str, *, dry_run: bool) -> list[int]:
+    """The stored scope erased in each Redis store the settings and the URLconf's views name:
+    its finished records and those left in progress, counted together."""
     elsewhere = [0, 0]
-    for name in () if using else redis_stores():
+    for name in redis_stores():
         found = store.using(store_alias(name, alias)).erase_scope(kept, dry_run=dry_run)  # type: ignore[attr-defined]
         elsewhere = [elsewhere[0] + found[0], elsewhere[1] + found[1]]
-    records = IdempotencyKey.objects.using(alias).filter(scope=kept)
-    if dry_run:
-        finished = records.exclude(status=rules.PROCESSING).count() + elsewhere[0]
-        return Erasure(scope, finished, _in_progress(records) + elsewhere[1], dry_run=True)
-    bound = store.using(alias)
-    deleted = maintenance.in_batches(
-        lambda size: _batch(bound, kept, size), min(batch_size, BATCH_SIZE)
-    ).deleted
-    erasure = Erasure(scope, deleted + elsewhere[0], _in_progress(records) + elsewhere[1])
+    return elsewhere
+
+
+def _log(erasure: Erasure, deleted: int, kept: str, *, stored: bool) -> None:
+    """An erasure is logged as a warning (records were deleted on purpose); one that found
+    nothing under a scope written as the admin shows a hashed one says how to erase that."""
     logger.warning(
         "Erased %s finished idempotency record%s of a scope; %s in progress left to finish.",
         deleted,
@@ -111,6 +130,7 @@ def erase_scope(
         erasure.in_progress,
         extra=telemetry.log_facts("erased", scope=kept),
     )
+    scope = erasure.scope
     if not (stored or erasure.deleted or erasure.in_progress) and STORED_HASH.fullmatch(scope):
         logger.warning(
             "No idempotency record has the scope %r, which is how the admin shows a scope "
@@ -118,7 +138,6 @@ def erase_scope(
             "(idempotency_cleanup --scope ... --stored).",
             scope,
         )
-    return erasure
 
 
 def _batch(bound: store.Store, scope: str, size: int) -> int:

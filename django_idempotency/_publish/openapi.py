@@ -134,6 +134,20 @@ def document(operation: dict[str, Any], policy: Policy, registry: ComponentRegis
         validation = responses.setdefault("400", {"description": _VALIDATION})
         validation.setdefault("content", {}).setdefault("application/json", {"schema": {}})
         replayable.add("400")
+    _add_problems(responses, policy, component.ref)
+    if (running := parts.accepted(policy)) is not None:
+        _add_accepted(responses, running)
+    for code in replayable:
+        responses[code].setdefault("headers", {}).setdefault(REPLAYED_HEADER, parts.REPLAYED)
+    operation["responses"] = dict(sorted(responses.items()))
+    operation["x-idempotency"] = published.policy_document(policy)
+    paragraph = published.summary(policy)
+    operation["description"] = "\n\n".join(filter(None, [operation.get("description"), paragraph]))
+
+
+def _add_problems(responses: dict[str, Any], policy: Policy, ref: dict[str, Any]) -> None:
+    """Each problem the app may answer, merged into the view's own responses: a status the view
+    documents already keeps its description, the app's added after an "Or:"."""
     for status, description, examples, headers in parts.problems(policy):
         response = responses.setdefault(str(status), {"description": description})
         if not response.get("description"):
@@ -141,24 +155,22 @@ def document(operation: dict[str, Any], policy: Policy, registry: ComponentRegis
         elif description not in response["description"]:
             response["description"] += f" Or: {description}"
         response.setdefault("content", {}).setdefault(
-            CONTENT_TYPE, {"schema": component.ref, "examples": examples}
+            CONTENT_TYPE, {"schema": ref, "examples": examples}
         )
         if headers:
             response.setdefault("headers", {}).update(headers)
-    if (running := parts.accepted(policy)) is not None:
-        response = responses.setdefault("202", {"description": running})
-        if response.get("description") != running:
-            response["description"] = f"{response.get('description', '')} Or: {running}"
-        response.setdefault("headers", {}).update(parts.ACCEPTED_HEADERS)
-        response.setdefault("content", {}).setdefault(
-            "application/json", {"schema": parts.OPERATION_SCHEMA}
-        )
-    for code in replayable:
-        responses[code].setdefault("headers", {}).setdefault(REPLAYED_HEADER, parts.REPLAYED)
-    operation["responses"] = dict(sorted(responses.items()))
-    operation["x-idempotency"] = published.policy_document(policy)
-    paragraph = published.summary(policy)
-    operation["description"] = "\n\n".join(filter(None, [operation.get("description"), paragraph]))
+
+
+def _add_accepted(responses: dict[str, Any], running: str) -> None:
+    """The ``202`` of an operation handed on, with the status URL's headers and body: merged
+    as a problem is, the view's own ``202`` described first."""
+    response = responses.setdefault("202", {"description": running})
+    if response.get("description") != running:
+        response["description"] = f"{response.get('description', '')} Or: {running}"
+    response.setdefault("headers", {}).update(parts.ACCEPTED_HEADERS)
+    response.setdefault("content", {}).setdefault(
+        "application/json", {"schema": parts.OPERATION_SCHEMA}
+    )
 
 
 _VALIDATION = "The request is invalid (the view's own validation, in DRF's format)."

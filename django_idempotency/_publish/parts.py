@@ -68,6 +68,23 @@ Problem = tuple[int, str, dict[str, Any], dict[str, Any]]
 
 def problems(policy: Policy) -> list[Problem]:
     """Each status the app may answer on this operation: description, examples, headers."""
+    answers: list[Problem] = []
+    for status, entries in sorted(_by_status(policy).items()):
+        description = " Or: ".join(text for text, _ in entries if text)
+        examples = {
+            response.idempotency_problem: {  # type: ignore[attr-defined]
+                "value": json.loads(response.content)
+            }
+            for _, response in entries
+        }
+        headers = RETRY_AFTER if status in (409, 503) else {}
+        answers.append((status, description, examples, headers))
+    return answers
+
+
+def _by_status(policy: Policy) -> dict[int, list[tuple[str, HttpResponse]]]:
+    """Each problem the app may answer, made by the code that answers it (so the published
+    example cannot drift from the response), grouped by its status."""
     header = conf.HEADER
     by_status: dict[int, list[tuple[str, HttpResponse]]] = {}
 
@@ -113,18 +130,7 @@ def problems(policy: Policy) -> list[Problem]:
         "The idempotency store is unreachable; the request was not processed.",
         _problems.unavailable(),
     )
-    answers: list[Problem] = []
-    for status, entries in sorted(by_status.items()):
-        description = " Or: ".join(text for text, _ in entries if text)
-        examples = {
-            response.idempotency_problem: {  # type: ignore[attr-defined]
-                "value": json.loads(response.content)
-            }
-            for _, response in entries
-        }
-        headers = RETRY_AFTER if status in (409, 503) else {}
-        answers.append((status, description, examples, headers))
-    return answers
+    return by_status
 
 
 RETRY_AFTER = {

@@ -276,28 +276,12 @@ class PostgreSQLStore(Store):
             if found is not None:
                 return found
         elif self.has_function(connection):
-            identity = values.identity
-            params = [
-                values.clock,
-                identity.scope,
-                identity.key_hash,
-                identity.method,
-                identity.path,
-                identity.fingerprint,
-                values.token,
-                interval(values.lock_timeout),
-                interval(values.ttl),
-                _bound(connection),
-            ]
             try:
-                return read_record(connection, statements.call, params)
+                return read_record(connection, statements.call, _call_params(connection, values))
             except ProgrammingError as exc:
                 if getattr(exc.__cause__, "sqlstate", None) != "42883":  # undefined_function
                     raise
-                # Dropped since (the migration unapplied): plain statements from now on.
-                _HAS_FUNCTION[database_key(connection)] = False
-                if connection.in_atomic_block:  # the transaction is lost: a retry claims anew
-                    raise StoreUnavailable(str(exc)) from exc
+                _function_dropped(connection, exc)
         identity = values.identity
         params = values.params(connection)
         return self.first(
@@ -443,3 +427,30 @@ def _bound(connection: BaseDatabaseWrapper) -> str | None:
     bound = connection.__dict__.get(_LOCK_WAIT)
     blocks = connection.atomic_blocks
     return bound[1] if bound is not None and blocks and blocks[-1] is bound[0] else None
+
+
+def _call_params(connection: BaseDatabaseWrapper, values: ClaimValues) -> list[Any]:
+    """The claim function's arguments, in its order: text and intervals, each cast by the
+    statement (:meth:`PostgreSQLStore.insert_or_load`)."""
+    identity = values.identity
+    return [
+        values.clock,
+        identity.scope,
+        identity.key_hash,
+        identity.method,
+        identity.path,
+        identity.fingerprint,
+        values.token,
+        interval(values.lock_timeout),
+        interval(values.ttl),
+        _bound(connection),
+    ]
+
+
+def _function_dropped(connection: BaseDatabaseWrapper, exc: ProgrammingError) -> None:
+    """The claim function was dropped since (the migration unapplied): plain statements from
+    now on. In a transaction, lost with the error, the claim is refused and a retry claims
+    anew."""
+    _HAS_FUNCTION[database_key(connection)] = False
+    if connection.in_atomic_block:
+        raise StoreUnavailable(str(exc)) from exc

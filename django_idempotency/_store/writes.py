@@ -221,6 +221,16 @@ class FencedWrites(BoundStore):
 
         return unlock() if bound is None else self.bounded(on, bound, unlock)
 
+    def _renewer_connection(self, seconds: float) -> BaseDatabaseWrapper:
+        """The renewer's thread's connection, connected within ``seconds`` if it is not: the
+        thread keeps what connected first (:mod:`.connecting`)."""
+        connection = self.connection
+        if self.has_server and connection.connection is None:
+            connection = connections[self.alias] = connecting.connected(
+                connection, seconds, connecting.CONNECT_TIMEOUT
+            )
+        return connection
+
     def renew(
         self,
         leases: Sequence[tuple[int, uuid.UUID | str]],
@@ -241,19 +251,10 @@ class FencedWrites(BoundStore):
         Within ``bound`` seconds (the renewer's; by default a statement's share of the lock).
         """
         seconds = deadlines.bound(lock_timeout) if bound is None else bound
-        connection = self.connection
-        if self.has_server and connection.connection is None:
-            # The renewer's thread keeps what connected first (:mod:`.connecting`).
-            connection = connections[self.alias] = connecting.connected(
-                connection, seconds, connecting.CONNECT_TIMEOUT
-            )
+        connection = self._renewer_connection(seconds)
         q = connection.ops.quote_name
         table = q(IdempotencyKey._meta.db_table)
-        marks = ", ".join(["%s"] * len(leases))
-        where = f"{q('id')} IN ({marks}) AND {q('lock_token')} IN ({marks}) AND {q('status')} = %s"
-        params: list[Any] = [pk for pk, _ in leases]
-        params += [prep("lock_token", token, connection) for _, token in leases]
-        params.append(rules.PROCESSING)
+        where, params = _held(connection, leases)
         unlock_at = prep("unlock_at", timezone.now() + lock_timeout, connection)
 
         # The record outlives its lock: one whose owner keeps renewing is never expired (and
@@ -389,3 +390,17 @@ def fenced_sql(
     sql += f" AND {rules.STALE.where(q)}" if stale else f" AND {q('status')} = '{rules.PROCESSING}'"
     made[(statement, stale)] = sql
     return sql
+
+
+def _held(
+    connection: BaseDatabaseWrapper, leases: Sequence[tuple[int, uuid.UUID | str]]
+) -> tuple[str, list[Any]]:
+    """The condition on the rows still held by ``leases``, and its parameters: each record's
+    id and token among the leases', and still ``processing``."""
+    q = connection.ops.quote_name
+    marks = ", ".join(["%s"] * len(leases))
+    where = f"{q('id')} IN ({marks}) AND {q('lock_token')} IN ({marks}) AND {q('status')} = %s"
+    params: list[Any] = [pk for pk, _ in leases]
+    params += [prep("lock_token", token, connection) for _, token in leases]
+    params.append(rules.PROCESSING)
+    return where, params

@@ -99,8 +99,8 @@ class Command(arguments.Command):
                 "--max-runtime", max_runtime, zero=False, most=arguments.MAX_RUNTIME
             )
         alias = database_alias(database)
+        bounds = (max_batches, limit, max_runtime)
         if scope is not None:
-            bounds = (max_batches, limit, max_runtime)
             self._erase(scope, alias, batch_size, dry_run, bounds, verbosity, stored)
             if not dry_run:  # the erased records' delivered messages go with them
                 delete_delivered(alias, batch_size)
@@ -114,7 +114,25 @@ class Command(arguments.Command):
         if dry_run:
             self._dry_run(alias, now, batch_size, limit, max_batches, verbosity)
             return
+        self._delete_expired(alias, now, batch_size, bounds, sleep, verbosity)
+        # The outbox's delivered messages go with their record.
+        messages = delete_delivered(alias, batch_size, sleep=sleep)
+        if verbosity >= 1 and messages:
+            self.stdout.write(f"Deleted {messages} delivered outbox message{_s(messages)}.")
 
+    def _delete_expired(
+        self,
+        alias: str,
+        now: datetime,
+        batch_size: int,
+        bounds: tuple[int | None, int | None, float | None],
+        sleep: float,
+        verbosity: int,
+    ) -> None:
+        """The expired records deleted in batches within ``bounds`` (``--max-batches``,
+        ``--limit``, ``--max-runtime``), their progress written at most every
+        ``PROGRESS_EVERY`` seconds (each batch with ``-v 2``): a long run shows it is alive."""
+        max_batches, limit, max_runtime = bounds
         last = [time.monotonic()]
 
         def progress(count: int, deleted: int, batches: int, elapsed: float) -> None:
@@ -145,10 +163,6 @@ class Command(arguments.Command):
             )
             if done.stopped_by:
                 self.stdout.write(f"Stopped by {done.stopped_by}; expired records may remain.")
-        # The outbox's delivered messages go with their record.
-        messages = delete_delivered(alias, batch_size, sleep=sleep)
-        if verbosity >= 1 and messages:
-            self.stdout.write(f"Deleted {messages} delivered outbox message{_s(messages)}.")
 
     def _erase(
         self,
@@ -171,23 +185,11 @@ class Command(arguments.Command):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+        if verbosity < 1:
+            return
         shown = _shown(scope)
         if not (erasure.deleted or erasure.in_progress):
-            if verbosity >= 1:
-                self.stdout.write(
-                    self.style.WARNING(
-                        f"No idempotency record has scope {shown}: nothing to delete."
-                    )
-                )
-                if not stored and STORED_HASH.fullmatch(scope):
-                    self.stdout.write(
-                        self.style.WARNING(
-                            "That is how the admin shows a scope stored hashed: to erase the "
-                            "records stored under it, add --stored."
-                        )
-                    )
-            return
-        if verbosity < 1:
+            self._none_found(shown, hashed=not stored and bool(STORED_HASH.fullmatch(scope)))
             return
         verb = "Would delete" if dry_run else "Deleted"
         self.stdout.write(
@@ -202,6 +204,20 @@ class Command(arguments.Command):
                     f"{erasure.in_progress} record{_s(erasure.in_progress)} of the scope "
                     f"{'is' if erasure.in_progress == 1 else 'are'} still processing and "
                     "left to finish; run this again once they have."
+                )
+            )
+
+    def _none_found(self, shown: str, *, hashed: bool) -> None:
+        """An erasure that found nothing is a warning, not a success: a scope mistyped, or
+        copied from the admin (``hashed``: its stored form, which ``--stored`` takes)."""
+        self.stdout.write(
+            self.style.WARNING(f"No idempotency record has scope {shown}: nothing to delete.")
+        )
+        if hashed:
+            self.stdout.write(
+                self.style.WARNING(
+                    "That is how the admin shows a scope stored hashed: to erase the "
+                    "records stored under it, add --stored."
                 )
             )
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from argparse import ArgumentParser
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import CommandError
@@ -101,19 +103,7 @@ class Command(arguments.Command):
         if limit is not None:
             records = records[:limit]
         verb = "release" if release else "fail" if fail else ""
-        rows = []
-        done = 0
-        for record in records:
-            outcome = None
-            if verb and dry_run:
-                outcome = f"would {verb}"
-            elif verb:
-                act = maintenance.release if release else maintenance.mark_failed
-                succeeded = act(alias, record)
-                done += succeeded
-                outcome = ("released" if release else "failed") if succeeded else "skipped"
-            rows.append(_row(record, outcome))
-
+        rows, done = _resolve(alias, records, release=release, fail=fail, dry_run=dry_run)
         if self._printed_or_quiet(rows, as_json, verbosity):
             return
         if rows:
@@ -156,42 +146,11 @@ class Command(arguments.Command):
                 succeeded = maintenance.fail_operation(alias, record)
                 done += succeeded
                 outcome = "failed" if succeeded else "skipped"
-            rows.append(
-                {
-                    "id": record.pk,
-                    "operation": operation_ids.make_id(
-                        record.pk, record.scope, record.key_hash, record.created_at
-                    ),
-                    "scope": record.scope,
-                    "key_hash": record.key_hash,
-                    "method": record.method,
-                    "path": record.path,
-                    "created_at": record.created_at.isoformat(),
-                    "updated_at": record.updated_at.isoformat(),
-                    "age_seconds": round((now - record.created_at).total_seconds(), 3),
-                    "silent_seconds": round((now - record.updated_at).total_seconds(), 3),
-                    "progress": operation_store.from_record(record).progress,
-                    "action": outcome,
-                }
-            )
+            rows.append(_operation_row(record, outcome, now))
         if self._printed_or_quiet(rows, as_json, verbosity):
             return
         if rows:
-            columns = ["operation", "scope", "path", "age", "silent for"]
-            if fail:
-                columns.append("action")
-            table = [
-                [
-                    row["operation"],
-                    row["scope"],
-                    _shorten(row["path"]),
-                    human(row["age_seconds"]),
-                    human(row["silent_seconds"]),
-                    row["action"] or "",
-                ][: len(columns)]
-                for row in rows
-            ]
-            self._lines(columns, table)
+            self._operations_table(rows, fail)
         self._summary(
             len(rows),
             "stuck operation",
@@ -201,6 +160,23 @@ class Command(arguments.Command):
             "completed",
             dry_run=dry_run,
         )
+
+    def _operations_table(self, rows: list[dict[str, Any]], fail: bool) -> None:
+        columns = ["operation", "scope", "path", "age", "silent for"]
+        if fail:
+            columns.append("action")
+        table = [
+            [
+                row["operation"],
+                row["scope"],
+                _shorten(row["path"]),
+                human(row["age_seconds"]),
+                human(row["silent_seconds"]),
+                row["action"] or "",
+            ][: len(columns)]
+            for row in rows
+        ]
+        self._lines(columns, table)
 
     def _printed_or_quiet(self, rows: list[dict[str, Any]], as_json: bool, verbosity: int) -> bool:
         """Whether nothing more is printed: the rows went out as JSON, or verbosity 0."""
@@ -257,11 +233,28 @@ class Command(arguments.Command):
             ][: len(columns)]
             for row in rows
         ]
-        widths = [max(len(line[i]) for line in [columns, *table]) for i in range(len(columns))]
-        for line in [columns, *table]:
-            self.stdout.write(
-                "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
-            )
+        self._lines(columns, table)
+
+
+def _resolve(
+    alias: str, records: Iterable[IdempotencyKey], *, release: bool, fail: bool, dry_run: bool
+) -> tuple[list[dict[str, Any]], int]:
+    """Each stale record's row, acted on as asked (or said what would be, with ``dry_run``),
+    and how many the act resolved: one that another process settled meanwhile is skipped."""
+    verb = "release" if release else "fail" if fail else ""
+    rows = []
+    done = 0
+    for record in records:
+        outcome = None
+        if verb and dry_run:
+            outcome = f"would {verb}"
+        elif verb:
+            act = maintenance.release if release else maintenance.mark_failed
+            succeeded = act(alias, record)
+            done += succeeded
+            outcome = ("released" if release else "failed") if succeeded else "skipped"
+        rows.append(_row(record, outcome))
+    return rows, done
 
 
 def _row(record: IdempotencyKey, action: str | None) -> dict[str, Any]:
@@ -279,6 +272,27 @@ def _row(record: IdempotencyKey, action: str | None) -> dict[str, Any]:
         "unlock_at": record.unlock_at.isoformat(),
         "age_seconds": round((now - record.created_at).total_seconds(), 3),
         "stale_seconds": round((now - record.unlock_at).total_seconds(), 3),
+        "action": action,
+    }
+
+
+def _operation_row(record: IdempotencyKey, action: str | None, now: datetime) -> dict[str, Any]:
+    """A stuck operation as ``--json`` gives it: its id as its client knows it (the one its
+    ``202`` gave), how old it is and how long it has been silent, all ages from one ``now``."""
+    return {
+        "id": record.pk,
+        "operation": operation_ids.make_id(
+            record.pk, record.scope, record.key_hash, record.created_at
+        ),
+        "scope": record.scope,
+        "key_hash": record.key_hash,
+        "method": record.method,
+        "path": record.path,
+        "created_at": record.created_at.isoformat(),
+        "updated_at": record.updated_at.isoformat(),
+        "age_seconds": round((now - record.created_at).total_seconds(), 3),
+        "silent_seconds": round((now - record.updated_at).total_seconds(), 3),
+        "progress": operation_store.from_record(record).progress,
         "action": action,
     }
 
