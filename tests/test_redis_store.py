@@ -1443,7 +1443,7 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
     (issue 50, item 1; tests/test_functions.py holds the owner in a ``key_claimed`` receiver
     instead, 3.4 s under a 4.5 s lock)."""
     from django_idempotency._store.redis import scripts
-    from tests.faults.proxy import FaultProxy
+    from tests.proxying import proxying
 
     runs: list[str] = []
 
@@ -1463,25 +1463,24 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
         assert server.script_load(scripts.CLAIM) == claim_sha.decode()
         server.script_load(scripts.RENEW)
         server.close()
-        proxy = FaultProxy(free_port(), private_redis.last.port).start()
-        try:
-            with override_settings(IDEMPOTENCY={"STORE": f"redis://127.0.0.1:{proxy.port}/0"}):
-                held = proxy.arm("delay", re.escape(claim_sha), count=1, hold=HELD_REPLY)
-                pool = ThreadPoolExecutor(max_workers=1)
-                try:
-                    owner = pool.submit(handle, "k", 1.5)
-                    assert held.done.wait(5), "the owner's claim never reached the proxy"
-                    sent = time.monotonic()
-                    duplicates: list[Any] = []
-                    while not owner.done():
-                        if time.monotonic() >= sent + 0.9 * HELD_LOCK:
-                            duplicates.append(_attempt_or_held(handle, "k"))
-                        time.sleep(DUPLICATE_EVERY)
-                    result = owner.result()
-                finally:
-                    pool.shutdown()
-        finally:
-            proxy.stop()
+        with (
+            proxying(private_redis.last.port, free_port()) as proxy,
+            override_settings(IDEMPOTENCY={"STORE": f"redis://127.0.0.1:{proxy.port}/0"}),
+        ):
+            held = proxy.arm("delay", re.escape(claim_sha), count=1, hold=HELD_REPLY)
+            pool = ThreadPoolExecutor(max_workers=1)
+            try:
+                owner = pool.submit(handle, "k", 1.5)
+                assert held.done.wait(5), "the owner's claim never reached the proxy"
+                sent = time.monotonic()
+                duplicates: list[Any] = []
+                while not owner.done():
+                    if time.monotonic() >= sent + 0.9 * HELD_LOCK:
+                        duplicates.append(_attempt_or_held(handle, "k"))
+                    time.sleep(DUPLICATE_EVERY)
+                result = owner.result()
+            finally:
+                pool.shutdown()
     assert result == "k"
     assert_held_off(duplicates, "k")
     assert runs == ["k"]
