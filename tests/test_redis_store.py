@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from django_idempotency._store.redis.clients import cluster_client
 from django_idempotency._store.redis.keyspace import record_key
 from django_idempotency.testing import concurrently, stale_key
 from tests.conftest import flush_redis
-from tests.held import assert_held_off
+from tests.held import assert_held_off, owner_and_duplicates
 from tests.redis_servers import free_port, private_cluster, start_server
 from tests.waiting import wait_for
 
@@ -1472,19 +1473,13 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
             override_settings(IDEMPOTENCY={"STORE": f"redis://127.0.0.1:{proxy.port}/0"}),
         ):
             held = proxy.arm("delay", re.escape(claim_sha), count=1, hold=HELD_REPLY)
-            pool = ThreadPoolExecutor(max_workers=1)
-            try:
-                owner = pool.submit(handle, "k", 1.5)
-                assert held.done.wait(5), "the owner's claim never reached the proxy"
-                sent = time.monotonic()
-                duplicates: list[Any] = []
-                while not owner.done():
-                    if time.monotonic() >= sent + 0.9 * HELD_LOCK:
-                        duplicates.append(_attempt_or_held(handle, "k"))
-                    time.sleep(DUPLICATE_EVERY)
-                result = owner.result()
-            finally:
-                pool.shutdown()
+            result, duplicates = owner_and_duplicates(
+                partial(handle, "k", 1.5),
+                held.done,
+                partial(_attempt_or_held, handle, "k"),
+                0.9 * HELD_LOCK,
+                DUPLICATE_EVERY,
+            )
     assert result == "k"
     assert_held_off(duplicates, "k")
     assert runs == ["k"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import pytest
@@ -22,7 +22,7 @@ from django.test import override_settings
 from django_idempotency import IdempotencyInProgress, idempotent_function
 from django_idempotency._store.postgresql import CLAIM_FUNCTION
 from tests.faults.proxy import FaultProxy
-from tests.held import assert_held_off
+from tests.held import assert_held_off, owner_and_duplicates
 from tests.proxying import proxied_alias
 from tests.redis_servers import free_port
 
@@ -86,19 +86,13 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
     runs.clear()
     insert = re.escape(f"{CLAIM_FUNCTION}(".encode()) + rb"|WITH inserted AS \(INSERT"
     held = proxy.arm("delay", insert, count=1, hold=HELD_REPLY)
-    pool = ThreadPoolExecutor(max_workers=1)
-    try:
-        owner = pool.submit(_attempt_or_held, lambda key: handle(key, 1.5), "k")
-        assert held.done.wait(5), "the owner's claim never reached the proxy"
-        sent = time.monotonic()
-        duplicates: list[Any] = []
-        while not owner.done():
-            if time.monotonic() >= sent + 0.9 * LOCK:
-                duplicates.append(_attempt_or_held(handle, "k"))
-            time.sleep(DUPLICATE_EVERY)
-        result = owner.result()
-    finally:
-        pool.shutdown()
+    result, duplicates = owner_and_duplicates(
+        partial(_attempt_or_held, lambda key: handle(key, 1.5), "k"),
+        held.done,
+        partial(_attempt_or_held, handle, "k"),
+        0.9 * LOCK,
+        DUPLICATE_EVERY,
+    )
     assert result == "k", result
     assert_held_off(duplicates, "k")
     assert runs == ["k"]
