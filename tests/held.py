@@ -33,6 +33,32 @@ def assert_held_off(duplicates: list[Any], result: Any) -> None:
     assert not any(isinstance(each, IdempotencyInProgress) for each in after), duplicates
 
 
+def owner_and_duplicates(
+    owner: Callable[[], T],
+    reached: threading.Event,
+    duplicate: Callable[[], Any],
+    start: float,
+    every: float,
+) -> tuple[T, list[Any]]:
+    """``owner()`` on a thread of its own, and ``duplicate()`` sent every ``every`` seconds,
+    from ``start`` seconds after ``reached`` is set (its claim reached a proxy holding its
+    reply, say) until the owner is done: the owner's result and the duplicates' answers (for
+    :func:`assert_held_off`)."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        running = pool.submit(owner)
+        assert reached.wait(5), "the owner's claim never reached the proxy"
+        first = time.monotonic() + start
+        answers: list[Any] = []
+        while not running.done():
+            if time.monotonic() >= first:
+                answers.append(duplicate())
+            time.sleep(every)
+        return running.result(), answers
+    finally:
+        pool.shutdown()
+
+
 def owner_then_duplicate(
     owner: Callable[[], Any],
     duplicate: Callable[[], Any],

@@ -26,12 +26,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, override_settings
 from django.urls import path
 
-from django_idempotency import _store, idempotent
+from django_idempotency import idempotent
 from django_idempotency._base.keys import hash_key
 from django_idempotency._store import deadlines
 from django_idempotency.models import IdempotencyKey
 from tests import ports
 from tests.faults.proxy import FaultProxy
+from tests.proxying import proxied_alias
 from tests.waiting import wait_for
 
 ALIAS = "blackholed"
@@ -75,32 +76,13 @@ urlpatterns = [
 
 @pytest.fixture(scope="module")
 def proxy(django_db_setup: Any, django_db_blocker: Any) -> Iterator[FaultProxy]:
-    """A proxy to the test database's server, and an alias through it."""
-    settings = dict(connections["default"].settings_dict)
+    """A proxy to the test database's server, and an alias through it. Django's pool
+    (IDEMPOTENCY_TEST_POOL) is left out: a kept connection here is CONN_MAX_AGE's, which a
+    pool refuses; tests/faults/test_pool.py blackholes a pool."""
     port = ports.free(1, ports.below_ephemeral())[0]
-    proxy = FaultProxy(port, int(settings["PORT"] or 0), settings["HOST"] or "127.0.0.1")
-    proxy.start()
-    # Django's pool (IDEMPOTENCY_TEST_POOL) left out: a kept connection here is CONN_MAX_AGE's,
-    # which a pool refuses; tests/faults/test_pool.py blackholes a pool.
-    options = {
-        name: value for name, value in (settings.get("OPTIONS") or {}).items() if name != "pool"
-    }
-    options["connect_timeout"] = 3  # what a deployment sets: a silent server's connect ends
-    connections.settings[ALIAS] = {
-        **settings,
-        "HOST": "127.0.0.1",
-        "PORT": str(port),
-        "OPTIONS": options,
-        "TEST": {"MIRROR": "default"},
-    }
-    try:
+    # connect_timeout: what a deployment sets, so that a silent server's connect ends.
+    with proxied_alias(ALIAS, port, django_db_blocker, connect_timeout=3) as proxy:
         yield proxy
-    finally:
-        proxy.stop()
-        _store._BOUND.pop(ALIAS, None)
-        with django_db_blocker.unblock():
-            connections[ALIAS].close()
-        del connections.settings[ALIAS]
 
 
 @pytest.fixture

@@ -417,9 +417,11 @@ def test_the_policy_takes_heartbeat_from_the_option_then_the_setting(
 
 
 def test_renewal_stops_when_the_attempt_raises_or_is_cancelled(renewals: Renewals) -> None:
+    """Each attempt ends once its lock was renewed (seen renewed, not after a fixed sleep)."""
+
     @idempotent_function(key="message_id", lock_timeout=LOCK)
     def failing(message_id: str) -> None:
-        time.sleep(2 * INTERVAL)
+        wait_for(lambda: renewals.updates() >= 1, "a renewal of the failing attempt's lock", 5)
         assert heartbeat.renewer.live() == 1
         raise RuntimeError("boom")
 
@@ -430,25 +432,32 @@ def test_renewal_stops_when_the_attempt_raises_or_is_cancelled(renewals: Renewal
 
     async def cancelled() -> None:
         task = asyncio.ensure_future(slow_async(str(uuid.uuid4()), 60))
-        while heartbeat.renewer.live() == 0:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(2 * INTERVAL)
+        before = renewals.updates()
+        # Polled on a thread of its own: the task's steps need this loop, and the claim's
+        # thread (sync_to_async's) meanwhile.
+        await asyncio.to_thread(
+            wait_for,
+            lambda: heartbeat.renewer.live() and renewals.updates() > before,
+            "a renewal of the async attempt's lock",
+            5,
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
     async_to_sync(cancelled)()
     wait_for(lambda: heartbeat.renewer.live() == 0, "the cancelled attempt's renewal to stop", 5)
-    assert renewals.updates() >= 1
 
 
-async def _cancel_once_renewed() -> BaseException:
+async def _cancel_once_renewed(cancelled: threading.Event | None = None) -> BaseException:
     """Start a slow protected task and cancel it once its lock is renewed: its
-    ``CancelledError``."""
+    ``CancelledError``. ``cancelled`` is set once the task is."""
     task = asyncio.ensure_future(slow_async(str(uuid.uuid4()), 60))
     while heartbeat.renewer.live() == 0:
         await asyncio.sleep(0.01)
     task.cancel()
+    if cancelled is not None:
+        cancelled.set()
     try:
         await task
     except asyncio.CancelledError as exc:
@@ -491,15 +500,18 @@ def test_a_task_cancelled_while_it_claims_is_not_renewed(
     there must not be left renewed once the task is gone (the lifecycle is ended in that
     thread after the step)."""
     start = heartbeat.start
+    cancelled = threading.Event()
 
     def slow_start(*args: Any, **kwargs: Any) -> None:
         start(*args, **kwargs)
-        time.sleep(0.3)  # still in the claim's step when the task is cancelled
+        # Still in the claim's step when the task is cancelled (a fixed 0.3 s here let a
+        # loaded machine cancel it later, in its body, and the test passed without the case).
+        assert cancelled.wait(10), "the task was never cancelled"
 
     monkeypatch.setattr(heartbeat, "start", slow_start)
 
     # Its context holds the task's frames, as a caller's may.
-    kept = async_to_sync(_cancel_once_renewed)()
+    kept = async_to_sync(_cancel_once_renewed)(cancelled)
     assert kept.__context__ is not None
     assert heartbeat.renewer.live() == 0
     assert IdempotencyKey.objects.get().status == IdempotencyKey.Status.PROCESSING

@@ -30,6 +30,7 @@ from django_idempotency.models import OutboxMessage
 from django_idempotency.testing import outbox_sent
 from tests.relaying import relay_here, relay_thread
 from tests.testapp.outbox_tasks import receipt
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.urls("tests.outbox_urls"), pytest.mark.django_db(transaction=True)]
 
@@ -402,7 +403,7 @@ def test_a_release_notifies_the_relay_on_postgresql(post: Post, key: str) -> Non
         assert listener.wait(5)
     finally:
         listener.drop()
-    assert _within(lambda: not _listeners(), 5), "the listener's session outlived it"
+    wait_for(lambda: not _listeners(), "the listener's session to end", 5)
 
 
 def _listeners() -> set[int]:
@@ -417,14 +418,6 @@ def _listeners() -> set[int]:
         return {row[0] for row in cursor.fetchall()}
 
 
-def _within(condition: Callable[[], Any], seconds: float) -> Any:
-    """``condition()``'s first true value within ``seconds``, else the last (false) one."""
-    deadline = time.monotonic() + seconds
-    while not (value := condition()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return value
-
-
 @pytest.mark.postgresql
 @override_settings(IDEMPOTENCY=NO_FAST_PATH)
 def test_a_relay_whose_listener_was_terminated_listens_again(post: Post, key: str) -> None:
@@ -432,14 +425,17 @@ def test_a_relay_whose_listener_was_terminated_listens_again(post: Post, key: st
     listens on a new connection: a release is sent at once, not at the next poll (60 s). It
     listened again on the dead connection, which failed for good, and only polled."""
     with relay_thread(Relay("default", interval=60), 30) as thread:
-        first = _within(_listeners, 10)
-        assert len(first) == 1, "the relay never listened"
+        first = wait_for(_listeners, "the relay's listener", 10)
+        assert len(first) == 1, first
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [next(iter(first))])
-        again = _within(lambda: _listeners() - first, 10)  # none without the fix: released anyway
+        wait_for(lambda: _listeners() - first, "the relay to listen again", 10)
         ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
-        sent = _within(lambda: set(ids) <= {task_id for task_id, _, _ in receipt.sent}, 10)
-        assert sent, f"not sent within 10 s of its release (listening again: {bool(again)})"
+        wait_for(
+            lambda: set(ids) <= {task_id for task_id, _, _ in receipt.sent},
+            "the release's messages sent (not at the next poll, 60 s on)",
+            10,
+        )
     assert not thread.is_alive()
 
 

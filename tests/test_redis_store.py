@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from django_idempotency._store.redis.clients import cluster_client
 from django_idempotency._store.redis.keyspace import record_key
 from django_idempotency.testing import concurrently, stale_key
 from tests.conftest import flush_redis
-from tests.held import assert_held_off
+from tests.held import assert_held_off, owner_and_duplicates
 from tests.redis_servers import free_port, private_cluster, start_server
 from tests.waiting import wait_for
 
@@ -315,7 +316,11 @@ def test_an_expired_record_is_gone_and_the_key_runs_afresh() -> None:
     with on_redis():
         assert handle("k") == 1
         assert handle("k") == 1
-        time.sleep(1.1)
+        wait_for(
+            lambda: not list(client().scan_iter(match="idempotency:r:*")),
+            "the record's expiry by Redis's TTL",
+            5,
+        )
         assert handle("k") == 2
 
 
@@ -1443,7 +1448,7 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
     (issue 50, item 1; tests/test_functions.py holds the owner in a ``key_claimed`` receiver
     instead, 3.4 s under a 4.5 s lock)."""
     from django_idempotency._store.redis import scripts
-    from tests.faults.proxy import FaultProxy
+    from tests.proxying import proxying
 
     runs: list[str] = []
 
@@ -1463,25 +1468,18 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
         assert server.script_load(scripts.CLAIM) == claim_sha.decode()
         server.script_load(scripts.RENEW)
         server.close()
-        proxy = FaultProxy(free_port(), private_redis.last.port).start()
-        try:
-            with override_settings(IDEMPOTENCY={"STORE": f"redis://127.0.0.1:{proxy.port}/0"}):
-                held = proxy.arm("delay", re.escape(claim_sha), count=1, hold=HELD_REPLY)
-                pool = ThreadPoolExecutor(max_workers=1)
-                try:
-                    owner = pool.submit(handle, "k", 1.5)
-                    assert held.done.wait(5), "the owner's claim never reached the proxy"
-                    sent = time.monotonic()
-                    duplicates: list[Any] = []
-                    while not owner.done():
-                        if time.monotonic() >= sent + 0.9 * HELD_LOCK:
-                            duplicates.append(_attempt_or_held(handle, "k"))
-                        time.sleep(DUPLICATE_EVERY)
-                    result = owner.result()
-                finally:
-                    pool.shutdown()
-        finally:
-            proxy.stop()
+        with (
+            proxying(private_redis.last.port, free_port()) as proxy,
+            override_settings(IDEMPOTENCY={"STORE": f"redis://127.0.0.1:{proxy.port}/0"}),
+        ):
+            held = proxy.arm("delay", re.escape(claim_sha), count=1, hold=HELD_REPLY)
+            result, duplicates = owner_and_duplicates(
+                partial(handle, "k", 1.5),
+                held.done,
+                partial(_attempt_or_held, handle, "k"),
+                0.9 * HELD_LOCK,
+                DUPLICATE_EVERY,
+            )
     assert result == "k"
     assert_held_off(duplicates, "k")
     assert runs == ["k"]

@@ -9,22 +9,22 @@ renewal must be counted from when the claim was sent, not from when its reply ca
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import pytest
 from django.db import connections
 from django.test import override_settings
 
-from django_idempotency import IdempotencyInProgress, _store, idempotent_function
+from django_idempotency import IdempotencyInProgress, idempotent_function
 from django_idempotency._store.postgresql import CLAIM_FUNCTION
-from tests import ports
 from tests.faults.proxy import FaultProxy
-from tests.held import assert_held_off
+from tests.held import assert_held_off, owner_and_duplicates
+from tests.proxying import proxied_alias
+from tests.redis_servers import free_port
 
 ALIAS = "held"
 #: The claim may take 1 s (``deadlines.bound``: a sixth of the lock, no less than 1 s), then its
@@ -40,41 +40,15 @@ DUPLICATE_EVERY = 0.02
 pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
 
 
-def _port() -> int:
-    """A port for the proxy: ``IDEMPOTENCY_REDIS_PORTS`` when set (an engineer's own range)."""
-    within = ports.below_ephemeral()
-    if chosen := os.environ.get("IDEMPOTENCY_REDIS_PORTS"):
-        first, last = (int(port) for port in chosen.split("-"))
-        within = range(first, last + 1)
-    return ports.free(1, within)[0]
-
-
 @pytest.fixture
 def proxy(django_db_blocker: Any) -> Iterator[FaultProxy]:
     """A proxy to the test database's server, and an alias through it, the store's."""
-    settings = dict(connections["default"].settings_dict)
-    proxy = FaultProxy(_port(), int(settings["PORT"] or 5432), settings["HOST"] or "127.0.0.1")
-    proxy.start()
-    options = {
-        name: value for name, value in (settings.get("OPTIONS") or {}).items() if name != "pool"
-    }
-    connections.settings[ALIAS] = {
-        **settings,
-        "HOST": "127.0.0.1",
-        "PORT": str(proxy.port),
-        "OPTIONS": options,
-        "CONN_MAX_AGE": 0,
-        "TEST": {"MIRROR": "default"},
-    }
-    try:
-        with django_db_blocker.unblock(), override_settings(IDEMPOTENCY={"DATABASE_ALIAS": ALIAS}):
-            yield proxy
-    finally:
-        proxy.stop()
-        _store._BOUND.pop(ALIAS, None)
-        with django_db_blocker.unblock():
-            connections[ALIAS].close()
-        del connections.settings[ALIAS]
+    with (
+        proxied_alias(ALIAS, free_port(), django_db_blocker) as proxy,
+        django_db_blocker.unblock(),
+        override_settings(IDEMPOTENCY={"DATABASE_ALIAS": ALIAS}),
+    ):
+        yield proxy
 
 
 def _attempt_or_held(handle: Any, key: str) -> Any:
@@ -112,19 +86,13 @@ def test_the_first_renewal_counts_from_the_claim_not_from_its_reply_held_by_the_
     runs.clear()
     insert = re.escape(f"{CLAIM_FUNCTION}(".encode()) + rb"|WITH inserted AS \(INSERT"
     held = proxy.arm("delay", insert, count=1, hold=HELD_REPLY)
-    pool = ThreadPoolExecutor(max_workers=1)
-    try:
-        owner = pool.submit(_attempt_or_held, lambda key: handle(key, 1.5), "k")
-        assert held.done.wait(5), "the owner's claim never reached the proxy"
-        sent = time.monotonic()
-        duplicates: list[Any] = []
-        while not owner.done():
-            if time.monotonic() >= sent + 0.9 * LOCK:
-                duplicates.append(_attempt_or_held(handle, "k"))
-            time.sleep(DUPLICATE_EVERY)
-        result = owner.result()
-    finally:
-        pool.shutdown()
+    result, duplicates = owner_and_duplicates(
+        partial(_attempt_or_held, lambda key: handle(key, 1.5), "k"),
+        held.done,
+        partial(_attempt_or_held, handle, "k"),
+        0.9 * LOCK,
+        DUPLICATE_EVERY,
+    )
     assert result == "k", result
     assert_held_off(duplicates, "k")
     assert runs == ["k"]

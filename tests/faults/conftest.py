@@ -16,9 +16,10 @@ from django.test import override_settings
 
 from tests import own_servers
 from tests.faults import app as apps
-from tests.faults.databases import MariaDBServer, PostgresCluster, SQLiteFile, free_port
+from tests.faults.databases import MariaDBServer, PostgresCluster, SQLiteFile
 from tests.faults.proxy import FaultProxy
 from tests.faults.storm import Store
+from tests.proxying import proxying
 from tests.test_servers_postgresql import serving
 
 
@@ -54,17 +55,10 @@ def sqlite() -> Iterator[SQLiteFile]:
         database.destroy()
 
 
-def proxying(upstream: int) -> Iterator[FaultProxy]:
-    proxy = FaultProxy(free_port(), upstream).start()
-    try:
-        yield proxy
-    finally:
-        proxy.stop()
-
-
 @pytest.fixture(scope="session")
 def postgresql_proxy(postgresql: PostgresCluster) -> Iterator[FaultProxy]:
-    yield from proxying(postgresql.port)
+    with proxying(postgresql.port) as proxy:
+        yield proxy
 
 
 @pytest.fixture(scope="module", params=["postgresql", "mariadb"])
@@ -96,7 +90,8 @@ PROXIED = "proxied"
 @pytest.fixture(scope="module")
 def proxy(server: PostgresCluster | MariaDBServer) -> Iterator[FaultProxy]:
     """A proxy in front of the module's server."""
-    yield from proxying(server.port)
+    with proxying(server.port) as proxy:
+        yield proxy
 
 
 @pytest.fixture(scope="module")
