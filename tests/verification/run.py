@@ -940,12 +940,13 @@ class Run:
                 elif fault.kind in ("relay-kill", "consumer-kill"):
                     name = fault.kind.partition("-")[0]
                     if name == "consumer":  # a worker ready a while, mostly mid-task
-                        event["ready"], event["mid_task"] = self.consumer_busy(fault.after_ready)
-                        if time.time() >= self.start + self.seconds:
-                            # Its worker's start and run took it past the workload's end:
+                        busy = self.consumer_busy(fault.after_ready, self.start + self.seconds)
+                        if busy is None:
+                            # Its worker's start and work take it past the workload's end:
                             # the schedule ends with the run's time, not later.
                             log(f"consumer-kill at {fault.at}: not done, the run is over")
                             break
+                        event["ready"], event["mid_task"] = busy
                     event["pid"] = self.servers.helpers[name].pid
                     self.servers.kill_helper(name)
                     self.servers.start_helper(name)  # a new one at once, as a supervisor would
@@ -991,15 +992,18 @@ class Run:
                 return None
             time.sleep(0.1)
 
-    def consumer_busy(self, after_ready: float) -> tuple[bool, bool]:
+    def consumer_busy(self, after_ready: float, until: float) -> tuple[bool, bool] | None:
         """Wait for the Celery worker to be ready (:meth:`consumer_ready`) and to have been
         ready ``after_ready`` s, then (at most :data:`CONSUMER_KILL_WAIT` s) for a task that
         noted its effect within the last :data:`CONSUMER_WORK` s: whether it was ready, and
-        whether one did."""
+        whether one did; ``None`` at once if that time ends at ``until`` or later (the run's
+        end)."""
         folder = self.servers.folder
         ready = self.consumer_ready()
         if ready is None:
             return False, False
+        if ready + after_ready >= until:
+            return None
         time.sleep(max(0.0, ready + after_ready - time.time()))
         deadline = time.time() + CONSUMER_KILL_WAIT
         while time.time() - newest(folder, "working-*.jsonl") >= CONSUMER_WORK:

@@ -44,8 +44,15 @@ def test_a_kill_waits_for_the_worker_to_have_been_ready_its_time(
     now = time.time()
     ready(tmp_path, now)
     monkeypatch.setattr(run, "newest", lambda folder, pattern: time.time())  # a task mid-work
-    assert runner(tmp_path, started=now - 1).consumer_busy(0.4) == (True, True)
+    assert runner(tmp_path, started=now - 1).consumer_busy(0.4, now + 60) == (True, True)
     assert time.time() >= now + 0.4
+
+
+def test_a_kill_whose_time_of_work_ends_after_the_run_is_not_waited_for(tmp_path: Path) -> None:
+    now = time.time()
+    ready(tmp_path, now)
+    assert runner(tmp_path, started=now - 1).consumer_busy(10, now + 5) is None
+    assert time.time() < now + 5
 
 
 def test_a_dead_workers_ready_note_under_the_same_pid_is_not_the_new_ones(
