@@ -132,6 +132,8 @@ class Fault:
     #: A scene's fault: the worker running this key's view, whichever it is.
     key: str | None = None
     scene: str = ""
+    #: A ``consumer-kill``: seconds the Celery worker it kills has been ready before it.
+    after_ready: float = 0.0
 
 
 #: The scenes every run opens with, whatever its seed (keys and numbers from it): each plant's
@@ -364,20 +366,27 @@ def _more(seed: int, seconds: float, store: str) -> list[Story]:
 
 
 def consumer_faults(seed: int, seconds: float, store: str) -> list[Fault]:
-    """With the database store, the Celery worker's SIGKILLs (``consumer-kill``): every 4 to
-    12 s, from a generator of their own, so that the other schedules of a seed stay what they
-    were. Each waits for the worker to be ready, then (at most :data:`CONSUMER_KILL_WAIT`
-    s) for a task between its effect and its result."""
+    """With the database store, the Celery worker's SIGKILLs (``consumer-kill``): each once
+    the worker has been ready 4 to 12 s (``after_ready``), from a generator of their own, so
+    that the other schedules of a seed stay what they were; then (at most
+    :data:`CONSUMER_KILL_WAIT` s) once a task is between its effect and its result.
+
+    Counted from the worker's readiness, not from the last kill: a worker takes seconds to
+    start on a loaded machine, and a kill every 4 to 12 s from the last one left it ready for
+    about a second each time once its start took as long (a soak's load), so that it consumed
+    fewer messages than the run staged and the backlog grew for the whole run."""
     if store != "database":
         return []
     rng = random.Random(f"consumer-{seed}")
     faults = []
     t = 0.0
     while True:
-        t += rng.uniform(4, 12)
+        gap = rng.uniform(4, 12)
+        t += gap
         if t >= seconds:
             return faults
-        faults.append(Fault(round(t, 3), "consumer-kill", 0.0, rng.randrange(1000)))
+        faults.append(Fault(round(t, 3), "consumer-kill", 0.0, rng.randrange(1000),
+                            after_ready=round(gap, 3)))  # fmt: skip
 
 
 # The servers ------------------------------------------------------------------------------
@@ -419,6 +428,9 @@ class Servers:
     #: The outbox's relay (``manage.py idempotency_relay``) and consumer (a Celery worker, in a
     #: session of its own: its process group is its pool too), database store only.
     helpers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: When each helper was started (a ready note of the consumer is its own only if later:
+    #: the kernel's pids wrap within a long run, and a new worker may get a dead one's pid).
+    started: dict[str, float] = field(default_factory=dict)
     #: The Celery queue of this run on the shared RabbitMQ (and the exchange of that name).
     queue: str = field(default_factory=lambda: f"idem-verify-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     env: dict[str, str] = field(default_factory=dict)
@@ -491,12 +503,16 @@ class Servers:
                 "--without-mingle", "--without-heartbeat",
             ],
         }[name]  # fmt: skip
+        if name == "consumer" and os.environ.get("IDEMPOTENCY_VERIFY_CONSUMER_NICE"):
+            # The consumer alone starved of CPU, as every process is under a soak's load.
+            command = ["nice", "-n", os.environ["IDEMPOTENCY_VERIFY_CONSUMER_NICE"], *command]
         with (self.folder / f"{name}.log").open("ab") as log:
             process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=name == "consumer")  # fmt: skip
         databases.track(process.pid, name)
         self.helpers[name] = process
+        self.started[name] = time.time()
 
     def kill_helper(self, name: str) -> None:
         """SIGKILL the relay, or the consumer's whole process group (its worker and pool)."""
@@ -837,6 +853,8 @@ class Run:
                 schedule.start()
             for schedule in schedules:
                 schedule.join()
+            if "consumer" in self.servers.helpers:  # the last kill's worker is up again
+                self.consumer_ready()
         finally:  # whatever happened, the clients' settling time counts from now
             self.heal_time = time.time()
             self.healed.set()
@@ -921,8 +939,14 @@ class Run:
                     self.servers.server.read_only(False)
                 elif fault.kind in ("relay-kill", "consumer-kill"):
                     name = fault.kind.partition("-")[0]
-                    if name == "consumer":  # a worker ready, mostly mid-task
-                        event["ready"], event["mid_task"] = self.consumer_busy()
+                    if name == "consumer":  # a worker ready a while, mostly mid-task
+                        busy = self.consumer_busy(fault.after_ready, self.start + self.seconds)
+                        if busy is None:
+                            # Its worker's start and work take it past the workload's end:
+                            # the schedule ends with the run's time, not later.
+                            log(f"consumer-kill at {fault.at}: not done, the run is over")
+                            break
+                        event["ready"], event["mid_task"] = busy
                     event["pid"] = self.servers.helpers[name].pid
                     self.servers.kill_helper(name)
                     self.servers.start_helper(name)  # a new one at once, as a supervisor would
@@ -951,17 +975,36 @@ class Run:
             self.recorder.add(event)
             log(f"fault {fault.kind} {fault.duration:.1f}s")
 
-    def consumer_busy(self) -> tuple[bool, bool]:
-        """Wait (at most :data:`CONSUMER_READY_WAIT` s) for the Celery worker to be ready,
-        then (at most :data:`CONSUMER_KILL_WAIT` s) for a task that noted its effect within
-        the last :data:`CONSUMER_WORK` s: whether it was ready, and whether one did."""
+    def consumer_ready(self) -> float | None:
+        """Wait (at most :data:`CONSUMER_READY_WAIT` s) for the Celery worker to be ready:
+        when it was (``None``: not in that time)."""
         folder, pid = self.servers.folder, self.servers.helpers["consumer"].pid
+        started = self.servers.started["consumer"]
         deadline = time.time() + CONSUMER_READY_WAIT
-        ready = folder / "consumer-ready.jsonl"
-        while not (ready.exists() and f'"pid": {pid},' in ready.read_text()):
+        notes = folder / "consumer-ready.jsonl"
+        while True:
+            for raw in notes.read_text().splitlines() if notes.exists() else []:
+                with contextlib.suppress(ValueError):  # a line still being written
+                    line = json.loads(raw)
+                    if line["pid"] == pid and line["t"] >= started:
+                        return float(line["t"])
             if time.time() > deadline:
-                return False, False
+                return None
             time.sleep(0.1)
+
+    def consumer_busy(self, after_ready: float, until: float) -> tuple[bool, bool] | None:
+        """Wait for the Celery worker to be ready (:meth:`consumer_ready`) and to have been
+        ready ``after_ready`` s, then (at most :data:`CONSUMER_KILL_WAIT` s) for a task that
+        noted its effect within the last :data:`CONSUMER_WORK` s: whether it was ready, and
+        whether one did; ``None`` at once if that time ends at ``until`` or later (the run's
+        end)."""
+        folder = self.servers.folder
+        ready = self.consumer_ready()
+        if ready is None:
+            return False, False
+        if ready + after_ready >= until:
+            return None
+        time.sleep(max(0.0, ready + after_ready - time.time()))
         deadline = time.time() + CONSUMER_KILL_WAIT
         while time.time() - newest(folder, "working-*.jsonl") >= CONSUMER_WORK:
             if time.time() > deadline:
