@@ -58,6 +58,8 @@ STORE_MODULES = frozenset(
         "test_view_policy",
         "test_principals",
         "test_redis_store",
+        "test_operations",
+        "test_operation_lifecycle",
     }
 )
 

@@ -1140,9 +1140,10 @@ def test_a_cluster_failover_keeps_replicated_records_and_answers_503_meanwhile(
         )
 
 
-def test_accepted_and_the_outbox_need_the_database_store() -> None:
-    with pytest.raises(ImproperlyConfigured, match="operation status endpoint"):
-        Options.build(in_progress="accepted", store=STORE)
+def test_the_outbox_needs_the_database_store_and_operations_do_not() -> None:
+    """``in_progress="accepted"`` and a record's operation id were refused on a Redis store
+    (its id named nothing): both work now, the id naming the Redis record."""
+    assert Options.build(in_progress="accepted", store=STORE).resolve().in_progress == "accepted"
 
     @idempotent_function(key="event_id")
     def handle(event_id: str, *, idempotency: Any) -> str:
@@ -1154,10 +1155,11 @@ def test_accepted_and_the_outbox_need_the_database_store() -> None:
 
     @idempotent_function(key="event_id")
     def start(event_id: str, *, idempotency: Any) -> str:
-        return str(idempotency.operation_id)  # named nothing: complete_operation() refused it
+        return str(idempotency.operation_id)
 
-    with on_redis(), pytest.raises(ImproperlyConfigured, match="operation needs the database"):
-        start("k")
+    with on_redis():
+        named = start("k")
+        assert named.startswith("r") and start("k") == named  # replayed: the same id
 
 
 # --- one store's fault, another store's locks ------------------------------------------------

@@ -134,15 +134,10 @@ class Claim:
         made = self.__dict__.get("_operation_id")
         if made is None:
             from django_idempotency._call.operations import make_id  # see set_recovery_point
+            from django_idempotency._store.operations import name_of
 
-            # A Redis record's id named nothing: the status endpoint answered 404 and
-            # complete_operation() "unknown", and the stored 202 was replayed until the TTL.
-            self._needs_database(
-                "An operation needs the database store: its status endpoint and "
-                "complete_operation() read the database's records"
-            )
-
-            made = make_id(self.pk, self.scope, self.key_hash, self.life)
+            # A Redis record's pk is a number of this process: its operation's own name.
+            made = make_id(name_of(self.alias, self.pk), self.scope, self.key_hash, self.life)
             self.__dict__["_operation_id"] = made
         return str(made)
 

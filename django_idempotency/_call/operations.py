@@ -36,7 +36,7 @@ URL_NAME = "django_idempotency:operation"
 
 
 def _mac(
-    pk: int,
+    pk: int | str,
     scope: str,
     key_hash: str,
     created_at: datetime | int,
@@ -50,9 +50,11 @@ def _mac(
     return base64.urlsafe_b64encode(digest[:16]).rstrip(b"=").decode("ascii")
 
 
-def make_id(pk: int, scope: str, key_hash: str, created_at: datetime | int) -> str:
+def make_id(pk: int | str, scope: str, key_hash: str, created_at: datetime | int) -> str:
     """The operation id of record ``pk`` of ``scope`` and ``key_hash``, in the life that
-    began at ``created_at`` (a time, or :attr:`.Claim.life`'s microseconds)."""
+    began at ``created_at`` (a time, or :attr:`.Claim.life`'s microseconds). On a Redis store
+    ``pk`` is the operation's name (``r<store>-<random>``: :mod:`.._store.redis.operations`),
+    which its record keeps for its life."""
     return f"{pk}.{_mac(pk, scope, key_hash, created_at)}"
 
 
@@ -71,7 +73,9 @@ def parse_id(operation_id: str) -> int | None:
 BIGINT = 2**63
 
 
-def verify(operation_id: str, pk: int, scope: str, key_hash: str, created_at: datetime) -> bool:
+def verify(
+    operation_id: str, pk: int | str, scope: str, key_hash: str, created_at: datetime
+) -> bool:
     """Whether ``operation_id`` is record ``pk``'s (with ``scope``, ``key_hash`` and
     ``created_at``), under ``SECRET_KEY`` or one of ``SECRET_KEY_FALLBACKS``; in constant
     time."""

@@ -161,25 +161,18 @@ def ttl_error(
 
 
 def atomic_error(atomic: bool, store: str, in_progress: str | None = None) -> str | None:
-    """The rules of what needs the database store: atomic mode (the claim, the view's writes
-    and the result commit in one transaction of the view's database, which Redis cannot join)
-    and ``in_progress="accepted"`` (its operation status endpoint reads the table)."""
-    if store == DATABASE:
+    """The one rule of what needs the database store: atomic mode (the claim, the view's
+    writes and the result commit in one transaction of the view's database, which Redis
+    cannot join). ``in_progress`` is taken for the callers' sake: every policy of it works on
+    every store (operations included)."""
+    if store == DATABASE or not atomic:
         return None
-    if atomic:
-        return (
-            f"atomic=True needs the database store, not {display_name(store)!r}: Redis shares "
-            "no transaction with the view's database, so the claim, the view's writes and its "
-            "result could not commit or roll back together. Use the database store, or "
-            "two-phase mode."
-        )
-    if in_progress == "accepted":
-        return (
-            f'in_progress="accepted" needs the database store, not {display_name(store)!r}: '
-            "the operation status endpoint reads its record from the table. Use the database "
-            'store, or "conflict" or "wait".'
-        )
-    return None
+    return (
+        f"atomic=True needs the database store, not {display_name(store)!r}: Redis shares "
+        "no transaction with the view's database, so the claim, the view's writes and its "
+        "result could not commit or roll back together. Use the database store, or "
+        "two-phase mode."
+    )
 
 
 def ttl_under_lock(options: Options) -> str | None:

@@ -418,6 +418,7 @@ def store(value: Any, name: str) -> str:
             redis_places(value, 6379)  # a port that is not a number: refused here, not per call
         unambiguous(value)  # a password's "/" not percent-encoded: another host for redis-py
         redis_options(value)  # an option redis-py cannot read (db=x): here too
+        _NAMED.add(value)
         return value
     caches = getattr(settings, "CACHES", {})
     if value not in caches:
@@ -428,6 +429,16 @@ def store(value: Any, name: str) -> str:
     if backend not in REDIS_CACHES:
         raise ValueError(f"{name}: CACHES[{value!r}] uses {backend!r}, which is not Redis.")
     return value
+
+
+#: The Redis URLs ``STORE`` or an option named in this process (:func:`store`): a status
+#: endpoint finds an operation's store among them (a cache alias is found in ``CACHES``).
+_NAMED: set[str] = set()
+
+
+def named_stores() -> frozenset[str]:
+    """The Redis stores given as URLs so far (:data:`_NAMED`)."""
+    return frozenset(_NAMED)
 
 
 def unambiguous(url: str) -> None:

@@ -45,6 +45,7 @@ from django_idempotency._http import (
 )
 from django_idempotency._http.fingerprints import full_path
 from django_idempotency._store import StoredResponse, sealing, using
+from django_idempotency._store import operations as operation_store
 from django_idempotency._store.limits import bounded_fingerprint, bounded_scope, unkeepable
 from django_idempotency._store.rows import Record
 from django_idempotency.models import IdempotencyKey
@@ -201,11 +202,16 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
         if found.kind is claiming.Kind.REPLAY:
             return Answer(_replay(found.record))
         record, policy = found.record, self.policy
-        if policy is not None and policy.in_progress == "accepted" and record.pk is not None:
+        if policy is not None and policy.in_progress == "accepted":
             # The first request still runs: its operation's status URL.
-            return Answer(
-                operations.accepted(record.pk, record.scope, record.key_hash, record.created_at)
-            )
+            try:
+                named = operation_store.found_name(policy.alias, record)
+            except StoreUnavailable:
+                logger.warning("Could not read a running operation's id.", exc_info=True)
+                return Answer(problems.unavailable())
+            if named is not None:
+                made = operations.accepted(named[0], record.scope, record.key_hash, named[1])
+                return Answer(made)
         return Answer(problems.in_progress(conf.RETRY_AFTER))
 
     def refused(
@@ -277,19 +283,12 @@ _DATABASE_ONLY = {
         "the outbox needs the database store, whose transaction releases the messages with "
         "the result, and Redis shares none with it",
     ),
-    "operation_id": (
-        "reads its operation",
-        "an operation needs the database store, whose records its status endpoint and "
-        "complete_operation() read (a Redis record's id would name nothing: a 202 whose "
-        "Location answers 404)",
-    ),
 }
-_DATABASE_ONLY["operation_url"] = _DATABASE_ONLY["operation_id"]
 
 
 def refuse_database_only(policy: Policy, options: Options, view: Any) -> None:
     """``ImproperlyConfigured`` when ``view`` (its function or class; ``None``: unknown) is
-    on a Redis store and its code calls ``enqueue`` or reads its operation: refused before
+    on a Redis store and its code calls ``enqueue``: refused before
     its claim, rather than after its own writes."""
     if policy.store == DATABASE or view is None:
         return

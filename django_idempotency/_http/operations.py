@@ -27,6 +27,7 @@ from django_idempotency._base.errors import OperationError, StoreUnavailable
 from django_idempotency._call import operations as ids
 from django_idempotency._call import storing, telemetry
 from django_idempotency._conf.settings import conf
+from django_idempotency._conf.values import store_alias
 from django_idempotency._http import problems, responses
 from django_idempotency._http.scopes import ANONYMOUS_SCOPE
 from django_idempotency._store import StoredResponse, sealing, using
@@ -178,13 +179,19 @@ def set_operation_progress(operation_id: str, progress: Any) -> None:
 
 def _operation(alias: str, operation_id: str) -> store.Operation | None:
     """The operation ``operation_id`` names, its MAC checked; ``None``: no such operation."""
-    pk = ids.parse_id(operation_id)
-    if pk is None:
-        return None
-    operation = store.read(alias, pk)
+    operation = _read(alias, operation_id)
     if operation is None or not _verified(operation_id, operation):
         return None
     return operation
+
+
+def _read(alias: str, operation_id: str) -> store.Operation | None:
+    """The record an operation id names, its MAC not checked: a primary key of the database
+    store's table, or a Redis store's operation (:func:`.store.read_named`)."""
+    pk = ids.parse_id(operation_id)
+    if pk is None:
+        return store.read_named(operation_id)
+    return store.read(alias, pk)
 
 
 def _refusal(operation_id: str, operation: store.Operation | None) -> OperationError:
@@ -238,10 +245,9 @@ def operation_list(request: HttpRequest) -> HttpResponse:
             for scope in _scopes(request)
             if scope is not None and scope != ANONYMOUS_SCOPE
         }
+        alias = store_alias(conf.STORE, conf.DATABASE_ALIAS)  # the STORE setting's store
         found = (
-            store.of_scopes(
-                conf.DATABASE_ALIAS, scopes, before=before, limit=limit + 1, state=state
-            )
+            store.of_scopes(alias, scopes, before=before, limit=limit + 1, state=state)
             if scopes
             else []
         )
@@ -253,7 +259,7 @@ def operation_list(request: HttpRequest) -> HttpResponse:
     following = None
     if more:
         query = request.GET.copy()
-        query["before"] = str(page[-1].pk)
+        query["before"] = str(store.cursor(page[-1]))
         following = f"{request.path}?{query.urlencode()}"
     return _json({"operations": listed, "next": following}, 200)
 
@@ -278,12 +284,9 @@ def _listed(operation: store.Operation, now: datetime) -> dict[str, Any]:
 @require_safe
 def operation_status(request: HttpRequest, operation_id: str) -> HttpResponse:
     """``GET operations/<id>``: the operation's state as JSON, to its own principal only."""
-    pk = ids.parse_id(operation_id)
-    if pk is None:
-        return problems.operation_not_found()
     try:
         scopes = _scopes(request)
-        operation = store.read(conf.DATABASE_ALIAS, pk)
+        operation = _read(conf.DATABASE_ALIAS, operation_id)
     except StoreUnavailable as exc:
         return _unavailable(exc)
     if (
@@ -308,9 +311,10 @@ def _verified(operation_id: str, operation: store.Operation) -> bool:
     )
 
 
-def accepted(pk: int, scope: str, key_hash: str, created_at: datetime) -> HttpResponse:
+def accepted(pk: int | str, scope: str, key_hash: str, created_at: datetime) -> HttpResponse:
     """``in_progress="accepted"``: the ``202`` of a duplicate of a request still running,
-    with its operation's status URL; never stored (the first request's response will be)."""
+    with its operation's status URL; never stored (the first request's response will be).
+    ``pk``: what its operation id is made of (:func:`.store.found_name`)."""
     operation_id = ids.make_id(pk, scope, key_hash, created_at)
     response = _json({"id": operation_id, "state": RUNNING}, 202)
     response["Location"] = ids.status_url(operation_id)

@@ -146,9 +146,8 @@ def redis_stores() -> set[str]:
 
 
 @refusing(
-    'a protected view in the URLconf is ``atomic=True`` or ``in_progress="accepted"`` on a '
-    "Redis store (``STORE`` or its ``store``): Redis shares no transaction with the view's "
-    "database, and the operation status endpoint reads the table"
+    "a protected view in the URLconf is ``atomic=True`` on a Redis store (``STORE`` or its "
+    "``store``): Redis shares no transaction with the view's database"
 )
 def e061_atomic_on_redis() -> list[CheckMessage]:
     errors: list[CheckMessage] = []
@@ -160,13 +159,10 @@ def e061_atomic_on_redis() -> list[CheckMessage]:
             continue
         seen.add(name)
         if error := atomic_error(options.atomic, store, options.get("in_progress")):
-            instead = (
-                "Drop atomic=True" if options.atomic else 'Use in_progress="conflict" or "wait"'
-            )
             errors.append(
                 Error(
                     f"{name}: {error}",
-                    hint=f"{instead}, or give the view store='database' "
+                    hint="Drop atomic=True, or give the view store='database' "
                     "(docs: 'Choosing the store').",
                     id=check_name(61),
                 )

@@ -39,6 +39,7 @@ __all__ = [
     "Lock",
     "Store",
     "StoredResponse",
+    "bound_aliases",
     "served",
     "using",
 ]
@@ -75,6 +76,11 @@ def using(alias: str) -> Store:
         raise unsupported(connection)
     # Two threads may both make one; either serves, and the dictionary keeps the first.
     return _BOUND.setdefault(alias, vendor(alias))
+
+
+def bound_aliases() -> list[str]:
+    """The aliases whose stores this process made (:func:`using`)."""
+    return list(_BOUND)
 
 
 def served(alias: str) -> Store | None:

@@ -24,6 +24,8 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from django_idempotency._base import rules
+from django_idempotency._base.durations import microseconds
+from django_idempotency._conf.values import is_redis
 from django_idempotency._store import using
 from django_idempotency._store.writes import COMPLETED, StoredResponse
 from django_idempotency._store.writes import FAILED as FAILED_STATUS
@@ -37,9 +39,13 @@ __all__ = [
     "Operation",
     "complete",
     "created_at",
+    "cursor",
+    "found_name",
     "from_record",
+    "name_of",
     "of_scopes",
     "read",
+    "read_named",
     "set_progress",
     "state_filter",
     "state_of",
@@ -145,9 +151,12 @@ def from_record(record: IdempotencyKey) -> Operation:
 
 @dataclass(frozen=True)
 class Operation:
-    """What the status endpoint and ``complete_operation()`` read of a record."""
+    """What the status endpoint and ``complete_operation()`` read of a record. ``pk``: the
+    database's primary key, or a Redis operation's name (:mod:`.redis.operations`), which its
+    id's MAC covers as it covers a primary key; ``alias``: the Redis store's (``""``: the
+    database's)."""
 
-    pk: int
+    pk: int | str
     scope: str
     key_hash: str
     status: str
@@ -159,6 +168,7 @@ class Operation:
     unlock_at: datetime | None = None
     recovery_point: str = ""
     recovery_data: Any = None
+    alias: str = ""
 
     @property
     def progress(self) -> Any:
@@ -194,10 +204,45 @@ def read(alias: str, pk: int) -> Operation | None:
     return Operation(pk, *row)
 
 
+def read_named(operation_id: str) -> Operation | None:
+    """The Redis operation an operation id names (:func:`.redis.operations.parse`), its MAC
+    not checked yet; ``None``: no Redis operation's shape, or no store or record of it."""
+    from django_idempotency._store.redis import operations as redis_operations
+
+    parsed = redis_operations.parse(operation_id)
+    if parsed is None:
+        return None
+    alias = redis_operations.resolve(parsed[0])
+    if alias is None:
+        return None
+    return using(alias).read_operation(parsed[1])  # type: ignore[attr-defined, no-any-return]
+
+
+def name_of(alias: str, pk: int) -> int | str:
+    """What a live claim's operation id is made of: its record's primary key, or on a Redis
+    store its operation's name (its index written: the id names the record from then on)."""
+    if is_redis(alias):
+        return using(alias).operation_name(pk)  # type: ignore[attr-defined, no-any-return]
+    return pk
+
+
+def found_name(alias: str, record: Any) -> tuple[int | str, datetime] | None:
+    """What a duplicate's ``202`` makes the operation id of, of the record its claim found,
+    and the record's life; ``None``: it has none (a Redis record that is gone)."""
+    if is_redis(alias):
+        return using(alias).found_operation(record.scope, record.key_hash)  # type: ignore[attr-defined, no-any-return]
+    if record.pk is None:
+        return None
+    return record.pk, record.created_at
+
+
 def set_progress(alias: str, operation: Operation, value: Any) -> bool:
     """Set the operation's progress, fenced as :func:`complete` is (its ``202`` stored, this
     life, unexpired); ``False``: it was not. ``updated_at`` moves with it: an operation that
     reports progress is not stuck (:func:`stuck`)."""
+    if operation.alias:
+        redis = using(operation.alias)
+        return redis.set_progress(operation, PROGRESS, {"progress": value})  # type: ignore[attr-defined, no-any-return]
     now = timezone.now()
     store = using(alias)
     with store.guard():
@@ -224,7 +269,11 @@ def of_scopes(
 ) -> list[Operation]:
     """The unexpired operations of ``scopes``, newest first, at most ``limit``, those with a
     primary key under ``before`` (the list endpoint's cursor), in ``state`` if given: one
-    indexed read of the scopes' records (the unique index's ``scope`` prefix)."""
+    indexed read of the scopes' records (the unique index's ``scope`` prefix). On a Redis
+    store: those whose ids were handed out, ``before`` a time (µs: :func:`cursor`)."""
+    if is_redis(alias):
+        redis = using(alias)
+        return redis.of_scopes(scopes, before=before, limit=limit, state=state)  # type: ignore[attr-defined, no-any-return]
     now = timezone.now()
     records = IdempotencyKey.objects.using(alias).filter(scope__in=scopes, expires_at__gt=now)
     if before is not None:
@@ -242,6 +291,14 @@ def of_scopes(
     return operations
 
 
+def cursor(operation: Operation) -> int:
+    """Where the next page of a list of operations begins (:func:`of_scopes`' ``before``):
+    a primary key, or on a Redis store the operation's beginning (µs)."""
+    if isinstance(operation.pk, int):
+        return operation.pk
+    return microseconds(operation.created_at)
+
+
 def created_at(alias: str, pk: int) -> datetime | None:
     """When record ``pk``'s life began (:attr:`.Claim.created_at`; ``None``: no such record):
     read on the claim's own connection, so atomic mode's uncommitted record is found too."""
@@ -256,11 +313,15 @@ def created_at(alias: str, pk: int) -> datetime | None:
 def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
     """Replace the operation's stored ``202`` by its final response, once; ``False``: it was
     not (any longer) a ``202`` of an unexpired record (the caller reads it again to say why).
+    A Redis store's operation is completed by its script (:mod:`.redis.operations`).
 
     The same values as a view's result write (:class:`StoredResponse`: sealed, compressed,
     encrypted), fenced by the ``202`` and the expiry instead of a lock token, which the task
     finishing the work does not hold.
     """
+    if operation.alias:
+        redis = using(operation.alias)
+        return redis.complete_operation(operation, stored)  # type: ignore[attr-defined, no-any-return]
     now = timezone.now()
     changes: dict[str, Any] = {
         "status": rules.stored_status(stored.status),

@@ -4,7 +4,8 @@ atomically by the server, its time read from the server's own clock (``TIME``) i
 One record is one hash (``KEYS[1]``), so a script touches one key, and one cluster slot. Its
 fields: ``st`` status, ``fp`` fingerprint, ``m`` method, ``p`` path, ``sc`` scope (for an
 operator: the key's name has only its hash), ``tok`` lock token, ``att`` attempt, ``rp``/``rd``
-recovery point and its data (JSON), ``ca``/``up``/``ua``/``ea`` created, updated, unlock and
+recovery point and its data (JSON), ``oid`` its operation's id (:mod:`.operations`: random, set
+when the record begins), ``ca``/``up``/``ua``/``ea`` created, updated, unlock and
 expiry times (microseconds since the epoch, the server's clock), ``rs``/``rh``/``rb`` the
 response's status, headers (JSON, :mod:`.._store.sealing`'s shapes) and body. The record expires
 by Redis's own TTL (``PEXPIREAT ea``): an expired record is absent, and a new claim starts
@@ -14,7 +15,9 @@ afresh.
 from __future__ import annotations
 
 #: The fields a claim that finds another call's record returns, in this order.
-FIELDS = ("st", "fp", "tok", "ua", "att", "rp", "rd", "ea", "rs", "rh", "rb", "m", "p", "ca", "up")
+FIELDS = (
+    "st", "fp", "tok", "ua", "att", "rp", "rd", "ea", "rs", "rh", "rb", "m", "p", "ca", "up", "oid",
+)  # fmt: skip
 
 _NOW = """
 local t = redis.call('TIME')
@@ -40,9 +43,11 @@ end
 #: absent (Redis's TTL), and claimed afresh. ``tests/test_rules.py`` checks the two agree.
 TAKES_OVER = "r[1] == 'processing' and r[2] == ARGV[2] and r[4] and tonumber(r[4]) <= now"
 
-#: ARGV: token, fingerprint, method, path, lock (µs), ttl (µs), scope. Returns
-#: ``{"new", now}``, ``{"own", now, attempt, rp, rd}`` (this token's claim, applied with its
-#: reply lost), ``{"takeover", now, attempt, rp, rd}``, or ``{"found", now, fields...}``.
+#: ARGV: token, fingerprint, method, path, lock (µs), ttl (µs), scope, a new operation id.
+#: Returns ``{"new", now, oid}``, ``{"own", now, attempt, rp, rd, ca, oid}`` (this token's
+#: claim, applied with its reply lost), ``{"takeover", now, attempt, rp, rd, ca, oid}``, or
+#: ``{"found", now, fields...}``. A record written before records had an operation id gets
+#: the new one when taken over.
 #:
 #: A takeover needs the lock to have lapsed by the server's clock, now, inside the script, and
 #: the same fingerprint: a live owner's lock is never taken (the duplicate gets its record,
@@ -53,18 +58,18 @@ CLAIM = (
     + """
 local key = KEYS[1]
 local r = redis.call('HMGET', key, 'st', 'fp', 'tok', 'ua', 'att', 'rp', 'rd', 'ea', 'rs',
-                     'rh', 'rb', 'm', 'p', 'ca', 'up')
+                     'rh', 'rb', 'm', 'p', 'ca', 'up', 'oid')
 if not r[1] then
   local expires = now + tonumber(ARGV[6])
   redis.call('HSET', key, 'st', 'processing', 'fp', ARGV[2], 'm', ARGV[3], 'p', ARGV[4],
              'tok', ARGV[1], 'att', 1, 'rp', '', 'ca', now, 'ua', now + tonumber(ARGV[5]),
-             'ea', expires, 'up', now, 'sc', ARGV[7])
+             'ea', expires, 'up', now, 'sc', ARGV[7], 'oid', ARGV[8])
   redis.call('PEXPIREAT', key, math.ceil(expires / 1000))
-  return {'new', now}
+  return {'new', now, ARGV[8]}
 end
 if r[3] == ARGV[1] then
   if r[1] == 'processing' then
-    return {'own', now, r[5], r[6], r[7], r[14]}
+    return {'own', now, r[5], r[6], r[7], r[14], r[16]}
   end
 end
 if """
@@ -74,7 +79,11 @@ if """
   redis.call('HSET', key, 'tok', ARGV[1], 'att', attempt, 'ua', now + tonumber(ARGV[5]),
              'up', now)
   hold(key, now + tonumber(ARGV[5]))
-  return {'takeover', now, attempt, r[6], r[7], r[14]}
+  if not r[16] then
+    r[16] = ARGV[8]
+    redis.call('HSET', key, 'oid', r[16])
+  end
+  return {'takeover', now, attempt, r[6], r[7], r[14], r[16]}
 end
 -- (a field absent is false in r: no hole for unpack)
 return {'found', now, unpack(r)}

@@ -25,6 +25,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from django_idempotency._base import rules
+from django_idempotency._base.durations import microseconds
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._conf.values import display_name
 from django_idempotency._store import deadlines
@@ -33,6 +34,7 @@ from django_idempotency._store.redis import (
     clients,
     codec,
     faults,
+    operations,
     renewal,
     running,
     scans,
@@ -94,6 +96,10 @@ class RedisStore:
         self._wire = Connections()
         #: The records of this process's live claims: pk -> (Redis key, scope, key hash).
         self._records: dict[int, tuple[str, str, str]] = {}
+        #: The operation ids of those records (:mod:`.operations`), and the pks whose id was
+        #: handed out (its index written: written again when the record's expiry moves).
+        self._oids: dict[int, str] = {}
+        self._named: set[int] = set()
         #: Whether the server has ``WAITAOF`` (Redis 7.2+), read at the first wait.
         self._waitaof: bool | None = None
         self._numbers = itertools.count(1)
@@ -142,7 +148,8 @@ class RedisStore:
     def _script(self, name: str) -> Any:
         script = self._scripts.get(name)
         if script is None:
-            script = self._scripts[name] = self.client.register_script(getattr(scripts, name))
+            text = getattr(scripts, name, None) or getattr(operations, name)
+            script = self._scripts[name] = self.client.register_script(text)
         return script
 
     def is_lock_timeout(self, exc: BaseException) -> bool:
@@ -271,6 +278,7 @@ class RedisStore:
                     as_micros(lock_timeout),
                     as_micros(ttl),
                     identity.scope,
+                    operations.new_id(),
                 ],
                 bound,
                 tries=_CLAIM_TRIES,
@@ -298,6 +306,8 @@ class RedisStore:
         with self._lock:
             pk = next(self._numbers)
         self._records[pk] = (key, identity.scope, identity.key_hash)
+        if reply[-1]:  # the record's operation id: absent on a record of an older version
+            self._oids[pk] = as_text(reply[-1])
         return identity.claimed(
             pk=pk,
             token_text=token,
@@ -416,7 +426,9 @@ class RedisStore:
         )
         if done and not index:
             self._index(scope, key_hash, stored.ttl)
-        self._records.pop(pk, None)
+        if done and pk in self._named:  # its expiry may have moved: its index's with it
+            self._name_again(key, self._oids[pk])
+        self._forget(pk)
         return bool(done)
 
     def _index(self, scope: str, key_hash: str, ttl: timedelta | None) -> None:
@@ -473,7 +485,7 @@ class RedisStore:
         try:
             return bool(self._run("UNLOCK", [self._key(pk)], [str(token)], bound))
         finally:
-            self._records.pop(pk, None)
+            self._forget(pk)
 
     def release(
         self,
@@ -487,7 +499,7 @@ class RedisStore:
         try:
             return bool(self._run("RELEASE", [self._key(pk)], [str(token)], bound))
         finally:
-            self._records.pop(pk, None)
+            self._forget(pk)
 
     def renew(
         self,
@@ -544,3 +556,117 @@ class RedisStore:
         """The store's records by status, and how many are processing with their lock lapsed
         (:func:`.scans.census`)."""
         return scans.census(self.client, self.prefix)
+
+    # -- a record as an operation (:mod:`.operations`) ---------------------------------------
+
+    def _forget(self, pk: int) -> None:
+        """The claim's writes are over: its record is no longer this process's."""
+        self._records.pop(pk, None)
+        self._oids.pop(pk, None)
+        self._named.discard(pk)
+
+    def operation_name(self, pk: int) -> str:
+        """What a live claim's operation id is made of (:func:`.operations.name`), its index
+        written first: the id handed out names the record from then on."""
+        oid = self._oids.get(pk)
+        if oid is None:  # the claim is over, or its record predates operation ids
+            raise LookupError(f"No operation id for the claim {pk} of {self.display_name!r}.")
+        if pk not in self._named:
+            self._name_again(self._key(pk), oid)
+            self._named.add(pk)
+        return operations.name(self.alias, oid)
+
+    def found_operation(self, scope: str, key_hash: str) -> tuple[str, datetime] | None:
+        """The operation name and life of another call's record (a duplicate's ``202``), its
+        index written; ``None``: the record is gone, or predates operation ids."""
+        key = record_key(scope, key_hash, self.prefix)
+        try:
+            oid, created, expires = self.client.hmget(key, "oid", "ca", "ea")
+            if oid is None or created is None:
+                return None
+            fields = (created, expires, scope)
+            operations.index(self.client, key, as_text(oid), self.prefix, fields)
+        except failures() as exc:
+            raise self.refusal(exc) from exc
+        return operations.name(self.alias, as_text(oid)), as_time(created)  # type: ignore[return-value]
+
+    def _name_again(self, key: str, oid: str) -> None:
+        try:
+            operations.index(self.client, key, oid, self.prefix)
+        except failures() as exc:
+            raise self.refusal(exc) from exc
+
+    def read_operation(self, oid: str) -> Any:
+        """Operation ``oid`` (:func:`.operations.read`); ``None``: no such operation."""
+        try:
+            return operations.read(self.client, self.alias, self.prefix, oid)
+        except failures() as exc:
+            raise self.refusal(exc) from exc
+
+    def of_scopes(
+        self, scopes: set[str], *, before: int | None, limit: int, state: str | None
+    ) -> list[Any]:
+        """The scopes' operations whose ids were handed out (:func:`.operations.listed`)."""
+        try:
+            return operations.listed(
+                self.client, self.alias, self.prefix, scopes, before, limit, state
+            )
+        except failures() as exc:
+            raise self.refusal(exc) from exc
+
+    def complete_operation(self, operation: Any, stored: StoredResponse) -> bool:
+        """Replace the operation's stored ``202`` by its final response, once
+        (:data:`.operations.COMPLETE_OPERATION`); ``False``: it was not (any longer) one."""
+        headers, body = stored.sealed
+        oid = operation.pk.partition("-")[2]
+        key = record_key(operation.scope, operation.key_hash, self.prefix)
+        index = self._cluster is False
+        reply = self._op(
+            "COMPLETE_OPERATION",
+            [key, scope_index(operation.scope, self.prefix)] if index else [key],
+            [
+                oid,
+                microseconds(operation.created_at),
+                rules.stored_status(stored.status),
+                stored.status,
+                json.dumps(headers, separators=(",", ":")),
+                b"" if body is None else body,
+                "0" if body is None else "1",
+                "" if stored.ttl is None else as_micros(stored.ttl),
+                operation.key_hash,
+            ],
+        )
+        if not reply:
+            return False
+        if stored.ttl is not None:
+            if not index:
+                self._index(operation.scope, operation.key_hash, stored.ttl)
+            try:
+                fields = (microseconds(operation.created_at), int(reply), operation.scope)
+                operations.index(self.client, key, oid, self.prefix, fields)
+            except failures():
+                logger.warning("Could not index a completed operation.", exc_info=True)
+        return True
+
+    def set_progress(self, operation: Any, name: str, data: Any) -> bool:
+        """Set the operation's progress (its record's recovery point ``name``), fenced as
+        :meth:`complete_operation` is."""
+        reply = self._op(
+            "OPERATION_PROGRESS",
+            [record_key(operation.scope, operation.key_hash, self.prefix)],
+            [
+                operation.pk.partition("-")[2],
+                microseconds(operation.created_at),
+                name,
+                json.dumps(data, separators=(",", ":")),
+            ],
+        )
+        return bool(reply)
+
+    def _op(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """An operation's write, tried once (applied with its reply lost, a second try would
+        find it applied and say so: refused): a fault is :class:`StoreUnavailable`."""
+        try:
+            return self._run(name, keys, args, None, tries=1)
+        except RedisFault as exc:
+            raise self.refusal(exc) from exc
