@@ -50,7 +50,7 @@ from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.limits import bounded_scope
 from django_idempotency._store.redis.clients import cluster_client
 from django_idempotency._store.redis.keyspace import record_key
-from django_idempotency.testing import concurrently, stale_key
+from django_idempotency.testing import concurrently, hold_key, stale_key
 from tests.conftest import flush_redis
 from tests.held import assert_held_off, owner_and_duplicates
 from tests.redis_servers import free_port, private_cluster, start_server
@@ -1160,6 +1160,140 @@ def test_the_outbox_needs_the_database_store_and_operations_do_not() -> None:
     with on_redis():
         named = start("k")
         assert named.startswith("r") and start("k") == named  # replayed: the same id
+
+
+# --- operations on Redis ----------------------------------------------------------------------
+
+
+def _started(post: Any, key: str) -> tuple[str, str]:
+    response = post("/export/", {"rows": 3}, key=key)
+    assert response.status_code == 202, response.content
+    return json.loads(response.content)["operation"], response["Location"]
+
+
+@pytest.mark.urls("tests.operations_urls")
+def test_a_202_on_redis_is_its_principals_and_completed_once_by_concurrent_tasks(
+    place: Place, post: Any, client: Any, key: str
+) -> None:
+    """A ``202`` on a Redis store: the view's operation id names its Redis record, which only
+    its principal reads; eight tasks completing it at once (a redelivered task) apply once,
+    in the script's compare-and-set, and every retry replays that one response."""
+    from django.contrib.auth.models import User
+
+    from django_idempotency import OperationError, complete_operation
+
+    alice = User.objects.create_user("alice")
+    bob = User.objects.create_user("bob")
+    with on_redis(place.store):
+        client.force_login(alice)
+        operation_id, url = _started(post, key)
+        assert operation_id.startswith("r") and hash_key(key) not in operation_id
+        running = client.get(url)
+        assert running.status_code == 200, running.content
+        assert json.loads(running.content) == {"id": operation_id, "state": "running"}
+        client.force_login(bob)
+        assert client.get(url).status_code == 404
+        client.logout()
+        assert client.get(url).status_code == 404
+        start = threading.Barrier(8)
+
+        def complete(number: int) -> int:
+            start.wait()
+            try:
+                complete_operation(operation_id, status=201, data={"task": number})
+            except OperationError as refused:
+                assert refused.reason == "completed"
+                return -1
+            return number
+
+        with ThreadPoolExecutor(8) as pool:
+            done = [n for n in pool.map(complete, range(8)) if n >= 0]
+        assert len(done) == 1
+        client.force_login(alice)
+        shown = json.loads(client.get(url).content)
+        assert shown["state"] == "succeeded"
+        assert shown["response"]["body"] == {"task": done[0]}
+        retry = post("/export/", {"rows": 3}, key=key)
+        assert retry.status_code == 201 and json.loads(retry.content) == {"task": done[0]}
+
+
+@pytest.mark.urls("tests.operations_urls")
+def test_a_forged_or_expired_redis_operation_id_names_nothing(
+    place: Place, post: Any, client: Any, key: str
+) -> None:
+    """A forged id (its MAC, its oid, another store's mark) and an expired record's id are
+    the same ``404`` and ``"unknown"``; the key used again is a new operation with a new id,
+    and the old id's index, still pointing at the key's record, names nothing (the record's
+    oid is checked)."""
+    from django_idempotency import OperationError, complete_operation, set_operation_progress
+
+    with on_redis(place.store):
+        held = hold_key(key, "POST", "/export/", {"rows": 3}, content_type="application/json")
+        duplicate = post("/export/", {"rows": 3}, key=key)  # the first still runs
+        assert duplicate.status_code == 202
+        assert json.loads(duplicate.content)["id"] == held.operation_id
+        assert duplicate["Location"] == held.operation_url
+        using(held.alias).release(held.pk, held.lock_token)
+        operation_id, url = _started(post, key)
+        named, mac = operation_id.split(".")
+        forged = [
+            f"{named}.{mac[:-1]}{'A' if mac[-1] != 'A' else 'B'}",
+            f"{named[:-1]}{'A' if named[-1] != 'A' else 'B'}.{mac}",
+            f"r{'0' * 8}{named[9:]}.{mac}",
+            f"{named}.",
+            f"r{named}.{mac}",
+        ]
+        for each in forged:
+            assert client.get(f"/idempotency/operations/{each}").status_code == 404, each
+            with pytest.raises(OperationError) as refused:
+                complete_operation(each, status=201, data={})
+            assert refused.value.reason == "unknown"
+        assert client.get(url).status_code == 200
+        using(held.alias).expire(held.scope, held.key_hash)  # as its TTL would
+        assert client.get(url).status_code == 404
+        with pytest.raises(OperationError) as refused:
+            set_operation_progress(operation_id, {"done": 1})
+        assert refused.value.reason == "unknown"
+        again, _ = _started(post, key)
+        assert again != operation_id
+        assert client.get(url).status_code == 404
+        with pytest.raises(OperationError) as refused:
+            complete_operation(operation_id, status=201, data={})
+        assert refused.value.reason == "unknown"
+        complete_operation(again, status=201, data={"again": True})
+
+
+@pytest.mark.urls("tests.operations_urls")
+def test_recover_lists_and_fails_a_redis_stores_stuck_operations(
+    place: Place, post: Any, client: Any
+) -> None:
+    """``idempotency_recover --operations`` listed the table's only: a Redis store's
+    operation whose task died stayed running until its TTL, and no operator saw it."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    def recover(*more: str) -> list[dict[str, Any]]:
+        out = StringIO()
+        call_command(
+            "idempotency_recover", "--operations", "--older-than", "1h", "--json", *more, stdout=out
+        )
+        return json.loads(out.getvalue())  # type: ignore[no-any-return]
+
+    with on_redis(place.store):
+        silent, url = _started(post, "silent")
+        talking, _ = _started(post, "talking")
+        assert recover() == []
+        [record] = place.client.scan_iter(match=f"idempotency:r:{{*:{hash_key('silent')}}}")
+        hours_ago = (time.time() - 3 * 3600) * 1_000_000
+        place.client.hset(record, "up", int(hours_ago))  # its last word, three hours ago
+        assert [row["operation"] for row in recover()] == [silent]
+        assert [row["action"] for row in recover("--fail")] == ["failed"]
+        shown = json.loads(client.get(url).content)
+        assert shown["state"] == "failed"
+        assert shown["response"]["body"]["type"].endswith("operation-failed")
+        assert recover() == []
+        assert talking != silent
 
 
 # --- one store's fault, another store's locks ------------------------------------------------

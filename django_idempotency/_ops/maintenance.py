@@ -88,7 +88,7 @@ def fail_operation(alias: str, record: IdempotencyKey) -> bool:
         response.content,
         owner=(record.scope, record.key_hash),
     )
-    failed = operations.complete(alias, operations.from_record(record), stored)
+    failed = operations.complete(alias, operations.from_record(record, alias), stored)
     if failed:
         _log_resolved("Marked as failed", record, "stuck idempotency operation")
     return failed

@@ -113,10 +113,15 @@ def state_of(record: Any, now: datetime) -> str:
     return SUCCEEDED
 
 
-def stuck(alias: str, *, older_than: timedelta = timedelta(0)) -> QuerySet[IdempotencyKey]:
+def stuck(
+    alias: str, *, older_than: timedelta = timedelta(0)
+) -> QuerySet[IdempotencyKey] | list[IdempotencyKey]:
     """Operations handed on (their ``202`` stored, unexpired) with no word for ``older_than``:
     no final response and no progress since. Their task died, raised without
-    ``fail_operation()``, or was never delivered; oldest first."""
+    ``fail_operation()``, or was never delivered; oldest first. On a Redis store: a ``SCAN``'s
+    unsaved records, each with its operation's name as its ``pk``."""
+    if is_redis(alias):
+        return using(alias).stuck(older_than)  # type: ignore[attr-defined, no-any-return]
     now = timezone.now()
     return (
         IdempotencyKey.objects.using(alias)
@@ -130,8 +135,9 @@ def stuck(alias: str, *, older_than: timedelta = timedelta(0)) -> QuerySet[Idemp
     )
 
 
-def from_record(record: IdempotencyKey) -> Operation:
-    """The operation of a record already read (``idempotency_recover --operations``)."""
+def from_record(record: IdempotencyKey, alias: str = "") -> Operation:
+    """The operation of a record already read (``idempotency_recover --operations``); a Redis
+    store's (``alias``) has its operation's name as its ``pk`` (:func:`stuck`)."""
     body = record.response_body
     return Operation(
         record.pk,
@@ -146,6 +152,7 @@ def from_record(record: IdempotencyKey) -> Operation:
         record.unlock_at,
         record.recovery_point,
         record.recovery_data,
+        alias if is_redis(alias) else "",
     )
 
 

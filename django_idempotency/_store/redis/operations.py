@@ -31,11 +31,11 @@ import hashlib
 import heapq
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from django_idempotency._store.redis.codec import as_json, as_text, as_time
-from django_idempotency._store.redis.keyspace import scope_index
+from django_idempotency._store.redis.keyspace import glob, scope_index
 
 if TYPE_CHECKING:
     from django_idempotency._store.operations import Operation
@@ -248,3 +248,31 @@ def _newest(client: Any, key: str, before: int | None) -> Iterator[tuple[int, st
 
 
 _PAGE = 100
+
+
+def stuck(
+    client: Any, alias: str, prefix: str, older_than: int, read: Callable[[str, str], Any]
+) -> list[Any]:
+    """The store's operations handed on (their ``202`` stored) whose record had no word for
+    ``older_than`` µs by the server's clock: a ``SCAN`` and pipelined reads (an operator's
+    command, as :func:`.scans.census`). Each is its record as ``read`` reads it (an unsaved
+    instance) with its operation's name as its ``pk``, oldest word first."""
+    seconds, micro = client.time()
+    before = int(seconds) * 1_000_000 + int(micro) - older_than
+    found = []
+    names = list(client.scan_iter(match=f"{glob(prefix)}r:*", count=1000))
+    for at in range(0, len(names), 1000):
+        batch = names[at : at + 1000]
+        pipe = client.pipeline(transaction=False)
+        for key in batch:
+            pipe.hmget(key, "st", "rs", "up", "oid", "sc")
+        for key, (status, response, updated, oid, scope) in zip(batch, pipe.execute(), strict=True):
+            if status != b"completed" or response != b"202" or not oid or scope is None:
+                continue
+            if updated is None or int(updated) > before:
+                continue
+            record = read(as_text(scope), as_text(key).rpartition(":")[2].rstrip("}"))
+            if record is not None:
+                record.pk = name(alias, as_text(oid))
+                found.append(record)
+    return sorted(found, key=lambda record: record.updated_at)

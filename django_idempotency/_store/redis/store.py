@@ -614,6 +614,15 @@ class RedisStore:
         except failures() as exc:
             raise self.refusal(exc) from exc
 
+    def stuck(self, older_than: timedelta) -> list[IdempotencyKey]:
+        """Operations handed on with no word for ``older_than`` (:func:`.operations.stuck`)."""
+        try:
+            return operations.stuck(
+                self.client, self.alias, self.prefix, as_micros(older_than), self.read
+            )
+        except failures() as exc:
+            raise self.refusal(exc) from exc
+
     def complete_operation(self, operation: Any, stored: StoredResponse) -> bool:
         """Replace the operation's stored ``202`` by its final response, once
         (:data:`.operations.COMPLETE_OPERATION`); ``False``: it was not (any longer) one."""

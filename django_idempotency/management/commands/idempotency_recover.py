@@ -14,7 +14,9 @@ from django.utils import timezone
 from django_idempotency import _store as store
 from django_idempotency._base import durations
 from django_idempotency._base.durations import human
+from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._call import operations as operation_ids
+from django_idempotency._conf.values import display_name, store_alias
 from django_idempotency._ops import maintenance, store_checks
 from django_idempotency._store import operations as operation_store
 from django_idempotency.management import _arguments as arguments
@@ -132,18 +134,20 @@ class Command(arguments.Command):
         limit: int | None,
         verbosity: int,
     ) -> None:
-        records = operation_store.stuck(alias, older_than=margin)
+        records, unreachable = _stuck(alias, margin)
+        for note in unreachable:
+            self.stderr.write(note)
         if limit is not None:
             records = records[:limit]
         now = timezone.now()
         rows = []
         done = 0
-        for record in records:
+        for where, record in records:
             outcome = None
             if fail and dry_run:
                 outcome = "would fail"
             elif fail:
-                succeeded = maintenance.fail_operation(alias, record)
+                succeeded = maintenance.fail_operation(where, record)
                 done += succeeded
                 outcome = "failed" if succeeded else "skipped"
             rows.append(_operation_row(record, outcome, now))
@@ -274,6 +278,23 @@ def _row(record: IdempotencyKey, action: str | None) -> dict[str, Any]:
         "stale_seconds": round((now - record.unlock_at).total_seconds(), 3),
         "action": action,
     }
+
+
+def _stuck(alias: str, margin: Any) -> tuple[list[tuple[str, IdempotencyKey]], list[str]]:
+    """The stuck operations of the database ``alias``, then of each Redis store the settings
+    and the URLconf's views name (a ``SCAN`` of each), with the alias of their store; and a
+    note of each Redis store that did not answer (the others' are still listed)."""
+    found = [(alias, record) for record in operation_store.stuck(alias, older_than=margin)]
+    notes = []
+    for named in sorted(store_checks.redis_stores()):
+        where = store_alias(named, "")
+        try:
+            records = operation_store.stuck(where, older_than=margin)
+        except StoreUnavailable as exc:
+            notes.append(f"Redis store {display_name(named)!r} did not answer: {exc}")
+            continue
+        found += [(where, record) for record in records]
+    return found, notes
 
 
 def _operation_row(record: IdempotencyKey, action: str | None, now: datetime) -> dict[str, Any]:
