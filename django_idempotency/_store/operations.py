@@ -12,6 +12,10 @@ Its state (:func:`state_of`, :func:`state_filter`): ``stalled`` while its record
 ``running`` as above, else its final response's. Its task's progress is kept in the record's
 recovery point (:data:`PROGRESS`); an operation handed on with no word from its task for long
 is :func:`stuck`.
+
+A Redis store's operations (``Operation.alias``: its store) are read and written by its
+scripts (:mod:`.redis.operations`), under the same conditions; each function here says where
+it hands over.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ store'). Its modules, each one concern, from the bottom up:
   through redis-py's ``Script``;
 - :mod:`.renewal`: many locks renewed at once (a cluster's node by node);
 - :mod:`.scans`: erasure, the count, a key's records, the census;
+- :mod:`.operations`: a record as an operation: its own id, the index that finds it, its
+  status read, its final response and progress written by fenced scripts, the stuck ones;
 - :mod:`.store`: :class:`RedisStore`, the interface the core calls, delegating to the rest.
 
 Each imports, of these, only the ones above it in the list (and of ``_store`` and the layers
