@@ -210,9 +210,11 @@ def test_an_expired_operation_is_refused_and_not_shown(
 
 @pytest.mark.parametrize(
     "operation_id",
-    ["", "1", "x.y", "1.AAAAAAAAAAAAAAAAAAAAAA", "1.2.3", "9999999999999999999.x", "\u0661.x"]
-    # Redis operations' shape (r<store>-<oid>): no such store, none's shape, no such record.
-    + ["r00000000-AAAA.AAAA", "r.x", "r-.x", "rzzzzzzzz-.x", "r" + "0" * 8 + "-\u0661.x"],
+    [
+        *["", "1", "x.y", "1.AAAAAAAAAAAAAAAAAAAAAA", "1.2.3", "9999999999999999999.x", "\u0661.x"],
+        # Redis operations' shape (r<store>-<oid>): no such store, none's shape.
+        *["r00000000-AAAA.AAAA", "r.x", "r-.x", "rzzzzzzzz-.x", "r" + "0" * 8 + "-\u0661.x"],
+    ],
 )
 def test_an_unknown_operation_is_refused(operation_id: str) -> None:
     with pytest.raises(OperationError, match="No operation") as refused:

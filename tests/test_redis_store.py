@@ -562,6 +562,8 @@ def test_stats_json_counts_the_redis_stores_records(place: Place, capsys: Any) -
             "total": 3,
             "by_status": {"completed": 2, "processing": 1},
             "stale": 1,
+            "operations_running": 0,
+            "operations_stuck": 0,
             "error": None,
         }
     }
@@ -1288,6 +1290,12 @@ def test_recover_lists_and_fails_a_redis_stores_stuck_operations(
         hours_ago = (time.time() - 3 * 3600) * 1_000_000
         place.client.hset(record, "up", int(hours_ago))  # its last word, three hours ago
         assert [row["operation"] for row in recover()] == [silent]
+        out = StringIO()
+        call_command("idempotency_stats", "--json", stdout=out)
+        figures = json.loads(out.getvalue())
+        [census] = figures["redis_stores"].values()
+        assert (census["operations_running"], census["operations_stuck"]) == (2, 1)
+        assert any("1 long-running operation(s)" in each for each in figures["warnings"])
         assert [row["action"] for row in recover("--fail")] == ["failed"]
         shown = json.loads(client.get(url).content)
         assert shown["state"] == "failed"

@@ -264,9 +264,11 @@ def redis_notes(verb: str) -> list[str]:
 
 
 def redis_census() -> dict[str, Any]:
-    """``idempotency_stats --json``'s ``redis_stores``: each Redis store's records by status
-    and its stale ones (:meth:`~.._store.redis.store.RedisStore.census`), or ``error`` when it
-    does not answer. The table's figures beside them do not count these records."""
+    """``idempotency_stats --json``'s ``redis_stores``: each Redis store's records by status,
+    its stale ones, its operations running and stuck
+    (:meth:`~.._store.redis.store.RedisStore.census`), or ``error`` when it does not answer.
+    The table's figures beside them do not count these records."""
+    from django_idempotency._ops.maintenance import OPERATION_STUCK_AFTER
     from django_idempotency._store import using
 
     census: dict[str, Any] = {}
@@ -274,9 +276,13 @@ def redis_census() -> dict[str, Any]:
         bound: Any = using(store_alias(store, ""))
         shown = display_name(store)  # a key of the JSON: never the password
         try:
-            census[shown] = {**bound.census(), "error": None}
+            census[shown] = {**bound.census(OPERATION_STUCK_AFTER), "error": None}
         except Exception as exc:  # unreachable: say so, and go on
-            census[shown] = {"total": None, "by_status": None, "stale": None, "error": str(exc)}
+            census[shown] = {
+                **dict.fromkeys(("total", "by_status", "stale")),
+                **dict.fromkeys(("operations_running", "operations_stuck")),
+                "error": str(exc),
+            }
     return census
 
 

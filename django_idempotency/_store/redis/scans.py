@@ -72,22 +72,25 @@ class _Lock(NamedTuple):
     unlock_at: datetime | None
 
 
-def census(client: Any, prefix: str) -> dict[str, Any]:
+def census(client: Any, prefix: str, stuck_after: timedelta = timedelta(hours=1)) -> dict[str, Any]:
     """The store's records by status, and how many are :data:`~.._base.rules.STALE` (taken
     over by their key's next request): one ``SCAN`` and pipelined ``HMGET`` calls, the times
-    by the server's clock. Expired records are absent (Redis's TTL)."""
+    by the server's clock. Expired records are absent (Redis's TTL). With them, the
+    operations handed on (their ``202`` stored) and those silent for ``stuck_after``, as the
+    table's figures count them."""
     seconds, micro = client.time()
     now = EPOCH + timedelta(seconds=int(seconds), microseconds=int(micro))
+    silent_since = (now - stuck_after - EPOCH) // timedelta(microseconds=1)
     by_status: dict[str, int] = {}
-    stale = 0
+    stale = running = stuck = 0
     batch: list[Any] = []
 
     def tally() -> None:
-        nonlocal stale
+        nonlocal stale, running, stuck
         pipe = client.pipeline(transaction=False)
         for name in batch:
-            pipe.hmget(name, "st", "ua")
-        for status, unlock in pipe.execute():
+            pipe.hmget(name, "st", "ua", "rs", "up")
+        for status, unlock, response, updated in pipe.execute():
             if status is None:  # expired since the scan
                 continue
             text = as_text(status)
@@ -95,6 +98,9 @@ def census(client: Any, prefix: str) -> dict[str, Any]:
             unlock_at = EPOCH + timedelta(microseconds=int(unlock)) if unlock else None
             if rules.STALE.holds(_Lock(text, unlock_at), now):
                 stale += 1
+            if text == "completed" and response == b"202":
+                running += 1
+                stuck += bool(updated) and int(updated) <= silent_since
         batch.clear()
 
     for name in client.scan_iter(match=f"{glob(prefix)}r:*", count=1000):
@@ -103,4 +109,10 @@ def census(client: Any, prefix: str) -> dict[str, Any]:
             tally()
     if batch:
         tally()
-    return {"total": sum(by_status.values()), "by_status": by_status, "stale": stale}
+    return {
+        "total": sum(by_status.values()),
+        "by_status": by_status,
+        "stale": stale,
+        "operations_running": running,
+        "operations_stuck": stuck,
+    }

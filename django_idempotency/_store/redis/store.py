@@ -552,10 +552,11 @@ class RedisStore:
         instances), oldest first: tests, operators."""
         return scans.key_records(self.client, self.prefix, key_hash, self.read)
 
-    def census(self) -> dict[str, Any]:
-        """The store's records by status, and how many are processing with their lock lapsed
+    def census(self, stuck_after: timedelta = timedelta(hours=1)) -> dict[str, Any]:
+        """The store's records by status, how many are processing with their lock lapsed,
+        and its operations running and stuck (silent for ``stuck_after``)
         (:func:`.scans.census`)."""
-        return scans.census(self.client, self.prefix)
+        return scans.census(self.client, self.prefix, stuck_after)
 
     # -- a record as an operation (:mod:`.operations`) ---------------------------------------
 

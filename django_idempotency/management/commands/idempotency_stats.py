@@ -44,7 +44,15 @@ class Command(BaseCommand):
             for name, figures in census.items()
             if figures["error"] is not None
         ]
-        warnings = [*stats.warnings, *relay.warnings(outbox), *unreachable]
+        stuck = [
+            f"Redis store {name!r}: {figures['operations_stuck']:,} long-running operation(s) "
+            f"had no final response nor progress for over "
+            f"{human(maintenance.OPERATION_STUCK_AFTER.total_seconds())}: "
+            "idempotency_recover --operations lists them."
+            for name, figures in census.items()
+            if figures["operations_stuck"]
+        ]
+        warnings = [*stats.warnings, *relay.warnings(outbox), *stuck, *unreachable]
         if as_json:
             figures = {**as_dict(stats), **outbox, "redis_stores": census, "warnings": warnings}
             self.stdout.write(json.dumps(figures, indent=2))
