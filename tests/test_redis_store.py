@@ -1265,6 +1265,22 @@ def test_a_forged_or_expired_redis_operation_id_names_nothing(
         complete_operation(again, status=201, data={"again": True})
 
 
+def test_an_operations_store_is_found_by_a_views_option_alone() -> None:
+    """A task worker's complete_operation() finds the store of an id whose view names a URL
+    of its own (neither STORE nor a CACHES alias) once the view is imported, never used."""
+    from django_idempotency._store.redis import operations
+
+    url = "redis://operations-store.invalid:6379/0"
+    assert operations.resolve(operations.tag(url)) is None
+
+    @idempotent_function(key="event_id", store=url)
+    def handle(event_id: str) -> str:
+        return event_id
+
+    assert operations.resolve(operations.tag(url)) == url
+    assert operations.resolve(operations.tag("cache:redis")) == "cache:redis"  # CACHES'
+
+
 @pytest.mark.urls("tests.operations_urls")
 def test_recover_lists_and_fails_a_redis_stores_stuck_operations(
     place: Place, post: Any, client: Any
