@@ -1140,17 +1140,10 @@ def test_a_cluster_failover_keeps_replicated_records_and_answers_503_meanwhile(
         )
 
 
-def test_accepted_and_the_outbox_need_the_database_store() -> None:
+def test_accepted_needs_the_database_store() -> None:
+    """The outbox is served on the Redis store (tests/test_redis_outbox.py); operations not."""
     with pytest.raises(ImproperlyConfigured, match="operation status endpoint"):
         Options.build(in_progress="accepted", store=STORE)
-
-    @idempotent_function(key="event_id")
-    def handle(event_id: str, *, idempotency: Any) -> str:
-        idempotency.enqueue(print, "x")
-        return event_id
-
-    with on_redis(), pytest.raises(ImproperlyConfigured, match="outbox needs the database"):
-        handle("k")
 
     @idempotent_function(key="event_id")
     def start(event_id: str, *, idempotency: Any) -> str:

@@ -272,11 +272,6 @@ def refuse_nested(request: HttpRequest) -> None:
 
 #: What a view on a Redis store cannot use (a name its code reads), and why.
 _DATABASE_ONLY = {
-    "enqueue": (
-        "calls enqueue()",
-        "the outbox needs the database store, whose transaction releases the messages with "
-        "the result, and Redis shares none with it",
-    ),
     "operation_id": (
         "reads its operation",
         "an operation needs the database store, whose records its status endpoint and "
@@ -293,7 +288,13 @@ def refuse_database_only(policy: Policy, options: Options, view: Any) -> None:
     its claim, rather than after its own writes."""
     if policy.store == DATABASE or view is None:
         return
-    for name, (what, why) in _DATABASE_ONLY.items():
+    refused = dict(_DATABASE_ONLY)
+    if code.mentions(view, "enqueue"):
+        from django_idempotency._store.redis.outbox import refusal
+
+        if why := refusal(policy.alias):
+            refused["enqueue"] = ("calls enqueue()", f"the outbox is not served there: {why}")
+    for name, (what, why) in refused.items():
         if code.mentions(view, name):
             given = options.get("store")
             where = (
