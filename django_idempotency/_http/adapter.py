@@ -85,9 +85,9 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The view's policy for this request; ``None`` (and no claim on the request) when the
-        app is off or the method is not protected. A view on a Redis store whose code calls
-        ``enqueue`` or reads its operation is refused here, before the claim: it would run,
-        write, and then fail at ``enqueue`` (a ``500`` after its charge). A request another
+        app is off or the method is not protected. A view on a Redis store whose code reads its
+        operation, or calls ``enqueue`` on a Redis Cluster, is refused here, before the claim:
+        it would run, write, and then fail there (a ``500`` after its charge). A request another
         layer protects already is refused (:func:`refuse_nested`)."""
         refuse_nested(self.request)
         if conf.ENABLED:
@@ -284,8 +284,9 @@ _DATABASE_ONLY["operation_url"] = _DATABASE_ONLY["operation_id"]
 
 def refuse_database_only(policy: Policy, options: Options, view: Any) -> None:
     """``ImproperlyConfigured`` when ``view`` (its function or class; ``None``: unknown) is
-    on a Redis store and its code calls ``enqueue`` or reads its operation: refused before
-    its claim, rather than after its own writes."""
+    on a Redis store and its code reads its operation, or calls ``enqueue`` where the outbox
+    is not served (a cluster: E065): refused before its claim, rather than after its own
+    writes."""
     if policy.store == DATABASE or view is None:
         return
     refused = dict(_DATABASE_ONLY)

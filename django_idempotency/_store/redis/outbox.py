@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 from django.utils import timezone
@@ -239,10 +240,12 @@ ON_CLUSTER = (
 )
 
 
+@lru_cache(maxsize=64)
 def refusal(name: str) -> str | None:
     """Why the outbox cannot be served on the store ``name`` (a store layer's name: a
     ``cache:`` alias or a URL), or ``None``: a Redis Cluster (:data:`ON_CLUSTER`), known by
-    its URL, or by its cache's client (made, not connected)."""
+    its URL, or by its cache's client (made, not connected). Asked at each request of a view
+    that calls ``enqueue``: a name's topology is read once."""
     if name.startswith(clients.CLUSTER):
         return ON_CLUSTER
     if name.startswith(CACHE_PREFIX):
