@@ -246,6 +246,14 @@ def test_the_relay_command_lists_and_retries_a_redis_stores_failed_messages(
         assert set(messages().values()) == {"failed"}
         assert backlog(ALIAS)["outbox_failed"] == 2
         out = StringIO()
+        call_command("idempotency_stats", "--json", stdout=out)
+        stats = json.loads(out.getvalue())
+        assert stats["redis_stores"]["redis"]["outbox_failed"] == 2
+        assert stats["outbox_failed"] == 0  # the database's
+        assert any(
+            "Redis store 'redis': 2 outbox message(s) failed" in w for w in stats["warnings"]
+        )
+        out = StringIO()
         call_command("idempotency_relay", "--failed", "--store", STORE, stdout=out)
         assert "ConnectionError: broker" in out.getvalue()
         assert "2 message(s) failed." in out.getvalue()

@@ -562,6 +562,9 @@ def test_stats_json_counts_the_redis_stores_records(place: Place, capsys: Any) -
             "total": 3,
             "by_status": {"completed": 2, "processing": 1},
             "stale": 1,
+            "outbox_pending": 0,
+            "outbox_failed": 0,
+            "outbox_oldest_undelivered_age_seconds": None,
             "error": None,
         }
     }

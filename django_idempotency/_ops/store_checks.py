@@ -301,8 +301,9 @@ def redis_notes(verb: str) -> list[str]:
 
 def redis_census() -> dict[str, Any]:
     """``idempotency_stats --json``'s ``redis_stores``: each Redis store's records by status
-    and its stale ones (:meth:`~.._store.redis.store.RedisStore.census`), or ``error`` when it
-    does not answer. The table's figures beside them do not count these records."""
+    and its stale ones (:meth:`~.._store.redis.store.RedisStore.census`) and its outbox's
+    backlog, or ``error`` when it does not answer. The table's figures beside them do not
+    count these records."""
     from django_idempotency._store import using
 
     census: dict[str, Any] = {}
@@ -310,10 +311,25 @@ def redis_census() -> dict[str, Any]:
         bound: Any = using(store_alias(store, ""))
         shown = display_name(store)  # a key of the JSON: never the password
         try:
-            census[shown] = {**bound.census(), "error": None}
+            census[shown] = {**bound.census(), **_outbox(store), "error": None}
         except Exception as exc:  # unreachable: say so, and go on
-            census[shown] = {"total": None, "by_status": None, "stale": None, "error": str(exc)}
+            census[shown] = {
+                "total": None,
+                "by_status": None,
+                "stale": None,
+                "outbox_pending": None,
+                "outbox_failed": None,
+                "outbox_oldest_undelivered_age_seconds": None,
+                "error": str(exc),
+            }
     return census
+
+
+def _outbox(store: str) -> dict[str, Any]:
+    """A Redis store's outbox figures, named as the database's are (:func:`.relay.backlog`)."""
+    from django_idempotency._ops.relay import backlog
+
+    return backlog(store_alias(store, ""))
 
 
 def admin_notes() -> list[str]:

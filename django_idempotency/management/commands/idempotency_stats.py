@@ -45,6 +45,9 @@ class Command(BaseCommand):
             if figures["error"] is not None
         ]
         warnings = [*stats.warnings, *relay.warnings(outbox), *unreachable]
+        for name, figures in census.items():
+            if figures["error"] is None:
+                warnings += [f"Redis store {name!r}: {w}" for w in relay.warnings(figures)]
         if as_json:
             figures = {**as_dict(stats), **outbox, "redis_stores": census, "warnings": warnings}
             self.stdout.write(json.dumps(figures, indent=2))
