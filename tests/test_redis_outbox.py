@@ -7,9 +7,13 @@ once a dead relay's lease has passed. Against the Redis server at
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -224,6 +228,34 @@ def test_a_relay_killed_between_taking_and_marking_delivers_again(
     client = raw()
     sends = [int(client.hget(name, "n")) for name in client.scan_iter(match="idempotency:o:m:*")]
     assert sends == [2, 2]  # each taken twice: the dead relay's take counted
+
+
+def test_a_relay_process_sigkilled_mid_batch_leaves_its_messages_to_the_next(
+    post: Post, key: str, tmp_path: Path
+) -> None:
+    """A real ``idempotency_relay --store`` process takes the batch and is SIGKILLed before it
+    marks a message: nothing is marked, no other relay takes the leased messages meanwhile,
+    and once the lease passes the next relay delivers each of them."""
+    parked = tmp_path / "parked"
+    with on_redis(OUTBOX_FAST_PATH=False):
+        ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "tests.redis_relay_process", str(parked), "1.5"],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        )
+        try:
+            wait_for(parked.exists, "the relay process to take its batch", timeout=30)
+            assert relay_once().sent == 0  # leased to the parked relay
+        finally:
+            relay.kill()
+            relay.wait(10)
+        assert set(messages().values()) == {"pending"}
+        wait_for(
+            lambda: relay_once().sent and len(receipt.sent) == 2,
+            "the lease to pass and the next relay to send",
+        )
+    assert sent_ids() == ids
+    assert set(messages().values()) == {"sent"}
 
 
 def test_the_relay_command_relays_a_redis_store(post: Post, key: str) -> None:
