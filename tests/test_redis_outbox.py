@@ -334,3 +334,26 @@ def test_enqueue_still_refuses_what_cannot_be_sent() -> None:
 
     with pytest.raises(TypeError, match="plain function"):
         handle("e1")
+
+
+def test_a_relay_outlives_a_redis_store_that_does_not_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pass that meets the store down is logged and made again (as a database's failure
+    is), not the relay's end; ``--once`` (cron) exits with the store's error."""
+    from django.db import DatabaseError
+
+    from tests.relaying import relay_thread
+
+    down = "redis://127.0.0.1:1/0"
+    with pytest.raises(DatabaseError), relay_here():
+        Relay(down).run(once=True)
+    relay = Relay(down, interval=0.05)
+    with relay_thread(relay, join=10) as thread:
+        wait_for(
+            lambda: caplog.text.count("Outbox relay: the store failed") >= 2,
+            "two failed passes, the relay living on",
+            timeout=30,
+        )
+        assert thread.is_alive()
+    assert not thread.is_alive()
