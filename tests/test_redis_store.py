@@ -1641,3 +1641,31 @@ def test_the_projects_database_errors_are_judged_by_the_databases_store() -> Non
         assert store.is_transient(exc) == database.is_transient(exc)
     assert not store.is_transient(wrong)
     assert store.is_transient(locked) == (connection.vendor == "sqlite")
+
+
+@pytest.mark.django_db(transaction=True)  # the fast path waits for open transactions
+def test_the_outbox_is_served_on_one_server_and_refused_on_a_cluster(place: Place) -> None:
+    """One server releases a function's message with its result (tests/test_redis_outbox.py);
+    a cluster's client refuses ``enqueue`` before anything is staged (E065 for views): the
+    outbox's queue and the record would be two slots of one script."""
+    from django_idempotency.testing import outbox_sent
+    from tests.testapp.outbox_tasks import receipt
+
+    @idempotent_function(key="event_id", store=place.store)
+    def handle(event_id: str, *, idempotency: Any) -> str:
+        return str(idempotency.enqueue(receipt, event_id))
+
+    receipt.reset()
+    try:
+        if place.store == STORE:
+            message = handle("k")
+            outbox_sent()
+            assert [sent[0] for sent in receipt.sent] == [message]
+            assert list(place.client.scan_iter(match="idempotency:o:m:*"))
+            return
+        with pytest.raises(ImproperlyConfigured, match="Redis Cluster"):
+            handle("k")
+        assert receipt.sent == []
+        assert not list(place.client.scan_iter(match="idempotency:o:*"))
+    finally:
+        receipt.reset()
