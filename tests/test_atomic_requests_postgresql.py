@@ -109,3 +109,27 @@ def test_a_message_leaves_once_the_views_own_transaction_commits(atomic_requests
         assert probe.committed == [True]
     finally:
         probe.reset()
+
+
+@pytest.mark.redis
+@pytest.mark.urls("tests.outbox_urls")
+def test_a_redis_stores_message_leaves_once_the_views_own_transaction_commits(
+    atomic_requests: None,
+) -> None:
+    """On the Redis store the result and its message are written by one script while the
+    view's order is still in ATOMIC_REQUESTS' transaction: the fast path waits for that
+    transaction's commit too, as on the database."""
+    from django_idempotency._call import outbox
+    from tests.conftest import flush_redis
+    from tests.testapp.outbox_tasks import probe
+
+    flush_redis()
+    probe.reset()
+    try:
+        with override_settings(IDEMPOTENCY={"DATABASE_ALIAS": "idempotency", "STORE": "redis"}):
+            response = post_to("/probed/", str(uuid.uuid4()))
+        assert response.status_code == 201
+        assert outbox.sender.settle()
+        assert probe.committed == [True]
+    finally:
+        probe.reset()

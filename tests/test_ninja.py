@@ -412,9 +412,12 @@ def _run_twice() -> int:
     return 1
 
 
-def test_an_operation_that_enqueues_on_a_redis_store_is_refused_before_it_runs(key: str) -> None:
+def test_an_operation_that_enqueues_on_a_redis_cluster_is_refused_before_it_runs(
+    key: str,
+) -> None:
     """As a view: refused before its claim (nothing listens on port 1), not run, then a 500
-    from enqueue after its own writes."""
+    from enqueue after its own writes: a cluster cannot release the outbox's messages with
+    the result (E065)."""
     from django.test import override_settings
     from ninja.testing import TestClient
 
@@ -428,7 +431,7 @@ def test_an_operation_that_enqueues_on_a_redis_store_is_refused_before_it_runs(k
         request.idempotency.enqueue(print)
         return {}
 
-    with override_settings(IDEMPOTENCY={"STORE": "redis://127.0.0.1:1/0"}):
+    with override_settings(IDEMPOTENCY={"STORE": "redis+cluster://127.0.0.1:1"}):
         response = TestClient(api).post("/x", json={}, headers={"Idempotency-Key": key})
     assert response.status_code == 500
     assert ran == []

@@ -564,6 +564,9 @@ def test_stats_json_counts_the_redis_stores_records(place: Place, capsys: Any) -
             "stale": 1,
             "operations_running": 0,
             "operations_stuck": 0,
+            "outbox_pending": 0,
+            "outbox_failed": 0,
+            "outbox_oldest_undelivered_age_seconds": None,
             "error": None,
         }
     }
@@ -1142,18 +1145,10 @@ def test_a_cluster_failover_keeps_replicated_records_and_answers_503_meanwhile(
         )
 
 
-def test_the_outbox_needs_the_database_store_and_operations_do_not() -> None:
+def test_operations_on_redis_keep_their_id_across_replays() -> None:
     """``in_progress="accepted"`` and a record's operation id were refused on a Redis store
     (its id named nothing): both work now, the id naming the Redis record."""
     assert Options.build(in_progress="accepted", store=STORE).resolve().in_progress == "accepted"
-
-    @idempotent_function(key="event_id")
-    def handle(event_id: str, *, idempotency: Any) -> str:
-        idempotency.enqueue(print, "x")
-        return event_id
-
-    with on_redis(), pytest.raises(ImproperlyConfigured, match="outbox needs the database"):
-        handle("k")
 
     @idempotent_function(key="event_id")
     def start(event_id: str, *, idempotency: Any) -> str:
@@ -1805,3 +1800,31 @@ def test_the_projects_database_errors_are_judged_by_the_databases_store() -> Non
         assert store.is_transient(exc) == database.is_transient(exc)
     assert not store.is_transient(wrong)
     assert store.is_transient(locked) == (connection.vendor == "sqlite")
+
+
+@pytest.mark.django_db(transaction=True)  # the fast path waits for open transactions
+def test_the_outbox_is_served_on_one_server_and_refused_on_a_cluster(place: Place) -> None:
+    """One server releases a function's message with its result (tests/test_redis_outbox.py);
+    a cluster's client refuses ``enqueue`` before anything is staged (E065 for views): the
+    outbox's queue and the record would be two slots of one script."""
+    from django_idempotency.testing import outbox_sent
+    from tests.testapp.outbox_tasks import receipt
+
+    @idempotent_function(key="event_id", store=place.store)
+    def handle(event_id: str, *, idempotency: Any) -> str:
+        return str(idempotency.enqueue(receipt, event_id))
+
+    receipt.reset()
+    try:
+        if place.store == STORE:
+            message = handle("k")
+            outbox_sent()
+            assert [sent[0] for sent in receipt.sent] == [message]
+            assert list(place.client.scan_iter(match="idempotency:o:m:*"))
+            return
+        with pytest.raises(ImproperlyConfigured, match="Redis Cluster"):
+            handle("k")
+        assert receipt.sent == []
+        assert not list(place.client.scan_iter(match="idempotency:o:*"))
+    finally:
+        receipt.reset()

@@ -273,11 +273,28 @@ class Claim:
         from django_idempotency._call.outbox import stage  # see set_recovery_point
 
         self.check_held()
-        # A view is refused before it runs; an idempotent_function here.
-        self._needs_database(
-            "The outbox needs the database store: its table shares no transaction with Redis"
-        )
+        # A view is refused before it runs (E065); an idempotent_function here.
+        self._serves_outbox()
         return stage(self, task, args, name, kwargs)
+
+    def _serves_outbox(self) -> None:
+        """Raise ``ImproperlyConfigured`` when the claim's record is in a Redis store that
+        cannot release messages with it (a Redis Cluster: :mod:`.._store.redis.outbox`)."""
+        from django_idempotency._conf.values import is_redis, shown_store
+
+        if not is_redis(self.alias):
+            return
+        from django_idempotency._store import using
+
+        why = using(self.alias).outbox_refusal()  # type: ignore[attr-defined]
+        if why:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                f"The outbox cannot be served on the Redis store {shown_store(self.alias)!r}: "
+                f'{why}. Give the view or function store="database", or a store on one '
+                "Redis server (or Sentinel's master)."
+            )
 
     def _needs_database(self, why: str) -> None:
         """Raise ``ImproperlyConfigured`` (``why``, then where the record is) when the

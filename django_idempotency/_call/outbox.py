@@ -40,6 +40,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from django_idempotency._conf.settings import conf
+from django_idempotency._conf.values import is_redis
 from django_idempotency._store import outbox as store
 from django_idempotency._store.outbox import Message, Release
 
@@ -168,6 +169,9 @@ def released(claim: Any, alias: str, release: Release | None) -> None:
     inserted are sent once the transaction commits (the fast path), unless it is off."""
     if release is None:
         return
+    if is_redis(alias):
+        _released_on_redis(claim, alias, release)
+        return
     if connections[alias].in_atomic_block:
         # Written in a transaction of the code's own (a recovery point in its atomic block),
         # which may still roll back, and the release with it (an exception the code catches):
@@ -183,13 +187,35 @@ def released(claim: Any, alias: str, release: Release | None) -> None:
     after_commits(alias, lambda: sender.submit(alias, messages))
 
 
+def _released_on_redis(claim: Any, alias: str, release: Release) -> None:
+    """The Redis store's script released the messages with its write: no transaction of the
+    code's can roll that back, so they leave the attempt. Those it inserted are sent once
+    every transaction the thread has open commits (the view's own, ``ATOMIC_REQUESTS``), by
+    their keys in the store (:mod:`.._store.redis.outbox`)."""
+    claim.outbox.messages.clear()
+    if not conf.OUTBOX_FAST_PATH or not release.inserted:
+        return
+    from django_idempotency._store import using
+
+    store: Any = using(alias)
+    inserted = set(release.inserted)
+    keyed = [
+        (store.message_key(claim.scope, claim.key_hash, message.message_id), message)
+        for message in release.messages
+        if message.message_id in inserted
+    ]
+    after_commits(
+        alias, lambda: sender.submit(alias, [message for _, message in keyed], keyed=keyed)
+    )
+
+
 def after_commits(alias: str, job: Callable[[], None]) -> None:
     """Run ``job`` once ``alias`` commits, and then every other transaction the thread has
     open: the view's own, where ``ATOMIC_REQUESTS`` is on another alias than the records'
     (docs: installation). Sent when the records' alias committed, a message reached its
     consumer before the view's writes did (an order not found yet). A transaction that rolls
     back drops it: the relay sends it once its lease has passed."""
-    waiting = [alias] + [
+    waiting = ([] if is_redis(alias) else [alias]) + [
         other.alias
         for other in connections.all(initialized_only=True)
         if other.alias != alias and other.in_atomic_block
@@ -236,10 +262,21 @@ class Sender:
         self.thread: threading.Thread | None = None
         self._exiting = False
 
-    def submit(self, alias: str, messages: Sequence[Message]) -> None:
-        """Hand ``messages`` (released on ``alias``, committed) to the thread."""
+    def submit(
+        self,
+        alias: str,
+        messages: Sequence[Message],
+        *,
+        keyed: Sequence[tuple[str, Message]] | None = None,
+    ) -> None:
+        """Hand ``messages`` (released on ``alias``, committed) to the thread; ``keyed``: a
+        Redis store's, with their keys there."""
         due = time.monotonic() + conf.OUTBOX_LEASE.total_seconds() / 2
-        if not self._put((alias, lambda: deliver(alias, messages), due)):
+        if keyed is None:
+            job = partial(deliver, alias, messages)
+        else:
+            job = partial(deliver_keyed, alias, keyed)
+        if not self._put((alias, job, due)):
             logger.warning("Outbox fast path busy: %d message(s) left to the relay.", len(messages))
 
     def hand(self, alias: str, job: Callable[[], None]) -> bool:
@@ -293,6 +330,8 @@ class Sender:
 
 
 def _close(alias: str) -> None:
+    if is_redis(alias):  # the store's own connections go back after each call
+        return
     with contextlib.suppress(DatabaseError):
         connections[alias].close_if_unusable_or_obsolete()
 
@@ -309,6 +348,20 @@ def deliver(alias: str, messages: Sequence[Message]) -> None:
     """The fast path: send messages just released (leased to this process), and mark them.
     A failure is recorded with its backoff; a message not marked is the relay's once its
     lease passes."""
+    sent, failed = _send_each(messages)
+    connection = connections[alias]
+    try:
+        store.mark_sent(connection, sent, counted=False)
+        for message_id, error in failed:
+            store.mark_failed(connection, message_id, error, retry_at(1), counted=False)
+    except DatabaseError:
+        logger.warning(
+            "Outbox messages sent but not marked; the relay sends them again.", exc_info=True
+        )
+
+
+def _send_each(messages: Sequence[Message]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Send each message: the ids sent, and those that failed with their error."""
     sent: list[str] = []
     failed: list[tuple[str, str]] = []
     for message in messages:
@@ -319,12 +372,21 @@ def deliver(alias: str, messages: Sequence[Message]) -> None:
             failed.append((message.message_id, f"{type(exc).__name__}: {exc}"))
         else:
             sent.append(message.message_id)
-    connection = connections[alias]
+    return sent, failed
+
+
+def deliver_keyed(alias: str, keyed: Sequence[tuple[str, Message]]) -> None:
+    """The fast path on a Redis store (:func:`deliver`): messages marked by their keys."""
+    from django_idempotency._store import using
+
+    store: Any = using(alias)
+    keys = {message.message_id: key for key, message in keyed}
+    sent, failed = _send_each([message for _, message in keyed])
     try:
-        store.mark_sent(connection, sent, counted=False)
+        store.mark_sent([keys[message_id] for message_id in sent], counted=False)
         for message_id, error in failed:
-            store.mark_failed(connection, message_id, error, retry_at(1), counted=False)
-    except DatabaseError:
+            store.mark_failed(keys[message_id], error, retry_at(1), counted=False)
+    except DatabaseError:  # the store's fault (RedisFault)
         logger.warning(
             "Outbox messages sent but not marked; the relay sends them again.", exc_info=True
         )

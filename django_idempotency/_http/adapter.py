@@ -86,9 +86,9 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The view's policy for this request; ``None`` (and no claim on the request) when the
-        app is off or the method is not protected. A view on a Redis store whose code calls
-        ``enqueue`` or reads its operation is refused here, before the claim: it would run,
-        write, and then fail at ``enqueue`` (a ``500`` after its charge). A request another
+        app is off or the method is not protected. A view on a Redis store whose code reads its
+        operation, or calls ``enqueue`` on a Redis Cluster, is refused here, before the claim:
+        it would run, write, and then fail there (a ``500`` after its charge). A request another
         layer protects already is refused (:func:`refuse_nested`)."""
         refuse_nested(self.request)
         if conf.ENABLED:
@@ -276,32 +276,24 @@ def refuse_nested(request: HttpRequest) -> None:
         )
 
 
-#: What a view on a Redis store cannot use (a name its code reads), and why.
-_DATABASE_ONLY = {
-    "enqueue": (
-        "calls enqueue()",
-        "the outbox needs the database store, whose transaction releases the messages with "
-        "the result, and Redis shares none with it",
-    ),
-}
-
-
 def refuse_database_only(policy: Policy, options: Options, view: Any) -> None:
     """``ImproperlyConfigured`` when ``view`` (its function or class; ``None``: unknown) is
-    on a Redis store and its code calls ``enqueue``: refused before
-    its claim, rather than after its own writes."""
-    if policy.store == DATABASE or view is None:
+    on a Redis store that does not serve the outbox (a cluster: E065) and its code calls
+    ``enqueue``: refused before its claim, rather than after its own writes."""
+    if policy.store == DATABASE or view is None or not code.mentions(view, "enqueue"):
         return
-    for name, (what, why) in _DATABASE_ONLY.items():
-        if code.mentions(view, name):
-            given = options.get("store")
-            where = (
-                f"store={shown_store(given)!r}" if given else f"STORE {shown_store(policy.store)!r}"
-            )
-            raise ImproperlyConfigured(
-                f"The view {what} and keeps its records in the Redis store ({where}): {why}. "
-                'Give the view store="database".'
-            )
+    from django_idempotency._store.redis.outbox import refusal
+
+    why = refusal(policy.alias)
+    if why is None:
+        return
+    given = options.get("store")
+    where = f"store={shown_store(given)!r}" if given else f"STORE {shown_store(policy.store)!r}"
+    raise ImproperlyConfigured(
+        f"The view calls enqueue() and keeps its records in the Redis store ({where}): "
+        f"the outbox is not served there: {why}. "
+        'Give the view store="database".'
+    )
 
 
 def view_adapter(

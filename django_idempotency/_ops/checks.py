@@ -442,6 +442,13 @@ def e071_accepted_without_status_urls() -> list[CheckMessage]:
 
 def _protected_views() -> Iterator[tuple[str, Any]]:
     """(name, Options or a callable building them) for every protected view in the URLconf."""
+    for name, options, _ in protected_targets():
+        yield name, options
+
+
+def protected_targets() -> Iterator[tuple[str, Any, Any]]:
+    """(name, Options or a callable building them, its function or class: the code that runs)
+    for every protected view in the URLconf."""
     try:
         patterns = get_resolver().url_patterns
     except Exception:  # a broken URLconf is reported by Django's own checks
@@ -453,7 +460,7 @@ def _protected_views() -> Iterator[tuple[str, Any]]:
             for operation in operations:
                 if (options := ninja._options_of(operation)) is not None:
                     function = operation.view_func
-                    yield f"{function.__module__}.{function.__qualname__}", options
+                    yield f"{function.__module__}.{function.__qualname__}", options, function
             continue
         options = getattr(callback, "idempotency_options", None)
         view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
@@ -462,7 +469,8 @@ def _protected_views() -> Iterator[tuple[str, Any]]:
             options = options or getattr(view_class.dispatch, "idempotency_options", None)
         if isinstance(options, Options) or callable(options):
             name = getattr(view_class or callback, "__qualname__", repr(callback))
-            yield f"{getattr(view_class or callback, '__module__', '')}.{name}", options
+            target = view_class or callback
+            yield f"{getattr(target, '__module__', '')}.{name}", options, target
 
 
 def _callbacks(patterns: Any) -> Iterator[Any]:

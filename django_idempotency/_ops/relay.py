@@ -15,7 +15,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import FrameType
@@ -24,8 +24,10 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
+from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._call import outbox, telemetry
 from django_idempotency._conf.settings import conf
+from django_idempotency._conf.values import is_redis
 from django_idempotency._ops.listener import Listener
 from django_idempotency._store import Store, connecting, using
 from django_idempotency._store import outbox as store
@@ -75,6 +77,8 @@ class Relay:
         :data:`~.._store.connecting.CONNECT_TIMEOUT` where the alias gives none: made in a
         blackhole, a single login held the relay its driver's ``connect_timeout`` (psycopg's
         default 130 s, MySQLdb's none) however soon the network came back."""
+        if is_redis(self.alias):
+            return self._redis_pass()
         done = Pass()
         connection = connections[self.alias]
         database = using(self.alias)
@@ -97,8 +101,51 @@ class Relay:
                 break
         return done
 
+    def _redis_pass(self) -> Pass:
+        """A pass over a Redis store's outbox (:mod:`.._store.redis.outbox`): each script
+        within the store's own bound, a message marked by its key."""
+        done = Pass()
+        redis: Any = using(self.alias)
+        while not self.stopping.is_set():
+            taken = redis.take(self.batch_size, conf.OUTBOX_LEASE)
+            if not taken:
+                break
+            done.batches += 1
+            sent = self._send_each(
+                taken,
+                done,
+                lambda message, error, retry: redis.mark_failed(
+                    message.id, error, retry, counted=True
+                ),
+            )
+            redis.mark_sent([message.id for message in sent], counted=True)
+            done.sent += len(sent)
+            if len(taken) < self.batch_size:
+                break
+        return done
+
     def _send(self, database: Store, connection: Any, taken: list[store.Taken], done: Pass) -> None:
-        sent: list[str] = []
+        def failed(message: Any, error: str, retry: Any) -> None:
+            database.bounded(
+                connection,
+                STATEMENT_BOUND,
+                partial(
+                    store.mark_failed, connection, message.message_id, error, retry, counted=True
+                ),
+            )
+
+        sent = [message.message_id for message in self._send_each(taken, done, failed)]
+        database.bounded(
+            connection, STATEMENT_BOUND, partial(store.mark_sent, connection, sent, counted=True)
+        )
+        done.sent += len(sent)
+
+    def _send_each(
+        self, taken: Sequence[Any], done: Pass, failed: Callable[[Any, str, Any], Any]
+    ) -> list[Any]:
+        """Send each message taken: those sent; each that failed is recorded by ``failed``
+        (message, error, when to try it again) with its backoff."""
+        sent: list[Any] = []
         for message in taken:
             try:
                 outbox.send(message.engine, message.task, message.arguments, message.message_id)
@@ -112,25 +159,11 @@ class Relay:
                     "" if retry else ", the last",
                     error,
                 )
-                database.bounded(
-                    connection,
-                    STATEMENT_BOUND,
-                    partial(
-                        store.mark_failed,
-                        connection,
-                        message.message_id,
-                        error,
-                        retry,
-                        counted=True,
-                    ),
-                )
+                failed(message, error, retry)
                 done.failed += 1
             else:
-                sent.append(message.message_id)
-        database.bounded(
-            connection, STATEMENT_BOUND, partial(store.mark_sent, connection, sent, counted=True)
-        )
-        done.sent += len(sent)
+                sent.append(message)
+        return sent
 
     def run(self, *, once: bool = False) -> Pass:
         """Pass after pass until stopped (``once``: one pass). Installs the ``SIGTERM`` and
@@ -139,7 +172,7 @@ class Relay:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
         total = Pass()
-        listener = None if once else Listener(self.alias)
+        listener = None if once or is_redis(self.alias) else Listener(self.alias)
         if listener is not None:
             listener.listen(STATEMENT_BOUND)
         if not once:  # said once the signals are handled: an operator's (or a test's) cue
@@ -149,11 +182,12 @@ class Relay:
             while not self.stopping.is_set():
                 try:
                     done = self.one_pass()
-                except DatabaseError as exc:
+                except (DatabaseError, StoreUnavailable) as exc:
                     if once:
                         raise
-                    logger.warning("Outbox relay: the database failed (%s); trying again.", exc)
-                    discard(connections[self.alias])
+                    logger.warning("Outbox relay: the store failed (%s); trying again.", exc)
+                    if not is_redis(self.alias):
+                        discard(connections[self.alias])
                     done = Pass()
                 if telemetry.gauging_outbox():
                     self._gauge()
@@ -179,14 +213,20 @@ class Relay:
         :data:`STATEMENT_BOUND`, as the pass's statements are: a read silenced on the relay's
         connection held the relay, which sent nothing more. A failed read's connection is
         discarded (the next pass makes a new one)."""
-        connection = connections[self.alias]
-        try:
-            figures = using(self.alias).bounded(
-                connection, STATEMENT_BOUND, lambda: backlog(self.alias)
-            )
-        except DatabaseError:
-            discard(connection)
-            return
+        if is_redis(self.alias):
+            try:
+                figures = backlog(self.alias)
+            except (DatabaseError, StoreUnavailable):
+                return
+        else:
+            connection = connections[self.alias]
+            try:
+                figures = using(self.alias).bounded(
+                    connection, STATEMENT_BOUND, lambda: backlog(self.alias)
+                )
+            except DatabaseError:
+                discard(connection)
+                return
         age = figures["outbox_oldest_undelivered_age_seconds"] or 0.0
         telemetry.outbox_backlog(figures["outbox_pending"], figures["outbox_failed"], age)
 
@@ -208,8 +248,9 @@ class Relay:
 
 
 def backlog(alias: str) -> dict[str, Any]:
-    """The outbox's figures for ``idempotency_stats --json`` (every key always present)."""
-    left = store.backlog(connections[alias])
+    """The outbox's figures for ``idempotency_stats --json`` (every key always present); of
+    a Redis store's outbox where ``alias`` is a Redis store's name."""
+    left = using(alias).backlog() if is_redis(alias) else store.backlog(connections[alias])  # type: ignore[attr-defined]
     age = None
     if left.oldest is not None:
         age = max(0.0, (timezone.now() - left.oldest).total_seconds())
@@ -224,6 +265,9 @@ def failed(alias: str) -> list[Any]:
     """The messages failed for good, oldest release first (``idempotency_relay --failed``)."""
     from django_idempotency.models import OutboxMessage
 
+    if is_redis(alias):
+        return using(alias).failed_messages()  # type: ignore[attr-defined,no-any-return]
+
     rows = OutboxMessage.objects.using(alias).filter(state=store.FAILED)
     return list(rows.order_by("released_at", "id"))
 
@@ -233,6 +277,9 @@ def retry_failed(alias: str, messages: list[Any]) -> int:
     those still failed; the count."""
     from django_idempotency.models import OutboxMessage
 
+    if is_redis(alias):
+        keys = [message.pk for message in messages]
+        return using(alias).resend(keys)  # type: ignore[attr-defined,no-any-return]
     rows = OutboxMessage.objects.using(alias).filter(
         pk__in=[message.pk for message in messages], state=store.FAILED
     )

@@ -1,4 +1,5 @@
-"""System checks of the Redis store: atomic views on it (E061), and at
+"""System checks of the Redis store: atomic views on it (E061), views that stage outbox
+messages on a Redis Cluster (E065), and at
 ``check --deploy`` whether each Redis store answers (E062) and keeps what it acknowledged
 (W060). ``STORE``'s own value is checked on its setting's line (E060)."""
 
@@ -17,7 +18,7 @@ from django_idempotency._ops.checks import _protected_views, refusing
 
 
 def check_stores(**kwargs: Any) -> list[CheckMessage]:
-    return e061_atomic_on_redis()
+    return e061_atomic_on_redis() + e065_outbox_on_cluster()
 
 
 def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
@@ -170,6 +171,37 @@ def e061_atomic_on_redis() -> list[CheckMessage]:
     return errors
 
 
+@refusing(
+    "a protected view in the URLconf calls ``enqueue()`` and keeps its records in a Redis "
+    "Cluster store: the outbox is served on one Redis server (or Sentinel's master)"
+)
+def e065_outbox_on_cluster() -> list[CheckMessage]:
+    """Refuse at startup a view whose messages a cluster could not release with its result
+    (:mod:`.._store.redis.outbox`), rather than at its first request."""
+    from django_idempotency._base import code
+    from django_idempotency._ops.checks import protected_targets
+    from django_idempotency._store.redis.outbox import refusal
+
+    errors: list[CheckMessage] = []
+    setting = _setting_store()
+    for name, found, target in protected_targets():
+        options = found() if callable(found) else found
+        store = options.get("store") or setting
+        if store is None or store == DATABASE or not code.mentions(target, "enqueue"):
+            continue
+        if why := refusal(store_alias(store, "")):
+            errors.append(
+                Error(
+                    f"{name} calls enqueue() and keeps its records in the Redis store "
+                    f"{display_name(store)!r}: the outbox is not served there ({why}).",
+                    hint="Give the view store='database', or a store on one Redis server or "
+                    "Sentinel's master (docs: 'The outbox').",
+                    id=check_name(65),
+                )
+            )
+    return errors
+
+
 @refusing("a Redis store does not answer; asked with ``--deploy`` only")
 def e062_unreachable(store: str) -> Error | None:
     from django_idempotency._store import using
@@ -266,8 +298,8 @@ def redis_notes(verb: str) -> list[str]:
 def redis_census() -> dict[str, Any]:
     """``idempotency_stats --json``'s ``redis_stores``: each Redis store's records by status,
     its stale ones, its operations running and stuck
-    (:meth:`~.._store.redis.store.RedisStore.census`), or ``error`` when it does not answer.
-    The table's figures beside them do not count these records."""
+    (:meth:`~.._store.redis.store.RedisStore.census`) and its outbox's backlog, or ``error``
+    when it does not answer. The table's figures beside them do not count these records."""
     from django_idempotency._ops.maintenance import OPERATION_STUCK_AFTER
     from django_idempotency._store import using
 
@@ -276,14 +308,28 @@ def redis_census() -> dict[str, Any]:
         bound: Any = using(store_alias(store, ""))
         shown = display_name(store)  # a key of the JSON: never the password
         try:
-            census[shown] = {**bound.census(OPERATION_STUCK_AFTER), "error": None}
+            census[shown] = {**bound.census(OPERATION_STUCK_AFTER), **_outbox(store), "error": None}
         except Exception as exc:  # unreachable: say so, and go on
             census[shown] = {
                 **dict.fromkeys(("total", "by_status", "stale")),
                 **dict.fromkeys(("operations_running", "operations_stuck")),
+                **dict.fromkeys(
+                    (
+                        "outbox_pending",
+                        "outbox_failed",
+                        "outbox_oldest_undelivered_age_seconds",
+                    )
+                ),
                 "error": str(exc),
             }
     return census
+
+
+def _outbox(store: str) -> dict[str, Any]:
+    """A Redis store's outbox figures, named as the database's are (:func:`.relay.backlog`)."""
+    from django_idempotency._ops.relay import backlog
+
+    return backlog(store_alias(store, ""))
 
 
 def admin_notes() -> list[str]:

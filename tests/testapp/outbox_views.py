@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import IdempotencyKey, idempotent, no_store
+from django_idempotency import Claim, IdempotencyKey, idempotent, no_store
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
 from tests.testapp.outbox_tasks import probe, receipt
@@ -39,13 +40,28 @@ def _order(request: HttpRequest) -> HttpResponse:
         claim.set_recovery_point("charged")
     ids.append(claim.enqueue(receipt, order.pk, kind="second"))
     if spec.get("steal"):  # another attempt took the record over meanwhile
-        IdempotencyKey.objects.filter(pk=claim.pk).update(lock_token=uuid.uuid4())
+        _steal(claim)
     if "gate" in spec:
         GATES[spec["gate"]].wait(10)
     if spec.get("raise"):
         raise RuntimeError("the view failed")
     response = JsonResponse({"order": order.pk, "messages": ids}, status=spec.get("status", 201))
     return no_store(response) if spec.get("no_store") else response
+
+
+def _steal(claim: Claim) -> None:
+    """Give the claim's record another lock token, as a takeover would: its owner is fenced."""
+    from django_idempotency._conf.values import is_redis
+
+    if not is_redis(claim.alias):
+        IdempotencyKey.objects.filter(pk=claim.pk).update(lock_token=uuid.uuid4())
+        return
+    from django_idempotency._store import using
+    from django_idempotency._store.redis.keyspace import record_key
+
+    store: Any = using(claim.alias)
+    record = record_key(claim.scope, claim.key_hash, store.prefix)
+    store.client.hset(record, "tok", str(uuid.uuid4()))
 
 
 order = idempotent(_order)

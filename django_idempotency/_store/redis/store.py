@@ -30,6 +30,7 @@ from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._conf.values import display_name
 from django_idempotency._store import deadlines
 from django_idempotency._store.claims import Lock, new_token
+from django_idempotency._store.outbox import Backlog, Release
 from django_idempotency._store.redis import (
     clients,
     codec,
@@ -41,6 +42,7 @@ from django_idempotency._store.redis import (
     scripts,
     waits,
 )
+from django_idempotency._store.redis import outbox as messages
 from django_idempotency._store.redis.codec import as_micros, as_text, as_time
 from django_idempotency._store.redis.connections import Connections
 from django_idempotency._store.redis.faults import RedisFault, failures
@@ -148,7 +150,11 @@ class RedisStore:
     def _script(self, name: str) -> Any:
         script = self._scripts.get(name)
         if script is None:
-            text = getattr(scripts, name, None) or getattr(operations, name)
+            text = (
+                getattr(scripts, name, None)
+                or getattr(operations, name, None)
+                or getattr(messages, name)
+            )
             script = self._scripts[name] = self.client.register_script(text)
         return script
 
@@ -404,12 +410,11 @@ class RedisStore:
         bound: float | None = None,
         release: Any = None,
     ) -> bool:
-        assert release is None, "the outbox needs the database store (Claim.enqueue refuses)"
         headers, body = stored.sealed
         status = rules.stored_status(stored.status)
         key, scope, key_hash = self._records[pk]
         index = self._cluster is False
-        done = self._run(
+        done = self._releasing(
             "COMPLETE",
             [key, scope_index(scope, self.prefix)] if index else [key],
             [
@@ -423,6 +428,8 @@ class RedisStore:
                 key_hash,
             ],
             bound,
+            release,
+            scope,
         )
         if done and not index:
             self._index(scope, key_hash, stored.ttl)
@@ -430,6 +437,26 @@ class RedisStore:
             self._name_again(key, self._oids[pk])
         self._forget(pk)
         return bool(done)
+
+    def _releasing(
+        self,
+        name: str,
+        keys: list[str],
+        args: list[Any],
+        bound: float | None,
+        release: Release | None,
+        scope: str,
+    ) -> Any:
+        """Run the fenced write ``name``, and with it (``release``: the outbox's staged
+        messages) the release of its messages, in one script (:mod:`.outbox`): they exist
+        exactly when the write applied."""
+        if release is None:
+            return self._run(name, keys, args, bound)
+        if self._cluster:  # refused before (E065, the view's first request, enqueue)
+            raise RedisFault(f"Redis store {self.display_name!r}: {messages.ON_CLUSTER}.")
+        index = scope_index(scope, self.prefix)
+        keys, args = messages.releasing(keys, args, release, index, self.prefix)
+        return messages.released(self._run(f"{name}_RELEASING", keys, args, bound), release)
 
     def _index(self, scope: str, key_hash: str, ttl: timedelta | None) -> None:
         """On a cluster: add a finished record to its scope's index (erasure), after its
@@ -467,14 +494,15 @@ class RedisStore:
         bound: float | None = None,
         release: Any = None,
     ) -> bool:
-        assert release is None, "the outbox needs the database store (Claim.enqueue refuses)"
         encoded = json.dumps(data, separators=(",", ":"))
         saved = bool(
-            self._run(
+            self._releasing(
                 "RECOVERY_POINT",
                 [self._key(pk)],
                 [str(token), name, encoded, as_micros(lock_timeout)],
                 deadlines.bound(lock_timeout) if bound is None else bound,
+                release,
+                self._records[pk][1],
             )
         )
         return saved  # lost (LockLost): the claim's release still comes, and its script refuses
@@ -680,3 +708,51 @@ class RedisStore:
             return self._run(name, keys, args, None, tries=1)
         except RedisFault as exc:
             raise self.refusal(exc) from exc
+
+    # -- the outbox (:mod:`.outbox`): the relay's side -----------------------------------------
+
+    def outbox_refusal(self) -> str | None:
+        """Why the store cannot serve the outbox (a cluster: :mod:`.outbox`), or ``None``."""
+        self.client  # noqa: B018 (made: its topology known)
+        return messages.ON_CLUSTER if self._cluster else None
+
+    def _relayed(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return self._run(name, keys, args, None)
+
+    def take(self, size: int, lease: timedelta) -> list[messages.Taken]:
+        """Claim up to ``size`` messages due now for ``lease`` (a relay's batch)."""
+        return messages.take(self._relayed, self.prefix, size, lease)
+
+    def mark_sent(self, keys: Sequence[str], *, counted: bool) -> int:
+        """Mark messages (their keys) sent."""
+        return messages.mark_sent(self._relayed, self.prefix, keys, counted=counted)
+
+    def mark_failed(self, key: str, error: str, retry_at: datetime | None, *, counted: bool) -> int:
+        """Record a failed send: tried again at ``retry_at``, or failed for good (``None``)."""
+        return messages.mark_failed(
+            self._relayed, self.prefix, key, error, retry_at, counted=counted
+        )
+
+    def resend(self, keys: Sequence[str]) -> int:
+        """Make failed messages pending and due now (``idempotency_relay --retry-failed``)."""
+        return messages.resend(self._relayed, self.prefix, keys)
+
+    def backlog(self) -> Backlog:
+        """The outbox's pending and failed messages, and its oldest undelivered release."""
+        try:
+            return messages.backlog(self.client, self.prefix)
+        except failures() as exc:
+            raise self.refusal(exc) from exc
+
+    def failed_messages(self) -> list[messages.FailedMessage]:
+        """The messages failed for good, oldest release first (``--failed``)."""
+        try:
+            return messages.failed(self.client, self.prefix)
+        except failures() as exc:
+            raise self.refusal(exc) from exc
+
+    def message_key(self, scope: str, key_hash: str, message_id: str) -> str:
+        """The key of a message the record ``(scope, key_hash)`` released."""
+        return messages.message_key(
+            record_key(scope, key_hash, self.prefix), message_id, self.prefix
+        )

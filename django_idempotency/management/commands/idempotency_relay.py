@@ -10,7 +10,7 @@ from django.core.management import CommandError
 from django_idempotency._conf.settings import usable
 from django_idempotency._ops import relay
 from django_idempotency._ops.relay import Relay
-from django_idempotency.management import _arguments, database_alias
+from django_idempotency.management import _arguments, database_alias, redis_store
 
 
 class Command(_arguments.Command):
@@ -18,7 +18,8 @@ class Command(_arguments.Command):
         "Deliver the outbox's released messages at least once: to Celery (apply_async, the "
         "message id as task_id) or a django.tasks backend. Runs until SIGTERM or SIGINT, woken "
         "by PostgreSQL's NOTIFY or polling; --once for one pass from cron. --failed lists the "
-        "messages failed for good, --retry-failed sends them again."
+        "messages failed for good, --retry-failed sends them again. --store relays a Redis "
+        "store's outbox."
     )
     numeric = ("--batch-size", "--interval")
 
@@ -35,6 +36,11 @@ class Command(_arguments.Command):
         )
         parser.add_argument(
             "--database", help="Database alias (default: the IDEMPOTENCY DATABASE_ALIAS)."
+        )
+        parser.add_argument(
+            "--store",
+            help="Relay a Redis store's outbox instead: its CACHES alias or URL, as STORE "
+            "names it (one relay per store).",
         )
         parser.add_argument(
             "--failed",
@@ -62,6 +68,7 @@ class Command(_arguments.Command):
         interval: float | None,
         database: str | None,
         verbosity: int,
+        store: str | None = None,
         failed: bool = False,
         retry_failed: bool = False,
         dry_run: bool = False,
@@ -78,7 +85,7 @@ class Command(_arguments.Command):
             raise CommandError("Give --failed (list) or --retry-failed (send again), not both.")
         if dry_run and not retry_failed:
             raise CommandError("--dry-run goes with --retry-failed.")
-        alias = database_alias(database)
+        alias = redis_store(store, database) if store else database_alias(database)
         if failed or retry_failed:
             messages = relay.failed(alias)
             if verbosity >= 1 and (failed or dry_run):

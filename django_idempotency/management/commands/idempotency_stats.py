@@ -53,6 +53,9 @@ class Command(BaseCommand):
             if figures["operations_stuck"]
         ]
         warnings = [*stats.warnings, *relay.warnings(outbox), *stuck, *unreachable]
+        for name, figures in census.items():
+            if figures["error"] is None:
+                warnings += [f"Redis store {name!r}: {w}" for w in relay.warnings(figures)]
         if as_json:
             figures = {**as_dict(stats), **outbox, "redis_stores": census, "warnings": warnings}
             self.stdout.write(json.dumps(figures, indent=2))

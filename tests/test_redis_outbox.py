@@ -1,0 +1,359 @@
+"""The outbox on the Redis store: messages released by the script that writes the kept result
+(or a recovery point), never by a write the fence refuses or an attempt that keeps nothing,
+delivered at least once by the fast path or ``idempotency_relay --store``, and taken again
+once a dead relay's lease has passed. Against the Redis server at
+``IDEMPOTENCY_TEST_REDIS_STORE_URL`` (its own db number), never a stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from django.test import Client, override_settings
+
+from django_idempotency._call import outbox
+from django_idempotency._ops import store_checks
+from django_idempotency._ops.relay import Relay, backlog
+from django_idempotency._store import StoredResponse, using
+from django_idempotency._store.outbox import Message, Release
+from django_idempotency.testing import outbox_sent
+from tests.conftest import flush_redis
+from tests.relaying import relay_here
+from tests.testapp.outbox_tasks import receipt
+from tests.waiting import wait_for
+
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.urls("tests.outbox_urls"),
+    pytest.mark.django_db(transaction=True),
+]
+
+STORE = "redis"
+ALIAS = "cache:redis"
+Post = Callable[..., Any]
+
+
+def on_redis(**more: Any) -> Any:
+    return override_settings(IDEMPOTENCY={"STORE": STORE, **more})
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    flush_redis()
+    receipt.reset()
+    yield
+    receipt.reset()
+
+
+@pytest.fixture
+def post(client: Client) -> Post:
+    def send(path: str, spec: dict[str, Any] | None = None, *, key: str) -> Any:
+        headers = {"Idempotency-Key": key, "X-Spec": json.dumps(spec or {})}
+        try:
+            return client.post(path, {}, content_type="application/json", headers=headers)
+        finally:
+            assert outbox.sender.settle(), "the fast path's thread is stuck"
+
+    return send
+
+
+def raw() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def sent_ids() -> list[str]:
+    outbox_sent()
+    return [task_id for task_id, _, _ in receipt.sent]
+
+
+def messages() -> dict[str, str]:
+    """Every message the store holds: id -> state."""
+    client = raw()
+    found = {}
+    for name in client.scan_iter(match="idempotency:o:m:*"):
+        id_, state = client.hmget(name, "id", "st")
+        found[id_.decode()] = state.decode()
+    return found
+
+
+def relay_once() -> Any:
+    with relay_here():
+        return Relay(ALIAS).run(once=True)
+
+
+def test_a_views_messages_are_released_with_the_result_and_delivered_once(
+    post: Post, key: str
+) -> None:
+    with on_redis():
+        response = post("/order/", {"order": "1"}, key=key)
+        assert response.status_code == 201
+        ids = response.json()["messages"]
+        assert sent_ids() == ids
+        assert messages() == dict.fromkeys(ids, "sent")
+        assert post("/order/", {"order": "1"}, key=key).json()["messages"] == ids  # replayed
+        assert relay_once().sent == 0
+    assert sent_ids() == ids
+    assert raw().zcard("idempotency:o:due") == 0
+
+
+def test_without_the_fast_path_the_relay_delivers_once(post: Post, key: str) -> None:
+    with on_redis(OUTBOX_FAST_PATH=False):
+        ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+        assert sent_ids() == []
+        assert messages() == dict.fromkeys(ids, "pending")
+        assert backlog(ALIAS)["outbox_pending"] == 2
+        assert relay_once().sent == 2
+        assert relay_once().sent == 0
+        assert backlog(ALIAS)["outbox_pending"] == 0
+    assert sent_ids() == ids
+    assert [kwargs["kind"] for _, _, kwargs in receipt.sent] == ["first", "second"]
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [{"status": 500}, {"status": 503}, {"raise": True}, {"no_store": True}, {"steal": True}],
+    ids=["500", "503", "raised", "no_store", "fenced_owner"],
+)
+def test_an_attempt_whose_result_is_not_kept_releases_nothing(
+    post: Post, key: str, ending: dict[str, Any]
+) -> None:
+    """``steal``: the record's token changed under its owner (a takeover): the script's fence
+    refuses the owner's late result, and its messages with it."""
+    with on_redis(OUTBOX_FAST_PATH=False):
+        try:
+            post("/order/", {"order": "1", **ending}, key=key)
+        except RuntimeError:
+            assert ending.get("raise")
+        assert messages() == {}
+        assert relay_once().sent == 0
+    assert receipt.sent == []
+
+
+def test_a_recovery_point_releases_what_was_staged_before_it(post: Post, key: str) -> None:
+    with on_redis(OUTBOX_FAST_PATH=False):
+        response = post("/order/", {"order": "1", "point": True, "status": 500}, key=key)
+        assert response.status_code == 500  # kept nothing: only the point's message is out
+        (first,) = messages()
+        # The retry resumes after the point: it stages the second message only.
+        response = post("/order/", {"order": "1", "point": True}, key=key)
+        assert response.status_code == 201
+        assert relay_once().sent == 2
+    assert [kwargs["kind"] for _, _, kwargs in receipt.sent] == ["first", "second"]
+    assert receipt.sent[0][0] == first
+
+
+def _claim(store: Any, key: str) -> Any:
+    from django_idempotency._base.keys import hash_key
+    from django_idempotency._call.identity import Identity
+
+    identity = Identity(
+        key=key, scope="s", key_hash=hash_key(key), fingerprint="f", method="POST", path="/p"
+    )
+    return store.claim(identity, ttl=timedelta(hours=1), lock_timeout=timedelta(seconds=30))
+
+
+def _release(*ids: str) -> Release:
+    found = [Message(id_, outbox.CELERY, receipt.name, '{"args":[],"kwargs":{}}') for id_ in ids]
+    return Release(0, found, timedelta(0), notify=False)
+
+
+def test_a_fenced_out_owners_messages_are_never_released(key: str) -> None:
+    """The owner's lock taken over (its lock lapsed: another token claimed the record): its
+    result write, and the messages in it, are refused by the script's fence."""
+    with on_redis():
+        store: Any = using(ALIAS)
+        claim = _claim(store, key)
+        key_name = store._records[claim.pk][0]
+        raw().hset(key_name, "tok", "the-new-owner")
+        release = _release("m1")
+        stored = StoredResponse(status=201, headers={}, body=b"{}")
+        assert not store.store_response(claim.pk, claim.token_text, stored, release=release)
+        assert release.inserted == []
+        assert messages() == {}
+        assert raw().zcard("idempotency:o:due") == 0
+
+
+def test_a_message_released_again_by_a_takeover_inserts_nothing(key: str) -> None:
+    with on_redis():
+        store: Any = using(ALIAS)
+        claim = _claim(store, key)
+        first = _release("m1")
+        store.save_recovery_point(
+            claim.pk, claim.token_text, "a", None, timedelta(seconds=30), release=first
+        )
+        assert first.inserted == ["m1"]
+        again = _release("m1", "m2")
+        stored = StoredResponse(status=201, headers={}, body=b"{}")
+        assert store.store_response(claim.pk, claim.token_text, stored, release=again)
+        assert again.inserted == ["m2"]
+        assert sorted(messages()) == ["m1", "m2"]
+
+
+class Killed(BaseException):
+    """A relay's death between its take and its mark (``except Exception`` does not catch it,
+    as nothing catches a SIGKILL)."""
+
+
+def test_a_relay_killed_between_taking_and_marking_delivers_again(
+    post: Post, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with on_redis(OUTBOX_FAST_PATH=False, OUTBOX_LEASE=timedelta(milliseconds=300)):
+        ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+        real_send = outbox.send
+
+        def dies(*args: Any) -> None:
+            raise Killed
+
+        monkeypatch.setattr(outbox, "send", dies)
+        with pytest.raises(Killed):
+            relay_once()
+        monkeypatch.setattr(outbox, "send", real_send)
+        assert relay_once().sent == 0  # leased to the dead relay
+        wait_for(
+            lambda: relay_once().sent and len(receipt.sent) == 2,
+            "the lease to pass and the relay to send",
+        )
+    assert sorted(sent_ids()) == sorted(ids)  # a batch's lease is one time: taken in any order
+    client = raw()
+    sends = [int(client.hget(name, "n")) for name in client.scan_iter(match="idempotency:o:m:*")]
+    assert sends == [2, 2]  # each taken twice: the dead relay's take counted
+
+
+def test_a_relay_process_sigkilled_mid_batch_leaves_its_messages_to_the_next(
+    post: Post, key: str, tmp_path: Path
+) -> None:
+    """A real ``idempotency_relay --store`` process takes the batch and is SIGKILLed before it
+    marks a message: nothing is marked, no other relay takes the leased messages meanwhile,
+    and once the lease passes the next relay delivers each of them."""
+    parked = tmp_path / "parked"
+    with on_redis(OUTBOX_FAST_PATH=False):
+        ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "tests.redis_relay_process", str(parked), "1.5"],
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        )
+        try:
+            wait_for(parked.exists, "the relay process to take its batch", timeout=30)
+            assert relay_once().sent == 0  # leased to the parked relay
+        finally:
+            relay.kill()
+            relay.wait(10)
+        assert set(messages().values()) == {"pending"}
+        wait_for(
+            lambda: relay_once().sent and len(receipt.sent) == 2,
+            "the lease to pass and the next relay to send",
+        )
+    assert sent_ids() == ids
+    assert set(messages().values()) == {"sent"}
+
+
+def test_the_relay_command_relays_a_redis_store(post: Post, key: str) -> None:
+    with on_redis(OUTBOX_FAST_PATH=False):
+        ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+        out = StringIO()
+        with relay_here():
+            call_command("idempotency_relay", "--once", "--store", STORE, stdout=out)
+    assert "Sent 2 message(s); 0 failed." in out.getvalue()
+    assert sent_ids() == ids
+
+
+def test_the_relay_command_lists_and_retries_a_redis_stores_failed_messages(
+    post: Post, key: str
+) -> None:
+    with on_redis(OUTBOX_FAST_PATH=False, OUTBOX_MAX_ATTEMPTS=1):
+        post("/order/", {"order": "1"}, key=key)
+        receipt.failing = 2
+        assert relay_once().failed == 2
+        assert set(messages().values()) == {"failed"}
+        assert backlog(ALIAS)["outbox_failed"] == 2
+        out = StringIO()
+        call_command("idempotency_stats", "--json", stdout=out)
+        stats = json.loads(out.getvalue())
+        assert stats["redis_stores"]["redis"]["outbox_failed"] == 2
+        assert stats["outbox_failed"] == 0  # the database's
+        assert any(
+            "Redis store 'redis': 2 outbox message(s) failed" in w for w in stats["warnings"]
+        )
+        out = StringIO()
+        call_command("idempotency_relay", "--failed", "--store", STORE, stdout=out)
+        assert "ConnectionError: broker" in out.getvalue()
+        assert "2 message(s) failed." in out.getvalue()
+        with relay_here():
+            call_command("idempotency_relay", "--retry-failed", "--once", "--store", STORE)
+    assert set(messages().values()) == {"sent"}
+    assert len(sent_ids()) == 2
+
+
+def test_the_relay_command_refuses_what_is_no_redis_store() -> None:
+    with pytest.raises(CommandError, match="not 'database', an alias of CACHES"):
+        call_command("idempotency_relay", "--once", "--store", "nowhere")
+    with pytest.raises(CommandError, match="not both"):
+        call_command("idempotency_relay", "--once", "--store", STORE, "--database", "default")
+
+
+def test_a_view_that_enqueues_on_a_redis_cluster_is_refused_at_startup() -> None:
+    """django_idempotency.E065: the outbox's queue and a record are in two slots there."""
+    cluster = "redis+cluster://127.0.0.1:1"
+    with override_settings(IDEMPOTENCY={"STORE": cluster}):
+        errors = store_checks.e065_outbox_on_cluster()
+    assert errors and {error.id for error in errors} == {"django_idempotency.E065"}
+    assert "calls enqueue()" in errors[0].msg
+    with on_redis():
+        assert store_checks.e065_outbox_on_cluster() == []
+
+
+def test_an_idempotent_function_enqueues_on_redis() -> None:
+    from django_idempotency import idempotent_function
+
+    @idempotent_function(key="event_id", store=STORE)
+    def handle(event_id: str, *, idempotency: Any) -> str:
+        return idempotency.enqueue(receipt, event_id)  # type: ignore[no-any-return]
+
+    message = handle("e1")
+    assert handle("e1") == message
+    assert sent_ids() == [message]
+
+
+def test_enqueue_still_refuses_what_cannot_be_sent() -> None:
+    from django_idempotency import idempotent_function
+
+    @idempotent_function(key="event_id", store=STORE)
+    def handle(event_id: str, *, idempotency: Any) -> str:
+        return idempotency.enqueue(print, event_id)  # type: ignore[no-any-return]
+
+    with pytest.raises(TypeError, match="plain function"):
+        handle("e1")
+
+
+def test_a_relay_outlives_a_redis_store_that_does_not_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pass that meets the store down is logged and made again (as a database's failure
+    is), not the relay's end; ``--once`` (cron) exits with the store's error."""
+    from django.db import DatabaseError
+
+    from tests.relaying import relay_thread
+
+    down = "redis://127.0.0.1:1/0"
+    with pytest.raises(DatabaseError), relay_here():
+        Relay(down).run(once=True)
+    relay = Relay(down, interval=0.05)
+    with relay_thread(relay, join=10) as thread:
+        wait_for(
+            lambda: caplog.text.count("Outbox relay: the store failed") >= 2,
+            "two failed passes, the relay living on",
+            timeout=30,
+        )
+        assert thread.is_alive()
+    assert not thread.is_alive()
