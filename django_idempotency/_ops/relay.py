@@ -27,7 +27,7 @@ from django.utils import timezone
 from django_idempotency._call import outbox, telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._ops.listener import Listener
-from django_idempotency._store import Store, connecting, using
+from django_idempotency._store import Store, connecting, database_store, using
 from django_idempotency._store import outbox as store
 from django_idempotency._store.bound import discard
 
@@ -77,8 +77,8 @@ class Relay:
         default 130 s, MySQLdb's none) however soon the network came back."""
         done = Pass()
         connection = connections[self.alias]
-        database = using(self.alias)
-        if database.has_server and connection.connection is None:
+        database = database_store(self.alias)
+        if database.features.has_server and connection.connection is None:
             # This thread keeps what connected first.
             connection = connections[self.alias] = connecting.connected(
                 connection, STATEMENT_BOUND, connecting.CONNECT_TIMEOUT

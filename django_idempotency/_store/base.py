@@ -1,4 +1,4 @@
-"""The interface every database's store implements, and what they share.
+"""What every database's store shares, on top of the store contract (:mod:`.contract`).
 
 A vendor module (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`) subclasses :class:`Store`
 and writes the statements its database needs: the claim's insert-or-read, the lock-wait bound,

@@ -245,12 +245,7 @@ def of_scopes(
 def created_at(alias: str, pk: int) -> datetime | None:
     """When record ``pk``'s life began (:attr:`.Claim.created_at`; ``None``: no such record):
     read on the claim's own connection, so atomic mode's uncommitted record is found too."""
-    store = using(alias)
-    if hasattr(store, "created_at"):  # the Redis store: the record's own field
-        return store.created_at(pk)  # type: ignore[no-any-return]
-    with store.guard():
-        value = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list("created_at").first()
-    return None if value is None else value[0]
+    return using(alias).created_at(pk)
 
 
 def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
