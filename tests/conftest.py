@@ -58,6 +58,7 @@ STORE_MODULES = frozenset(
         "test_view_policy",
         "test_principals",
         "test_redis_store",
+        "test_store_contract",
     }
 )
 
