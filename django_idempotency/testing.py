@@ -28,7 +28,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseBase
 from django.test import RequestFactory
 from django.urls import Resolver404, resolve
-from django.utils import timezone
 
 from django_idempotency._base.keys import ANY, MAX_KEY_LENGTH, KeyFormat, hash_key
 from django_idempotency._call.claim import Claim
@@ -36,7 +35,7 @@ from django_idempotency._call.identity import Identity
 from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
-from django_idempotency._conf.values import DATABASE, store_alias
+from django_idempotency._conf.values import store_alias
 from django_idempotency._http import adapter as protocol
 from django_idempotency._http import responses
 from django_idempotency._publish.policy import view_options
@@ -297,21 +296,13 @@ def expire_key(key: str, target: Target, /, *args: Any, **kwargs: Any) -> Idempo
     The request is described as for :func:`hold_key`.
     """
     identity, policy = _identify(key, target, args, kwargs)
-    if policy.store != DATABASE:  # Redis: its TTL passes as it deletes the key
-        expired = using(policy.alias).expire(identity.scope, identity.key_hash)  # type: ignore[attr-defined]
-        if expired is None:
-            raise LookupError(
-                f"Key {key!r} has no record in scope {identity.scope!r}: send the request first."
-            )
-        return expired  # type: ignore[no-any-return]
-    records = IdempotencyKey.objects.using(policy.alias).filter(
-        scope=identity.scope, key_hash=identity.key_hash
-    )
-    if not records.update(expires_at=timezone.now()):
+    # The database's record is expired in place; Redis deletes the key, as its TTL would.
+    expired = using(policy.alias).expire(identity.scope, identity.key_hash)
+    if expired is None:
         raise LookupError(
             f"Key {key!r} has no record in scope {identity.scope!r}: send the request first."
         )
-    return records.get()
+    return expired
 
 
 def key_records(key: str) -> QuerySet[IdempotencyKey] | _Records:
@@ -333,8 +324,7 @@ def key_records(key: str) -> QuerySet[IdempotencyKey] | _Records:
         return records
     found = list(records)
     for store in sorted(stores):
-        bound: Any = using(store_alias(store, ""))
-        found += bound.records_of(hash_key(key))
+        found += using(store_alias(store, "")).records_of(hash_key(key))
     return _Records(sorted(found, key=lambda record: record.created_at))
 
 

@@ -61,6 +61,7 @@ STORE_MODULES = frozenset(
         "test_operations",
         "test_operation_lifecycle",
         "test_redis_outbox",
+        "test_store_contract",
     }
 )
 

@@ -230,6 +230,149 @@ def _outside_the_vendor_modules(find: Callable[[str], list[int]], *also: str) ->
     ]
 
 
+#: The calls that give a store (:func:`django_idempotency._store.using` and its siblings),
+#: called by name or through the ``_store`` module.
+_STORE_GETTERS = {"using", "served", "database_store"}
+#: The annotations of a parameter that holds a store.
+_STORE_TYPES = {"Store", "StoreContract", "store.Store", "store.StoreContract"}
+
+
+def _gives_a_store(node: ast.AST) -> bool:
+    """Whether ``node`` is a call of a store getter: ``using(...)``, ``store.using(...)``;
+    never a queryset's or a manager's ``.using(...)`` (called on anything but a plain name)."""
+    if not isinstance(node, ast.Call):
+        return False
+    called = node.func
+    if isinstance(called, ast.Name):
+        return called.id in _STORE_GETTERS
+    return (
+        isinstance(called, ast.Attribute)
+        and called.attr in _STORE_GETTERS
+        and isinstance(called.value, ast.Name)
+        and called.value.id in {"store", "_store"}
+    )
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of a module or a function, but those of the functions defined in it (each a
+    scope of its own: a name may be a store in one and the ``_store`` module in another)."""
+    nodes, left = [], list(ast.iter_child_nodes(scope))
+    while left:
+        node = left.pop()
+        nodes.append(node)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            left += ast.iter_child_nodes(node)
+    return nodes
+
+
+def _store_names(function: ast.AST) -> set[str]:
+    """The names that hold a store in ``function``: its parameters annotated as one, and the
+    names given a getter's store (``x = using(...)``, ``x: T = ...``, ``(x := ...)``,
+    ``x, y = using(...), ...``)."""
+    names: set[str] = set()
+    if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        arguments = function.args
+        for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+            shown = ast.unparse(argument.annotation) if argument.annotation else ""
+            if shown.replace(" ", "").removesuffix("|None") in _STORE_TYPES:
+                names.add(argument.arg)
+    for node in _own_nodes(function):
+        pairs: list[tuple[ast.AST, ast.AST]] = []
+        if isinstance(node, ast.Assign):
+            target, value = node.targets[0], node.value
+            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
+                pairs += zip(target.elts, value.elts, strict=False)
+            pairs += [(target, value)]
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            pairs.append((node.target, node.value))
+        names |= {t.id for t, v in pairs if isinstance(t, ast.Name) and _gives_a_store(v)}
+    return names
+
+
+def _is_a_store(node: ast.AST, names: set[str]) -> bool:
+    """Whether ``node`` is a store: a getter's call, a name holding one, ``(x := using(...))``."""
+    if isinstance(node, ast.NamedExpr):
+        node = node.value
+    return _gives_a_store(node) or (isinstance(node, ast.Name) and node.id in names)
+
+
+def _store_members(source: str) -> dict[str, list[int]]:
+    """What ``source`` reaches on a store: each member (and each of its ``features``, as
+    ``features.<flag>``) with its lines. A function defined in another sees its names."""
+    found: dict[str, set[int]] = {}
+
+    def visit(scope: ast.AST, outer: set[str]) -> None:
+        names = outer | _store_names(scope)
+        for node in _own_nodes(scope):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(node, names)
+            elif isinstance(node, ast.Attribute) and _is_a_store(node.value, names):
+                found.setdefault(node.attr, set()).add(node.lineno)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "features"
+                and _is_a_store(node.value.value, names)
+            ):
+                found.setdefault(f"features.{node.attr}", set()).add(node.lineno)
+
+    visit(ast.parse(source), set())
+    return {name: sorted(lines) for name, lines in found.items()}
+
+
+def _outside_the_contract(members: dict[str, list[int]]) -> list[str]:
+    """The members of ``members`` that :class:`StoreContract` (or its features) does not declare."""
+    from dataclasses import fields
+
+    from django_idempotency._store.contract import StoreContract, StoreFeatures
+
+    declared = set(dir(StoreContract)) | set(StoreContract.__annotations__)
+    flags = {f"features.{field.name}" for field in fields(StoreFeatures)}
+    return sorted(name for name in members if name not in declared | flags)
+
+
+def test_the_contract_test_sees_a_member_outside_the_contract() -> None:
+    source = """
+def f(policy, other: Store):
+    store = using(policy.alias)
+    store.connection.in_atomic_block
+    using(policy.alias).client
+    other.features.supports_atomic
+    other.features.is_redis
+    (found := _store.served("x")).renew
+    IdempotencyKey.objects.using("x").filter
+"""
+    members = _store_members(source)
+    assert members == {
+        "connection": [4],
+        "client": [5],
+        "features": [6, 7],
+        "features.supports_atomic": [6],
+        "features.is_redis": [7],
+        "renew": [8],
+    }
+    assert _outside_the_contract(members) == ["connection", "features.is_redis"]
+
+
+def test_upper_layers_reach_a_store_only_through_its_contract() -> None:
+    """The engine, the views' and functions' layers, the operators' actions, the admin, the
+    commands and the testing helpers ask a store (``using()``) nothing but what
+    :class:`~django_idempotency._store.contract.StoreContract` declares: a store that
+    implements the contract (the database's, Redis's, another) serves them all, and none needs
+    to fake what it lacks (a Django connection)."""
+    outside = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "migrations" or "_store" in path.relative_to(PACKAGE).parts:
+            continue
+        members = _store_members(path.read_text())
+        outside += [
+            f"{path.relative_to(PACKAGE)}:{line} {name}"
+            for name in _outside_the_contract(members)
+            for line in members[name]
+        ]
+    assert outside == []
+
+
 #: The database drivers a vendor module may speak to below Django's cursor.
 _DRIVERS = {"psycopg", "psycopg2", "psycopg_pool", "MySQLdb", "pymysql", "sqlite3", "oracledb"}
 

@@ -14,7 +14,7 @@ from django_idempotency._base.errors import LockLost
 
 if TYPE_CHECKING:
     from django_idempotency._call.fencing import Written
-    from django_idempotency._store import Store
+    from django_idempotency._store import StoreContract
     from django_idempotency._store.outbox import Release
 
 __all__ = ["Claim"]
@@ -226,7 +226,9 @@ class Claim:
         outbox.released(self, store.alias, messages)
         self.held_for(since)
 
-    def _write_point(self, store: Store, name: str, data: Any, messages: Release | None) -> Written:
+    def _write_point(
+        self, store: StoreContract, name: str, data: Any, messages: Release | None
+    ) -> Written:
         """The point's fenced write, the outbox's staged ``messages`` released with it; a
         database error the view sees as the store's refusal (a ``503``), never a driver's."""
         from django.db import DatabaseError
@@ -247,7 +249,7 @@ class Claim:
                     bound=bound,
                     release=messages,
                 ),
-                atomic=store.connection.in_atomic_block,
+                atomic=store.in_transaction(),
                 applied=lambda own: store.has_recovery_point(self.pk, self.token_text, name, own),
             )
         except DatabaseError as exc:
@@ -286,7 +288,7 @@ class Claim:
             return
         from django_idempotency._store import using
 
-        why = using(self.alias).outbox_refusal()  # type: ignore[attr-defined]
+        why = using(self.alias).outbox_refusal()
         if why:
             from django.core.exceptions import ImproperlyConfigured
 

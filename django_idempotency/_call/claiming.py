@@ -29,7 +29,7 @@ from django_idempotency._call.identity import Identity
 from django_idempotency._call.reports import report
 from django_idempotency._conf.options import Policy
 from django_idempotency._conf.values import display_name
-from django_idempotency._store import Store, deadlines, using
+from django_idempotency._store import StoreContract, deadlines, using
 from django_idempotency._store.bound import discard
 from django_idempotency._store.claims import new_token
 from django_idempotency._store.rows import Record
@@ -136,7 +136,7 @@ def _bounded_claim(attempt: Attempt) -> Steps[Claim | Found]:
     store = using(policy.alias)
     previous = _watched(store, policy, lambda: store.limit_lock_wait(policy.wait_timeout))
     # A session setting (MySQL) outlives the transaction: it is put back whatever happens.
-    always = store.lock_wait_outlives_transaction
+    always = store.features.lock_wait_outlives_transaction
     try:
         outcome = yield from _claim(attempt, store)
     except BaseException:
@@ -148,12 +148,12 @@ def _bounded_claim(attempt: Attempt) -> Steps[Claim | Found]:
     return outcome
 
 
-def _watched(store: Store, policy: Policy, statement: Callable[[], T]) -> T:
+def _watched(store: StoreContract, policy: Policy, statement: Callable[[], T]) -> T:
     """A statement of atomic mode's claim besides the claim's own (the lock wait's bound, and
     the first claim's check that the claim function is there), within the claim's bound: on a
     silent connection it would wait for good."""
     try:
-        return store.bounded(store.connection, deadlines.bound(policy.lock_timeout), statement)
+        return store.bounded_here(deadlines.bound(policy.lock_timeout), statement)
     except DatabaseError as exc:
         raise store.refusal(exc) from exc
 
@@ -209,7 +209,7 @@ def let_go(attempt: Attempt) -> None:
     using(attempt.policy.alias).let_go(identity.scope, identity.key_hash)
 
 
-def _claim(attempt: Attempt, store: Store) -> Steps[Claim | Found]:
+def _claim(attempt: Attempt, store: StoreContract) -> Steps[Claim | Found]:
     identity, policy = attempt.identity, attempt.policy
     deadline = time.monotonic() + policy.wait_timeout.total_seconds()
     delay = _FIRST_WAIT
@@ -255,7 +255,7 @@ def _claim(attempt: Attempt, store: Store) -> Steps[Claim | Found]:
     return _found(Kind.IN_PROGRESS, record, attempt)
 
 
-def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
+def _reconnect_thread(store: StoreContract, exc: StoreUnavailable) -> bool:
     """Close the thread's connection to the store after a fault that left it unusable (not
     a server that answered with a refusal: read-only), outside any transaction, so that the
     claim is made once more on a new one; ``False``: not so.
@@ -269,20 +269,13 @@ def _reconnect_thread(store: Store, exc: StoreUnavailable) -> bool:
     applied with its reply lost is found as this call's own. A pooled connection is closed
     before it goes back, so the pool drops it.
     """
-    connection = store.connection
-    if (
-        connection.in_atomic_block
-        or connection.connection is None  # connecting failed: so would connecting again
-        or not store.is_fault(exc.__cause__ or exc)
-        or connection.is_usable()
-    ):
+    if not store.reconnect_thread(exc.__cause__ or exc):
         return False
     logger.warning(
         "Idempotency store %r failed (%s); claiming again on a new connection.",
         display_name(store.alias),
         exc,
     )
-    discard(connection)
     store.faulted(exc.__cause__ or exc)
     return True
 
@@ -309,7 +302,7 @@ def claim_again(policy: Policy, connection: BaseDatabaseWrapper, exc: StoreUnava
     return True
 
 
-def _settled(store: Store, identity: Identity, bound: float) -> bool:
+def _settled(store: StoreContract, identity: Identity, bound: float) -> bool:
     """Whether a waiter's key stopped being live in flight (finished, released or stale)."""
     lock = store.peek_status(identity.scope, identity.key_hash, bound)
     return (
@@ -318,7 +311,7 @@ def _settled(store: Store, identity: Identity, bound: float) -> bool:
 
 
 def _wait(
-    attempt: Attempt, store: Store, deadline: float, delay: float, bound: float
+    attempt: Attempt, store: StoreContract, deadline: float, delay: float, bound: float
 ) -> Steps[float]:
     """Wait, backing off, until the record in progress settles (finished, released, its lock
     lapsed) or ``deadline`` passes; the wait is recorded. Returns the next pause, which grows
@@ -333,7 +326,9 @@ def _wait(
     return delay
 
 
-def _claimed(attempt: Attempt, store: Store, claim: Claim, unanswered: float | None) -> None:
+def _claimed(
+    attempt: Attempt, store: StoreContract, claim: Claim, unanswered: float | None
+) -> None:
     """The claim made is the attempt's, and announced (a takeover as a warning). Where a
     claim's reply was lost (``unanswered``: when it was sent), the lock may have been set then,
     and is taken to lapse from that moment."""
@@ -408,7 +403,7 @@ class _Entered:
     mid-commit, held two keys past the fault suite's wait in CI)."""
 
     def __init__(
-        self, store: Store, connection: BaseDatabaseWrapper, policy: Policy, block: Any
+        self, store: StoreContract, connection: BaseDatabaseWrapper, policy: Policy, block: Any
     ) -> None:
         self.store, self.connection, self.policy, self.block = store, connection, policy, block
 

@@ -18,7 +18,7 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._conf.values import display_name
-from django_idempotency._store import Store, connecting, deadlines
+from django_idempotency._store import StoreContract, connecting, deadlines
 from django_idempotency._store.bound import discard
 
 logger = logging.getLogger("django_idempotency")
@@ -50,7 +50,7 @@ class Written(Enum):
 
 
 def fenced_write(
-    store: Store,
+    store: StoreContract,
     claim: Fenced,
     write: Callable[[BaseDatabaseWrapper | None, float], bool],
     *,
@@ -65,7 +65,7 @@ def fenced_write(
     thread's own) within ``bound`` seconds, and says whether it matched the record. The bound
     is :func:`.deadlines.bound` of the lock, and no later than the lock could lapse (but a
     second, :data:`.deadlines.LEAST`); past it the connection is cut, a fault like any other (a
-    blackhole). A store that rides faults out itself (``rides_out_faults``: Redis,
+    blackhole). A store that rides faults out itself (``features.rides_out_faults``: Redis,
     whose every try is bounded by its socket timeout) is given all the time the lock has left.
 
     The write may then be the second of a pair whose first was applied and whose reply was lost
@@ -85,7 +85,7 @@ def fenced_write(
 
 
 def _retried(
-    store: Store,
+    store: StoreContract,
     claim: Fenced,
     write: Callable[[BaseDatabaseWrapper | None, float], bool],
     applied: Callable[[BaseDatabaseWrapper], bool] | None,
@@ -96,13 +96,13 @@ def _retried(
     decides."""
     delay = _FIRST_RETRY
     own: BaseDatabaseWrapper | None = None
+    # A store that rides faults out itself (Redis) raises only when the lock's time is spent.
+    rides = store.features.rides_out_faults
     try:
         while True:
             left = claim.held_until - time.monotonic()
             try:
-                # A store that rides faults out itself (Redis) is given the lock's time left:
-                # it raises only when that is spent, never after one share of it.
-                bound = max(left if store.rides_out_faults else min(share, left), deadlines.LEAST)
+                bound = max(left if rides else min(share, left), deadlines.LEAST)
                 if own is not None:
                     until = max(claim.held_until, time.monotonic() + bound)
                     own = connecting.connected(own, bound, until=until)
@@ -119,11 +119,11 @@ def _retried(
                 fault = store.is_fault(exc)
                 if not (fault or store.is_contention(exc)):
                     raise
-                if fault and own is None and not store.connection.in_atomic_block:
-                    # The thread's connection is broken: closed, so that the thread's next
-                    # query (the view's own, after a recovery point) makes a new one; Django
-                    # reconnects only between requests otherwise.
-                    discard(store.connection)
+                if fault and own is None:
+                    # The thread's connection is broken: closed (outside a transaction), so
+                    # that the thread's next query (the view's own, after a recovery point)
+                    # makes a new one; Django reconnects only between requests otherwise.
+                    store.drop_thread_connection()
                 if time.monotonic() + delay >= claim.held_until:
                     if fault and applied is not None and _applied_after_all(store, own, applied):
                         return Written.CONFIRMED
@@ -137,7 +137,7 @@ def _retried(
 
 
 def _before_retry(
-    store: Store,
+    store: StoreContract,
     claim: Fenced,
     own: BaseDatabaseWrapper | None,
     exc: DatabaseError,
@@ -171,7 +171,7 @@ def _before_retry(
 
 
 def _applied_after_all(
-    store: Store,
+    store: StoreContract,
     previous: BaseDatabaseWrapper | None,
     applied: Callable[[BaseDatabaseWrapper], bool],
 ) -> bool:
@@ -187,7 +187,7 @@ def _applied_after_all(
 
 
 def _read_back(
-    store: Store,
+    store: StoreContract,
     connection: BaseDatabaseWrapper,
     bound: float,
     applied: Callable[[BaseDatabaseWrapper], bool],
@@ -197,13 +197,13 @@ def _read_back(
     return store.bounded(connection, bound, lambda: applied(connection))
 
 
-def _reconnect(previous: BaseDatabaseWrapper | None, store: Store) -> BaseDatabaseWrapper:
+def _reconnect(previous: BaseDatabaseWrapper | None, store: StoreContract) -> BaseDatabaseWrapper:
     """A new connection object for the store's alias (connected when first used), with a bound
     on connecting: a server that drops packets must not hold the owner past its lock."""
     if previous is not None:
         discard(previous)
     connection = connections[store.alias].copy()
-    if store.has_server:
+    if store.features.has_server:
         options = connection.settings_dict.setdefault("OPTIONS", {})
         options.setdefault("connect_timeout", connecting.CONNECT_TIMEOUT)
         # Not one of Django's pool (PostgreSQL), which may hold more connections the fault

@@ -276,7 +276,7 @@ class Renewer:
                 lease.claim.held_until for lease in self._leases.values() if lease.group != group
             ]
         try:
-            one_writer = store.using(alias).one_writer
+            one_writer = store.using(alias).features.one_writer
             seconds = renewal_bound(lock_timeout, held_until, since, one_writer, others)
             for start in range(0, len(leases), BATCH):
                 batch = leases[start : start + BATCH]

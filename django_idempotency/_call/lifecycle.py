@@ -179,20 +179,17 @@ def narrow_store(policy: Policy) -> ImproperlyConfigured | None:
     if policy.store != DATABASE:
         return None
     store = served(policy.alias)
-    if store is None or store.keeps_every_scope:  # none: the claim meets it, and says so
+    if store is None or store.features.keeps_every_scope:  # none: the claim meets it, and says so
         return None
     from django_idempotency._conf.settings import words
     from django_idempotency._store import charsets, deadlines
 
-    connection = store.connection
     try:
         # Bounded as the app's statements are, and by the least of their deadlines: on a
         # silenced connection it gives up within a second (asked again next time), and the
         # claim meets the fault within its own bound (unbounded, a blackholed MariaDB
         # connection held the request past 26 s).
-        found = store.bounded(
-            connection, deadlines.LEAST, lambda: charsets.known_narrow(connection)
-        )
+        found = store.narrow_charsets(deadlines.LEAST)
     except DatabaseError:
         return None
     if found is None:

@@ -197,7 +197,7 @@ def _released_on_redis(claim: Any, alias: str, release: Release) -> None:
         return
     from django_idempotency._store import using
 
-    store: Any = using(alias)
+    store = using(alias)
     inserted = set(release.inserted)
     keyed = [
         (store.message_key(claim.scope, claim.key_hash, message.message_id), message)
@@ -379,7 +379,7 @@ def deliver_keyed(alias: str, keyed: Sequence[tuple[str, Message]]) -> None:
     """The fast path on a Redis store (:func:`deliver`): messages marked by their keys."""
     from django_idempotency._store import using
 
-    store: Any = using(alias)
+    store = using(alias)
     keys = {message.message_id: key for key, message in keyed}
     sent, failed = _send_each([message for _, message in keyed])
     try:

@@ -17,7 +17,7 @@ from django_idempotency._call.attempt import Attempt
 from django_idempotency._call.claim import Claim
 from django_idempotency._call.fencing import Written, fenced_write
 from django_idempotency._call.reports import report
-from django_idempotency._store import Store, StoredResponse, using
+from django_idempotency._store import StoreContract, StoredResponse, using
 from django_idempotency._store.outbox import Release
 
 
@@ -80,7 +80,7 @@ def complete(attempt: Attempt, stored: StoredResponse) -> None:
 
 
 def _store_result(
-    store: Store,
+    store: StoreContract,
     claim: Claim,
     stored: StoredResponse,
     messages: Release | None,
@@ -105,7 +105,7 @@ def _store_result(
     )
 
 
-def _not_stored(attempt: Attempt, claim: Claim, store: Store, exc: DatabaseError) -> None:
+def _not_stored(attempt: Attempt, claim: Claim, store: StoreContract, exc: DatabaseError) -> None:
     """A two-phase result that could not be stored, reported as what it was. A fault or
     contention was tried again until the lock could lapse; any other error (a DataError: a
     value the database refuses) was raised at once, and trying it again would not help: said
@@ -188,7 +188,7 @@ def release(attempt: Attempt, *, reason: str, raised: bool, undo: bool = False) 
         )
 
 
-def _free(store: Store, claim: Claim, *, keep: bool, atomic: bool) -> None:
+def _free(store: StoreContract, claim: Claim, *, keep: bool, atomic: bool) -> None:
     """The claim's lock given up by a fenced write: the record unlocked where it may hold a
     recovery point (``keep``) for the retry to resume from, deleted otherwise."""
     free = store.unlock if keep else store.release

@@ -340,7 +340,7 @@ def e033_view_ttl_under_lock() -> list[CheckMessage]:
 )
 def e034_narrow_character_set(alias: str) -> list[CheckMessage]:
     store = served(alias)
-    if store is None or store.keeps_every_scope:
+    if store is None or store.features.keeps_every_scope:
         return []
     try:
         found = charsets.narrow(alias)

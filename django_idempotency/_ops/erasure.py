@@ -115,7 +115,7 @@ def _erase_in_redis(kept: str, alias: str, *, dry_run: bool) -> list[int]:
     its finished records and those left in progress, counted together."""
     elsewhere = [0, 0]
     for name in redis_stores():
-        found = store.using(store_alias(name, alias)).erase_scope(kept, dry_run=dry_run)  # type: ignore[attr-defined]
+        found = store.using(store_alias(name, alias)).erase_scope(kept, dry_run=dry_run)
         elsewhere = [elsewhere[0] + found[0], elsewhere[1] + found[1]]
     return elsewhere
 
@@ -140,7 +140,7 @@ def _log(erasure: Erasure, deleted: int, kept: str, *, stored: bool) -> None:
         )
 
 
-def _batch(bound: store.Store, scope: str, size: int) -> int:
+def _batch(bound: store.StoreContract, scope: str, size: int) -> int:
     delay = 0.02
     for attempt in range(_CONTENTION_TRIES):
         try:

@@ -26,7 +26,7 @@ from functools import partial
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency._store import outbox, using
+from django_idempotency._store import database_store, outbox
 from django_idempotency._store.bound import discard
 from django_idempotency._store.connecting import CONNECT_TIMEOUT
 
@@ -49,8 +49,8 @@ class Listener:
         whether listening."""
         if self._wait is not None or not self.able:
             return self._wait is not None
-        store = using(self.alias)
-        if not store.notifies:
+        store = database_store(self.alias)
+        if not store.features.notifies:
             self.able = False
             return False
         self._connection = connection = connections[self.alias].copy()

@@ -29,7 +29,7 @@ from django_idempotency._call import outbox, telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import is_redis
 from django_idempotency._ops.listener import Listener
-from django_idempotency._store import Store, connecting, using
+from django_idempotency._store import Store, connecting, database_store, using
 from django_idempotency._store import outbox as store
 from django_idempotency._store.bound import discard
 
@@ -81,8 +81,8 @@ class Relay:
             return self._redis_pass()
         done = Pass()
         connection = connections[self.alias]
-        database = using(self.alias)
-        if database.has_server and connection.connection is None:
+        database = database_store(self.alias)
+        if database.features.has_server and connection.connection is None:
             # This thread keeps what connected first.
             connection = connections[self.alias] = connecting.connected(
                 connection, STATEMENT_BOUND, connecting.CONNECT_TIMEOUT
@@ -105,7 +105,7 @@ class Relay:
         """A pass over a Redis store's outbox (:mod:`.._store.redis.outbox`): each script
         within the store's own bound, a message marked by its key."""
         done = Pass()
-        redis: Any = using(self.alias)
+        redis = using(self.alias)
         while not self.stopping.is_set():
             taken = redis.take(self.batch_size, conf.OUTBOX_LEASE)
             if not taken:
@@ -248,9 +248,9 @@ class Relay:
 
 
 def backlog(alias: str) -> dict[str, Any]:
-    """The outbox's figures for ``idempotency_stats --json`` (every key always present); of
-    a Redis store's outbox where ``alias`` is a Redis store's name."""
-    left = using(alias).backlog() if is_redis(alias) else store.backlog(connections[alias])  # type: ignore[attr-defined]
+    """The outbox's figures for ``idempotency_stats --json`` (every key always present), of
+    the store of ``alias`` (a database alias, or a Redis store's name)."""
+    left = using(alias).backlog()
     age = None
     if left.oldest is not None:
         age = max(0.0, (timezone.now() - left.oldest).total_seconds())
@@ -263,27 +263,13 @@ def backlog(alias: str) -> dict[str, Any]:
 
 def failed(alias: str) -> list[Any]:
     """The messages failed for good, oldest release first (``idempotency_relay --failed``)."""
-    from django_idempotency.models import OutboxMessage
-
-    if is_redis(alias):
-        return using(alias).failed_messages()  # type: ignore[attr-defined,no-any-return]
-
-    rows = OutboxMessage.objects.using(alias).filter(state=store.FAILED)
-    return list(rows.order_by("released_at", "id"))
+    return using(alias).failed_messages()
 
 
 def retry_failed(alias: str, messages: list[Any]) -> int:
     """Make ``messages`` pending and due now, as the admin's re-send does (``--retry-failed``):
     those still failed; the count."""
-    from django_idempotency.models import OutboxMessage
-
-    if is_redis(alias):
-        keys = [message.pk for message in messages]
-        return using(alias).resend(keys)  # type: ignore[attr-defined,no-any-return]
-    rows = OutboxMessage.objects.using(alias).filter(
-        pk__in=[message.pk for message in messages], state=store.FAILED
-    )
-    return store.resend(connections[alias], list(rows.values_list("pk", flat=True)))
+    return using(alias).resend([message.pk for message in messages])
 
 
 def line(message: Any) -> str:

@@ -46,7 +46,7 @@ def e063_eviction(store: str) -> list[CheckMessage]:
     and ``volatile-lru`` each ran 20 of 20 keys twice beside cache writes)."""
     from django_idempotency._store import using
 
-    client: Any = using(store_alias(store, "")).client  # type: ignore[attr-defined]
+    client = using(store_alias(store, "")).client
     try:
         policies = _policies(client)
     except Exception as exc:
@@ -104,7 +104,7 @@ def _text(value: Any) -> str:
 def w061_unbounded(store: str) -> list[CheckMessage]:
     from django_idempotency._store import using
 
-    bound: Any = using(store_alias(store, ""))
+    bound = using(store_alias(store, ""))
     try:
         client = bound.client
     except Exception:
@@ -207,7 +207,7 @@ def e062_unreachable(store: str) -> Error | None:
     from django_idempotency._store import using
 
     try:
-        using(store_alias(store, "")).client.ping()  # type: ignore[attr-defined]
+        using(store_alias(store, "")).client.ping()
     except Exception as exc:
         return Error(
             f"The Redis store {display_name(store)!r} does not answer: {_one_line(exc)}",
@@ -244,7 +244,7 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
     from django_idempotency._store import using
 
     try:
-        persistence = _persistence(using(store_alias(store, "")).client)  # type: ignore[attr-defined]
+        persistence = _persistence(using(store_alias(store, "")).client)
     except Exception:
         return []  # not ours to read (a managed server): nothing to say
     without = [node for node, info in persistence.items() if str(info.get("aof_enabled")) == "0"]
@@ -283,7 +283,7 @@ def redis_notes(verb: str) -> list[str]:
 
     notes = []
     for store in sorted(redis_stores()):
-        bound: Any = using(store_alias(store, ""))
+        bound = using(store_alias(store, ""))
         try:
             count = f"{bound.count():,} record(s)"
         except Exception as exc:  # unreachable: say so, and go on
@@ -305,7 +305,7 @@ def redis_census() -> dict[str, Any]:
 
     census: dict[str, Any] = {}
     for store in sorted(redis_stores()):
-        bound: Any = using(store_alias(store, ""))
+        bound = using(store_alias(store, ""))
         shown = display_name(store)  # a key of the JSON: never the password
         try:
             census[shown] = {**bound.census(OPERATION_STUCK_AFTER), **_outbox(store), "error": None}

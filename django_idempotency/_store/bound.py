@@ -14,7 +14,8 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
-from django_idempotency._store import deadlines, rows
+from django_idempotency._store import charsets, deadlines, rows
+from django_idempotency._store.contract import StoreContract, StoreFeatures
 from django_idempotency._store.rows import per_connection, preparers
 from django_idempotency._store.statements import Statements
 from django_idempotency.models import IdempotencyKey
@@ -30,7 +31,7 @@ DRAIN_EVERY = 1.0
 _DRAINED = "_django_idempotency_drained"
 
 
-class BoundStore:
+class BoundStore(StoreContract):
     """A store bound to one database alias.
 
     It keeps the alias, never a connection: Django's connections are per thread, and one store
@@ -44,28 +45,20 @@ class BoundStore:
     #: The only ``isolation_level`` option a claim in atomic mode works under (``None``: any).
     isolation_level: str | None = None
 
-    # What the database can do, asked by the code every vendor shares instead of its vendor's
-    # name (as Django's ``BaseDatabaseFeatures``): a vendor module sets those it differs on.
+    #: What a database can do (a vendor module replaces those it differs on): atomic mode, its
+    #: writes in the thread's transaction, the operators' queries of the app's table.
+    features = StoreFeatures(supports_atomic=True, shares_transaction=True, keeps_table=True)
 
-    #: Whether the database is a server reached over a network (not a file): a connection made
-    #: again after a fault is given a connect timeout.
-    has_server = True
+    # What the database's statements differ on, asked by the code every vendor shares instead
+    # of its vendor's name (as Django's ``BaseDatabaseFeatures``).
+
     #: Whether a statement's deadline reads the connection's socket before the statement runs:
     #: MySQLdb refuses ``fileno()`` from another thread while one runs (:mod:`.deadlines`).
     socket_read_first = False
-    #: Whether the database keeps every scope exactly, whatever its session's and table's
-    #: character sets (MySQL and MariaDB may fold or refuse one: check E034, :mod:`.charsets`).
-    keeps_every_scope = True
     #: Whether a write's ``RETURNING`` can feed another write in the same statement (a
     #: data-modifying CTE), and an ``UPDATE ... FROM`` read a CTE that locks its rows: the
     #: outbox's release and batch are then one statement each (:mod:`.outbox`).
     chains_writes = False
-    #: Whether writers take turns on the whole database (SQLite): a batch of the outbox is
-    #: taken by one ``UPDATE ... RETURNING``, with no row lock to skip.
-    one_writer = False
-    #: Whether a committed transaction can wake a waiting connection (``LISTEN``/``NOTIFY``):
-    #: the outbox's relays wait for a release rather than poll.
-    notifies = False
     #: What an ``INSERT`` ends with to leave a row whose ``{column}`` (quoted) is taken as it is,
     #: and that alone: ``INSERT IGNORE`` would swallow other errors too.
     ignore_duplicate = " ON CONFLICT ({column}) DO NOTHING"
@@ -136,11 +129,6 @@ class BoundStore:
         again. An owner's fenced write is (:func:`django_idempotency._call.writing.complete`)."""
         return self.is_lock_timeout(exc)
 
-    #: Whether the store's own writes ride a fault out within the bound they are given (the
-    #: Redis store: a script is tried again on its client's pool): an owner's fenced write then
-    #: gives it all the time its lock has left, not one statement's share.
-    rides_out_faults = False
-
     def is_fault(self, exc: BaseException) -> bool:
         """Whether a statement failed for its connection or its server, not for itself: the
         connection was lost or refused, the server is shutting down or refuses writes for now
@@ -206,6 +194,37 @@ class BoundStore:
             raise late
         return result
 
+    def bounded_here(self, seconds: float, statement: Callable[[], T]) -> T:
+        return self.bounded(self.connection, seconds, statement)
+
+    def in_transaction(self) -> bool:
+        return self.connection.in_atomic_block
+
+    def reconnect_thread(self, exc: BaseException) -> bool:
+        """Close the thread's connection after a fault that left it unusable (not a server
+        that answered with a refusal: read-only), outside any transaction; ``False`` where the
+        connection never connected (so would connecting again), is in a transaction, or still
+        answers."""
+        connection = self.connection
+        if (
+            connection.in_atomic_block
+            or connection.connection is None
+            or not self.is_fault(exc)
+            or connection.is_usable()
+        ):
+            return False
+        discard(connection)
+        return True
+
+    def drop_thread_connection(self) -> None:
+        connection = self.connection
+        if not connection.in_atomic_block:
+            discard(connection)
+
+    def narrow_charsets(self, seconds: float) -> Any | None:
+        connection = self.connection
+        return self.bounded(connection, seconds, lambda: charsets.known_narrow(connection))
+
     def faulted(self, exc: BaseException) -> None:
         """After a statement's error: a fault (:meth:`is_fault`) drains the alias's pool.
 
@@ -238,7 +257,7 @@ class BoundStore:
         one line without a traceback: the database's faults keep theirs."""
         return False
 
-    def refusal(self, exc: DatabaseError) -> LockWaitTimeout | StoreUnavailable:
+    def refusal(self, exc: BaseException) -> LockWaitTimeout | StoreUnavailable:
         """What :meth:`guard` raises for ``exc`` (for a hot path that cannot afford a
         generator's context manager: ``raise store.refusal(exc) from exc``)."""
         if self.is_lock_timeout(exc):

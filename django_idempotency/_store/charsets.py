@@ -96,7 +96,7 @@ def known_narrow(connection: BaseDatabaseWrapper) -> Narrow | None:
 
 def narrow_on(connection: BaseDatabaseWrapper) -> Narrow | None:
     """:func:`narrow` on ``connection``, a MySQL or MariaDB one (a store that does not
-    :attr:`~.bound.BoundStore.keeps_every_scope`)."""
+    :attr:`~.contract.StoreFeatures.keeps_every_scope`)."""
     places: list[tuple[str, str]] = []
     with connection.cursor() as cursor:
         cursor.execute(_SESSION)

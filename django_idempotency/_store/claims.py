@@ -11,7 +11,7 @@ import os
 import time
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar, Union
+from typing import Any, Protocol, TypeAlias, TypeVar, Union
 
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
@@ -22,6 +22,7 @@ from django_idempotency._base import rules
 from django_idempotency._base.durations import EPOCH
 from django_idempotency._store import deadlines
 from django_idempotency._store.bound import BoundStore
+from django_idempotency._store.contract import Lock as Lock  # its home before the contract
 from django_idempotency._store.rows import Record, prep, preparers
 from django_idempotency._store.statements import CLAIM_LITERALS, CLAIM_PARAMS, TAKEOVER_FRESH
 from django_idempotency.models import IdempotencyKey
@@ -77,13 +78,6 @@ def new_token() -> str:
     digits = os.urandom(16).hex()
     variant = "89ab"[int(digits[16], 16) & 3]
     return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
-
-
-class Lock(NamedTuple):
-    """What a waiter polls: the record's status and when its lock expires."""
-
-    status: str
-    unlock_at: datetime | None
 
 
 class ClaimValues:
@@ -148,10 +142,6 @@ class ClaimValues:
 class Claims(BoundStore):
     """The claim and what bounds its wait; a vendor writes :meth:`insert_or_load` (and may
     write :meth:`take_over` and the lock-wait bound)."""
-
-    #: Whether :meth:`limit_lock_wait` lasts past the transaction (a session setting), and so
-    #: is put back whatever the claim's outcome.
-    lock_wait_outlives_transaction = False
 
     def claim(
         self,

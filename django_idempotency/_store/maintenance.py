@@ -14,17 +14,9 @@ from django.utils import timezone
 
 from django_idempotency._base import rules
 from django_idempotency._store.bound import BoundStore
+from django_idempotency._store.contract import Batch as Batch  # its home before the contract
 from django_idempotency._store.rows import prep
 from django_idempotency.models import IdempotencyKey
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One batch of :meth:`Maintenance.delete_expired_batch`."""
-
-    deleted: int
-    #: The largest ``expires_at`` seen: the next batch starts there (``None``: nothing left).
-    last_expires_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -49,6 +41,36 @@ class SizeQuery(NamedTuple):
 class Maintenance(BoundStore):
     """The reads and deletes of the operators' commands and the admin; a vendor writes
     :meth:`delete_batch` and its size statements."""
+
+    def read(self, scope: str, key_hash: str) -> IdempotencyKey | None:
+        """The key's record (tests, operators)."""
+        return (
+            IdempotencyKey.objects.using(self.alias).filter(scope=scope, key_hash=key_hash).first()
+        )
+
+    def expire(self, scope: str, key_hash: str) -> IdempotencyKey | None:
+        """Expire the key's record now, as its TTL would (:func:`django_idempotency.testing.
+        expire_key`): cleanup may delete it, and the key's next request runs as a first one."""
+        records = IdempotencyKey.objects.using(self.alias).filter(scope=scope, key_hash=key_hash)
+        return records.get() if records.update(expires_at=timezone.now()) else None
+
+    def created_at(self, pk: int) -> datetime | None:
+        """When record ``pk``'s life began (``None``: no such record): read on the thread's
+        connection, so atomic mode's uncommitted record is found too."""
+        with self.guard():
+            found = IdempotencyKey.objects.using(self.alias).filter(pk=pk)
+            value = found.values_list("created_at").first()
+        return None if value is None else value[0]
+
+    def records_of(self, key_hash: str) -> list[IdempotencyKey]:
+        """The key's records in every scope, oldest first."""
+        return list(
+            IdempotencyKey.objects.using(self.alias).filter(key_hash=key_hash).order_by("pk")
+        )
+
+    def count(self) -> int:
+        """How many records the table holds."""
+        return IdempotencyKey.objects.using(self.alias).count()
 
     def stale_records(self, *, older_than: timedelta = timedelta(0)) -> QuerySet[IdempotencyKey]:
         """Records stuck in ``processing`` whose lock expired at least ``older_than`` ago."""

@@ -12,7 +12,7 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -162,9 +162,8 @@ class MySQLStore(Store):
     # A claim in atomic mode must read the rows other attempts committed after its
     # transaction's snapshot.
     isolation_level = "read committed"
-    lock_wait_outlives_transaction = True
+    features = replace(Store.features, lock_wait_outlives_transaction=True, keeps_every_scope=False)
     socket_read_first = True
-    keeps_every_scope = False
     ignore_duplicate = " ON DUPLICATE KEY UPDATE {column} = {column}"
 
     def converts_dates_to(self, zone: str) -> bool:

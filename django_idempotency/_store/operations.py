@@ -125,7 +125,7 @@ def stuck(
     ``fail_operation()``, or was never delivered; oldest first. On a Redis store: a ``SCAN``'s
     unsaved records, each with its operation's name as its ``pk``."""
     if is_redis(alias):
-        return using(alias).stuck(older_than)  # type: ignore[attr-defined, no-any-return]
+        return using(alias).stuck(older_than)
     now = timezone.now()
     return (
         IdempotencyKey.objects.using(alias)
@@ -226,14 +226,14 @@ def read_named(operation_id: str) -> Operation | None:
     alias = redis_operations.resolve(parsed[0])
     if alias is None:
         return None
-    return using(alias).read_operation(parsed[1])  # type: ignore[attr-defined, no-any-return]
+    return using(alias).read_operation(parsed[1])  # type: ignore[no-any-return]
 
 
 def name_of(alias: str, pk: int) -> int | str:
     """What a live claim's operation id is made of: its record's primary key, or on a Redis
     store its operation's name (its index written: the id names the record from then on)."""
     if is_redis(alias):
-        return using(alias).operation_name(pk)  # type: ignore[attr-defined, no-any-return]
+        return using(alias).operation_name(pk)
     return pk
 
 
@@ -241,7 +241,7 @@ def found_name(alias: str, record: Any) -> tuple[int | str, datetime] | None:
     """What a duplicate's ``202`` makes the operation id of, of the record its claim found,
     and the record's life; ``None``: it has none (a Redis record that is gone)."""
     if is_redis(alias):
-        return using(alias).found_operation(record.scope, record.key_hash)  # type: ignore[attr-defined, no-any-return]
+        return using(alias).found_operation(record.scope, record.key_hash)
     if record.pk is None:
         return None
     return record.pk, record.created_at
@@ -253,7 +253,7 @@ def set_progress(alias: str, operation: Operation, value: Any) -> bool:
     reports progress is not stuck (:func:`stuck`)."""
     if operation.alias:
         redis = using(operation.alias)
-        return redis.set_progress(operation, PROGRESS, {"progress": value})  # type: ignore[attr-defined, no-any-return]
+        return redis.set_progress(operation, PROGRESS, {"progress": value})
     now = timezone.now()
     store = using(alias)
     with store.guard():
@@ -284,7 +284,7 @@ def of_scopes(
     store: those whose ids were handed out, ``before`` a time (µs: :func:`cursor`)."""
     if is_redis(alias):
         redis = using(alias)
-        return redis.of_scopes(scopes, before=before, limit=limit, state=state)  # type: ignore[attr-defined, no-any-return]
+        return redis.of_scopes(scopes, before=before, limit=limit, state=state)
     now = timezone.now()
     records = IdempotencyKey.objects.using(alias).filter(scope__in=scopes, expires_at__gt=now)
     if before is not None:
@@ -313,12 +313,7 @@ def cursor(operation: Operation) -> int:
 def created_at(alias: str, pk: int) -> datetime | None:
     """When record ``pk``'s life began (:attr:`.Claim.created_at`; ``None``: no such record):
     read on the claim's own connection, so atomic mode's uncommitted record is found too."""
-    store = using(alias)
-    if hasattr(store, "created_at"):  # the Redis store: the record's own field
-        return store.created_at(pk)  # type: ignore[no-any-return]
-    with store.guard():
-        value = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list("created_at").first()
-    return None if value is None else value[0]
+    return using(alias).created_at(pk)
 
 
 def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
@@ -332,7 +327,7 @@ def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
     """
     if operation.alias:
         redis = using(operation.alias)
-        return redis.complete_operation(operation, stored)  # type: ignore[attr-defined, no-any-return]
+        return redis.complete_operation(operation, stored)
     now = timezone.now()
     changes: dict[str, Any] = {
         "status": rules.stored_status(stored.status),

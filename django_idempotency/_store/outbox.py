@@ -6,13 +6,13 @@ KEY UPDATE`` of the id to itself): a takeover that stages a message again insert
 Where a store :attr:`~.bound.BoundStore.chains_writes` (PostgreSQL) the fenced write and the
 insert are one statement (a data-modifying CTE whose insert reads the fenced ``UPDATE``'s
 ``RETURNING``: nothing is inserted when the fence refuses), and where it
-:attr:`~.bound.BoundStore.notifies`, ``pg_notify`` in it wakes the relays when the transaction
+:attr:`~.contract.StoreFeatures.notifies`, ``pg_notify`` in it wakes the relays when the transaction
 commits. Elsewhere the two run in one transaction (the attempt's own in atomic mode, or inside
 a caller's).
 
 Batches are claimed by pushing each message's ``available_at`` forward by a lease: in one
 ``UPDATE`` over ``SELECT ... FOR UPDATE SKIP LOCKED`` where writes chain, in one ``UPDATE ...
-RETURNING`` where the database has :attr:`~.bound.BoundStore.one_writer` (SQLite: it
+RETURNING`` where the database has :attr:`~.contract.StoreFeatures.one_writer` (SQLite: it
 serialises them), elsewhere (MariaDB, MySQL) in a transaction of the same ``SELECT`` and an
 ``UPDATE``. A sender that dies leaves its messages to the next one once the lease has passed.
 The statements ask the store what its database can do, never its vendor.
@@ -230,7 +230,7 @@ def take(
                 [adapt(now), size, adapt(now + lease)],
             )
             rows = cursor.fetchall()
-        elif store.one_writer:
+        elif store.features.one_writer:
             cursor.execute(
                 f"UPDATE {table} SET {push} WHERE {q('id')} IN ({pick}) RETURNING {columns}",
                 [adapt(now + lease), adapt(now), size],
@@ -358,11 +358,11 @@ def delete_delivered(connection: BaseDatabaseWrapper, size: int) -> int:
 
 
 def listening(store: BoundStore, connection: BaseDatabaseWrapper) -> Callable[[float], bool] | None:
-    """Where the store :attr:`~.bound.BoundStore.notifies` (PostgreSQL, with psycopg 3),
+    """Where the store :attr:`~.contract.StoreFeatures.notifies` (PostgreSQL, with psycopg 3),
     ``LISTEN`` on ``connection`` (autocommit, the listener's own) and return a wait:
     ``wait(seconds)`` is ``True`` when woken by a release before ``seconds`` passed. ``None``
     elsewhere (the relay polls)."""
-    if not store.notifies:
+    if not store.features.notifies:
         return None
     connection.ensure_connection()
     raw = connection.connection

@@ -29,7 +29,7 @@ import json
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -196,7 +196,7 @@ class PostgreSQLStore(Store):
     vendor = "postgresql"
     name = "PostgreSQL"
     chains_writes = True
-    notifies = True
+    features = replace(Store.features, notifies=True)
     text_preparers = staticmethod(text_preparers)
     set_placeholders = staticmethod(set_placeholders)
 

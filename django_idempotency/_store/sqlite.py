@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -67,8 +68,7 @@ _OWNER_PAUSE = 0.0005
 class SQLiteStore(Store):
     vendor = "sqlite"
     name = "SQLite"
-    has_server = False
-    one_writer = True
+    features = replace(Store.features, has_server=False, one_writer=True)
 
     def __init__(self, alias: str) -> None:
         super().__init__(alias)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,8 +13,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_idempotency._base import rules
-from django_idempotency._store import connecting, deadlines, sealing
+from django_idempotency._store import connecting, deadlines
 from django_idempotency._store.bound import BoundStore
+from django_idempotency._store.contract import (  # its home before the contract
+    StoredResponse as StoredResponse,
+)
 from django_idempotency._store.outbox import Release, fenced_release
 from django_idempotency._store.rows import count_rows, per_connection, prep
 from django_idempotency._store.statements import later_of
@@ -23,37 +25,6 @@ from django_idempotency.models import IdempotencyKey
 
 COMPLETED = IdempotencyKey.Status.COMPLETED
 FAILED = IdempotencyKey.Status.FAILED
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    """A final result as the record keeps it: a view's response, or a function's result.
-
-    A function's result has no status and no headers (``response_status`` NULL, the headers
-    ``[]``): it is no HTTP response. It was once stored shaped as one, status ``200``
-    with the serializer's ``Content-Type``; a record stored so is read as it is, since a
-    function's replay reads the body alone (and an operator's ``failed`` from the status).
-    No migration: ``response_status`` has always been nullable.
-    """
-
-    #: The response's status code; ``None``: a function's result.
-    status: int | None
-    headers: list[list[str]]
-    #: ``None``: the body was over ``MAX_BODY_SIZE`` (or ``MAX_STORED_BODY_SIZE``), not kept
-    body: bytes | None
-    #: Its own TTL (``store_for()``), counted from when it is stored; ``None``: ``expires_at``
-    #: stays as the claim set it.
-    ttl: timedelta | None = None
-    #: The scope and key hash of the record it is stored in: encrypted, it opens for that
-    #: record only (:mod:`.sealing`). ``None``: for none (encrypted so, it opens nowhere).
-    owner: tuple[str, str] | None = None
-    #: The headers and body columns' values: compressed, encrypted (:mod:`.._sealing`). Made
-    #: with it, once: ``MAX_STORED_BODY_SIZE`` reads them before the store writes them (and a
-    #: ``cached_property`` would cost a lock on every read).
-    sealed: tuple[Any, bytes | None] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sealed", sealing.seal(self.headers, self.body, self.owner))
 
 
 def _token(value: Any) -> str:
@@ -225,7 +196,7 @@ class FencedWrites(BoundStore):
         """The renewer's thread's connection, connected within ``seconds`` if it is not: the
         thread keeps what connected first (:mod:`.connecting`)."""
         connection = self.connection
-        if self.has_server and connection.connection is None:
+        if self.features.has_server and connection.connection is None:
             connection = connections[self.alias] = connecting.connected(
                 connection, seconds, connecting.CONNECT_TIMEOUT
             )

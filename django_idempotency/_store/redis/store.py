@@ -2,11 +2,12 @@
 mode, on one Redis server (a Sentinel's master) or a Redis Cluster, through the client of a
 Django cache alias (Django's ``RedisCache``, django-redis) or one made from a URL.
 
-It speaks the interface the core calls (:class:`.._store.Store`'s claim, fenced writes,
-renewal, status poll), each a Lua script of :mod:`.scripts` run by :mod:`.running`; no
-transaction is shared with the view's database. The core's ``pk`` of a claim is a number of
-this process (the claim's writes are always this process's), mapped to the record's Redis key
-(:mod:`.keyspace`).
+It implements the store contract (:class:`.._store.contract.StoreContract`: the claim, fenced
+writes, renewal, status poll), each a Lua script of :mod:`.scripts` run by :mod:`.running`; no
+transaction is shared with the view's database, and it has no Django connection. The core's
+``pk`` of a claim (its handle) is a number of this process (the claim's writes are always this
+process's), mapped to the record's Redis key (:mod:`.keyspace`); a final write (the result, the
+unlock, the release) spends it, whatever its outcome.
 """
 
 from __future__ import annotations
@@ -16,20 +17,18 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
-from django.db import DatabaseError
 from django.utils import timezone
 
 from django_idempotency._base import rules
 from django_idempotency._base.durations import microseconds
-from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._conf.values import display_name
 from django_idempotency._store import deadlines
-from django_idempotency._store.claims import Lock, new_token
+from django_idempotency._store.claims import new_token
+from django_idempotency._store.contract import Lock, StoreContract, StoredResponse, StoreFeatures
 from django_idempotency._store.outbox import Backlog, Release
 from django_idempotency._store.redis import (
     clients,
@@ -48,42 +47,26 @@ from django_idempotency._store.redis.connections import Connections
 from django_idempotency._store.redis.faults import RedisFault, failures
 from django_idempotency._store.redis.keyspace import key_prefix, record_key, scope_index
 from django_idempotency._store.rows import Record
-from django_idempotency._store.writes import StoredResponse
 from django_idempotency.models import IdempotencyKey
 
 logger = logging.getLogger("django_idempotency")
-
-T = TypeVar("T")
 
 #: How many times a claim is sent when it meets a fault (its reply lost: the second finds the
 #: first's record by its token).
 _CLAIM_TRIES = 2
 
 
-class _NoConnection:
-    """What the core reads of a store's Django connection: the Redis store has none, and is
-    never in the view's transaction."""
-
-    in_atomic_block = False
-    connection = None
-    alias = ""
-
-
-_NO_CONNECTION = _NoConnection()
-
-
-class RedisStore:
+class RedisStore(StoreContract):
     """The store of one Redis server (see the module's docstring)."""
 
     vendor = "redis"
     name = "Redis"
     #: :meth:`_run` tries a script again within its bound: an owner's result write is given
-    #: what its lock has left (:func:`django_idempotency._call.fencing.fenced_write`).
-    rides_out_faults = True
-    lock_wait_outlives_transaction = False
-    #: Writers do not take one lock in turn: a renewal is cut to a share of the time left
-    #: (:func:`django_idempotency._call.heartbeat.renewal_bound`), as on a database server.
-    one_writer = False
+    #: what its lock has left (:func:`django_idempotency._call.fencing.fenced_write`). Writers
+    #: do not take one lock in turn: a renewal is cut to a share of the time left
+    #: (:func:`django_idempotency._call.heartbeat.renewal_bound`), as on a database server. No
+    #: transaction is shared with the view's database, and no atomic mode.
+    features = StoreFeatures(rides_out_faults=True)
 
     def __init__(self, alias: str, judge: Callable[[BaseException], bool]) -> None:
         self.alias = alias
@@ -108,10 +91,6 @@ class RedisStore:
         self._lock = threading.Lock()
 
     # -- what the core reads of every store --------------------------------------------------
-
-    @property
-    def connection(self) -> Any:
-        return _NO_CONNECTION
 
     @property
     def prefix(self) -> str:
@@ -158,12 +137,6 @@ class RedisStore:
             script = self._scripts[name] = self.client.register_script(text)
         return script
 
-    def is_lock_timeout(self, exc: BaseException) -> bool:
-        return False
-
-    def is_contention(self, exc: BaseException) -> bool:
-        return False
-
     def is_fault(self, exc: BaseException) -> bool:
         # Faults are ridden out inside each call (:meth:`_run`), within its bound: the core's
         # reconnection on a new Django connection has nothing to do here.
@@ -174,12 +147,6 @@ class RedisStore:
         as the database's store says."""
         return isinstance(exc, RedisFault) or self._judge(exc)
 
-    def faulted(self, exc: BaseException) -> None:
-        pass
-
-    def refusal(self, exc: BaseException) -> StoreUnavailable:
-        return StoreUnavailable(str(exc))
-
     @property
     def display_name(self) -> str:
         """How messages and logs name the store: without the URL's password."""
@@ -189,28 +156,6 @@ class RedisStore:
         """A refusal caused by the connection or the server: an outage
         (:func:`.faults.expected`)."""
         return faults.expected(exc)
-
-    @contextmanager
-    def guard(self) -> Iterator[None]:
-        try:
-            yield
-        except DatabaseError as exc:
-            raise self.refusal(exc) from exc
-
-    def bounded(self, connection: Any, seconds: float, statement: Callable[[], T]) -> T:
-        return statement()
-
-    def hold(self, scope: str, key_hash: str) -> None:
-        pass
-
-    def let_go(self, scope: str, key_hash: str) -> None:
-        pass
-
-    def holds(self, scope: str, key_hash: str) -> bool:
-        return False
-
-    def in_nested_transaction(self) -> bool:
-        return False
 
     # -- running a script --------------------------------------------------------------------
 

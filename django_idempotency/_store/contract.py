@@ -1,0 +1,477 @@
+"""The store contract: what the engine, the operators' actions and the testing helpers may ask
+of a store (:func:`django_idempotency._store.using`), and nothing else.
+
+Written in the spirit of Django's ``BaseCache`` and kombu's virtual transport: a small core every
+store must provide (each raises ``NotImplementedError`` here), the rest given a default that
+says what a store without it means (no transaction to share, no table to scan, no fault to ride
+out), or written in terms of the core. What a store can do is asked of its :class:`StoreFeatures`
+(as Django's ``BaseDatabaseFeatures``), never of its type, its alias or a connection it may not
+have: the database's stores (:class:`.base.Store`) and the Redis store
+(:class:`.redis.store.RedisStore`) each subclass :class:`StoreContract`, and so may another.
+
+A claim's ``pk`` is a :data:`ClaimHandle`: the store's own handle on the claim's record, which
+callers keep and hand back, never read; a final write (the result, the unlock, the release)
+spends it, whatever its outcome. The values that cross the contract (:class:`Lock`,
+:class:`StoredResponse`, :class:`Batch`) are defined here, beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
+
+from django.db import DatabaseError, NotSupportedError
+
+from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
+from django_idempotency._store import sealing
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from django_idempotency.models import IdempotencyKey
+
+T = TypeVar("T")
+
+#: A claim's handle (``Claim.pk``): the store's own name for the claim's record (the database's
+#: row id, the Redis store's number for a live claim of this process). Kept and handed back.
+ClaimHandle: TypeAlias = int
+
+
+class Lock(NamedTuple):
+    """What a waiter polls: the record's status and when its lock expires."""
+
+    status: str
+    unlock_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of :meth:`StoreContract.delete_expired_batch`."""
+
+    deleted: int
+    #: The largest ``expires_at`` seen: the next batch starts there (``None``: nothing left).
+    last_expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A final result as the record keeps it: a view's response, or a function's result.
+
+    A function's result has no status and no headers (``response_status`` NULL, the headers
+    ``[]``): it is no HTTP response. It was once stored shaped as one, status ``200``
+    with the serializer's ``Content-Type``; a record stored so is read as it is, since a
+    function's replay reads the body alone (and an operator's ``failed`` from the status).
+    No migration: ``response_status`` has always been nullable.
+    """
+
+    #: The response's status code; ``None``: a function's result.
+    status: int | None
+    headers: list[list[str]]
+    #: ``None``: the body was over ``MAX_BODY_SIZE`` (or ``MAX_STORED_BODY_SIZE``), not kept
+    body: bytes | None
+    #: Its own TTL (``store_for()``), counted from when it is stored; ``None``: ``expires_at``
+    #: stays as the claim set it.
+    ttl: timedelta | None = None
+    #: The scope and key hash of the record it is stored in: encrypted, it opens for that
+    #: record only (:mod:`.sealing`). ``None``: for none (encrypted so, it opens nowhere).
+    owner: tuple[str, str] | None = None
+    #: The headers and body columns' values: compressed, encrypted (:mod:`.._sealing`). Made
+    #: with it, once: ``MAX_STORED_BODY_SIZE`` reads them before the store writes them (and a
+    #: ``cached_property`` would cost a lock on every read).
+    sealed: tuple[Any, bytes | None] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sealed", sealing.seal(self.headers, self.body, self.owner))
+
+
+@dataclass(frozen=True)
+class StoreFeatures:
+    """What a store can do, asked by the code every store shares instead of the store's type
+    (as Django's ``BaseDatabaseFeatures``). The defaults are a store that keeps nothing in the
+    view's database: a store sets those it differs on (:func:`dataclasses.replace`)."""
+
+    #: Whether the claim can run inside the view's transaction (atomic mode).
+    supports_atomic: bool = False
+    #: Whether the store's writes can join the transaction the calling thread is in (a recovery
+    #: point written with the view's own writes; the outbox released with the result).
+    shares_transaction: bool = False
+    #: Whether the store's own writes ride a fault out within the bound they are given (the
+    #: Redis store: a script is tried again on its client's pool): an owner's fenced write then
+    #: gives it all the time its lock has left, not one statement's share.
+    rides_out_faults: bool = False
+    #: Whether the store is a server reached over a network (not a file): a connection made
+    #: again after a fault is given a connect timeout.
+    has_server: bool = True
+    #: Whether writers take turns on the whole store (SQLite): a renewal may wait for the lock
+    #: the owners' writes hold, and the outbox's batch has no row lock to skip.
+    one_writer: bool = False
+    #: Whether the store keeps every scope exactly, whatever its session's and table's character
+    #: sets (MySQL and MariaDB may fold or refuse one: check E034, :mod:`.charsets`).
+    keeps_every_scope: bool = True
+    #: Whether a committed transaction can wake a waiting connection (``LISTEN``/``NOTIFY``):
+    #: the outbox's relays wait for a release rather than poll.
+    notifies: bool = False
+    #: Whether the bound atomic mode's claim puts on its lock wait outlives the transaction
+    #: (a MySQL session setting): it is put back whatever happens.
+    lock_wait_outlives_transaction: bool = False
+    #: Whether the store's records are the app's table (the operators' queries, the admin).
+    keeps_table: bool = False
+
+
+def _missing(member: str) -> NotImplementedError:
+    return NotImplementedError(f"subclasses of StoreContract must provide {member}()")
+
+
+class StoreContract:
+    """A store of idempotency records on one alias (see the module's docstring).
+
+    The core (the claim, its fenced writes and the status poll) must be provided; every other
+    member has a default, overridden where the store has more to say.
+    """
+
+    #: The store's name for ``connection.vendor``-like keys and for people.
+    vendor = ""
+    name = ""
+    #: The only ``isolation_level`` option a claim in atomic mode works under (``None``: any).
+    isolation_level: str | None = None
+    features = StoreFeatures()
+    #: The alias the store was made for (:func:`django_idempotency._store.using`).
+    alias: str
+
+    # -- the core ------------------------------------------------------------------------------
+
+    def claim(
+        self,
+        identity: Any,
+        *,
+        ttl: timedelta,
+        lock_timeout: timedelta,
+        token: str | None = None,
+        bound: float | None = None,
+    ) -> Any:
+        """Claim ``identity``'s key: its new claim (``identity.claimed(...)``), the record found
+        (a replay, a mismatch, one in progress), or ``None`` to claim again (a race)."""
+        raise _missing("claim")
+
+    def peek_status(self, scope: str, key_hash: str, bound: float | None = None) -> Lock | None:
+        """The key's status and when its lock lapses (a waiter's poll); ``None``: no record."""
+        raise _missing("peek_status")
+
+    def store_response(
+        self,
+        pk: ClaimHandle,
+        token: Any,
+        stored: StoredResponse,
+        *,
+        stale_at: datetime | None = None,
+        connection: Any = None,
+        bound: float | None = None,
+        release: Any = None,
+    ) -> bool:
+        """Finish the claim with its result, fenced by ``token``; ``False``: no longer its own."""
+        raise _missing("store_response")
+
+    def save_recovery_point(
+        self,
+        pk: ClaimHandle,
+        token: Any,
+        name: str,
+        data: Any,
+        lock_timeout: timedelta,
+        *,
+        connection: Any = None,
+        bound: float | None = None,
+        release: Any = None,
+    ) -> bool:
+        """Write a recovery point and push the lock forward, fenced by ``token``."""
+        raise _missing("save_recovery_point")
+
+    def unlock(
+        self, pk: ClaimHandle, token: Any, *, connection: Any = None, bound: float | None = None
+    ) -> bool:
+        """Let go of the claim's lock, its record and recovery point kept (a retry resumes)."""
+        raise _missing("unlock")
+
+    def release(
+        self,
+        pk: ClaimHandle,
+        token: Any,
+        *,
+        stale_at: datetime | None = None,
+        connection: Any = None,
+        bound: float | None = None,
+    ) -> bool:
+        """Delete the claim's record (a failure the client may retry as a first request)."""
+        raise _missing("release")
+
+    def renew(
+        self,
+        leases: Sequence[tuple[ClaimHandle, Any]],
+        lock_timeout: timedelta,
+        bound: float | None = None,
+    ) -> set[tuple[ClaimHandle, Any]]:
+        """Push the locks of many claims forward; the leases still held."""
+        raise _missing("renew")
+
+    def read(self, scope: str, key_hash: str) -> IdempotencyKey | None:
+        """The key's record, as a claim that found it would read it (tests, operators)."""
+        raise _missing("read")
+
+    def created_at(self, pk: ClaimHandle) -> datetime | None:
+        """When a claim's record began (its operation's id); ``None``: no such record."""
+        raise _missing("created_at")
+
+    # -- errors --------------------------------------------------------------------------------
+
+    def is_fault(self, exc: BaseException) -> bool:
+        """Whether a call failed for its connection or server, to be tried on a new connection
+        (a store that rides faults out itself has none left to try)."""
+        return False
+
+    def is_contention(self, exc: BaseException) -> bool:
+        """Whether a write failed only because another writer held a lock it needed."""
+        return False
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Whether an error says the store is unavailable for now (a ``503``)."""
+        return self.is_contention(exc) or self.is_fault(exc)
+
+    def expected_fault(self, exc: BaseException) -> bool:
+        """Whether a refusal is an outage the store knows, logged on one line."""
+        return False
+
+    def faulted(self, exc: BaseException) -> None:
+        """After a call's error: what the store does about a fault (drain a pool)."""
+
+    def refusal(self, exc: BaseException) -> LockWaitTimeout | StoreUnavailable:
+        """What :meth:`guard` raises for ``exc`` (``raise store.refusal(exc) from exc``)."""
+        return StoreUnavailable(str(exc))
+
+    @contextmanager
+    def guard(self) -> Iterator[None]:
+        """Translate the store's database errors into the app's own (:meth:`refusal`)."""
+        try:
+            yield
+        except DatabaseError as exc:
+            raise self.refusal(exc) from exc
+
+    # -- the calling thread's connection ---------------------------------------------------------
+
+    def bounded(self, connection: Any, seconds: float, statement: Callable[[], T]) -> T:
+        """Run ``statement()`` (on ``connection``, where the store has connections) within
+        ``seconds``; a store that bounds each call itself just runs it."""
+        return statement()
+
+    def bounded_here(self, seconds: float, statement: Callable[[], T]) -> T:
+        """:meth:`bounded` on the calling thread's own connection."""
+        return self.bounded(None, seconds, statement)
+
+    def in_transaction(self) -> bool:
+        """Whether the calling thread's work on the store is inside a transaction: a write
+        then is part of it, and raised at once on an error."""
+        return False
+
+    def reconnect_thread(self, exc: BaseException) -> bool:
+        """Close the calling thread's connection after a fault ``exc`` left it unusable,
+        outside any transaction, so a claim may be made again on a new one; ``False``: not so
+        (nothing was closed)."""
+        return False
+
+    def drop_thread_connection(self) -> None:
+        """After a fault: close the thread's connection unless it is in a transaction, so the
+        thread's next query makes a new one."""
+
+    def narrow_charsets(self, seconds: float) -> Any | None:
+        """What folds or refuses a scope on the store's connection (``charsets.known_narrow``),
+        asked within ``seconds``; ``None``: nothing (:attr:`StoreFeatures.keeps_every_scope`)."""
+        return None
+
+    # -- atomic mode -------------------------------------------------------------------------------
+
+    def atomic(self, wait: timedelta) -> AbstractContextManager[Any]:
+        """Atomic mode's transaction (:attr:`StoreFeatures.supports_atomic`)."""
+        raise NotSupportedError(f"The {self.name} store has no atomic mode.")
+
+    def read_finished(self, identity: Any, bound: float) -> Any:
+        """Atomic mode: the key's finished record, read before the transaction opens."""
+        return None
+
+    def limit_lock_wait(self, timeout: timedelta) -> object:
+        """Bound atomic mode's claim's wait for another transaction's row; what to put back."""
+        return None
+
+    def restore_lock_wait(self, previous: object) -> None:
+        """Put back what :meth:`limit_lock_wait` replaced."""
+
+    def in_nested_transaction(self) -> bool:
+        """Whether the innermost atomic block is a savepoint inside a caller's transaction."""
+        return False
+
+    def hold(self, scope: str, key_hash: str) -> None:
+        """An atomic attempt of this process claimed its key (see :meth:`holds`)."""
+
+    def let_go(self, scope: str, key_hash: str) -> None:
+        """That attempt's transaction ended."""
+
+    def holds(self, scope: str, key_hash: str) -> bool:
+        """Whether an atomic attempt of this process holds the key now."""
+        return False
+
+    def finished(self, pk: ClaimHandle, token: Any, connection: Any) -> bool:
+        """Whether a result write whose reply was lost was applied (read back by ``token``)."""
+        return False
+
+    def has_recovery_point(self, pk: ClaimHandle, token: Any, name: str, connection: Any) -> bool:
+        """Whether a recovery point write whose reply was lost was applied."""
+        return False
+
+    # -- what the checks and the admin ask ------------------------------------------------------
+
+    def converts_dates_to(self, zone: str) -> bool:
+        """Whether the store converts its datetimes to the time zone ``zone``."""
+        return True
+
+    def eviction_stall(self) -> timedelta | None:
+        """How long a cluster's surviving nodes stall writes evicting a dead one."""
+        return None
+
+    @property
+    def client(self) -> Any:
+        """The store's client of its server (``None``: it has none of its own)."""
+        return None
+
+    @property
+    def bounds_each_call(self) -> bool:
+        """Whether each call sets its own timeouts."""
+        return True
+
+    # -- the operators' records ------------------------------------------------------------------
+
+    def expire(self, scope: str, key_hash: str) -> IdempotencyKey | None:
+        """Expire the key's record now, as its TTL would; the record (``None``: none)."""
+        raise _missing("expire")
+
+    def records_of(self, key_hash: str) -> list[IdempotencyKey]:
+        """The key's records in every scope, oldest first (tests, operators)."""
+        return []
+
+    def count(self) -> int:
+        """How many records the store holds."""
+        raise _missing("count")
+
+    def census(self, stuck_after: timedelta = timedelta(hours=1)) -> dict[str, Any]:
+        """The store's records by status, its stale ones, and its operations running and stuck
+        (silent for ``stuck_after``), where it can say (``None``)."""
+        unknown = dict.fromkeys(("by_status", "stale", "operations_running", "operations_stuck"))
+        return {"total": self.count(), **unknown}
+
+    # -- operations kept by the store itself (Redis): the database's are the table's rows,
+    # read and written by :mod:`.operations`
+
+    def operation_name(self, pk: ClaimHandle) -> str:
+        """What a live claim's operation id is made of, named from then on."""
+        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+
+    def found_operation(self, scope: str, key_hash: str) -> tuple[str, datetime] | None:
+        """The operation name and life of another call's record (a duplicate's ``202``)."""
+        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+
+    def read_operation(self, name: str) -> Any:
+        """The operation ``name`` names (``None``: none)."""
+        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+
+    def of_scopes(
+        self, scopes: set[str], *, before: int | None, limit: int, state: str | None
+    ) -> list[Any]:
+        """The scopes' operations, newest first (the list endpoint)."""
+        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+
+    def stuck(self, older_than: timedelta) -> list[IdempotencyKey]:
+        """Operations handed on with no word for ``older_than``."""
+        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+
+    def complete_operation(self, operation: Any, stored: StoredResponse) -> bool:
+        """Replace the operation's stored ``202`` by its final response, once."""
+        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+
+    def set_progress(self, operation: Any, name: str, data: Any) -> bool:
+        """Set the operation's progress (its recovery point ``name``), fenced by its ``202``."""
+        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+
+    # -- the outbox's relay: a store that releases messages itself (Redis) ----------------------
+    # The database store's relay runs the table's statements on its own connection
+    # (:mod:`.outbox`); the figures and an operator's re-send are every store's.
+
+    def outbox_refusal(self) -> str | None:
+        """Why the store cannot serve the outbox (``None``: it can)."""
+        return None
+
+    def backlog(self) -> Any:
+        """The outbox's pending and failed messages, and its oldest undelivered release
+        (:class:`.outbox.Backlog`)."""
+        raise _missing("backlog")
+
+    def failed_messages(self) -> list[Any]:
+        """The outbox's messages failed for good, oldest release first."""
+        raise _missing("failed_messages")
+
+    def resend(self, keys: Sequence[Any]) -> int:
+        """Make failed messages (their ids) pending and due now: how many were still failed."""
+        raise _missing("resend")
+
+    def take(self, size: int, lease: timedelta) -> list[Any]:
+        """Lease up to ``size`` messages due now (a relay's batch)."""
+        raise NotSupportedError(f"The {self.name} store's relay reads its table.")
+
+    def mark_sent(self, keys: Sequence[Any], *, counted: bool) -> int:
+        """Mark taken messages sent."""
+        raise NotSupportedError(f"The {self.name} store's relay reads its table.")
+
+    def mark_failed(self, key: Any, error: str, retry_at: datetime | None, *, counted: bool) -> int:
+        """Record a failed send: tried again at ``retry_at``, or failed for good (``None``)."""
+        raise NotSupportedError(f"The {self.name} store's relay reads its table.")
+
+    def message_key(self, scope: str, key_hash: str, message_id: str) -> Any:
+        """How the relay names a message the record ``(scope, key_hash)`` released."""
+        raise NotSupportedError(f"The {self.name} store's relay reads its table.")
+
+    def erase_scope(self, scope: str, *, dry_run: bool = False) -> tuple[int, int]:
+        """Delete the scope's finished records now: (deleted, in progress). A store keeping the
+        app's table is erased in batches (:meth:`erase_batch`) by the caller instead."""
+        raise NotSupportedError(f"The {self.name} store erases a scope in batches.")
+
+    def erase_batch(self, scope: str, *, size: int) -> int:
+        """Delete up to ``size`` finished records of ``scope``; how many."""
+        raise NotSupportedError(f"The {self.name} store erases a scope at once.")
+
+    def stale_records(self, *, older_than: timedelta = timedelta(0)) -> QuerySet[IdempotencyKey]:
+        """The table's records stuck in ``processing``: none, where the store keeps no table."""
+        return self._no_records()
+
+    def expired_records(self, *, now: datetime | None = None) -> QuerySet[IdempotencyKey]:
+        """The table's records cleanup would delete: none, where the store keeps no table (its
+        records expire by themselves)."""
+        return self._no_records()
+
+    def delete_expired_batch(
+        self,
+        *,
+        now: datetime,
+        batch_size: int,
+        after: datetime | None = None,
+        pks: list[int] | None = None,
+    ) -> Batch:
+        """Delete a batch of expired records: nothing, where they expire by themselves."""
+        return Batch(0, None)
+
+    def table_size(self) -> tuple[int | None, int | None, str]:
+        """``(table bytes, index bytes, how they were measured)``: unknown without a table."""
+        return None, None, "unknown"
+
+    def _no_records(self) -> QuerySet[IdempotencyKey]:
+        from django_idempotency.models import IdempotencyKey
+
+        return IdempotencyKey.objects.none()

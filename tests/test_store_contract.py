@@ -1,0 +1,177 @@
+"""The store contract (:class:`django_idempotency._store.contract.StoreContract`) held by each
+store alike: the database's (the test database's vendor), the Redis store's (its own leg, on
+``IDEMPOTENCY_TEST_REDIS_STORE_URL``) and a toy in memory (``tests/toy_store.py``) that
+implements the contract and nothing more. Each test asks a store only what the contract
+declares: the fence, the claim's outcomes, renewal, expiry."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from django_idempotency._base import rules
+from django_idempotency._base.keys import hash_key
+from django_idempotency._call.claim import Claim
+from django_idempotency._call.identity import Identity
+from django_idempotency._store import StoreContract, StoredResponse, using
+from django_idempotency._store.contract import StoreFeatures
+from tests.toy_store import ToyStore
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TTL = timedelta(hours=1)
+LOCK = timedelta(minutes=1)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("database", marks=pytest.mark.database_store),
+        pytest.param("redis", marks=pytest.mark.redis),
+        "toy",
+    ]
+)
+def store(request: pytest.FixtureRequest) -> Iterator[StoreContract]:
+    if request.param == "toy":
+        yield ToyStore()
+        return
+    if request.param == "redis":
+        from tests.conftest import REDIS_STORE_NAME, flush_redis
+
+        flush_redis()
+        yield using(REDIS_STORE_NAME if "://" in REDIS_STORE_NAME else "cache:redis")
+        flush_redis()
+        return
+    yield using("default")
+
+
+def _identity(fingerprint: str = "f" * 64) -> Identity:
+    key = str(uuid.uuid4())
+    return Identity(key, "contract", hash_key(key), fingerprint, "POST", "/contract/")
+
+
+def _claim(store: StoreContract, identity: Identity, lock: timedelta = LOCK) -> Any:
+    return store.claim(identity, ttl=TTL, lock_timeout=lock)
+
+
+def test_a_new_key_is_claimed_and_held_against_another_call(store: StoreContract) -> None:
+    identity = _identity()
+    claim = _claim(store, identity)
+    assert isinstance(claim, Claim) and claim.attempt == 1
+    held = _claim(store, identity)
+    assert not isinstance(held, Claim)
+    assert held.status == rules.PROCESSING and held.request_hash == identity.fingerprint
+    lock = store.peek_status(identity.scope, identity.key_hash)
+    assert lock is not None and lock.status == rules.PROCESSING
+    assert store.peek_status("contract", hash_key("never sent")) is None
+
+
+def test_a_stored_result_is_found_by_the_next_claim(store: StoreContract) -> None:
+    identity = _identity()
+    claim = _claim(store, identity)
+    stored = StoredResponse(201, [["Content-Type", "application/json"]], b'{"id": 1}')
+    assert store.store_response(claim.pk, claim.token_text, stored)
+    found = _claim(store, identity)
+    assert not isinstance(found, Claim)
+    assert (found.status, found.response_status) == (rules.COMPLETED, 201)
+    lock = store.peek_status(identity.scope, identity.key_hash)
+    assert lock is not None and lock.status == rules.COMPLETED
+
+
+def _taken_over(store: StoreContract) -> tuple[Any, Claim]:
+    """A claim whose lock lapsed at once, and the retry that took its record over."""
+    identity = _identity()
+    first = _claim(store, identity, lock=timedelta(0))
+    taker = _claim(store, identity)
+    assert isinstance(taker, Claim) and taker.attempt == 2
+    return first, taker
+
+
+@pytest.mark.parametrize("final", ["store_response", "unlock", "release"])
+def test_every_write_is_fenced_by_the_lock_token(store: StoreContract, final: str) -> None:
+    """A lapsed owner's writes change nothing once its record is taken over; the taker's do.
+    A final write spends the handle whatever its outcome: it comes last."""
+    first, taker = _taken_over(store)
+    assert store.renew([(first.pk, first.token_text)], LOCK) == set()
+    assert not store.save_recovery_point(first.pk, first.token_text, "step", {"n": 1}, LOCK)
+    writes = {
+        "store_response": lambda: store.store_response(
+            first.pk, first.token_text, StoredResponse(200, [], b"late")
+        ),
+        "unlock": lambda: store.unlock(first.pk, first.token_text),
+        "release": lambda: store.release(first.pk, first.token_text),
+    }
+    assert not writes[final]()
+    lease = (taker.pk, taker.token_text)
+    assert store.renew([lease], LOCK) == {lease}
+    assert store.store_response(taker.pk, taker.token_text, StoredResponse(200, [], b"taker"))
+
+
+def test_a_released_key_is_claimed_afresh(store: StoreContract) -> None:
+    identity = _identity()
+    claim = _claim(store, identity)
+    assert store.release(claim.pk, claim.token_text)
+    assert store.peek_status(identity.scope, identity.key_hash) is None
+    again = _claim(store, identity)
+    assert isinstance(again, Claim) and again.attempt == 1
+
+
+def test_an_unlocked_key_is_resumed_from_its_recovery_point(store: StoreContract) -> None:
+    identity = _identity()
+    claim = _claim(store, identity)
+    assert store.save_recovery_point(claim.pk, claim.token_text, "charged", {"id": 7}, LOCK)
+    assert store.unlock(claim.pk, claim.token_text)
+    again = _claim(store, identity)
+    assert isinstance(again, Claim) and again.attempt == 2
+    assert (again.recovery_point, again.recovery_data) == ("charged", {"id": 7})
+    assert store.store_response(again.pk, again.token_text, StoredResponse(200, [], b"done"))
+
+
+def test_an_expired_key_runs_again_as_a_first_request(store: StoreContract) -> None:
+    identity = _identity()
+    claim = _claim(store, identity)
+    assert store.store_response(claim.pk, claim.token_text, StoredResponse(200, [], b"done"))
+    expired = store.expire(identity.scope, identity.key_hash)
+    assert expired is not None and expired.key_hash == identity.key_hash
+    again = _claim(store, identity)
+    assert isinstance(again, Claim) and again.attempt == 1
+    assert store.expire(identity.scope, hash_key("never sent")) is None
+
+
+def test_the_record_is_read_and_counted(store: StoreContract) -> None:
+    identity = _identity()
+    before = store.count()
+    claim = _claim(store, identity)
+    assert store.count() == before + 1
+    record = store.read(identity.scope, identity.key_hash)
+    assert record is not None and record.request_hash == identity.fingerprint
+    assert store.created_at(claim.pk) is not None
+    assert store.census()["total"] == before + 1
+
+
+def test_what_a_store_cannot_do_is_a_flag_and_an_error(store: StoreContract) -> None:
+    """A store that declares no atomic mode refuses its transaction; one that does gives it."""
+    assert isinstance(store.features, StoreFeatures)
+    _refuses_what_it_lacks(store)
+
+
+def _refuses_what_it_lacks(store: StoreContract) -> None:
+    from django.db import NotSupportedError
+
+    if store.features.supports_atomic:
+        with store.atomic(LOCK):
+            pass
+    else:
+        with pytest.raises(NotSupportedError):
+            store.atomic(LOCK)
+    if not store.features.keeps_table:
+        assert not store.stale_records().exists() and not store.expired_records().exists()
+        assert store.table_size() == (None, None, "unknown")
+
+
+def test_a_store_missing_a_core_member_says_which() -> None:
+    with pytest.raises(NotImplementedError, match=r"must provide claim\(\)"):
+        _claim(StoreContract(), _identity())
