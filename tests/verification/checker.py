@@ -205,7 +205,10 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
 
     # Record lives: a key's effects, a new life once the TTL of the record of the life's first
     # effect may have passed. That record was claimed at the earliest by the first request
-    # for the key sent since the life before began (a claim may wait long under a fault).
+    # for the key sent since the life before began (a claim may wait long under a fault), and
+    # not before the life before's record could expire: a request of that life (a retry an
+    # hour before) is no bound, and taken for one it split a life that began at the TTL's end
+    # in two (an hour's soak: a second step parted from its first, a double run unseen).
     asked_at: dict[tuple[str, str], list[float]] = defaultdict(list)
     for asked in invokes.values():
         asked_at[asked["principal"], asked["key"]].append(asked["t"])
@@ -222,7 +225,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         for run in runs:
             if run["t"] - start >= limits.ttl[run["entry"]] - EDGE:
                 number, previous = number + 1, start
-                start = claimed(previous, run)
+                start = max(claimed(previous, run), previous + limits.ttl[run["entry"]] - EDGE)
             lives.setdefault((key, number), []).append(run)
             life_of[run["execution"]] = (key, number)
 

@@ -147,3 +147,34 @@ def test_an_operation_released_and_claimed_anew_is_another() -> None:
     """Its record released (its view raised) and claimed anew: the id it gave names
     nothing (``404``), as any operation's."""
     assert found(exported(None, status=404)) == []
+
+
+def test_a_life_begun_at_the_ttls_end_is_one_life() -> None:
+    """A key's record expired after an hour, and a request of another story claimed it anew:
+    its two steps are one life, though the first life's retry came a second after that life
+    began (taken for the new life's claim, it split the new life in two: an hour's soak)."""
+    events = [
+        *answer("o1", 0.0, "e1", "f1", replayed=False),
+        *answer("o2", 1.4, "e1", "f1", replayed=True),
+        *first("f1", 1.6, 1),
+        *second("e1", 1.9, 1, "f1", resumed=False),
+        *answer("o3", 3616.3, "e2", "f2", replayed=False),
+        *first("f2", 3616.5, 1),
+        *second("e2", 3616.6, 1, "f2", resumed=False),
+    ]
+    assert found(events) == []
+
+
+def test_a_double_run_just_after_the_ttls_end_is_found() -> None:
+    """Two first steps of one new life, 0.4 s apart, an hour after the key's first life: one
+    life, so a double run (it was read as two lives, and went unseen)."""
+    events = [
+        *answer("o1", 0.0, "e1", "f1", replayed=False),
+        *answer("o2", 1.4, "e1", "f1", replayed=True),
+        *first("f1", 1.6, 1),
+        *second("e1", 1.9, 1, "f1", resumed=False),
+        *answer("o3", 3616.3, "e2", "f2", replayed=False),
+        *first("f2", 3616.5, 1, pid=2),
+        *first("f3", 3616.9, 1, pid=3, saved=False),
+    ]
+    assert (1, "a view ran twice in one record life") in found(events)
