@@ -504,7 +504,7 @@ def test_operation_url_without_the_status_urls_says_what_to_do(key: str) -> None
 def named_on_redis(claim: Any) -> str | None:
     """A Redis claim's operation name (``r<store>-<oid>``), ``None`` on the database."""
     from django_idempotency._store import using
-    from django_idempotency._store.redis.operations import name
+    from django_idempotency._store.redis.names import name
 
     store: Any = using(claim.alias)
     oid = getattr(store, "_oids", {}).get(claim.pk)

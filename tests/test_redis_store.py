@@ -1263,7 +1263,7 @@ def test_a_forged_or_expired_redis_operation_id_names_nothing(
 def test_an_operations_store_is_found_by_a_views_option_alone() -> None:
     """A task worker's complete_operation() finds the store of an id whose view names a URL
     of its own (neither STORE nor a CACHES alias) once the view is imported, never used."""
-    from django_idempotency._store.redis import operations
+    from django_idempotency._store.redis import names as operations
 
     url = "redis://operations-store.invalid:6379/0"
     assert operations.resolve(operations.tag(url)) is None

@@ -216,14 +216,14 @@ def read(alias: str, pk: int) -> Operation | None:
 
 
 def read_named(operation_id: str) -> Operation | None:
-    """The Redis operation an operation id names (:func:`.redis.operations.parse`), its MAC
+    """The Redis operation an operation id names (:func:`.redis.names.parse`), its MAC
     not checked yet; ``None``: no Redis operation's shape, or no store or record of it."""
-    from django_idempotency._store.redis import operations as redis_operations
+    from django_idempotency._store.redis import names
 
-    parsed = redis_operations.parse(operation_id)
+    parsed = names.parse(operation_id)
     if parsed is None:
         return None
-    alias = redis_operations.resolve(parsed[0])
+    alias = names.resolve(parsed[0])
     if alias is None:
         return None
     return using(alias).read_operation(parsed[1])  # type: ignore[no-any-return]

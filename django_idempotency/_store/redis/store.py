@@ -34,6 +34,7 @@ from django_idempotency._store.redis import (
     clients,
     codec,
     faults,
+    names,
     operations,
     renewal,
     running,
@@ -229,7 +230,7 @@ class RedisStore(StoreContract):
                     as_micros(lock_timeout),
                     as_micros(ttl),
                     identity.scope,
-                    operations.new_id(),
+                    names.new_id(),
                 ],
                 bound,
                 tries=_CLAIM_TRIES,
@@ -540,7 +541,7 @@ class RedisStore(StoreContract):
         self._named.discard(pk)
 
     def operation_name(self, pk: int) -> str:
-        """What a live claim's operation id is made of (:func:`.operations.name`), its index
+        """What a live claim's operation id is made of (:func:`.names.name`), its index
         written first: the id handed out names the record from then on."""
         oid = self._oids.get(pk)
         if oid is None:  # the claim is over, or its record predates operation ids
@@ -548,7 +549,7 @@ class RedisStore(StoreContract):
         if pk not in self._named:
             self._name_again(self._key(pk), oid)
             self._named.add(pk)
-        return operations.name(self.alias, oid)
+        return names.name(self.alias, oid)
 
     def found_operation(self, scope: str, key_hash: str) -> tuple[str, datetime] | None:
         """The operation name and life of another call's record (a duplicate's ``202``), its
@@ -562,7 +563,7 @@ class RedisStore(StoreContract):
             operations.index(self.client, key, as_text(oid), self.prefix, fields)
         except failures() as exc:
             raise self.refusal(exc) from exc
-        return operations.name(self.alias, as_text(oid)), as_time(created)  # type: ignore[return-value]
+        return names.name(self.alias, as_text(oid)), as_time(created)  # type: ignore[return-value]
 
     def _name_again(self, key: str, oid: str) -> None:
         try:
