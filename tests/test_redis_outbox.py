@@ -23,6 +23,7 @@ from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 
 from django_idempotency._call import outbox
+from django_idempotency._conf.settings import conf
 from django_idempotency._ops import store_checks
 from django_idempotency._ops.relay import Relay, backlog
 from django_idempotency._store import StoredResponse, using
@@ -198,6 +199,77 @@ def test_a_message_released_again_by_a_takeover_inserts_nothing(key: str) -> Non
         assert store.store_response(claim.pk, claim.token_text, stored, release=again)
         assert again.inserted == ["m2"]
         assert sorted(messages()) == ["m1", "m2"]
+
+
+def _taken_twice(store: Any, key: str) -> tuple[Any, Any]:
+    """A message released, taken by a relay whose lease ran out at once (``0``: a relay stalled
+    past it), then by a second relay: both hold it, as a lease allows."""
+    claim = _claim(store, key)
+    stored = StoredResponse(status=201, headers={}, body=b"{}")
+    assert store.store_response(claim.pk, claim.token_text, stored, release=_release("m1"))
+    (late,) = store.take(10, timedelta(0))
+    (live,) = store.take(10, timedelta(seconds=30))
+    assert late.id == live.id
+    return late, live
+
+
+def test_a_late_relays_failure_leaves_a_delivered_message_sent(key: str) -> None:
+    """The late relay's send failing for good after the live one delivered the message: its
+    mark is refused, so the message is not listed failed, nor sent again by a re-send."""
+    with on_redis():
+        store: Any = using(ALIAS)
+        late, live = _taken_twice(store, key)
+        assert store.mark_sent([live.id], counted=True) == 1
+        assert store.mark_failed(late.id, "broker down", None, counted=True) == 0
+        assert messages() == {"m1": "sent"}
+        assert store.failed_messages() == [] and store.backlog().failed == 0
+        assert store.resend([late.id]) == 0
+
+
+def test_a_send_that_succeeds_after_another_relay_gave_up_is_no_failure(key: str) -> None:
+    """The live relay gives the message up; the late one's send succeeded: it is sent, and
+    neither listed failed nor counted so (a failed count and warning for ever)."""
+    with on_redis():
+        store: Any = using(ALIAS)
+        late, live = _taken_twice(store, key)
+        assert store.mark_failed(live.id, "broker down", None, counted=True) == 1
+        assert store.mark_sent([late.id], counted=True) == 1
+        assert messages() == {"m1": "sent"}
+        assert store.failed_messages() == [] and store.backlog().failed == 0
+
+
+@pytest.mark.parametrize("alias", [ALIAS, "default"])
+def test_a_batch_is_cut_at_half_its_lease(
+    alias: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay sends a batch for at most half its lease (each send here takes 0.3 of it, on a
+    clock of the test's): sent past it, another relay could take what is left, its lease run
+    out, and send it too. What is left stays leased to it, sent once the lease passes. On the
+    Redis store and on the database's."""
+    from django_idempotency._ops import relay
+
+    now = [0.0]
+    monkeypatch.setattr(relay, "_clock", lambda: now[0])
+    real_send = outbox.send
+
+    def slow(*args: Any) -> None:
+        real_send(*args)
+        now[0] += 0.3 * conf.OUTBOX_LEASE.total_seconds()
+
+    monkeypatch.setattr(outbox, "send", slow)
+    with on_redis():
+        store = using(alias)
+        claim = _claim(store, key)
+        stored = StoredResponse(status=201, headers={}, body=b"{}")
+        assert store.store_response(
+            claim.pk, claim.token_text, stored, release=_release("m1", "m2", "m3")
+        )
+        with relay_here():
+            first = Relay(alias).run(once=True)
+            second = Relay(alias).run(once=True)
+    assert (first.sent, second.sent) == (2, 0)  # the third waits for the lease
+    assert [kwargs for _, _, kwargs in receipt.sent] == [{}, {}]
+    assert store.backlog().pending == 1
 
 
 class Killed(BaseException):

@@ -1276,6 +1276,31 @@ def test_an_operations_store_is_found_by_a_views_option_alone() -> None:
     assert operations.resolve(operations.tag("cache:redis")) == "cache:redis"  # CACHES'
 
 
+def test_an_operations_store_mark_tells_nothing_of_its_password(
+    settings: Any,
+) -> None:
+    """An operation id carries a mark of its store's name: keyed by ``SECRET_KEY`` (a plain
+    hash of a URL let anyone holding an id test password guesses), found again after the key
+    is rotated into ``SECRET_KEY_FALLBACKS``."""
+    import hashlib
+
+    from django_idempotency._store.redis import names
+
+    url = "redis://:hunter2@operations-store.invalid:6379/1"
+    mark = names.tag(url)
+    assert mark != hashlib.sha256(url.encode()).hexdigest()[: len(mark)]
+    assert mark != names.tag("redis://:guess@operations-store.invalid:6379/1")
+
+    @idempotent_function(key="event_id", store=url)
+    def handle(event_id: str) -> str:
+        return event_id
+
+    assert names.resolve(mark) == url
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "a-rotated-secret-key-" + "x" * 40
+    assert names.tag(url) != mark and names.resolve(mark) == url
+
+
 @pytest.mark.urls("tests.operations_urls")
 def test_recover_lists_and_fails_a_redis_stores_stuck_operations(
     place: Place, post: Any, client: Any

@@ -34,6 +34,8 @@ from django_idempotency._store import outbox as store
 from django_idempotency._store.bound import discard
 
 logger = logging.getLogger("django_idempotency")
+#: What a batch's time is read from (a test's clock may stand in).
+_clock = time.monotonic
 
 #: The longest one of the relay's statements may take (seconds), past which its connection is
 #: cut (:mod:`.._store.deadlines`) and the pass made again on a new one. Unbounded, a relay
@@ -146,7 +148,16 @@ class Relay:
         """Send each message taken: those sent; each that failed is recorded by ``failed``
         (message, error, when to try it again) with its backoff."""
         sent: list[Any] = []
-        for message in taken:
+        # The batch is leased for OUTBOX_LEASE: sending on past it, another relay could take
+        # what is left (its lease run out) and send it too. What is left waits for its lease.
+        ends = _clock() + conf.OUTBOX_LEASE.total_seconds() / 2
+        for position, message in enumerate(taken):
+            if _clock() > ends:
+                logger.info(
+                    "Outbox batch cut at half its lease: %s message(s) left until it passes.",
+                    len(taken) - position,
+                )
+                break
             try:
                 outbox.send(message.engine, message.task, message.arguments, message.message_id)
             except Exception as exc:  # the broker's, the task's: recorded, tried again later

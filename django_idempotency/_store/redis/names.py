@@ -6,12 +6,14 @@ which the Redis ones build on, can tell an id of a Redis store's without importi
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
+
+from django.utils.crypto import salted_hmac
 
 #: The first letter of a Redis operation's name: a database's primary key is all digits.
 MARK = "r"
 _TAG = 8
+_SALT = "django_idempotency.redis-store"
 
 
 def new_id() -> str:
@@ -19,9 +21,11 @@ def new_id() -> str:
     return base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode("ascii")
 
 
-def tag(alias: str) -> str:
-    """The store's mark in its operations' names: a hash of its alias, not the alias."""
-    return hashlib.sha256(alias.encode()).hexdigest()[:_TAG]
+def tag(alias: str, secret: str | None = None) -> str:
+    """The store's mark in its operations' names: a keyed hash of its alias (``SECRET_KEY``,
+    or ``secret``), never the alias, nor a plain hash of it (a URL's password would be
+    open to guesses tested against any id)."""
+    return salted_hmac(_SALT, alias, secret=secret, algorithm="sha256").hexdigest()[:_TAG]
 
 
 def name(alias: str, oid: str) -> str:
@@ -60,4 +64,12 @@ def resolve(store: str) -> str | None:
     for alias, cache in getattr(settings, "CACHES", {}).items():
         if cache.get("BACKEND") in REDIS_CACHES:
             known.add(CACHE_PREFIX + alias)
-    return next((each for each in known if is_redis(each) and tag(each) == store), None)
+    secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", ())]
+    return next(
+        (
+            each
+            for each in known
+            if is_redis(each) and any(tag(each, secret) == store for secret in secrets)
+        ),
+        None,
+    )

@@ -110,8 +110,9 @@ return taken
 """
 )
 
-#: KEYS: due, left. ARGV: '1' if the send was counted when taken (the relay's), then message
-#: keys. Marks them sent; each is kept until its record expires (deleted now if it has).
+#: KEYS: due, left, failed. ARGV: '1' if the send was counted when taken (the relay's), then
+#: message keys. Marks them sent (a send that succeeded after another relay gave the message up
+#: leaves the failed set too); each is kept until its record expires (deleted now if it has).
 MARK_SENT = (
     scripts._NOW
     + """
@@ -124,6 +125,7 @@ for i = 2, #ARGV do
     if ARGV[1] ~= '1' then redis.call('HINCRBY', key, 'n', 1) end
     redis.call('ZREM', KEYS[1], key)
     redis.call('ZREM', KEYS[2], key)
+    redis.call('ZREM', KEYS[3], key)
     local expires = redis.call('HGET', record, 'ea')
     if expires then
       redis.call('PEXPIREAT', key, math.ceil(tonumber(expires) / 1000))
@@ -138,11 +140,12 @@ return marked
 )
 
 #: KEYS: due, failed. ARGV: key, error, delay until the next try (µs; '' failed for good),
-#: '1' if the send was counted when taken.
+#: '1' if the send was counted when taken. Only a pending message: a relay whose lease ran out
+#: while it sent must not make a message another relay delivered failed (sent again).
 MARK_FAILED = (
     scripts._NOW
     + """
-if redis.call('EXISTS', ARGV[1]) == 0 then return 0 end
+if redis.call('HGET', ARGV[1], 'st') ~= 'pending' then return 0 end
 redis.call('HSET', ARGV[1], 'le', ARGV[2])
 if ARGV[4] ~= '1' then redis.call('HINCRBY', ARGV[1], 'n', 1) end
 if ARGV[3] == '' then
@@ -271,7 +274,8 @@ def mark_sent(client_run: Any, prefix: str, keys: Sequence[str], *, counted: boo
     if not keys:
         return 0
     args = ["1" if counted else "0", *keys]
-    return int(client_run("MARK_SENT", [due_key(prefix), left_key(prefix)], args))
+    keys_ = [due_key(prefix), left_key(prefix), failed_key(prefix)]
+    return int(client_run("MARK_SENT", keys_, args))
 
 
 def mark_failed(
