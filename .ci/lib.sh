@@ -67,7 +67,7 @@ ci_pytest() {
 # As ci_pytest, but a skipped test fails the leg: a server-backed suite must run every test.
 # The one skip allowed is the django.tasks tests on Django 5.2, which has no django.tasks.
 ci_pytest_no_skips() {
-  ci_pytest "$@"
+  ci_pytest "$@" || return $? # a failed suite fails the leg, whatever the caller's `set -e`
   local skipped
   skipped=$(grep -E '^SKIPPED' "$CI_LAST_LOG" || true)
   if python -c 'import django, sys; sys.exit(django.VERSION >= (6,))'; then

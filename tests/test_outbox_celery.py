@@ -250,7 +250,7 @@ def test_the_database_restarted_under_pending_messages_and_a_running_relay(
             effects, delivered, states = [], [], []
         server.destroy()
     log = relay_log.read_text()
-    assert "the database failed" in log  # said so, and went on
+    assert "the store failed" in log  # said so, and went on
     assert effects == [str(order) for order in range(1, 10)]  # each order's receipt once
     assert len(delivered) == len(set(delivered)) == 9
     assert states == ["sent"] * 9
@@ -259,6 +259,6 @@ def test_the_database_restarted_under_pending_messages_and_a_running_relay(
             f"\noutbox, {vendor} restarted and stopped for 3 s under a relay: 9 orders, receipts "
             f"per order {sorted(set(effects.count(str(o)) for o in range(1, 10)))}, "
             f"deliveries {len(delivered)}, the unfinished attempt's messages sent 0, relay "
-            f"warnings {log.count('the database failed')}, orders 7 to 9 delivered "
+            f"warnings {log.count('the store failed')}, orders 7 to 9 delivered "
             f"{recovered:.1f} s after the server's start, {time.monotonic() - started:.0f} s in all"
         )

@@ -494,3 +494,13 @@ def test_no_package_function_is_longer_than_fifty_lines() -> None:
         for name, line, length in _long_functions(path.read_text())
     ]
     assert found == []
+
+
+def test_every_ci_leg_fails_on_a_failed_command() -> None:
+    """Each leg's script runs under ``set -euo pipefail``: the celery leg ran without it, and
+    its suites' failures but the last passed the leg (and its last was swallowed too)."""
+    ci = PACKAGE.parent / ".ci"
+    scripts = [path for path in ci.iterdir() if path.name.startswith("leg-") or path.name == "fuzz"]
+    assert scripts
+    lax = [p.name for p in scripts if "\nset -euo pipefail\n" not in p.read_text()]
+    assert lax == []
