@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 import django_idempotency
 from django_idempotency import IdempotencyError, InvalidKey
 from django_idempotency._call import storing as _storing
@@ -500,6 +502,8 @@ def test_every_ci_leg_fails_on_a_failed_command() -> None:
     """Each leg's script runs under ``set -euo pipefail``: the celery leg ran without it, and
     its suites' failures but the last passed the leg (and its last was swallowed too)."""
     ci = PACKAGE.parent / ".ci"
+    if not ci.is_dir():
+        pytest.skip("no .ci here: the sdist ships the package and its tests, not the CI")
     scripts = [path for path in ci.iterdir() if path.name.startswith("leg-") or path.name == "fuzz"]
     assert scripts
     lax = [p.name for p in scripts if "\nset -euo pipefail\n" not in p.read_text()]
