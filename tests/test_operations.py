@@ -20,6 +20,7 @@ from django_idempotency import (
     IdempotencyKey,
     OperationError,
     complete_operation,
+    set_operation_progress,
     store_for,
 )
 from django_idempotency._base.keys import hash_key
@@ -220,6 +221,23 @@ def test_an_unknown_operation_is_refused(operation_id: str) -> None:
     with pytest.raises(OperationError, match="No operation") as refused:
         complete_operation(operation_id, status=201, data={})
     assert refused.value.reason == "unknown"
+
+
+def test_an_operation_of_a_redis_store_this_process_does_not_know_says_so() -> None:
+    """A worker whose settings lack the store of the view that answered the ``202`` (its
+    ``STORE``, or its ``SECRET_KEY``) is told so, not that the id is none."""
+    from django_idempotency._store.redis import names
+
+    operation_id = f"{names.name('redis://elsewhere.invalid:6379/0', 'AAAA')}.AAAA"
+    mark = names.tag("redis://elsewhere.invalid:6379/0")
+    with pytest.raises(OperationError) as refused:
+        complete_operation(operation_id, status=201, data={})
+    assert refused.value.reason == "unknown"
+    said = str(refused.value)
+    assert f"the id names an operation of a Redis store (the store marked {mark!r}" in said
+    assert "the same STORE or CACHES alias" in said and "the same SECRET_KEY" in said
+    with pytest.raises(OperationError, match="knows no Redis store of that mark"):
+        set_operation_progress(operation_id, {"done": 1})
 
 
 def test_an_erased_operation_is_refused(post: Post, key: str) -> None:

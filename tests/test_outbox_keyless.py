@@ -112,6 +112,20 @@ def test_a_keyless_request_to_a_view_that_enqueues_sends_its_message(
     assert OutboxMessage.objects.count() == 0  # no record to tie it to: sent, not kept
 
 
+@pytest.mark.parametrize("store", ["database", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_keyless_request_sends_at_once_whatever_the_fast_path_and_the_store(
+    client: Client, store: str
+) -> None:
+    """``OUTBOX_FAST_PATH: False`` leaves a keyed request's messages to the relay; a request
+    without a key has no record nor outbox row, so its message goes on the sender thread
+    after the response all the same, on either store (docs: ``OUTBOX_FAST_PATH``)."""
+    with override_settings(IDEMPOTENCY={"STORE": store, "OUTBOX_FAST_PATH": False}):
+        response = client.post("/place/")
+    assert response.status_code == 201, response.content
+    assert sent() == [(response.json()["message"], [Execution.objects.get().pk], {})]
+    assert OutboxMessage.objects.count() == 0
+
+
 @pytest.mark.parametrize("status", [500, 503, 429, 408])
 def test_a_keyless_request_answered_as_a_claim_would_be_released_sends_nothing(
     client: Client, status: int

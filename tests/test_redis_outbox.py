@@ -21,13 +21,16 @@ import redis
 from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
+from django.urls import path
 
+from django_idempotency import idempotent
 from django_idempotency._call import outbox
 from django_idempotency._conf.settings import conf
 from django_idempotency._ops import store_checks
 from django_idempotency._ops.relay import Relay, backlog
 from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.outbox import Message, Release
+from django_idempotency.management import store_option
 from django_idempotency.testing import outbox_sent
 from tests.conftest import flush_redis
 from tests.relaying import relay_here
@@ -365,6 +368,79 @@ def test_the_relay_command_lists_and_retries_a_redis_stores_failed_messages(
             call_command("idempotency_relay", "--retry-failed", "--once", "--store", STORE)
     assert set(messages().values()) == {"sent"}
     assert len(sent_ids()) == 2
+
+
+def test_the_relay_command_relays_the_store_the_views_use_by_default(post: Post, key: str) -> None:
+    """Without ``--store`` the relay is ``STORE``'s, as are ``--failed`` and ``--retry-failed``:
+    on a project whose ``STORE`` is Redis it relayed the database's empty outbox, "Sent 0".
+    ``--store database`` picks the database's."""
+    with on_redis(OUTBOX_FAST_PATH=False, OUTBOX_MAX_ATTEMPTS=1):
+        post("/order/", {"order": "1"}, key=key)
+        receipt.failing = 2
+        out = StringIO()
+        with relay_here():
+            call_command("idempotency_relay", "--once", stdout=out)
+        assert "Sent 0 message(s); 2 failed." in out.getvalue()
+        out = StringIO()
+        call_command("idempotency_relay", "--failed", stdout=out)
+        assert "2 message(s) failed." in out.getvalue()
+        out = StringIO()
+        with relay_here():
+            call_command("idempotency_relay", "--store", "database", "--once", stdout=out)
+        assert "Sent 0 message(s); 0 failed." in out.getvalue()
+        out = StringIO()
+        with relay_here():
+            call_command("idempotency_relay", "--retry-failed", "--once", stdout=out)
+        assert "Sent 2 message(s); 0 failed." in out.getvalue()
+    assert set(messages().values()) == {"sent"}
+    assert len(sent_ids()) == 2
+
+
+@pytest.mark.parametrize(
+    "options", [["--once"], ["--failed"], ["--retry-failed", "--once"], ["--retry-failed"]]
+)
+def test_the_relay_command_says_a_store_that_does_not_answer(options: list[str]) -> None:
+    """A ``CommandError`` naming the store (exit status 1), not a traceback."""
+    down = "redis://127.0.0.1:1/0"
+    with pytest.raises(CommandError, match=r"^The Redis store 'redis://127.0.0.1:1/0' did not "
+                       r"answer: Error 111 connecting"):  # fmt: skip
+        call_command("idempotency_relay", "--store", down, *options)
+    with override_settings(IDEMPOTENCY={"STORE": down}), pytest.raises(CommandError):
+        call_command("idempotency_relay", *options)
+
+
+def test_stats_shows_a_redis_stores_outbox_and_names_it_in_its_advice(post: Post, key: str) -> None:
+    """Plain ``idempotency_stats`` shows each Redis store's outbox (it showed the database's
+    only), and its warning's commands name the store unless it is ``STORE``."""
+    with on_redis(OUTBOX_FAST_PATH=False, OUTBOX_MAX_ATTEMPTS=1):
+        post("/order/", {"order": "1"}, key=key)
+        receipt.failing = 2
+        assert relay_once().failed == 2
+        out = StringIO()
+        call_command("idempotency_stats", stdout=out)
+        text = out.getvalue()
+        assert "Redis store 'redis' (its records expire by Redis's own TTL" in text
+        assert "  Outbox undelivered: 0 pending, 2 failed (oldest " in text
+        assert "  Records:            1 (processing 0, completed 1, failed 0)" in text
+        assert "with idempotency_relay --failed, send them again with idempotency_relay " in text
+        assert store_option("database", "default") == " --store database"
+        assert store_option("database", "other") == " --database other"
+    # STORE is the database, and a view's store is Redis.
+    with override_settings(ROOT_URLCONF=__name__, IDEMPOTENCY={"STORE": "database"}):
+        out = StringIO()
+        call_command("idempotency_stats", "--json", stdout=out)
+        [warning] = json.loads(out.getvalue())["warnings"]
+        assert "idempotency_relay --store redis --failed" in warning
+        assert "idempotency_relay --store redis --retry-failed" in warning
+        assert store_option("database", "default") == ""
+
+
+@idempotent(store=STORE)
+def _on_redis(request: Any) -> Any:
+    raise AssertionError("never requested: the view names its store")
+
+
+urlpatterns = [path("on-redis/", _on_redis)]
 
 
 def test_the_relay_command_refuses_what_is_no_redis_store() -> None:

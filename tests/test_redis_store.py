@@ -557,10 +557,12 @@ def test_stats_json_counts_the_redis_stores_records(place: Place, capsys: Any) -
         call_command("idempotency_stats", "--json")
     stats = json.loads(capsys.readouterr().out)
     assert stats["total"] == 0  # the table's
+    # Every status, a zero too, as the table's figures list them.
+    assert list(stats["redis_stores"][place.store]["by_status"]) == list(stats["by_status"])
     assert stats["redis_stores"] == {
         place.store: {
             "total": 3,
-            "by_status": {"completed": 2, "processing": 1},
+            "by_status": {"processing": 1, "completed": 2, "failed": 0},
             "stale": 1,
             "operations_running": 0,
             "operations_stuck": 0,

@@ -194,12 +194,29 @@ def _read(alias: str, operation_id: str) -> store.Operation | None:
     return store.read(alias, pk)
 
 
+def _unknown(operation_id: str) -> str:
+    """Why no operation answers to ``operation_id``. An id of a Redis store's names its store
+    by a keyed hash only (:func:`.._store.redis.names.tag`), which no process can read back
+    into a URL: one that knows no store of that hash (a Celery worker whose settings lack the
+    web's ``STORE``, or whose ``SECRET_KEY`` differs) is told so, not that the id is none."""
+    from django_idempotency._store.redis import names
+
+    parsed = names.parse(operation_id)
+    if parsed is None or names.resolve(parsed[0]) is not None:
+        return f"No operation {operation_id!r}: the id is not one, or its record was erased."
+    return (
+        f"No operation {operation_id!r} in this process's stores: the id names an operation of "
+        f"a Redis store (the store marked {parsed[0]!r}, a hash of its name keyed by "
+        "SECRET_KEY), and this process knows no Redis store of that mark. Name the store here "
+        "as the process that answered the 202 names it (the same STORE or CACHES alias; a "
+        "view's store URL is known once the view's module is imported), with the same "
+        "SECRET_KEY (docs: 'Long-running operations')."
+    )
+
+
 def _refusal(operation_id: str, operation: store.Operation | None) -> OperationError:
     if operation is None:
-        return OperationError(
-            f"No operation {operation_id!r}: the id is not one, or its record was erased.",
-            reason="unknown",
-        )
+        return OperationError(_unknown(operation_id), reason="unknown")
     if operation.expired(timezone.now()):
         return OperationError(
             f"Operation {operation_id!r} expired with its record ({operation.expires_at:%c}): "

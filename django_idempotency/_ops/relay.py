@@ -292,15 +292,16 @@ def line(message: Any) -> str:
     )
 
 
-def warnings(figures: dict[str, Any]) -> list[str]:
-    """``idempotency_stats``' warnings of the outbox: messages failed for good."""
+def warnings(figures: dict[str, Any], options: str = "") -> list[str]:
+    """``idempotency_stats``' warnings of the outbox: messages failed for good; the commands
+    it suggests reach the store with ``options`` (``" --store redis"``)."""
     failed = figures["outbox_failed"]
     if not failed:
         return []
     return [
         f"{failed:,} outbox message(s) failed (OUTBOX_MAX_ATTEMPTS sends refused): list them "
-        "with idempotency_relay --failed, send them again with idempotency_relay "
-        "--retry-failed once the cause is fixed."
+        f"with idempotency_relay{options} --failed, send them again with idempotency_relay"
+        f"{options} --retry-failed once the cause is fixed."
     ]
 
 

@@ -81,7 +81,8 @@ def census(client: Any, prefix: str, stuck_after: timedelta = timedelta(hours=1)
     seconds, micro = client.time()
     now = EPOCH + timedelta(seconds=int(seconds), microseconds=int(micro))
     silent_since = (now - stuck_after - EPOCH) // timedelta(microseconds=1)
-    by_status: dict[str, int] = {}
+    # Every status, its count zero or not, as the table's figures list them.
+    by_status = dict.fromkeys((rules.PROCESSING, rules.COMPLETED, rules.FAILED), 0)
     stale = running = stuck = 0
     batch: list[Any] = []
 

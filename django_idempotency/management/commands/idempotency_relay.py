@@ -6,11 +6,14 @@ from argparse import ArgumentParser
 from typing import Any
 
 from django.core.management import CommandError
+from django.db import DatabaseError
 
+from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._conf.settings import usable
+from django_idempotency._conf.values import is_redis, shown_store
 from django_idempotency._ops import relay
 from django_idempotency._ops.relay import Relay
-from django_idempotency.management import _arguments, database_alias, redis_store
+from django_idempotency.management import _arguments, store_of
 
 
 class Command(_arguments.Command):
@@ -18,8 +21,8 @@ class Command(_arguments.Command):
         "Deliver the outbox's released messages at least once: to Celery (apply_async, the "
         "message id as task_id) or a django.tasks backend. Runs until SIGTERM or SIGINT, woken "
         "by PostgreSQL's NOTIFY or polling; --once for one pass from cron. --failed lists the "
-        "messages failed for good, --retry-failed sends them again. --store relays a Redis "
-        "store's outbox."
+        "messages failed for good, --retry-failed sends them again. It relays the outbox of "
+        "STORE, the store the views use; --store or --database picks another."
     )
     numeric = ("--batch-size", "--interval")
 
@@ -85,7 +88,27 @@ class Command(_arguments.Command):
             raise CommandError("Give --failed (list) or --retry-failed (send again), not both.")
         if dry_run and not retry_failed:
             raise CommandError("--dry-run goes with --retry-failed.")
-        alias = redis_store(store, database) if store else database_alias(database)
+        alias = store_of(store, database)
+        try:
+            self._relay(alias, once, batch_size, interval, verbosity, failed, retry_failed, dry_run)
+        except (DatabaseError, StoreUnavailable) as exc:  # a store down: said, not a traceback
+            where = f"database {alias!r}"
+            if is_redis(alias):
+                where = f"Redis store {shown_store(alias)!r}"
+            said = str(exc).removeprefix(f"{where}: ")  # a Redis fault names its store
+            raise CommandError(f"The {where} did not answer: {said}".strip()) from exc
+
+    def _relay(
+        self,
+        alias: str,
+        once: bool,
+        batch_size: int | None,
+        interval: float | None,
+        verbosity: int,
+        failed: bool,
+        retry_failed: bool,
+        dry_run: bool,
+    ) -> None:
         if failed or retry_failed:
             messages = relay.failed(alias)
             if verbosity >= 1 and (failed or dry_run):

@@ -10,15 +10,17 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from django_idempotency._base.durations import human
+from django_idempotency._conf.values import DATABASE, display_name
 from django_idempotency._ops import maintenance, relay, store_checks
-from django_idempotency.management import database_alias
+from django_idempotency.management import database_alias, store_option
 
 
 class Command(BaseCommand):
     help = (
         "Show the idempotency table's health: records by status, expired records waiting for "
-        "idempotency_cleanup, stale processing records, and the table's size. Counting reads "
-        "the whole table once."
+        "idempotency_cleanup, stale processing records, the table's size and the outbox's "
+        "backlog; then each Redis store's records, outbox and operations. Counting reads the "
+        "whole table once."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -44,31 +46,25 @@ class Command(BaseCommand):
             for name, figures in census.items()
             if figures["error"] is not None
         ]
-        stuck = [
-            f"Redis store {name!r}: {figures['operations_stuck']:,} long-running operation(s) "
-            f"had no final response nor progress for over "
-            f"{human(maintenance.OPERATION_STUCK_AFTER.total_seconds())}: "
-            "idempotency_recover --operations lists them."
-            for name, figures in census.items()
-            if figures["operations_stuck"]
-        ]
-        warnings = [*stats.warnings, *relay.warnings(outbox), *stuck, *unreachable]
-        for name, figures in census.items():
-            if figures["error"] is None:
-                warnings += [f"Redis store {name!r}: {w}" for w in relay.warnings(figures)]
+        warnings = [*_warnings(stats, outbox, census, alias), *unreachable]
         if as_json:
             figures = {**as_dict(stats), **outbox, "redis_stores": census, "warnings": warnings}
             self.stdout.write(json.dumps(figures, indent=2))
         elif verbosity >= 1:
-            self._text(stats, outbox, warnings)
+            self._text(stats, outbox, census, warnings)
         if unreachable:  # monitoring must see the failure, not only read it
             raise CommandError("; ".join(unreachable))
 
-    def _text(self, stats: maintenance.Stats, outbox: dict[str, Any], warnings: list[str]) -> None:
+    def _text(
+        self,
+        stats: maintenance.Stats,
+        outbox: dict[str, Any],
+        census: dict[str, Any],
+        warnings: list[str],
+    ) -> None:
         stale = f"{stats.stale:,}" + (f" ({stats.stale_ages})" if stats.stale_ages else "")
-        statuses = ", ".join(f"{status} {count:,}" for status, count in stats.by_status.items())
         for label, value in (
-            ("Records", f"{stats.total:,} ({statuses})"),
+            ("Records", f"{stats.total:,} ({_statuses(stats.by_status)})"),
             ("Expired, to clean up", f"{stats.expired:,}"),
             ("Stale processing", stale),
             ("Size", stats.size),
@@ -76,10 +72,60 @@ class Command(BaseCommand):
             ("Operations running", _operations(stats)),
         ):
             self.stdout.write(f"{label + ':':<22}{value}")
+        for name, figures in census.items():
+            self._redis_text(name, figures)
         for warning in warnings:
             self.stdout.write(self.style.WARNING(f"Warning: {warning}"))
-        for note in store_checks.redis_notes("idempotency_cleanup has nothing to delete there"):
-            self.stdout.write(note)
+
+    def _redis_text(self, name: str, figures: dict[str, Any]) -> None:
+        """A Redis store's figures under the table's, as its census gives them: its records,
+        and its outbox and operations (the table's lines count neither)."""
+        if figures["error"] is not None:
+            self.stdout.write(f"Redis store {name!r}: not reachable ({figures['error']}).")
+            return
+        self.stdout.write(
+            f"Redis store {name!r} (its records expire by Redis's own TTL: idempotency_cleanup "
+            "has nothing to delete there):"
+        )
+        running = f"{figures['operations_running']:,}"
+        if figures["operations_running"]:
+            running += f" ({figures['operations_stuck']:,} stuck)"
+        for label, value in (
+            ("Records", f"{figures['total']:,} ({_statuses(figures['by_status'])})"),
+            ("Stale processing", f"{figures['stale']:,}"),
+            ("Outbox undelivered", relay.describe(figures)),
+            ("Operations running", running),
+        ):
+            self.stdout.write(f"  {label + ':':<20}{value}")
+
+
+def _statuses(by_status: dict[str, int]) -> str:
+    """``processing 1, completed 2, failed 0``: the records by status."""
+    return ", ".join(f"{status} {count:,}" for status, count in by_status.items())
+
+
+def _warnings(
+    stats: maintenance.Stats, outbox: dict[str, Any], census: dict[str, Any], alias: str
+) -> list[str]:
+    """The table's warnings, then its outbox's, then each Redis store's that answered: its
+    stuck operations and its outbox's failed messages, whose suggested commands name the
+    store unless it is ``STORE`` (the commands' default)."""
+    warnings = [*stats.warnings, *relay.warnings(outbox, store_option(DATABASE, alias))]
+    silent = human(maintenance.OPERATION_STUCK_AFTER.total_seconds())
+    for store in sorted(store_checks.redis_stores()):
+        name = display_name(store)
+        figures = census[name]
+        if figures["error"] is not None:
+            continue
+        if figures["operations_stuck"]:
+            warnings.append(
+                f"Redis store {name!r}: {figures['operations_stuck']:,} long-running "
+                f"operation(s) had no final response nor progress for over {silent}: "
+                "idempotency_recover --operations lists them."
+            )
+        reach = store_option(store, alias)
+        warnings += [f"Redis store {name!r}: {w}" for w in relay.warnings(figures, reach)]
+    return warnings
 
 
 def _operations(stats: maintenance.Stats) -> str:
