@@ -364,7 +364,8 @@ def test_upper_layers_reach_a_store_only_through_its_contract() -> None:
     to fake what it lacks (a Django connection)."""
     outside = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.parent.name == "migrations" or "_store" in path.relative_to(PACKAGE).parts:
+        parts = path.relative_to(PACKAGE).parts
+        if path.parent.name == "migrations" or ("_store" in parts and parts not in _CALLERS):
             continue
         members = _store_members(path.read_text())
         outside += [
@@ -373,6 +374,34 @@ def test_upper_layers_reach_a_store_only_through_its_contract() -> None:
             for line in members[name]
         ]
     assert outside == []
+
+
+#: The store package's modules that reach a store as its callers do: through the contract.
+_CALLERS = {("_store", "operations.py")}
+#: What names a kind of store: a caller that asks it has a way of its own for that kind.
+_STORE_KINDS = {"is_redis", "database_store", "Store", "RedisStore", "BoundStore"}
+
+
+def _kinds_named(source: str) -> list[str]:
+    """The names of a kind of store in ``source``, with their lines."""
+    return [
+        f"{node.lineno} {name}"
+        for node in ast.walk(ast.parse(source))
+        for name in [getattr(node, "id", None) or getattr(node, "attr", None)]
+        if isinstance(node, (ast.Name, ast.Attribute)) and name in _STORE_KINDS
+    ]
+
+
+def test_the_relay_and_the_operations_have_one_way_for_every_store() -> None:
+    """The outbox's relay pass and an operation's reads and writes ask the store's contract,
+    never which kind of store it is: the database's and Redis's are served alike (and so
+    would another's be)."""
+    assert _kinds_named("if is_redis(a): store = database_store(a)") == [
+        "1 is_redis",
+        "1 database_store",
+    ]
+    for module in ("_ops/relay.py", "_store/operations.py"):
+        assert _kinds_named((PACKAGE / module).read_text()) == [], module
 
 
 #: The database drivers a vendor module may speak to below Django's cursor.

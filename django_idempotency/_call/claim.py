@@ -14,7 +14,7 @@ from django_idempotency._base.errors import LockLost
 
 if TYPE_CHECKING:
     from django_idempotency._call.fencing import Written
-    from django_idempotency._store import StoreContract
+    from django_idempotency._store import ClaimHandle, StoreContract
     from django_idempotency._store.outbox import Release
 
 __all__ = ["Claim"]
@@ -46,7 +46,8 @@ class Claim:
 
     #: The call that holds the claim: its key, scope and fingerprint, never copied here.
     identity: Holder = field(repr=False)
-    pk: int
+    #: The store's handle on the claim's record: kept and handed back, never read.
+    pk: ClaimHandle
     #: The lock token (a random UUID's text), as the record and the fenced writes have it:
     #: the claim makes it as text, which costs a fraction of a ``uuid.UUID``.
     token_text: str

@@ -18,7 +18,7 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency._conf.values import display_name
-from django_idempotency._store import StoreContract, connecting, deadlines
+from django_idempotency._store import ClaimHandle, StoreContract, connecting, deadlines
 from django_idempotency._store.bound import discard
 
 logger = logging.getLogger("django_idempotency")
@@ -31,7 +31,7 @@ _MAX_RETRY = 0.25
 class Fenced(Protocol):
     """What a fenced write reads of the claim it writes for (:class:`.Claim`)."""
 
-    pk: int
+    pk: ClaimHandle
     lock_timeout: timedelta
     held_until: float
     uncommitted: bool

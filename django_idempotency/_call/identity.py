@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_idempotency._call.claim import Claim
+
+if TYPE_CHECKING:
+    from django_idempotency._store import ClaimHandle
 
 
 @dataclass(slots=True)
@@ -32,7 +35,7 @@ class Identity:
     def claimed(
         self,
         *,
-        pk: int,
+        pk: ClaimHandle,
         token_text: str,
         attempt: int,
         recovery_point: str,

@@ -1,12 +1,13 @@
 """The outbox's relay (``manage.py idempotency_relay``): the safety net and the worker
 for what the fast path did not send.
 
-One pass takes batches (:func:`.._store.outbox.take`: leased, never shared with another relay
-or the fast path) until one comes back short, sends each message (:func:`.._call.outbox.send`)
-and marks it sent, or failed with its backoff. Between passes it waits for a release's
-``NOTIFY`` on PostgreSQL (psycopg 3, :mod:`.listener`), and polls elsewhere. ``SIGTERM`` and
-``SIGINT`` end it after the batch in hand: no message is left half sent; one killed harder is
-sent again once its lease passes (at least once).
+One pass takes batches of the store, through its contract (:class:`.._store.StoreContract`'s
+``take``: leased, never shared with another relay or the fast path; the database's table,
+:mod:`.._store.outbox`, or a Redis store's scripts) until one comes back short, sends each
+message (:func:`.._call.outbox.send`) and marks it sent, or failed with its backoff. Between
+passes it waits for a release's ``NOTIFY`` on PostgreSQL (psycopg 3, :mod:`.listener`), and
+polls elsewhere. ``SIGTERM`` and ``SIGINT`` end it after the batch in hand: no message is left
+half sent; one killed harder is sent again once its lease passes (at least once).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from types import FrameType
 from typing import Any
@@ -27,11 +29,10 @@ from django.utils import timezone
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._call import outbox, telemetry
 from django_idempotency._conf.settings import conf
-from django_idempotency._conf.values import is_redis
 from django_idempotency._ops.listener import Listener
-from django_idempotency._store import Store, connecting, database_store, using
-from django_idempotency._store import outbox as store
-from django_idempotency._store.bound import discard
+from django_idempotency._store import outbox as table
+from django_idempotency._store import using
+from django_idempotency._store.contract import Taken
 
 logger = logging.getLogger("django_idempotency")
 #: What a batch's time is read from (a test's clock may stand in).
@@ -72,82 +73,40 @@ class Relay:
         self.stopping.set()
 
     def one_pass(self) -> Pass:
-        """Send every message due now, batch by batch.
-
-        A connection to make (the first, or one discarded after a fault) is raced as the
-        renewer's is (:mod:`.._store.connecting`), each attempt's login bounded by
-        :data:`~.._store.connecting.CONNECT_TIMEOUT` where the alias gives none: made in a
-        blackhole, a single login held the relay its driver's ``connect_timeout`` (psycopg's
-        default 130 s, MySQLdb's none) however soon the network came back."""
-        if is_redis(self.alias):
-            return self._redis_pass()
+        """Send every message due now, batch by batch, each of the store's calls within
+        :data:`STATEMENT_BOUND` (a connection to make first: the store's ``connect_thread``);
+        each message sent is marked by its key, with the batch's others."""
         done = Pass()
-        connection = connections[self.alias]
-        database = database_store(self.alias)
-        if database.features.has_server and connection.connection is None:
-            # This thread keeps what connected first.
-            connection = connections[self.alias] = connecting.connected(
-                connection, STATEMENT_BOUND, connecting.CONNECT_TIMEOUT
-            )
+        store = using(self.alias)
+        store.connect_thread(STATEMENT_BOUND)
         while not self.stopping.is_set():
-            taken = database.bounded(
-                connection,
-                STATEMENT_BOUND,
-                lambda: store.take(database, connection, self.batch_size, conf.OUTBOX_LEASE),
+            taken = store.bounded_here(
+                STATEMENT_BOUND, partial(store.take, self.batch_size, conf.OUTBOX_LEASE)
             )
             if not taken:
                 break
             done.batches += 1
-            self._send(database, connection, taken, done)
-            if len(taken) < self.batch_size:
-                break
-        return done
 
-    def _redis_pass(self) -> Pass:
-        """A pass over a Redis store's outbox (:mod:`.._store.redis.outbox`): each script
-        within the store's own bound, a message marked by its key."""
-        done = Pass()
-        redis = using(self.alias)
-        while not self.stopping.is_set():
-            taken = redis.take(self.batch_size, conf.OUTBOX_LEASE)
-            if not taken:
-                break
-            done.batches += 1
-            sent = self._send_each(
-                taken,
-                done,
-                lambda message, error, retry: redis.mark_failed(
-                    message.id, error, retry, counted=True
-                ),
-            )
-            redis.mark_sent([message.id for message in sent], counted=True)
+            def failed(message: Taken, error: str, retry: datetime | None) -> None:
+                mark = partial(store.mark_failed, message.key, error, retry, counted=True)
+                store.bounded_here(STATEMENT_BOUND, mark)
+
+            sent = [message.key for message in self._send_each(taken, done, failed)]
+            store.bounded_here(STATEMENT_BOUND, partial(store.mark_sent, sent, counted=True))
             done.sent += len(sent)
             if len(taken) < self.batch_size:
                 break
         return done
 
-    def _send(self, database: Store, connection: Any, taken: list[store.Taken], done: Pass) -> None:
-        def failed(message: Any, error: str, retry: Any) -> None:
-            database.bounded(
-                connection,
-                STATEMENT_BOUND,
-                partial(
-                    store.mark_failed, connection, message.message_id, error, retry, counted=True
-                ),
-            )
-
-        sent = [message.message_id for message in self._send_each(taken, done, failed)]
-        database.bounded(
-            connection, STATEMENT_BOUND, partial(store.mark_sent, connection, sent, counted=True)
-        )
-        done.sent += len(sent)
-
     def _send_each(
-        self, taken: Sequence[Any], done: Pass, failed: Callable[[Any, str, Any], Any]
-    ) -> list[Any]:
+        self,
+        taken: Sequence[Taken],
+        done: Pass,
+        failed: Callable[[Taken, str, datetime | None], None],
+    ) -> list[Taken]:
         """Send each message taken: those sent; each that failed is recorded by ``failed``
         (message, error, when to try it again) with its backoff."""
-        sent: list[Any] = []
+        sent: list[Taken] = []
         # The batch is leased for OUTBOX_LEASE: sending on past it, another relay could take
         # what is left (its lease run out) and send it too. What is left waits for its lease.
         ends = _clock() + conf.OUTBOX_LEASE.total_seconds() / 2
@@ -183,7 +142,8 @@ class Relay:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
         total = Pass()
-        listener = None if once or is_redis(self.alias) else Listener(self.alias)
+        store = using(self.alias)
+        listener = None if once or not store.features.notifies else Listener(self.alias)
         if listener is not None:
             listener.listen(STATEMENT_BOUND)
         if not once:  # said once the signals are handled: an operator's (or a test's) cue
@@ -197,8 +157,7 @@ class Relay:
                     if once:
                         raise
                     logger.warning("Outbox relay: the store failed (%s); trying again.", exc)
-                    if not is_redis(self.alias):
-                        discard(connections[self.alias])
+                    store.drop_thread_connection()
                     done = Pass()
                 if telemetry.gauging_outbox():
                     self._gauge()
@@ -224,20 +183,12 @@ class Relay:
         :data:`STATEMENT_BOUND`, as the pass's statements are: a read silenced on the relay's
         connection held the relay, which sent nothing more. A failed read's connection is
         discarded (the next pass makes a new one)."""
-        if is_redis(self.alias):
-            try:
-                figures = backlog(self.alias)
-            except (DatabaseError, StoreUnavailable):
-                return
-        else:
-            connection = connections[self.alias]
-            try:
-                figures = using(self.alias).bounded(
-                    connection, STATEMENT_BOUND, lambda: backlog(self.alias)
-                )
-            except DatabaseError:
-                discard(connection)
-                return
+        store = using(self.alias)
+        try:
+            figures = store.bounded_here(STATEMENT_BOUND, partial(backlog, self.alias))
+        except (DatabaseError, StoreUnavailable):
+            store.drop_thread_connection()
+            return
         age = figures["outbox_oldest_undelivered_age_seconds"] or 0.0
         telemetry.outbox_backlog(figures["outbox_pending"], figures["outbox_failed"], age)
 
@@ -316,7 +267,7 @@ def delete_delivered(alias: str, batch_size: int, *, sleep: float = 0.0) -> int:
     """Delete sent messages whose record is gone, batch by batch (``idempotency_cleanup``)."""
     connection = connections[alias]
     deleted = 0
-    while count := store.delete_delivered(connection, batch_size):
+    while count := table.delete_delivered(connection, batch_size):
         deleted += count
         if count < batch_size:
             break
@@ -326,4 +277,4 @@ def delete_delivered(alias: str, batch_size: int, *, sleep: float = 0.0) -> int:
 
 def resend(alias: str, ids: list[int]) -> int:
     """Make messages pending and due now (the admin's re-send)."""
-    return store.resend(connections[alias], ids)
+    return table.resend(connections[alias], ids)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NewType, Protocol, TypeVar
 
 from django.db import DatabaseError, NotSupportedError
 
@@ -31,13 +31,32 @@ from django_idempotency._store import sealing
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
+    from django_idempotency._store.operations import Operation
     from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
 
 #: A claim's handle (``Claim.pk``): the store's own name for the claim's record (the database's
-#: row id, the Redis store's number for a live claim of this process). Kept and handed back.
-ClaimHandle: TypeAlias = int
+#: row id, the Redis store's number for a live claim of this process). Kept and handed back:
+#: a type of its own, so that no caller takes it for a row's id (nothing at run time).
+ClaimHandle = NewType("ClaimHandle", int)
+
+
+class Taken(Protocol):
+    """A message a relay took (a batch's): what it sends, and the :attr:`key` it is marked by."""
+
+    @property
+    def key(self) -> Any: ...
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def arguments(self) -> str: ...
+    @property
+    def attempts(self) -> int: ...
 
 
 class Lock(NamedTuple):
@@ -368,46 +387,53 @@ class StoreContract:
         unknown = dict.fromkeys(("by_status", "stale", "operations_running", "operations_stuck"))
         return {"total": self.count(), **unknown}
 
-    # -- operations kept by the store itself (Redis): the database's are the table's rows,
-    # read and written by :mod:`.operations`
+    # -- operations: a record read and completed as an operation (:mod:`.operations`) ----------
 
-    def operation_name(self, pk: ClaimHandle) -> str:
-        """What a live claim's operation id is made of, named from then on."""
-        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+    def operation_name(self, pk: ClaimHandle) -> int | str:
+        """What a live claim's operation id is made of (its operation's name from then on)."""
+        raise NotSupportedError(f"The {self.name} store keeps no operations.")
 
-    def found_operation(self, scope: str, key_hash: str) -> tuple[str, datetime] | None:
-        """The operation name and life of another call's record (a duplicate's ``202``)."""
-        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+    def found_operation(self, record: Any) -> tuple[int | str, datetime] | None:
+        """The operation name and life of another call's record its claim found (a
+        duplicate's ``202``); ``None``: it has none."""
+        raise NotSupportedError(f"The {self.name} store keeps no operations.")
 
-    def read_operation(self, name: str) -> Any:
+    def read_operation(self, name: int | str) -> Operation | None:
         """The operation ``name`` names (``None``: none)."""
-        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+        raise NotSupportedError(f"The {self.name} store keeps no operations.")
 
     def of_scopes(
         self, scopes: set[str], *, before: int | None, limit: int, state: str | None
-    ) -> list[Any]:
-        """The scopes' operations, newest first (the list endpoint)."""
-        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+    ) -> list[Operation]:
+        """The scopes' unexpired operations, newest first, at most ``limit``, before the
+        cursor ``before`` (:func:`.operations.cursor`), in ``state`` if given."""
+        raise NotSupportedError(f"The {self.name} store keeps no operations.")
 
-    def stuck(self, older_than: timedelta) -> list[IdempotencyKey]:
-        """Operations handed on with no word for ``older_than``."""
-        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+    def stuck(self, older_than: timedelta) -> QuerySet[IdempotencyKey] | list[IdempotencyKey]:
+        """Operations handed on with no word for ``older_than``, oldest word first."""
+        raise NotSupportedError(f"The {self.name} store keeps no operations.")
 
-    def complete_operation(self, operation: Any, stored: StoredResponse) -> bool:
+    def complete_operation(self, operation: Operation, stored: StoredResponse) -> bool:
         """Replace the operation's stored ``202`` by its final response, once."""
-        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+        raise NotSupportedError(f"The {self.name} store keeps no operations.")
 
-    def set_progress(self, operation: Any, name: str, data: Any) -> bool:
+    def set_progress(self, operation: Operation, name: str, data: Any) -> bool:
         """Set the operation's progress (its recovery point ``name``), fenced by its ``202``."""
-        raise NotSupportedError(f"The {self.name} store's operations are its table's rows.")
+        raise NotSupportedError(f"The {self.name} store keeps no operations.")
 
-    # -- the outbox's relay: a store that releases messages itself (Redis) ----------------------
-    # The database store's relay runs the table's statements on its own connection
-    # (:mod:`.outbox`); the figures and an operator's re-send are every store's.
+    # -- the outbox's relay ---------------------------------------------------------------------
+    # A relay's pass (:mod:`.._ops.relay`): the thread's connection made (:meth:`connect_thread`),
+    # then batches taken, each within a bound (:meth:`bounded_here`), their messages marked by
+    # their :attr:`~.outbox.Taken.key`.
 
     def outbox_refusal(self) -> str | None:
         """Why the store cannot serve the outbox (``None``: it can)."""
         return None
+
+    def connect_thread(self, seconds: float) -> None:
+        """Make the calling thread's connection if it has none, each attempt bounded by
+        ``seconds`` (:mod:`.connecting`); a store without connections of its own has nothing
+        to make."""
 
     def backlog(self) -> Any:
         """The outbox's pending and failed messages, and its oldest undelivered release
@@ -422,21 +448,21 @@ class StoreContract:
         """Make failed messages (their ids) pending and due now: how many were still failed."""
         raise _missing("resend")
 
-    def take(self, size: int, lease: timedelta) -> list[Any]:
-        """Lease up to ``size`` messages due now (a relay's batch)."""
-        raise NotSupportedError(f"The {self.name} store's relay reads its table.")
+    def take(self, size: int, lease: timedelta) -> Sequence[Taken]:
+        """Lease up to ``size`` messages due now (a relay's batch), in the order released."""
+        raise NotSupportedError(f"The {self.name} store has no outbox.")
 
     def mark_sent(self, keys: Sequence[Any], *, counted: bool) -> int:
-        """Mark taken messages sent."""
-        raise NotSupportedError(f"The {self.name} store's relay reads its table.")
+        """Mark taken messages (their keys) sent."""
+        raise NotSupportedError(f"The {self.name} store has no outbox.")
 
     def mark_failed(self, key: Any, error: str, retry_at: datetime | None, *, counted: bool) -> int:
         """Record a failed send: tried again at ``retry_at``, or failed for good (``None``)."""
-        raise NotSupportedError(f"The {self.name} store's relay reads its table.")
+        raise NotSupportedError(f"The {self.name} store has no outbox.")
 
     def message_key(self, scope: str, key_hash: str, message_id: str) -> Any:
-        """How the relay names a message the record ``(scope, key_hash)`` released."""
-        raise NotSupportedError(f"The {self.name} store's relay reads its table.")
+        """How :meth:`mark_sent` names a message the record ``(scope, key_hash)`` released."""
+        raise NotSupportedError(f"The {self.name} store has no outbox.")
 
     def erase_scope(self, scope: str, *, dry_run: bool = False) -> tuple[int, int]:
         """Delete the scope's finished records now: (deleted, in progress). A store keeping the

@@ -13,9 +13,9 @@ Its state (:func:`state_of`, :func:`state_filter`): ``stalled`` while its record
 recovery point (:data:`PROGRESS`); an operation handed on with no word from its task for long
 is :func:`stuck`.
 
-A Redis store's operations (``Operation.alias``: its store) are read and written by its
-scripts (:mod:`.redis.operations`), under the same conditions; each function here says where
-it hands over.
+Each function asks the operation's store (``Operation.alias``) through the store contract
+(:class:`~.contract.StoreContract`): the database's statements are :mod:`.table_operations`',
+a Redis store's scripts :mod:`.redis.operations`', under the same conditions.
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Q, QuerySet
-from django.utils import timezone
 
 from django_idempotency._base import rules
 from django_idempotency._base.durations import microseconds
-from django_idempotency._conf.values import is_redis
-from django_idempotency._store import using
+from django_idempotency._store import ClaimHandle, using
 from django_idempotency._store.writes import COMPLETED, StoredResponse
 from django_idempotency._store.writes import FAILED as FAILED_STATUS
 from django_idempotency.models import IdempotencyKey
@@ -58,20 +56,6 @@ __all__ = [
 
 #: The status of a stored response that hands the work on: its operation is still running.
 ACCEPTED = 202
-
-_FIELDS = (
-    "scope",
-    "key_hash",
-    "status",
-    "response_status",
-    "response_headers",
-    "response_body",
-    "created_at",
-    "expires_at",
-    "unlock_at",
-    "recovery_point",
-    "recovery_data",
-)
 
 #: The largest progress a task may set, in bytes of compact JSON: a few numbers and a short
 #: message, read on every poll; never a result (that is the final response).
@@ -124,24 +108,12 @@ def stuck(
     no final response and no progress since. Their task died, raised without
     ``fail_operation()``, or was never delivered; oldest first. On a Redis store: a ``SCAN``'s
     unsaved records, each with its operation's name as its ``pk``."""
-    if is_redis(alias):
-        return using(alias).stuck(older_than)
-    now = timezone.now()
-    return (
-        IdempotencyKey.objects.using(alias)
-        .filter(
-            status=COMPLETED,
-            response_status=ACCEPTED,
-            expires_at__gt=now,
-            updated_at__lte=now - older_than,
-        )
-        .order_by("updated_at", "pk")
-    )
+    return using(alias).stuck(older_than)
 
 
 def from_record(record: IdempotencyKey, alias: str = "") -> Operation:
-    """The operation of a record already read (``idempotency_recover --operations``); a Redis
-    store's (``alias``) has its operation's name as its ``pk`` (:func:`stuck`)."""
+    """The operation of a record of the store ``alias`` already read (``idempotency_recover
+    --operations``); a Redis store's has its operation's name as its ``pk`` (:func:`stuck`)."""
     body = record.response_body
     return Operation(
         record.pk,
@@ -156,7 +128,7 @@ def from_record(record: IdempotencyKey, alias: str = "") -> Operation:
         record.unlock_at,
         record.recovery_point,
         record.recovery_data,
-        alias if is_redis(alias) else "",
+        alias,
     )
 
 
@@ -164,8 +136,8 @@ def from_record(record: IdempotencyKey, alias: str = "") -> Operation:
 class Operation:
     """What the status endpoint and ``complete_operation()`` read of a record. ``pk``: the
     database's primary key, or a Redis operation's name (:mod:`.redis.operations`), which its
-    id's MAC covers as it covers a primary key; ``alias``: the Redis store's (``""``: the
-    database's)."""
+    id's MAC covers as it covers a primary key; ``alias``: its store's (``""``: the one the
+    caller names)."""
 
     pk: int | str
     scope: str
@@ -205,14 +177,7 @@ class Operation:
 def read(alias: str, pk: int) -> Operation | None:
     """Record ``pk``'s operation: one read by primary key; ``None``: no such record.
     Raises :class:`~django_idempotency.StoreUnavailable` on a database fault."""
-    store = using(alias)
-    with store.guard():
-        row = IdempotencyKey.objects.using(alias).filter(pk=pk).values_list(*_FIELDS).first()
-    if row is None:
-        return None
-    if isinstance(row[5], memoryview):
-        row = (*row[:5], bytes(row[5]), *row[6:])
-    return Operation(pk, *row)
+    return using(alias).read_operation(pk)
 
 
 def read_named(operation_id: str) -> Operation | None:
@@ -226,80 +191,37 @@ def read_named(operation_id: str) -> Operation | None:
     alias = names.resolve(parsed[0])
     if alias is None:
         return None
-    return using(alias).read_operation(parsed[1])  # type: ignore[no-any-return]
+    return using(alias).read_operation(parsed[1])
 
 
-def name_of(alias: str, pk: int) -> int | str:
+def name_of(alias: str, pk: ClaimHandle) -> int | str:
     """What a live claim's operation id is made of: its record's primary key, or on a Redis
     store its operation's name (its index written: the id names the record from then on)."""
-    if is_redis(alias):
-        return using(alias).operation_name(pk)
-    return pk
+    return using(alias).operation_name(pk)
 
 
 def found_name(alias: str, record: Any) -> tuple[int | str, datetime] | None:
     """What a duplicate's ``202`` makes the operation id of, of the record its claim found,
     and the record's life; ``None``: it has none (a Redis record that is gone)."""
-    if is_redis(alias):
-        return using(alias).found_operation(record.scope, record.key_hash)
-    if record.pk is None:
-        return None
-    return record.pk, record.created_at
+    return using(alias).found_operation(record)
 
 
 def set_progress(alias: str, operation: Operation, value: Any) -> bool:
     """Set the operation's progress, fenced as :func:`complete` is (its ``202`` stored, this
-    life, unexpired); ``False``: it was not. ``updated_at`` moves with it: an operation that
-    reports progress is not stuck (:func:`stuck`)."""
-    if operation.alias:
-        redis = using(operation.alias)
-        return redis.set_progress(operation, PROGRESS, {"progress": value})
-    now = timezone.now()
-    store = using(alias)
-    with store.guard():
-        updated = _handed_on(alias, operation, now).update(
-            recovery_point=PROGRESS, recovery_data={"progress": value}, updated_at=now
-        )
-    return bool(updated)
-
-
-def _handed_on(alias: str, operation: Operation, now: datetime) -> QuerySet[IdempotencyKey]:
-    return IdempotencyKey.objects.using(alias).filter(
-        pk=operation.pk,
-        scope=operation.scope,
-        key_hash=operation.key_hash,
-        created_at=operation.created_at,  # this life of the record, not a later one
-        status=COMPLETED,
-        response_status=ACCEPTED,
-        expires_at__gt=now,
-    )
+    life, unexpired); ``False``: it was not. An operation that reports progress is not stuck
+    (:func:`stuck`)."""
+    store = using(operation.alias or alias)
+    return store.set_progress(operation, PROGRESS, {"progress": value})
 
 
 def of_scopes(
     alias: str, scopes: set[str], *, before: int | None, limit: int, state: str | None
 ) -> list[Operation]:
-    """The unexpired operations of ``scopes``, newest first, at most ``limit``, those with a
-    primary key under ``before`` (the list endpoint's cursor), in ``state`` if given: one
-    indexed read of the scopes' records (the unique index's ``scope`` prefix). On a Redis
-    store: those whose ids were handed out, ``before`` a time (µs: :func:`cursor`)."""
-    if is_redis(alias):
-        redis = using(alias)
-        return redis.of_scopes(scopes, before=before, limit=limit, state=state)
-    now = timezone.now()
-    records = IdempotencyKey.objects.using(alias).filter(scope__in=scopes, expires_at__gt=now)
-    if before is not None:
-        records = records.filter(pk__lt=before)
-    if state is not None:
-        records = records.filter(state_filter(state, now))
-    store = using(alias)
-    with store.guard():
-        rows = list(records.order_by("-pk").values_list("pk", *_FIELDS)[:limit])
-    operations = []
-    for pk, *row in rows:
-        if isinstance(row[5], memoryview):
-            row[5] = bytes(row[5])
-        operations.append(Operation(pk, *row))
-    return operations
+    """The unexpired operations of ``scopes``, newest first, at most ``limit``, those before
+    ``before`` (the list endpoint's cursor: :func:`cursor`), in ``state`` if given. On the
+    database: one indexed read of the scopes' records; on a Redis store, those whose ids were
+    handed out."""
+    return using(alias).of_scopes(scopes, before=before, limit=limit, state=state)
 
 
 def cursor(operation: Operation) -> int:
@@ -310,7 +232,7 @@ def cursor(operation: Operation) -> int:
     return microseconds(operation.created_at)
 
 
-def created_at(alias: str, pk: int) -> datetime | None:
+def created_at(alias: str, pk: ClaimHandle) -> datetime | None:
     """When record ``pk``'s life began (:attr:`.Claim.created_at`; ``None``: no such record):
     read on the claim's own connection, so atomic mode's uncommitted record is found too."""
     return using(alias).created_at(pk)
@@ -319,26 +241,9 @@ def created_at(alias: str, pk: int) -> datetime | None:
 def complete(alias: str, operation: Operation, stored: StoredResponse) -> bool:
     """Replace the operation's stored ``202`` by its final response, once; ``False``: it was
     not (any longer) a ``202`` of an unexpired record (the caller reads it again to say why).
-    A Redis store's operation is completed by its script (:mod:`.redis.operations`).
 
     The same values as a view's result write (:class:`StoredResponse`: sealed, compressed,
     encrypted), fenced by the ``202`` and the expiry instead of a lock token, which the task
     finishing the work does not hold.
     """
-    if operation.alias:
-        redis = using(operation.alias)
-        return redis.complete_operation(operation, stored)
-    now = timezone.now()
-    changes: dict[str, Any] = {
-        "status": rules.stored_status(stored.status),
-        "response_status": stored.status,
-        "response_headers": stored.sealed[0],
-        "response_body": stored.sealed[1],
-        "updated_at": now,
-    }
-    if stored.ttl is not None:
-        changes["expires_at"] = now + stored.ttl
-    store = using(alias)
-    with store.guard():
-        updated = _handed_on(alias, operation, now).update(**changes)
-    return bool(updated)
+    return using(operation.alias or alias).complete_operation(operation, stored)

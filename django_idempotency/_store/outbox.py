@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_idempotency._base.durations import MICROSECOND
+from django_idempotency._store import connecting
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.rows import aware, count_rows
 from django_idempotency.models import IdempotencyKey, OutboxMessage
@@ -65,6 +66,11 @@ class Taken(NamedTuple):
     task: str
     arguments: str
     attempts: int
+
+    @property
+    def key(self) -> str:
+        """What :func:`mark_sent` and :func:`mark_failed` name it by: its message id."""
+        return self.message_id
 
 
 @dataclass
@@ -378,3 +384,51 @@ def listening(store: BoundStore, connection: BaseDatabaseWrapper) -> Callable[[f
         return woken
 
     return wait
+
+
+class TableOutbox(BoundStore):
+    """The outbox as the store contract offers it (:class:`~.contract.StoreContract`), on the
+    table's statements above, each on the thread's connection to the store's alias."""
+
+    def connect_thread(self, seconds: float) -> None:
+        """A connection to make (the first, or one discarded after a fault) is raced as the
+        renewer's is (:mod:`.connecting`), each attempt's login bounded by
+        :data:`~.connecting.CONNECT_TIMEOUT` where the alias gives none: made in a blackhole,
+        a single login held a relay its driver's ``connect_timeout`` (psycopg's default
+        130 s, MySQLdb's none) however soon the network came back. The thread keeps what
+        connected first."""
+        connection = connections[self.alias]
+        if self.features.has_server and connection.connection is None:
+            connections[self.alias] = connecting.connected(
+                connection, seconds, connecting.CONNECT_TIMEOUT
+            )
+
+    def take(self, size: int, lease: timedelta) -> list[Taken]:
+        """Lease up to ``size`` messages due now (:func:`take`)."""
+        return take(self, connections[self.alias], size, lease)
+
+    def mark_sent(self, keys: Sequence[str], *, counted: bool) -> int:
+        """Mark messages (their ids) sent (:func:`mark_sent`)."""
+        return mark_sent(connections[self.alias], keys, counted=counted)
+
+    def mark_failed(self, key: str, error: str, retry_at: datetime | None, *, counted: bool) -> int:
+        """Record a failed send of message ``key`` (its id) (:func:`mark_failed`)."""
+        return mark_failed(connections[self.alias], key, error, retry_at, counted=counted)
+
+    def message_key(self, scope: str, key_hash: str, message_id: str) -> str:
+        """A message's id: unique in the table."""
+        return message_id
+
+    def backlog(self) -> Backlog:
+        """The outbox table's pending and failed messages, and its oldest undelivered one."""
+        return backlog(connections[self.alias])
+
+    def failed_messages(self) -> list[Any]:
+        """The outbox table's messages failed for good, oldest release first."""
+        rows = OutboxMessage.objects.using(self.alias).filter(state=FAILED)
+        return list(rows.order_by("released_at", "id"))
+
+    def resend(self, keys: Sequence[Any]) -> int:
+        """Make those of the messages ``keys`` (their ids) still failed pending, due now."""
+        rows = OutboxMessage.objects.using(self.alias).filter(pk__in=keys, state=FAILED)
+        return resend(connections[self.alias], list(rows.values_list("pk", flat=True)))

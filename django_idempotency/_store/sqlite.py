@@ -34,6 +34,7 @@ from django_idempotency._conf.values import display_name
 from django_idempotency._store import deadlines
 from django_idempotency._store.base import Store
 from django_idempotency._store.claims import ClaimValues
+from django_idempotency._store.contract import ClaimHandle
 from django_idempotency._store.maintenance import Batch, BatchQuery, SizeQuery
 from django_idempotency._store.rows import aware
 from django_idempotency.models import IdempotencyKey
@@ -264,10 +265,10 @@ class SQLiteStore(Store):
 
     def renew(
         self,
-        leases: Sequence[tuple[int, Any]],
+        leases: Sequence[tuple[ClaimHandle, Any]],
         lock_timeout: timedelta,
         bound: float | None = None,
-    ) -> set[tuple[int, Any]]:
+    ) -> set[tuple[ClaimHandle, Any]]:
         """An owner's write (:meth:`owner_write`) until the renewal's bound."""
         renew = super().renew
         seconds = deadlines.bound(lock_timeout) if bound is None else bound

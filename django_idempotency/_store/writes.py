@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_idempotency._base import rules
 from django_idempotency._store import connecting, deadlines
 from django_idempotency._store.bound import BoundStore
+from django_idempotency._store.contract import ClaimHandle
 from django_idempotency._store.contract import (  # its home before the contract
     StoredResponse as StoredResponse,
 )
@@ -43,7 +44,9 @@ class RenewalShortfall(DatabaseError):
     whose answer came (held or lost).
     The renewer counts those, and tries the others again as after a failure."""
 
-    def __init__(self, message: str, held: set[tuple[int, Any]], answered: set[int]) -> None:
+    def __init__(
+        self, message: str, held: set[tuple[ClaimHandle, Any]], answered: set[int]
+    ) -> None:
         super().__init__(message)
         self.held = held
         self.answered = answered
@@ -204,10 +207,10 @@ class FencedWrites(BoundStore):
 
     def renew(
         self,
-        leases: Sequence[tuple[int, uuid.UUID | str]],
+        leases: Sequence[tuple[ClaimHandle, uuid.UUID | str]],
         lock_timeout: timedelta,
         bound: float | None = None,
-    ) -> set[tuple[int, Any]]:
+    ) -> set[tuple[ClaimHandle, Any]]:
         """Push ``unlock_at`` of many claims' records forward in one fenced statement
         (:mod:`django_idempotency._call.heartbeat`); returns the leases (primary key, token)
         still held.
@@ -233,7 +236,7 @@ class FencedWrites(BoundStore):
         expires_at = later_of("expires_at", "%s", q)
         sets = f"{q('unlock_at')} = %s, {q('expires_at')} = {expires_at}"
 
-        def renew() -> set[tuple[int, Any]]:
+        def renew() -> set[tuple[ClaimHandle, Any]]:
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {table} SET {sets} WHERE {where}",
@@ -364,7 +367,7 @@ def fenced_sql(
 
 
 def _held(
-    connection: BaseDatabaseWrapper, leases: Sequence[tuple[int, uuid.UUID | str]]
+    connection: BaseDatabaseWrapper, leases: Sequence[tuple[ClaimHandle, uuid.UUID | str]]
 ) -> tuple[str, list[Any]]:
     """The condition on the rows still held by ``leases``, and its parameters: each record's
     id and token among the leases', and still ``processing``."""

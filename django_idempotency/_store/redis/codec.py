@@ -31,6 +31,14 @@ def as_time(us: Any) -> datetime | None:
     return instant if settings.USE_TZ else timezone.make_naive(instant)
 
 
+def as_instant(us: Any) -> datetime:
+    """A time a record always has (``ca``, ``ea``), as :func:`as_time` reads it."""
+    instant = as_time(us)
+    if instant is None:
+        raise ValueError("A Redis record without its time.")
+    return instant
+
+
 def as_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

@@ -31,7 +31,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from django_idempotency._store.redis.codec import as_json, as_text, as_time
+from django_idempotency._store.redis.codec import as_instant, as_json, as_text, as_time
 from django_idempotency._store.redis.keyspace import glob, scope_index
 from django_idempotency._store.redis.names import name
 
@@ -114,8 +114,8 @@ def read(client: Any, alias: str, prefix: str, oid: str) -> Operation | None:
         response_status=int(response) if response else None,
         response_headers=json.loads(headers) if headers else None,
         response_body=None if body is None else bytes(body),
-        created_at=as_time(created),  # type: ignore[arg-type]
-        expires_at=as_time(expires),  # type: ignore[arg-type]
+        created_at=as_instant(created),
+        expires_at=as_instant(expires),
         unlock_at=as_time(unlock),
         recovery_point=as_text(point or b""),
         recovery_data=as_json(data),

@@ -187,6 +187,11 @@ class Taken(NamedTuple):
     arguments: str
     attempts: int
 
+    @property
+    def key(self) -> str:
+        """What the store's ``mark_sent`` and ``mark_failed`` name it by: its key."""
+        return self.id
+
 
 class FailedMessage(NamedTuple):
     """A message failed for good, as ``idempotency_relay --failed`` lists it (the fields it

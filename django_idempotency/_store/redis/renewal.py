@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+from django_idempotency._store.contract import ClaimHandle
 from django_idempotency._store.redis.connections import Connections
 from django_idempotency._store.redis.faults import connection_fault, understood
 from django_idempotency._store.redis.running import LEAST_TRY
@@ -17,7 +18,7 @@ from django_idempotency._store.writes import RenewalShortfall
 THREAD_PREFIX = "django-idempotency-renew-"
 
 #: A lock to renew: its claim's pk, its token, its record's Redis key.
-Lock = tuple[int, Any, str]
+Lock = tuple[ClaimHandle, Any, str]
 
 
 def pipelined(client: Any, script: Any, locks: list[Lock], lock: int) -> list[Any]:
@@ -100,7 +101,7 @@ def on_cluster(
     lock: int,
     seconds: float,
     shown: str,
-) -> set[tuple[int, Any]]:
+) -> set[tuple[ClaimHandle, Any]]:
     """A cluster's renewal: each node's locks on a thread of their own, one call per lock
     (routed to its record's slot), all within ``seconds``. With one call for every lock in
     turn, the first lock on a frozen or dead primary raised (or waited the client's socket

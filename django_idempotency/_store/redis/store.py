@@ -28,7 +28,13 @@ from django_idempotency._base.durations import microseconds
 from django_idempotency._conf.values import display_name
 from django_idempotency._store import deadlines
 from django_idempotency._store.claims import new_token
-from django_idempotency._store.contract import Lock, StoreContract, StoredResponse, StoreFeatures
+from django_idempotency._store.contract import (
+    ClaimHandle,
+    Lock,
+    StoreContract,
+    StoredResponse,
+    StoreFeatures,
+)
 from django_idempotency._store.outbox import Backlog, Release
 from django_idempotency._store.redis import (
     clients,
@@ -43,7 +49,7 @@ from django_idempotency._store.redis import (
     waits,
 )
 from django_idempotency._store.redis import outbox as messages
-from django_idempotency._store.redis.codec import as_micros, as_text, as_time
+from django_idempotency._store.redis.codec import as_instant, as_micros, as_text, as_time
 from django_idempotency._store.redis.connections import Connections
 from django_idempotency._store.redis.faults import RedisFault, failures
 from django_idempotency._store.redis.keyspace import key_prefix, record_key, scope_index
@@ -477,10 +483,10 @@ class RedisStore(StoreContract):
 
     def renew(
         self,
-        leases: Sequence[tuple[int, Any]],
+        leases: Sequence[tuple[ClaimHandle, Any]],
         lock_timeout: timedelta,
         bound: float | None = None,
-    ) -> set[tuple[int, Any]]:
+    ) -> set[tuple[ClaimHandle, Any]]:
         """Push the locks of many claims forward (:mod:`.renewal`): one write of fenced
         scripts on a connection of the store's own, one pipeline of the client, or on a
         cluster each node's locks apart; within ``bound`` seconds (the renewer's; by default
@@ -551,10 +557,11 @@ class RedisStore(StoreContract):
             self._named.add(pk)
         return names.name(self.alias, oid)
 
-    def found_operation(self, scope: str, key_hash: str) -> tuple[str, datetime] | None:
+    def found_operation(self, record: Any) -> tuple[int | str, datetime] | None:
         """The operation name and life of another call's record (a duplicate's ``202``), its
         index written; ``None``: the record is gone, or predates operation ids."""
-        key = record_key(scope, key_hash, self.prefix)
+        scope = record.scope
+        key = record_key(scope, record.key_hash, self.prefix)
         try:
             oid, created, expires = self.client.hmget(key, "oid", "ca", "ea")
             if oid is None or created is None:
@@ -563,7 +570,7 @@ class RedisStore(StoreContract):
             operations.index(self.client, key, as_text(oid), self.prefix, fields)
         except failures() as exc:
             raise self.refusal(exc) from exc
-        return names.name(self.alias, as_text(oid)), as_time(created)  # type: ignore[return-value]
+        return names.name(self.alias, as_text(oid)), as_instant(created)
 
     def _name_again(self, key: str, oid: str) -> None:
         try:
@@ -571,10 +578,10 @@ class RedisStore(StoreContract):
         except failures() as exc:
             raise self.refusal(exc) from exc
 
-    def read_operation(self, oid: str) -> Any:
+    def read_operation(self, oid: int | str) -> Any:
         """Operation ``oid`` (:func:`.operations.read`); ``None``: no such operation."""
         try:
-            return operations.read(self.client, self.alias, self.prefix, oid)
+            return operations.read(self.client, self.alias, self.prefix, str(oid))
         except failures() as exc:
             raise self.refusal(exc) from exc
 
