@@ -112,10 +112,11 @@ def _no_expiry_check() -> None:
 
 def _release_on_failure() -> None:
     """A two-phase attempt whose record is released (it raised, answered a 5xx) releases the
-    messages it staged first, as if its result had been kept."""
+    messages it staged first, as if its result had been kept (on either store)."""
     from django.db import connections, transaction
 
     from django_idempotency._call import outbox, writing
+    from django_idempotency._conf.values import is_redis
     from django_idempotency._store import outbox as store
     from django_idempotency._store import using
 
@@ -124,7 +125,14 @@ def _release_on_failure() -> None:
     def release(attempt: Any, *, reason: str, raised: bool, undo: bool = False) -> None:
         claim, alias = attempt.claim, attempt.policy.alias
         messages = None if claim is None or claim.outbox is None else outbox.release(claim)
-        if messages is not None and not attempt.policy.atomic:
+        if messages is not None and is_redis(alias):
+            # The Redis store releases messages only with a fenced write: its recovery point
+            # written again (its record deleted just after) releases them.
+            using(alias).save_recovery_point(claim.pk, claim.token_text, claim.recovery_point,
+                                             claim.recovery_data, claim.lock_timeout,
+                                             release=messages)  # fmt: skip
+            outbox.released(claim, alias, messages)
+        elif messages is not None and not attempt.policy.atomic:
             with transaction.atomic(using=alias):
                 store._insert(using(alias), connections[alias], messages)
                 outbox.released(claim, alias, messages)

@@ -193,9 +193,9 @@ def _scenes(seed: int, store: str) -> tuple[list[Story], list[Fault]]:
     one key sent by two principals, the second by Basic authentication (``shared-scope``), a
     short TTL's retry past it (``no-expiry-check``); a ``/steps/`` body failing once after
     its recovery point, whose retry resumes from it, and one whose worker is SIGKILLed after
-    its point, whose takeover resumes from it (``resume-from-start``); with the database
-    store, an outbox body that fails once (``release-on-failure``), four clients of a view
-    answering duplicates ``202``, whose operation another principal polls
+    its point, whose takeover resumes from it (``resume-from-start``); an outbox body that
+    fails once (``release-on-failure``), four clients of a view answering duplicates ``202``,
+    whose operation another principal polls
     (``operation-any-reader``), and two of an ``/export/`` whose operation the consumer's
     task completes (``completion-dropped``); and a view whose worker is stopped longer than
     its lock, so that a duplicate takes the record over, answers and is replayed before the
@@ -226,17 +226,16 @@ def _scenes(seed: int, store: str) -> tuple[list[Story], list[Fault]]:
     short = story(SHORT_TTL_AT, "short-ttl", "alice", 0.1, 1, [TTLS["short-ttl"] + 2.5],
                   scene="short-ttl")  # fmt: skip
     stories = [renewal, duplicates, scope, short, again, fence]
-    if store == "database":  # the Redis store has no outbox, nor in_progress="accepted"
-        stories.append(story(FAIL_AT, "outbox", "alice", 0.1, 1, [0.5], fail=True,
-                             scene="outbox-fail"))  # fmt: skip
-        stories.append(story(ACCEPTED_AT, "accepted", "alice", 1.0, 4, [], scene="accepted"))
+    # Every store's: the outbox and in_progress="accepted" (the Redis store's too).
+    stories.append(story(FAIL_AT, "outbox", "alice", 0.1, 1, [0.5], fail=True,
+                         scene="outbox-fail"))  # fmt: skip
+    stories.append(story(ACCEPTED_AT, "accepted", "alice", 1.0, 4, [], scene="accepted"))
     # The scenes below draw after the others, which keep each seed's keys and numbers.
     stories.append(story(STEPS_FAIL_AT, "steps", "alice", 0.1, 1, [0.5], fail=True,
                          scene="steps"))  # fmt: skip
     killed = story(STEPS_KILL_AT, "steps", "bob", STEPS_WORK, 1, [0.5], scene="steps")
     stories.append(killed)
-    if store == "database":  # an operation: the database store's
-        stories.append(story(EXPORT_AT, "export", "bob", 0, 2, [0.5], scene="export"))
+    stories.append(story(EXPORT_AT, "export", "bob", 0, 2, [0.5], scene="export"))
     kill = Fault(STEPS_KILL_AT + STEPS_KILL_AFTER, "worker-kill", 0.0, 0, key=killed.key,
                  scene="steps")  # fmt: skip
     stop = Fault(FENCE_AT + FENCE_STOP_AFTER, "worker-stop", FENCE_STOP, 0, key=fence.key,
@@ -256,8 +255,8 @@ def generate(
     rng = random.Random(seed)
     entries = ["mixin", "function", "function-policy", "plain", "async", "ninja", "call",
                "short-ttl"]  # fmt: skip
-    if store == "database":
-        entries += ["atomic", "outbox", "accepted"]
+    # Atomic mode is the database store's alone (its list, so its seeds' draws, as they were).
+    entries += ["atomic", "outbox", "accepted"] if store == "database" else ["outbox", "accepted"]
     stories, scene_faults = _scenes(seed, store)
     t = 0.0
     while True:
@@ -302,8 +301,7 @@ def generate(
     kinds = ["worker-kill", "worker-stop", "worker-stop", "worker-stop"]
     if store == "redis":
         kinds += ["redis-stop", "redis-stop", "redis-kill"]
-    else:
-        kinds.append("relay-kill")
+    kinds.append("relay-kill")
     opening = DATABASE_FAULTS + (("db-failover",) if failover else ())
     if database != "sqlite":
         kinds += ["db-blackhole", *opening]
@@ -332,12 +330,12 @@ def generate(
 
 
 def _more(seed: int, seconds: float, store: str) -> list[Story]:
-    """The stories of ``/steps/`` (a recovery point between two effects) and, with the
-    database store, ``/export/`` (an operation the consumer's task completes): one every 3 s,
-    a quarter of them reusing an earlier one's key as the others do, from a generator of their
-    own, so that each seed's other stories are what they were."""
+    """The stories of ``/steps/`` (a recovery point between two effects) and ``/export/`` (an
+    operation the consumer's task completes), on every store: one every 3 s, a quarter of them
+    reusing an earlier one's key as the others do, from a generator of their own, so that each
+    seed's other stories are what they were."""
     rng = random.Random(f"more-{seed}")
-    entries = ["steps", "export"] if store == "database" else ["steps"]
+    entries = ["steps", "export"]
     stories: list[Story] = []
     t = 0.0
     while True:
@@ -366,17 +364,15 @@ def _more(seed: int, seconds: float, store: str) -> list[Story]:
 
 
 def consumer_faults(seed: int, seconds: float, store: str) -> list[Fault]:
-    """With the database store, the Celery worker's SIGKILLs (``consumer-kill``): each once
-    the worker has been ready 4 to 12 s (``after_ready``), from a generator of their own, so
-    that the other schedules of a seed stay what they were; then (at most
+    """The Celery worker's SIGKILLs (``consumer-kill``), on every store: each once the worker
+    has been ready 4 to 12 s (``after_ready``), from a generator of their own, so that the
+    other schedules of a seed stay what they were; then (at most
     :data:`CONSUMER_KILL_WAIT` s) once a task is between its effect and its result.
 
     Counted from the worker's readiness, not from the last kill: a worker takes seconds to
     start on a loaded machine, and a kill every 4 to 12 s from the last one left it ready for
     about a second each time once its start took as long (a soak's load), so that it consumed
     fewer messages than the run staged and the backlog grew for the whole run."""
-    if store != "database":
-        return []
     rng = random.Random(f"consumer-{seed}")
     faults = []
     t = 0.0
@@ -426,7 +422,8 @@ class Servers:
     redis: RedisServer | None = None
     gunicorn: harness.Server | None = None
     #: The outbox's relay (``manage.py idempotency_relay``) and consumer (a Celery worker, in a
-    #: session of its own: its process group is its pool too), database store only.
+    #: session of its own: its process group is its pool too); on the Redis store the relay
+    #: serves the store's outbox (``--store``).
     helpers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     #: When each helper was started (a ready note of the consumer is its own only if later:
     #: the kernel's pids wrap within a long run, and a new worker may get a dead one's pid).
@@ -486,16 +483,18 @@ class Servers:
         self.gunicorn.start()
         assert self.gunicorn.process is not None
         databases.track(self.gunicorn.process.pid, "gunicorn")
-        if self.store == "database":
-            self.env = env
-            self.start_helper("relay")
-            self.start_helper("consumer")
+        self.env = env
+        self.start_helper("relay")
+        self.start_helper("consumer")
 
     def start_helper(self, name: str) -> None:
         """The relay or the consumer (a Celery worker of two pool processes taking only the
         run's queue), logging to a file of the run's folder."""
         command = {
-            "relay": [sys.executable, "-m", "django", "idempotency_relay", "--interval", "0.5"],
+            # On the Redis store the relay serves the store's outbox (``--store``: its URL).
+            "relay": [sys.executable, "-m", "django", "idempotency_relay", "--interval", "0.5",
+                      *(["--store", self.env["IDEMPOTENCY_VERIFY_REDIS_URL"]]
+                        if self.store == "redis" else [])],
             "consumer": [
                 sys.executable, "-m", "celery", "--app=tests.verification.consumer", "worker",
                 "--pool=prefork", "--concurrency=2", f"--queues={self.queue}",
@@ -1073,7 +1072,10 @@ class Run:
         after: a replay, not recorded.)"""
         deadline = time.time() + DRAIN
         while True:
-            state = httpx.get(f"{self.servers.url}/outbox-state/", timeout=30).json()
+            reply = httpx.get(f"{self.servers.url}/outbox-state/", timeout=30)
+            if reply.status_code != 200:  # the view's error, shown rather than a JSON error
+                log(reply.text[:3000])
+            state = reply.json()
             delivered = deliveries(self.servers.folder)
             consumed = {row["message"] for row in state["consumed"]}
             if (
@@ -1171,8 +1173,8 @@ def main(argv: list[str] | None = None) -> int:
     basic = {e["op"] for e in events if e["type"] == "invoke" and e.get("auth") == "basic"}
     exports = {e["op"] for e in events if e["type"] == "invoke" and e["entry"] == "export"}
     given = {e["location"] for e in events if e.get("op") in exports and e.get("location")}
-    # What the run exercised of the recovery points, the operations a task completes and Basic
-    # authentication (a clean run asserts each).
+    # What the run exercised of the recovery points, the operations a task completes, the
+    # outbox's consumer and Basic authentication (a clean run asserts each).
     exercised = {
         "basic_answered": sum(1 for e in events if e["type"] == "complete" and e["op"] in basic
                               and e["status"] is not None and 200 <= e["status"] < 300),
@@ -1181,6 +1183,7 @@ def main(argv: list[str] | None = None) -> int:
         "operations_completed": sum(1 for e in events if e["type"] == "poll" and e["final"]
                                     and e["operation"] in given and e["principal"] == e["owner"]
                                     and e.get("state") == "succeeded"),
+        "messages_consumed": sum(1 for e in events if e["type"] == "consumed"),
     }  # fmt: skip
     summary = {
         "seed": args.seed,
@@ -1193,6 +1196,9 @@ def main(argv: list[str] | None = None) -> int:
         "histories": 1,
         "keys": len({(s.principal, s.key) for s in stories}),
         "requests": sum(1 for e in events if e["type"] == "invoke"),
+        "entries": dict(
+            sorted(Counter(e["entry"] for e in events if e["type"] == "invoke").items())
+        ),
         "statuses": dict(sorted(statuses.items())),
         "effects": sum(1 for e in events if e["type"] == "effect"),
         "exercised": exercised,

@@ -80,6 +80,21 @@ def test_plant_is_found(tmp_path: Path, plant: str) -> None:
     assert PLANTS[plant] in found, (plant, found)
 
 
+#: The plants of the outbox and the operations break the Redis store's path too (its outbox and
+#: operations are its own scripts'): each found on a Redis-store run as well.
+REDIS_PLANTS = ("completion-dropped", "operation-any-reader", "release-on-failure")
+
+
+@pytest.mark.parametrize("plant", REDIS_PLANTS)
+def test_plant_is_found_on_redis(tmp_path: Path, plant: str) -> None:
+    status, summary = run(tmp_path, "--seconds", str(PLANT_SECONDS), "--seed", str(PLANT_SEED),
+                          "--store", "redis", "--plant", plant, "--scenes",
+                          PLANT_SCENES[plant])  # fmt: skip
+    found = {violation["invariant"] for violation in summary["violations"]}
+    assert status == 1, summary
+    assert PLANTS[plant] in found, (plant, found)
+
+
 @pytest.mark.parametrize(
     ("database", "store", "seed"),
     [
@@ -95,12 +110,13 @@ def test_clean_run(tmp_path: Path, database: str, store: str, seed: int) -> None
     assert summary["violations"] == [], json.dumps(summary["violations"], indent=1)[:20000]
     assert summary["requests"] > 100
     # Basic authentication answered, a takeover resumed from a recovery point (the scenes'
-    # /steps/), and with the database store an operation its task completed.
+    # /steps/), an operation its task completed and messages consumed, on either store.
     exercised = summary["exercised"]
     assert exercised["basic_answered"] > 0, exercised
     assert exercised["points_saved"] > 0 and exercised["steps_resumed"] > 0, exercised
-    if store == "database":
-        assert exercised["operations_completed"] > 0, exercised
+    assert exercised["operations_completed"] > 0, exercised
+    assert exercised["messages_consumed"] > 0, exercised
+    assert {"outbox", "accepted", "export", "steps"} <= set(summary["entries"]), summary
     if database != "sqlite":  # the opening's faults, one of each of the server's kinds
         assert {"db-blackhole", "db-cut", "db-restart", "db-read-only", "db-terminate"} <= set(
             summary["faults"]

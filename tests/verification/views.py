@@ -162,13 +162,41 @@ def atomic_effects(request: HttpRequest) -> HttpResponse:
 
 def outbox_state(request: HttpRequest) -> HttpResponse:
     """The outbox's undelivered messages (by state), the ids of those sent, and the consumer's
-    effects: the run waits for the first to be none and the last to have caught up with the
-    others before it checks."""
-    left = OutboxMessage.objects.exclude(state=OutboxMessage.State.SENT)
-    counts = {state: left.filter(state=state).count() for state in ("pending", "failed")}
-    sent = OutboxMessage.objects.filter(state=OutboxMessage.State.SENT)
+    effects, from the store in use: the run waits for the first to be none and the last to
+    have caught up with the others before it checks."""
+    url = os.environ.get("IDEMPOTENCY_VERIFY_REDIS_URL")
+    if url:
+        counts, sent = _redis_outbox(url)
+    else:
+        left = OutboxMessage.objects.exclude(state=OutboxMessage.State.SENT)
+        counts = {state: left.filter(state=state).count() for state in ("pending", "failed")}
+        done = OutboxMessage.objects.filter(state=OutboxMessage.State.SENT)
+        sent = list(done.values_list("message_id", flat=True))
     return JsonResponse({"undelivered": counts, "consumed": _rows(CONSUMER_LABEL),
-                         "sent": list(sent.values_list("message_id", flat=True))})  # fmt: skip
+                         "sent": sent})  # fmt: skip
+
+
+def _redis_outbox(url: str) -> tuple[dict[str, int], list[str]]:
+    """The Redis store's backlog (its own figures: ``backlog()``, as ``idempotency_stats``
+    reads them) and the ids of its messages marked sent: each message's hash
+    (``P o:m:{tag}:<id>``, redis/outbox.py) is kept, ``st`` ``sent``, until its record
+    expires, and the views' records outlive the run (limits.TTL)."""
+    from django_idempotency._store import using
+    from django_idempotency._store.redis.outbox import due_key
+
+    store: Any = using(url)
+    backlog = store.backlog()
+    client = store.client
+    pattern = due_key(store.prefix).removesuffix("due") + "m:*"
+    sent = []
+    for key in client.scan_iter(match=pattern, count=1000):
+        message, state = (
+            value.decode() if isinstance(value, bytes) else value
+            for value in client.hmget(key, "id", "st")
+        )
+        if state == "sent" and message is not None:
+            sent.append(str(message))
+    return {"pending": backlog.pending, "failed": backlog.failed}, sent
 
 
 class MixinView(IdempotencyMixin, APIView):
