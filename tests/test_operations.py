@@ -525,7 +525,8 @@ def named_on_redis(claim: Any) -> str | None:
     from django_idempotency._store.redis.names import name
 
     store: Any = using(claim.alias)
-    oid = getattr(store, "_oids", {}).get(claim.pk)
+    handles = getattr(store, "_handles", None)
+    oid = None if handles is None else handles.oids.get(claim.pk)
     return None if oid is None else name(claim.alias, oid)
 
 

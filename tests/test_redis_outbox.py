@@ -178,7 +178,7 @@ def test_a_fenced_out_owners_messages_are_never_released(key: str) -> None:
     with on_redis():
         store: Any = using(ALIAS)
         claim = _claim(store, key)
-        key_name = store._records[claim.pk][0]
+        key_name = store._handles.records[claim.pk][0]
         raw().hset(key_name, "tok", "the-new-owner")
         release = _release("m1")
         stored = StoredResponse(status=201, headers={}, body=b"{}")

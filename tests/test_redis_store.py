@@ -241,14 +241,15 @@ def test_the_first_calls_of_many_threads_at_once_make_one_client(
         def first(store: Any = store) -> Any:
             arrived.append(1)
             client = store.client
-            assert store._run("UNLOCK", ["idempotency:r:{race}"], ["t"], 5.0) == 0
+            assert store._server.run("UNLOCK", ["idempotency:r:{race}"], ["t"], 5.0) == 0
             return client
 
         clients = concurrently(first, calls)  # an exception of any is raised
         made_clients = len({id(each) for each in clients})
         del clients
         gc.collect()  # a client made and dropped closes its pool here
-        assert store._wire.idle and all(each._sock is not None for each in store._wire.idle)
+        idle = store._server.wire.idle
+        assert idle and all(each._sock is not None for each in idle)
         assert made_clients == 1
 
 
@@ -272,7 +273,7 @@ def test_the_store_keeps_its_connections_and_drops_all_idle_ones_after_a_cut() -
             thread.start()
         for thread in threads:
             thread.join()
-        assert len(store._wire.idle) >= 2
+        assert len(store._server.wire.idle) >= 2
         pool = store.client.connection_pool
         checkouts = []
         original = pool.get_connection
@@ -418,10 +419,10 @@ def test_a_late_owner_is_fenced_by_its_lock_token() -> None:
         first = stale_key("k", handle, "k")
         assert handle("k") == "new owner"  # took over: attempt 2
         store: Any = using(ALIAS)
-        store._records[first.pk] = (record_key(first.scope, first.key_hash), "", "")
+        store._handles.records[first.pk] = (record_key(first.scope, first.key_hash), "", "")
         late = StoredResponse(None, [], b'"late"')
         assert store.store_response(first.pk, first.token_text, late) is False
-        store._records[first.pk] = (record_key(first.scope, first.key_hash), "", "")
+        store._handles.records[first.pk] = (record_key(first.scope, first.key_hash), "", "")
         assert store.release(first.pk, first.token_text) is False
         assert handle("k") == "new owner"
 
@@ -798,7 +799,7 @@ def test_a_store_that_reads_its_own_commands_back_is_a_503_and_never_a_claim(
         for script, args in [("COMPLETE", ["t", "completed", 201, "[]", b"", "0", "", "h"]),
                              ("UNLOCK", ["t"])]:  # fmt: skip
             with pytest.raises(RedisFault, match=r"the connection failed|not the script.s"):
-                store._run(script, ["idempotency:r:{echo}"], args, 0.5)
+                store._server.run(script, ["idempotency:r:{echo}"], args, 0.5)
 
 
 # --- faults on a private server -----------------------------------------------------------

@@ -1,9 +1,12 @@
 """What counts as a fault of a Redis store, and what as a reply of its scripts: the failures
 redis-py raises, the refusals that pass (a server loading, a failover), a reply that did not
-come from our script, and which refusals are an outage (one log line) rather than a bug."""
+come from our script, which refusals are an outage (one log line) rather than a bug, and a
+failure raised as the store's refusal."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import DatabaseError
@@ -16,12 +19,22 @@ class RedisFault(DatabaseError):
 
 def failures() -> tuple[type[Exception], ...]:
     """What redis-py raises for a server, a connection or a cluster that fails: its
-    ``RedisError``, and a cluster's ``RedisClusterException`` (not one: an unreachable cluster
-    at a worker's first call was a ``500``)."""
+    ``RedisError``, and a cluster's ``RedisClusterException`` (not one: without it, an
+    unreachable cluster at a worker's first call would be a ``500``)."""
     import redis
     from redis.exceptions import RedisClusterException
 
     return (redis.RedisError, RedisClusterException)
+
+
+@contextmanager
+def refused(refusal: Callable[[BaseException], Exception]) -> Iterator[None]:
+    """Raise a failure of redis-py's (:func:`failures`) as ``refusal`` makes it: the store's
+    :meth:`~.contract.StoreContract.refusal`, the error the core raises."""
+    try:
+        yield
+    except failures() as exc:
+        raise refusal(exc) from exc
 
 
 #: The kinds a claim's reply starts with (:data:`.scripts.CLAIM`).

@@ -20,9 +20,10 @@ PREFIX = "idempotency:"
 def key_prefix(name: str) -> str:
     """The prefix of a store's keys: :data:`PREFIX`, after its cache alias's ``KEY_PREFIX``
     as Django's caches put it (``<KEY_PREFIX>:``). Sites that share one Redis database tell
-    their caches apart by ``KEY_PREFIX``; their records were one site's, each replayed the
-    other's responses. ``VERSION`` and ``KEY_FUNCTION`` are not used: a record is no cache
-    entry, and a new ``VERSION`` (a cache's invalidation) must not forget the keys in flight.
+    their caches apart by ``KEY_PREFIX``; without it their records would be one site's, each
+    replaying the other's responses. ``VERSION`` and ``KEY_FUNCTION`` are not used: a record
+    is no cache entry, and a new ``VERSION`` (a cache's invalidation) must not forget the keys
+    in flight.
     """
     if name.startswith(CACHE_PREFIX):
         from django.core.cache import caches

@@ -103,10 +103,10 @@ def on_cluster(
     shown: str,
 ) -> set[tuple[ClaimHandle, Any]]:
     """A cluster's renewal: each node's locks on a thread of their own, one call per lock
-    (routed to its record's slot), all within ``seconds``. With one call for every lock in
-    turn, the first lock on a frozen or dead primary raised (or waited the client's socket
-    timeout) and no lock on the healthy primaries was renewed: their owners were taken
-    over (6 of 6 keys ran twice). A node that fails or does not answer in time
+    (routed to its record's slot), all within ``seconds``: with one call for every lock in
+    turn, the first lock on a frozen or dead primary would raise (or wait out the client's
+    socket timeout) before any lock on the healthy primaries was renewed, and their owners
+    would be taken over. A node that fails or does not answer in time
     costs its own locks' renewal alone: :class:`RenewalShortfall` says which locks were
     settled, and the renewer tries the others again; a thread still waiting on a frozen
     node is left to its socket's timeout (its late answer is not counted)."""

@@ -1,0 +1,144 @@
+"""The outbox's Lua scripts on the Redis store (:mod:`.outbox` says what the keys hold): the
+release of a fenced write's messages in the write's own script, and the relay's take, marks
+and re-send, each run atomically by the server on its own clock."""
+
+from __future__ import annotations
+
+from django_idempotency._store.redis import scripts
+
+#: ``release_messages()``: after a fenced write applied, insert the messages not released yet.
+#: KEYS: record, scope index, due, left, then one key per message; the ARGV's last ``4 n + 1``
+#: are each message's id, engine, task, arguments, then the lease (µs): what comes before is
+#: the write's own. Returns the ids inserted. Each is due a microsecond after the one staged
+#: before it: a relay takes them in the order they were staged.
+_RELEASE = """
+local function release_messages(now)
+  local n = #KEYS - 4
+  local base = #ARGV - 4 * n - 1
+  local lease = tonumber(ARGV[#ARGV])
+  local inserted = {}
+  for i = 1, n do
+    local at = base + (i - 1) * 4
+    local id = ARGV[at + 1]
+    if redis.call('HSETNX', KEYS[1], 'o:' .. id, '1') == 1 then
+      redis.call('HSET', KEYS[4 + i], 'id', id, 'e', ARGV[at + 2], 't', ARGV[at + 3],
+                 'a', ARGV[at + 4], 'n', 0, 'st', 'pending', 'ra', now, 'le', '',
+                 'rk', KEYS[1])
+      redis.call('ZADD', KEYS[3], now + lease + i - 1, KEYS[4 + i])
+      redis.call('ZADD', KEYS[4], now, KEYS[4 + i])
+      inserted[#inserted + 1] = id
+    end
+  end
+  return inserted
+end
+"""
+
+
+def _releasing(script: str, applied: str) -> str:
+    """``script`` (a fenced write) run as a function, then, where it returned ``applied``,
+    the release of its messages in the same script: ``{result, inserted ids}``. A fence that
+    refuses (a late owner's write) releases nothing."""
+    return (
+        scripts._NOW
+        + _RELEASE
+        + "local function fenced()\n"
+        + script
+        + "\nend\nlocal done = fenced()\n"
+        + f"if done == {applied} then return {{done, release_messages(now)}} end\n"
+        + "return {done, {}}\n"
+    )
+
+
+#: The result's write (:data:`.scripts.COMPLETE`) and its messages' release.
+COMPLETE_RELEASING = _releasing(scripts.COMPLETE, "1")
+#: A recovery point's write (:data:`.scripts.RECOVERY_POINT`) and its messages' release.
+RECOVERY_POINT_RELEASING = _releasing(scripts.RECOVERY_POINT, "1")
+
+#: KEYS: due. ARGV: size, lease (µs). A batch due now, each message's score pushed forward by
+#: the lease (a microsecond more for each: their order kept) and its send counted: ``{key,
+#: id, engine, task, arguments, sends}`` each. A key
+#: whose message is gone or no longer pending leaves the set.
+TAKE = (
+    scripts._NOW
+    + """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local taken = {}
+for position, key in ipairs(due) do
+  local m = redis.call('HMGET', key, 'id', 'e', 't', 'a', 'st')
+  if (not m[1]) or m[5] ~= 'pending' then
+    redis.call('ZREM', KEYS[1], key)
+  else
+    local sends = redis.call('HINCRBY', key, 'n', 1)
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]) + position - 1, key)
+    taken[#taken + 1] = {key, m[1], m[2], m[3], m[4], sends}
+  end
+end
+return taken
+"""
+)
+
+#: KEYS: due, left, failed. ARGV: '1' if the send was counted when taken (the relay's), then
+#: message keys. Marks them sent (a send that succeeded after another relay gave the message up
+#: leaves the failed set too); each is kept until its record expires (deleted now if it has).
+MARK_SENT = (
+    scripts._NOW
+    + """
+local marked = 0
+for i = 2, #ARGV do
+  local key = ARGV[i]
+  local record = redis.call('HGET', key, 'rk')
+  if record then
+    redis.call('HSET', key, 'st', 'sent', 'sa', now)
+    if ARGV[1] ~= '1' then redis.call('HINCRBY', key, 'n', 1) end
+    redis.call('ZREM', KEYS[1], key)
+    redis.call('ZREM', KEYS[2], key)
+    redis.call('ZREM', KEYS[3], key)
+    local expires = redis.call('HGET', record, 'ea')
+    if expires then
+      redis.call('PEXPIREAT', key, math.ceil(tonumber(expires) / 1000))
+    else
+      redis.call('DEL', key)
+    end
+    marked = marked + 1
+  end
+end
+return marked
+"""
+)
+
+#: KEYS: due, failed. ARGV: key, error, delay until the next try (µs; '' failed for good),
+#: '1' if the send was counted when taken. Only a pending message: a relay whose lease ran out
+#: while it sent must not make a message another relay delivered failed (sent again).
+MARK_FAILED = (
+    scripts._NOW
+    + """
+if redis.call('HGET', ARGV[1], 'st') ~= 'pending' then return 0 end
+redis.call('HSET', ARGV[1], 'le', ARGV[2])
+if ARGV[4] ~= '1' then redis.call('HINCRBY', ARGV[1], 'n', 1) end
+if ARGV[3] == '' then
+  redis.call('HSET', ARGV[1], 'st', 'failed')
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('ZADD', KEYS[2], tonumber(redis.call('HGET', ARGV[1], 'ra')), ARGV[1])
+else
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+end
+return 1
+"""
+)
+
+#: KEYS: due, failed. ARGV: message keys. Failed messages made pending and due now.
+RESEND = (
+    scripts._NOW
+    + """
+local made = 0
+for i = 1, #ARGV do
+  if redis.call('HGET', ARGV[i], 'st') == 'failed' then
+    redis.call('HSET', ARGV[i], 'st', 'pending')
+    redis.call('ZREM', KEYS[2], ARGV[i])
+    redis.call('ZADD', KEYS[1], now, ARGV[i])
+    made = made + 1
+  end
+end
+return made
+"""
+)
