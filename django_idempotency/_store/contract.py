@@ -25,16 +25,67 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NewType, Protocol, TypeVar
 
 from django.db import DatabaseError, NotSupportedError
 
+from django_idempotency._base import rules
 from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
 from django_idempotency._store import sealing
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
-    from django_idempotency._store.operations import Operation
     from django_idempotency.models import IdempotencyKey
 
 T = TypeVar("T")
+
+#: The status of a stored response that hands the work on: its operation is still running.
+ACCEPTED = 202
+#: The recovery point of a record whose operation's task set its progress. An operation's
+#: progress is kept as its record's recovery point, which no one reads once the request
+#: answered its ``202`` (a completed record is replayed, never resumed), and which a claim of
+#: an expired record resets: no column, and no new life shows an old life's progress.
+PROGRESS = "operation-progress"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What the status endpoint and ``complete_operation()`` read of a record. ``pk``: the
+    database's primary key, or a Redis operation's name (:mod:`.redis.operations`), which its
+    id's MAC covers as it covers a primary key; ``alias``: its store's (``""``: the one the
+    caller names)."""
+
+    pk: int | str
+    scope: str
+    key_hash: str
+    status: str
+    response_status: int | None
+    response_headers: Any
+    response_body: bytes | None
+    created_at: datetime
+    expires_at: datetime
+    unlock_at: datetime | None = None
+    recovery_point: str = ""
+    recovery_data: Any = None
+    alias: str = ""
+
+    @property
+    def progress(self) -> Any:
+        """What its task last set with ``set_operation_progress()``; ``None``: nothing yet."""
+        if self.recovery_point == PROGRESS and isinstance(self.recovery_data, dict):
+            return self.recovery_data.get("progress")
+        return None
+
+    @property
+    def running(self) -> bool:
+        """Its request still runs, or it answered ``202`` and the work goes on elsewhere."""
+        return self.status == rules.PROCESSING or self.response_status == ACCEPTED
+
+    def stalled(self, now: datetime) -> bool:
+        """Its request's owner is gone: the record is stale (its lock lapsed, no attempt holds
+        it), so it never finishes unless the original request is retried, which resumes it."""
+        return rules.STALE.holds(self, now)
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at <= now
+
 
 #: A claim's handle (``Claim.pk``): the store's own name for the claim's record (the database's
 #: row id, the Redis store's number for a live claim of this process). Kept and handed back:

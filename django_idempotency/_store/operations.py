@@ -20,7 +20,6 @@ a Redis store's scripts :mod:`.redis.operations`', under the same conditions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,6 +28,7 @@ from django.db.models import Q, QuerySet
 from django_idempotency._base import rules
 from django_idempotency._base.durations import microseconds
 from django_idempotency._store import ClaimHandle, using
+from django_idempotency._store.contract import ACCEPTED, PROGRESS, Operation
 from django_idempotency._store.writes import COMPLETED, StoredResponse
 from django_idempotency._store.writes import FAILED as FAILED_STATUS
 from django_idempotency.models import IdempotencyKey
@@ -54,17 +54,10 @@ __all__ = [
     "stuck",
 ]
 
-#: The status of a stored response that hands the work on: its operation is still running.
-ACCEPTED = 202
 
 #: The largest progress a task may set, in bytes of compact JSON: a few numbers and a short
 #: message, read on every poll; never a result (that is the final response).
 MAX_PROGRESS_SIZE = 1024
-#: The recovery point of a record whose operation's task set its progress. An operation's
-#: progress is kept as its record's recovery point, which no one reads once the request
-#: answered its ``202`` (a completed record is replayed, never resumed), and which a claim of
-#: an expired record resets: no column, and no new life shows an old life's progress.
-PROGRESS = "operation-progress"
 
 
 #: An operation's states, as the status endpoint, the list endpoint and the admin name them.
@@ -130,48 +123,6 @@ def from_record(record: IdempotencyKey, alias: str = "") -> Operation:
         record.recovery_data,
         alias,
     )
-
-
-@dataclass(frozen=True)
-class Operation:
-    """What the status endpoint and ``complete_operation()`` read of a record. ``pk``: the
-    database's primary key, or a Redis operation's name (:mod:`.redis.operations`), which its
-    id's MAC covers as it covers a primary key; ``alias``: its store's (``""``: the one the
-    caller names)."""
-
-    pk: int | str
-    scope: str
-    key_hash: str
-    status: str
-    response_status: int | None
-    response_headers: Any
-    response_body: bytes | None
-    created_at: datetime
-    expires_at: datetime
-    unlock_at: datetime | None = None
-    recovery_point: str = ""
-    recovery_data: Any = None
-    alias: str = ""
-
-    @property
-    def progress(self) -> Any:
-        """What its task last set with ``set_operation_progress()``; ``None``: nothing yet."""
-        if self.recovery_point == PROGRESS and isinstance(self.recovery_data, dict):
-            return self.recovery_data.get("progress")
-        return None
-
-    @property
-    def running(self) -> bool:
-        """Its request still runs, or it answered ``202`` and the work goes on elsewhere."""
-        return self.status == rules.PROCESSING or self.response_status == ACCEPTED
-
-    def stalled(self, now: datetime) -> bool:
-        """Its request's owner is gone: the record is stale (its lock lapsed, no attempt holds
-        it), so it never finishes unless the original request is retried, which resumes it."""
-        return rules.STALE.holds(self, now)
-
-    def expired(self, now: datetime) -> bool:
-        return self.expires_at <= now
 
 
 def read(alias: str, pk: int) -> Operation | None:

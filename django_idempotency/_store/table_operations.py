@@ -9,19 +9,16 @@ import :mod:`.operations` when run: it reaches the stores through :func:`.._stor
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from django_idempotency._base import rules
 from django_idempotency._store.bound import BoundStore
-from django_idempotency._store.contract import ClaimHandle, StoredResponse
+from django_idempotency._store.contract import ClaimHandle, Operation, StoredResponse
 from django_idempotency._store.writes import COMPLETED
 from django_idempotency.models import IdempotencyKey
-
-if TYPE_CHECKING:
-    from django_idempotency._store.operations import Operation
 
 #: The status of a stored response that hands the work on (:data:`.operations.ACCEPTED`).
 _ACCEPTED = 202
@@ -140,8 +137,6 @@ class TableOperations(BoundStore):
 
 def _operation(alias: str, pk: int | str, row: list[Any]) -> Operation:
     """A row read (:data:`_FIELDS`) as its operation, its body as bytes."""
-    from django_idempotency._store.operations import Operation
-
     if isinstance(row[5], memoryview):
         row[5] = bytes(row[5])
     values: tuple[Any, ...] = (pk, *row, alias)

@@ -29,14 +29,12 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from django_idempotency._store.contract import Operation
 from django_idempotency._store.redis.codec import as_instant, as_json, as_text, as_time
 from django_idempotency._store.redis.keyspace import glob, scope_index
 from django_idempotency._store.redis.names import name
-
-if TYPE_CHECKING:
-    from django_idempotency._store.operations import Operation
 
 #: The record's fields an operation reads, in this order.
 _READ = ("oid", "sc", "st", "rs", "rh", "rb", "ca", "ea", "ua", "rp", "rd")
@@ -96,8 +94,6 @@ def index_key(oid: str, prefix: str) -> str:
 def read(client: Any, alias: str, prefix: str, oid: str) -> Operation | None:
     """Operation ``oid``'s record, through its index; ``None``: no such operation (the index
     gone, or its record gone or of another life)."""
-    from django_idempotency._store.operations import Operation
-
     key = client.get(index_key(oid, prefix))
     if key is None:
         return None
