@@ -560,7 +560,11 @@ class OutboxMessageAdmin(_MessageAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """Read-only: the list is not "Select outbox message to change" (the change permission
-        is only the re-send action's)."""
+        is only the re-send action's); and a Redis store's messages are said to be elsewhere,
+        not an empty list."""
+        if request.method == "GET":
+            for note in store_checks.outbox_notes():
+                messages.warning(request, note)
         context = {"title": capfirst(self.opts.verbose_name_plural), **(extra_context or {})}
         return super().changelist_view(request, context)
 

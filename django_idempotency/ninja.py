@@ -32,7 +32,13 @@ from ninja.operation import Operation
 from django_idempotency._base.errors import UnreplayableResponse
 from django_idempotency._call import lifecycle, writing
 from django_idempotency._call.attempt import Attempt
-from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
+from django_idempotency._conf.options import (
+    VIEW_OPTIONS,
+    Options,
+    Policy,
+    ViewOptions,
+    refuse_unstorable,
+)
 from django_idempotency._conf.settings import conf, derived
 from django_idempotency._conf.values import SAFE_METHODS
 from django_idempotency._http import adapter as protocol
@@ -98,6 +104,7 @@ def idempotent(
                 f"@idempotent is above the operation's decorator on {func.__qualname__}, where "
                 f"ninja never calls it: {_PLACEMENT}."
             )
+        refuse_unstorable(built, f"{func.__module__}.{func.__qualname__}")
         wrapper = wraps(func)(_wrap(func, built))
         wrapper.idempotency_options = built  # type: ignore[attr-defined]
         wrapper.__signature__ = _signature(func)  # type: ignore[attr-defined]

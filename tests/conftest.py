@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import re
@@ -160,11 +161,28 @@ def _close_pools(request: pytest.FixtureRequest) -> Iterator[None]:
             each.close_pool()
 
 
+#: The URLconfs with atomic views (none names a store of its own).
+_ATOMIC_URLCONFS = (
+    "tests.urls",
+    "tests.principals_urls",
+    "tests.storing_urls",
+    "tests.hostile_urls",
+    "tests.outbox_urls",
+)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _redis_store_default() -> Iterator[None]:
     """Under ``IDEMPOTENCY_TEST_STORE=redis``, ``STORE``'s default is the ``redis`` cache
     alias: a test's ``override_settings(IDEMPOTENCY=...)`` keeps it, as it keeps every other
-    default."""
+    default.
+
+    The URLconfs' atomic views (the database store's tests) are decorated first, as a
+    project's are under its own settings: decoration refuses atomic mode on a Redis
+    ``STORE``, and a URLconf first imported under ``override_settings`` would be refused.
+    """
+    for urls in _ATOMIC_URLCONFS:
+        importlib.import_module(urls)
     if not REDIS_STORE:
         yield
         return

@@ -339,3 +339,14 @@ def test_stored_refuses_what_no_record_is_stored_as(text: str) -> None:
     with pytest.raises(CommandError, match="goes with --scope"):
         call_command("idempotency_cleanup", "--stored")
     assert IdempotencyKey.objects.count() == 1
+
+
+def test_the_log_line_counts_what_every_store_erased(caplog: Any) -> None:
+    """On a Redis store the line said "Erased 0 ..." while ``deleted`` was 2: it counted the
+    database's records alone."""
+    client = client_of(User.objects.create_user("logged"))
+    for key in ("a", "b"):
+        assert send(client, "/charge/?count=20", key).status_code == 201
+    with caplog.at_level("WARNING", logger="django_idempotency"):
+        assert erase_scope(scope_of("logged")) == Erasure(scope_of("logged"), 2, 0)
+    assert "Erased 2 finished idempotency records of a scope; 0 in progress" in caplog.text

@@ -102,8 +102,12 @@ def test_recover_lists_and_fails_stuck_operations(post: Post, client: Client, ke
     )
     assert [row["operation"] for row in listed] == [stuck_id]
     assert listed[0]["silent_seconds"] >= 3 * 3600 - 5
+    # "Stuck" as idempotency_stats counts it (silent an hour) by default: a 2-second-old
+    # operation was called stuck with --older-than's old default of 0.
     text = command("idempotency_recover", "--operations")
-    assert "2 stuck operations." in text and stuck_id in text and recent_id in text
+    assert "1 stuck operation." in text and stuck_id in text and recent_id not in text
+    text = command("idempotency_recover", "--operations", "--older-than", "0")
+    assert "2 silent operations." in text and stuck_id in text and recent_id in text
     dry = command(
         "idempotency_recover", "--operations", "--older-than", "1h", "--fail", "--dry-run"
     )

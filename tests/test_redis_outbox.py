@@ -339,7 +339,7 @@ def test_the_relay_command_relays_a_redis_store(post: Post, key: str) -> None:
         out = StringIO()
         with relay_here():
             call_command("idempotency_relay", "--once", "--store", STORE, stdout=out)
-    assert "Sent 2 message(s); 0 failed." in out.getvalue()
+    assert "Sent 2 message(s); 0 failed (Redis store 'redis')." in out.getvalue()
     assert sent_ids() == ids
 
 
@@ -380,18 +380,18 @@ def test_the_relay_command_relays_the_store_the_views_use_by_default(post: Post,
         out = StringIO()
         with relay_here():
             call_command("idempotency_relay", "--once", stdout=out)
-        assert "Sent 0 message(s); 2 failed." in out.getvalue()
+        assert "Sent 0 message(s); 2 failed (Redis store 'redis')." in out.getvalue()
         out = StringIO()
         call_command("idempotency_relay", "--failed", stdout=out)
         assert "2 message(s) failed." in out.getvalue()
         out = StringIO()
         with relay_here():
             call_command("idempotency_relay", "--store", "database", "--once", stdout=out)
-        assert "Sent 0 message(s); 0 failed." in out.getvalue()
+        assert "Sent 0 message(s); 0 failed (database 'default')." in out.getvalue()
         out = StringIO()
         with relay_here():
             call_command("idempotency_relay", "--retry-failed", "--once", stdout=out)
-        assert "Sent 2 message(s); 0 failed." in out.getvalue()
+        assert "Sent 2 message(s); 0 failed (Redis store 'redis')." in out.getvalue()
     assert set(messages().values()) == {"sent"}
     assert len(sent_ids()) == 2
 

@@ -567,6 +567,7 @@ def test_stats_json_counts_the_redis_stores_records(place: Place, capsys: Any) -
             "stale": 1,
             "operations_running": 0,
             "operations_stuck": 0,
+            "longest_operation_silence_seconds": None,
             "outbox_pending": 0,
             "outbox_failed": 0,
             "outbox_oldest_undelivered_age_seconds": None,
@@ -1334,6 +1335,9 @@ def test_recover_lists_and_fails_a_redis_stores_stuck_operations(
         figures = json.loads(out.getvalue())
         [census] = figures["redis_stores"].values()
         assert (census["operations_running"], census["operations_stuck"]) == (2, 1)
+        # The database's age figure, read from the store: three hours, not the table's null.
+        assert 3 * 3600 - 60 < census["longest_operation_silence_seconds"] < 3 * 3600 + 60
+        assert figures["longest_operation_silence_seconds"] is None  # the table's
         assert any("1 long-running operation(s)" in each for each in figures["warnings"])
         assert [row["action"] for row in recover("--fail")] == ["failed"]
         shown = json.loads(client.get(url).content)

@@ -175,6 +175,37 @@ def atomic_error(atomic: bool, store: str, in_progress: str | None = None) -> st
     )
 
 
+#: Atomic entry points that name no store, by their options' identity: (label, options), so
+#: E061 names those the URLconf does not route too (``STORE`` changed since their decoration).
+ATOMIC_ON_SETTING: dict[int, tuple[str, Options]] = {}
+
+
+def refuse_unstorable(options: Options, label: str) -> None:
+    """Refuse at decoration an atomic entry point that ``STORE`` puts on Redis: its result
+    could never be stored with its writes. The settings are loaded by then (the decorators
+    import the models, which need the apps loaded); a ``STORE`` changed later at run time is
+    refused by the policy, before the claim."""
+    if not options.atomic or options.get("store") is not None:
+        return
+    ATOMIC_ON_SETTING.setdefault(id(options), (label, options))
+    store = setting_store()
+    if store is not None and (error := atomic_error(True, store)):
+        raise ImproperlyConfigured(f"{label}: {error}")
+
+
+def setting_store() -> str | None:
+    """``STORE``, or ``None`` when the settings are not loaded yet or ``STORE`` is refused
+    (E060 says why)."""
+    from django.conf import settings
+
+    if not settings.configured:
+        return None
+    try:
+        return str(conf.STORE)
+    except ImproperlyConfigured:
+        return None
+
+
 def ttl_under_lock(options: Options) -> str | None:
     """The error when a view's TTL, as resolved with the settings, is under its lock timeout."""
     try:

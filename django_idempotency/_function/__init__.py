@@ -15,7 +15,12 @@ from functools import partial, wraps
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_idempotency._call import lifecycle
-from django_idempotency._conf.options import CALL_OPTIONS, CallOptions, Options
+from django_idempotency._conf.options import (
+    CALL_OPTIONS,
+    CallOptions,
+    Options,
+    refuse_unstorable,
+)
 from django_idempotency._function import calls
 from django_idempotency._function.serializers import JSONSerializer, ResultSerializer
 
@@ -63,6 +68,7 @@ def idempotent_function(
     built = Options.build(CALL_OPTIONS, "idempotent_function", **options)
 
     def decorate(func: Func) -> Func:
+        refuse_unstorable(built, f"{func.__module__}.{func.__qualname__}")
         spec = calls.Spec.build(
             func,
             key=key,

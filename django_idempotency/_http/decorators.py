@@ -7,7 +7,12 @@ from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django_idempotency._call import lifecycle
-from django_idempotency._conf.options import VIEW_OPTIONS, Options, ViewOptions
+from django_idempotency._conf.options import (
+    VIEW_OPTIONS,
+    Options,
+    ViewOptions,
+    refuse_unstorable,
+)
 from django_idempotency._http import adapter as protocol
 from django_idempotency._http.placement import refuse_misplaced, refuse_ninja_operation
 
@@ -46,6 +51,7 @@ def idempotent(
 
     def decorate(view: ViewFunc) -> ViewFunc:
         refuse_misplaced(view)
+        refuse_unstorable(built, f"{view.__module__}.{view.__qualname__}")
         wrapper = lifecycle.wrap(
             view,
             protocol.view_adapter(built, view),

@@ -18,7 +18,13 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from django_idempotency._call import lifecycle
 from django_idempotency._call.lifecycle import Answer
-from django_idempotency._conf.options import VIEW_OPTIONS, Options, Policy, ViewOptions
+from django_idempotency._conf.options import (
+    VIEW_OPTIONS,
+    Options,
+    Policy,
+    ViewOptions,
+    refuse_unstorable,
+)
 from django_idempotency._conf.settings import OPTIONS
 from django_idempotency._http import adapter as protocol
 from django_idempotency._http import framework_faults, placement, problems
@@ -70,7 +76,7 @@ class IdempotencyMixin(_Base):
         # Bad attributes fail at import, as the decorator's options do, not as a 500.
         super().__init_subclass__(**kwargs)
         placement.refuse_plain_view_mixin(cls)
-        cls.get_idempotency_options()
+        refuse_unstorable(cls.get_idempotency_options(), f"{cls.__module__}.{cls.__qualname__}")
         _refuse_mixin_after(cls)
 
     @classmethod

@@ -87,7 +87,7 @@ def erase_scope(
         lambda size: _batch(bound, kept, size), min(batch_size, BATCH_SIZE)
     ).deleted
     erasure = Erasure(scope, deleted + elsewhere[0], _in_progress(records) + elsewhere[1])
-    _log(erasure, deleted, kept, stored=stored)
+    _log(erasure, kept, stored=stored)
     return erasure
 
 
@@ -120,13 +120,14 @@ def _erase_in_redis(kept: str, alias: str, *, dry_run: bool) -> list[int]:
     return elsewhere
 
 
-def _log(erasure: Erasure, deleted: int, kept: str, *, stored: bool) -> None:
-    """An erasure is logged as a warning (records were deleted on purpose); one that found
-    nothing under a scope written as the admin shows a hashed one says how to erase that."""
+def _log(erasure: Erasure, kept: str, *, stored: bool) -> None:
+    """An erasure is logged as a warning (records were deleted on purpose), counting every
+    store's records as the returned :class:`Erasure` does; one that found nothing under a
+    scope written as the admin shows a hashed one says how to erase that."""
     logger.warning(
         "Erased %s finished idempotency record%s of a scope; %s in progress left to finish.",
-        deleted,
-        "" if deleted == 1 else "s",
+        erasure.deleted,
+        "" if erasure.deleted == 1 else "s",
         erasure.in_progress,
         extra=telemetry.log_facts("erased", scope=kept),
     )

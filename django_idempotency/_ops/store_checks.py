@@ -11,7 +11,7 @@ from typing import Any
 from django.core.checks import CheckMessage, Error, Warning
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency._conf.options import atomic_error
+from django_idempotency._conf.options import ATOMIC_ON_SETTING, atomic_error
 from django_idempotency._conf.settings import check_name, conf
 from django_idempotency._conf.values import DATABASE, display_name, store_alias
 from django_idempotency._ops.checks import _protected_views, refusing
@@ -147,18 +147,18 @@ def redis_stores() -> set[str]:
 
 
 @refusing(
-    "a protected view in the URLconf is ``atomic=True`` on a Redis store (``STORE`` or its "
-    "``store``): Redis shares no transaction with the view's database"
+    "a protected view (in the URLconf or not) or function is ``atomic=True`` on a Redis store "
+    "(``STORE`` or its ``store``): Redis shares no transaction with the view's database"
 )
 def e061_atomic_on_redis() -> list[CheckMessage]:
     errors: list[CheckMessage] = []
     setting = _setting_store()
-    seen: set[str] = set()
-    for name, options in _views():
+    seen: set[object] = set()  # each view by its name and its options (method_decorator's)
+    for name, options in [*_views(), *ATOMIC_ON_SETTING.values()]:
         store = options.get("store") or setting
-        if name in seen or store is None:
+        if name in seen or id(options) in seen or store is None:
             continue
-        seen.add(name)
+        seen |= {name, id(options)}
         if error := atomic_error(options.atomic, store, options.get("in_progress")):
             errors.append(
                 Error(
@@ -312,7 +312,13 @@ def redis_census() -> dict[str, Any]:
         except Exception as exc:  # unreachable: say so, and go on
             census[shown] = {
                 **dict.fromkeys(("total", "by_status", "stale")),
-                **dict.fromkeys(("operations_running", "operations_stuck")),
+                **dict.fromkeys(
+                    (
+                        "operations_running",
+                        "operations_stuck",
+                        "longest_operation_silence_seconds",
+                    )
+                ),
                 **dict.fromkeys(
                     (
                         "outbox_pending",
@@ -354,3 +360,15 @@ def admin_notes() -> list[str]:
             "idempotency_stats counts them, and erasure by scope reaches them."
         )
     return notes
+
+
+def outbox_notes() -> list[str]:
+    """What the admin's outbox list says above the table: the messages of each Redis store
+    (``STORE``'s, or a view's ``store``) are not in it, and where to read them."""
+    return [
+        f"Messages staged by views on the Redis store {display_name(store)!r} are kept there "
+        "and not listed here: this list is the database's outbox. idempotency_stats counts "
+        f"that store's backlog; idempotency_relay --store {display_name(store)} --failed "
+        "lists its failed messages."
+        for store in sorted(redis_stores())
+    ]

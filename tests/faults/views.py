@@ -111,12 +111,12 @@ def two_phase_long(request: HttpRequest) -> HttpResponse:
     return _run(request, "file")
 
 
-@idempotent(atomic=True, lock_timeout=SHORT_LOCK)
+@idempotent(atomic=True, lock_timeout=SHORT_LOCK, store="database")
 def atomic(request: HttpRequest) -> HttpResponse:
     return _run(request, "table")
 
 
-@idempotent(atomic=True, lock_timeout=LONG_LOCK)
+@idempotent(atomic=True, lock_timeout=LONG_LOCK, store="database")
 def atomic_long(request: HttpRequest) -> HttpResponse:
     return _run(request, "table")
 

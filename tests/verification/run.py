@@ -531,6 +531,7 @@ class Servers:
 
         try:
             with Connection(AMQP_URL, connect_timeout=10) as connection:
+                connection.ensure_connection(max_retries=1)  # a broker gone: no retry for ever
                 _, count, _ = connection.default_channel.queue_declare(self.queue, passive=True)
         except Exception:
             return None
@@ -542,6 +543,7 @@ class Servers:
 
         try:
             with Connection(AMQP_URL, connect_timeout=10) as connection:
+                connection.ensure_connection(max_retries=1)
                 channel = connection.default_channel
                 channel.queue_delete(self.queue)
                 channel.exchange_delete(self.queue)
@@ -1071,6 +1073,7 @@ class Run:
         message consumed already, waiting for a retry's countdown in the worker, may start
         after: a replay, not recorded.)"""
         deadline = time.time() + DRAIN
+        drained = False
         while True:
             reply = httpx.get(f"{self.servers.url}/outbox-state/", timeout=30)
             if reply.status_code != 200:  # the view's error, shown rather than a JSON error
@@ -1083,18 +1086,48 @@ class Run:
                 and consumed >= set(state["sent"]) | {each["message"] for each in delivered}
                 and self.servers.queued() == 0
             ):
+                drained = True
                 break
             if time.time() > deadline:
-                log(f"outbox not drained: {state['undelivered']}")
+                log(f"outbox not drained after {DRAIN:g} s: undelivered "
+                    f"{state['undelivered']}, queued {self.servers.queued()}")  # fmt: skip
                 self.recorder.add({"type": "undrained", "t": time.time(),
                                    "undelivered": state["undelivered"]})  # fmt: skip
                 break
             time.sleep(0.5)
-        log("outbox drained")
+        if drained:  # said once, and never after "not drained"
+            log("outbox drained")
         for delivery in delivered:
             self.recorder.add({"type": "delivery", **delivery})
         for row in state["consumed"]:
             self.recorder.add({"type": "consumed", **row})
+
+
+def said(violation: dict[str, Any]) -> str:
+    """A reported violation on one line of stderr: its invariant, principal, key and what it
+    saw (its first line, cut at 200 characters); the JSON keeps the whole of it."""
+    what = str(violation.get("what", "")).strip().splitlines() or [""]
+    summary = what[0] if len(what[0]) <= 200 else what[0][:199] + "…"
+    return (
+        f"violation of invariant {violation['invariant']}: principal "
+        f"{violation['principal']}, key {violation['key']}: {summary}"
+    )
+
+
+def unreachable_broker() -> str | None:
+    """Why the outbox's broker cannot be used now (``None``: it answers). Asked before the run:
+    without it the relay's sends fail, the consumer waits for it for ever, and the run neither
+    drained nor ended."""
+    from kombu import Connection
+
+    try:
+        with Connection(AMQP_URL, connect_timeout=5) as connection:
+            connection.ensure_connection(max_retries=1)
+            where = connection.as_uri()  # its password masked
+    except Exception as exc:
+        return f"{Connection(AMQP_URL).as_uri()}: {type(exc).__name__}: {exc}"
+    log(f"broker {where} answers")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1124,6 +1157,13 @@ def main(argv: list[str] | None = None) -> int:
     scenes = frozenset(filter(None, args.scenes.split(",")))
     if scenes - set(SCENES):
         parser.error(f"--scenes: no scene {', '.join(sorted(scenes - set(SCENES)))}")
+    if broker := unreachable_broker():
+        print(
+            f"verification: the outbox's broker does not answer ({broker}); start RabbitMQ or "
+            "set IDEMPOTENCY_VERIFY_AMQP_URL",
+            file=sys.stderr,
+        )
+        return 1
     stories, scene_faults, faults = generate(
         args.seed, args.seconds, args.store, args.database, args.failover, scenes
     )
@@ -1169,6 +1209,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         seen.add(found)
         violations.append({**violation, "history": checker.shrink(events, violation, limits)})
+    for violation in violations:
+        log(said(violation))
+    if len(result.violations) > len(violations):
+        log(f"... and {len(result.violations) - len(violations)} more (violations_total)")
     statuses = Counter(str(e["status"]) for e in events if e["type"] == "complete")
     basic = {e["op"] for e in events if e["type"] == "invoke" and e.get("auth") == "basic"}
     exports = {e["op"] for e in events if e["type"] == "invoke" and e["entry"] == "export"}

@@ -84,10 +84,11 @@ def census(client: Any, prefix: str, stuck_after: timedelta = timedelta(hours=1)
     # Every status, its count zero or not, as the table's figures list them.
     by_status = dict.fromkeys((rules.PROCESSING, rules.COMPLETED, rules.FAILED), 0)
     stale = running = stuck = 0
+    oldest_update: int | None = None  # of the running operations: the longest silence's
     batch: list[Any] = []
 
     def tally() -> None:
-        nonlocal stale, running, stuck
+        nonlocal stale, running, stuck, oldest_update
         pipe = client.pipeline(transaction=False)
         for name in batch:
             pipe.hmget(name, "st", "ua", "rs", "up")
@@ -102,6 +103,8 @@ def census(client: Any, prefix: str, stuck_after: timedelta = timedelta(hours=1)
             if text == "completed" and response == b"202":
                 running += 1
                 stuck += bool(updated) and int(updated) <= silent_since
+                if updated and (oldest_update is None or int(updated) < oldest_update):
+                    oldest_update = int(updated)
         batch.clear()
 
     for name in client.scan_iter(match=f"{glob(prefix)}r:*", count=1000):
@@ -116,4 +119,7 @@ def census(client: Any, prefix: str, stuck_after: timedelta = timedelta(hours=1)
         "stale": stale,
         "operations_running": running,
         "operations_stuck": stuck,
+        "longest_operation_silence_seconds": None
+        if oldest_update is None
+        else max(0.0, (now - EPOCH - timedelta(microseconds=oldest_update)).total_seconds()),
     }

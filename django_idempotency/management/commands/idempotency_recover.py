@@ -41,8 +41,10 @@ class Command(arguments.Command):
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument(
             "--older-than",
-            default="0",
-            help="Only records whose lock expired at least this long ago: 90, 90s, 15m, 2h, 1d "
+            default=None,
+            help="Only records whose lock expired at least this long ago (default 0), or with "
+            "--operations operations silent at least this long (default 1h, stuck as "
+            "idempotency_stats counts them): 90, 90s, 15m, 2h, 1d "
             f"(at most {durations.MAX_DURATION.days}d).",
         )
         action = parser.add_mutually_exclusive_group()
@@ -91,6 +93,8 @@ class Command(arguments.Command):
             raise CommandError("Give --release or --fail, not both.")
         if limit is not None:
             limit = arguments.count("--limit", limit)
+        if older_than is None:  # "stuck" as idempotency_stats counts operations
+            older_than = maintenance.OPERATION_STUCK_AFTER if operations else "0"
         margin = arguments.duration("--older-than", older_than)
         alias = database_alias(database)
         if operations:
@@ -155,9 +159,12 @@ class Command(arguments.Command):
             return
         if rows:
             self._operations_table(rows, fail)
+        # Stuck as idempotency_stats says it (silent an hour); a shorter --older-than lists
+        # operations merely quiet for a while.
+        stuck = margin >= maintenance.OPERATION_STUCK_AFTER
         self._summary(
             len(rows),
-            "stuck operation",
+            "stuck operation" if stuck else "silent operation",
             "fail" if fail else "",
             "Failed",
             done,

@@ -92,9 +92,7 @@ class Command(_arguments.Command):
         try:
             self._relay(alias, once, batch_size, interval, verbosity, failed, retry_failed, dry_run)
         except (DatabaseError, StoreUnavailable) as exc:  # a store down: said, not a traceback
-            where = f"database {alias!r}"
-            if is_redis(alias):
-                where = f"Redis store {shown_store(alias)!r}"
+            where = _where(alias)
             said = str(exc).removeprefix(f"{where}: ")  # a Redis fault names its store
             raise CommandError(f"The {where} did not answer: {said}".strip()) from exc
 
@@ -130,4 +128,14 @@ class Command(_arguments.Command):
         )
         done = sender.run(once=once)
         if verbosity >= 1:
-            self.stdout.write(f"Sent {done.sent:,} message(s); {done.failed:,} failed.")
+            # Named: two relays (the database's and a Redis store's) print one line each.
+            self.stdout.write(
+                f"Sent {done.sent:,} message(s); {done.failed:,} failed ({_where(alias)})."
+            )
+
+
+def _where(alias: str) -> str:
+    """``database 'default'`` or ``Redis store 'redis://host:6379/0'`` (no password)."""
+    if is_redis(alias):
+        return f"Redis store {shown_store(alias)!r}"
+    return f"database {alias!r}"
