@@ -101,17 +101,17 @@ def _excuse(
     """The fault that let ``second`` run again after ``first`` (SPEC 4a's window): the owner's
     worker killed, or a fault longer than its remaining lock (at least two thirds of the lock,
     renewed) between the two effects; a worker stopped so long is either effect's (the late
-    owner's view may run before the taker's, or after it resumes). A failover that began once
+    owner's view may run before the taker's, or after it resumes). No fault that began once
     ``first``'s answer had reached a client (``acked``: when an answer first named each
-    execution) is none: the result was stored before it was answered, and a promoted standby
-    must have it."""
+    execution) is one, a failover's neither: the result was stored (durably: the servers
+    fsync) before it was answered, and a promoted standby must have it."""
     if first["entry"] in limits.atomic:
         return None
+    answered = acked.get(first["execution"], float("inf"))
     for fault in faults:
         if fault["start"] > second["t"] or fault["end"] < first["t"] - EDGE:
             continue
-        answered = acked.get(first["execution"], float("inf"))
-        if fault["kind"] == FAILOVER and answered < fault["start"]:
+        if answered < fault["start"]:
             continue
         # A worker stopped between its claim and its view is a late owner too: its view runs
         # once it resumes, after a retry took the record over and ran it (``second``'s). Its
