@@ -237,8 +237,14 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         steps: dict[Any, list[Event]] = defaultdict(list)
         for run in runs:
             steps[run.get("step")].append(run)
-        pairs = [(group[0], again) for group in steps.values() for again in group[1:]]
-        for first, again in pairs:
+        # Each run again is excused, or not, by a fault since the run before it: one window
+        # (the life's first owner killed) excuses no run long after it.
+        pairs = [
+            (group[0], before, again)
+            for group in steps.values()
+            for before, again in zip(group, group[1:])
+        ]
+        for first, before, again in pairs:
             if again["body"] != first["body"]:
                 result.violate(
                     4, key, "a changed body ran under a used key", effects=[first, again]
@@ -250,16 +256,16 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                                "in its record life", effects=[first, again],
                                points=[point])  # fmt: skip
                 continue
-            fault = _excuse(first, again, faults, limits, acked)
+            fault = _excuse(before, again, faults, limits, acked)
             if fault is None:
                 result.violate(
-                    1, key, "a view ran twice in one record life", effects=[first, again]
+                    1, key, "a view ran twice in one record life", effects=[before, again]
                 )
             else:
-                late.update((first["execution"], again["execution"]))
+                late.update((before["execution"], again["execution"]))
                 result.windows.append(
                     {"principal": key[0], "key": key[1], "life": number, "fault": fault,
-                     "executions": [first["execution"], again["execution"]]}
+                     "executions": [before["execution"], again["execution"]]}
                 )  # fmt: skip
 
     _check_steps(lives, result)
