@@ -1,7 +1,7 @@
 """The checker's reading of a failover, on histories written by hand (no servers): a result
 answered before the primary died must be on the promoted standby, so a second run after it is
-no window (nor after any other fault); one still unanswered when it died may be run again, as under any fault longer than
-the lock. Violations of a lost write's kinds name their failover."""
+no window (nor after any other fault); one still unanswered when it died may be run again, as
+under any fault longer than the lock. Violations of a lost write's kinds name their failover."""
 
 from __future__ import annotations
 
