@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 Event = dict[str, Any]
@@ -96,18 +97,29 @@ class Result:
 
 
 def _excuse(
-    first: Event, second: Event, faults: list[Event], limits: Limits, acked: dict[str, float]
-) -> Event | None:
+    first: Event, second: Event, faults: list[Event], limits: Limits, acked: dict[str, float],
+    proved: float = float("inf"),
+) -> Event | None:  # fmt: skip
     """The fault that let ``second`` run again after ``first`` (SPEC 4a's window): the owner's
     worker killed, or a fault longer than its remaining lock (at least two thirds of the lock,
     renewed) between the two effects; a worker stopped so long is either effect's (the late
     owner's view may run before the taker's, or after it resumes). No fault that began once
     ``first``'s answer had reached a client (``acked``: when an answer first named each
     execution) is one, a failover's neither: the result was stored (durably: the servers
-    fsync) before it was answered, and a promoted standby must have it."""
+    fsync) before it was answered, and a promoted standby must have it. Once a replay had
+    shown the life's result stored (``proved``), only ``second``'s own worker stopped since
+    before it (a late owner's view) is one."""
     if first["entry"] in limits.atomic:
         return None
     answered = acked.get(first["execution"], float("inf"))
+    if proved < second["t"] - EDGE:
+        faults = [
+            fault
+            for fault in faults
+            if fault["kind"] == "worker-stop"
+            and fault.get("pid") == second["pid"]
+            and fault["start"] <= proved
+        ]
     for fault in faults:
         if fault["start"] > second["t"] or fault["end"] < first["t"] - EDGE:
             continue
@@ -233,6 +245,11 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
     # before a saved recovery point again.
     saved = {e["execution"]: e for e in events if e["type"] == "point"}
     late: set[str] = set()  # executions run again in a window: their answers are excused
+    proved: dict[tuple[tuple[str, str], int], float] = {}  # a life's first replay
+    for done in completes.values():
+        life = life_of.get(done.get("execution") or "")
+        if done.get("replayed") and life is not None:
+            proved[life] = min(proved.get(life, done["t"]), done["t"])
     for (key, number), runs in lives.items():
         steps: dict[Any, list[Event]] = defaultdict(list)
         for run in runs:
@@ -242,7 +259,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         pairs = [
             (group[0], before, again)
             for group in steps.values()
-            for before, again in zip(group, group[1:])
+            for before, again in pairwise(group)
         ]
         for first, before, again in pairs:
             if again["body"] != first["body"]:
@@ -256,7 +273,9 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                                "in its record life", effects=[first, again],
                                points=[point])  # fmt: skip
                 continue
-            fault = _excuse(before, again, faults, limits, acked)
+            fault = _excuse(
+                before, again, faults, limits, acked, proved.get((key, number), float("inf"))
+            )
             if fault is None:
                 result.violate(
                     1, key, "a view ran twice in one record life", effects=[before, again]
