@@ -149,19 +149,19 @@ def _excuse(
 
 
 def _expiry(
-    source: Event, asked: Event, faults: list[Event], replayed_at: dict[str, float],
-    limits: Limits,
-) -> float:  # fmt: skip
+    source: Event, ran: Event, asked: Event, faults: list[Event], stored: float, limits: Limits
+) -> float:
     """When ``source``'s record may expire (its TTL from its run, and the edge): later when a
-    store outage, or a stop of its owner's worker, held its owner's renewals and result write,
-    for a renewal that lands holds the record until its lock's end (SPEC 4a), and one may land
-    as late as the result, stored before its first replay. A soak's Redis frozen 5.3 s under a
-    6 s TTL: the owner's renewal and result landed when it thawed, and the record lived 3 s
-    on; a SQLite soak's owner stopped 5.2 s: the same as it resumed."""
+    store outage, or a stop of an owner's worker (``source``'s, or ``ran``'s: the run the
+    answer names), held an owner's renewals and result write, for a renewal that lands holds
+    the record until its lock's end (SPEC 4a), and one may land as late as the result, stored
+    before it was first answered (``stored``). A soak's Redis frozen 5.3 s under a 6 s TTL:
+    the owner's renewal and result landed when it thawed, and the record lived 3 s on; a
+    SQLite soak's owner stopped 5.2 s: the same as it resumed. An outage once the result was
+    stored held nothing: the owner had no renewal left to send."""
     expiry = source["t"] + limits.ttl[asked["entry"]]
-    stored = replayed_at.get(source["execution"], asked["t"])
     held = any(
-        _holds_owner(fault, source, limits)
+        (_holds_owner(fault, source, limits) or _holds_owner(fault, ran, limits))
         and fault["start"] <= stored
         and fault["end"] >= source["t"]
         for fault in faults
@@ -289,12 +289,6 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
 
     _check_steps(lives, result)
 
-    replayed_at: dict[str, float] = {}  # when a replay first named each execution
-    for done in completes.values():
-        if done.get("replayed") and done.get("execution"):
-            execution = done["execution"]
-            replayed_at[execution] = min(replayed_at.get(execution, done["t"]), done["t"])
-
     by_execution = {run["execution"]: run for runs in lives.values() for run in runs}
     # Answers, in the order they came.
     answered: dict[tuple[str, str], list[tuple[Event, Event]]] = defaultdict(list)
@@ -323,7 +317,8 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
             result.violate(9, key, "an answer names steps that did not run together",
                            op=[asked, done], effects=[ran])  # fmt: skip
             continue
-        expiry = _expiry(source, asked, faults, replayed_at, limits)
+        stored = acked.get(done["execution"], asked["t"])  # its result, by its first answer
+        expiry = _expiry(source, ran or source, asked, faults, stored, limits)
         if done.get("replayed") and asked["t"] > expiry:
             result.violate(5, key, "an expired record was replayed", op=[asked, done])
             continue
