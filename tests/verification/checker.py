@@ -516,6 +516,7 @@ def _check_outbox(
         life = life_of.get(execution)
         return execution not in kept and life is not None and bool(replayed_lives[life])
 
+    _check_copies(delivered, staged, result)
     for message, copies in delivered.items():
         for execution in {copy["args"][0] for copy in copies}:
             if kept_nothing(execution):
@@ -547,6 +548,20 @@ def _check_outbox(
         if event["type"] == "undrained":
             result.violate(6, ("?", "?"), "messages still undelivered after the run's wait",
                            undelivered=event["undelivered"])  # fmt: skip
+
+
+def _check_copies(
+    delivered: dict[str, list[Event]], staged: dict[str, Event], result: Result
+) -> None:
+    """6: a message delivered is the one its attempt staged: a copy of it under another id
+    (consumed once, as its own message) is a second effect of one attempt."""
+    for message, copies in delivered.items():
+        for execution in sorted({copy["args"][0] for copy in copies}):
+            effect = staged.get(execution)
+            if effect is not None and effect["message"] != message:
+                result.violate(6, (effect["principal"], effect["key"]), "a message its attempt "
+                               "never staged was delivered", effects=[effect],
+                               deliveries=copies)  # fmt: skip
 
 
 def _units(events: list[Event]) -> list[list[Event]]:
