@@ -333,7 +333,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                 # 2, always: every replay is the one stored answer (a window's too: the late
                 # owner's result is fenced off, whatever its own client was given).
                 stored = replay_of_life.setdefault(life, (asked, done))
-                if done["response"] != stored[1]["response"]:
+                if _answer(done) != _answer(stored[1]):
                     result.violate(2, key, "two replays differ", op=[*stored, asked, done])
                     continue
             if life not in first_of_life:
@@ -342,7 +342,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
             first_asked, first_done = first_of_life[life]
             # In a window, the late owner's client gets the view's own answer (SPEC 4a).
             excused = done["execution"] in late or first_done["execution"] in late
-            if done["response"] != first_done["response"] and not excused:  # 2
+            if _answer(done) != _answer(first_done) and not excused:  # 2
                 result.violate(2, key, "a later answer differs from the first",
                                op=[first_asked, first_done, asked, done])  # fmt: skip
             elif (
@@ -364,6 +364,12 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                            op=[asked])  # fmt: skip
     _attribute_failovers(result, [fault for fault in faults if fault["kind"] == FAILOVER])
     return result
+
+
+def _answer(done: Event) -> tuple[Any, Any]:
+    """What a client got, as far as the history holds it: the status and the body's hash (a
+    replay is the stored answer in both, ``201`` answered ``200`` is not it)."""
+    return done["status"], done["response"]
 
 
 def _point_before(group: list[Event], again: Event, saved: dict[str, Event]) -> Event | None:
