@@ -11,9 +11,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import label_for_field
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.templatetags.static import static
+from django.urls import path, reverse
 from django.utils import dateformat, timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
@@ -21,12 +25,12 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import _store as store
 from django_idempotency._base import rules
-from django_idempotency._base.errors import InvalidKey
+from django_idempotency._base.errors import InvalidKey, StoreUnavailable
 from django_idempotency._base.keys import hash_key, parse_key
 from django_idempotency._call import operations as operation_ids
 from django_idempotency._conf.settings import conf
 from django_idempotency._function.calls import METHOD as CALL
-from django_idempotency._ops import maintenance, relay, store_checks
+from django_idempotency._ops import browsing, maintenance, relay, store_checks
 from django_idempotency._store import operations as operation_store
 from django_idempotency._store import sealing
 from django_idempotency.models import IdempotencyKey, OutboxMessage
@@ -53,6 +57,8 @@ KEY_DISPLAY_LENGTH = 8
 PATH_DISPLAY_LIMIT = 24
 #: Records the "delete expired" action deletes per short transaction.
 DELETE_BATCH_SIZE = 1000
+#: A Redis store's list (:meth:`IdempotencyKeyAdmin.redis_changelist_view`).
+REDIS_TEMPLATE = "admin/django_idempotency/idempotencykey/redis.html"
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -253,6 +259,10 @@ class IdempotencyKeyAdmin(_ModelAdmin):
                 messages.warning(request, note)
         context = {
             "title": capfirst(self.opts.verbose_name_plural),
+            "idempotency_redis": [
+                (each.shown, reverse(f"{self.admin_site.name}:{self._redis_url}", args=[each.tag]))
+                for each in browsing.browsed()
+            ],
             # A callable the template calls once: a 403 or an action's redirect scans nothing.
             "idempotency_stats": (
                 partial(maintenance.stats, conf.DATABASE_ALIAS) if self.show_table_health else None
@@ -260,6 +270,62 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)
+
+    # -- a Redis store's records: a page of their own, through the store contract ---------------
+
+    #: Records a page of a Redis store's list shows, about (a page ends with a ``SCAN`` call).
+    redis_page_size = 100
+    _redis_url = "django_idempotency_idempotencykey_redis"
+    _redis_columns = ("short_key", "state", "scope", "request", "response", "created", "expires")
+
+    def get_urls(self) -> list[Any]:
+        """The Redis stores' lists beside the table's, before the admin's catch-all."""
+        view = self.admin_site.admin_view(self.redis_changelist_view)
+        return [path("redis/<str:tag>/", view, name=self._redis_url), *super().get_urls()]
+
+    def redis_changelist_view(self, request: HttpRequest, tag: str) -> HttpResponse:
+        """A Redis store's records, read-only, for staff who may view the table's: a page per
+        ``SCAN`` cursor (never the whole keyspace at once), by status, or an exact key's."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        found = browsing.find(tag)
+        if found is None:
+            raise Http404("No Redis store of the settings or views has this mark.")
+        status = request.GET.get("status")
+        status = status if status in IdempotencyKey.Status.values else None
+        term = request.GET.get("q", "").strip()
+        records: list[IdempotencyKey] = []
+        after = None
+        try:
+            if term:
+                records = browsing.search(found.alias, term, status)
+            else:
+                cursor = request.GET.get("cursor", "0")
+                records, after = browsing.page(found.alias, cursor, self.redis_page_size, status)
+        except StoreUnavailable as exc:
+            messages.error(request, f"The Redis store {found.shown!r} did not answer: {exc}")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Idempotency keys in the Redis store %(store)s") % {"store": found.shown},
+            "columns": [label_for_field(name, self.model, self) for name in self._redis_columns],
+            "rows": [self._redis_row(record) for record in records],
+            "statuses": IdempotencyKey.Status.choices,
+            "status": status or "",
+            "term": term,
+            "next_cursor": after,
+            "first_page": not term and request.GET.get("cursor", "0") != "0",
+        }
+        return TemplateResponse(request, REDIS_TEMPLATE, context)
+
+    def _redis_row(self, record: IdempotencyKey) -> list[str]:
+        """A record's cells, as the table's list shows them (no stored body: its page's)."""
+        return [
+            format_html('<span title="{}">{}</span>', record.key_hash, self.short_key(record)),
+            *(getattr(self, name)(record) for name in self._redis_columns[1:2]),
+            record.scope,
+            *(getattr(self, name)(record) for name in self._redis_columns[3:]),
+        ]
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """Without the date hierarchy where the database cannot convert to the current time
