@@ -9,6 +9,7 @@ import json
 import re
 from functools import partial
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import label_for_field
@@ -59,6 +60,7 @@ PATH_DISPLAY_LIMIT = 24
 DELETE_BATCH_SIZE = 1000
 #: A Redis store's list (:meth:`IdempotencyKeyAdmin.redis_changelist_view`).
 REDIS_TEMPLATE = "admin/django_idempotency/idempotencykey/redis.html"
+REDIS_RECORD_TEMPLATE = "admin/django_idempotency/idempotencykey/redis_record.html"
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -278,19 +280,66 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     _redis_url = "django_idempotency_idempotencykey_redis"
     _redis_columns = ("short_key", "state", "scope", "request", "response", "created", "expires")
 
-    def get_urls(self) -> list[Any]:
-        """The Redis stores' lists beside the table's, before the admin's catch-all."""
-        view = self.admin_site.admin_view(self.redis_changelist_view)
-        return [path("redis/<str:tag>/", view, name=self._redis_url), *super().get_urls()]
+    _redis_fields = (
+        *("scope", "key_hash", "method", "path", "request_hash", "status"),
+        *("response_status", "stored_headers", "stored_body"),
+        *("attempt", "lock_token", "recovery_point", "recovery_data"),
+        *("stale", "expired", "created", "updated", "unlock", "expires", "operation_state"),
+    )
 
-    def redis_changelist_view(self, request: HttpRequest, tag: str) -> HttpResponse:
-        """A Redis store's records, read-only, for staff who may view the table's: a page per
-        ``SCAN`` cursor (never the whole keyspace at once), by status, or an exact key's."""
+    def get_urls(self) -> list[Any]:
+        """The Redis stores' lists and records beside the table's, before its catch-all."""
+        listed = self.admin_site.admin_view(self.redis_changelist_view)
+        record = self.admin_site.admin_view(self.redis_record_view)
+        return [
+            path("redis/<str:tag>/", listed, name=self._redis_url),
+            path("redis/<str:tag>/record/", record, name=f"{self._redis_url}_record"),
+            *super().get_urls(),
+        ]
+
+    def redis_record_view(self, request: HttpRequest, tag: str) -> HttpResponse:
+        """A Redis store's record (``?scope=&key=<hash>``), every field read-only, its stored
+        response and recovery data shown as the table's record page shows them."""
+        found = self._redis_store(request, tag)
+        scope, key_hash = request.GET.get("scope", ""), request.GET.get("key", "")
+        try:
+            record = browsing.read(found.alias, scope, key_hash)
+        except StoreUnavailable as exc:
+            text = f"The Redis store {found.shown!r} did not answer: {exc}"
+            return HttpResponse(text, status=503, content_type="text/plain")
+        if record is None:
+            raise Http404("No such record (it may have expired).")
+        fields = self._redis_fields if sees_stored_data(request) else _hidden(self._redis_fields)
+        rows = [
+            (label_for_field(name, self.model, self), self._field(record, name)) for name in fields
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Idempotency key %(hash)s") % {"hash": key_hash[:KEY_DISPLAY_LENGTH]},
+            "store": found,
+            "list_url": reverse(f"{self.admin_site.name}:{self._redis_url}", args=[tag]),
+            "fields": rows,
+        }
+        return TemplateResponse(request, REDIS_RECORD_TEMPLATE, context)
+
+    def _field(self, record: IdempotencyKey, name: str) -> Any:
+        shown = getattr(self, name)(record) if hasattr(self, name) else getattr(record, name)
+        return "-" if shown is None or shown == "" else shown
+
+    def _redis_store(self, request: HttpRequest, tag: str) -> browsing.Browsed:
+        """The store ``tag`` marks, for staff who may view the table's records."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         found = browsing.find(tag)
         if found is None:
             raise Http404("No Redis store of the settings or views has this mark.")
+        return found
+
+    def redis_changelist_view(self, request: HttpRequest, tag: str) -> HttpResponse:
+        """A Redis store's records, read-only, for staff who may view the table's: a page per
+        ``SCAN`` cursor (never the whole keyspace at once), by status, or an exact key's."""
+        found = self._redis_store(request, tag)
         status = request.GET.get("status")
         status = status if status in IdempotencyKey.Status.values else None
         term = request.GET.get("q", "").strip()
@@ -309,7 +358,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             "opts": self.opts,
             "title": _("Idempotency keys in the Redis store %(store)s") % {"store": found.shown},
             "columns": [label_for_field(name, self.model, self) for name in self._redis_columns],
-            "rows": [self._redis_row(record) for record in records],
+            "rows": [self._redis_row(record, tag) for record in records],
             "statuses": IdempotencyKey.Status.choices,
             "status": status or "",
             "term": term,
@@ -318,10 +367,18 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         }
         return TemplateResponse(request, REDIS_TEMPLATE, context)
 
-    def _redis_row(self, record: IdempotencyKey) -> list[str]:
+    def _redis_row(self, record: IdempotencyKey, tag: str) -> list[str]:
         """A record's cells, as the table's list shows them (no stored body: its page's)."""
+        page = reverse(f"{self.admin_site.name}:{self._redis_url}_record", args=[tag])
+        query = urlencode({"scope": record.scope, "key": record.key_hash})
         return [
-            format_html('<span title="{}">{}</span>', record.key_hash, self.short_key(record)),
+            format_html(
+                '<a href="{}?{}"><span title="{}">{}</span></a>',
+                page,
+                query,
+                record.key_hash,
+                self.short_key(record),
+            ),
             *(getattr(self, name)(record) for name in self._redis_columns[1:2]),
             record.scope,
             *(getattr(self, name)(record) for name in self._redis_columns[3:]),

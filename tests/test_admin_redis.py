@@ -174,3 +174,49 @@ def test_a_clusters_records_are_paged_primary_by_primary(
     assert sorted(seen) == sorted(hash_key(f"k{n}") for n in range(30))
     assert pages >= 3 and first[1] is not None and first[1].startswith("0:")
     assert hashes(searched) == [hash_key("k7")]
+
+
+def record_link(client: Client, url: str, key: str) -> str:
+    """The record page's link in the list, of the record of ``key``."""
+    text = client.get(url, {"q": key}).content.decode()
+    found = re.search(r'<a href="([^"]+/record/\?[^"]+)">', text)
+    assert found is not None
+    return found.group(1).replace("&amp;", "&")
+
+
+def test_a_records_page_shows_its_stored_response(admin_client: Client) -> None:
+    with on_store():
+        handle("k1")
+        hold_key("k2", handle, "k2")
+        done = admin_client.get(record_link(admin_client, store_url(), "k1"))
+        held = admin_client.get(record_link(admin_client, store_url(), "k2"))
+        missing = admin_client.get(f"{store_url()}record/", {"scope": "t", "key": "0" * 64})
+    assert done.status_code == held.status_code == 200
+    assert "body-of-k1" in done.content.decode() and "tenant-1" in done.content.decode()
+    assert hash_key("k2") in held.content.decode() and "processing" in held.content.decode()
+    assert missing.status_code == 404
+
+
+def test_with_encryption_keys_the_body_needs_the_view_stored_response_permission() -> None:
+    from cryptography.fernet import Fernet
+
+    with override_settings(
+        IDEMPOTENCY={"STORE": REDIS_STORE_NAME, "ENCRYPTION_KEYS": [Fernet.generate_key().decode()]}
+    ):
+        handle("k1")
+        viewer = staff("view_idempotencykey")
+        link = record_link(viewer, store_url(), "k1")
+        hidden = viewer.get(link).content.decode()
+        User.objects.filter(username="staff").delete()
+        allowed = staff("view_idempotencykey", "view_stored_response")
+        shown = allowed.get(link).content.decode()
+        assert staff_403(link)
+    assert "body-of-k1" not in hidden and "Encrypted;" in hidden
+    assert "body-of-k1" in shown
+
+
+def staff_403(url: str) -> bool:
+    user = User.objects.create_user("other", is_staff=True)
+    client = Client()
+    client.force_login(user)
+    return client.get(url).status_code == 403

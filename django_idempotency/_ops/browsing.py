@@ -61,3 +61,10 @@ def search(alias: str, term: str, status: str | None) -> list[IdempotencyKey]:
     found = [record for key_hash in sorted(hashes) for record in store.records_of(key_hash)]
     found = [record for record in found if not status or record.status == status]
     return sorted(found, key=lambda record: record.created_at, reverse=True)
+
+
+def read(alias: str, scope: str, key_hash: str) -> IdempotencyKey | None:
+    """The record of ``key_hash`` in ``scope`` (``None``: none, or expired)."""
+    if not _KEY_HASH.match(key_hash):
+        return None
+    return using(alias).read(scope, key_hash)
