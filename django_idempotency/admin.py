@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import label_for_field
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.urls import path, reverse
@@ -61,6 +61,8 @@ DELETE_BATCH_SIZE = 1000
 #: A Redis store's list (:meth:`IdempotencyKeyAdmin.redis_changelist_view`).
 REDIS_TEMPLATE = "admin/django_idempotency/idempotencykey/redis.html"
 REDIS_RECORD_TEMPLATE = "admin/django_idempotency/idempotencykey/redis_record.html"
+REDIS_OUTBOX_TEMPLATE = "admin/django_idempotency/outboxmessage/redis.html"
+REDIS_OUTBOX_URL = "django_idempotency_outboxmessage_redis"
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -364,6 +366,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             "term": term,
             "next_cursor": after,
             "first_page": not term and request.GET.get("cursor", "0") != "0",
+            "outbox_url": reverse(f"{self.admin_site.name}:{REDIS_OUTBOX_URL}", args=[tag]),
         }
         return TemplateResponse(request, REDIS_TEMPLATE, context)
 
@@ -683,9 +686,48 @@ class OutboxMessageAdmin(_MessageAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """Read-only: the list is not "Select outbox message to change" (the change permission
-        is only the re-send action's)."""
-        context = {"title": capfirst(self.opts.verbose_name_plural), **(extra_context or {})}
+        is only the re-send action's); the Redis stores' outboxes linked above it."""
+        context = {
+            "title": capfirst(self.opts.verbose_name_plural),
+            "idempotency_redis": [
+                (each.shown, reverse(f"{self.admin_site.name}:{REDIS_OUTBOX_URL}", args=[each.tag]))
+                for each in browsing.browsed()
+            ],
+            **(extra_context or {}),
+        }
         return super().changelist_view(request, context)
+
+    def get_urls(self) -> list[Any]:
+        """A Redis store's outbox beside the table's, before the admin's catch-all."""
+        view = self.admin_site.admin_view(self.redis_outbox_view)
+        return [path("redis/<str:tag>/", view, name=REDIS_OUTBOX_URL), *super().get_urls()]
+
+    def redis_outbox_view(self, request: HttpRequest, tag: str) -> HttpResponse:
+        """A Redis store's outbox, for staff who may view the table's messages: its backlog and
+        its messages failed for good; a ``POST`` sends the selected ones again (the contract's
+        ``resend``), for staff who may change them (the table's re-send action)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        found = browsing.find(tag)
+        if found is None:
+            raise Http404("No Redis store of the settings or views has this mark.")
+        if request.method == "POST":
+            if not self.has_change_permission(request):
+                raise PermissionDenied
+            count = browsing.resend(found.alias, request.POST.getlist("_selected"))
+            self.message_user(
+                request, _("%(count)d message(s) will be sent again.") % {"count": count}
+            )
+            return HttpResponseRedirect(request.path)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Outbox of the Redis store %(store)s") % {"store": found.shown},
+            "outbox": browsing.outbox(found.alias),
+            "can_resend": self.has_change_permission(request),
+            "shown": browsing.FAILED_SHOWN,
+        }
+        return TemplateResponse(request, REDIS_OUTBOX_TEMPLATE, context)
 
     @admin.display(description=_("last error"))
     def error(self, message: OutboxMessage) -> str:

@@ -220,3 +220,75 @@ def staff_403(url: str) -> bool:
     client = Client()
     client.force_login(user)
     return client.get(url).status_code == 403
+
+
+def failed_messages(*ids: str) -> list[str]:
+    """Messages ``ids`` released with a result and failed for good, as a relay leaves them
+    (through the store contract, on the tests' server); their keys."""
+    from datetime import timedelta
+
+    from django_idempotency._call import outbox
+    from django_idempotency._call.identity import Identity
+    from django_idempotency._store import StoredResponse
+    from django_idempotency._store.outbox import Message, Release
+
+    store: Any = using(browsing.browsed()[0].alias)
+    identity = Identity(
+        key="k", scope="s", key_hash=hash_key("k"), fingerprint="f", method="POST", path="/p"
+    )
+    claim = store.claim(identity, ttl=timedelta(hours=1), lock_timeout=timedelta(seconds=30))
+    release = Release(
+        0, [Message(id_, outbox.CELERY, "task.name", "{}") for id_ in ids], timedelta(0), False
+    )
+    stored = StoredResponse(status=201, headers=[], body=b"{}")
+    assert store.store_response(claim.pk, claim.token_text, stored, release=release)
+    taken = store.take(10, timedelta(seconds=30))
+    for message in taken:
+        assert store.mark_failed(message.key, "broker down", None, counted=True) == 1
+    return [message.key for message in sorted(taken, key=lambda message: message.message_id)]
+
+
+def outbox_url() -> str:
+    return f"/admin/django_idempotency/outboxmessage/redis/{browsing.browsed()[0].tag}/"
+
+
+def test_the_outbox_page_lists_failed_messages_and_sends_them_again(
+    admin_client: Client,
+) -> None:
+    with on_store():
+        first, second = failed_messages("m1", "m2")
+        url = outbox_url()
+        listed = admin_client.get(url)
+        table = admin_client.get("/admin/django_idempotency/outboxmessage/")
+        made_up = "idempotency:o:m:{x:y}:m9"
+        sent = admin_client.post(url, {"_selected": [first, made_up]}, follow=True)
+        store: Any = using(browsing.browsed()[0].alias)
+        left = [message.message_id for message in store.failed_messages()]
+        backlog = store.backlog()
+    text = listed.content.decode()
+    assert "m1" in text and "m2" in text and "broker down" in text and "Failed for good: 2" in text
+    assert f'href="{url}"' in table.content.decode()
+    assert "1 message(s) will be sent again." in sent.content.decode()
+    assert left == ["m2"] and backlog.pending == 1 and backlog.failed == 1
+    assert second in text  # the second is still offered
+
+
+def test_the_outbox_page_needs_the_view_and_change_permissions() -> None:
+    with on_store():
+        (key,) = failed_messages("m1")
+        assert staff("view_idempotencykey").get(outbox_url()).status_code == 403
+        User.objects.filter(username="staff").delete()
+        viewer = staff("view_outboxmessage")
+        page = viewer.get(outbox_url())
+        refused = viewer.post(outbox_url(), {"_selected": [key]})
+        store: Any = using(browsing.browsed()[0].alias)
+        still = [message.pk for message in store.failed_messages()]
+    assert page.status_code == 200 and "idempotency-resend" not in page.content.decode()
+    assert refused.status_code == 403 and still == [key]
+
+
+def test_a_clusters_outbox_page_says_it_serves_none(admin_client: Client, cluster_url: str) -> None:
+    with on_store(cluster_url):
+        page = admin_client.get(outbox_url())
+    assert page.status_code == 200
+    assert "This store serves no outbox" in page.content.decode()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django_idempotency._base.errors import InvalidKey
 from django_idempotency._base.keys import hash_key, parse_key
@@ -68,3 +68,33 @@ def read(alias: str, scope: str, key_hash: str) -> IdempotencyKey | None:
     if not _KEY_HASH.match(key_hash):
         return None
     return using(alias).read(scope, key_hash)
+
+
+#: Failed messages an outbox page lists at most (the oldest releases first).
+FAILED_SHOWN = 500
+
+
+class Outbox(NamedTuple):
+    """A Redis store's outbox as its admin page shows it: why it has none (a cluster), or its
+    backlog and its messages failed for good (each with its key, ``pk``)."""
+
+    refusal: str | None
+    backlog: Any
+    failed: list[Any]
+
+
+def outbox(alias: str) -> Outbox:
+    """The store's outbox: its backlog and its first :data:`FAILED_SHOWN` failed messages."""
+    store = using(alias)
+    refusal = store.outbox_refusal()
+    if refusal is not None:
+        return Outbox(refusal, None, [])
+    return Outbox(None, store.backlog(), store.failed_messages()[:FAILED_SHOWN])
+
+
+def resend(alias: str, keys: list[str]) -> int:
+    """Make the store's failed messages ``keys`` pending and due now (the contract's
+    ``resend``): only keys of messages it lists failed, never a key a form made up."""
+    store = using(alias)
+    failed = {message.pk for message in store.failed_messages()}
+    return store.resend([key for key in keys if key in failed])
