@@ -371,21 +371,16 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         return TemplateResponse(request, REDIS_TEMPLATE, context)
 
     def _redis_row(self, record: IdempotencyKey, tag: str) -> list[str]:
-        """A record's cells, as the table's list shows them (no stored body: its page's)."""
+        """A record's cells, as the table's list shows them (no stored body: its page's), its
+        short key hash a link to its page."""
         page = reverse(f"{self.admin_site.name}:{self._redis_url}_record", args=[tag])
         query = urlencode({"scope": record.scope, "key": record.key_hash})
-        return [
-            format_html(
-                '<a href="{}?{}"><span title="{}">{}</span></a>',
-                page,
-                query,
-                record.key_hash,
-                self.short_key(record),
-            ),
-            *(getattr(self, name)(record) for name in self._redis_columns[1:2]),
-            record.scope,
-            *(getattr(self, name)(record) for name in self._redis_columns[3:]),
-        ]
+        link = format_html(
+            '<a href="{}?{}"><span title="{}">{}</span></a>',
+            *(page, query, record.key_hash, self.short_key(record)),
+        )
+        cells = {"short_key": link, "scope": record.scope}
+        return [cells.get(name) or self._field(record, name) for name in self._redis_columns]
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """Without the date hierarchy where the database cannot convert to the current time
@@ -719,11 +714,16 @@ class OutboxMessageAdmin(_MessageAdmin):
                 request, _("%(count)d message(s) will be sent again.") % {"count": count}
             )
             return HttpResponseRedirect(request.path)
+        try:
+            outbox = browsing.outbox(found.alias)
+        except StoreUnavailable as exc:
+            messages.error(request, f"The Redis store {found.shown!r} did not answer: {exc}")
+            outbox = browsing.Outbox(None, None, [])
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": _("Outbox of the Redis store %(store)s") % {"store": found.shown},
-            "outbox": browsing.outbox(found.alias),
+            "outbox": outbox,
             "can_resend": self.has_change_permission(request),
             "shown": browsing.FAILED_SHOWN,
         }

@@ -292,3 +292,14 @@ def test_a_clusters_outbox_page_says_it_serves_none(admin_client: Client, cluste
         page = admin_client.get(outbox_url())
     assert page.status_code == 200
     assert "This store serves no outbox" in page.content.decode()
+
+
+def test_a_store_that_does_not_answer_is_said_so(admin_client: Client) -> None:
+    from tests.redis_servers import free_port
+
+    with on_store(f"redis://127.0.0.1:{free_port()}/0"):
+        listed = admin_client.get(store_url())
+        outbox = admin_client.get(outbox_url())
+    assert listed.status_code == outbox.status_code == 200
+    assert "did not answer" in listed.content.decode()
+    assert "did not answer" in outbox.content.decode()
