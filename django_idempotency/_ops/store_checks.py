@@ -334,7 +334,7 @@ def _outbox(store: str) -> dict[str, Any]:
 
 def admin_notes() -> list[str]:
     """What the admin's list says above the table: which views keep their records in which
-    Redis store, and that the list cannot show them (it is the database's table)."""
+    Redis store, and that the table's list cannot show them (their own is linked)."""
     setting = _setting_store()
     where: dict[str, list[str]] = {}
     for name, options in _views():
@@ -350,7 +350,7 @@ def admin_notes() -> list[str]:
         notes.append(
             f"Records of {'the views ' + listed if views else 'every protected view'} "
             f"({which}) live in the Redis store {display_name(store)!r}, which this list cannot "
-            "show: it lists the database's table only. They expire by Redis's own TTL; "
-            "idempotency_stats counts them, and erasure by scope reaches them."
+            "show (it lists the database's table): their own list is linked below. They expire "
+            "by Redis's own TTL; idempotency_stats counts them, and erasure by scope reaches them."
         )
     return notes

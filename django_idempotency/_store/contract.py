@@ -428,6 +428,14 @@ class StoreContract:
         """The key's records in every scope, oldest first (tests, operators)."""
         return []
 
+    def browse(
+        self, cursor: str, *, size: int, status: str | None = None
+    ) -> tuple[list[IdempotencyKey], str | None]:
+        """A page of the store's records (``status``'s only, if given) from ``cursor`` (``"0"``:
+        the first), about ``size`` of them, and the next page's cursor (``None``: the last page):
+        the admin's list of a store that keeps no table (a table's is its ``ModelAdmin``)."""
+        raise NotSupportedError(f"The {self.name} store's records are listed by its table's admin.")
+
     def count(self) -> int:
         """How many records the store holds."""
         raise _missing("count")
