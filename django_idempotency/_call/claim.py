@@ -224,7 +224,7 @@ class Claim:
         written = self._write_point(store, name, data, messages)
         if written is Written.REFUSED:
             raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
-        outbox.released(self, store.alias, messages)
+        outbox.released(self, store, messages)
         self.held_for(since)
 
     def _write_point(

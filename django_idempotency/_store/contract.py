@@ -354,6 +354,11 @@ class StoreContract:
         """After a fault: close the thread's connection unless it is in a transaction, so the
         thread's next query makes a new one."""
 
+    def idle_thread(self) -> None:
+        """The calling thread has nothing more to do for now (the outbox's sender, its queue
+        empty): its connection goes back if unusable or obsolete, as at a request's end; a
+        store whose connections go back after each call has nothing to give back."""
+
     def narrow_charsets(self, seconds: float) -> Any | None:
         """What folds or refuses a scope on the store's connection (``charsets.known_narrow``),
         asked within ``seconds``; ``None``: nothing (:attr:`StoreFeatures.keeps_every_scope`)."""
