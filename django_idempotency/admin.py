@@ -9,11 +9,16 @@ import json
 import re
 from functools import partial
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import label_for_field
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.templatetags.static import static
+from django.urls import path, reverse
 from django.utils import dateformat, timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
@@ -21,12 +26,12 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import _store as store
 from django_idempotency._base import rules
-from django_idempotency._base.errors import InvalidKey
+from django_idempotency._base.errors import InvalidKey, StoreUnavailable
 from django_idempotency._base.keys import hash_key, parse_key
 from django_idempotency._call import operations as operation_ids
 from django_idempotency._conf.settings import conf
 from django_idempotency._function.calls import METHOD as CALL
-from django_idempotency._ops import maintenance, relay, store_checks
+from django_idempotency._ops import browsing, maintenance, relay, store_checks
 from django_idempotency._store import operations as operation_store
 from django_idempotency._store import sealing
 from django_idempotency.models import IdempotencyKey, OutboxMessage
@@ -53,6 +58,11 @@ KEY_DISPLAY_LENGTH = 8
 PATH_DISPLAY_LIMIT = 24
 #: Records the "delete expired" action deletes per short transaction.
 DELETE_BATCH_SIZE = 1000
+#: A Redis store's list (:meth:`IdempotencyKeyAdmin.redis_changelist_view`).
+REDIS_TEMPLATE = "admin/django_idempotency/idempotencykey/redis.html"
+REDIS_RECORD_TEMPLATE = "admin/django_idempotency/idempotencykey/redis_record.html"
+REDIS_OUTBOX_TEMPLATE = "admin/django_idempotency/outboxmessage/redis.html"
+REDIS_OUTBOX_URL = "django_idempotency_outboxmessage_redis"
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
@@ -253,6 +263,10 @@ class IdempotencyKeyAdmin(_ModelAdmin):
                 messages.warning(request, note)
         context = {
             "title": capfirst(self.opts.verbose_name_plural),
+            "idempotency_redis": [
+                (each.shown, reverse(f"{self.admin_site.name}:{self._redis_url}", args=[each.tag]))
+                for each in browsing.browsed()
+            ],
             # A callable the template calls once: a 403 or an action's redirect scans nothing.
             "idempotency_stats": (
                 partial(maintenance.stats, conf.DATABASE_ALIAS) if self.show_table_health else None
@@ -260,6 +274,113 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)
+
+    # -- a Redis store's records: a page of their own, through the store contract ---------------
+
+    #: Records a page of a Redis store's list shows, about (a page ends with a ``SCAN`` call).
+    redis_page_size = 100
+    _redis_url = "django_idempotency_idempotencykey_redis"
+    _redis_columns = ("short_key", "state", "scope", "request", "response", "created", "expires")
+
+    _redis_fields = (
+        *("scope", "key_hash", "method", "path", "request_hash", "status"),
+        *("response_status", "stored_headers", "stored_body"),
+        *("attempt", "lock_token", "recovery_point", "recovery_data"),
+        *("stale", "expired", "created", "updated", "unlock", "expires", "operation_state"),
+    )
+
+    def get_urls(self) -> list[Any]:
+        """The Redis stores' lists and records beside the table's, before its catch-all."""
+        listed = self.admin_site.admin_view(self.redis_changelist_view)
+        record = self.admin_site.admin_view(self.redis_record_view)
+        return [
+            path("redis/<str:tag>/", listed, name=self._redis_url),
+            path("redis/<str:tag>/record/", record, name=f"{self._redis_url}_record"),
+            *super().get_urls(),
+        ]
+
+    def redis_record_view(self, request: HttpRequest, tag: str) -> HttpResponse:
+        """A Redis store's record (``?scope=&key=<hash>``), every field read-only, its stored
+        response and recovery data shown as the table's record page shows them."""
+        found = self._redis_store(request, tag)
+        scope, key_hash = request.GET.get("scope", ""), request.GET.get("key", "")
+        try:
+            record = browsing.read(found.alias, scope, key_hash)
+        except StoreUnavailable as exc:
+            text = f"The Redis store {found.shown!r} did not answer: {exc}"
+            return HttpResponse(text, status=503, content_type="text/plain")
+        if record is None:
+            raise Http404("No such record (it may have expired).")
+        fields = self._redis_fields if sees_stored_data(request) else _hidden(self._redis_fields)
+        rows = [
+            (label_for_field(name, self.model, self), self._field(record, name)) for name in fields
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Idempotency key %(hash)s") % {"hash": key_hash[:KEY_DISPLAY_LENGTH]},
+            "store": found,
+            "list_url": reverse(f"{self.admin_site.name}:{self._redis_url}", args=[tag]),
+            "fields": rows,
+        }
+        return TemplateResponse(request, REDIS_RECORD_TEMPLATE, context)
+
+    def _field(self, record: IdempotencyKey, name: str) -> Any:
+        shown = getattr(self, name)(record) if hasattr(self, name) else getattr(record, name)
+        return "-" if shown is None or shown == "" else shown
+
+    def _redis_store(self, request: HttpRequest, tag: str) -> browsing.Browsed:
+        """The store ``tag`` marks, for staff who may view the table's records."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        found = browsing.find(tag)
+        if found is None:
+            raise Http404("No Redis store of the settings or views has this mark.")
+        return found
+
+    def redis_changelist_view(self, request: HttpRequest, tag: str) -> HttpResponse:
+        """A Redis store's records, read-only, for staff who may view the table's: a page per
+        ``SCAN`` cursor (never the whole keyspace at once), by status, or an exact key's."""
+        found = self._redis_store(request, tag)
+        status = request.GET.get("status")
+        status = status if status in IdempotencyKey.Status.values else None
+        term = request.GET.get("q", "").strip()
+        records: list[IdempotencyKey] = []
+        after = None
+        try:
+            if term:
+                records = browsing.search(found.alias, term, status)
+            else:
+                cursor = request.GET.get("cursor", "0")
+                records, after = browsing.page(found.alias, cursor, self.redis_page_size, status)
+        except StoreUnavailable as exc:
+            messages.error(request, f"The Redis store {found.shown!r} did not answer: {exc}")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Idempotency keys in the Redis store %(store)s") % {"store": found.shown},
+            "columns": [label_for_field(name, self.model, self) for name in self._redis_columns],
+            "rows": [self._redis_row(record, tag) for record in records],
+            "statuses": IdempotencyKey.Status.choices,
+            "status": status or "",
+            "term": term,
+            "next_cursor": after,
+            "first_page": not term and request.GET.get("cursor", "0") != "0",
+            "outbox_url": reverse(f"{self.admin_site.name}:{REDIS_OUTBOX_URL}", args=[tag]),
+        }
+        return TemplateResponse(request, REDIS_TEMPLATE, context)
+
+    def _redis_row(self, record: IdempotencyKey, tag: str) -> list[str]:
+        """A record's cells, as the table's list shows them (no stored body: its page's), its
+        short key hash a link to its page."""
+        page = reverse(f"{self.admin_site.name}:{self._redis_url}_record", args=[tag])
+        query = urlencode({"scope": record.scope, "key": record.key_hash})
+        link = format_html(
+            '<a href="{}?{}"><span title="{}">{}</span></a>',
+            *(page, query, record.key_hash, self.short_key(record)),
+        )
+        cells = {"short_key": link, "scope": record.scope}
+        return [cells.get(name) or self._field(record, name) for name in self._redis_columns]
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """Without the date hierarchy where the database cannot convert to the current time
@@ -560,13 +681,53 @@ class OutboxMessageAdmin(_MessageAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """Read-only: the list is not "Select outbox message to change" (the change permission
-        is only the re-send action's); and a Redis store's messages are said to be elsewhere,
-        not an empty list."""
-        if request.method == "GET":
-            for note in store_checks.outbox_notes():
-                messages.warning(request, note)
-        context = {"title": capfirst(self.opts.verbose_name_plural), **(extra_context or {})}
+        is only the re-send action's); the Redis stores' outboxes linked above it."""
+        context = {
+            "title": capfirst(self.opts.verbose_name_plural),
+            "idempotency_redis": [
+                (each.shown, reverse(f"{self.admin_site.name}:{REDIS_OUTBOX_URL}", args=[each.tag]))
+                for each in browsing.browsed()
+            ],
+            **(extra_context or {}),
+        }
         return super().changelist_view(request, context)
+
+    def get_urls(self) -> list[Any]:
+        """A Redis store's outbox beside the table's, before the admin's catch-all."""
+        view = self.admin_site.admin_view(self.redis_outbox_view)
+        return [path("redis/<str:tag>/", view, name=REDIS_OUTBOX_URL), *super().get_urls()]
+
+    def redis_outbox_view(self, request: HttpRequest, tag: str) -> HttpResponse:
+        """A Redis store's outbox, for staff who may view the table's messages: its backlog and
+        its messages failed for good; a ``POST`` sends the selected ones again (the contract's
+        ``resend``), for staff who may change them (the table's re-send action)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        found = browsing.find(tag)
+        if found is None:
+            raise Http404("No Redis store of the settings or views has this mark.")
+        if request.method == "POST":
+            if not self.has_change_permission(request):
+                raise PermissionDenied
+            count = browsing.resend(found.alias, request.POST.getlist("_selected"))
+            self.message_user(
+                request, _("%(count)d message(s) will be sent again.") % {"count": count}
+            )
+            return HttpResponseRedirect(request.path)
+        try:
+            outbox = browsing.outbox(found.alias)
+        except StoreUnavailable as exc:
+            messages.error(request, f"The Redis store {found.shown!r} did not answer: {exc}")
+            outbox = browsing.Outbox(None, None, [])
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Outbox of the Redis store %(store)s") % {"store": found.shown},
+            "outbox": outbox,
+            "can_resend": self.has_change_permission(request),
+            "shown": browsing.FAILED_SHOWN,
+        }
+        return TemplateResponse(request, REDIS_OUTBOX_TEMPLATE, context)
 
     @admin.display(description=_("last error"))
     def error(self, message: OutboxMessage) -> str:

@@ -59,6 +59,7 @@ STORE_MODULES = frozenset(
         "test_view_policy",
         "test_principals",
         "test_redis_store",
+        "test_admin_redis",
         "test_operations",
         "test_operation_lifecycle",
         "test_redis_outbox",

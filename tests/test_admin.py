@@ -449,19 +449,3 @@ def test_changelist_in_utc_keeps_its_date_hierarchy(admin_client: Client, record
     response = admin_client.get(CHANGELIST)
     assert response.context["cl"].date_hierarchy == "created_at"
     assert 'class="toplinks"' in response.content.decode()
-
-
-def test_the_outbox_list_says_a_redis_stores_messages_are_not_in_it(
-    admin_client: Client,
-) -> None:
-    """With ``STORE`` on Redis the list was empty, saying nothing of the messages staged
-    there."""
-    store = "redis://127.0.0.1:1/0"  # never asked: the notice reads the settings alone
-    with override_settings(IDEMPOTENCY={"STORE": store}):
-        page = admin_client.get("/admin/django_idempotency/outboxmessage/")
-    text = page.content.decode()
-    assert page.status_code == 200
-    assert f"Redis store &#x27;{store}&#x27; are kept there and not listed here" in text
-    assert f"idempotency_relay --store {store} --failed" in text
-    page = admin_client.get("/admin/django_idempotency/outboxmessage/")
-    assert "not listed here" not in page.content.decode()  # the database's: nothing to say

@@ -714,8 +714,14 @@ def test_a_web_process_dead_after_the_commit_leaves_its_messages_to_the_relay(
     them."""
     from django_idempotency._call import outbox
 
-    monkeypatch.setattr(outbox, "deliver", lambda alias, messages: None)
+    handed: list[str] = []
+
+    def died(store: Any, keyed: Any) -> None:  # the process gone before it sent them
+        handed.extend(message.message_id for _, message in keyed)
+
+    monkeypatch.setattr(outbox, "deliver", died)
     ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
+    assert handed == ids  # the fast path's one way, cut: nothing else sent them
     assert states() == dict.fromkeys(ids, "pending")
     call_command("idempotency_relay", "--once", verbosity=0)
     assert receipt.sent == []
@@ -922,6 +928,18 @@ def test_messages_released_in_a_block_that_rolls_back_leave_with_the_result(fail
     assert states() == dict.fromkeys(messages, "sent")
 
 
+def test_the_fast_path_thread_gives_its_connection_back_once_idle(post: Post, key: str) -> None:
+    """The sender thread marks the messages on a connection of its own; once its queue is
+    empty the store takes it back (``CONN_MAX_AGE`` 0: closed), as at a request's end. Kept, a
+    web worker's sender held a connection of every process for good."""
+    post("/order/", {"order": "1"}, key=key)
+    assert states() and set(states().values()) == {"sent"}  # marked on the sender's connection
+    closed: list[bool] = []
+    outbox.sender.hand("default", lambda: closed.append(connections["default"].connection is None))
+    assert outbox.sender.settle()
+    assert closed == [True]
+
+
 def test_messages_released_on_a_connection_closed_since_are_sent_without_connecting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -938,5 +956,5 @@ def test_messages_released_on_a_connection_closed_since_are_sent_without_connect
 
     monkeypatch.setattr(connections["default"], "connect", refuse)
     sent: list[str] = []
-    outbox.after_commits("default", lambda: sent.append("sent"))
+    outbox.after_commits(using("default"), lambda: sent.append("sent"))
     assert sent == ["sent"]

@@ -393,14 +393,17 @@ def _kinds_named(source: str) -> list[str]:
 
 
 def test_the_relay_and_the_operations_have_one_way_for_every_store() -> None:
-    """The outbox's relay pass and an operation's reads and writes ask the store's contract,
-    never which kind of store it is: the database's and Redis's are served alike (and so
-    would another's be)."""
+    """The outbox's relay pass, the request's layers (its fast path, its claim) and an
+    operation's reads and writes ask the store's contract, never which kind of store it is:
+    the database's and Redis's are served alike (and so would another's be)."""
     assert _kinds_named("if is_redis(a): store = database_store(a)") == [
         "1 is_redis",
         "1 database_store",
     ]
-    for module in ("_ops/relay.py", "_store/operations.py"):
+    modules = ["_ops/relay.py", "_store/operations.py"]
+    modules += [f"{layer}/{path.name}" for layer in ("_call", "_http")
+                for path in sorted((PACKAGE / layer).glob("*.py"))]  # fmt: skip
+    for module in modules:
         assert _kinds_named((PACKAGE / module).read_text()) == [], module
 
 

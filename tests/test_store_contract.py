@@ -152,6 +152,29 @@ def test_the_record_is_read_and_counted(store: StoreContract) -> None:
     assert store.census()["total"] == before + 1
 
 
+def test_a_store_without_a_table_pages_its_records(store: StoreContract) -> None:
+    """The admin's list of a store that keeps no table (Redis): every record, page by page
+    from cursor ``"0"`` until the cursor is ``None``, filtered by status; the others say they
+    cannot (their table has its own admin, the toy has nothing to page)."""
+    from django.db import NotSupportedError
+
+    identity = _identity()
+    _claim(store, identity)
+    if store.vendor != "redis":
+        with pytest.raises(NotSupportedError):
+            store.browse("0", size=10)
+        return
+    pages: dict[str | None, list[str]] = {}
+    for status in (None, rules.PROCESSING, rules.COMPLETED):
+        cursor: str | None = "0"
+        found = pages.setdefault(status, [])
+        while cursor is not None:
+            records, cursor = store.browse(cursor, size=2, status=status)
+            found += [record.key_hash for record in records]
+    assert identity.key_hash in pages[None] and identity.key_hash in pages[rules.PROCESSING]
+    assert identity.key_hash not in pages[rules.COMPLETED]
+
+
 def test_what_a_store_cannot_do_is_a_flag_and_an_error(store: StoreContract) -> None:
     """A store that declares no atomic mode refuses its transaction; one that does gives it."""
     assert isinstance(store.features, StoreFeatures)

@@ -224,7 +224,7 @@ class Claim:
         written = self._write_point(store, name, data, messages)
         if written is Written.REFUSED:
             raise LockLost(f"The lock on idempotency record {self.pk} was taken over.")
-        outbox.released(self, store.alias, messages)
+        outbox.released(self, store, messages)
         self.held_for(since)
 
     def _write_point(
@@ -281,36 +281,20 @@ class Claim:
         return stage(self, task, args, name, kwargs)
 
     def _serves_outbox(self) -> None:
-        """Raise ``ImproperlyConfigured`` when the claim's record is in a Redis store that
-        cannot release messages with it (a Redis Cluster: :mod:`.._store.redis.outbox`)."""
-        from django_idempotency._conf.values import is_redis, shown_store
-
-        if not is_redis(self.alias):
-            return
+        """Raise ``ImproperlyConfigured`` when the claim's store cannot release messages with
+        its record (:meth:`~.._store.contract.StoreContract.outbox_refusal`: a Redis Cluster)."""
         from django_idempotency._store import using
 
         why = using(self.alias).outbox_refusal()
         if why:
             from django.core.exceptions import ImproperlyConfigured
 
+            from django_idempotency._conf.values import shown_store
+
             raise ImproperlyConfigured(
-                f"The outbox cannot be served on the Redis store {shown_store(self.alias)!r}: "
+                f"The outbox cannot be served on the store {shown_store(self.alias)!r}: "
                 f'{why}. Give the view or function store="database", or a store on one '
                 "Redis server (or Sentinel's master)."
-            )
-
-    def _needs_database(self, why: str) -> None:
-        """Raise ``ImproperlyConfigured`` (``why``, then where the record is) when the
-        claim's record is in a Redis store, whose aliases are ``cache:<name>``."""
-        from django_idempotency._conf.values import is_redis, shown_store
-
-        if is_redis(self.alias):
-            from django.core.exceptions import ImproperlyConfigured
-
-            raise ImproperlyConfigured(
-                f"{why}: this claim's record is in the Redis store "
-                f"{shown_store(self.alias)!r} (STORE, or the store option). Give the view or "
-                'function store="database".'
             )
 
     def facts(self, outcome: str) -> dict[str, Any]:

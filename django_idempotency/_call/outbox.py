@@ -40,8 +40,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from django_idempotency._conf.settings import conf
-from django_idempotency._conf.values import is_redis
-from django_idempotency._store import outbox as store
+from django_idempotency._store.contract import StoreContract
 from django_idempotency._store.outbox import Message, Release
 
 logger = logging.getLogger("django_idempotency")
@@ -52,9 +51,9 @@ TASKS = "tasks"
 #: The keyword argument a ``django.tasks`` task's function takes to learn its message's id.
 MESSAGE_ID_ARGUMENT = "outbox_message_id"
 
-#: What the sender thread is handed: the database alias whose connection it closes once idle,
-#: the work, and when it is too late to start it (``None``: never).
-Job = tuple[str, Callable[[], None], float | None]
+#: What the sender thread is handed: what it does once idle (its connection given back), the
+#: work, and when it is too late to start it (``None``: never).
+Job = tuple[Callable[[], None], Callable[[], None], float | None]
 
 
 @dataclass(slots=True)
@@ -164,58 +163,41 @@ def release(claim: Any) -> Release | None:
     )
 
 
-def released(claim: Any, alias: str, release: Release | None) -> None:
+def released(claim: Any, store: StoreContract, release: Release | None) -> None:
     """The write carrying ``release`` applied: its messages leave the attempt, and those it
-    inserted are sent once the transaction commits (the fast path), unless it is off."""
+    inserted are sent once every transaction the thread has open commits (the fast path),
+    unless it is off, each marked by its key in the store (:meth:`~.StoreContract.message_key`)."""
     if release is None:
         return
-    if is_redis(alias):
-        _released_on_redis(claim, alias, release)
-        return
-    if connections[alias].in_atomic_block:
+    if store.in_transaction():
         # Written in a transaction of the code's own (a recovery point in its atomic block),
         # which may still roll back, and the release with it (an exception the code catches):
         # the messages stay staged, and the next write releases them again, inserting only
-        # those not there. Cleared, a rolled-back release left them to nothing.
+        # those not there. Cleared, a rolled-back release left them to nothing. A store whose
+        # writes join no transaction (a Redis store's script) has released them for good.
         claim.outbox.unsure = True
     else:
         claim.outbox.messages.clear()
     if not conf.OUTBOX_FAST_PATH or not release.inserted:
         return
     inserted = set(release.inserted)
-    messages = [message for message in release.messages if message.message_id in inserted]
-    after_commits(alias, lambda: sender.submit(alias, messages))
-
-
-def _released_on_redis(claim: Any, alias: str, release: Release) -> None:
-    """The Redis store's script released the messages with its write: no transaction of the
-    code's can roll that back, so they leave the attempt. Those it inserted are sent once
-    every transaction the thread has open commits (the view's own, ``ATOMIC_REQUESTS``), by
-    their keys in the store (:mod:`.._store.redis.outbox`)."""
-    claim.outbox.messages.clear()
-    if not conf.OUTBOX_FAST_PATH or not release.inserted:
-        return
-    from django_idempotency._store import using
-
-    store = using(alias)
-    inserted = set(release.inserted)
     keyed = [
         (store.message_key(claim.scope, claim.key_hash, message.message_id), message)
         for message in release.messages
         if message.message_id in inserted
     ]
-    after_commits(
-        alias, lambda: sender.submit(alias, [message for _, message in keyed], keyed=keyed)
-    )
+    after_commits(store, lambda: sender.submit(store, keyed))
 
 
-def after_commits(alias: str, job: Callable[[], None]) -> None:
-    """Run ``job`` once ``alias`` commits, and then every other transaction the thread has
-    open: the view's own, where ``ATOMIC_REQUESTS`` is on another alias than the records'
-    (docs: installation). Sent when the records' alias committed, a message reached its
-    consumer before the view's writes did (an order not found yet). A transaction that rolls
-    back drops it: the relay sends it once its lease has passed."""
-    waiting = ([] if is_redis(alias) else [alias]) + [
+def after_commits(store: StoreContract, job: Callable[[], None]) -> None:
+    """Run ``job`` once the store's alias commits (where its writes join the thread's
+    transaction: :attr:`~.StoreFeatures.shares_transaction`), and then every other transaction
+    the thread has open: the view's own, where ``ATOMIC_REQUESTS`` is on another alias than
+    the records' (docs: installation). Sent when the records' alias committed, a message
+    reached its consumer before the view's writes did (an order not found yet). A transaction
+    that rolls back drops it: the relay sends it once its lease has passed."""
+    alias = store.alias
+    waiting = ([alias] if store.features.shares_transaction else []) + [
         other.alias
         for other in connections.all(initialized_only=True)
         if other.alias != alias and other.in_atomic_block
@@ -262,27 +244,17 @@ class Sender:
         self.thread: threading.Thread | None = None
         self._exiting = False
 
-    def submit(
-        self,
-        alias: str,
-        messages: Sequence[Message],
-        *,
-        keyed: Sequence[tuple[str, Message]] | None = None,
-    ) -> None:
-        """Hand ``messages`` (released on ``alias``, committed) to the thread; ``keyed``: a
-        Redis store's, with their keys there."""
+    def submit(self, store: StoreContract, keyed: Sequence[tuple[Any, Message]]) -> None:
+        """Hand messages released in ``store`` (committed), each with its key there, to the
+        thread (:func:`deliver`)."""
         due = time.monotonic() + conf.OUTBOX_LEASE.total_seconds() / 2
-        if keyed is None:
-            job = partial(deliver, alias, messages)
-        else:
-            job = partial(deliver_keyed, alias, keyed)
-        if not self._put((alias, job, due)):
-            logger.warning("Outbox fast path busy: %d message(s) left to the relay.", len(messages))
+        if not self._put((store.idle_thread, partial(deliver, store, keyed), due)):
+            logger.warning("Outbox fast path busy: %d message(s) left to the relay.", len(keyed))
 
     def hand(self, alias: str, job: Callable[[], None]) -> bool:
         """Run ``job`` on the thread, however long it waits there (a request without a key's
         messages: no relay stands behind them); ``False`` if the queue is full."""
-        return self._put((alias, job, None))
+        return self._put((partial(_close, alias), job, None))
 
     def _put(self, job: Job) -> bool:
         with self._lock:
@@ -304,7 +276,7 @@ class Sender:
 
     def _run(self, jobs: queue.Queue[Job]) -> None:
         while True:
-            alias, job, due = jobs.get()
+            idle, job, due = jobs.get()
             try:
                 if due is None or time.monotonic() < due:
                     job()
@@ -312,7 +284,7 @@ class Sender:
                 logger.exception("Outbox fast path failed; the relay sends its messages.")
             finally:
                 if jobs.unfinished_tasks == 1:  # idle now: its connection goes back
-                    _close(alias)
+                    idle()
                 jobs.task_done()
 
     def settle(self, timeout: float = 10.0) -> bool:
@@ -330,8 +302,9 @@ class Sender:
 
 
 def _close(alias: str) -> None:
-    if is_redis(alias):  # the store's own connections go back after each call
-        return
+    """A request without a key's messages sent: the thread's connection to ``alias`` (a
+    ``django.tasks`` backend's, in the database) goes back if unusable or obsolete, as at a
+    request's end (a keyed request's: by its store's :meth:`~.StoreContract.idle_thread`)."""
     with contextlib.suppress(DatabaseError):
         connections[alias].close_if_unusable_or_obsolete()
 
@@ -344,49 +317,25 @@ EXIT_WAIT = 5.0
 sender = Sender()
 
 
-def deliver(alias: str, messages: Sequence[Message]) -> None:
-    """The fast path: send messages just released (leased to this process), and mark them.
-    A failure is recorded with its backoff; a message not marked is the relay's once its
-    lease passes."""
-    sent, failed = _send_each(messages)
-    connection = connections[alias]
-    try:
-        store.mark_sent(connection, sent, counted=False)
-        for message_id, error in failed:
-            store.mark_failed(connection, message_id, error, retry_at(1), counted=False)
-    except DatabaseError:
-        logger.warning(
-            "Outbox messages sent but not marked; the relay sends them again.", exc_info=True
-        )
-
-
-def _send_each(messages: Sequence[Message]) -> tuple[list[str], list[tuple[str, str]]]:
-    """Send each message: the ids sent, and those that failed with their error."""
-    sent: list[str] = []
-    failed: list[tuple[str, str]] = []
-    for message in messages:
+def deliver(store: StoreContract, keyed: Sequence[tuple[Any, Message]]) -> None:
+    """The fast path: send messages just released in ``store`` (leased to this process), and
+    mark them by their keys there. A failure is recorded with its backoff; a message not
+    marked is the relay's once its lease passes."""
+    sent: list[Any] = []
+    failed: list[tuple[Any, str]] = []
+    for key, message in keyed:
         try:
             send(message.engine, message.task, message.arguments, message.message_id)
         except Exception as exc:  # a broker down, a task renamed: the relay tries again
             logger.warning("Outbox message %s not sent (%s).", message.message_id, exc)
-            failed.append((message.message_id, f"{type(exc).__name__}: {exc}"))
+            failed.append((key, f"{type(exc).__name__}: {exc}"))
         else:
-            sent.append(message.message_id)
-    return sent, failed
-
-
-def deliver_keyed(alias: str, keyed: Sequence[tuple[str, Message]]) -> None:
-    """The fast path on a Redis store (:func:`deliver`): messages marked by their keys."""
-    from django_idempotency._store import using
-
-    store = using(alias)
-    keys = {message.message_id: key for key, message in keyed}
-    sent, failed = _send_each([message for _, message in keyed])
+            sent.append(key)
     try:
-        store.mark_sent([keys[message_id] for message_id in sent], counted=False)
-        for message_id, error in failed:
-            store.mark_failed(keys[message_id], error, retry_at(1), counted=False)
-    except DatabaseError:  # the store's fault (RedisFault)
+        store.mark_sent(sent, counted=False)
+        for key, error in failed:
+            store.mark_failed(key, error, retry_at(1), counted=False)
+    except DatabaseError:  # the store's (a Redis store's fault is one too)
         logger.warning(
             "Outbox messages sent but not marked; the relay sends them again.", exc_info=True
         )

@@ -64,7 +64,7 @@ def complete(attempt: Attempt, stored: StoredResponse) -> None:
             # Renewal found the record another attempt's: the fence would refuse the result.
             written = Written.REFUSED
         if messages is not None and written is not Written.REFUSED:
-            outbox.released(claim, policy.alias, messages)
+            outbox.released(claim, store, messages)
         outcome = "late_result_refused" if written is Written.REFUSED else "executed"
         report(
             outcome,

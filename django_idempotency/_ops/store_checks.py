@@ -340,7 +340,7 @@ def _outbox(store: str) -> dict[str, Any]:
 
 def admin_notes() -> list[str]:
     """What the admin's list says above the table: which views keep their records in which
-    Redis store, and that the list cannot show them (it is the database's table)."""
+    Redis store, and that the table's list cannot show them (their own is linked)."""
     setting = _setting_store()
     where: dict[str, list[str]] = {}
     for name, options in _views():
@@ -356,19 +356,7 @@ def admin_notes() -> list[str]:
         notes.append(
             f"Records of {'the views ' + listed if views else 'every protected view'} "
             f"({which}) live in the Redis store {display_name(store)!r}, which this list cannot "
-            "show: it lists the database's table only. They expire by Redis's own TTL; "
-            "idempotency_stats counts them, and erasure by scope reaches them."
+            "show (it lists the database's table): their own list is linked below. They expire "
+            "by Redis's own TTL; idempotency_stats counts them, and erasure by scope reaches them."
         )
     return notes
-
-
-def outbox_notes() -> list[str]:
-    """What the admin's outbox list says above the table: the messages of each Redis store
-    (``STORE``'s, or a view's ``store``) are not in it, and where to read them."""
-    return [
-        f"Messages staged by views on the Redis store {display_name(store)!r} are kept there "
-        "and not listed here: this list is the database's outbox. idempotency_stats counts "
-        f"that store's backlog; idempotency_relay --store {display_name(store)} --failed "
-        "lists its failed messages."
-        for store in sorted(redis_stores())
-    ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -220,6 +220,10 @@ class BoundStore(StoreContract):
         connection = self.connection
         if not connection.in_atomic_block:
             discard(connection)
+
+    def idle_thread(self) -> None:
+        with suppress(DatabaseError):
+            connections[self.alias].close_if_unusable_or_obsolete()
 
     def narrow_charsets(self, seconds: float) -> Any | None:
         connection = self.connection

@@ -354,6 +354,11 @@ class StoreContract:
         """After a fault: close the thread's connection unless it is in a transaction, so the
         thread's next query makes a new one."""
 
+    def idle_thread(self) -> None:
+        """The calling thread has nothing more to do for now (the outbox's sender, its queue
+        empty): its connection goes back if unusable or obsolete, as at a request's end; a
+        store whose connections go back after each call has nothing to give back."""
+
     def narrow_charsets(self, seconds: float) -> Any | None:
         """What folds or refuses a scope on the store's connection (``charsets.known_narrow``),
         asked within ``seconds``; ``None``: nothing (:attr:`StoreFeatures.keeps_every_scope`)."""
@@ -427,6 +432,14 @@ class StoreContract:
     def records_of(self, key_hash: str) -> list[IdempotencyKey]:
         """The key's records in every scope, oldest first (tests, operators)."""
         return []
+
+    def browse(
+        self, cursor: str, *, size: int, status: str | None = None
+    ) -> tuple[list[IdempotencyKey], str | None]:
+        """A page of the store's records (``status``'s only, if given) from ``cursor`` (``"0"``:
+        the first), about ``size`` of them, and the next page's cursor (``None``: the last page):
+        the admin's list of a store that keeps no table (a table's is its ``ModelAdmin``)."""
+        raise NotSupportedError(f"The {self.name} store's records are listed by its table's admin.")
 
     def count(self) -> int:
         """How many records the store holds."""

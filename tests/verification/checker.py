@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 Event = dict[str, Any]
@@ -96,22 +97,33 @@ class Result:
 
 
 def _excuse(
-    first: Event, second: Event, faults: list[Event], limits: Limits, acked: dict[str, float]
-) -> Event | None:
+    first: Event, second: Event, faults: list[Event], limits: Limits, acked: dict[str, float],
+    proved: float = float("inf"),
+) -> Event | None:  # fmt: skip
     """The fault that let ``second`` run again after ``first`` (SPEC 4a's window): the owner's
     worker killed, or a fault longer than its remaining lock (at least two thirds of the lock,
     renewed) between the two effects; a worker stopped so long is either effect's (the late
-    owner's view may run before the taker's, or after it resumes). A failover that began once
+    owner's view may run before the taker's, or after it resumes). No fault that began once
     ``first``'s answer had reached a client (``acked``: when an answer first named each
-    execution) is none: the result was stored before it was answered, and a promoted standby
-    must have it."""
+    execution) is one, a failover's neither: the result was stored (durably: the servers
+    fsync) before it was answered, and a promoted standby must have it. Once a replay had
+    shown the life's result stored (``proved``), only ``second``'s own worker stopped since
+    before it (a late owner's view) is one."""
     if first["entry"] in limits.atomic:
         return None
+    answered = acked.get(first["execution"], float("inf"))
+    if proved < second["t"] - EDGE:
+        faults = [
+            fault
+            for fault in faults
+            if fault["kind"] == "worker-stop"
+            and fault.get("pid") == second["pid"]
+            and fault["start"] <= proved
+        ]
     for fault in faults:
         if fault["start"] > second["t"] or fault["end"] < first["t"] - EDGE:
             continue
-        answered = acked.get(first["execution"], float("inf"))
-        if fault["kind"] == FAILOVER and answered < fault["start"]:
+        if answered < fault["start"]:
             continue
         # A worker stopped between its claim and its view is a late owner too: its view runs
         # once it resumes, after a retry took the record over and ran it (``second``'s). Its
@@ -137,19 +149,19 @@ def _excuse(
 
 
 def _expiry(
-    source: Event, asked: Event, faults: list[Event], replayed_at: dict[str, float],
-    limits: Limits,
-) -> float:  # fmt: skip
+    source: Event, ran: Event, asked: Event, faults: list[Event], stored: float, limits: Limits
+) -> float:
     """When ``source``'s record may expire (its TTL from its run, and the edge): later when a
-    store outage, or a stop of its owner's worker, held its owner's renewals and result write,
-    for a renewal that lands holds the record until its lock's end (SPEC 4a), and one may land
-    as late as the result, stored before its first replay. A soak's Redis frozen 5.3 s under a
-    6 s TTL: the owner's renewal and result landed when it thawed, and the record lived 3 s
-    on; a SQLite soak's owner stopped 5.2 s: the same as it resumed."""
+    store outage, or a stop of an owner's worker (``source``'s, or ``ran``'s: the run the
+    answer names), held an owner's renewals and result write, for a renewal that lands holds
+    the record until its lock's end (SPEC 4a), and one may land as late as the result, stored
+    before it was first answered (``stored``). A soak's Redis frozen 5.3 s under a 6 s TTL:
+    the owner's renewal and result landed when it thawed, and the record lived 3 s on; a
+    SQLite soak's owner stopped 5.2 s: the same as it resumed. An outage once the result was
+    stored held nothing: the owner had no renewal left to send."""
     expiry = source["t"] + limits.ttl[asked["entry"]]
-    stored = replayed_at.get(source["execution"], asked["t"])
     held = any(
-        _holds_owner(fault, source, limits)
+        (_holds_owner(fault, source, limits) or _holds_owner(fault, ran, limits))
         and fault["start"] <= stored
         and fault["end"] >= source["t"]
         for fault in faults
@@ -233,12 +245,23 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
     # before a saved recovery point again.
     saved = {e["execution"]: e for e in events if e["type"] == "point"}
     late: set[str] = set()  # executions run again in a window: their answers are excused
+    proved: dict[tuple[tuple[str, str], int], float] = {}  # a life's first replay
+    for done in completes.values():
+        life = life_of.get(done.get("execution") or "")
+        if done.get("replayed") and life is not None:
+            proved[life] = min(proved.get(life, done["t"]), done["t"])
     for (key, number), runs in lives.items():
         steps: dict[Any, list[Event]] = defaultdict(list)
         for run in runs:
             steps[run.get("step")].append(run)
-        pairs = [(group[0], again) for group in steps.values() for again in group[1:]]
-        for first, again in pairs:
+        # Each run again is excused, or not, by a fault since the run before it: one window
+        # (the life's first owner killed) excuses no run long after it.
+        pairs = [
+            (group[0], before, again)
+            for group in steps.values()
+            for before, again in pairwise(group)
+        ]
+        for first, before, again in pairs:
             if again["body"] != first["body"]:
                 result.violate(
                     4, key, "a changed body ran under a used key", effects=[first, again]
@@ -250,25 +273,21 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                                "in its record life", effects=[first, again],
                                points=[point])  # fmt: skip
                 continue
-            fault = _excuse(first, again, faults, limits, acked)
+            fault = _excuse(
+                before, again, faults, limits, acked, proved.get((key, number), float("inf"))
+            )
             if fault is None:
                 result.violate(
-                    1, key, "a view ran twice in one record life", effects=[first, again]
+                    1, key, "a view ran twice in one record life", effects=[before, again]
                 )
             else:
-                late.update((first["execution"], again["execution"]))
+                late.update((before["execution"], again["execution"]))
                 result.windows.append(
                     {"principal": key[0], "key": key[1], "life": number, "fault": fault,
-                     "executions": [first["execution"], again["execution"]]}
+                     "executions": [before["execution"], again["execution"]]}
                 )  # fmt: skip
 
     _check_steps(lives, result)
-
-    replayed_at: dict[str, float] = {}  # when a replay first named each execution
-    for done in completes.values():
-        if done.get("replayed") and done.get("execution"):
-            execution = done["execution"]
-            replayed_at[execution] = min(replayed_at.get(execution, done["t"]), done["t"])
 
     by_execution = {run["execution"]: run for runs in lives.values() for run in runs}
     # Answers, in the order they came.
@@ -298,7 +317,8 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
             result.violate(9, key, "an answer names steps that did not run together",
                            op=[asked, done], effects=[ran])  # fmt: skip
             continue
-        expiry = _expiry(source, asked, faults, replayed_at, limits)
+        stored = acked.get(done["execution"], asked["t"])  # its result, by its first answer
+        expiry = _expiry(source, ran or source, asked, faults, stored, limits)
         if done.get("replayed") and asked["t"] > expiry:
             result.violate(5, key, "an expired record was replayed", op=[asked, done])
             continue
@@ -313,7 +333,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                 # 2, always: every replay is the one stored answer (a window's too: the late
                 # owner's result is fenced off, whatever its own client was given).
                 stored = replay_of_life.setdefault(life, (asked, done))
-                if done["response"] != stored[1]["response"]:
+                if _answer(done) != _answer(stored[1]):
                     result.violate(2, key, "two replays differ", op=[*stored, asked, done])
                     continue
             if life not in first_of_life:
@@ -322,7 +342,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
             first_asked, first_done = first_of_life[life]
             # In a window, the late owner's client gets the view's own answer (SPEC 4a).
             excused = done["execution"] in late or first_done["execution"] in late
-            if done["response"] != first_done["response"] and not excused:  # 2
+            if _answer(done) != _answer(first_done) and not excused:  # 2
                 result.violate(2, key, "a later answer differs from the first",
                                op=[first_asked, first_done, asked, done])  # fmt: skip
             elif (
@@ -344,6 +364,12 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                            op=[asked])  # fmt: skip
     _attribute_failovers(result, [fault for fault in faults if fault["kind"] == FAILOVER])
     return result
+
+
+def _answer(done: Event) -> tuple[Any, Any]:
+    """What a client got, as far as the history holds it: the status and the body's hash (a
+    replay is the stored answer in both, ``201`` answered ``200`` is not it)."""
+    return done["status"], done["response"]
 
 
 def _point_before(group: list[Event], again: Event, saved: dict[str, Event]) -> Event | None:
@@ -496,6 +522,7 @@ def _check_outbox(
         life = life_of.get(execution)
         return execution not in kept and life is not None and bool(replayed_lives[life])
 
+    _check_copies(delivered, staged, result)
     for message, copies in delivered.items():
         for execution in {copy["args"][0] for copy in copies}:
             if kept_nothing(execution):
@@ -527,6 +554,20 @@ def _check_outbox(
         if event["type"] == "undrained":
             result.violate(6, ("?", "?"), "messages still undelivered after the run's wait",
                            undelivered=event["undelivered"])  # fmt: skip
+
+
+def _check_copies(
+    delivered: dict[str, list[Event]], staged: dict[str, Event], result: Result
+) -> None:
+    """6: a message delivered is the one its attempt staged: a copy of it under another id
+    (consumed once, as its own message) is a second effect of one attempt."""
+    for message, copies in delivered.items():
+        for execution in sorted({copy["args"][0] for copy in copies}):
+            effect = staged.get(execution)
+            if effect is not None and effect["message"] != message:
+                result.violate(6, (effect["principal"], effect["key"]), "a message its attempt "
+                               "never staged was delivered", effects=[effect],
+                               deliveries=copies)  # fmt: skip
 
 
 def _units(events: list[Event]) -> list[list[Event]]:

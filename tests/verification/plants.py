@@ -131,11 +131,11 @@ def _release_on_failure() -> None:
             using(alias).save_recovery_point(claim.pk, claim.token_text, claim.recovery_point,
                                              claim.recovery_data, claim.lock_timeout,
                                              release=messages)  # fmt: skip
-            outbox.released(claim, alias, messages)
+            outbox.released(claim, using(alias), messages)
         elif messages is not None and not attempt.policy.atomic:
             with transaction.atomic(using=alias):
                 store._insert(using(alias), connections[alias], messages)
-                outbox.released(claim, alias, messages)
+                outbox.released(claim, using(alias), messages)
         original(attempt, reason=reason, raised=raised, undo=undo)
 
     writing.release = release

@@ -1,7 +1,7 @@
 """The checker's reading of a failover, on histories written by hand (no servers): a result
 answered before the primary died must be on the promoted standby, so a second run after it is
-no window; one still unanswered when it died may be run again, as under any fault longer than
-the lock. Violations of a lost write's kinds name their failover."""
+no window (nor after any other fault); one still unanswered when it died may be run again, as
+under any fault longer than the lock. Violations of a lost write's kinds name their failover."""
 
 from __future__ import annotations
 
@@ -47,11 +47,13 @@ def test_a_fault_before_the_answer_opens_a_window(kind: str) -> None:
     assert [window["fault"]["kind"] for window in result.windows] == [kind]
 
 
-def test_a_restart_after_the_answer_still_opens_a_window() -> None:
-    """Only a failover is read this way: other faults keep the window they always had."""
+def test_a_restart_after_the_answer_opens_no_window() -> None:
+    """Any fault is read this way: a restart loses no stored result, and carries no
+    ``failover``."""
     result = checker.check(history({"kind": "db-restart", "start": 11.0, "end": 12.0}), LIMITS)
-    assert result.violations == []
-    assert len(result.windows) == 1
+    assert result.windows == []
+    assert {v["invariant"] for v in result.violations} == {1, 2}
+    assert not any("failover" in v for v in result.violations)
 
 
 def test_a_worker_stopped_before_its_view_ran_is_a_late_owner() -> None:

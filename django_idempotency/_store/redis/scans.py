@@ -1,6 +1,7 @@
 """What operators read and erase across records: a scope's finished records erased now, the
-records counted, one key's records in every scope, the census by status (each a ``SCAN`` of
-the store's prefix or a read of a scope's index)."""
+records counted, one key's records in every scope, the census by status, a page of records
+(the admin's) by a ``SCAN`` cursor (each a ``SCAN`` of the store's prefix or a read of a scope's
+index)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any, NamedTuple
 
 from django_idempotency._base import rules
 from django_idempotency._base.durations import EPOCH
+from django_idempotency._store.redis import codec, scripts
 from django_idempotency._store.redis.codec import as_text
 from django_idempotency._store.redis.keyspace import glob, record_key, scope_index
+from django_idempotency._store.rows import Record
 from django_idempotency.models import IdempotencyKey
 
 
@@ -123,3 +126,74 @@ def census(client: Any, prefix: str, stuck_after: timedelta = timedelta(hours=1)
         if oldest_update is None
         else max(0.0, (now - EPOCH - timedelta(microseconds=oldest_update)).total_seconds()),
     }
+
+
+#: ``SCAN`` calls one page makes at most: a filter that matches few records gives a short page
+#: (its next cursor goes on), never a walk of the whole keyspace in one request.
+PAGE_SCANS = 10
+
+
+def browse(
+    client: Any, prefix: str, cursor: str, size: int, status: str | None
+) -> tuple[list[IdempotencyKey], str | None]:
+    """A page of the store's records (``status``'s only, if given) from ``cursor`` (``"0"``:
+    the first): at least ``size`` of them unless :data:`PAGE_SCANS` calls of ``SCAN`` (``COUNT
+    size``) found fewer, newest first within the page; and the next page's cursor (``None``:
+    the scan is over). On a cluster the cursor is a primary's (by name) and its own:
+    ``<primary>:<cursor>``, each primary scanned in turn."""
+    nodes = _primaries(client)
+    node, at = _parse_cursor(cursor, len(nodes))
+    found: list[IdempotencyKey] = []
+    for _ in range(PAGE_SCANS):
+        where = {} if nodes[node] is None else {"target_nodes": nodes[node]}
+        at, names = client.scan(cursor=at, match=f"{glob(prefix)}r:*", count=size, **where)
+        if isinstance(at, dict):  # a cluster's: by node
+            (at,) = at.values()
+        found += _records(client, names, status)
+        if int(at) == 0:
+            node, at = node + 1, 0
+            if node == len(nodes):
+                return _newest_first(found), None
+        if len(found) >= size:
+            break
+    return _newest_first(found), f"{node}:{at}"
+
+
+def _primaries(client: Any) -> list[Any]:
+    """The nodes a scan walks: one server's (``None``), or a cluster's primaries by name."""
+    if not hasattr(client, "get_primaries"):
+        return [None]
+    return sorted(client.get_primaries(), key=lambda node: node.name)
+
+
+def _parse_cursor(cursor: str, nodes: int) -> tuple[int, int]:
+    """``(node, cursor)`` of a page's cursor: ``"0"`` or ``"<node>:<cursor>"``; a malformed
+    one (a URL edited by hand) starts again."""
+    node, _, at = cursor.rpartition(":")
+    if not (node or "0").isdigit() or not at.isdigit() or int(node or 0) >= nodes:
+        return 0, 0
+    return int(node or 0), int(at)
+
+
+def _records(client: Any, names: list[Any], status: str | None) -> list[IdempotencyKey]:
+    """The records of the keys ``names`` (pipelined ``HMGET`` calls), read as a claim that found
+    them would read them; those expired since the scan are absent."""
+    if not names:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.hmget(name, "sc", *scripts.FIELDS)
+    seconds, micro = client.time()
+    now = int(seconds) * 1_000_000 + int(micro)
+    found = []
+    for name, (scope, *values) in zip(names, pipe.execute(), strict=True):
+        if scope is None or values[0] is None or (status and as_text(values[0]) != status):
+            continue
+        key_hash = as_text(name).rpartition(":")[2][:-1]
+        record: Record = codec.record(as_text(scope), key_hash, [b"found", now, *values])
+        found.append(record.instance())
+    return found
+
+
+def _newest_first(records: list[IdempotencyKey]) -> list[IdempotencyKey]:
+    return sorted(records, key=lambda record: record.created_at, reverse=True)

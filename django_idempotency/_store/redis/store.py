@@ -217,6 +217,14 @@ class RedisStore(StoreContract):
         instances), oldest first: tests, operators."""
         return scans.key_records(self.client, self.prefix, key_hash, self.read)
 
+    def browse(
+        self, cursor: str, *, size: int, status: str | None = None
+    ) -> tuple[list[IdempotencyKey], str | None]:
+        """A page of the store's records by a ``SCAN`` cursor, a cluster's primaries in turn
+        (:func:`.scans.browse`)."""
+        with refused(self.refusal):
+            return scans.browse(self.client, self.prefix, cursor, size, status)
+
     def census(self, stuck_after: timedelta = timedelta(hours=1)) -> dict[str, Any]:
         """The store's records by status, how many are processing with their lock lapsed,
         and its operations running and stuck (silent for ``stuck_after``)

@@ -1,0 +1,307 @@
+"""The admin's list of a Redis store's records (through the store contract's ``browse`` and
+``records_of``), through Django's test client against the tests' Redis server, and a cluster of
+the module's own: the view permission, pages by ``SCAN`` cursor, the status filter, the key
+search, no stored body in the list."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client, override_settings
+
+from django_idempotency import idempotent_function
+from django_idempotency._base.keys import hash_key
+from django_idempotency._ops import browsing
+from django_idempotency._store import using
+from django_idempotency.admin import IdempotencyKeyAdmin
+from django_idempotency.testing import hold_key
+from tests.conftest import REDIS_STORE_NAME, flush_redis
+from tests.redis_servers import private_cluster
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db]
+
+CHANGELIST = "/admin/django_idempotency/idempotencykey/"
+
+
+@pytest.fixture(autouse=True)
+def _empty() -> None:
+    flush_redis()
+
+
+@pytest.fixture
+def admin_client() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", None))
+    return client
+
+
+def staff(*codenames: str) -> Client:
+    user = User.objects.create_user("staff", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@idempotent_function(key="event_id", scope=lambda event_id: f"tenant-{event_id[-1]}", ttl=600)
+def handle(event_id: str) -> dict[str, str]:
+    return {"secret": f"body-of-{event_id}"}
+
+
+def on_store(store: str = REDIS_STORE_NAME) -> Any:
+    return override_settings(IDEMPOTENCY={"STORE": store})
+
+
+def store_url() -> str:
+    """The list's URL of the store the settings name."""
+    (store,) = browsing.browsed()
+    return f"{CHANGELIST}redis/{store.tag}/"
+
+
+def hashes(page: Any) -> list[str]:
+    """The full key hashes of a list page's records (each short hash's tooltip)."""
+    return re.findall(r'<span title="([0-9a-f]{64})">', page.content.decode())
+
+
+def walk(client: Client, url: str, query: str = "") -> tuple[list[str], int]:
+    """Every record the list's pages show, following "Next page" to the end; and how many
+    pages that took."""
+    seen: list[str] = []
+    pages = 0
+    link: str | None = url + query
+    while link is not None:
+        page = client.get(link)
+        assert page.status_code == 200
+        pages += 1
+        seen += hashes(page)
+        found = re.search(r'href="(\?cursor=[^"]+)" id="idempotency-next"', page.content.decode())
+        link = url + found.group(1).replace("&amp;", "&") if found else None
+        assert pages < 100
+    return seen, pages
+
+
+def test_the_list_shows_a_redis_stores_records_and_no_body(admin_client: Client) -> None:
+    with on_store():
+        handle("k1")
+        hold_key("k2", handle, "k2")
+        url = store_url()
+        table = admin_client.get(CHANGELIST)
+        page = admin_client.get(url)
+    assert f'href="{url}"' in table.content.decode()  # linked from the table's list
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert sorted(hashes(page)) == sorted([hash_key("k1"), hash_key("k2")])
+    assert "tenant-1" in text and "tenant-2" in text and "completed" in text
+    assert "processing" in text and "CALL" in text
+    assert "body-of-k1" not in text  # the list shows no stored body, as the table's
+
+
+def test_staff_without_the_view_permission_get_403(admin_client: Client) -> None:
+    with on_store():
+        handle("k1")
+        url = store_url()
+        assert staff("change_outboxmessage").get(url).status_code == 403
+        User.objects.filter(username="staff").delete()
+        viewer = staff("view_idempotencykey")
+        assert hashes(viewer.get(url)) == [hash_key("k1")]
+        assert admin_client.get(f"{CHANGELIST}redis/00000000/").status_code == 404
+
+
+def test_pages_follow_the_scan_cursor_to_the_end(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(IdempotencyKeyAdmin, "redis_page_size", 5)
+    with on_store():
+        for n in range(40):
+            handle(f"k{n}")
+        seen, pages = walk(admin_client, store_url())
+    assert sorted(seen) == sorted(hash_key(f"k{n}") for n in range(40))
+    assert pages >= 4  # no page read the whole keyspace
+
+
+def test_the_status_filter(admin_client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(IdempotencyKeyAdmin, "redis_page_size", 3)
+    with on_store():
+        for n in range(12):
+            handle(f"done{n}")
+        for n in range(4):
+            hold_key(f"held{n}", handle, f"held{n}")
+        url = store_url()
+        processing, _ = walk(admin_client, url, "?status=processing")
+        completed, _ = walk(admin_client, url, "?status=completed")
+        failed, _ = walk(admin_client, url, "?status=failed")
+    assert sorted(processing) == sorted(hash_key(f"held{n}") for n in range(4))
+    assert sorted(completed) == sorted(hash_key(f"done{n}") for n in range(12))
+    assert failed == []
+
+
+def test_the_search_takes_an_exact_key_or_its_hash(admin_client: Client) -> None:
+    with on_store():
+        for n in range(5):
+            handle(f"k{n}")
+        url = store_url()
+        by_key = admin_client.get(url, {"q": "k3"})
+        quoted = admin_client.get(url, {"q": '"k3"'})
+        by_hash = admin_client.get(url, {"q": hash_key("k4").upper()})
+        filtered = admin_client.get(url, {"q": "k3", "status": "processing"})
+        nothing = admin_client.get(url, {"q": "k"})
+    assert hashes(by_key) == hashes(quoted) == [hash_key("k3")]
+    assert hashes(by_hash) == [hash_key("k4")]
+    assert hashes(filtered) == hashes(nothing) == []
+    assert "idempotency-next" not in by_key.content.decode()
+
+
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with private_cluster(tmp_path_factory.mktemp("cluster")) as url:
+        yield url
+
+
+def test_a_clusters_records_are_paged_primary_by_primary(
+    admin_client: Client, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(IdempotencyKeyAdmin, "redis_page_size", 4)
+    with on_store(cluster_url):
+        for n in range(30):
+            handle(f"k{n}")
+        seen, pages = walk(admin_client, store_url())
+        searched = admin_client.get(store_url(), {"q": "k7"})
+        first = using(cluster_url).browse("0", size=4)
+    assert sorted(seen) == sorted(hash_key(f"k{n}") for n in range(30))
+    assert pages >= 3 and first[1] is not None and first[1].startswith("0:")
+    assert hashes(searched) == [hash_key("k7")]
+
+
+def record_link(client: Client, url: str, key: str) -> str:
+    """The record page's link in the list, of the record of ``key``."""
+    text = client.get(url, {"q": key}).content.decode()
+    found = re.search(r'<a href="([^"]+/record/\?[^"]+)">', text)
+    assert found is not None
+    return found.group(1).replace("&amp;", "&")
+
+
+def test_a_records_page_shows_its_stored_response(admin_client: Client) -> None:
+    with on_store():
+        handle("k1")
+        hold_key("k2", handle, "k2")
+        done = admin_client.get(record_link(admin_client, store_url(), "k1"))
+        held = admin_client.get(record_link(admin_client, store_url(), "k2"))
+        missing = admin_client.get(f"{store_url()}record/", {"scope": "t", "key": "0" * 64})
+    assert done.status_code == held.status_code == 200
+    assert "body-of-k1" in done.content.decode() and "tenant-1" in done.content.decode()
+    assert hash_key("k2") in held.content.decode() and "processing" in held.content.decode()
+    assert missing.status_code == 404
+
+
+def test_with_encryption_keys_the_body_needs_the_view_stored_response_permission() -> None:
+    from cryptography.fernet import Fernet
+
+    with override_settings(
+        IDEMPOTENCY={"STORE": REDIS_STORE_NAME, "ENCRYPTION_KEYS": [Fernet.generate_key().decode()]}
+    ):
+        handle("k1")
+        viewer = staff("view_idempotencykey")
+        link = record_link(viewer, store_url(), "k1")
+        hidden = viewer.get(link).content.decode()
+        User.objects.filter(username="staff").delete()
+        allowed = staff("view_idempotencykey", "view_stored_response")
+        shown = allowed.get(link).content.decode()
+        assert staff_403(link)
+    assert "body-of-k1" not in hidden and "Encrypted;" in hidden
+    assert "body-of-k1" in shown
+
+
+def staff_403(url: str) -> bool:
+    user = User.objects.create_user("other", is_staff=True)
+    client = Client()
+    client.force_login(user)
+    return client.get(url).status_code == 403
+
+
+def failed_messages(*ids: str) -> list[str]:
+    """Messages ``ids`` released with a result and failed for good, as a relay leaves them
+    (through the store contract, on the tests' server); their keys."""
+    from datetime import timedelta
+
+    from django_idempotency._call import outbox
+    from django_idempotency._call.identity import Identity
+    from django_idempotency._store import StoredResponse
+    from django_idempotency._store.outbox import Message, Release
+
+    store: Any = using(browsing.browsed()[0].alias)
+    identity = Identity(
+        key="k", scope="s", key_hash=hash_key("k"), fingerprint="f", method="POST", path="/p"
+    )
+    claim = store.claim(identity, ttl=timedelta(hours=1), lock_timeout=timedelta(seconds=30))
+    release = Release(
+        0, [Message(id_, outbox.CELERY, "task.name", "{}") for id_ in ids], timedelta(0), False
+    )
+    stored = StoredResponse(status=201, headers=[], body=b"{}")
+    assert store.store_response(claim.pk, claim.token_text, stored, release=release)
+    taken = store.take(10, timedelta(seconds=30))
+    for message in taken:
+        assert store.mark_failed(message.key, "broker down", None, counted=True) == 1
+    return [message.key for message in sorted(taken, key=lambda message: message.message_id)]
+
+
+def outbox_url() -> str:
+    return f"/admin/django_idempotency/outboxmessage/redis/{browsing.browsed()[0].tag}/"
+
+
+def test_the_outbox_page_lists_failed_messages_and_sends_them_again(
+    admin_client: Client,
+) -> None:
+    with on_store():
+        first, second = failed_messages("m1", "m2")
+        url = outbox_url()
+        listed = admin_client.get(url)
+        table = admin_client.get("/admin/django_idempotency/outboxmessage/")
+        made_up = "idempotency:o:m:{x:y}:m9"
+        sent = admin_client.post(url, {"_selected": [first, made_up]}, follow=True)
+        store: Any = using(browsing.browsed()[0].alias)
+        left = [message.message_id for message in store.failed_messages()]
+        backlog = store.backlog()
+    text = listed.content.decode()
+    assert "m1" in text and "m2" in text and "broker down" in text and "Failed for good: 2" in text
+    assert f'href="{url}"' in table.content.decode()
+    # The table's list says the store's messages are not in it (its link alone did not).
+    assert "keeps its messages: they are not in this list." in table.content.decode()
+    assert "1 message(s) will be sent again." in sent.content.decode()
+    assert left == ["m2"] and backlog.pending == 1 and backlog.failed == 1
+    assert second in text  # the second is still offered
+
+
+def test_the_outbox_page_needs_the_view_and_change_permissions() -> None:
+    with on_store():
+        (key,) = failed_messages("m1")
+        assert staff("view_idempotencykey").get(outbox_url()).status_code == 403
+        User.objects.filter(username="staff").delete()
+        viewer = staff("view_outboxmessage")
+        page = viewer.get(outbox_url())
+        refused = viewer.post(outbox_url(), {"_selected": [key]})
+        store: Any = using(browsing.browsed()[0].alias)
+        still = [message.pk for message in store.failed_messages()]
+    assert page.status_code == 200 and "idempotency-resend" not in page.content.decode()
+    assert refused.status_code == 403 and still == [key]
+
+
+def test_a_clusters_outbox_page_says_it_serves_none(admin_client: Client, cluster_url: str) -> None:
+    with on_store(cluster_url):
+        page = admin_client.get(outbox_url())
+    assert page.status_code == 200
+    assert "This store serves no outbox" in page.content.decode()
+
+
+def test_a_store_that_does_not_answer_is_said_so(admin_client: Client) -> None:
+    from tests.redis_servers import free_port
+
+    with on_store(f"redis://127.0.0.1:{free_port()}/0"):
+        listed = admin_client.get(store_url())
+        outbox = admin_client.get(outbox_url())
+    assert listed.status_code == outbox.status_code == 200
+    assert "did not answer" in listed.content.decode()
+    assert "did not answer" in outbox.content.decode()
