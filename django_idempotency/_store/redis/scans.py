@@ -122,10 +122,15 @@ def census(client: Any, prefix: str, stuck_after: timedelta = timedelta(hours=1)
         "stale": stale,
         "operations_running": running,
         "operations_stuck": stuck,
-        "longest_operation_silence_seconds": None
-        if oldest_update is None
-        else max(0.0, (now - EPOCH - timedelta(microseconds=oldest_update)).total_seconds()),
+        "longest_operation_silence_seconds": _silence(now, oldest_update),
     }
+
+
+def _silence(now: datetime, updated: int | None) -> float | None:
+    """Seconds since ``updated`` (microseconds since the epoch), as the table's figure."""
+    if updated is None:
+        return None
+    return max(0.0, (now - EPOCH - timedelta(microseconds=updated)).total_seconds())
 
 
 #: ``SCAN`` calls one page makes at most: a filter that matches few records gives a short page

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from argparse import ArgumentParser
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import CommandError
@@ -93,9 +93,7 @@ class Command(arguments.Command):
             raise CommandError("Give --release or --fail, not both.")
         if limit is not None:
             limit = arguments.count("--limit", limit)
-        if older_than is None:  # "stuck" as idempotency_stats counts operations
-            older_than = maintenance.OPERATION_STUCK_AFTER if operations else "0"
-        margin = arguments.duration("--older-than", older_than)
+        margin = _margin(older_than, operations=operations)
         alias = database_alias(database)
         if operations:
             if release:
@@ -327,3 +325,11 @@ def _operation_row(record: IdempotencyKey, action: str | None, now: datetime) ->
 
 def _shorten(path: str) -> str:
     return path if len(path) <= _PATH_WIDTH else path[: _PATH_WIDTH - 1] + "…"
+
+
+def _margin(older_than: object, *, operations: bool) -> timedelta:
+    """``--older-than``; by default 0 for stale records, and for operations the silence that
+    makes one stuck as ``idempotency_stats`` counts them (an hour)."""
+    if older_than is None:
+        return maintenance.OPERATION_STUCK_AFTER if operations else timedelta(0)
+    return arguments.duration("--older-than", older_than)
