@@ -290,6 +290,9 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
     _check_steps(lives, result)
 
     by_execution = {run["execution"]: run for runs in lives.values() for run in runs}
+    asked_at_bodies: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
+    for asked in invokes.values():
+        asked_at_bodies[asked["principal"], asked["key"]].append((asked["t"], asked["body"]))
     # Answers, in the order they came.
     answered: dict[tuple[str, str], list[tuple[Event, Event]]] = defaultdict(list)
     for op, done in sorted(completes.items(), key=lambda item: item[1]["t"]):
@@ -298,6 +301,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         status = done["status"]
         if status is not None and status >= 500 and status != 503:
             result.violate(8, key, f"answered {status}", op=[asked, done])
+        _check_refusal(asked, done, asked_at_bodies[key], faults, result)
         if status is None or not 200 <= status < 300 or status == 202:
             continue  # a 202 is "still running" (its operation is invariant 7's), not an answer
         if done.get("as") != asked["principal"]:  # 3
@@ -364,6 +368,35 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                            op=[asked])  # fmt: skip
     _attribute_failovers(result, [fault for fault in faults if fault["kind"] == FAILOVER])
     return result
+
+
+#: The faults that touch no web request: the relay's and the consumer's processes.
+BACKGROUND = ("relay-kill", "consumer-kill")
+
+#: The answers other than ``2xx`` the workload's requests may get: ``409`` (in progress),
+#: ``422`` (another body), ``503`` (a fault, or a failure on purpose).
+REFUSALS = (409, 422, 503)
+
+
+def _check_refusal(
+    asked: Event, done: Event, bodies: list[tuple[float, str]], faults: list[Event],
+    result: Result,
+) -> None:  # fmt: skip
+    """4 and 8 for an answer that is not a success: a changed body under a used key answered
+    anything but ``422`` or a transient refusal (``400`` say) is 4; any other ``4xx`` is 8;
+    and a request left unanswered (its connection dropped) when no fault touched its time
+    (a worker crashed, or hung until gunicorn's timeout) is 8."""
+    key = (asked["principal"], asked["key"])
+    status = done["status"]
+    if status is None:
+        if not any(f["start"] <= done["t"] and asked["t"] <= f.get("end", f["start"]) + EDGE
+                   for f in faults if f["kind"] not in BACKGROUND):  # fmt: skip
+            result.violate(8, key, "left unanswered with no fault", op=[asked, done])
+        return
+    if not 400 <= status < 500 or status in REFUSALS:
+        return
+    changed = any(t < asked["t"] and body != asked["body"] for t, body in bodies)
+    result.violate(4 if changed else 8, key, f"answered {status}", op=[asked, done])
 
 
 def _answer(done: Event) -> tuple[Any, Any]:
