@@ -53,9 +53,16 @@ def test_two_cleanups_at_once_share_the_work() -> None:
         outputs = [future.result(timeout=120) for future in futures]
 
     counts = [deleted_by(output) for output in outputs]
+    # A run whose batch another run keeps (SKIP LOCKED, or on MySQL and MariaDB a batch still
+    # deadlocked after its retries) stops and leaves those rows to it "or the next one"
+    # (MySQLStore.delete_batch): under CI's load both runs once left one batch of 50. The
+    # next run, cron's, deletes what is left; nothing is deleted twice and nothing is lost.
+    left = IdempotencyKey.objects.count()
+    assert left <= 2 * 50, left  # at most a batch each
+    after = deleted_by(run_cleanup(batch_size=50)) if left else 0
     assert IdempotencyKey.objects.count() == 0
     # Every row deleted exactly once, and both runs did part of it.
-    assert sum(counts) == 3000
+    assert sum(counts) + after == 3000
     assert all(count > 0 for count in counts), counts
 
 
