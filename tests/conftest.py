@@ -99,9 +99,14 @@ def _reads_the_table(item: pytest.Item) -> bool:
 
 
 def _outbox_on_one_server(item: pytest.Item) -> bool:
-    """A test of the outbox on the Redis store, which is served on one server: a cluster is
-    refused (E065), as tests/test_redis_outbox.py's cluster test checks on every lane."""
-    return item.module.__name__.endswith("test_redis_outbox") and "cluster" not in item.name
+    """A test of the outbox on the Redis store (its relay's, its admin pages'), which is served
+    on one server: a cluster is refused (E065), as tests/test_redis_outbox.py's and
+    tests/test_admin_redis.py's cluster tests check on every lane."""
+    module = item.module.__name__
+    of_outbox = module.endswith("test_redis_outbox") or (
+        module.endswith("test_admin_redis") and "outbox" in item.name
+    )
+    return of_outbox and "cluster" not in item.name
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -248,11 +248,6 @@ def failed_messages(*ids: str) -> list[str]:
     return [message.key for message in sorted(taken, key=lambda message: message.message_id)]
 
 
-#: The outbox pages' store: one server (a cluster's store serves no outbox, check E065; the
-#: cluster lane's REDIS_STORE_NAME is one).
-OUTBOX_STORE = "redis"
-
-
 def outbox_url() -> str:
     return f"/admin/django_idempotency/outboxmessage/redis/{browsing.browsed()[0].tag}/"
 
@@ -260,7 +255,7 @@ def outbox_url() -> str:
 def test_the_outbox_page_lists_failed_messages_and_sends_them_again(
     admin_client: Client,
 ) -> None:
-    with on_store(OUTBOX_STORE):
+    with on_store():
         first, second = failed_messages("m1", "m2")
         url = outbox_url()
         listed = admin_client.get(url)
@@ -281,7 +276,7 @@ def test_the_outbox_page_lists_failed_messages_and_sends_them_again(
 
 
 def test_the_outbox_page_needs_the_view_and_change_permissions() -> None:
-    with on_store(OUTBOX_STORE):
+    with on_store():
         (key,) = failed_messages("m1")
         assert staff("view_idempotencykey").get(outbox_url()).status_code == 403
         User.objects.filter(username="staff").delete()
