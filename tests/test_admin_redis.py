@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client, override_settings
 
 from django_idempotency import idempotent_function
@@ -21,6 +21,7 @@ from django_idempotency.admin import IdempotencyKeyAdmin
 from django_idempotency.testing import hold_key
 from tests.conftest import REDIS_STORE_NAME, flush_redis
 from tests.redis_servers import private_cluster
+from tests.test_admin import staff
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
 
@@ -36,14 +37,6 @@ def _empty() -> None:
 def admin_client() -> Client:
     client = Client()
     client.force_login(User.objects.create_superuser("admin", "admin@example.com", None))
-    return client
-
-
-def staff(*codenames: str) -> Client:
-    user = User.objects.create_user("staff", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
-    client = Client()
-    client.force_login(user)
     return client
 
 
@@ -305,3 +298,20 @@ def test_a_store_that_does_not_answer_is_said_so(admin_client: Client) -> None:
     assert listed.status_code == outbox.status_code == 200
     assert "did not answer" in listed.content.decode()
     assert "did not answer" in outbox.content.decode()
+
+
+def test_a_stores_password_reaches_no_page(admin_client: Client) -> None:
+    """A ``STORE`` URL's password is shown nowhere: not in the table's links, the pages' names
+    nor their URLs (a keyed hash of the name marks the store)."""
+    from tests.redis_servers import free_port
+
+    with on_store(f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"):
+        pages = [
+            admin_client.get("/admin/django_idempotency/idempotencykey/"),
+            admin_client.get("/admin/django_idempotency/outboxmessage/"),
+            admin_client.get(store_url()),
+            admin_client.get(outbox_url()),
+        ]
+    assert [page.status_code for page in pages] == [200] * 4
+    assert all("s3cret-pw" not in page.content.decode() for page in pages)
+    assert "127.0.0.1" in pages[2].content.decode()  # the store is named, without its secret
