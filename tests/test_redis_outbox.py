@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.urls import path
+from django.utils import timezone
 
 from django_idempotency import idempotent
 from django_idempotency._call import outbox
@@ -394,6 +395,34 @@ def test_the_relay_command_relays_the_store_the_views_use_by_default(post: Post,
         assert "Sent 2 message(s); 0 failed (Redis store 'redis')." in out.getvalue()
     assert set(messages().values()) == {"sent"}
     assert len(sent_ids()) == 2
+
+
+def test_a_relay_following_a_redis_store_says_the_databases_outbox_holds_messages() -> None:
+    """A project whose ``STORE`` is Redis staged on the database (views on
+    ``store="database"``, the only outbox its ``STORE`` had): a relay started as before now
+    relays the Redis store, and says that the database's messages need ``--store database``;
+    with that, or with nothing there, it says nothing."""
+    from django_idempotency.models import IdempotencyKey, OutboxMessage
+
+    record = IdempotencyKey.objects.create(
+        scope="s",
+        key_hash="h" * 64,
+        method="POST",
+        path="/p",
+        request_hash="f",
+        expires_at=timezone.now(),
+    )
+    OutboxMessage.objects.create(
+        record=record, message_id="m-db", engine="celery", task="t", arguments="{}"
+    )
+    told, quiet = StringIO(), StringIO()
+    with on_redis(), relay_here():
+        call_command("idempotency_relay", "--once", stderr=told, stdout=StringIO())
+        call_command("idempotency_relay", "--store", "redis", "--once", stderr=quiet,
+                     stdout=StringIO())  # fmt: skip
+    assert "holds 1 message(s) this relay does not send" in told.getvalue()
+    assert "--store database" in told.getvalue()
+    assert quiet.getvalue() == ""
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from django.core.management import CommandError
 from django.db import DatabaseError
 
 from django_idempotency._base.errors import StoreUnavailable
-from django_idempotency._conf.settings import usable
+from django_idempotency._conf.settings import conf, usable
 from django_idempotency._conf.values import is_redis, shown_store
 from django_idempotency._ops import relay
 from django_idempotency._ops.relay import Relay
@@ -89,12 +89,32 @@ class Command(_arguments.Command):
         if dry_run and not retry_failed:
             raise CommandError("--dry-run goes with --retry-failed.")
         alias = store_of(store, database)
+        if store is None and database is None:
+            self._left_behind(alias)
         try:
             self._relay(alias, once, batch_size, interval, verbosity, failed, retry_failed, dry_run)
         except (DatabaseError, StoreUnavailable) as exc:  # a store down: said, not a traceback
             where = _where(alias)
             said = str(exc).removeprefix(f"{where}: ")  # a Redis fault names its store
             raise CommandError(f"The {where} did not answer: {said}".strip()) from exc
+
+    def _left_behind(self, alias: str) -> None:
+        """Say it when the relay follows a Redis ``STORE`` while the database's outbox holds
+        messages: the views on ``store="database"`` stage there (the only outbox a Redis
+        ``STORE`` had until this release), and a relay started as before leaves them unsent."""
+        if not is_redis(alias):
+            return
+        try:
+            left = relay.backlog(conf.DATABASE_ALIAS)
+        except (DatabaseError, StoreUnavailable):
+            return  # the database's own relay, or stats, says that it is down
+        waiting = left["outbox_pending"] + left["outbox_failed"]
+        if waiting:
+            self.stderr.write(
+                f"The database's outbox holds {waiting:,} message(s) this relay does not send "
+                f"(it relays {_where(alias)}, the STORE): run another relay with "
+                "--store database."
+            )
 
     def _relay(
         self,
