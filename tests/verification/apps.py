@@ -1,8 +1,9 @@
 """Applies the run's plant (``IDEMPOTENCY_VERIFY_PLANT``) once the app is loaded, in every
-server process, before any request."""
+server process, before any request, and listens for the results it could not store."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 from django.apps import AppConfig
@@ -13,9 +14,10 @@ class VerificationConfig(AppConfig):
     label = "verification"
 
     def ready(self) -> None:
-        from tests.verification import plants
+        from tests.verification import plants, witness
 
         plants.apply(os.environ.get("IDEMPOTENCY_VERIFY_PLANT", ""))
+        logging.getLogger("django_idempotency").addHandler(witness.Unstored())
         if os.environ.get("IDEMPOTENCY_VERIFY_SQLITE_TRACE"):
             from tests.verification import trace
 

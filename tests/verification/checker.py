@@ -59,7 +59,13 @@ EDGE = 1.0
 #: Faults of the workers a view's own process suffers; the others hit every owner at once
 #: (the relay's death none: its messages are sent again once their lease passes; nor the
 #: Celery worker's: its messages come back to the next one).
-WORKER_FAULTS = {"worker-kill", "worker-stop"}
+WORKER_FAULTS = {"worker-kill", "worker-stop", "worker-pause"}
+#: A worker that did not run for a while: SIGSTOPped by the nemesis, or paused as its process
+#: saw it (witness.py: the machine's load).
+STOPS = frozenset({"worker-stop", "worker-pause"})
+#: An owner's result it could not store (it logged so, SPEC 4a): a retry once its lock lapsed
+#: runs the view again. Observed by the owner's process (witness.py), naming its executions.
+UNSTORED = "result-unstored"
 FAILOVER = "db-failover"
 #: The invariants a lost write breaks: a claim lost runs the view again (1), a result lost
 #: answers anew (2, 5), a recovery point lost runs its step again (9).
@@ -108,19 +114,27 @@ def _excuse(
     execution) is one, a failover's neither: the result was stored (durably: the servers
     fsync) before it was answered, and a promoted standby must have it. Once a replay had
     shown the life's result stored (``proved``), only ``second``'s own worker stopped since
-    before it (a late owner's view) is one."""
+    before it (a late owner's view) is one. An owner that said it could not store
+    ``first``'s result (:data:`UNSTORED`) is one whenever nothing showed it stored: it
+    answered, and left the record to a retry."""
     if first["entry"] in limits.atomic:
         return None
+    if proved >= second["t"] - EDGE:
+        for fault in faults:
+            if fault["kind"] == UNSTORED and first["execution"] in fault["executions"]:
+                return fault
     answered = acked.get(first["execution"], float("inf"))
     if proved < second["t"] - EDGE:
         faults = [
             fault
             for fault in faults
-            if fault["kind"] == "worker-stop"
+            if fault["kind"] in STOPS
             and fault.get("pid") == second["pid"]
             and fault["start"] <= proved
         ]
     for fault in faults:
+        if fault["kind"] == UNSTORED:  # the owner's own, above
+            continue
         if fault["start"] > second["t"] or fault["end"] < first["t"] - EDGE:
             continue
         if answered < fault["start"]:
@@ -130,7 +144,7 @@ def _excuse(
         # stop began by the first effect, and its view ran as it resumed; a stop that began
         # later found both owners holding the key at once.
         late = (
-            fault["kind"] == "worker-stop"
+            fault["kind"] in STOPS
             and fault["start"] <= first["t"]
             and second["t"] <= fault["end"] + EDGE
         )
@@ -138,7 +152,7 @@ def _excuse(
         if (
             fault["kind"] in WORKER_FAULTS
             and fault.get("pid") not in owners
-            and not (limits.worker_faults_global and fault["kind"] == "worker-stop")
+            and not (limits.worker_faults_global and fault["kind"] in STOPS)
         ):
             continue
         if fault["kind"] == "worker-kill" and fault["start"] >= first["t"] - EDGE:
@@ -177,7 +191,7 @@ def _holds_owner(fault: Event, source: Event, limits: Limits) -> bool:
     if fault["kind"] in OUTAGES:
         return True
     owner = fault.get("pid") == source["pid"] or limits.worker_faults_global
-    return fault["kind"] == "worker-stop" and owner
+    return fault["kind"] in STOPS and owner
 
 
 def _outage(fault: Event, faults: list[Event]) -> float:

@@ -59,7 +59,7 @@ from tests.faults.app import migrate  # noqa: E402
 from tests.faults.proxy import FaultProxy  # noqa: E402
 from tests.faults.redis_server import RedisServer  # noqa: E402
 from tests.servers import harness  # noqa: E402
-from tests.verification import checker  # noqa: E402
+from tests.verification import checker, witness  # noqa: E402
 from tests.verification.ledger import deliveries, newest, read_lines  # noqa: E402
 from tests.verification.limits import (  # noqa: E402
     CONSUMER_WORK,
@@ -1062,6 +1062,8 @@ class Run:
             self.recorder.add({"type": "effect", **effect})
         for point in read_lines(self.servers.folder, "points-*.jsonl"):
             self.recorder.add({"type": "point", **point})
+        for fault in witness.observed(self.servers.folder, effects):
+            self.recorder.add(fault)
         if self.servers.helpers:
             self.drain()
         return self.recorder.events

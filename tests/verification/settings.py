@@ -8,6 +8,7 @@ import os
 
 from tests.faults.settings import *  # noqa: F403
 from tests.faults.settings import INSTALLED_APPS, REST_FRAMEWORK
+from tests.settings import MIDDLEWARE
 
 ROOT_URLCONF = "tests.verification.urls"
 #: A database fault in DRF's own token authentication (before ``@idempotent`` runs on a
@@ -26,6 +27,8 @@ REST_FRAMEWORK = {
 #: every such request a quarter of a second of CPU on the runs' two cores).
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.verification.apps.VerificationConfig"]
+#: Gathers each request's executions, for a result the app could not store (witness.py).
+MIDDLEWARE = ["tests.verification.witness.attempts", *MIDDLEWARE]
 
 #: The outbox's messages go to a Celery task (tests/verification/consumer.py): one the fast path
 #: did not send or mark (its worker killed, or stopped past half the lease) is the relay's in

@@ -59,6 +59,7 @@ from django_idempotency import ninja as idempotent_ninja
 from django_idempotency.models import OutboxMessage
 from django_idempotency.rest_framework import IdempotencyMixin
 from tests.testapp.models import Execution
+from tests.verification import witness
 from tests.verification.consumer import CONSUMER_LABEL, deliver
 from tests.verification.ledger import append_line
 from tests.verification.limits import LOCK, SHORT_TTL, TTL, password
@@ -127,6 +128,7 @@ def _effect(
         Execution.objects.create(label=ATOMIC_LABEL, payload=json.dumps(line))
     else:
         append_line(_ledger() / f"effects-{os.getpid()}.jsonl", line)
+        witness.ran(line["execution"])
     if work and body.get("work"):
         time.sleep(float(body["work"]))
     if "message" in line:

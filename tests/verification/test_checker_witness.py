@@ -1,0 +1,144 @@
+"""The faults a server process sees of its own (witness.py): a result it could not store, and
+a pause of the whole process. An hour's soaks found five double runs on PostgreSQL and SQLite
+and one on the Redis store that were SPEC 4a's window, each an owner that logged "Could not
+store the result" (its database silent until its lock could lapse under a load of 20) or
+whose process stood still 2.8 s, and the checker, knowing neither, called them violations."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_idempotency._call import writing
+from tests.verification import checker, witness
+
+LIMITS = checker.Limits(lock=3, ttl={"plain": 3600})
+WHO = {"principal": "alice", "key": "k", "entry": "plain", "body": "b"}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def done(op: str, t: float, execution: str, *, replayed: bool) -> dict[str, Any]:
+    return {"type": "complete", "op": op, "t": t, "status": 201, "response": f"r-{execution}",
+            "replayed": replayed, "execution": execution, "as": "alice"}  # fmt: skip
+
+
+def runs_twice(*faults: dict[str, Any], replayed_at: float | None = None) -> list[dict[str, Any]]:
+    """x1 ran at 10 s and was answered (unstored, or not); a retry ran x2 at 14 s."""
+    history: list[dict[str, Any]] = [
+        {"type": "invoke", "op": "op1", "t": 9.9, **WHO},
+        {"type": "effect", "t": 10.0, "execution": "x1", "pid": 1, **WHO},
+        done("op1", 10.5, "x1", replayed=False),
+        *({"type": "fault", "observed": True, **fault} for fault in faults),
+    ]
+    if replayed_at is not None:
+        history += [
+            {"type": "invoke", "op": "op9", "t": replayed_at - 0.1, **WHO},
+            done("op9", replayed_at, "x1", replayed=True),
+        ]
+    return [
+        *history,
+        {"type": "invoke", "op": "op2", "t": 13.9, **WHO},
+        {"type": "effect", "t": 14.0, "execution": "x2", "pid": 2, **WHO},
+        done("op2", 14.1, "x2", replayed=False),
+    ]
+
+
+def found(history: list[dict[str, Any]]) -> tuple[set[int], list[str]]:
+    result = checker.check(history, LIMITS)
+    return {v["invariant"] for v in result.violations}, [w["fault"]["kind"] for w in result.windows]
+
+
+def unstored(*executions: str) -> dict[str, Any]:
+    return {"kind": checker.UNSTORED, "pid": 1, "start": 10.0, "end": 13.0, "long": True,
+            "executions": list(executions), "record": "7"}  # fmt: skip
+
+
+def test_a_result_its_owner_could_not_store_is_a_window() -> None:
+    assert found(runs_twice()) == ({1, 2}, [])
+    assert found(runs_twice(unstored("x1"))) == (set(), [checker.UNSTORED])
+
+
+def test_another_executions_unstored_result_excuses_nothing() -> None:
+    assert 1 in found(runs_twice(unstored("x0")))[0]
+
+
+def test_an_unstored_result_excuses_nothing_once_a_replay_showed_it_stored() -> None:
+    assert 1 in found(runs_twice(unstored("x1"), replayed_at=12.0))[0]
+
+
+def pause(pid: int, start: float, seconds: float) -> dict[str, Any]:
+    return {"kind": "worker-pause", "pid": pid, "start": start, "end": start + seconds,
+            "duration": seconds, "long": seconds >= LIMITS.lock * 2 / 3}  # fmt: skip
+
+
+def test_a_pause_of_the_owners_process_past_its_lock_is_a_window() -> None:
+    assert found(runs_twice(pause(1, 10.2, 2.8))) == (set(), ["worker-pause"])
+
+
+@pytest.mark.parametrize(
+    "fault", [pause(1, 10.2, 1.2), pause(3, 10.2, 2.8)], ids=["too-short", "another-worker"]
+)
+def test_a_short_pause_or_another_workers_excuses_nothing(fault: dict[str, Any]) -> None:
+    assert 1 in found(runs_twice(fault))[0]
+
+
+def test_the_app_logs_what_the_witness_listens_for() -> None:
+    assert witness.UNSTORED in inspect.getsource(writing._not_stored)
+
+
+def test_an_unstored_result_is_recorded_with_its_requests_executions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IDEMPOTENCY_VERIFY_LEDGER", str(tmp_path))
+    monkeypatch.setitem(witness._watching, "pid", os.getpid())  # no watcher in pytest's process
+    logger = logging.getLogger("django_idempotency")
+
+    def view(request: object) -> None:  # two effects, then the decorator's failed write
+        witness.ran("x1")
+        witness.ran("x2")
+        logger.error(witness.UNSTORED + " %s: %s.", 7, "the database did not answer")
+
+    handler = witness.Unstored()
+    logger.addHandler(handler)
+    try:
+        witness.attempts(view)(None)
+        witness.attempts(lambda request: logger.error("Something else %s", 8))(None)
+    finally:
+        logger.removeHandler(handler)
+    effects = [{"execution": "x1", "t": 5.0}, {"execution": "x2", "t": 6.0}]
+    [fault] = [f for f in witness.observed(tmp_path, effects) if f["kind"] == checker.UNSTORED]
+    assert (fault["executions"], fault["record"], fault["start"]) == (["x1", "x2"], "7", 5.0)
+    assert fault["pid"] == os.getpid() and fault["end"] > 5.0
+
+
+def test_a_stopped_process_records_its_pause(tmp_path: Path) -> None:
+    """A process SIGSTOPped 2 s (as a loaded machine may leave one) says so when it runs."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; from tests.verification import witness; "
+         "witness._watch(); time.sleep(30)"],
+        cwd=ROOT, env={**os.environ, "IDEMPOTENCY_VERIFY_LEDGER": str(tmp_path),
+                       "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        time.sleep(1.0)
+        child.send_signal(signal.SIGSTOP)
+        time.sleep(2.0)
+        child.send_signal(signal.SIGCONT)
+        deadline = time.time() + 10
+        while not list(tmp_path.glob("pauses-*.jsonl")) and time.time() < deadline:
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        child.wait()
+    [fault] = witness.observed(tmp_path, [])
+    assert fault["kind"] == "worker-pause" and fault["pid"] == child.pid
+    assert 1.8 <= fault["duration"] < 5 and fault["long"]

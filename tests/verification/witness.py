@@ -1,0 +1,121 @@
+"""What a server process sees of its own faults, the ones no nemesis scheduled: a result the
+app could not store (its "Could not store the result" error, SPEC 4a: the owner answers, and
+a retry once the lock lapses runs the view again), and a pause of the whole process (the
+machine's load, a swap) long enough for its lock to lapse. Each is a line of the run's
+ledgers (``unstored-<pid>.jsonl``, ``pauses-<pid>.jsonl``), which ``run.py`` adds to the
+history as observed faults: without them the checker took such a window for a double run.
+
+A request's executions are gathered in a list the middleware makes for it (a context
+variable: the async view's coroutine and the decorator's write see the same list)."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.verification.ledger import append_line, read_lines
+from tests.verification.limits import LOCK
+
+#: The executions of the request being served (``_effect`` appends to it).
+executions: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "verification_executions", default=None
+)
+#: A gap this long (seconds) between a watcher's ticks is a pause of its process.
+PAUSE = 1.0
+TICK = 0.1
+#: The message of ``_call/writing.py``'s ``_not_stored``.
+UNSTORED = "Could not store the result of idempotency record"
+_watching = {"pid": 0}
+
+
+def _ledger() -> Path:
+    return Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"])
+
+
+def attempts(get_response: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The middleware: a fresh list of executions for each request, and this process's pause
+    watcher started (once per process: gunicorn forks its workers after loading the app)."""
+
+    def middleware(request: Any) -> Any:
+        _watch()
+        executions.set([])
+        return get_response(request)
+
+    return middleware
+
+
+def ran(execution: str) -> None:
+    """An effect of the request being served (outside one: nothing to gather)."""
+    gathered = executions.get()
+    if gathered is not None:
+        gathered.append(execution)
+
+
+class Unstored(logging.Handler):
+    """Each result the app could not store, with the executions of its request."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith(UNSTORED) or not os.environ.get(
+            "IDEMPOTENCY_VERIFY_LEDGER"
+        ):
+            return
+        line = {
+            "t": record.created,
+            "pid": os.getpid(),
+            "record": str(record.args[0]) if isinstance(record.args, tuple) else None,
+            "executions": list(executions.get() or ()),
+        }
+        append_line(_ledger() / f"unstored-{os.getpid()}.jsonl", line)
+
+
+def _watch() -> None:
+    if _watching["pid"] == os.getpid() or not os.environ.get("IDEMPOTENCY_VERIFY_LEDGER"):
+        return
+    _watching["pid"] = os.getpid()
+    threading.Thread(target=_watcher, name="verification-pauses", daemon=True).start()
+
+
+def _watcher() -> None:
+    """Ticks every :data:`TICK`; a tick late by :data:`PAUSE` or more is a pause: the process
+    (every thread of it, the lock's renewer too) did not run."""
+    path = _ledger() / f"pauses-{os.getpid()}.jsonl"
+    last, wall = time.monotonic(), time.time()
+    while True:
+        time.sleep(TICK)
+        now, now_wall = time.monotonic(), time.time()
+        if now - last - TICK >= PAUSE:
+            append_line(path, {"start": wall, "end": now_wall, "pid": os.getpid()})
+        last, wall = now, now_wall
+
+
+def observed(folder: Path, effects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The faults the run's server processes saw of their own, as the history's ``fault``
+    events (``observed``: no nemesis scheduled them): ``result-unstored``, from the first
+    effect of its request to the error, naming the request's ``executions``; and
+    ``worker-pause``, ``long`` when its lock could lapse in it (two thirds of it: renewed
+    every third)."""
+    when = {effect["execution"]: effect["t"] for effect in effects}
+    faults = []
+    for line in read_lines(folder, "unstored-*.jsonl"):
+        ran = [when[execution] for execution in line["executions"] if execution in when]
+        faults.append({
+            "type": "fault", "kind": "result-unstored", "observed": True, "long": True,
+            "pid": line["pid"], "start": min(ran, default=line["t"]), "end": line["t"],
+            "executions": line["executions"], "record": line["record"],
+        })  # fmt: skip
+    for line in read_lines(folder, "pauses-*.jsonl"):
+        faults.append({
+            "type": "fault", "kind": "worker-pause", "observed": True, **line,
+            "duration": line["end"] - line["start"],
+            "long": line["end"] - line["start"] >= LOCK * 2 / 3,
+        })  # fmt: skip
+    return faults
