@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from django_idempotency import IdempotencyKey
 from django_idempotency._base import rules
-from django_idempotency._store.operations import (
+from django_idempotency._store.operation_states import (
     FAILED,
     STATES,
     SUCCEEDED,

@@ -7,7 +7,7 @@ replaces the ``202`` once, in one statement whose condition is that ``202``: two
 completions (a redelivered task) cannot both apply, and a final response is never a ``202``
 (:func:`complete` refuses one), so no column marks it.
 
-Its state (:func:`state_of`, :func:`state_filter`): ``stalled`` while its record is stale
+Its state (:mod:`.operation_states`): ``stalled`` while its record is stale
 (the request's owner died, its lock lapsed: only a retry of the request resumes it), else
 ``running`` as above, else its final response's. Its task's progress is kept in the record's
 recovery point (:data:`PROGRESS`); an operation handed on with no word from its task for long
@@ -23,21 +23,32 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
-from django_idempotency._base import rules
 from django_idempotency._base.durations import microseconds
 from django_idempotency._store import ClaimHandle, using
 from django_idempotency._store.contract import ACCEPTED, PROGRESS, Operation
-from django_idempotency._store.writes import COMPLETED, StoredResponse
-from django_idempotency._store.writes import FAILED as FAILED_STATUS
+from django_idempotency._store.operation_states import (
+    FAILED,
+    RUNNING,
+    STALLED,
+    STATES,
+    SUCCEEDED,
+    state_filter,
+    state_of,
+)
+from django_idempotency._store.writes import StoredResponse
 from django_idempotency.models import IdempotencyKey
 
 __all__ = [
     "ACCEPTED",
+    "FAILED",
     "MAX_PROGRESS_SIZE",
     "PROGRESS",
+    "RUNNING",
+    "STALLED",
     "STATES",
+    "SUCCEEDED",
     "Operation",
     "complete",
     "created_at",
@@ -58,40 +69,6 @@ __all__ = [
 #: The largest progress a task may set, in bytes of compact JSON: a few numbers and a short
 #: message, read on every poll; never a result (that is the final response).
 MAX_PROGRESS_SIZE = 1024
-
-
-#: An operation's states, as the status endpoint, the list endpoint and the admin name them.
-RUNNING, STALLED, SUCCEEDED, FAILED = "running", "stalled", "succeeded", "failed"
-STATES = (RUNNING, STALLED, SUCCEEDED, FAILED)
-
-
-def state_filter(state: str, now: datetime) -> Q:
-    """The records whose operation is in ``state`` at ``now``, for a queryset (the admin's
-    filter); :func:`state_of` says the same of one record."""
-    stalled = rules.STALE.filter(now)
-    handed_on = Q(status=COMPLETED, response_status=ACCEPTED)
-    if state == RUNNING:
-        return (Q(status=rules.PROCESSING) & ~stalled) | handed_on
-    if state == STALLED:
-        return stalled
-    if state == SUCCEEDED:
-        return Q(status=COMPLETED) & ~Q(response_status=ACCEPTED)
-    if state == FAILED:
-        return Q(status=FAILED_STATUS)
-    raise ValueError(f"No operation state {state!r}.")
-
-
-def state_of(record: Any, now: datetime) -> str:
-    """The state of a record's operation at ``now``: ``stalled`` when its owner is gone,
-    ``running`` while its request runs or its stored response is a ``202``, then the final
-    response's."""
-    if rules.STALE.holds(record, now):
-        return STALLED
-    if record.status == rules.PROCESSING or record.response_status == ACCEPTED:
-        return RUNNING
-    if record.status == FAILED_STATUS or rules.is_error(record.response_status):
-        return FAILED
-    return SUCCEEDED
 
 
 def stuck(

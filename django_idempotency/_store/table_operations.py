@@ -2,8 +2,8 @@
 (:class:`~.contract.StoreContract`): read by primary key, listed by scope, its final response
 and its progress written in one statement each, fenced by its stored ``202`` of this life.
 
-An operation's name is its record's primary key, which its id's MAC covers. The statements
-import :mod:`.operations` when run: it reaches the stores through :func:`.._store.using`.
+An operation's name is its record's primary key, which its id's MAC covers; its state is
+:mod:`.operation_states`' filter.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_idempotency._base import rules
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.contract import ClaimHandle, Operation, StoredResponse
+from django_idempotency._store.operation_states import state_filter
 from django_idempotency._store.writes import COMPLETED
 from django_idempotency.models import IdempotencyKey
 
@@ -66,8 +67,6 @@ class TableOperations(BoundStore):
     ) -> list[Operation]:
         """One indexed read of the scopes' records (the unique index's ``scope`` prefix),
         those with a primary key under ``before``."""
-        from django_idempotency._store.operations import state_filter
-
         now = timezone.now()
         records = self._records().filter(scope__in=scopes, expires_at__gt=now)
         if before is not None:

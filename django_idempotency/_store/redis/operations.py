@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from django_idempotency._store.contract import Operation
+from django_idempotency._store.operation_states import state_of
 from django_idempotency._store.redis.codec import as_instant, as_json, as_text, as_time
 from django_idempotency._store.redis.keyspace import glob, scope_index
 from django_idempotency._store.redis.names import name
@@ -157,8 +158,6 @@ def listed(
     ``ca``), at most ``limit``, those begun before ``before`` (µs: the list's cursor), in
     ``state`` if given. An operation whose record is gone leaves its scope's list here."""
     from django.utils import timezone
-
-    from django_idempotency._store.operations import state_of
 
     now = timezone.now()
     found: list[Operation] = []
