@@ -16,6 +16,8 @@ TTLS = {
 }  # fmt: skip
 #: Once the nemesis has healed, every key has a final answer within ``LOCK`` and this.
 SETTLE = 15.0
+#: A trivial request answered this late (seconds), or not at all, is the server overloaded.
+SLOW = 5.0
 #: Once every key is settled, every released message is delivered and consumed within this.
 DRAIN = 30.0
 #: Seconds the consumer's task works after its effect, before its result is written: a worker

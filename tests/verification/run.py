@@ -66,6 +66,7 @@ from tests.verification.limits import (  # noqa: E402
     DRAIN,
     LOCK,
     SETTLE,
+    SLOW,
     TTLS,
     password,
 )
@@ -698,6 +699,9 @@ class Run:
         #: The requests (principal, key, body) a client gave up on (``unsettled``).
         self.unsettled: set[tuple[str, str, bytes]] = set()
         self.heal_time = float("inf")
+        #: When the server last answered a pulse slowly (:meth:`pulse`).
+        self.slow_until = 0.0
+        self.pulsing = threading.Event()
         #: Faults the nemesis could not inflict (a failover whose standby did not come up).
         self.nemesis_errors: list[str] = []
         # One client for every thread: a client made per request costs the run's process (and
@@ -818,7 +822,7 @@ class Run:
             op, status = self.send(story, index)
             if status is not None:
                 return op
-            deadline = max(self.heal_time, began) + LOCK + SETTLE
+            deadline = max(self.heal_time, began, self.slow_until) + LOCK + SETTLE
             if time.time() > deadline:
                 self.recorder.add({"type": "unsettled", "op": op, "t": time.time()})
                 self.unsettled.add((story.principal, story.key, story.body))
@@ -845,6 +849,24 @@ class Run:
             time.sleep(delay)
             if not self.until_final(story, rng, index):
                 return
+
+    def pulse(self) -> None:
+        """A trivial request (``/health/``: no database, no key) once a second while the run
+        goes: one answered in :data:`SLOW` seconds or more (or given up on as late) is the server
+        overloaded (a load the machine made, no nemesis), an observed ``server-slow`` fault.
+        It excuses a request left unanswered in its time, and the clients' settling time
+        counts from its end, as from the nemesis's healing; it excuses no double run."""
+        while self.pulsing.is_set():
+            sent = time.time()
+            with contextlib.suppress(httpx.HTTPError):
+                self.http.get(f"{self.servers.url}/health/")
+            answered = time.time()
+            if answered - sent >= SLOW:
+                self.slow_until = max(self.slow_until, answered)
+                self.recorder.add({"type": "fault", "kind": "server-slow", "observed": True,
+                                   "start": sent, "end": answered,
+                                   "duration": answered - sent, "long": False})  # fmt: skip
+            time.sleep(max(0.0, 1.0 - (answered - sent)))
 
     def nemesis(self) -> None:
         schedules = [threading.Thread(target=self.faults_run, args=(faults,), daemon=True)
@@ -1031,6 +1053,8 @@ class Run:
     def go(self) -> list[dict[str, Any]]:
         self.log_in()
         self.start = time.time()
+        self.pulsing.set()
+        threading.Thread(target=self.pulse, name="pulse", daemon=True).start()
         nemesis = threading.Thread(target=self.nemesis, name="nemesis", daemon=True)
         nemesis.start()
         clients = []
@@ -1066,6 +1090,7 @@ class Run:
             self.recorder.add(fault)
         if self.servers.helpers:
             self.drain()
+        self.pulsing.clear()
         return self.recorder.events
 
     def drain(self) -> None:

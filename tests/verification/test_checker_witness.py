@@ -142,3 +142,18 @@ def test_a_stopped_process_records_its_pause(tmp_path: Path) -> None:
     [fault] = witness.observed(tmp_path, [])
     assert fault["kind"] == "worker-pause" and fault["pid"] == child.pid
     assert 1.8 <= fault["duration"] < 5 and fault["long"]
+
+
+SLOW = {"kind": checker.OVERLOAD, "start": 20.0, "end": 51.0, "duration": 31.0, "long": False}
+
+
+def test_an_overloaded_server_excuses_a_request_left_unanswered_not_a_double_run() -> None:
+    """run.py's pulse waited 31 s for ``/health/``: a request given up on then was the
+    machine's load, not a worker that hung; a double run in that time is still one."""
+    unanswered = [
+        {"type": "invoke", "op": "op3", "t": 20.5, **WHO},
+        {"type": "complete", "op": "op3", "t": 50.5, "status": None, "error": "ReadTimeout"},
+    ]
+    assert found(unanswered) == ({8}, [])
+    assert found([*unanswered, {"type": "fault", "observed": True, **SLOW}]) == (set(), [])
+    assert 1 in found(runs_twice({**SLOW, "start": 9.0}))[0]
