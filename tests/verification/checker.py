@@ -10,14 +10,15 @@ Events (JSON objects, ``type`` first):
   execution and principal a 2xx answer names), ``first`` (a ``/steps/`` answer's first step);
 - ``effect``: what a view ran (its ledger line): ``t``, ``entry``, ``principal``, ``key``,
   ``body``, ``execution``, ``pid``; an outbox view's also ``message`` (the id it staged) and
-  ``fails`` (an attempt that answered ``503`` on purpose: it keeps nothing); a ``/steps/``
-  view's also ``step`` (1 or 2), ``attempt`` (the claim's) and, for the second step,
-  ``first`` (the first step's execution it built on) and ``resumed`` (its attempt started
-  from the recovery point);
+  ``fails`` (an attempt that answered ``503`` on purpose: it keeps nothing); an ``/export/``
+  view's also ``operation`` (its operation's id, which its ``202``'s ``Location`` ends with;
+  older histories lack it); a ``/steps/`` view's also ``step`` (1 or 2), ``attempt`` (the
+  claim's) and, for the second step, ``first`` (the first step's execution it built on) and
+  ``resumed`` (its attempt started from the recovery point);
 - ``point``: a ``/steps/`` view's recovery point saved (``set_recovery_point`` returned):
   ``t``, ``principal``, ``key``, ``execution`` (the first step it names), ``attempt``;
 - ``delivery``: a start of the consumer's Celery task (``message``, ``args``: the execution
-  that staged it; ``retries``);
+  that staged it; ``retries``; an ``/export/`` message's ``operation``);
 - ``consumed``: the consumer's effect for a message (``message``, ``execution``);
 - ``undrained``: the outbox still held undelivered messages when the run stopped waiting;
 - ``fault``: ``kind``, ``start``, ``end``, ``pid`` (a worker's, the relay's or the Celery
@@ -50,6 +51,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+from urllib.parse import unquote
 
 Event = dict[str, Any]
 
@@ -376,7 +378,7 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
                                op=[first_asked, first_done, asked, done])  # fmt: skip
 
     _check_outbox(events, answered, life_of, result)
-    _check_operations(events, answered, effects, result)
+    _check_operations(events, answered, effects, limits, result)
 
     for event in events:  # 8: a key that never settled
         if event["type"] == "unsettled" and event["op"] in invokes:
@@ -477,28 +479,16 @@ def _attribute_failovers(result: Result, failovers: list[Event]) -> None:
 
 def _check_operations(
     events: list[Event], answered: dict[tuple[str, str], list[tuple[Event, Event]]],
-    effects: dict[tuple[str, str], list[Event]], result: Result,
+    effects: dict[tuple[str, str], list[Event]], limits: Limits, result: Result,
 ) -> None:  # fmt: skip
     """7: only an operation's principal reads it (anyone else gets ``404``, or ``503`` under a
-    fault), and once every key has settled it is ``succeeded`` or ``failed`` (or ``stalled``,
-    its owner gone), its response the one its key's replays give; or ``404``, a record
-    released and claimed anew (a new operation). An operation a background task completes
-    (:data:`COMPLETED_BY_TASK`: its view answers ``202``) is ``succeeded``, with its key's
-    stored answer: neither ``running`` (its completion lost, or never sent) nor ``stalled``
-    nor ``failed`` is its end.
-
-    The stored answer is the one the key's last replay names, unless the view ran again after
-    that replay's answer (or the key was never replayed): the run's last request ran it anew
-    (its record expired, or left ``processing`` by a result write a fault lost, then taken
-    over) and nothing was asked after it. Its answer is then one of the executions that ran
-    since (the last of them, or a late owner's fenced off before it): any of them."""
-    kept: dict[tuple[str, str], set[str]] = {}
-    for key, answers in answered.items():
-        replays = [done for _, done in answers if done.get("replayed")]
-        since = replays[-1]["t"] if replays else float("-inf")
-        kept[key] = {run["execution"] for run in effects.get(key, []) if run["t"] > since}
-        if replays:
-            kept[key].add(replays[-1]["execution"])
+    fault); once every key has settled it is ``succeeded`` or ``failed`` (or ``stalled``), its
+    response its key's stored answer; or ``404``, a record released and claimed anew, unless
+    its key kept an attempt that ran under it (:func:`_kept_operations`). One a background
+    task completes (:data:`COMPLETED_BY_TASK`) is ``succeeded``: neither ``running`` (its
+    completion lost, or never sent) nor ``stalled`` nor ``failed`` is its end."""
+    kept = _stored(answered, effects)
+    held = _kept_operations(events, answered, effects, kept, limits)
     keys = {e["op"]: (e["principal"], e["key"]) for e in events if e["type"] == "invoke"}
     entries = {e["op"]: e["entry"] for e in events if e["type"] == "invoke"}
     owners: dict[str, tuple[str, str]] = {}
@@ -515,7 +505,14 @@ def _check_operations(
                 result.violate(7, key, f"{poll['principal']} read {poll['owner']}'s operation "
                                f"({poll['status']})", polls=[poll])  # fmt: skip
             continue
-        if not poll["final"] or poll["status"] in (404, None):
+        if not poll["final"] or poll["status"] is None:
+            continue
+        if poll["status"] == 404:
+            shown = held.get(_operation_id(poll["operation"]))
+            if shown is not None and poll["t"] < shown[1]:
+                result.violate(7, key, "an operation whose result its key kept is gone (404) "
+                               "after every key settled", polls=[poll],
+                               stored=[shown[0]])  # fmt: skip
             continue
         if poll["operation"] in completed_by_task and (
             poll["status"] != 200 or poll.get("state") != "succeeded"
@@ -530,6 +527,72 @@ def _check_operations(
         elif poll.get("state") == "succeeded" and poll.get("execution") not in kept.get(key, ()):
             result.violate(7, key, "an operation's response is not its key's stored answer",
                            polls=[poll], stored=sorted(kept.get(key, ())))  # fmt: skip
+
+
+def _stored(
+    answered: dict[tuple[str, str], list[tuple[Event, Event]]],
+    effects: dict[tuple[str, str], list[Event]],
+) -> dict[tuple[str, str], set[str]]:
+    """Each answered key's stored answer: the execution its last replay names, unless the
+    view ran again after that replay's answer (or the key was never replayed): the run's last
+    request ran it anew (its record expired, or left ``processing`` by a result write a fault
+    lost, then taken over) and nothing was asked after it. Its answer is then one of the
+    executions that ran since (the last of them, or a late owner's fenced off before it): any
+    of them."""
+    kept: dict[tuple[str, str], set[str]] = {}
+    for key, answers in answered.items():
+        replays = [done for _, done in answers if done.get("replayed")]
+        since = replays[-1]["t"] if replays else float("-inf")
+        kept[key] = {run["execution"] for run in effects.get(key, []) if run["t"] > since}
+        if replays:
+            kept[key].add(replays[-1]["execution"])
+    return kept
+
+
+def _kept_operations(
+    events: list[Event], answered: dict[tuple[str, str], list[tuple[Event, Event]]],
+    effects: dict[tuple[str, str], list[Event]], kept: dict[tuple[str, str], set[str]],
+    limits: Limits,
+) -> dict[str, tuple[str, float]]:  # fmt: skip
+    """The operations (by id) whose record holds a result its key kept, each with that result's
+    execution and the time until which its record outlives any TTL (from the key's first
+    request, less :data:`EDGE`): a ``404`` for one is an operation lost.
+
+    The attempts that ran under an operation are the effect lines naming its id (an
+    ``/export/`` view's ``operation``; in a history recorded before that field, its message's
+    deliveries, which name it too). Its record kept a result when every execution its key may
+    have settled on (:func:`_stored`; with no ``2xx`` answer, every effect of the key) ran
+    under it, and one of them was named by a replay or had its message delivered (sent only
+    once its answer was stored). An attempt released, or a record claimed anew, leaves its
+    operation's id naming nothing: its key settles on an attempt of another operation."""
+    ran: dict[str, set[str]] = defaultdict(set)
+    for event in events:
+        if event["type"] == "effect" and event.get("operation") and not event.get("fails"):
+            ran[event["operation"]].add(event["execution"])
+        elif event["type"] == "delivery" and event.get("operation"):
+            ran[event["operation"]].add(event["args"][0])
+    asked: dict[tuple[str, str], float] = {}
+    for event in (e for e in events if e["type"] == "invoke"):
+        at = (event["principal"], event["key"])
+        asked[at] = min(event["t"], asked.get(at, event["t"]))
+    shown = {e["args"][0] for e in events if e["type"] == "delivery"}
+    shown |= {done["execution"] for answers in answered.values() for _, done in answers
+              if done.get("replayed")}  # fmt: skip
+    runs = {run["execution"]: (key, run) for key, group in effects.items() for run in group}
+    held: dict[str, tuple[str, float]] = {}
+    for operation, executions in ran.items():
+        for execution in sorted(executions & shown & runs.keys()):
+            key, run = runs[execution]
+            settled = kept.get(key) or {each["execution"] for each in effects[key]}
+            if settled <= executions:  # its record claimed no earlier than the key's first ask
+                since = min(asked.get(key, run["t"]), run["t"])
+                held[operation] = (execution, since + limits.ttl[run["entry"]] - EDGE)
+    return held
+
+
+def _operation_id(location: str) -> str:
+    """The operation id a status URL names (``.../operations/<id>``: its last segment)."""
+    return unquote(location.rstrip("/").rpartition("/")[2])
 
 
 def _check_outbox(

@@ -5,13 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tests.verification import checker
-
-#: Found by the audit, not fixed (what the app may answer there is the lead's call): each fails
-#: until the checker finds it.
-OPEN = pytest.mark.xfail(strict=True, reason="a gap of the checker, not fixed yet")
 
 LIMITS = checker.Limits(lock=3, ttl={"plain": 3600})
 WHO = {"principal": "alice", "key": "k", "entry": "plain", "body": "b"}
@@ -149,39 +143,129 @@ def test_a_changed_body_answered_otherwise_than_422_is_found() -> None:
     assert 4 in invariants(history)
 
 
-@OPEN
+EXPORT = {**WHO, "entry": "export"}
+EXPORT_LIMITS = checker.Limits(lock=3, ttl={"export": 3600})
+GONE = (7, "an operation whose result its key kept is gone (404) after every key settled")
+
+
+def exported(op: str, t: float, execution: str, operation: str | None, *,
+             delivered: bool = True) -> list[dict[str, Any]]:  # fmt: skip
+    """An ``/export/`` attempt answered ``202`` (its operation's URL): its effect line (naming
+    its operation, as the recorder writes it; ``None``: as it did before), and its message's
+    delivery (naming the operation too, as the consumer always has) and effect."""
+    effect = {"type": "effect", "t": t + 0.1, "execution": execution, "pid": 1,
+              "message": f"m-{execution}", **EXPORT}  # fmt: skip
+    if operation is not None:
+        effect["operation"] = operation
+    events = [
+        {"type": "invoke", "op": op, "t": t, **EXPORT},
+        effect,
+        {"type": "complete", "op": op, "t": t + 0.2, "status": 202, "response": "p",
+         "replayed": False, "location": f"/idempotency/operations/{operation or 'o1'}"},
+    ]  # fmt: skip
+    if delivered:
+        events += [
+            {"type": "delivery", "t": t + 0.6, "message": f"m-{execution}", "args": [execution],
+             "pid": 1, "operation": operation or "o1"},
+            {"type": "consumed", "t": t + 0.7, "message": f"m-{execution}",
+             "execution": execution},
+        ]  # fmt: skip
+    return events
+
+
+def final_poll(operation: str, t: float, status: int = 404, **seen: Any) -> dict[str, Any]:
+    return {"type": "poll", "t": t, "operation": f"/idempotency/operations/{operation}",
+            "owner": "alice", "principal": "alice", "status": status, "final": True,
+            **seen}  # fmt: skip
+
+
+def found_on_export(history: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [(v["invariant"], v["what"]) for v in checker.check(history, EXPORT_LIMITS).violations]
+
+
 def test_an_export_operation_gone_after_every_key_settled_is_found() -> None:
     """``/export/``'s operation, completed by its task, answers its owner's final poll
-    ``404``: not ``succeeded`` with its key's stored answer."""
-    who = {**WHO, "entry": "export"}
+    ``404``, though its key kept its attempt's result (a replay names it): not ``succeeded``
+    with its key's stored answer. Found whether the effect line names the operation or, in a
+    history recorded before it did, only its message's delivery does."""
+    for named in ("o1", None):
+        history = [
+            *exported("op1", 9.9, "x1", named),
+            {"type": "invoke", "op": "op2", "t": 20.0, **EXPORT},
+            answer("op2", 20.1, "x1", replayed=True),
+            final_poll("o1", 30.0),
+        ]
+        assert found_on_export(history) == [GONE], named
+
+
+def test_an_export_operation_released_and_claimed_anew_may_be_gone() -> None:
+    """x1 ran under o1 and was answered ``503`` (its result's write met a database restart:
+    its record released, its message never sent); the retry claimed the key anew, o2, and
+    its x2 is what the key kept. o1 names nothing (``404``); o2 is ``succeeded``."""
     history = [
-        {"type": "invoke", "op": "op1", "t": 9.9, **who},
-        {"type": "effect", "t": 10.0, "execution": "x1", "pid": 1, "message": "m1", **who},
-        {
-            "type": "complete",
-            "op": "op1",
-            "t": 10.1,
-            "status": 202,
-            "response": "p",
-            "replayed": False,
-            "location": "/operations/o1",
-        },
-        {"type": "delivery", "t": 10.6, "message": "m1", "args": ["x1"], "pid": 1},
-        {"type": "consumed", "t": 10.7, "message": "m1", "execution": "x1"},
-        {"type": "invoke", "op": "op2", "t": 20.0, **who},
-        answer("op2", 20.1, "x1", replayed=True),
-        {
-            "type": "poll",
-            "t": 30.0,
-            "operation": "/operations/o1",
-            "owner": "alice",
-            "principal": "alice",
-            "status": 404,
-            "final": True,
-        },
+        *exported("op1", 9.9, "x1", "o1", delivered=False)[:2],
+        {"type": "fault", "kind": "db-restart", "start": 10.1, "end": 11.9, "long": True},
+        {"type": "complete", "op": "op1", "t": 10.2, "status": 503, "response": "e",
+         "replayed": False},
+        *exported("op2", 12.0, "x2", "o2"),
+        {"type": "invoke", "op": "op3", "t": 20.0, **EXPORT},
+        answer("op3", 20.1, "x2", replayed=True),
+        final_poll("o1", 30.0),
+        final_poll("o2", 30.0, status=200, state="succeeded", execution="x2"),
+    ]  # fmt: skip
+    assert found_on_export(history) == []
+
+
+def test_a_duplicates_operation_of_an_attempt_released_may_be_gone() -> None:
+    """A duplicate got o1's URL while x1 ran; x1's result was never stored (no replay, no
+    message sent) and its client gave up: o1 may be gone."""
+    history = [
+        *exported("op1", 9.9, "x1", "o1", delivered=False),
+        {"type": "unsettled", "op": "op1", "t": 40.0},
+        final_poll("o1", 50.0),
     ]
-    limits = checker.Limits(lock=3, ttl={"export": 3600})
-    assert 7 in {v["invariant"] for v in checker.check(history, limits).violations}
+    assert found_on_export(history) == [(8, "no final answer after healing")]
+
+
+def test_an_export_operation_of_a_record_taken_over_is_kept() -> None:
+    """x1's worker was killed under it; x2 took the record over (the same row: the same
+    operation, o1) and its result was kept: o1 gone is an operation lost."""
+    history = [
+        *exported("op1", 9.9, "x1", "o1", delivered=False)[:2],
+        {"type": "fault", "kind": "worker-kill", "pid": 1, "start": 10.1, "end": 10.2,
+         "long": False},
+        {"type": "complete", "op": "op1", "t": 10.2, "status": None, "error": "ReadError"},
+        *exported("op2", 13.5, "x2", "o1"),
+        {"type": "invoke", "op": "op3", "t": 20.0, **EXPORT},
+        answer("op3", 20.1, "x2", replayed=True),
+        final_poll("o1", 30.0),
+    ]  # fmt: skip
+    assert found_on_export(history) == [GONE]
+
+
+def test_an_unanswered_exports_operation_delivered_is_kept() -> None:
+    """No replay named x1 (its client gave up), but its message was delivered: its ``202``
+    was stored, so o1 is kept."""
+    history = [
+        *exported("op1", 9.9, "x1", "o1"),
+        {"type": "unsettled", "op": "op1", "t": 40.0},
+        final_poll("o1", 50.0),
+    ]
+    assert set(found_on_export(history)) == {GONE, (8, "no final answer after healing")}
+
+
+def test_an_export_operation_past_its_ttl_may_be_gone() -> None:
+    """The same history as a lost operation's, but the final poll comes after the record's
+    TTL from its key's first request: the record may have expired."""
+    history = [
+        *exported("op1", 9.9, "x1", "o1"),
+        {"type": "invoke", "op": "op2", "t": 20.0, **EXPORT},
+        answer("op2", 20.1, "x1", replayed=True),
+        final_poll("o1", 60.0),
+    ]
+    limits = checker.Limits(lock=3, ttl={"export": 45})
+    assert checker.check(history, limits).violations == []
+    assert GONE in found_on_export(history)
 
 
 def test_a_connection_dropped_with_no_fault_is_found() -> None:

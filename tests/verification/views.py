@@ -11,7 +11,9 @@ The outbox's views stage one message for the consumer, a Celery task (:mod:`.con
 naming their execution; a body with ``"fail": 1`` makes the first attempt of its key answer
 ``503`` after staging (an attempt that keeps nothing: its record released, its message never
 to be sent).
-Their ledger lines carry the message's id, and ``"fails"`` for such an attempt.
+Their ledger lines carry the message's id, and ``"fails"`` for such an attempt; an
+``/export/`` view's also its operation's id (``operation``: what its ``202``'s ``Location``
+names, the link from an operation polled to the attempts that ran under it).
 
 ``/steps/`` runs two effects with a recovery point between them (docs/recovery.rst): its
 ledger lines carry the ``step``, the ``attempt`` and, for the second, the first step's
@@ -121,6 +123,8 @@ def _effect(
     if stage:
         # An operation's message carries its id and the answer its completion stores.
         args = (request.idempotency.operation_id, dict(answer)) if operation else ()
+        if operation:  # the operation this attempt's answer completes: its 202's Location
+            line["operation"] = args[0]
         line["message"] = request.idempotency.enqueue(deliver, line["execution"], *args)
         if body.get("fail") and _fails_once(line):
             line["fails"] = True
