@@ -538,7 +538,8 @@ def _stored(
     request ran it anew (its record expired, or left ``processing`` by a result write a fault
     lost, then taken over) and nothing was asked after it. Its answer is then one of the
     executions that ran since (the last of them, or a late owner's fenced off before it): any
-    of them."""
+    of them. A key never answered but ``202`` (its clients gave up while the server was slow)
+    kept any of its runs."""
     kept: dict[tuple[str, str], set[str]] = {}
     for key, answers in answered.items():
         replays = [done for _, done in answers if done.get("replayed")]
@@ -546,6 +547,8 @@ def _stored(
         kept[key] = {run["execution"] for run in effects.get(key, []) if run["t"] > since}
         if replays:
             kept[key].add(replays[-1]["execution"])
+    for key, runs in effects.items():  # never answered but 202 (its clients gave up): any run
+        kept.setdefault(key, {run["execution"] for run in runs})
     return kept
 
 

@@ -315,3 +315,16 @@ def test_a_relay_or_consumer_kill_excuses_no_unanswered_request() -> None:
             {"type": "complete", "op": "op1", "t": 10.2, "status": None, "error": "Reset"},
         ]
         assert (8 in invariants(history)) is found, kind
+
+
+def test_an_unanswered_exports_operation_succeeded_with_its_run_is_its_answer() -> None:
+    """No ``2xx`` reached x1's clients (their retries got its ``202`` until they gave up,
+    the server slow); its task completed o1 with x1's answer: that is the key's stored answer,
+    another execution's is not. (A MariaDB run under a load of 60 reported the first.)"""
+    for execution, found in (("x1", []), ("x9", [7])):
+        history = [
+            *exported("op1", 9.9, "x1", "o1"),
+            {"type": "unsettled", "op": "op1", "t": 40.0},
+            final_poll("o1", 50.0, status=200, state="succeeded", execution=execution),
+        ]
+        assert [i for i, _ in found_on_export(history) if i == 7] == found, execution
