@@ -417,10 +417,12 @@ def test_mark_failed_stores_the_abandoned_failure_in_the_stale_records_only(
         done = run_action(admin_client, "mark_failed", "k1", "k2", "k3")
         failed = store.read("tenant-1", hash_key("k1"))
         after = [status_of(store, key) for key in ("k1", "k2", "k3")]
+        erased = store.erase_scope("tenant-1")  # a failed record is in its scope's index
     assert "Marked as failed 2 of 3 selected records" in done.content.decode()
     assert after == ["failed", "processing", "failed"]
     assert failed.response_status == 500 and failed.unlock_at is None
     assert b"request-abandoned" in bytes(failed.response_body)
+    assert erased == (1, 0)
 
 
 def test_an_owner_still_running_is_fenced_after_the_action(admin_client: Client) -> None:
@@ -513,6 +515,23 @@ def test_an_action_without_records_or_a_known_action_changes_nothing(
     for page in (nothing, unknown, made_up):
         assert "nothing was changed" in page.content.decode()
     assert after == "processing"
+
+
+def test_the_actions_on_a_clusters_records(admin_client: Client, cluster_url: str) -> None:
+    """On a Redis Cluster too: each record's script on its own node; a failed record joins its
+    scope's index after its script, so the scope's erasure finds it."""
+    with on_store(cluster_url):
+        store, _ = owner("k1", live=False)
+        owner("k2", live=False)
+        owner("k3", live=True)
+        released = run_action(admin_client, "release_stale", "k1", "k3")
+        failed = run_action(admin_client, "mark_failed", "k2", "k3")
+        after = [status_of(store, key) for key in ("k1", "k2", "k3")]
+        erased = store.erase_scope("tenant-2")
+    assert "Released 1 of 2 selected records" in released.content.decode()
+    assert "Marked as failed 1 of 2 selected records" in failed.content.decode()
+    assert after == [None, "failed", "processing"]
+    assert erased == (1, 0)
 
 
 # -- the admin index's entry (a proxy model, no permissions of its own) ------------------------
