@@ -13,9 +13,16 @@ from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import label_for_field
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.templatetags.static import static
 from django.urls import path, reverse
@@ -34,18 +41,19 @@ from django_idempotency._function.calls import METHOD as CALL
 from django_idempotency._ops import browsing, maintenance, relay, store_checks
 from django_idempotency._store import operations as operation_store
 from django_idempotency._store import sealing
-from django_idempotency.models import IdempotencyKey, OutboxMessage
+from django_idempotency.models import IdempotencyKey, OutboxMessage, RedisIdempotencyKey
 
-__all__ = ["IdempotencyKeyAdmin"]
+__all__ = ["IdempotencyKeyAdmin", "RedisIdempotencyKeyAdmin"]
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise as StrOrPromise
 
     _ModelAdmin = admin.ModelAdmin[IdempotencyKey]
     _MessageAdmin = admin.ModelAdmin[OutboxMessage]
+    _EntryAdmin = admin.ModelAdmin[RedisIdempotencyKey]
     _Inline = admin.TabularInline[OutboxMessage, IdempotencyKey]
 else:  # ModelAdmin is generic in django-stubs only
-    _ModelAdmin = _MessageAdmin = admin.ModelAdmin
+    _ModelAdmin = _MessageAdmin = _EntryAdmin = admin.ModelAdmin
     _Inline = admin.TabularInline
 
 #: Who sees a decrypted response when ``ENCRYPTION_KEYS`` is set.
@@ -61,6 +69,8 @@ DELETE_BATCH_SIZE = 1000
 #: A Redis store's list (:meth:`IdempotencyKeyAdmin.redis_changelist_view`).
 REDIS_TEMPLATE = "admin/django_idempotency/idempotencykey/redis.html"
 REDIS_RECORD_TEMPLATE = "admin/django_idempotency/idempotencykey/redis_record.html"
+REDIS_CONFIRM_TEMPLATE = "admin/django_idempotency/idempotencykey/redis_confirm.html"
+REDIS_STORES_TEMPLATE = "admin/django_idempotency/redisidempotencykey/stores.html"
 REDIS_OUTBOX_TEMPLATE = "admin/django_idempotency/outboxmessage/redis.html"
 REDIS_OUTBOX_URL = "django_idempotency_outboxmessage_redis"
 _HEX = re.compile(r"^[0-9a-f]{8,64}$")
@@ -293,11 +303,81 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         """The Redis stores' lists and records beside the table's, before its catch-all."""
         listed = self.admin_site.admin_view(self.redis_changelist_view)
         record = self.admin_site.admin_view(self.redis_record_view)
+        action = self.admin_site.admin_view(self.redis_action_view)
         return [
             path("redis/<str:tag>/", listed, name=self._redis_url),
             path("redis/<str:tag>/record/", record, name=f"{self._redis_url}_record"),
+            path("redis/<str:tag>/action/", action, name=f"{self._redis_url}_action"),
             *super().get_urls(),
         ]
+
+    def redis_action_view(self, request: HttpRequest, tag: str) -> HttpResponse:
+        """An action of :data:`REDIS_ACTIONS` on a Redis store's selected records: a ``POST``
+        (the admin's views check its CSRF token) by staff who may change the table's records,
+        as the table's actions; a confirmation page first, as Django's delete confirmation,
+        then the action (``post=yes``) on each record read again, fenced by the store."""
+        found = self._redis_store(request, tag)
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        list_url = reverse(f"{self.admin_site.name}:{self._redis_url}", args=[tag])
+        name = request.POST.get("action", "")
+        selected = _selected(request.POST.getlist("_selected"))
+        if name not in REDIS_ACTIONS or not selected:
+            self.message_user(
+                request,
+                _("Select an action and the records to run it on: nothing was changed."),
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(list_url)
+        try:
+            records = [browsing.read(found.alias, scope, key_hash) for scope, key_hash in selected]
+            if request.POST.get("post") != "yes":
+                return self._redis_confirmation(request, found, name, records, selected)
+            act, done = REDIS_ACTIONS[name]
+            count = sum(act(found.alias, record) for record in records if record is not None)
+        except StoreUnavailable as exc:
+            messages.error(request, f"The Redis store {found.shown!r} did not answer: {exc}")
+            return HttpResponseRedirect(list_url)
+        level = messages.SUCCESS if count else messages.WARNING
+        self.message_user(
+            request,
+            f"{done} {count} of {len(selected)} selected records; "
+            f"{len(selected) - count} were not stale (or are gone) and were left alone.",
+            level,
+        )
+        return HttpResponseRedirect(list_url)
+
+    def _redis_confirmation(
+        self,
+        request: HttpRequest,
+        found: browsing.Browsed,
+        name: str,
+        records: list[IdempotencyKey | None],
+        selected: list[tuple[str, str]],
+    ) -> HttpResponse:
+        """The action's confirmation: the selected records as they are now (only the stale
+        ones will change), and a form that sends the action again with ``post=yes``."""
+        rows = [
+            (record.key_hash, record.scope, self.state(record), self.created(record))
+            for record in records
+            if record is not None
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Are you sure?"),
+            "action_label": getattr(type(self), name).short_description,
+            "action": name,
+            "rows": rows,
+            "stale": sum(record is not None and record.is_stale for record in records),
+            "gone": sum(record is None for record in records),
+            "values": [f"{key_hash}:{scope}" for scope, key_hash in selected],
+            "store": found,
+            "list_url": reverse(f"{self.admin_site.name}:{self._redis_url}", args=[found.tag]),
+        }
+        return TemplateResponse(request, REDIS_CONFIRM_TEMPLATE, context)
 
     def redis_record_view(self, request: HttpRequest, tag: str) -> HttpResponse:
         """A Redis store's record (``?scope=&key=<hash>``), every field read-only, its stored
@@ -360,7 +440,16 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             "opts": self.opts,
             "title": _("Idempotency keys in the Redis store %(store)s") % {"store": found.shown},
             "columns": [label_for_field(name, self.model, self) for name in self._redis_columns],
-            "rows": [self._redis_row(record, tag) for record in records],
+            "rows": [
+                (f"{record.key_hash}:{record.scope}", self._redis_row(record, tag))
+                for record in records
+            ],
+            "actions": [
+                (name, getattr(type(self), name).short_description) for name in REDIS_ACTIONS
+            ]
+            if self.has_change_permission(request)
+            else [],
+            "action_url": reverse(f"{self.admin_site.name}:{self._redis_url}_action", args=[tag]),
             "statuses": IdempotencyKey.Status.choices,
             "status": status or "",
             "term": term,
@@ -582,6 +671,27 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         )
 
 
+#: The table's actions a Redis store's records are offered (:meth:`~IdempotencyKeyAdmin.
+#: redis_action_view`), through the store contract (``release_stale``, ``fail_stale``): what
+#: each does, and the message's verb. Not "Delete selected expired records": Redis deletes a
+#: record at its expiry by itself (its TTL, held past a live lock), so none is left to delete.
+REDIS_ACTIONS = {
+    "release_stale": (maintenance.release, _("Released")),
+    "mark_failed": (maintenance.mark_failed, _("Marked as failed")),
+}
+
+
+def _selected(values: list[str]) -> list[tuple[str, str]]:
+    """The ``(scope, key hash)`` of each checked record (``<key hash>:<scope>``: the hash has
+    a fixed length, the scope any character), in order, once each; others are dropped."""
+    found = []
+    for value in values:
+        key_hash, colon, scope = value[:64], value[64:65], value[65:]
+        if colon == ":" and _HEX.match(key_hash) and (scope, key_hash) not in found:
+            found.append((scope, key_hash))
+    return found
+
+
 def sees_stored_data(request: HttpRequest) -> bool:
     """Whether the page may show what a view stored (its response, its recovery point's data,
     its outbox messages' arguments): always without ``ENCRYPTION_KEYS``; with them, to staff
@@ -756,3 +866,54 @@ class OutboxMessageAdmin(_MessageAdmin):
     def resend(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         count = relay.resend(conf.DATABASE_ALIAS, list(queryset.values_list("pk", flat=True)))
         self.message_user(request, _("%(count)d message(s) will be sent again.") % {"count": count})
+
+
+@admin.register(RedisIdempotencyKey)
+class RedisIdempotencyKeyAdmin(_EntryAdmin):
+    """The admin index's entry for the Redis stores' records (a proxy model: Django's index
+    lists models only). Shown where the settings or the views name a Redis store, to staff who
+    may view the table's records (the proxy has no permissions of its own); its one page lists
+    the stores, or goes straight to the only one's records. No record page of its own: the
+    table's records are the table's admin's."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None or not browsing.browsed():
+            return False
+        opts = IdempotencyKey._meta
+        return any(
+            request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+            for action in ("view", "change")
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        """The list alone: no add, change, delete or history page reads the table here."""
+        name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
+        return [path("", self.admin_site.admin_view(self.changelist_view), name=name)]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The Redis stores, each a link to its records; the only one's records at once."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        name = f"{self.admin_site.name}:{IdempotencyKeyAdmin._redis_url}"
+        stores = [(each.shown, reverse(name, args=[each.tag])) for each in browsing.browsed()]
+        if len(stores) == 1:
+            return HttpResponseRedirect(stores[0][1])
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": capfirst(self.opts.verbose_name_plural),
+            "stores": stores,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, REDIS_STORES_TEMPLATE, context)

@@ -6,7 +6,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency._base import rules
 
-__all__ = ["IdempotencyKey", "OutboxMessage"]
+__all__ = ["IdempotencyKey", "OutboxMessage", "RedisIdempotencyKey"]
 
 
 class IdempotencyKey(models.Model):
@@ -74,6 +74,18 @@ class IdempotencyKey(models.Model):
     def is_stale(self) -> bool:
         """:data:`~django_idempotency._base.rules.STALE` now."""
         return rules.STALE.holds(self, timezone.now())
+
+
+class RedisIdempotencyKey(IdempotencyKey):
+    """The admin index's entry for the records of the Redis stores (``STORE``): a proxy, so no
+    table and no SQL; no permissions of its own (``IdempotencyKey``'s apply), so none to grant
+    again. Its admin lists the stores, whose records live in Redis, never in this table."""
+
+    class Meta:
+        proxy = True
+        default_permissions = ()
+        verbose_name = _("idempotency key in Redis")
+        verbose_name_plural = _("idempotency keys in Redis")
 
 
 class OutboxMessage(models.Model):

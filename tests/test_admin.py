@@ -449,3 +449,35 @@ def test_changelist_in_utc_keeps_its_date_hierarchy(admin_client: Client, record
     response = admin_client.get(CHANGELIST)
     assert response.context["cl"].date_hierarchy == "created_at"
     assert 'class="toplinks"' in response.content.decode()
+
+
+def test_an_owner_still_running_is_fenced_after_the_action(admin_client: Client) -> None:
+    """The store contract's ``release_stale`` and ``fail_stale`` on the table, as on a Redis
+    store (``tests/test_admin_redis.py``): an owner whose lock lapsed but who still runs has
+    its result write refused after either action; an owner whose lock is live is left alone."""
+    from django_idempotency._base.keys import hash_key
+    from django_idempotency._call.identity import Identity
+    from django_idempotency._store import StoredResponse, using
+
+    store: Any = using("default")
+
+    def owner(key: str, lock: timedelta) -> Any:
+        identity = Identity(
+            key=key, scope="s", key_hash=hash_key(key), fingerprint="f", method="POST", path="/"
+        )
+        return store.claim(identity, ttl=timedelta(hours=1), lock_timeout=lock)
+
+    released, failed = owner("k1", timedelta(0)), owner("k2", timedelta(0))
+    live = owner("k3", timedelta(seconds=30))
+    row = {n: IdempotencyKey.objects.get(key_hash=hash_key(f"k{n}")) for n in (1, 2, 3)}
+    act(admin_client, "release_stale", row[1], row[3])
+    act(admin_client, "mark_failed", row[2], row[3])
+    stored = StoredResponse(status=201, headers=[], body=b"{}")
+    writes = [
+        store.store_response(claim.pk, claim.token_text, stored)
+        for claim in (released, failed, live)
+    ]
+    assert writes == [False, False, True]
+    assert not IdempotencyKey.objects.filter(pk=row[1].pk).exists()
+    assert IdempotencyKey.objects.get(pk=row[2].pk).response_status == 500
+    assert IdempotencyKey.objects.get(pk=row[3].pk).response_status == 201

@@ -315,3 +315,279 @@ def test_a_stores_password_reaches_no_page(admin_client: Client) -> None:
     assert [page.status_code for page in pages] == [200] * 4
     assert all("s3cret-pw" not in page.content.decode() for page in pages)
     assert "127.0.0.1" in pages[2].content.decode()  # the store is named, without its secret
+
+
+# -- the table's actions on a Redis store's records (issue 52) ---------------------------------
+
+
+def owner(key: str, *, live: bool) -> tuple[Any, Any]:
+    """A claim of ``key`` (scope ``tenant-<last character>``: a principal of its own) made
+    through the store contract, its owner still holding it (``live``) or its lock lapsed at
+    once, as a worker that died (or stalls) leaves it; the store and the claim."""
+    from datetime import timedelta
+
+    from django_idempotency._call.identity import Identity
+
+    store: Any = using(browsing.browsed()[0].alias)
+    identity = Identity(
+        key=key,
+        scope=f"tenant-{key[-1]}",
+        key_hash=hash_key(key),
+        fingerprint="f",
+        method="POST",
+        path="/orders/",
+    )
+    lock = timedelta(seconds=30 if live else 0)
+    claim = store.claim(identity, ttl=timedelta(hours=1), lock_timeout=lock)
+    assert claim is not None and claim.pk is not None
+    return store, claim
+
+
+def selected(*keys: str) -> list[str]:
+    """The list's checkbox values of the records of ``keys`` (their scope as :func:`owner`'s)."""
+    return [f"{hash_key(key)}:tenant-{key[-1]}" for key in keys]
+
+
+def action_url() -> str:
+    return f"{store_url()}action/"
+
+
+def run_action(client: Client, action: str, *keys: str, confirm: bool = True) -> Any:
+    """The action on ``keys``' records as the list's form posts it, then (``confirm``) as its
+    confirmation page's form posts it."""
+    data: dict[str, Any] = {"action": action, "_selected": selected(*keys)}
+    if confirm:
+        data["post"] = "yes"
+    return client.post(action_url(), data, follow=confirm)
+
+
+def result() -> Any:
+    from django_idempotency._store import StoredResponse
+
+    return StoredResponse(status=201, headers=[], body=b'{"id": 1}')
+
+
+def status_of(store: Any, key: str) -> str | None:
+    record = store.read(f"tenant-{key[-1]}", hash_key(key))
+    return None if record is None else record.status
+
+
+def test_the_list_offers_the_actions_to_staff_who_may_change_records(admin_client: Client) -> None:
+    with on_store():
+        owner("k1", live=False)
+        page = admin_client.get(store_url()).content.decode()
+        viewer = staff("view_idempotencykey").get(store_url()).content.decode()
+    assert 'name="_selected"' in page and 'value="release_stale"' in page
+    assert 'value="mark_failed"' in page and 'value="delete_expired"' not in page
+    assert "csrfmiddlewaretoken" in page
+    assert 'name="_selected"' not in viewer and "idempotency-actions" not in viewer
+
+
+def test_release_asks_for_confirmation_then_releases_the_stale_records_only(
+    admin_client: Client,
+) -> None:
+    with on_store():
+        store, _ = owner("k1", live=False)
+        owner("k2", live=False)
+        owner("k3", live=True)
+        _, done_claim = owner("k4", live=True)
+        assert store.store_response(done_claim.pk, done_claim.token_text, result())
+        keys = ("k1", "k2", "k3", "k4")
+        asked = run_action(admin_client, "release_stale", *keys, confirm=False)
+        before = [status_of(store, key) for key in keys]
+        done = run_action(admin_client, "release_stale", *keys)
+        after = [status_of(store, key) for key in keys]
+        url = store_url()
+    text = asked.content.decode()
+    assert asked.status_code == 200 and "Are you sure?" in text and 'name="post"' in text
+    assert "2 of them are stale now." in text and all(hash_key(key) in text for key in keys)
+    assert before == ["processing", "processing", "processing", "completed"]  # nothing yet
+    assert "Released 2 of 4 selected records; 2 were not stale" in done.content.decode()
+    assert done.redirect_chain[-1][0] == url
+    assert after == [None, None, "processing", "completed"]
+
+
+def test_mark_failed_stores_the_abandoned_failure_in_the_stale_records_only(
+    admin_client: Client,
+) -> None:
+    with on_store():
+        store, _ = owner("k1", live=False)
+        owner("k2", live=True)
+        owner("k3", live=False)
+        done = run_action(admin_client, "mark_failed", "k1", "k2", "k3")
+        failed = store.read("tenant-1", hash_key("k1"))
+        after = [status_of(store, key) for key in ("k1", "k2", "k3")]
+        erased = store.erase_scope("tenant-1")  # a failed record is in its scope's index
+    assert "Marked as failed 2 of 3 selected records" in done.content.decode()
+    assert after == ["failed", "processing", "failed"]
+    assert failed.response_status == 500 and failed.unlock_at is None
+    assert b"request-abandoned" in bytes(failed.response_body)
+    assert erased == (1, 0)
+
+
+def test_an_owner_still_running_is_fenced_after_the_action(admin_client: Client) -> None:
+    """An owner whose lock lapsed (a stall, not a death) writes its result after an operator
+    acted: refused after a release (no record is made again), refused after a failure (the
+    operator's failure stays, never taken for the owner's own result); an owner whose lock is
+    live is left alone and stores its result."""
+    with on_store():
+        store, released = owner("k1", live=False)
+        _, failed = owner("k2", live=False)
+        _, live = owner("k3", live=True)
+        run_action(admin_client, "release_stale", "k1", "k3")
+        run_action(admin_client, "mark_failed", "k2", "k3")
+        writes = [
+            store.store_response(claim.pk, claim.token_text, result())
+            for claim in (released, failed, live)
+        ]
+        records = [store.read(f"tenant-{n}", hash_key(f"k{n}")) for n in (1, 2, 3)]
+    assert writes == [False, False, True]
+    assert records[0] is None
+    assert records[1].status == "failed" and records[1].response_status == 500
+    # The operator's own token: the owner's is refused.
+    assert str(records[1].lock_token) != failed.token_text
+    assert records[2].status == "completed" and records[2].response_status == 201
+
+
+def test_the_action_needs_the_change_permission_and_staff() -> None:
+    from django.contrib.auth.models import Permission
+
+    with on_store():
+        store, _ = owner("k1", live=False)
+        viewer = staff("view_idempotencykey")
+        refused = run_action(viewer, "release_stale", "k1", confirm=False)
+        refused_yes = run_action(viewer, "release_stale", "k1")
+        after_viewer = status_of(store, "k1")
+        user = User.objects.create_user("notstaff")
+        user.user_permissions.set(Permission.objects.filter(codename="change_idempotencykey"))
+        outsider = Client()
+        outsider.force_login(user)
+        not_staff = outsider.post(
+            action_url(), {"action": "release_stale", "_selected": selected("k1"), "post": "yes"}
+        )
+        after_outsider = status_of(store, "k1")
+        User.objects.filter(username="staff").delete()
+        changer = staff("view_idempotencykey", "change_idempotencykey")
+        done = run_action(changer, "release_stale", "k1")
+    assert refused.status_code == refused_yes.status_code == 403
+    assert not_staff.status_code == 302 and "/login/" in not_staff["Location"]
+    assert after_viewer == after_outsider == "processing"
+    assert "Released 1 of 1 selected records" in done.content.decode()
+    assert status_of(store, "k1") is None
+
+
+def test_the_action_checks_csrf_and_takes_post_only() -> None:
+    with on_store():
+        store, _ = owner("k1", live=False)
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(User.objects.create_superuser("admin", "admin@example.com", None))
+        forged = run_action(client, "release_stale", "k1")
+        fetched = client.get(action_url())
+        after = status_of(store, "k1")
+        page = client.get(store_url())
+        token = page.cookies["csrftoken"].value
+        done = client.post(
+            action_url(),
+            {
+                "action": "release_stale",
+                "_selected": selected("k1"),
+                "post": "yes",
+                "csrfmiddlewaretoken": token,
+            },
+        )
+    assert forged.status_code == 403 and fetched.status_code == 405 and after == "processing"
+    assert done.status_code == 302 and status_of(store, "k1") is None
+
+
+def test_an_action_without_records_or_a_known_action_changes_nothing(
+    admin_client: Client,
+) -> None:
+    with on_store():
+        store, _ = owner("k1", live=False)
+        nothing = admin_client.post(action_url(), {"action": "release_stale"}, follow=True)
+        unknown = run_action(admin_client, "delete_expired", "k1")
+        made_up = admin_client.post(
+            action_url(),
+            {"action": "release_stale", "_selected": ["nothex:tenant-1"], "post": "yes"},
+            follow=True,
+        )
+        after = status_of(store, "k1")
+    for page in (nothing, unknown, made_up):
+        assert "nothing was changed" in page.content.decode()
+    assert after == "processing"
+
+
+def test_the_actions_on_a_clusters_records(admin_client: Client, cluster_url: str) -> None:
+    """On a Redis Cluster too: each record's script on its own node; a failed record joins its
+    scope's index after its script, so the scope's erasure finds it."""
+    with on_store(cluster_url):
+        store, _ = owner("k1", live=False)
+        owner("k2", live=False)
+        owner("k3", live=True)
+        released = run_action(admin_client, "release_stale", "k1", "k3")
+        failed = run_action(admin_client, "mark_failed", "k2", "k3")
+        after = [status_of(store, key) for key in ("k1", "k2", "k3")]
+        erased = store.erase_scope("tenant-2")
+    assert "Released 1 of 2 selected records" in released.content.decode()
+    assert "Marked as failed 1 of 2 selected records" in failed.content.decode()
+    assert after == [None, "failed", "processing"]
+    assert erased == (1, 0)
+
+
+# -- the admin index's entry (a proxy model, no permissions of its own) ------------------------
+
+ENTRY = "/admin/django_idempotency/redisidempotencykey/"
+
+
+def test_the_admin_index_lists_the_redis_records_entry(admin_client: Client) -> None:
+    with on_store():
+        index = admin_client.get("/admin/").content.decode()
+        entry = admin_client.get(ENTRY)
+        viewer = staff("view_idempotencykey")
+        viewer_index = viewer.get("/admin/").content.decode()
+        viewer_entry = viewer.get(ENTRY)
+        url = store_url()
+    with override_settings(IDEMPOTENCY={"STORE": "database"}):
+        databases = admin_client.get("/admin/").content.decode()
+        refused = admin_client.get(ENTRY)
+    assert f'href="{ENTRY}"' in index and "Idempotency keys in Redis" in index
+    assert entry.status_code == viewer_entry.status_code == 302
+    assert entry["Location"] == viewer_entry["Location"] == url
+    assert f'href="{ENTRY}"' in viewer_index
+    assert f'href="{ENTRY}"' not in databases and refused.status_code == 403
+
+
+def test_the_entry_needs_the_tables_view_permission_and_reads_no_table_record(
+    admin_client: Client,
+) -> None:
+    from tests.factories import IdempotencyKeyFactory
+
+    record = IdempotencyKeyFactory()
+    with on_store():
+        other = staff("view_outboxmessage")
+        index = other.get("/admin/").content.decode()
+        refused = other.get(ENTRY)
+        pages = [
+            admin_client.get(f"{ENTRY}{record.pk}/change/"),
+            admin_client.get(f"{ENTRY}add/"),
+            admin_client.get(f"{ENTRY}{record.pk}/delete/"),
+        ]
+    assert f'href="{ENTRY}"' not in index and refused.status_code == 403
+    assert [page.status_code for page in pages] == [404] * 3
+
+
+def test_the_entry_lists_several_stores(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two Redis stores named (``STORE`` and a view's ``store``, as :func:`.redis_stores`
+    finds them): the entry lists both, each a link to its records."""
+    from tests.redis_servers import free_port
+
+    other = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setattr(browsing, "redis_stores", lambda: {REDIS_STORE_NAME, other})
+    page = admin_client.get(ENTRY)
+    text = page.content.decode()
+    stores = browsing.browsed()
+    assert page.status_code == 200 and len(stores) == 2
+    assert all(f'href="{CHANGELIST}redis/{each.tag}/"' in text for each in stores)
+    assert "127.0.0.1" in text

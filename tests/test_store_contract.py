@@ -110,6 +110,51 @@ def test_every_write_is_fenced_by_the_lock_token(store: StoreContract, final: st
     assert store.store_response(taker.pk, taker.token_text, StoredResponse(200, [], b"taker"))
 
 
+def _operators(store: StoreContract, action: str, scope: str, key_hash: str) -> Any:
+    """The operator's ``action`` (``release_stale``, ``fail_stale``) as a callable of a record
+    it read."""
+    failure = StoredResponse(500, [], b"abandoned", owner=(scope, key_hash))
+    if action == "release_stale":
+        return store.release_stale
+    return lambda record: store.fail_stale(record, failure)
+
+
+@pytest.mark.parametrize("action", ["release_stale", "fail_stale"])
+def test_an_operators_action_on_a_stale_record_fences_its_owner(
+    store: StoreContract, action: str
+) -> None:
+    """An operator's action on a stale record (issue 52): a live lock is left alone; a lapsed
+    one's record is released or failed, and its owner, running after all, has its result
+    refused (never taken for its own)."""
+    stale, live = _identity(), _identity()
+    owner = _claim(store, stale, timedelta(0))
+    holder = _claim(store, live)
+    act = _operators(store, action, stale.scope, stale.key_hash)
+    assert not act(store.read(live.scope, live.key_hash))
+    assert act(store.read(stale.scope, stale.key_hash))
+    assert not store.store_response(owner.pk, owner.token_text, StoredResponse(200, [], b"late"))
+    after = store.read(stale.scope, stale.key_hash)
+    if action == "release_stale":
+        assert after is None
+    else:
+        assert after is not None and after.status == rules.FAILED
+        assert after.response_status == 500
+    assert store.store_response(holder.pk, holder.token_text, StoredResponse(200, [], b"ok"))
+
+
+@pytest.mark.parametrize("action", ["release_stale", "fail_stale"])
+def test_an_operators_action_on_a_record_taken_over_since_changes_nothing(
+    store: StoreContract, action: str
+) -> None:
+    identity = _identity()
+    _claim(store, identity, timedelta(0))
+    read = store.read(identity.scope, identity.key_hash)
+    taker = _claim(store, identity)  # the same request's retry takes the lapsed lock over
+    assert isinstance(taker, Claim) and taker.attempt == 2
+    assert not _operators(store, action, identity.scope, identity.key_hash)(read)
+    assert store.store_response(taker.pk, taker.token_text, StoredResponse(200, [], b"ok"))
+
+
 def test_a_released_key_is_claimed_afresh(store: StoreContract) -> None:
     identity = _identity()
     claim = _claim(store, identity)

@@ -178,6 +178,33 @@ class ToyStore(StoreContract):
                     held.add((pk, token))
         return held
 
+    def _stale(self, record: IdempotencyKey) -> IdempotencyKey | None:
+        """The record an operator read while still stale under the token read (the fence)."""
+        current = self._records.get((record.scope, record.key_hash))
+        if current is None or record.lock_token is None:
+            return None
+        if str(current.lock_token) != str(record.lock_token):
+            return None
+        return current if rules.STALE.holds(current, timezone.now()) else None
+
+    def release_stale(self, record: IdempotencyKey) -> bool:
+        with self._lock:
+            current = self._stale(record)
+            if current is not None:
+                del self._records[(current.scope, current.key_hash)]
+            return current is not None
+
+    def fail_stale(self, record: IdempotencyKey, stored: StoredResponse) -> bool:
+        with self._lock:
+            current = self._stale(record)
+            if current is None:
+                return False
+            current.status = rules.stored_status(stored.status)
+            current.response_status = stored.status
+            current.response_headers, current.response_body = stored.sealed
+            current.lock_token = current.unlock_at = None
+            return True
+
     def read(self, scope: str, key_hash: str) -> IdempotencyKey | None:
         return self._records.get((scope, key_hash))
 

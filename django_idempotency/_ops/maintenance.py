@@ -26,7 +26,7 @@ from django_idempotency._base import rules
 from django_idempotency._base.durations import human
 from django_idempotency._call import telemetry
 from django_idempotency._http import problems
-from django_idempotency._store import ClaimHandle, StoredResponse
+from django_idempotency._store import StoredResponse
 from django_idempotency._store.operations import ACCEPTED
 from django_idempotency.models import IdempotencyKey
 
@@ -40,9 +40,7 @@ def release(alias: str, record: IdempotencyKey) -> bool:
 
     ``False`` when the record is gone, was taken over, or its lock was renewed meanwhile.
     """
-    released = record.lock_token is not None and store.using(alias).release(
-        ClaimHandle(record.pk), record.lock_token, stale_at=timezone.now()
-    )
+    released = store.using(alias).release_stale(record)
     if released:
         _log_resolved("Released", record)
     return released
@@ -64,12 +62,7 @@ def mark_failed(alias: str, record: IdempotencyKey) -> bool:
 
     ``False`` when the record is gone, was taken over, or its lock was renewed meanwhile.
     """
-    failed = record.lock_token is not None and store.using(alias).store_response(
-        ClaimHandle(record.pk),
-        record.lock_token,
-        _abandoned_response(record),
-        stale_at=timezone.now(),
-    )
+    failed = store.using(alias).fail_stale(record, _abandoned_response(record))
     if failed:
         _log_resolved("Marked as failed", record)
     return failed

@@ -429,6 +429,20 @@ class StoreContract:
         """Expire the key's record now, as its TTL would; the record (``None``: none)."""
         raise _missing("expire")
 
+    def release_stale(self, record: IdempotencyKey) -> bool:
+        """An operator's release of a stale ``record`` (as :meth:`read` or :meth:`browse` gave
+        it): delete it so the client's retry runs afresh. Fenced as the owner's own writes are:
+        only while it is still ``processing`` under the lock token read and
+        :data:`~.._base.rules.STALE` (its lock lapsed); ``False``: finished, taken over, renewed
+        or gone meanwhile. An owner alive after all then has its writes refused."""
+        raise _missing("release_stale")
+
+    def fail_stale(self, record: IdempotencyKey, stored: StoredResponse) -> bool:
+        """An operator's failure of a stale ``record``: ``stored`` becomes its final response
+        (retries replay it), fenced as :meth:`release_stale`; the owner's result write, if it
+        comes after all, is refused (``False``), never taken for its own."""
+        raise _missing("fail_stale")
+
     def records_of(self, key_hash: str) -> list[IdempotencyKey]:
         """The key's records in every scope, oldest first (tests, operators)."""
         return []

@@ -274,6 +274,21 @@ class FencedWrites(BoundStore):
 
         return delete() if bound is None else self.bounded(on, bound, delete)
 
+    def release_stale(self, record: IdempotencyKey) -> bool:
+        """The contract's :meth:`~.contract.StoreContract.release_stale`: :meth:`release` by
+        the record's id and token, while it is still stale now."""
+        return record.lock_token is not None and self.release(
+            record.pk, record.lock_token, stale_at=timezone.now()
+        )
+
+    def fail_stale(self, record: IdempotencyKey, stored: StoredResponse) -> bool:
+        """The contract's :meth:`~.contract.StoreContract.fail_stale`: :meth:`store_response`
+        by the record's id and token, while it is still stale now. The token stays: the
+        owner's result write matches no ``processing`` row, and is refused."""
+        return record.lock_token is not None and self.store_response(
+            record.pk, record.lock_token, stored, stale_at=timezone.now()
+        )
+
     def _fenced_update(
         self,
         connection: BaseDatabaseWrapper,

@@ -13,6 +13,7 @@ from typing import Any
 
 from django_idempotency._base import rules
 from django_idempotency._store import deadlines
+from django_idempotency._store.claims import new_token
 from django_idempotency._store.contract import ClaimHandle, StoredResponse
 from django_idempotency._store.outbox import Release
 from django_idempotency._store.redis import operations, outbox, renewal
@@ -45,23 +46,12 @@ class FencedWrites:
         self, pk: int, token: Any, stored: StoredResponse, bound: float | None, release: Any
     ) -> bool:
         """The store's :meth:`~.contract.StoreContract.store_response`."""
-        headers, body = stored.sealed
-        status = rules.stored_status(stored.status)
         key, scope, key_hash = self.handles.records[pk]
         index = self.server.cluster is False
         done = self.releasing(
             "COMPLETE",
             [key, scope_index(scope, self.server.prefix)] if index else [key],
-            [
-                str(token),
-                status,
-                "" if stored.status is None else stored.status,
-                json.dumps(headers, separators=(",", ":")),
-                b"" if body is None else body,
-                "0" if body is None else "1",
-                "" if stored.ttl is None else as_micros(stored.ttl),
-                key_hash,
-            ],
+            _result_args(token, stored, key_hash),
             bound,
             release,
             scope,
@@ -71,6 +61,26 @@ class FencedWrites:
         if done and pk in self.handles.named:  # its expiry may have moved: its index's with it
             self.name_again(key, self.handles.oids[pk])
         self.handles.forget(pk)
+        return bool(done)
+
+    def release_stale(self, key: str, token: Any) -> bool:
+        """An operator's release of the stale record ``key`` (:data:`.scripts.STALE_RELEASE`)."""
+        return bool(self.server.run("STALE_RELEASE", [key], [str(token)], None))
+
+    def fail_stale(
+        self, key: str, scope: str, key_hash: str, token: Any, stored: StoredResponse
+    ) -> bool:
+        """An operator's failure of the stale record ``key`` (:data:`.scripts.STALE_FAIL`):
+        its token becomes the operator's own, so its owner's result write is refused."""
+        index = self.server.cluster is False
+        done = self.server.run(
+            "STALE_FAIL",
+            [key, scope_index(scope, self.server.prefix)] if index else [key],
+            [*_result_args(token, stored, key_hash), new_token()],
+            None,
+        )
+        if done and not index:
+            self.index(scope, key_hash, stored.ttl)
         return bool(done)
 
     def releasing(
@@ -178,3 +188,18 @@ class FencedWrites:
         # A lock found lost keeps its record's entry: the owner's result write or release still
         # comes, and its script refuses it (without the entry, that write would be an error).
         return {lease for lease, result in zip(known, results, strict=True) if result}
+
+
+def _result_args(token: Any, stored: StoredResponse, key_hash: str) -> list[Any]:
+    """A result write's ARGV (:data:`.scripts.COMPLETE`'s)."""
+    headers, body = stored.sealed
+    return [
+        str(token),
+        rules.stored_status(stored.status),
+        "" if stored.status is None else stored.status,
+        json.dumps(headers, separators=(",", ":")),
+        b"" if body is None else body,
+        "0" if body is None else "1",
+        "" if stored.ttl is None else as_micros(stored.ttl),
+        key_hash,
+    ]

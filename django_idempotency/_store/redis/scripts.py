@@ -96,16 +96,8 @@ local r = redis.call('HMGET', key, 'st', 'tok')
 if r[2] ~= ARGV[1] then return 0 end
 """
 
-#: ARGV: token, status, response status ('' none), headers JSON, body, '1' if a body, own
-#: ttl (µs, '' none), key hash, the scope's TTL (µs). 1: stored; 2: this token's result was
-#: stored already (a reply lost). With ``KEYS[2]`` (one server: not on a cluster, where it is
-#: another slot's), the record joins its scope's index (erasure), which forgets those past
-#: their expiry, and lasts as long as its last record.
-COMPLETE = (
-    _NOW
-    + _FENCE
-    + """
-if r[1] ~= 'processing' then return 2 end
+#: What a result's write does once fenced (:data:`COMPLETE`, :data:`STALE_FAIL`): ARGV[2..8].
+_COMPLETE_TAIL = """
 redis.call('HSET', key, 'st', ARGV[2], 'rs', ARGV[3], 'rh', ARGV[4], 'ua', '', 'up', now)
 if ARGV[6] == '1' then redis.call('HSET', key, 'rb', ARGV[5]) end
 local expires = tonumber(redis.call('HGET', key, 'ea'))
@@ -122,6 +114,54 @@ if KEYS[2] then
 end
 return 1
 """
+
+#: ARGV: token, status, response status ('' none), headers JSON, body, '1' if a body, own
+#: ttl (µs, '' none), key hash, the scope's TTL (µs). 1: stored; 2: this token's result was
+#: stored already (a reply lost). With ``KEYS[2]`` (one server: not on a cluster, where it is
+#: another slot's), the record joins its scope's index (erasure), which forgets those past
+#: their expiry, and lasts as long as its last record.
+COMPLETE = (
+    _NOW
+    + _FENCE
+    + """
+if r[1] ~= 'processing' then return 2 end"""
+    + _COMPLETE_TAIL
+)
+
+#: An operator's fence: the record is still ``processing`` under the token the operator read
+#: (``ARGV[1]``) and :data:`.._base.rules.STALE` by the server's clock, now.
+_STALE_FENCE = """
+local key = KEYS[1]
+local r = redis.call('HMGET', key, 'st', 'tok', 'ua')
+if r[2] ~= ARGV[1] or r[1] ~= 'processing' or not r[3] or r[3] == ''
+   or tonumber(r[3]) > now then
+  return 0
+end
+"""
+
+#: An operator's release of a stale record (the admin's action). ARGV: the token read. 1:
+#: deleted (a retry claims afresh; the owner, alive after all, finds nothing to write).
+STALE_RELEASE = (
+    _NOW
+    + _STALE_FENCE
+    + """
+redis.call('DEL', key)
+return 1
+"""
+)
+
+#: An operator's failure of a stale record: :data:`COMPLETE`'s ARGV, and ``ARGV[9]`` the
+#: operator's own token, which replaces the owner's: the owner's result write, if it comes
+#: after all, is refused (0), never taken for its own stored before (2). 1: stored, or
+#: stored already by this call (a reply lost).
+STALE_FAIL = (
+    _NOW
+    + """
+if redis.call('HGET', KEYS[1], 'tok') == ARGV[9] then return 1 end"""
+    + _STALE_FENCE
+    + """
+redis.call('HSET', key, 'tok', ARGV[9])"""
+    + _COMPLETE_TAIL
 )
 
 #: ARGV: token. Deletes the record (a retry claims afresh).

@@ -201,6 +201,24 @@ class RedisStore(StoreContract):
 
     # -- the operators' records (:mod:`.scans`) -----------------------------------------------
 
+    def release_stale(self, record: IdempotencyKey) -> bool:
+        """Delete a stale record an operator read, fenced by its token and the server's clock
+        (:data:`.scripts.STALE_RELEASE`)."""
+        key = record_key(record.scope, record.key_hash, self.prefix)
+        with self.guard():
+            return record.lock_token is not None and self._writes.release_stale(
+                key, record.lock_token
+            )
+
+    def fail_stale(self, record: IdempotencyKey, stored: StoredResponse) -> bool:
+        """Store an operator's failure in a stale record it read, fenced as
+        :meth:`release_stale` (:data:`.scripts.STALE_FAIL`)."""
+        key = record_key(record.scope, record.key_hash, self.prefix)
+        with self.guard():
+            return record.lock_token is not None and self._writes.fail_stale(
+                key, record.scope, record.key_hash, record.lock_token, stored
+            )
+
     def erase_scope(self, scope: str, *, dry_run: bool = False) -> tuple[int, int]:
         """Delete the scope's finished records now: (deleted, in progress)."""
         return scans.erase(self.client, self._erase, scope, self.prefix, dry_run)

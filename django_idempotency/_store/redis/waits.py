@@ -9,8 +9,8 @@ from typing import Any
 from django_idempotency._store.redis.codec import as_text
 from django_idempotency._store.redis.connections import Connections
 
-#: The scripts a ``REDIS_REPLICAS`` wait follows: the claim and the result.
-WAITED = frozenset(("CLAIM", "COMPLETE", "COMPLETE_RELEASING"))
+#: The scripts a ``REDIS_REPLICAS`` wait follows: the claim and the result (an operator's too).
+WAITED = frozenset(("CLAIM", "COMPLETE", "COMPLETE_RELEASING", "STALE_FAIL"))
 #: The share of a try's time its wait may take: its reply must come before the socket's
 #: timeout, or the fault is the connection's.
 _WAIT_SHARE = 0.8
