@@ -133,6 +133,8 @@ def test_an_operators_action_on_a_stale_record_fences_its_owner(
     assert not act(store.read(live.scope, live.key_hash))
     assert act(store.read(stale.scope, stale.key_hash))
     assert not store.store_response(owner.pk, owner.token_text, StoredResponse(200, [], b"late"))
+    # Its write's reply lost, the owner reads it back by its token: not applied.
+    assert not store.finished(owner.pk, owner.token_text, getattr(store, "connection", None))
     after = store.read(stale.scope, stale.key_hash)
     if action == "release_stale":
         assert after is None

@@ -67,6 +67,7 @@ class FencedWrites(BoundStore):
         connection: BaseDatabaseWrapper | None = None,
         bound: float | None = None,
         release: Release | None = None,
+        new_token: uuid.UUID | None = None,
     ) -> bool:
         """Store the final response (and insert the outbox's messages in ``release``, in
         the same transaction: :mod:`.outbox`); ``False`` when the lock was lost (the result
@@ -74,11 +75,14 @@ class FencedWrites(BoundStore):
         which). An owner's write gives its ``bound`` (seconds, :meth:`bounded`).
 
         With ``stale_at`` (an operator failing a stuck record) only while the lock is still
-        expired at that time. A result with its own ``ttl`` sets ``expires_at`` in the same
-        statement; any other leaves it out, so the default costs nothing more.
+        expired at that time, and with ``new_token`` in place of the owner's. A result with
+        its own ``ttl`` sets ``expires_at`` in the same statement; any other leaves it out,
+        so the default costs nothing more.
         """
         now = timezone.now()
-        expiry = {} if stored.ttl is None else {"expires_at": now + stored.ttl}
+        expiry: dict[str, Any] = {} if stored.ttl is None else {"expires_at": now + stored.ttl}
+        if new_token is not None:
+            expiry["lock_token"] = new_token
         on = self.connection if connection is None else connection
 
         def write() -> bool:
@@ -283,10 +287,11 @@ class FencedWrites(BoundStore):
 
     def fail_stale(self, record: IdempotencyKey, stored: StoredResponse) -> bool:
         """The contract's :meth:`~.contract.StoreContract.fail_stale`: :meth:`store_response`
-        by the record's id and token, while it is still stale now. The token stays: the
-        owner's result write matches no ``processing`` row, and is refused."""
+        by the record's id and token, while it is still stale now, under a token of its own:
+        the owner's result write matches no row, and its read-back after a fault
+        (:meth:`finished`) does not take the operator's failure for its own result."""
         return record.lock_token is not None and self.store_response(
-            record.pk, record.lock_token, stored, stale_at=timezone.now()
+            record.pk, record.lock_token, stored, stale_at=timezone.now(), new_token=uuid.uuid4()
         )
 
     def _fenced_update(
