@@ -101,10 +101,7 @@ if r[2] ~= ARGV[1] then return 0 end
 #: stored already (a reply lost). With ``KEYS[2]`` (one server: not on a cluster, where it is
 #: another slot's), the record joins its scope's index (erasure), which forgets those past
 #: their expiry, and lasts as long as its last record.
-COMPLETE = (
-    _NOW
-    + _FENCE
-    + """
+_COMPLETE_WRITE = """
 if r[1] ~= 'processing' then return 2 end
 redis.call('HSET', key, 'st', ARGV[2], 'rs', ARGV[3], 'rh', ARGV[4], 'ua', '', 'up', now)
 if ARGV[6] == '1' then redis.call('HSET', key, 'rb', ARGV[5]) end
@@ -114,15 +111,18 @@ if ARGV[7] ~= '' then
   redis.call('HSET', key, 'ea', expires)
   redis.call('PEXPIREAT', key, math.ceil(expires / 1000))
 end
-if KEYS[2] then
+"""
+_COMPLETE_INDEX = """if KEYS[2] then
   redis.call('ZADD', KEYS[2], expires, ARGV[8])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', KEYS[2], math.ceil(tonumber(last[2]) / 1000) + 1000)
 end
-return 1
 """
-)
+COMPLETE = _NOW + _FENCE + _COMPLETE_WRITE + _COMPLETE_INDEX + "return 1\n"
+#: :data:`COMPLETE` without the scope's index, as a cluster's outbox releases with it
+#: (:mod:`.outbox_scripts`): the index is another slot's.
+COMPLETE_ON_SLOT = _NOW + _FENCE + _COMPLETE_WRITE + "return 1\n"
 
 #: ARGV: token. Deletes the record (a retry claims afresh).
 RELEASE = (
