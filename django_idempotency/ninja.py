@@ -314,7 +314,6 @@ class _Adapter(protocol.HttpAdapter):
             if policy.protects(self.request.method):
                 if policy.scope is _auth_scope and (refusal := _nobody(auth)) is not None:
                     raise ImproperlyConfigured(refusal)  # the misconfigured problem, unclaimed
-                protocol.refuse_database_only(policy, self.options, self.operation.view_func)
                 return protocol.answerable(policy)
         protocol.attach(self.request, None)
         return None

@@ -98,17 +98,6 @@ def _reads_the_table(item: pytest.Item) -> bool:
     return bool(_TABLE.search(source))
 
 
-def _outbox_on_one_server(item: pytest.Item) -> bool:
-    """A test of the outbox on the Redis store (its relay's, its admin pages'), which is served
-    on one server: a cluster is refused (E065), as tests/test_redis_outbox.py's and
-    tests/test_admin_redis.py's cluster tests check on every lane."""
-    module = item.module.__name__
-    of_outbox = module.endswith("test_redis_outbox") or (
-        module.endswith("test_admin_redis") and "outbox" in item.name
-    )
-    return of_outbox and "cluster" not in item.name
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip on SQLite what needs a server; on a server, leave out what is for another one.
 
@@ -123,7 +112,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             for item in items
             if item.module.__name__.rpartition(".")[2] in STORE_MODULES
             and not _reads_the_table(item)
-            and not (REDIS_CLUSTER and _outbox_on_one_server(item))
         ]
         if len(kept) < len(items):
             config.hook.pytest_deselected(items=[item for item in items if item not in kept])

@@ -1,7 +1,7 @@
 """A relay of the Redis store's outbox that parks once it has taken its batch, before its
 first send is marked, to be SIGKILLed there by ``tests/test_redis_outbox.py``. Run as
-``python -m tests.redis_relay_process PARKED_FILE LEASE_SECONDS`` with
-``IDEMPOTENCY_TEST_REDIS_STORE_URL`` naming the tests' Redis database."""
+``python -m tests.redis_relay_process PARKED_FILE LEASE_SECONDS STORE``, ``STORE`` the tests'
+store as ``--store`` names it (the ``redis`` cache alias, or the cluster's URL)."""
 
 from __future__ import annotations
 
@@ -32,4 +32,4 @@ def park(*args: object) -> None:
 if __name__ == "__main__":
     outbox.send = park  # type: ignore[assignment]
     with override_settings(IDEMPOTENCY={"OUTBOX_LEASE": float(sys.argv[2])}):
-        call_command("idempotency_relay", "--once", "--store", "redis", verbosity=0)
+        call_command("idempotency_relay", "--once", "--store", sys.argv[3], verbosity=0)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
+from redis.crc import key_slot
 
 from django_idempotency import idempotent_function
 from django_idempotency._base.keys import hash_key
@@ -215,7 +216,7 @@ def staff_403(url: str) -> bool:
     return client.get(url).status_code == 403
 
 
-def failed_messages(*ids: str) -> list[str]:
+def failed_messages(*ids: str, key: str = "k") -> list[str]:
     """Messages ``ids`` released with a result and failed for good, as a relay leaves them
     (through the store contract, on the tests' server); their keys."""
     from datetime import timedelta
@@ -227,7 +228,7 @@ def failed_messages(*ids: str) -> list[str]:
 
     store: Any = using(browsing.browsed()[0].alias)
     identity = Identity(
-        key="k", scope="s", key_hash=hash_key("k"), fingerprint="f", method="POST", path="/p"
+        key=key, scope="s", key_hash=hash_key(key), fingerprint="f", method="POST", path="/p"
     )
     claim = store.claim(identity, ttl=timedelta(hours=1), lock_timeout=timedelta(seconds=30))
     release = Release(
@@ -282,11 +283,21 @@ def test_the_outbox_page_needs_the_view_and_change_permissions() -> None:
     assert refused.status_code == 403 and still == [key]
 
 
-def test_a_clusters_outbox_page_says_it_serves_none(admin_client: Client, cluster_url: str) -> None:
+def test_a_clusters_outbox_page_lists_and_resends_every_slots_messages(
+    admin_client: Client, cluster_url: str
+) -> None:
+    """A cluster keeps each slot's messages in its own queues: the page lists the failed ones
+    of every slot, and sends them again (it said the store served no outbox before)."""
     with on_store(cluster_url):
+        keys = failed_messages("m1", key="k") + failed_messages("m2", key="other")
         page = admin_client.get(outbox_url())
-    assert page.status_code == 200
-    assert "This store serves no outbox" in page.content.decode()
+        sent = admin_client.post(outbox_url(), {"_selected": keys}, follow=True)
+        backlog = using(browsing.browsed()[0].alias).backlog()
+    assert len({key_slot(key.encode()) for key in keys}) == 2  # two slots
+    text = page.content.decode()
+    assert "m1" in text and "m2" in text and "Failed for good: 2" in text
+    assert "2 message(s) will be sent again." in sent.content.decode()
+    assert (backlog.pending, backlog.failed) == (2, 0)
 
 
 def test_a_store_that_does_not_answer_is_said_so(admin_client: Client) -> None:

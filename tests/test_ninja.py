@@ -412,31 +412,6 @@ def _run_twice() -> int:
     return 1
 
 
-def test_an_operation_that_enqueues_on_a_redis_cluster_is_refused_before_it_runs(
-    key: str,
-) -> None:
-    """As a view: refused before its claim (nothing listens on port 1), not run, then a 500
-    from enqueue after its own writes: a cluster cannot release the outbox's messages with
-    the result (E065)."""
-    from django.test import override_settings
-    from ninja.testing import TestClient
-
-    api = NinjaAPI(urls_namespace=f"enqueue-{uuid.uuid4()}")
-    ran: list[bool] = []
-
-    @api.post("/x")
-    @idempotent
-    def operation(request: Any) -> dict[str, str]:
-        ran.append(True)
-        request.idempotency.enqueue(print)
-        return {}
-
-    with override_settings(IDEMPOTENCY={"STORE": "redis+cluster://127.0.0.1:1"}):
-        response = TestClient(api).post("/x", json={}, headers={"Idempotency-Key": key})
-    assert response.status_code == 500
-    assert ran == []
-
-
 def test_the_plain_decorator_under_an_operation_s_decorator_is_an_error_at_import() -> None:
     """``django_idempotency.idempotent`` under ``@api.post``: ninja would render the dict after
     the wrapper, which stored nothing, released the key, and ran again at each retry."""

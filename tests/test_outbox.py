@@ -850,25 +850,6 @@ def test_the_relay_lists_and_re_sends_failed_messages(post: Post, key: str) -> N
         relay("--dry-run")
 
 
-@pytest.mark.parametrize("path", ["/order/", "/drf/"])
-def test_a_view_that_enqueues_on_a_redis_cluster_is_refused_before_it_runs(
-    post: Post, key: str, path: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A Redis Cluster cannot release the outbox's messages with the result (E065): refused
-    before its claim (nothing listens on port 1: no store is asked), the message naming the
-    setting as written, without its password. (One Redis server serves the outbox:
-    tests/test_redis_outbox.py.)"""
-    from tests.testapp.models import Execution
-
-    with override_settings(IDEMPOTENCY={"STORE": "redis+cluster://:secret@127.0.0.1:1"}):
-        response = post(path, {"order": "1"}, key=key)
-    assert response.status_code == 500
-    assert response["Content-Type"] == "application/problem+json"
-    assert Execution.objects.count() == 0 and OutboxMessage.objects.count() == 0
-    assert "STORE 'redis+cluster://127.0.0.1:1'" in caplog.text
-    assert "calls enqueue()" in caplog.text and "secret" not in caplog.text
-
-
 @pytest.mark.parametrize("debug", [False, True], ids=["production", "debug"])
 def test_an_error_text_no_column_keeps_is_written_escaped(debug: bool) -> None:
     """A send's exception text is the project's: a NUL in it (PostgreSQL's text refuses one:

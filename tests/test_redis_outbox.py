@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.urls import path
@@ -27,13 +25,14 @@ from django.utils import timezone
 from django_idempotency import idempotent
 from django_idempotency._call import outbox
 from django_idempotency._conf.settings import conf
+from django_idempotency._conf.values import display_name, store_alias
 from django_idempotency._ops import store_checks
 from django_idempotency._ops.relay import Relay, backlog
 from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.outbox import Message, Release
 from django_idempotency.management import store_option
 from django_idempotency.testing import outbox_sent
-from tests.conftest import flush_redis
+from tests.conftest import REDIS_STORE_NAME, flush_redis, redis_client
 from tests.relaying import relay_here
 from tests.testapp.outbox_tasks import receipt
 from tests.waiting import wait_for
@@ -44,8 +43,11 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-STORE = "redis"
-ALIAS = "cache:redis"
+#: The ``redis`` cache alias, or on the cluster lane the cluster's URL (tests/conftest.py).
+STORE = REDIS_STORE_NAME
+ALIAS = store_alias(STORE, "default")
+#: How messages and commands name it.
+SHOWN = display_name(STORE)
 Post = Callable[..., Any]
 
 
@@ -73,8 +75,15 @@ def post(client: Client) -> Post:
     return send
 
 
-def raw() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
+def raw() -> Any:
+    """The tests' Redis server, or the cluster (every primary scanned)."""
+    return redis_client()
+
+
+def due() -> int:
+    """How many messages wait in the outbox's due queues: the store's one, or every slot's."""
+    client = raw()
+    return sum(int(client.zcard(name)) for name in client.scan_iter(match="idempotency:o:due*"))
 
 
 def sent_ids() -> list[str]:
@@ -109,7 +118,7 @@ def test_a_views_messages_are_released_with_the_result_and_delivered_once(
         assert post("/order/", {"order": "1"}, key=key).json()["messages"] == ids  # replayed
         assert relay_once().sent == 0
     assert sent_ids() == ids
-    assert raw().zcard("idempotency:o:due") == 0
+    assert due() == 0
 
 
 def test_without_the_fast_path_the_relay_delivers_once(post: Post, key: str) -> None:
@@ -186,7 +195,7 @@ def test_a_fenced_out_owners_messages_are_never_released(key: str) -> None:
         assert not store.store_response(claim.pk, claim.token_text, stored, release=release)
         assert release.inserted == []
         assert messages() == {}
-        assert raw().zcard("idempotency:o:due") == 0
+        assert due() == 0
 
 
 def test_a_message_released_again_by_a_takeover_inserts_nothing(key: str) -> None:
@@ -316,7 +325,7 @@ def test_a_relay_process_sigkilled_mid_batch_leaves_its_messages_to_the_next(
     with on_redis(OUTBOX_FAST_PATH=False):
         ids = post("/order/", {"order": "1"}, key=key).json()["messages"]
         relay = subprocess.Popen(
-            [sys.executable, "-m", "tests.redis_relay_process", str(parked), "1.5"],
+            [sys.executable, "-m", "tests.redis_relay_process", str(parked), "1.5", STORE],
             env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
         )
         try:
@@ -340,7 +349,7 @@ def test_the_relay_command_relays_a_redis_store(post: Post, key: str) -> None:
         out = StringIO()
         with relay_here():
             call_command("idempotency_relay", "--once", "--store", STORE, stdout=out)
-    assert "Sent 2 message(s); 0 failed (Redis store 'redis')." in out.getvalue()
+    assert f"Sent 2 message(s); 0 failed (Redis store {SHOWN!r})." in out.getvalue()
     assert sent_ids() == ids
 
 
@@ -356,10 +365,10 @@ def test_the_relay_command_lists_and_retries_a_redis_stores_failed_messages(
         out = StringIO()
         call_command("idempotency_stats", "--json", stdout=out)
         stats = json.loads(out.getvalue())
-        assert stats["redis_stores"]["redis"]["outbox_failed"] == 2
+        assert stats["redis_stores"][SHOWN]["outbox_failed"] == 2
         assert stats["outbox_failed"] == 0  # the database's
         assert any(
-            "Redis store 'redis': 2 outbox message(s) failed" in w for w in stats["warnings"]
+            f"Redis store {SHOWN!r}: 2 outbox message(s) failed" in w for w in stats["warnings"]
         )
         out = StringIO()
         call_command("idempotency_relay", "--failed", "--store", STORE, stdout=out)
@@ -381,7 +390,7 @@ def test_the_relay_command_relays_the_store_the_views_use_by_default(post: Post,
         out = StringIO()
         with relay_here():
             call_command("idempotency_relay", "--once", stdout=out)
-        assert "Sent 0 message(s); 2 failed (Redis store 'redis')." in out.getvalue()
+        assert f"Sent 0 message(s); 2 failed (Redis store {SHOWN!r})." in out.getvalue()
         out = StringIO()
         call_command("idempotency_relay", "--failed", stdout=out)
         assert "2 message(s) failed." in out.getvalue()
@@ -392,7 +401,7 @@ def test_the_relay_command_relays_the_store_the_views_use_by_default(post: Post,
         out = StringIO()
         with relay_here():
             call_command("idempotency_relay", "--retry-failed", "--once", stdout=out)
-        assert "Sent 2 message(s); 0 failed (Redis store 'redis')." in out.getvalue()
+        assert f"Sent 2 message(s); 0 failed (Redis store {SHOWN!r})." in out.getvalue()
     assert set(messages().values()) == {"sent"}
     assert len(sent_ids()) == 2
 
@@ -418,7 +427,7 @@ def test_a_relay_following_a_redis_store_says_the_databases_outbox_holds_message
     told, quiet = StringIO(), StringIO()
     with on_redis(), relay_here():
         call_command("idempotency_relay", "--once", stderr=told, stdout=StringIO())
-        call_command("idempotency_relay", "--store", "redis", "--once", stderr=quiet,
+        call_command("idempotency_relay", "--store", STORE, "--once", stderr=quiet,
                      stdout=StringIO())  # fmt: skip
     assert "holds 1 message(s) this relay does not send" in told.getvalue()
     assert "--store database" in told.getvalue()
@@ -448,7 +457,7 @@ def test_stats_shows_a_redis_stores_outbox_and_names_it_in_its_advice(post: Post
         out = StringIO()
         call_command("idempotency_stats", stdout=out)
         text = out.getvalue()
-        assert "Redis store 'redis' (its records expire by Redis's own TTL" in text
+        assert f"Redis store {SHOWN!r} (its records expire by Redis's own TTL" in text
         assert "  Outbox undelivered: 0 pending, 2 failed (oldest " in text
         assert "  Records:            1 (processing 0, completed 1, failed 0)" in text
         assert "with idempotency_relay --failed, send them again with idempotency_relay " in text
@@ -459,8 +468,8 @@ def test_stats_shows_a_redis_stores_outbox_and_names_it_in_its_advice(post: Post
         out = StringIO()
         call_command("idempotency_stats", "--json", stdout=out)
         [warning] = json.loads(out.getvalue())["warnings"]
-        assert "idempotency_relay --store redis --failed" in warning
-        assert "idempotency_relay --store redis --retry-failed" in warning
+        assert f"idempotency_relay --store {SHOWN} --failed" in warning
+        assert f"idempotency_relay --store {SHOWN} --retry-failed" in warning
         assert store_option("database", "default") == ""
 
 
@@ -479,15 +488,13 @@ def test_the_relay_command_refuses_what_is_no_redis_store() -> None:
         call_command("idempotency_relay", "--once", "--store", STORE, "--database", "default")
 
 
-def test_a_view_that_enqueues_on_a_redis_cluster_is_refused_at_startup() -> None:
-    """django_idempotency.E065: the outbox's queue and a record are in two slots there."""
-    cluster = "redis+cluster://127.0.0.1:1"
-    with override_settings(IDEMPOTENCY={"STORE": cluster}):
-        errors = store_checks.e065_outbox_on_cluster()
-    assert errors and {error.id for error in errors} == {"django_idempotency.E065"}
-    assert "calls enqueue()" in errors[0].msg
-    with on_redis():
-        assert store_checks.e065_outbox_on_cluster() == []
+def test_a_view_that_enqueues_on_a_redis_cluster_passes_the_checks() -> None:
+    """A cluster serves the outbox (each slot's queues): its views that call ``enqueue`` are
+    no longer refused at startup (they were, E065, before): only the views that need the
+    database's transaction are (E061)."""
+    with override_settings(IDEMPOTENCY={"STORE": "redis+cluster://127.0.0.1:1"}):
+        refused = store_checks.check_stores()
+    assert refused and {error.id for error in refused} == {"django_idempotency.E061"}
 
 
 def test_an_idempotent_function_enqueues_on_redis() -> None:

@@ -45,6 +45,7 @@ from django_idempotency import (
 from django_idempotency._base.keys import hash_key
 from django_idempotency._conf.options import Options
 from django_idempotency._conf.settings import usable
+from django_idempotency._conf.values import store_alias
 from django_idempotency._ops import checks, store_checks
 from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.limits import bounded_scope
@@ -1835,10 +1836,9 @@ def test_the_projects_database_errors_are_judged_by_the_databases_store() -> Non
 
 
 @pytest.mark.django_db(transaction=True)  # the fast path waits for open transactions
-def test_the_outbox_is_served_on_one_server_and_refused_on_a_cluster(place: Place) -> None:
-    """One server releases a function's message with its result (tests/test_redis_outbox.py);
-    a cluster's client refuses ``enqueue`` before anything is staged (E065 for views): the
-    outbox's queue and the record would be two slots of one script."""
+def test_the_outbox_is_served_on_one_server_and_on_a_cluster(place: Place) -> None:
+    """A function's message is released with its result and sent, on one server and on a
+    cluster (its record's slot's queues: it refused ``enqueue`` there before)."""
     from django_idempotency.testing import outbox_sent
     from tests.testapp.outbox_tasks import receipt
 
@@ -1848,15 +1848,65 @@ def test_the_outbox_is_served_on_one_server_and_refused_on_a_cluster(place: Plac
 
     receipt.reset()
     try:
-        if place.store == STORE:
-            message = handle("k")
-            outbox_sent()
-            assert [sent[0] for sent in receipt.sent] == [message]
-            assert list(place.client.scan_iter(match="idempotency:o:m:*"))
-            return
-        with pytest.raises(ImproperlyConfigured, match="Redis Cluster"):
-            handle("k")
-        assert receipt.sent == []
-        assert not list(place.client.scan_iter(match="idempotency:o:*"))
+        message = handle("k")
+        outbox_sent()
+        assert [sent[0] for sent in receipt.sent] == [message]
+        assert list(place.client.scan_iter(match="idempotency:o:m:*"))
     finally:
         receipt.reset()
+
+
+def _released_in_slots(store: Any, count: int) -> list[str]:
+    """``count`` records' results, each releasing one message (its id the record's key), on
+    ``store``: on a cluster in as many slots; the messages' keys."""
+    from datetime import timedelta
+
+    from django_idempotency._call import outbox
+    from django_idempotency._call.identity import Identity
+    from django_idempotency._store.outbox import Message, Release
+
+    keys = []
+    for number in range(count):
+        key = f"k{number}"
+        identity = Identity(
+            key=key, scope="s", key_hash=hash_key(key), fingerprint="f", method="POST", path="/p"
+        )
+        claim = store.claim(identity, ttl=timedelta(hours=1), lock_timeout=timedelta(seconds=30))
+        release = Release(0, [Message(key, outbox.CELERY, "t", "{}")], timedelta(0), False)
+        stored = StoredResponse(status=201, headers={}, body=b"{}")
+        assert store.store_response(claim.pk, claim.token_text, stored, release=release)
+        keys.append(store.message_key("s", hash_key(key), key))
+    return keys
+
+
+def test_a_relay_takes_marks_and_resends_every_slots_messages(place: Place) -> None:
+    """On a cluster each slot has its own queues (a record's messages are released in its
+    script, in its slot): batches gather them across slots, and the backlog, the failed list
+    and a re-send span every slot, as the one server's queues do."""
+    from datetime import timedelta
+
+    from redis.crc import key_slot
+
+    store: Any = using(store_alias(place.store, "default"))
+    keys = _released_in_slots(store, 12)
+    if place.store == STORE:  # one server: the store's queue, as before
+        assert place.client.zcard("idempotency:o:due") == 12
+    else:  # twelve slots, each with its own due queue
+        assert len({key_slot(key.encode()) for key in keys}) == 12
+        assert len(list(place.client.scan_iter(match="idempotency:o:due:{*"))) == 12
+    assert store.backlog().pending == 12
+    first = store.take(5, timedelta(seconds=30))
+    rest = store.take(50, timedelta(seconds=30))
+    assert len(first) == 5 and len(rest) == 7 and store.take(50, timedelta(seconds=30)) == []
+    assert sorted(message.key for message in first + rest) == sorted(keys)
+    assert store.mark_sent([message.key for message in first], counted=True) == 5
+    for message in rest:
+        assert store.mark_failed(message.key, "broker down", None, counted=True) == 1
+    failed = store.failed_messages()
+    assert sorted(message.pk for message in failed) == sorted(m.key for m in rest)
+    assert [m.released_at for m in failed] == sorted(m.released_at for m in failed)
+    backlog = store.backlog()
+    assert (backlog.pending, backlog.failed) == (0, 7) and backlog.oldest is not None
+    assert store.resend([message.pk for message in failed]) == 7
+    assert len(store.take(50, timedelta(seconds=30))) == 7
+    assert (store.backlog().pending, store.backlog().failed) == (7, 0)

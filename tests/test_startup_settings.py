@@ -153,9 +153,6 @@ KEPT_BEFORE_THE_CLAIM = {
     "E062": "tests/test_redis_store.py",
     # check --deploy: the server's eviction policy, asked of it (a server down now: E062).
     "E063": "test_e063_every_eviction_policy_but_noeviction_is_refused_at_deploy",
-    # A view that stages outbox messages on a Redis Cluster is refused at its first request,
-    # before its claim (_http.adapter.refuse_database_only; tests/test_outbox.py).
-    "E065": "test_a_view_that_enqueues_on_a_redis_cluster_is_refused_before_it_runs",
     # A view answering duplicates 202 with a status URL the URLconf lacks is refused before
     # its claim (_http.adapter.answerable).
     "E071": "test_accepted_without_the_status_urls_is_refused_before_the_claim",

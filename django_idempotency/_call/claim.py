@@ -276,7 +276,7 @@ class Claim:
         from django_idempotency._call.outbox import stage  # see set_recovery_point
 
         self.check_held()
-        # A view is refused before it runs (E065); an idempotent_function here.
+        # A store that serves no outbox (the contract's outbox_refusal) refuses it here.
         self._serves_outbox()
         return stage(self, task, args, name, kwargs)
 

@@ -18,7 +18,6 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase
 from django.http.request import HttpHeaders
 
-from django_idempotency._base import code
 from django_idempotency._base.errors import (
     InvalidKey,
     LockWaitTimeout,
@@ -34,7 +33,6 @@ from django_idempotency._call.identity import Identity
 from django_idempotency._call.lifecycle import Answer
 from django_idempotency._conf.options import Options, Policy
 from django_idempotency._conf.settings import conf
-from django_idempotency._conf.values import DATABASE, shown_store
 from django_idempotency._http import (
     bodies,
     operations,
@@ -73,28 +71,21 @@ class HttpAdapter(lifecycle.Adapter[HttpResponseBase]):
     #: The request, which signal receivers get too (:attr:`.Attempt.request`).
     request: HttpRequest
 
-    def __init__(
-        self, request: HttpRequest, options: Options, view_request: Any = None, view: Any = None
-    ) -> None:
+    def __init__(self, request: HttpRequest, options: Options, view_request: Any = None) -> None:
         super().__init__()
         self.request = request
         self.options = options
         #: The view's first argument as given: DRF's ``Request`` under ``@api_view``.
         self.view_request = request if view_request is None else view_request
-        #: The view's function or class, whose code says whether it stages outbox messages.
-        self.view = view
 
     def resolve(self, *, asynchronous: bool) -> Policy | None:
         """The view's policy for this request; ``None`` (and no claim on the request) when the
-        app is off or the method is not protected. A view on a Redis store whose code reads its
-        operation, or calls ``enqueue`` on a Redis Cluster, is refused here, before the claim:
-        it would run, write, and then fail there (a ``500`` after its charge). A request another
-        layer protects already is refused (:func:`refuse_nested`)."""
+        app is off or the method is not protected. A request another layer protects already is
+        refused (:func:`refuse_nested`)."""
         refuse_nested(self.request)
         if conf.ENABLED:
             policy = self.options.resolve()
             if policy.protects(self.request.method):
-                refuse_database_only(policy, self.options, self.view)
                 return answerable(policy)
         attach(self.request, None)
         return None
@@ -276,26 +267,6 @@ def refuse_nested(request: HttpRequest) -> None:
         )
 
 
-def refuse_database_only(policy: Policy, options: Options, view: Any) -> None:
-    """``ImproperlyConfigured`` when ``view`` (its function or class; ``None``: unknown) is
-    on a Redis store that does not serve the outbox (a cluster: E065) and its code calls
-    ``enqueue``: refused before its claim, rather than after its own writes."""
-    if policy.store == DATABASE or view is None or not code.mentions(view, "enqueue"):
-        return
-    from django_idempotency._store.redis.outbox import refusal
-
-    why = refusal(policy.alias)
-    if why is None:
-        return
-    given = options.get("store")
-    where = f"store={shown_store(given)!r}" if given else f"STORE {shown_store(policy.store)!r}"
-    raise ImproperlyConfigured(
-        f"The view calls enqueue() and keeps its records in the Redis store ({where}): "
-        f"the outbox is not served there: {why}. "
-        'Give the view store="database".'
-    )
-
-
 def view_adapter(
     options: Options, view: Any = None
 ) -> Callable[[tuple[Any, ...], dict[str, Any]], HttpAdapter]:
@@ -310,7 +281,7 @@ def view_adapter(
             placement.refuse_ninja_caller(view, sys._getframe(2))
             checked = True
         request = args[0] if args else kwargs.get("request")
-        return HttpAdapter(http_request(request), options, request, view)
+        return HttpAdapter(http_request(request), options, request)
 
     return adapter
 

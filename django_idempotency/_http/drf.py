@@ -87,9 +87,7 @@ class IdempotencyMixin(_Base):
         return Options.build(VIEW_OPTIONS, cls.__name__, **cast(ViewOptions, given))
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        self._idempotency = _DispatchAdapter(
-            request, self.get_idempotency_options(), view=type(self)
-        )
+        self._idempotency = _DispatchAdapter(request, self.get_idempotency_options())
         return lifecycle.run(
             self._idempotency,
             lambda _: super(IdempotencyMixin, self).dispatch(request, *args, **kwargs),

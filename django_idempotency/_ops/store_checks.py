@@ -1,7 +1,6 @@
-"""System checks of the Redis store: atomic views on it (E061), views that stage outbox
-messages on a Redis Cluster (E065), and at
-``check --deploy`` whether each Redis store answers (E062) and keeps what it acknowledged
-(W060). ``STORE``'s own value is checked on its setting's line (E060)."""
+"""System checks of the Redis store: atomic views on it (E061), and at ``check --deploy``
+whether each Redis store answers (E062) and keeps what it acknowledged (W060). ``STORE``'s own
+value is checked on its setting's line (E060)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from django_idempotency._ops.checks import _protected_views, refusing
 
 
 def check_stores(**kwargs: Any) -> list[CheckMessage]:
-    return e061_atomic_on_redis() + e065_outbox_on_cluster()
+    return e061_atomic_on_redis()
 
 
 def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
@@ -166,37 +165,6 @@ def e061_atomic_on_redis() -> list[CheckMessage]:
                     hint="Drop atomic=True, or give the view store='database' "
                     "(docs: 'Choosing the store').",
                     id=check_name(61),
-                )
-            )
-    return errors
-
-
-@refusing(
-    "a protected view in the URLconf calls ``enqueue()`` and keeps its records in a Redis "
-    "Cluster store: the outbox is served on one Redis server (or Sentinel's master)"
-)
-def e065_outbox_on_cluster() -> list[CheckMessage]:
-    """Refuse at startup a view whose messages a cluster could not release with its result
-    (:mod:`.._store.redis.outbox`), rather than at its first request."""
-    from django_idempotency._base import code
-    from django_idempotency._ops.checks import protected_targets
-    from django_idempotency._store.redis.outbox import refusal
-
-    errors: list[CheckMessage] = []
-    setting = _setting_store()
-    for name, found, target in protected_targets():
-        options = found() if callable(found) else found
-        store = options.get("store") or setting
-        if store is None or store == DATABASE or not code.mentions(target, "enqueue"):
-            continue
-        if why := refusal(store_alias(store, "")):
-            errors.append(
-                Error(
-                    f"{name} calls enqueue() and keeps its records in the Redis store "
-                    f"{display_name(store)!r}: the outbox is not served there ({why}).",
-                    hint="Give the view store='database', or a store on one Redis server or "
-                    "Sentinel's master (docs: 'The outbox').",
-                    id=check_name(65),
                 )
             )
     return errors

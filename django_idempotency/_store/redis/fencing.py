@@ -94,14 +94,15 @@ class FencedWrites:
     ) -> Any:
         """Run the fenced write ``name``, and with it (``release``: the outbox's staged
         messages) the release of its messages, in one script (:mod:`.outbox`): they exist
-        exactly when the write applied."""
+        exactly when the write applied. On a cluster into the record's slot's queues, by the
+        write's variant without the scope's index (``SLOT_``: written after, another slot's)."""
         if release is None:
             return self.server.run(name, keys, args, bound)
-        if self.server.cluster:  # refused before (E065, the view's first request, enqueue)
-            raise RedisFault(f"Redis store {self.shown!r}: {outbox.ON_CLUSTER}.")
+        cluster = bool(self.server.cluster)
         index = scope_index(scope, self.server.prefix)
-        keys, args = outbox.releasing(keys, args, release, index, self.server.prefix)
-        return outbox.released(self.server.run(f"{name}_RELEASING", keys, args, bound), release)
+        keys, args = outbox.releasing(keys, args, release, index, self.server.prefix, cluster)
+        script = f"{'SLOT_' if cluster else ''}{name}_RELEASING"
+        return outbox.released(self.server.run(script, keys, args, bound), release)
 
     def index(self, scope: str, key_hash: str, ttl: timedelta | None) -> None:
         """On a cluster: add a finished record to its scope's index (erasure), after its

@@ -15,9 +15,13 @@ Keys (``P`` the store's prefix, ``T`` the record's hash tag, :func:`.keyspace.re
   a batch's lease, a retry's backoff), ``P o:failed`` (failed for good, by release time) and
   ``P o:left`` (every undelivered message, by release time: the backlog's oldest).
 
-The three sorted sets are the store's, not a record's: a script that writes a record and them
-touches two slots, which a Redis Cluster refuses. The outbox is served on one server (or a
-Sentinel's master); a cluster store is refused by check E065 and before a view runs.
+On one server (or a Sentinel's master) the three sorted sets are the store's. On a Redis
+Cluster a script touches one slot, so each slot that holds messages has its own three:
+``P o:due:{S}``, ``P o:failed:{S}`` and ``P o:left:{S}``, ``S`` a hash tag of that slot
+(:func:`slot_tag`): a record's messages are released into its own slot's queues, in the
+result's own script, as on one server. A relay finds the slots' queues by a ``SCAN`` of each
+primary (:func:`queue_keys`) and takes, marks and re-sends each slot's messages by that slot's
+scripts; the messages of one record keep their order, those of two slots are taken in any.
 
 A relay takes a batch (:data:`.outbox_scripts.TAKE`) by pushing each message's score forward
 by its lease and counting its send: one killed between the take and the mark leaves the
@@ -35,10 +39,9 @@ from typing import Any, NamedTuple
 
 from django.utils import timezone
 
-from django_idempotency._conf.values import CACHE_PREFIX
 from django_idempotency._store.outbox import Backlog, Release
-from django_idempotency._store.redis import clients
 from django_idempotency._store.redis.codec import as_micros, as_time
+from django_idempotency._store.redis.keyspace import glob
 
 
 class Taken(NamedTuple):
@@ -81,6 +84,65 @@ def left_key(prefix: str) -> str:
     return f"{prefix}o:left"
 
 
+class Queues(NamedTuple):
+    """The sorted sets a message is queued in: the store's, or on a cluster its slot's."""
+
+    due: str
+    left: str
+    failed: str
+
+
+#: The hash slots of a Redis Cluster.
+SLOTS = 16384
+
+
+@lru_cache(maxsize=1)
+def _slot_tags() -> tuple[str, ...]:
+    """For each slot, the shortest decimal number whose hash tag lands in it: a slot's queues
+    are named by it, so that one slot has one set of queues (computed once, ~0.1 s)."""
+    found: dict[int, str] = {}
+    number = 0
+    while len(found) < SLOTS:
+        found.setdefault(key_slot(str(number).encode()), str(number))
+        number += 1
+    return tuple(found[slot] for slot in range(SLOTS))
+
+
+def key_slot(key: bytes) -> int:
+    """``key``'s hash slot on a cluster (redis-py's, imported where the store is used)."""
+    from redis.crc import key_slot as slot
+
+    return int(slot(key))
+
+
+def slot_tag(key: str) -> str:
+    """The hash tag of ``key``'s slot's queues (:func:`_slot_tags`)."""
+    return _slot_tags()[key_slot(key.encode())]
+
+
+def queues(prefix: str, key: str, cluster: bool) -> Queues:
+    """The queues of the message (or record) ``key``: the store's on one server, its slot's
+    on a cluster, where a script touches one slot."""
+    if not cluster:
+        return Queues(due_key(prefix), left_key(prefix), failed_key(prefix))
+    tag = slot_tag(key)
+    return Queues(
+        f"{prefix}o:due:{{{tag}}}", f"{prefix}o:left:{{{tag}}}", f"{prefix}o:failed:{{{tag}}}"
+    )
+
+
+def queue_keys(client: Any, prefix: str, kind: str, cluster: bool) -> list[str]:
+    """Every queue of ``kind`` (``due``, ``left``, ``failed``): the store's one on one server;
+    on a cluster each slot's that exists (a ``SCAN`` of each primary: an empty sorted set is
+    no key), in slot order."""
+    if not cluster:
+        return [f"{prefix}o:{kind}"]
+    found = client.scan_iter(
+        match=f"{glob(prefix)}o:{kind}:{{*", _type="zset", target_nodes=client.PRIMARIES
+    )
+    return sorted({_text(name) for name in found}, key=lambda name: key_slot(name.encode()))
+
+
 def message_key(record: str, message_id: str, prefix: str) -> str:
     """A message's key: its record's hash tag (one slot with it), then its id."""
     tag = record[record.index("{") :]
@@ -88,11 +150,13 @@ def message_key(record: str, message_id: str, prefix: str) -> str:
 
 
 def releasing(
-    keys: list[str], args: list[Any], release: Release, index: str, prefix: str
+    keys: list[str], args: list[Any], release: Release, index: str, prefix: str, cluster: bool
 ) -> tuple[list[str], list[Any]]:
-    """A fenced write's keys and arguments with ``release``'s messages after them."""
+    """A fenced write's keys and arguments with ``release``'s messages after them: the record,
+    its scope's index (one server only: another slot's on a cluster), its queues."""
     record = keys[0]
-    more = [record, index, due_key(prefix), left_key(prefix)]
+    due, left, _ = queues(prefix, record, cluster)
+    more = [record, due, left] if cluster else [record, index, due, left]
     more += [message_key(record, message.message_id, prefix) for message in release.messages]
     flat = [value for message in release.messages for value in message]
     return more, [*args, *flat, as_micros(release.lease)]
@@ -105,46 +169,39 @@ def released(reply: Any, release: Release) -> Any:
     return done
 
 
-#: Why the outbox is not served on a Redis Cluster.
-ON_CLUSTER = (
-    "on a Redis Cluster a script touches one slot, and the outbox's queue (which the relay "
-    "reads) is in another than the record it is released with"
-)
+def take(
+    client_run: Any, client: Any, prefix: str, size: int, lease: timedelta, cluster: bool
+) -> list[Taken]:
+    """Claim up to ``size`` messages due now for ``lease`` (:data:`.outbox_scripts.TAKE`): of
+    the store's queue, or on a cluster of each slot's in turn until the batch is full."""
+    taken: list[Taken] = []
+    for due in queue_keys(client, prefix, "due", cluster):
+        reply = client_run("TAKE", [due], [size - len(taken), as_micros(lease)])
+        taken += [
+            Taken(_text(key), _text(id_), _text(engine), _text(task), _text(arguments), int(sends))
+            for key, id_, engine, task, arguments, sends in reply
+        ]
+        if len(taken) >= size:
+            break
+    return taken
 
 
-@lru_cache(maxsize=64)
-def refusal(name: str) -> str | None:
-    """Why the outbox cannot be served on the store ``name`` (a store layer's name: a
-    ``cache:`` alias or a URL), or ``None``: a Redis Cluster (:data:`ON_CLUSTER`), known by
-    its URL, or by its cache's client (made, not connected). Asked at each request of a view
-    that calls ``enqueue``: a name's topology is read once."""
-    if name.startswith(clients.CLUSTER):
-        return ON_CLUSTER
-    if name.startswith(CACHE_PREFIX):
-        try:
-            client = clients.client_for(name)
-        except Exception:
-            return None  # not a Redis cache: E060 says so
-        if clients.is_cluster(client):
-            return ON_CLUSTER
-    return None
+def _by_slot(prefix: str, keys: Sequence[str], cluster: bool) -> dict[Queues, list[str]]:
+    """Message ``keys`` grouped by their queues: one script per slot on a cluster."""
+    grouped: dict[Queues, list[str]] = {}
+    for key in keys:
+        grouped.setdefault(queues(prefix, key, cluster), []).append(key)
+    return grouped
 
 
-def take(client_run: Any, prefix: str, size: int, lease: timedelta) -> list[Taken]:
-    """Claim up to ``size`` messages due now for ``lease`` (:data:`.outbox_scripts.TAKE`)."""
-    reply = client_run("TAKE", [due_key(prefix)], [size, as_micros(lease)])
-    return [
-        Taken(_text(key), _text(id_), _text(engine), _text(task), _text(arguments), int(sends))
-        for key, id_, engine, task, arguments, sends in reply
-    ]
-
-
-def mark_sent(client_run: Any, prefix: str, keys: Sequence[str], *, counted: bool) -> int:
-    if not keys:
-        return 0
-    args = ["1" if counted else "0", *keys]
-    keys_ = [due_key(prefix), left_key(prefix), failed_key(prefix)]
-    return int(client_run("MARK_SENT", keys_, args))
+def mark_sent(
+    client_run: Any, prefix: str, keys: Sequence[str], *, counted: bool, cluster: bool
+) -> int:
+    marked = 0
+    for queued, each in _by_slot(prefix, keys, cluster).items():
+        args = ["1" if counted else "0", *each]
+        marked += int(client_run("MARK_SENT", [queued.due, queued.left, queued.failed], args))
+    return marked
 
 
 def mark_failed(
@@ -155,33 +212,43 @@ def mark_failed(
     retry_at: datetime | None,
     *,
     counted: bool,
+    cluster: bool,
 ) -> int:
     delay = "" if retry_at is None else as_micros(max(retry_at - timezone.now(), timedelta(0)))
     args = [key, error[:4000], delay, "1" if counted else "0"]
-    return int(client_run("MARK_FAILED", [due_key(prefix), failed_key(prefix)], args))
+    queued = queues(prefix, key, cluster)
+    return int(client_run("MARK_FAILED", [queued.due, queued.failed], args))
 
 
-def resend(client_run: Any, prefix: str, keys: Sequence[str]) -> int:
-    if not keys:
-        return 0
-    return int(client_run("RESEND", [due_key(prefix), failed_key(prefix)], list(keys)))
+def resend(client_run: Any, prefix: str, keys: Sequence[str], cluster: bool) -> int:
+    made = 0
+    for queued, each in _by_slot(prefix, keys, cluster).items():
+        made += int(client_run("RESEND", [queued.due, queued.failed], each))
+    return made
 
 
-def backlog(client: Any, prefix: str) -> Backlog:
-    """Pending and failed messages, and the oldest undelivered one's release."""
-    pipe = client.pipeline(transaction=False)
-    pipe.zcard(due_key(prefix))
-    pipe.zcard(failed_key(prefix))
-    pipe.zrange(left_key(prefix), 0, 0, withscores=True)
-    pending, failed, oldest = pipe.execute()
-    first = as_time(int(oldest[0][1])) if oldest else None
-    return Backlog(int(pending), int(failed), first)
+def backlog(client: Any, prefix: str, cluster: bool) -> Backlog:
+    """Pending and failed messages, and the oldest undelivered one's release: of the store's
+    queues, or summed over a cluster's slots'."""
+    pending = sum(int(client.zcard(due)) for due in queue_keys(client, prefix, "due", cluster))
+    failed = sum(int(client.zcard(each)) for each in queue_keys(client, prefix, "failed", cluster))
+    firsts = [
+        int(oldest[0][1])
+        for left in queue_keys(client, prefix, "left", cluster)
+        if (oldest := client.zrange(left, 0, 0, withscores=True))
+    ]
+    return Backlog(pending, failed, as_time(min(firsts)) if firsts else None)
 
 
-def failed(client: Any, prefix: str) -> list[FailedMessage]:
-    """The messages failed for good, oldest release first."""
+def failed(client: Any, prefix: str, cluster: bool) -> list[FailedMessage]:
+    """The messages failed for good, oldest release first (every slot's, on a cluster)."""
+    keys = [
+        (score, key)
+        for queue in queue_keys(client, prefix, "failed", cluster)
+        for key, score in client.zrange(queue, 0, -1, withscores=True)
+    ]
     found = []
-    for key in client.zrange(failed_key(prefix), 0, -1):
+    for _, key in sorted(keys):
         fields = client.hmget(key, "id", "t", "n", "ra", "le")
         if fields[0] is None:
             continue

@@ -7,13 +7,16 @@ from __future__ import annotations
 from django_idempotency._store.redis import scripts
 
 #: ``release_messages()``: after a fenced write applied, insert the messages not released yet.
-#: KEYS: record, scope index, due, left, then one key per message; the ARGV's last ``4 n + 1``
-#: are each message's id, engine, task, arguments, then the lease (µs): what comes before is
-#: the write's own. Returns the ids inserted. Each is due a microsecond after the one staged
-#: before it: a relay takes them in the order they were staged.
+#: KEYS: record, scope index (one server only: on a cluster it is another slot's), due, left
+#: (the store's, or on a cluster the record's slot's), then one key per message; the ARGV's last
+#: ``4 n + 1`` are each message's id, engine, task, arguments, then the lease (µs): what comes
+#: before is the write's own. Returns the ids inserted. Each is due a microsecond after the one
+#: staged before it: a relay takes them in the order they were staged. ``%(due)s``: the due
+#: queue's position in KEYS.
 _RELEASE = """
 local function release_messages(now)
-  local n = #KEYS - 4
+  local q = %(due)s
+  local n = #KEYS - q - 1
   local base = #ARGV - 4 * n - 1
   local lease = tonumber(ARGV[#ARGV])
   local inserted = {}
@@ -21,11 +24,11 @@ local function release_messages(now)
     local at = base + (i - 1) * 4
     local id = ARGV[at + 1]
     if redis.call('HSETNX', KEYS[1], 'o:' .. id, '1') == 1 then
-      redis.call('HSET', KEYS[4 + i], 'id', id, 'e', ARGV[at + 2], 't', ARGV[at + 3],
+      redis.call('HSET', KEYS[q + 1 + i], 'id', id, 'e', ARGV[at + 2], 't', ARGV[at + 3],
                  'a', ARGV[at + 4], 'n', 0, 'st', 'pending', 'ra', now, 'le', '',
                  'rk', KEYS[1])
-      redis.call('ZADD', KEYS[3], now + lease + i - 1, KEYS[4 + i])
-      redis.call('ZADD', KEYS[4], now, KEYS[4 + i])
+      redis.call('ZADD', KEYS[q], now + lease + i - 1, KEYS[q + 1 + i])
+      redis.call('ZADD', KEYS[q + 1], now, KEYS[q + 1 + i])
       inserted[#inserted + 1] = id
     end
   end
@@ -34,13 +37,14 @@ end
 """
 
 
-def _releasing(script: str, applied: str) -> str:
+def _releasing(script: str, applied: str, due: int = 3) -> str:
     """``script`` (a fenced write) run as a function, then, where it returned ``applied``,
     the release of its messages in the same script: ``{result, inserted ids}``. A fence that
-    refuses (a late owner's write) releases nothing."""
+    refuses (a late owner's write) releases nothing. ``due``: the due queue's key's position
+    (3 on one server, after the scope's index; 2 on a cluster, which has none there)."""
     return (
         scripts._NOW
-        + _RELEASE
+        + _RELEASE % {"due": due}
         + "local function fenced()\n"
         + script
         + "\nend\nlocal done = fenced()\n"
@@ -53,6 +57,12 @@ def _releasing(script: str, applied: str) -> str:
 COMPLETE_RELEASING = _releasing(scripts.COMPLETE, "1")
 #: A recovery point's write (:data:`.scripts.RECOVERY_POINT`) and its messages' release.
 RECOVERY_POINT_RELEASING = _releasing(scripts.RECOVERY_POINT, "1")
+#: On a cluster (:func:`.outbox.releasing`): the result's write without its scope's index
+#: (another slot's, written after: :meth:`.fencing.FencedWrites.index`), and its messages'
+#: release into its slot's queues.
+SLOT_COMPLETE_RELEASING = _releasing(scripts.COMPLETE_ON_SLOT, "1", due=2)
+#: On a cluster: a recovery point's write and its messages' release into its slot's queues.
+SLOT_RECOVERY_POINT_RELEASING = _releasing(scripts.RECOVERY_POINT, "1", due=2)
 
 #: KEYS: due. ARGV: size, lease (µs). A batch due now, each message's score pushed forward by
 #: the lease (a microsecond more for each: their order kept) and its send counted: ``{key,

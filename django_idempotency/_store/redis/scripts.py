@@ -96,8 +96,15 @@ local r = redis.call('HMGET', key, 'st', 'tok')
 if r[2] ~= ARGV[1] then return 0 end
 """
 
-#: What a result's write does once fenced (:data:`COMPLETE`, :data:`STALE_FAIL`): ARGV[2..8].
-_COMPLETE_TAIL = """
+#: ARGV: token, status, response status ('' none), headers JSON, body, '1' if a body, own
+#: ttl (µs, '' none), key hash, the scope's TTL (µs). 1: stored; 2: this token's result was
+#: stored already (a reply lost). With ``KEYS[2]`` (one server: not on a cluster, where it is
+#: another slot's), the record joins its scope's index (erasure), which forgets those past
+#: their expiry, and lasts as long as its last record.
+_COMPLETE_DONE = """
+if r[1] ~= 'processing' then return 2 end"""
+#: What a result's write does once fenced (:data:`COMPLETE`, :data:`STALE_FAIL`): ARGV[2..7].
+_COMPLETE_WRITE = """
 redis.call('HSET', key, 'st', ARGV[2], 'rs', ARGV[3], 'rh', ARGV[4], 'ua', '', 'up', now)
 if ARGV[6] == '1' then redis.call('HSET', key, 'rb', ARGV[5]) end
 local expires = tonumber(redis.call('HGET', key, 'ea'))
@@ -106,27 +113,18 @@ if ARGV[7] ~= '' then
   redis.call('HSET', key, 'ea', expires)
   redis.call('PEXPIREAT', key, math.ceil(expires / 1000))
 end
-if KEYS[2] then
+"""
+_COMPLETE_INDEX = """if KEYS[2] then
   redis.call('ZADD', KEYS[2], expires, ARGV[8])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
   redis.call('PEXPIREAT', KEYS[2], math.ceil(tonumber(last[2]) / 1000) + 1000)
 end
-return 1
 """
-
-#: ARGV: token, status, response status ('' none), headers JSON, body, '1' if a body, own
-#: ttl (µs, '' none), key hash, the scope's TTL (µs). 1: stored; 2: this token's result was
-#: stored already (a reply lost). With ``KEYS[2]`` (one server: not on a cluster, where it is
-#: another slot's), the record joins its scope's index (erasure), which forgets those past
-#: their expiry, and lasts as long as its last record.
-COMPLETE = (
-    _NOW
-    + _FENCE
-    + """
-if r[1] ~= 'processing' then return 2 end"""
-    + _COMPLETE_TAIL
-)
+COMPLETE = _NOW + _FENCE + _COMPLETE_DONE + _COMPLETE_WRITE + _COMPLETE_INDEX + "return 1\n"
+#: :data:`COMPLETE` without the scope's index, as a cluster's outbox releases with it
+#: (:mod:`.outbox_scripts`): the index is another slot's.
+COMPLETE_ON_SLOT = _NOW + _FENCE + _COMPLETE_DONE + _COMPLETE_WRITE + "return 1\n"
 
 #: An operator's fence: the record is still ``processing`` under the token the operator read
 #: (``ARGV[1]``) and :data:`.._base.rules.STALE` by the server's clock, now.
@@ -161,7 +159,9 @@ if redis.call('HGET', KEYS[1], 'tok') == ARGV[9] then return 1 end"""
     + _STALE_FENCE
     + """
 redis.call('HSET', key, 'tok', ARGV[9])"""
-    + _COMPLETE_TAIL
+    + _COMPLETE_WRITE
+    + _COMPLETE_INDEX
+    + "return 1\n"
 )
 
 #: ARGV: token. Deletes the record (a retry claims afresh).

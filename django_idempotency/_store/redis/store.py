@@ -276,39 +276,45 @@ class RedisStore(StoreContract):
 
     # -- the outbox (:mod:`.outbox`): the relay's side -----------------------------------------
 
-    def outbox_refusal(self) -> str | None:
-        """Why the store cannot serve the outbox (a cluster: :mod:`.outbox`), or ``None``."""
-        self.client  # noqa: B018 (made: its topology known)
-        return outbox.ON_CLUSTER if self._server.cluster else None
-
     def _relayed(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return self._server.run(name, keys, args, None)
 
+    @property
+    def _cluster(self) -> bool:
+        """Whether the store is a cluster's (its client made: its topology known)."""
+        self.client  # noqa: B018
+        return bool(self._server.cluster)
+
     def take(self, size: int, lease: timedelta) -> list[outbox.Taken]:
         """Claim up to ``size`` messages due now for ``lease`` (a relay's batch)."""
-        return outbox.take(self._relayed, self.prefix, size, lease)
+        with refused(self.refusal):
+            return outbox.take(self._relayed, self.client, self.prefix, size, lease, self._cluster)
 
     def mark_sent(self, keys: Sequence[str], *, counted: bool) -> int:
         """Mark messages (their keys) sent."""
-        return outbox.mark_sent(self._relayed, self.prefix, keys, counted=counted)
+        return outbox.mark_sent(
+            self._relayed, self.prefix, keys, counted=counted, cluster=self._cluster
+        )
 
     def mark_failed(self, key: str, error: str, retry_at: datetime | None, *, counted: bool) -> int:
         """Record a failed send: tried again at ``retry_at``, or failed for good (``None``)."""
-        return outbox.mark_failed(self._relayed, self.prefix, key, error, retry_at, counted=counted)
+        return outbox.mark_failed(
+            self._relayed, self.prefix, key, error, retry_at, counted=counted, cluster=self._cluster
+        )
 
     def resend(self, keys: Sequence[str]) -> int:
         """Make failed messages pending and due now (``idempotency_relay --retry-failed``)."""
-        return outbox.resend(self._relayed, self.prefix, keys)
+        return outbox.resend(self._relayed, self.prefix, keys, self._cluster)
 
     def backlog(self) -> Backlog:
         """The outbox's pending and failed messages, and its oldest undelivered release."""
         with refused(self.refusal):
-            return outbox.backlog(self.client, self.prefix)
+            return outbox.backlog(self.client, self.prefix, self._cluster)
 
     def failed_messages(self) -> list[outbox.FailedMessage]:
         """The messages failed for good, oldest release first (``--failed``)."""
         with refused(self.refusal):
-            return outbox.failed(self.client, self.prefix)
+            return outbox.failed(self.client, self.prefix, self._cluster)
 
     def message_key(self, scope: str, key_hash: str, message_id: str) -> str:
         """The key of a message the record ``(scope, key_hash)`` released."""
