@@ -30,12 +30,12 @@ TOY = "toy://memory"
 @pytest.fixture
 def toy() -> Iterator[str]:
     """``toy://`` registered: the one line a new store costs."""
-    stores.STORES["toy"] = "tests.toy_store.ToyStore"
+    stores.STORES["toy://"] = "tests.toy_store.ToyStore"
     try:
         with override_settings(IDEMPOTENCY={"STORE": TOY}):
             yield TOY
     finally:
-        del stores.STORES["toy"]
+        del stores.STORES["toy://"]
         _store._BOUND.pop(TOY, None)
 
 
@@ -53,9 +53,14 @@ def test_each_form_of_a_store_s_name_finds_its_class() -> None:
         assert stores.kind_of("cache:r") is RedisStore
 
 
-def test_a_url_no_store_serves_is_refused_at_startup_and_unavailable_at_runtime() -> None:
+@pytest.mark.parametrize("url", [TOY, "database://default", "redis:/host/0"])
+def test_a_url_no_store_serves_is_refused_at_startup(url: str) -> None:
+    """A URL's form is its scheme with ``://``: ``database://`` is no URL of the database."""
     with pytest.raises(ValueError, match="is not 'database', an alias of CACHES or a URL"):
-        store_value(TOY, "STORE")
+        store_value(url, "STORE")
+
+
+def test_a_name_no_store_serves_is_unavailable_at_runtime() -> None:
     from django_idempotency._base.errors import StoreUnavailable
 
     with pytest.raises(StoreUnavailable, match="No store serves 'toy://memory'"):

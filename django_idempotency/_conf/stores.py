@@ -4,8 +4,9 @@ names a backend by its dotted path and kombu a transport by its alias.
 A store's name is ``STORE``'s value (or a view's ``store``, a command's ``--store``):
 ``"database"``, a URL, or a ``CACHES`` alias; the store layer knows it as the database's alias,
 the URL, or ``cache:<alias>`` (:func:`.values.store_alias`). Its *form* is ``"database"``, the
-URL's scheme, or the alias's ``BACKEND``, and :data:`STORES` maps each form to the dotted path
-of its store's class (a :class:`~.._store.contract.StoreContract`), imported when first asked.
+URL's scheme with its ``://`` (``redis://``: no URL takes the database's line), or the alias's
+``BACKEND``, and :data:`STORES` maps each form to the dotted path of its store's class (a
+:class:`~.._store.contract.StoreContract`), imported when first asked.
 A new store is its module and one line here: nothing else asks which kind a store is, and the
 settings' checks, ``using()`` and the commands ask the class (:class:`StoreKind`).
 """
@@ -26,8 +27,8 @@ STORES: dict[str, str] = {
     DATABASE: "django_idempotency._store.base.Store",
     **dict.fromkeys(
         (
-            *("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel"),
-            *("redis+cluster", "rediss+cluster"),
+            *("redis://", "rediss://", "unix://", "redis+sentinel://", "rediss+sentinel://"),
+            *("redis+cluster://", "rediss+cluster://"),
             *("django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache"),
         ),
         "django_idempotency._store.redis.RedisStore",
@@ -52,7 +53,7 @@ def form(name: str) -> str | None:
     """The form of a store's name as the store layer knows it (a database alias, a URL,
     ``cache:<alias>``); ``None``: a cache alias ``CACHES`` does not have."""
     if "://" in name:
-        return name.partition("://")[0]
+        return name.partition("://")[0] + "://"
     if name.startswith(CACHE_PREFIX):
         return backend(name.removeprefix(CACHE_PREFIX))
     return DATABASE
