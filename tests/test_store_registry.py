@@ -113,3 +113,11 @@ def test_the_check_of_store_refuses_a_scheme_no_store_serves() -> None:
     with override_settings(IDEMPOTENCY={"STORE": "nosuch://host"}):
         errors = [m for m in checks.run_checks() if m.id == check_name(60)]
     assert errors and "'nosuch://host' is not 'database'" in errors[0].msg
+
+
+def test_the_relay_says_a_cluster_it_cannot_reach_did_not_answer() -> None:
+    """The relay asks the store for its outbox first: a cluster's client that cannot be made
+    is the store down, said in a line, not a traceback."""
+    down = "redis+cluster://127.0.0.1:1"
+    with pytest.raises(CommandError, match=r"^The Redis store 'redis\+cluster://127.0.0.1:1' did"):
+        call_command("idempotency_relay", "--once", "--store", down, stdout=StringIO())

@@ -291,8 +291,11 @@ class RedisStore(StoreContract):
     # -- the outbox (:mod:`.outbox`): the relay's side -----------------------------------------
 
     def outbox_refusal(self) -> str | None:
-        """Why the store cannot serve the outbox (a cluster: :mod:`.outbox`), or ``None``."""
-        self.client  # noqa: B018 (made: its topology known)
+        """Why the store cannot serve the outbox (a cluster: :mod:`.outbox`), or ``None``; a
+        client that cannot be made (a cluster's nodes down) is the store unavailable, as any
+        call's fault is (the relay asks first: it says the store did not answer)."""
+        with refused(self.refusal):
+            self.client  # noqa: B018 (made: its topology known)
         return outbox.ON_CLUSTER if self._server.cluster else None
 
     def _relayed(self, name: str, keys: list[str], args: list[Any]) -> Any:
