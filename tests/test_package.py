@@ -407,6 +407,84 @@ def test_the_relay_and_the_operations_have_one_way_for_every_store() -> None:
         assert _kinds_named((PACKAGE / module).read_text()) == [], module
 
 
+#: What names Redis's kind of store: the question (``is_redis``), its class, its URLs' and
+#: cache backends' lists.
+_REDIS_KINDS = {"is_redis", "RedisStore", "REDIS_URLS", "REDIS_CACHES"}
+#: A string that names a Redis form: a scheme (``rediss+sentinel``, ``redis://``, ``unix://``)
+#: or a Redis cache backend.
+_REDIS_FORM = re.compile(r"^(rediss?(\+\w+)?(://)?|unix(://)?|[\w.]*RedisCache)$", re.IGNORECASE)
+
+
+def _redis_branches(source: str) -> list[str]:
+    """Where ``source`` asks whether a store is Redis's: a name of its kind, or a Redis form
+    compared with (``==``, ``in``, ``startswith``), each with its line."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        name = getattr(node, "id", None) or getattr(node, "attr", None)
+        if isinstance(node, (ast.Name, ast.Attribute)) and name in _REDIS_KINDS:
+            found.append(f"{node.lineno} {name}")
+        asks = isinstance(node, ast.Compare) or (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "endswith", "removeprefix", "partition")
+        )
+        if asks:
+            found += [
+                f"{node.lineno} {each.value!r}"
+                for each in ast.walk(node)
+                if isinstance(each, ast.Constant)
+                and isinstance(each.value, str)
+                and _REDIS_FORM.match(each.value)
+            ]
+    return found
+
+
+def test_the_redis_test_sees_a_branch_on_redis() -> None:
+    source = """
+if is_redis(alias): pass
+if value.startswith(("redis://", "rediss://")): pass
+if scheme == "redis+sentinel" or backend in REDIS_CACHES: pass
+store = _store.redis.RedisStore
+message = "a redis:// URL"
+if name.startswith("cache:"): pass
+"""
+    assert sorted(_redis_branches(source)) == [
+        "2 is_redis",
+        "3 'redis://'",
+        "3 'rediss://'",
+        "4 'redis+sentinel'",
+        "4 REDIS_CACHES",
+        "5 RedisStore",
+    ]  # the message (line 6) and the cache alias's prefix (line 7) ask nothing of Redis
+
+
+def test_only_the_redis_store_and_the_registry_ask_whether_a_store_is_redis() -> None:
+    """Which store serves a name is the registry's one mapping (:mod:`._conf.stores`): the
+    settings' test, ``using()``, the commands and the operation ids' names ask it, or the
+    store's class (``validate``, ``describe``, ``outbox_refusal``), never whether it is Redis.
+    A new store is its module and one line there."""
+    asked = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative.parts[:2] == ("_store", "redis") or relative == Path("_conf/stores.py"):
+            continue
+        asked += [f"{relative}:{each}" for each in _redis_branches(path.read_text())]
+    assert asked == []
+
+
+def test_the_registry_names_redis_on_one_line() -> None:
+    """The registry's Redis entry is one statement: each Redis form to one dotted path."""
+    from django_idempotency._conf import stores
+
+    source = (PACKAGE / "_conf" / "stores.py").read_text()
+    paths = {path for path in stores.STORES.values() if "redis" in path}
+    from django_idempotency._store.redis import RedisStore, names
+
+    assert paths == {names._STORE_CLASS}  # the Redis store's own modules know it by its path
+    assert stores.kind(stores.form("redis://host/0")) is RedisStore
+    assert source.count(names._STORE_CLASS) == 1
+
+
 #: The database drivers a vendor module may speak to below Django's cursor.
 _DRIVERS = {"psycopg", "psycopg2", "psycopg_pool", "MySQLdb", "pymysql", "sqlite3", "oracledb"}
 

@@ -20,13 +20,18 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from functools import cache
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from django.utils.module_loading import import_string
 
 from django_idempotency._base import durations
 from django_idempotency._base.keys import MAX_KEY_LENGTH, KeyFormat
 from django_idempotency._base.keys import key_format as _key_format
+from django_idempotency._conf import stores
+
+# Re-exported: where the rest of the package has always read them.
+from django_idempotency._conf.stores import CACHE_PREFIX as CACHE_PREFIX
+from django_idempotency._conf.stores import DATABASE as DATABASE
 
 #: ``(value, name) -> value as used``; raises ``TypeError`` or ``ValueError`` naming it.
 Test = Callable[[Any, str], Any]
@@ -373,26 +378,6 @@ def _strings(value: object, name: str, what: str, *, empty: bool = True) -> list
     return items
 
 
-#: ``STORE``'s value for the database (``DATABASE_ALIAS``), and the Redis cache backends a
-#: store may name.
-DATABASE = "database"
-REDIS_CACHES = ("django.core.cache.backends.redis.RedisCache", "django_redis.cache.RedisCache")
-REDIS_URLS = (
-    "redis://",
-    "rediss://",
-    "unix://",
-    "redis+sentinel://",
-    "rediss+sentinel://",
-    "redis+cluster://",
-    "rediss+cluster://",
-)
-#: The query options of a Sentinel URL that are the sentinels' own credentials (the URL's
-#: user and password are the master's).
-SENTINEL_CREDENTIALS = ("sentinel_username", "sentinel_password")
-#: The prefix of a Redis store's name made from a cache alias (a URL is its own name).
-CACHE_PREFIX = "cache:"
-
-
 @refusing(
     '``STORE`` is not ``"database"``, an alias of ``CACHES`` whose backend is Redis, or a '
     "``redis://`` (or ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``) URL",
@@ -400,137 +385,41 @@ CACHE_PREFIX = "cache:"
     "or give a redis:// URL (docs: 'Choosing the store').",
 )
 def store(value: Any, name: str) -> str:
-    """Where records live: the database, or Redis through a cache alias or a URL. One that can
-    never work (a cache that is not Redis) is refused before any view runs."""
-    from django.conf import settings
-
+    """Where records live: the database, or a store of the registry (:mod:`.stores`) named by
+    a cache alias or a URL, whose class judges the value (``validate``). One that can never
+    work (a cache no store serves) is refused before any view runs."""
     if not isinstance(value, str) or not value:
         raise TypeError(f"{name} must be 'database', a CACHES alias or a redis:// URL.")
     if value == DATABASE:
         return value
-    if importlib.util.find_spec("redis") is None:
-        raise ValueError(
-            f"{name} {display_name(value)!r} is a Redis store, but the redis package is not "
-            "installed: pip install 'django-idempotency[redis]'."
-        )
-    if value.startswith(REDIS_URLS):
-        if not value.startswith("unix://"):
-            redis_places(value, 6379)  # a port that is not a number: refused here, not per call
-        unambiguous(value)  # a password's "/" not percent-encoded: another host for redis-py
-        redis_options(value)  # an option redis-py cannot read (db=x): here too
-        _NAMED.add(value)
-        return value
-    caches = getattr(settings, "CACHES", {})
-    if value not in caches:
+    url = "://" in value
+    form = stores.form(value if url else CACHE_PREFIX + value)
+    kind = stores.kind(form)
+    if kind is None and (url or form is None):
         raise ValueError(
             f"{name} {display_name(value)!r} is not 'database', an alias of CACHES or a URL."
         )
-    backend = caches[value].get("BACKEND", "")
-    if backend not in REDIS_CACHES:
-        raise ValueError(f"{name}: CACHES[{value!r}] uses {backend!r}, which is not Redis.")
+    if kind is None:
+        raise ValueError(
+            f"{name}: CACHES[{value!r}] uses {form!r}, which is not Redis (no store serves it)."
+        )
+    kind.validate(value, name)
+    if url:
+        _NAMED.add(value)
     return value
 
 
-#: The Redis URLs ``STORE`` or an option named in this process (:func:`store`): a status
-#: endpoint finds an operation's store among them (a cache alias is found in ``CACHES``).
+#: The URLs ``STORE`` or an option named in this process (:func:`store`): a status endpoint
+#: finds an operation's store among them (a cache alias is found in ``CACHES``).
 _NAMED: set[str] = set()
 
 
 def named_stores() -> frozenset[str]:
-    """The Redis stores given as URLs so far (:data:`_NAMED`)."""
+    """The stores given as URLs so far (:data:`_NAMED`)."""
     return frozenset(_NAMED)
 
 
-def unambiguous(url: str) -> None:
-    """``ValueError`` when the standard parse of a Redis URL (``urllib.parse.urlsplit``'s, which
-    redis-py's ``from_url`` reads) does not find the server where the app's own parse
-    (:func:`_authority`, which the app shows and connects Sentinel and Cluster places by) does,
-    or when it has a fragment. A password's ``/``, ``?`` or ``#`` not percent-encoded ends the
-    authority early for the one and not for the other: ``redis://:S3cr@t/pw%#zz@host/0`` was
-    shown as ``redis://host/0`` while redis-py sent ``S3cr`` as AUTH to the host ``t``.
-    The message never shows the URL's user or password."""
-    scheme, _, rest = url.partition("://")
-    parts = urlsplit(url)
-    authority = _authority(rest)[0]
-    agreed = parts.netloc == authority and not parts.fragment and "#" not in url
-    if agreed and not scheme.endswith(("+sentinel", "+cluster")) and scheme != "unix":
-        from redis.connection import parse_url
-
-        try:
-            parsed = parse_url(url)  # type: ignore[no-untyped-call, unused-ignore]
-        except ValueError:
-            agreed = False
-        else:
-            host, _, port = authority.rpartition("@")[2].rpartition(":")
-            if not _ or not port.isdigit():
-                host, port = authority.rpartition("@")[2], ""
-            shown = unquote(host).strip("[]").lower()
-            agreed = (parsed.get("host") or "").lower() == shown and (
-                not port or parsed.get("port") == int(port)
-            )
-    if not agreed:
-        raise ValueError(
-            f"{display_name(url)!r} is read as another server by the standard URL parse "
-            "(redis-py's) than the app's: percent-encode the password's @ / ? # and % "
-            "(urllib.parse.quote(password, safe='')); a Redis URL has no fragment (#)."
-        )
-
-
-def redis_places(url: str, port: int) -> list[tuple[str, int]]:
-    """The ``host:port`` places of a Redis URL's netloc (comma-separated for Sentinel and
-    Cluster), ``port`` where one has none; ``ValueError`` for a port that is not a number."""
-    from urllib.parse import urlsplit
-
-    places = []
-    for place in urlsplit(url).netloc.rpartition("@")[2].split(","):
-        host, colon, number = place.rpartition(":")
-        if not colon:
-            host, number = number, ""
-        if number and not number.isdigit():
-            # The port is not echoed: it may be a piece of a password whose "/" or "@" was
-            # not percent-encoded.
-            raise ValueError(
-                f"{display_name(url)!r}: a port is not a number (percent-encode a password's "
-                '"/", "?", "#" and "@").'
-            )
-        places.append((host or "127.0.0.1", int(number or port)))
-    return places
-
-
-def redis_options(url: str) -> dict[str, Any]:
-    """The connection options of a Redis URL besides its places, as redis-py reads a single
-    server's URL: its user and password (percent-decoded), TLS (``ssl``) for a ``rediss``
-    scheme, and its query's options (``?ssl_ca_certs=...&ssl_cert_reqs=required``). A
-    Sentinel's or a Cluster's URL names many places, which redis-py cannot read: its
-    credentials and TLS were dropped, and every call was refused. ``ValueError``
-    for an option redis-py cannot read, in words without the URL's secrets."""
-    from redis.connection import parse_url
-
-    scheme, _, rest = url.partition("://")
-    if scheme == "unix":
-        return {}
-    authority, _, tail = _authority(rest)
-    user, at, _ = authority.rpartition("@")
-    query = tail.partition("?")[2].partition("#")[0]
-    single = f"{'rediss' if scheme.startswith('rediss') else 'redis'}://{user}{at}place/"
-    try:
-        options: dict[str, Any] = parse_url(  # type: ignore[no-untyped-call, unused-ignore]
-            single + (f"?{query}" if query else "")
-        )
-    except ValueError as exc:
-        raise ValueError(f"{display_name(url)!r}: {exc}") from None
-    for place in ("host", "port", "path", "connection_class"):
-        options.pop(place, None)
-    if scheme.startswith("rediss"):
-        options["ssl"] = True
-    if not scheme.endswith("+sentinel"):
-        for name in SENTINEL_CREDENTIALS:
-            if name in options:
-                raise ValueError(f"{display_name(url)!r}: {name} is for a Sentinel URL.")
-    return options
-
-
-def _authority(rest: str) -> tuple[str, str, str]:
+def url_authority(rest: str) -> tuple[str, str, str]:
     """A URL's authority (after ``scheme://``), and the rest (path, query): the authority runs
     to the last ``@`` of the URL, then to its first ``/`` or ``?`` (a password's ``/`` not
     percent-encoded stays in the authority, never in a shown path)."""
@@ -552,7 +441,7 @@ def display_name(store: str) -> str:
     scheme, sep, rest = store.partition("://")
     if not sep:  # an alias; or a URL mistyped ("redis:/:secret@host"): cut through its "@"
         return store.rpartition("@")[2]
-    authority, _, tail = _authority(rest)
+    authority, _, tail = url_authority(rest)
     place = authority.rpartition("@")[2]
     path, question, query = tail.partition("#")[0].partition("?")
     shown = "&".join(
@@ -571,13 +460,7 @@ def shown_store(value: str) -> str:
 
 def store_alias(value: str, database_alias: str) -> str:
     """The name the store layer knows a store by: the database alias, ``cache:<alias>`` or
-    the URL (:func:`is_redis`)."""
+    the URL (its form is the registry's key: :func:`.stores.form`)."""
     if value == DATABASE:
         return database_alias
     return value if "://" in value else CACHE_PREFIX + value
-
-
-def is_redis(name: str) -> bool:
-    """Whether a name the store layer knows a store by (:func:`store_alias`) is a Redis
-    store's: ``cache:<alias>`` and a URL have a colon, a database alias none."""
-    return ":" in name

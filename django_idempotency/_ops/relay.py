@@ -223,6 +223,11 @@ def backlog(alias: str) -> dict[str, Any]:
     }
 
 
+def refusal(alias: str) -> str | None:
+    """Why the store of ``alias`` has no outbox to relay (``None``: it has one)."""
+    return using(alias).outbox_refusal()
+
+
 def failed(alias: str) -> list[Any]:
     """The messages failed for good, oldest release first (``idempotency_relay --failed``)."""
     return using(alias).failed_messages()

@@ -15,7 +15,9 @@ and one line in :data:`VENDORS`; the hot statements (the claim, the fenced write
 read) go below the drivers' cursors where nothing else would see them (:mod:`.libpq`,
 :mod:`.mysqlclient`). :func:`using` gives the store of a database alias (:func:`served`
 asks it what its database can do; :func:`database_store` where only a database's will do);
-the engine, the lock renewer and the operators' actions call nothing else.
+the engine, the lock renewer and the operators' actions call nothing else. Which class
+serves an alias is the store registry's (:mod:`.._conf.stores`): another kind of store is its
+module and one line there.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from __future__ import annotations
 from django.db import connections
 
 from django_idempotency._base.errors import StoreUnavailable
-from django_idempotency._conf.settings import conf
-from django_idempotency._conf.values import display_name, is_redis
+from django_idempotency._conf import stores
+from django_idempotency._conf.values import display_name
 from django_idempotency._store.base import Store
 from django_idempotency._store.bound import unsupported
 from django_idempotency._store.claims import ClaimOutcome, Lock
@@ -49,9 +51,11 @@ __all__ = [
     "database_store",
     "served",
     "using",
+    "vendor_store",
 ]
 
-#: The store of each supported ``connection.vendor`` (check E030 refuses any other).
+#: The store of each supported ``connection.vendor`` (check E030 refuses any other): the
+#: database's line of the registry (:mod:`.._conf.stores`) opens the vendor's store.
 VENDORS: dict[str, type[Store]] = {
     store.vendor: store for store in (PostgreSQLStore, MySQLStore, SQLiteStore)
 }
@@ -60,29 +64,30 @@ _BOUND: dict[str, StoreContract] = {}
 
 
 def using(alias: str) -> StoreContract:
-    """The store of the database ``alias``, made once per alias and shared by every thread
-    (it keeps no connection); an unsupported database is unavailable (a ``503``). A name with
-    a colon is a Redis store's (:mod:`.redis`: ``cache:<alias>`` or a URL). Either is a
-    :class:`~.contract.StoreContract`, and the callers ask nothing else of it."""
+    """The store of ``alias``, made once per alias and shared by every thread (it keeps no
+    connection): the class the registry names for its form (:mod:`.._conf.stores`: a database
+    alias, ``cache:<alias>`` or a URL) opens it; a name no store serves, or an unsupported
+    database, is unavailable (a ``503``). Each is a :class:`~.contract.StoreContract`, and the
+    callers ask nothing else of it."""
     try:
         return _BOUND[alias]
     except KeyError:
         pass
-    if is_redis(alias):  # a cache alias's, or a URL
-        from django_idempotency._store.redis import RedisStore
+    kind = stores.kind_of(alias)
+    if kind is None:
+        raise StoreUnavailable(f"No store serves {display_name(alias)!r} (docs: 'STORE').")
+    # Two threads may both make one; either serves, and the dictionary keeps the first.
+    return _BOUND.setdefault(alias, kind.open(alias))
 
-        # A database error of the project's code (the scope function reading the user) is
-        # the app's database's store's to judge.
-        def judge(exc: BaseException) -> bool:
-            return using(conf.DATABASE_ALIAS).is_transient(exc)
 
-        return _BOUND.setdefault(alias, RedisStore(alias, judge))
+def vendor_store(alias: str) -> Store:
+    """A new store of the database ``alias``: its vendor's (:data:`VENDORS`); an unsupported
+    database is unavailable (a ``503``)."""
     connection = connections[alias]
     vendor = VENDORS.get(connection.vendor)
     if vendor is None:
         raise unsupported(connection)
-    # Two threads may both make one; either serves, and the dictionary keeps the first.
-    return _BOUND.setdefault(alias, vendor(alias))
+    return vendor(alias)
 
 
 def bound_aliases() -> list[str]:

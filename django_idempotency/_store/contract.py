@@ -12,7 +12,7 @@ have: the database's stores (:class:`.base.Store`) and the Redis store
 A claim's ``pk`` is a :data:`ClaimHandle`: the store's own handle on the claim's record, which
 callers keep and hand back, never read; a final write (the result, the unlock, the release)
 spends it, whatever its outcome. The values that cross the contract (:class:`Lock`,
-:class:`StoredResponse`, :class:`Batch`) are defined here, beside it.
+:class:`StoredResponse`, :class:`Batch`, :class:`Backlog`) are defined here, beside it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from django.db import DatabaseError, NotSupportedError
 
 from django_idempotency._base import rules
 from django_idempotency._base.errors import LockWaitTimeout, StoreUnavailable
+from django_idempotency._conf.values import shown_store
 from django_idempotency._store import sealing
 
 if TYPE_CHECKING:
@@ -126,6 +127,15 @@ class Batch:
     last_expires_at: datetime | None
 
 
+class Backlog(NamedTuple):
+    """What is left to deliver: pending messages, failed ones, the oldest undelivered one's
+    release time (``None``: none)."""
+
+    pending: int
+    failed: int
+    oldest: datetime | None
+
+
 @dataclass(frozen=True)
 class StoredResponse:
     """A final result as the record keeps it: a view's response, or a function's result.
@@ -210,6 +220,25 @@ class StoreContract:
     features = StoreFeatures()
     #: The alias the store was made for (:func:`django_idempotency._store.using`).
     alias: str
+
+    # -- what the registry asks of the class (:mod:`.._conf.stores`) ---------------------------
+
+    @classmethod
+    def open(cls, alias: str) -> StoreContract:
+        """The store of ``alias``, made once per alias by :func:`django_idempotency._store.using`
+        (a store that needs more than its alias says so here)."""
+        return cls(alias)  # type: ignore[call-arg]
+
+    @classmethod
+    def validate(cls, value: str, name: str) -> None:
+        """``ValueError`` (or ``TypeError``) for a value naming this store (``STORE``, a view's
+        ``store``) that can never work, in words without its secrets: refused at startup (E060),
+        not at the first request. The registry already matched its form."""
+
+    @classmethod
+    def describe(cls, alias: str) -> str:
+        """How commands name the store of ``alias``: its kind and its name without secrets."""
+        return f"{cls.name} store {shown_store(alias)!r}"
 
     # -- the core ------------------------------------------------------------------------------
 
@@ -505,8 +534,10 @@ class StoreContract:
     # their :attr:`~.outbox.Taken.key`.
 
     def outbox_refusal(self) -> str | None:
-        """Why the store cannot serve the outbox (``None``: it can)."""
-        return None
+        """Why the store cannot serve the outbox (``None``: it can): a store that has none
+        says so (``enqueue`` refused before the claim, the relay refused), and one that keeps
+        an outbox returns ``None``."""
+        return f"the {self.name} store has no outbox"
 
     def connect_thread(self, seconds: float) -> None:
         """Make the calling thread's connection if it has none, each attempt bounded by
@@ -515,8 +546,8 @@ class StoreContract:
 
     def backlog(self) -> Any:
         """The outbox's pending and failed messages, and its oldest undelivered release
-        (:class:`.outbox.Backlog`)."""
-        raise _missing("backlog")
+        (:class:`Backlog`): none, where the store has no outbox (the stats)."""
+        return Backlog(0, 0, None)
 
     def failed_messages(self) -> list[Any]:
         """The outbox's messages failed for good, oldest release first."""

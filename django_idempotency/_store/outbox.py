@@ -33,6 +33,7 @@ from django.utils import timezone
 from django_idempotency._base.durations import MICROSECOND
 from django_idempotency._store import connecting
 from django_idempotency._store.bound import BoundStore
+from django_idempotency._store.contract import Backlog as Backlog  # where the stores read it
 from django_idempotency._store.rows import aware, count_rows
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 
@@ -315,15 +316,6 @@ def resend(connection: BaseDatabaseWrapper, ids: Sequence[int]) -> int:
     )
 
 
-class Backlog(NamedTuple):
-    """What is left to deliver: pending messages, failed ones, the oldest undelivered one's
-    release time (``None``: none)."""
-
-    pending: int
-    failed: int
-    oldest: datetime | None
-
-
 def backlog(connection: BaseDatabaseWrapper) -> Backlog:
     """The backlog, read by the index on ``(state, available_at)``: the states are named, as
     the index can seek them (``state <> 'sent'`` read every sent message, each pass)."""
@@ -389,6 +381,9 @@ def listening(store: BoundStore, connection: BaseDatabaseWrapper) -> Callable[[f
 class TableOutbox(BoundStore):
     """The outbox as the store contract offers it (:class:`~.contract.StoreContract`), on the
     table's statements above, each on the thread's connection to the store's alias."""
+
+    def outbox_refusal(self) -> str | None:
+        return None
 
     def connect_thread(self, seconds: float) -> None:
         """A connection to make (the first, or one discarded after a fault) is raced as the

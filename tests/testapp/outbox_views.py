@@ -51,9 +51,9 @@ def _order(request: HttpRequest) -> HttpResponse:
 
 def _steal(claim: Claim) -> None:
     """Give the claim's record another lock token, as a takeover would: its owner is fenced."""
-    from django_idempotency._conf.values import is_redis
+    from django_idempotency._conf import stores
 
-    if not is_redis(claim.alias):
+    if stores.form(claim.alias) == stores.DATABASE:
         IdempotencyKey.objects.filter(pk=claim.pk).update(lock_token=uuid.uuid4())
         return
     from django_idempotency._store import using

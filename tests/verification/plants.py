@@ -116,7 +116,7 @@ def _release_on_failure() -> None:
     from django.db import connections, transaction
 
     from django_idempotency._call import outbox, writing
-    from django_idempotency._conf.values import is_redis
+    from django_idempotency._conf import stores as kinds
     from django_idempotency._store import outbox as store
     from django_idempotency._store import using
 
@@ -125,7 +125,7 @@ def _release_on_failure() -> None:
     def release(attempt: Any, *, reason: str, raised: bool, undo: bool = False) -> None:
         claim, alias = attempt.claim, attempt.policy.alias
         messages = None if claim is None or claim.outbox is None else outbox.release(claim)
-        if messages is not None and is_redis(alias):
+        if messages is not None and kinds.form(alias) != kinds.DATABASE:
             # The Redis store releases messages only with a fenced write: its recovery point
             # written again (its record deleted just after) releases them.
             using(alias).save_recovery_point(claim.pk, claim.token_text, claim.recovery_point,

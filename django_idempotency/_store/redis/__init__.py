@@ -2,6 +2,8 @@
 endpoints that trade durability and a shared transaction for latency (docs: 'Choosing the
 store'). Its modules, each one concern, from the bottom up:
 
+- :mod:`.urls`: a Redis URL read as redis-py reads it (its places, its options), and the
+  refusal of one it would read as another server (``STORE``'s check, E060);
 - :mod:`.keyspace`: the prefix of the store's keys, a record's key and its scope's index;
 - :mod:`.names`: an operation's name, made and parsed (the database store's operations read it);
 - :mod:`.clients`: the redis-py client of a store name by topology (a cache alias's, one
@@ -27,7 +29,9 @@ store'). Its modules, each one concern, from the bottom up:
   point, the unlock, the release, the renewal) and the indexes they move;
 - :mod:`.kept_operations`: the operations the store keeps: ids handed out, read, listed,
   completed and their progress set, fenced by their ``202``;
-- :mod:`.store`: :class:`RedisStore`, the interface the core calls, composing the rest.
+- :mod:`.store`: :class:`RedisStore`, the interface the core calls, composing the rest, and
+  what the store registry (:mod:`.._conf.stores`) asks of its class: open a store, judge a
+  ``STORE`` value, name it for the commands.
 
 Each imports, of these, only the ones above it in the list (and of ``_store`` and the layers
 below what any store module may)."""

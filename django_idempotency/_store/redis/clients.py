@@ -8,13 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from django_idempotency._base.errors import StoreUnavailable
-from django_idempotency._conf.values import (
-    CACHE_PREFIX,
-    SENTINEL_CREDENTIALS,
-    display_name,
-    redis_options,
-    redis_places,
-)
+from django_idempotency._conf.values import CACHE_PREFIX, display_name
+from django_idempotency._store.redis.urls import SENTINEL_CREDENTIALS, redis_options, redis_places
 
 #: The socket timeout given to a client made from a URL (seconds).
 SOCKET_TIMEOUT = 5.0

@@ -44,32 +44,26 @@ def parse(operation_id: str) -> tuple[str, str] | None:
     return store, oid
 
 
+#: The registry's path of this package's store class (:data:`.._conf.stores.STORES`).
+_STORE_CLASS = "django_idempotency._store.redis.RedisStore"
+
+
 def resolve(store: str) -> str | None:
     """The alias of the Redis store whose :func:`tag` is ``store``, among those this process
     knows: ``STORE``, every Redis alias of ``CACHES``, every store a view or function named
     (:func:`.._conf.values.named_stores`) and every store in use."""
     from django.conf import settings
 
+    from django_idempotency._conf import stores
     from django_idempotency._conf.settings import conf
-    from django_idempotency._conf.values import (
-        CACHE_PREFIX,
-        REDIS_CACHES,
-        is_redis,
-        named_stores,
-        store_alias,
-    )
+    from django_idempotency._conf.values import named_stores, store_alias
     from django_idempotency._store import bound_aliases
 
     known = {store_alias(conf.STORE, conf.DATABASE_ALIAS), *bound_aliases(), *named_stores()}
-    for alias, cache in getattr(settings, "CACHES", {}).items():
-        if cache.get("BACKEND") in REDIS_CACHES:
-            known.add(CACHE_PREFIX + alias)
+    known |= {stores.CACHE_PREFIX + alias for alias in getattr(settings, "CACHES", {})}
+    known = {each for each in known if stores.path_of(each) == _STORE_CLASS}
     secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", ())]
     return next(
-        (
-            each
-            for each in known
-            if is_redis(each) and any(tag(each, secret) == store for secret in secrets)
-        ),
+        (each for each in known if any(tag(each, secret) == store for secret in secrets)),
         None,
     )

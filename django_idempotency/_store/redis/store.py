@@ -17,19 +17,20 @@ scans (:mod:`.scans`) and the outbox's relay side (:mod:`.outbox`).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django_idempotency._conf.values import display_name
 from django_idempotency._store.contract import (
+    Backlog,
     ClaimHandle,
     Lock,
     StoreContract,
     StoredResponse,
     StoreFeatures,
 )
-from django_idempotency._store.outbox import Backlog
 from django_idempotency._store.redis import faults, outbox, scans
 from django_idempotency._store.redis.claiming import Claims
 from django_idempotency._store.redis.faults import RedisFault, refused
@@ -38,6 +39,7 @@ from django_idempotency._store.redis.handles import Handles
 from django_idempotency._store.redis.kept_operations import KeptOperations
 from django_idempotency._store.redis.keyspace import record_key
 from django_idempotency._store.redis.server import Server
+from django_idempotency._store.redis.urls import redis_options, redis_places, unambiguous
 from django_idempotency.models import IdempotencyKey
 
 
@@ -52,6 +54,36 @@ class RedisStore(StoreContract):
     #: (:func:`django_idempotency._call.heartbeat.renewal_bound`), as on a database server. No
     #: transaction is shared with the view's database, and no atomic mode.
     features = StoreFeatures(rides_out_faults=True)
+
+    @classmethod
+    def open(cls, alias: str) -> RedisStore:
+        """The store of a cache alias's (``cache:<alias>``) or a URL's Redis."""
+        from django_idempotency._conf.settings import conf
+        from django_idempotency._store import using
+
+        # A database error of the project's code (the scope function reading the user) is
+        # the app's database's store's to judge.
+        def judge(exc: BaseException) -> bool:
+            return using(conf.DATABASE_ALIAS).is_transient(exc)
+
+        return cls(alias, judge)
+
+    @classmethod
+    def validate(cls, value: str, name: str) -> None:
+        """Refuse a Redis store without the redis package, and a URL whose port is not a
+        number, whose password's ``/`` reads as another host to redis-py, or with an option
+        redis-py cannot read (``db=x``): at startup, not per call."""
+        if importlib.util.find_spec("redis") is None:
+            raise ValueError(
+                f"{name} {display_name(value)!r} is a Redis store, but the redis package is not "
+                "installed: pip install 'django-idempotency[redis]'."
+            )
+        if "://" not in value:
+            return  # a CACHES alias: its backend is Redis's (the registry matched it)
+        if not value.startswith("unix://"):
+            redis_places(value, 6379)
+        unambiguous(value)
+        redis_options(value)
 
     def __init__(self, alias: str, judge: Callable[[BaseException], bool]) -> None:
         self.alias = alias
@@ -275,6 +307,14 @@ class RedisStore(StoreContract):
         return self._operations.set_progress(operation, name, data)
 
     # -- the outbox (:mod:`.outbox`): the relay's side -----------------------------------------
+
+    def outbox_refusal(self) -> str | None:
+        """``None``: the store serves the outbox, on every topology. A client that cannot be
+        made (a cluster's nodes down) is the store unavailable, as any call's fault is (the
+        relay asks first: it says the store did not answer)."""
+        with refused(self.refusal):
+            self.client  # noqa: B018 (made: its topology known)
+        return None
 
     def _relayed(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return self._server.run(name, keys, args, None)

@@ -9,8 +9,9 @@ from django.core.management import CommandError
 from django.db import DatabaseError
 
 from django_idempotency._base.errors import StoreUnavailable
+from django_idempotency._conf import stores
 from django_idempotency._conf.settings import conf, usable
-from django_idempotency._conf.values import is_redis, shown_store
+from django_idempotency._conf.values import shown_store
 from django_idempotency._ops import relay
 from django_idempotency._ops.relay import Relay
 from django_idempotency.management import _arguments, store_of
@@ -92,6 +93,8 @@ class Command(_arguments.Command):
         if store is None and database is None:
             self._left_behind(alias)
         try:
+            if why := relay.refusal(alias):  # a store without one (or a cluster): said, at once
+                raise CommandError(f"The {_where(alias)} has no outbox to relay: {why}.")
             self._relay(alias, once, batch_size, interval, verbosity, failed, retry_failed, dry_run)
         except (DatabaseError, StoreUnavailable) as exc:  # a store down: said, not a traceback
             where = _where(alias)
@@ -99,10 +102,11 @@ class Command(_arguments.Command):
             raise CommandError(f"The {where} did not answer: {said}".strip()) from exc
 
     def _left_behind(self, alias: str) -> None:
-        """Say it when the relay follows a Redis ``STORE`` while the database's outbox holds
-        messages: the views on ``store="database"`` stage there (the only outbox a Redis
-        ``STORE`` had until this release), and a relay started as before leaves them unsent."""
-        if not is_redis(alias):
+        """Say it when the relay follows a ``STORE`` other than the database (Redis) while
+        the database's outbox holds messages: the views on ``store="database"`` stage there
+        (the only outbox a Redis ``STORE`` had before this release), and a relay started as before
+        leaves them unsent."""
+        if alias == conf.DATABASE_ALIAS:
             return
         try:
             left = relay.backlog(conf.DATABASE_ALIAS)
@@ -155,7 +159,7 @@ class Command(_arguments.Command):
 
 
 def _where(alias: str) -> str:
-    """``database 'default'`` or ``Redis store 'redis://host:6379/0'`` (no password)."""
-    if is_redis(alias):
-        return f"Redis store {shown_store(alias)!r}"
-    return f"database {alias!r}"
+    """``database 'default'`` or ``Redis store 'redis://host:6379/0'`` (no password): as the
+    store's class describes it (the registry's, :mod:`.._conf.stores`)."""
+    kind = stores.kind_of(alias)
+    return shown_store(alias) if kind is None else kind.describe(alias)

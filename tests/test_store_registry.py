@@ -1,0 +1,123 @@
+"""The store registry (:mod:`django_idempotency._conf.stores`): a store is its module and one
+line. The toy store of ``tests/toy_store.py`` (the contract and nothing more), registered by one
+line for the ``toy://`` scheme, serves ``STORE`` end to end: a keyed request and its replay,
+the settings' validation, and the operators' commands, which run or refuse it in words."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.http import HttpRequest, JsonResponse
+from django.test import RequestFactory, override_settings
+
+from django_idempotency import _store, idempotent
+from django_idempotency._conf import stores
+from django_idempotency._conf.settings import check_name
+from django_idempotency._conf.values import store as store_value
+from django_idempotency._store import using
+from tests.toy_store import ToyStore
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOY = "toy://memory"
+
+
+@pytest.fixture
+def toy() -> Iterator[str]:
+    """``toy://`` registered: the one line a new store costs."""
+    stores.STORES["toy://"] = "tests.toy_store.ToyStore"
+    try:
+        with override_settings(IDEMPOTENCY={"STORE": TOY}):
+            yield TOY
+    finally:
+        del stores.STORES["toy://"]
+        _store._BOUND.pop(TOY, None)
+
+
+def test_each_form_of_a_store_s_name_finds_its_class() -> None:
+    from django_idempotency._store.base import Store
+    from django_idempotency._store.redis import RedisStore
+
+    assert stores.kind_of("default") is Store
+    for url in ("redis://h/0", "rediss://h/0", "unix:///s", "redis+sentinel://h/m"):
+        assert stores.kind_of(url) is RedisStore
+    assert stores.kind_of("rediss+cluster://h:1,h:2") is RedisStore
+    assert stores.kind_of("toy://memory") is None  # not registered
+    assert stores.form("cache:missing") is None
+    with override_settings(CACHES={"r": {"BACKEND": "django_redis.cache.RedisCache"}}):
+        assert stores.kind_of("cache:r") is RedisStore
+
+
+@pytest.mark.parametrize("url", [TOY, "database://default", "redis:/host/0"])
+def test_a_url_no_store_serves_is_refused_at_startup(url: str) -> None:
+    """A URL's form is its scheme with ``://``: ``database://`` is no URL of the database."""
+    with pytest.raises(ValueError, match="is not 'database', an alias of CACHES or a URL"):
+        store_value(url, "STORE")
+
+
+def test_a_name_no_store_serves_is_unavailable_at_runtime() -> None:
+    from django_idempotency._base.errors import StoreUnavailable
+
+    with pytest.raises(StoreUnavailable, match="No store serves 'toy://memory'"):
+        using(TOY)
+
+
+def test_a_registered_store_serves_a_keyed_request_and_its_replay(toy: str) -> None:
+    assert store_value(toy, "STORE") == toy  # the settings' test asks the registry
+    assert isinstance(using(toy), ToyStore)
+    runs = []
+
+    @idempotent
+    def view(request: HttpRequest) -> JsonResponse:
+        runs.append(1)
+        return JsonResponse({"order": len(runs)}, status=201)
+
+    factory = RequestFactory()
+    first = view(factory.post("/o/", b"{}", "application/json", headers={"Idempotency-Key": "t1"}))
+    again = view(factory.post("/o/", b"{}", "application/json", headers={"Idempotency-Key": "t1"}))
+    other = view(factory.post("/o/", b"{}", "application/json", headers={"Idempotency-Key": "t2"}))
+    assert (first.status_code, again.status_code, other.status_code) == (201, 201, 201)
+    assert json.loads(again.content) == {"order": 1} and again["Idempotent-Replayed"] == "true"
+    assert json.loads(other.content) == {"order": 2} and len(runs) == 2
+    assert using(toy).count() == 2  # in the toy's memory, not the table
+    from django_idempotency.models import IdempotencyKey
+
+    assert not IdempotencyKey.objects.exists()
+
+
+def test_the_relay_refuses_a_store_without_an_outbox_by_its_own_name(toy: str) -> None:
+    with pytest.raises(CommandError) as refused:
+        call_command("idempotency_relay", "--once", stdout=StringIO(), stderr=StringIO())
+    assert str(refused.value) == (
+        "The Toy store 'toy://memory' has no outbox to relay: the Toy store has no outbox."
+    )
+
+
+def test_stats_count_a_registered_store(toy: str) -> None:
+    using(toy)  # made, as a view's first request makes it
+    out = StringIO()
+    call_command("idempotency_stats", "--json", stdout=out)
+    figures: dict[str, Any] = json.loads(out.getvalue())
+    census = figures["redis_stores"][TOY]
+    assert (census["total"], census["outbox_pending"], census["error"]) == (0, 0, None)
+
+
+def test_the_check_of_store_refuses_a_scheme_no_store_serves() -> None:
+    from django.core import checks
+
+    with override_settings(IDEMPOTENCY={"STORE": "nosuch://host"}):
+        errors = [m for m in checks.run_checks() if m.id == check_name(60)]
+    assert errors and "'nosuch://host' is not 'database'" in errors[0].msg
+
+
+def test_the_relay_says_a_cluster_it_cannot_reach_did_not_answer() -> None:
+    """The relay asks the store for its outbox first: a cluster's client that cannot be made
+    is the store down, said in a line, not a traceback."""
+    down = "redis+cluster://127.0.0.1:1"
+    with pytest.raises(CommandError, match=r"^The Redis store 'redis\+cluster://127.0.0.1:1' did"):
+        call_command("idempotency_relay", "--once", "--store", down, stdout=StringIO())
