@@ -209,9 +209,9 @@ def test_only_the_vendor_modules_ask_which_database_they_are_on() -> None:
     """A new database is its vendor module and one line in ``VENDORS``: what the code every
     vendor shares needs of a database is a flag or a method of the store (as Django's
     ``BaseDatabaseFeatures``), never a branch on ``connection.vendor``. The registry picks a
-    store by vendor, and a store refuses a connection of another (``_store/__init__.py``,
+    store by vendor, and a store refuses a connection of another (``_store/vendors.py``,
     ``_store/bound.py``); a migration keeps the test it was written with."""
-    assert _outside_the_vendor_modules(_vendor_branches, "__init__.py", "bound.py") == []
+    assert _outside_the_vendor_modules(_vendor_branches, "vendors.py", "bound.py") == []
 
 
 def _outside_the_vendor_modules(find: Callable[[str], list[int]], *also: str) -> list[str]:

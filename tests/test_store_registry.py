@@ -40,10 +40,10 @@ def toy() -> Iterator[str]:
 
 
 def test_each_form_of_a_store_s_name_finds_its_class() -> None:
-    from django_idempotency._store.base import Store
     from django_idempotency._store.redis import RedisStore
+    from django_idempotency._store.vendors import Databases
 
-    assert stores.kind_of("default") is Store
+    assert stores.kind_of("default") is Databases
     for url in ("redis://h/0", "rediss://h/0", "unix:///s", "redis+sentinel://h/m"):
         assert stores.kind_of(url) is RedisStore
     assert stores.kind_of("rediss+cluster://h:1,h:2") is RedisStore

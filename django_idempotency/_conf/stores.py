@@ -24,7 +24,7 @@ CACHE_PREFIX = "cache:"
 
 #: The store class of each form of a store's name (see the module's docstring).
 STORES: dict[str, str] = {
-    DATABASE: "django_idempotency._store.base.Store",
+    DATABASE: "django_idempotency._store.vendors.Databases",
     **dict.fromkeys(
         (
             *("redis://", "rediss://", "unix://", "redis+sentinel://", "rediss+sentinel://"),

@@ -11,8 +11,8 @@ operators' actions, the testing helpers) and :class:`~.contract.StoreFeatures` w
 statements, and what its database can do (the store's flags and methods, as Django's
 ``BaseDatabaseFeatures``: nothing else asks ``connection.vendor``), live in a module of their
 own (:mod:`.postgresql`, :mod:`.mysql`, :mod:`.sqlite`), so another database is one more module
-and one line in :data:`VENDORS`; the hot statements (the claim, the fenced writes, atomic mode's
-read) go below the drivers' cursors where nothing else would see them (:mod:`.libpq`,
+and one line in :data:`.vendors.VENDORS`; the hot statements (the claim, the fenced writes,
+atomic mode's read) go below the drivers' cursors where nothing else would see them (:mod:`.libpq`,
 :mod:`.mysqlclient`). :func:`using` gives the store of a database alias (:func:`served`
 asks it what its database can do; :func:`database_store` where only a database's will do);
 the engine, the lock renewer and the operators' actions call nothing else. Which class
@@ -22,19 +22,14 @@ module and one line there.
 
 from __future__ import annotations
 
-from django.db import connections
-
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._conf import stores
 from django_idempotency._conf.values import display_name
 from django_idempotency._store.base import Store
-from django_idempotency._store.bound import unsupported
 from django_idempotency._store.claims import ClaimOutcome, Lock
 from django_idempotency._store.contract import ClaimHandle, StoreContract, StoreFeatures
 from django_idempotency._store.maintenance import Batch
-from django_idempotency._store.mysql import MySQLStore
-from django_idempotency._store.postgresql import PostgreSQLStore
-from django_idempotency._store.sqlite import SQLiteStore
+from django_idempotency._store.vendors import VENDORS, vendor_store
 from django_idempotency._store.writes import StoredResponse
 
 __all__ = [
@@ -54,12 +49,6 @@ __all__ = [
     "vendor_store",
 ]
 
-#: The store of each supported ``connection.vendor`` (check E030 refuses any other): the
-#: database's line of the registry (:mod:`.._conf.stores`) opens the vendor's store.
-VENDORS: dict[str, type[Store]] = {
-    store.vendor: store for store in (PostgreSQLStore, MySQLStore, SQLiteStore)
-}
-
 _BOUND: dict[str, StoreContract] = {}
 
 
@@ -78,16 +67,6 @@ def using(alias: str) -> StoreContract:
         raise StoreUnavailable(f"No store serves {display_name(alias)!r} (docs: 'STORE').")
     # Two threads may both make one; either serves, and the dictionary keeps the first.
     return _BOUND.setdefault(alias, kind.open(alias))
-
-
-def vendor_store(alias: str) -> Store:
-    """A new store of the database ``alias``: its vendor's (:data:`VENDORS`); an unsupported
-    database is unavailable (a ``503``)."""
-    connection = connections[alias]
-    vendor = VENDORS.get(connection.vendor)
-    if vendor is None:
-        raise unsupported(connection)
-    return vendor(alias)
 
 
 def bound_aliases() -> list[str]:

@@ -12,7 +12,6 @@ out. Everything else is written once, by concern, from the rules in
 from __future__ import annotations
 
 from django_idempotency._store.claims import Claims
-from django_idempotency._store.contract import StoreContract
 from django_idempotency._store.maintenance import Maintenance
 from django_idempotency._store.outbox import TableOutbox
 from django_idempotency._store.table_operations import TableOperations
@@ -23,14 +22,6 @@ class Store(Claims, FencedWrites, Maintenance, TableOperations, TableOutbox):
     """Every statement the app runs against its table, each one atomic on its own, on one
     database alias (:func:`django_idempotency._store.using`). Writes after the claim are
     fenced by its ``lock_token``."""
-
-    @classmethod
-    def open(cls, alias: str) -> StoreContract:
-        """The store of the database ``alias``: its vendor module's (the registry's
-        ``"database"`` line, then :func:`.vendor_store`)."""
-        from django_idempotency._store import vendor_store
-
-        return vendor_store(alias)
 
     @classmethod
     def describe(cls, alias: str) -> str:
