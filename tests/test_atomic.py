@@ -101,3 +101,30 @@ def test_the_claims_lock_wait_limit_never_leaks(post: Post, key: str, outer: int
         assert replay["Idempotent-Replayed"] == "true"
         cursor.execute(show_limit)
         assert cursor.fetchone() == (values[outer],)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cut_as_the_block_opened_leaves_the_thread_out_of_it(
+    post: Post, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog cut the connection just as atomic mode's block had opened (an hour's
+    MariaDB soak, a load average of 60): the attempt claims again or is a ``503``, and the
+    block is left. It was not: the thread's connection stayed in it, and every later request
+    on the thread answered ``500`` (``TransactionManagementError``), 1,004 in that hour."""
+    from django_idempotency._store import deadlines
+
+    real, cuts = deadlines.unwatch, []
+
+    def unwatch(watch: Any) -> bool:
+        if connection.in_atomic_block and not cuts:
+            cuts.append(real(watch))
+            return True
+        return real(watch)
+
+    monkeypatch.setattr(deadlines, "unwatch", unwatch)
+    # A server store claims again at once on a new connection; SQLite's answers 503.
+    first = post("/atomic/", {"a": 1}, key=key)
+    assert cuts and not connection.in_atomic_block
+    assert first.status_code in (201, 503)
+    assert post("/atomic/", {"a": 1}, key=key).status_code == 201
+    assert executions("atomic") == 1

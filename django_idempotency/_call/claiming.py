@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar, cast
@@ -409,7 +409,21 @@ class _Entered:
 
     def __enter__(self) -> None:
         seconds = deadlines.bound(self.policy.lock_timeout)
-        self.store.bounded(self.connection, seconds, self.block.__enter__)
+        entered: list[bool] = []
+
+        def enter() -> None:
+            self.block.__enter__()
+            entered.append(True)
+
+        try:
+            self.store.bounded(self.connection, seconds, enter)
+        except BaseException as exc:
+            # Entered, then cut as it returned: the block is left here, or the thread's
+            # connection stays in it, and every later request on the thread fails.
+            if entered:
+                with suppress(DatabaseError):  # its rollback meets the cut connection
+                    self.block.__exit__(type(exc), exc, exc.__traceback__)
+            raise
 
     def __exit__(self, *exc_info: Any) -> bool | None:
         seconds = deadlines.bound(self.policy.lock_timeout)
