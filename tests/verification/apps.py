@@ -1,5 +1,6 @@
 """Applies the run's plant (``IDEMPOTENCY_VERIFY_PLANT``) once the app is loaded, in every
-server process, before any request, and listens for the results it could not store."""
+server process, before any request, and listens for the results it could not store and the
+locks it lost."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ class VerificationConfig(AppConfig):
     label = "verification"
 
     def ready(self) -> None:
+        from django_idempotency import lock_lost
         from tests.verification import plants, witness
 
         plants.apply(os.environ.get("IDEMPOTENCY_VERIFY_PLANT", ""))
         logging.getLogger("django_idempotency").addHandler(witness.Unstored())
+        lock_lost.connect(witness.lost, dispatch_uid="verification-lost")
         if os.environ.get("IDEMPOTENCY_VERIFY_SQLITE_TRACE"):
             from tests.verification import trace
 

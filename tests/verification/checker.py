@@ -68,6 +68,10 @@ STOPS = frozenset({"worker-stop", "worker-pause"})
 #: An owner's result it could not store (it logged so, SPEC 4a): a retry once its lock lapsed
 #: runs the view again. Observed by the owner's process (witness.py), naming its executions.
 UNSTORED = "result-unstored"
+#: An owner that learnt its lock was taken once it had lapsed (its renewals failed past the
+#: lock's end, witness.py): each execution of its request, before the loss or after, is a late
+#: owner's. One taken from an owner that still held it is no window (``long`` false).
+LOST = "lock-lost"
 #: The server overloaded (a trivial request answered late, run.py's pulse): a request left
 #: unanswered in its time is excused, no double run is.
 OVERLOAD = "server-slow"
@@ -121,9 +125,14 @@ def _excuse(
     shown the life's result stored (``proved``), only ``second``'s own worker stopped since
     before it (a late owner's view) is one. An owner that said it could not store
     ``first``'s result (:data:`UNSTORED`) is one whenever nothing showed it stored: it
-    answered, and left the record to a retry."""
+    answered, and left the record to a retry. An owner that lost its lapsed lock (:data:`LOST`)
+    is one for either of its executions."""
     if first["entry"] in limits.atomic:
         return None
+    for fault in faults:
+        mine = fault["kind"] == LOST and fault["long"]
+        if mine and {first["execution"], second["execution"]} & set(fault["executions"]):
+            return fault
     if proved >= second["t"] - EDGE:
         for fault in faults:
             if fault["kind"] == UNSTORED and first["execution"] in fault["executions"]:
@@ -138,7 +147,7 @@ def _excuse(
             and fault["start"] <= proved
         ]
     for fault in faults:
-        if fault["kind"] in (UNSTORED, OVERLOAD):  # the owner's own, above; no lock's
+        if fault["kind"] in (UNSTORED, OVERLOAD, LOST):  # the owner's own, above; no lock's
             continue
         if fault["start"] > second["t"] or fault["end"] < first["t"] - EDGE:
             continue

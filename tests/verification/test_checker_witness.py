@@ -12,7 +12,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,60 @@ def test_an_overloaded_server_excuses_a_request_left_unanswered_not_a_double_run
     assert found(unanswered) == ({8}, [])
     assert found([*unanswered, {"type": "fault", "observed": True, **SLOW}]) == (set(), [])
     assert 1 in found(runs_twice({**SLOW, "start": 9.0}))[0]
+
+
+def lost(execution: str, lapsed: float = 0.6) -> dict[str, Any]:
+    return {"kind": checker.LOST, "pid": 1, "start": 10.0, "end": 13.0, "long": lapsed > 0,
+            "executions": [execution], "record": "7", "lapsed": lapsed}  # fmt: skip
+
+
+@pytest.mark.parametrize("late", ["x1", "x2"], ids=["before-the-takeover", "after-it"])
+def test_an_owner_that_lost_its_lapsed_lock_is_a_window(late: str) -> None:
+    """A MariaDB soak's owner whose renewals failed for seconds under a load of 60 learnt its
+    lock was taken, and its view's second step ran after the taker's: either run of a late
+    owner is the window's, even once a replay showed the taker's result stored."""
+    assert found(runs_twice(lost(late))) == (set(), [checker.LOST])
+    assert found(runs_twice(lost(late), replayed_at=13.5))[1] == [checker.LOST]
+
+
+@pytest.mark.parametrize(
+    "fault", [lost("x1", lapsed=-1.5), lost("x0")], ids=["still-held", "another-execution"]
+)
+def test_a_lock_taken_while_held_or_anothers_loss_excuses_nothing(fault: dict[str, Any]) -> None:
+    assert 1 in found(runs_twice(fault))[0]
+
+
+def test_a_lost_lock_is_recorded_at_its_requests_end_with_every_execution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app's renewer announces the loss (``lock_lost``, from its own thread, with the
+    request DRF wraps); the line waits for the request's end, for its later effects."""
+    from types import SimpleNamespace
+
+    from django_idempotency import lock_lost
+    from django_idempotency._call import heartbeat
+    from django_idempotency._call.claim import Claim
+
+    monkeypatch.setenv("IDEMPOTENCY_VERIFY_LEDGER", str(tmp_path))
+    monkeypatch.setitem(witness._watching, "pid", os.getpid())
+    holder = SimpleNamespace(key="k", scope="s", key_hash="h")
+    claim = Claim(holder, 7, "t", 1, "", None, "default", timedelta(seconds=3))  # type: ignore[arg-type]
+    claim.held_until = time.monotonic() - 0.5  # its last renewal held it until half a second ago
+
+    def view(request: object) -> None:
+        witness.ran("x1")
+        wrapped = SimpleNamespace(_request=request)  # as DRF's Request
+        renewer = threading.Thread(target=heartbeat._announce_lost,
+                                   args=(heartbeat._Lease(claim, wrapped),))  # fmt: skip
+        renewer.start()
+        renewer.join()
+        assert not list(tmp_path.glob("lost-*.jsonl"))  # not before the request's end
+        witness.ran("x2")
+
+    lock_lost.connect(witness.lost, dispatch_uid="verification-lost")
+    witness.attempts(view)(SimpleNamespace())
+    effects = [{"execution": "x1", "t": 5.0}, {"execution": "x2", "t": 6.0}]
+    [fault] = witness.observed(tmp_path, effects)
+    assert (fault["kind"], fault["record"]) == (checker.LOST, "7")
+    assert fault["executions"] == ["x1", "x2"]
+    assert fault["long"] and 0.5 <= fault["lapsed"] < 5 and fault["start"] == 5.0

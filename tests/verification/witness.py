@@ -1,9 +1,11 @@
 """What a server process sees of its own faults, the ones no nemesis scheduled: a result the
 app could not store (its "Could not store the result" error, SPEC 4a: the owner answers, and
 a retry once the lock lapses runs the view again), and a pause of the whole process (the
-machine's load, a swap) long enough for its lock to lapse. Each is a line of the run's
-ledgers (``unstored-<pid>.jsonl``, ``pauses-<pid>.jsonl``), which ``run.py`` adds to the
-history as observed faults: without them the checker took such a window for a double run.
+machine's load, a swap) long enough for its lock to lapse, and a lock an owner lost once it had
+lapsed (its renewals failed past the lock's end: a view still running is a late owner). Each is
+a line of the run's ledgers (``unstored-<pid>.jsonl``, ``pauses-<pid>.jsonl``,
+``lost-<pid>.jsonl``), which ``run.py`` adds to the history as observed faults: without them
+the checker took such a window for a double run.
 
 A request's executions are gathered in a list the middleware makes for it (a context
 variable: the async view's coroutine and the decorator's write see the same list)."""
@@ -32,6 +34,8 @@ TICK = 0.1
 #: The message of ``_call/writing.py``'s ``_not_stored``.
 UNSTORED = "Could not store the result of idempotency record"
 _watching = {"pid": 0}
+#: Where a lost lock waits for the end of its request (its late effects come after the loss).
+LOST_LOCK = "verification_lost_lock"
 
 
 def _ledger() -> Path:
@@ -44,8 +48,14 @@ def attempts(get_response: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     def middleware(request: Any) -> Any:
         _watch()
-        executions.set([])
-        return get_response(request)
+        gathered: list[str] = []
+        executions.set(gathered)
+        try:
+            return get_response(request)
+        finally:
+            line = getattr(request, "__dict__", {}).pop(LOST_LOCK, None)
+            if line is not None:
+                _write_lost(line, gathered)
 
     return middleware
 
@@ -77,6 +87,27 @@ class Unstored(logging.Handler):
         append_line(_ledger() / f"unstored-{os.getpid()}.jsonl", line)
 
 
+def lost(claim: Any, request: Any = None, **_: Any) -> None:
+    """The ``lock_lost`` receiver (the renewer's thread): how long the owner's lock had lapsed
+    as it learnt so (``lapsed``: seconds past the end its last renewal held it to; negative, a
+    lock taken from an owner still holding it: no window, a bug). Written at the end of its
+    request, with every execution of it; at once outside one (a Celery task)."""
+    line = {
+        "t": time.time(), "pid": os.getpid(), "record": str(claim.pk),
+        "lapsed": time.monotonic() - claim.held_until,
+    }  # fmt: skip
+    target = getattr(request, "_request", request)  # DRF's Request wraps Django's
+    if target is None:
+        _write_lost(line, [])
+    else:
+        target.__dict__[LOST_LOCK] = line
+
+
+def _write_lost(line: dict[str, Any], gathered: list[str]) -> None:
+    if os.environ.get("IDEMPOTENCY_VERIFY_LEDGER"):
+        append_line(_ledger() / f"lost-{os.getpid()}.jsonl", {**line, "executions": gathered})
+
+
 def _watch() -> None:
     if _watching["pid"] == os.getpid() or not os.environ.get("IDEMPOTENCY_VERIFY_LEDGER"):
         return
@@ -102,7 +133,8 @@ def observed(folder: Path, effects: list[dict[str, Any]]) -> list[dict[str, Any]
     events (``observed``: no nemesis scheduled them): ``result-unstored``, from the first
     effect of its request to the error, naming the request's ``executions``; and
     ``worker-pause``, ``long`` when its lock could lapse in it (two thirds of it: renewed
-    every third)."""
+    every third); and ``lock-lost``, from the first effect of its request to the loss, naming
+    its ``executions``, ``long`` when the lock had lapsed before it was lost."""
     when = {effect["execution"]: effect["t"] for effect in effects}
     faults = []
     for line in read_lines(folder, "unstored-*.jsonl"):
@@ -111,6 +143,13 @@ def observed(folder: Path, effects: list[dict[str, Any]]) -> list[dict[str, Any]
             "type": "fault", "kind": "result-unstored", "observed": True, "long": True,
             "pid": line["pid"], "start": min(ran, default=line["t"]), "end": line["t"],
             "executions": line["executions"], "record": line["record"],
+        })  # fmt: skip
+    for line in read_lines(folder, "lost-*.jsonl"):
+        ran = [when[execution] for execution in line["executions"] if execution in when]
+        faults.append({
+            "type": "fault", "kind": "lock-lost", "observed": True, "long": line["lapsed"] > 0,
+            "pid": line["pid"], "start": min(ran, default=line["t"]), "end": line["t"],
+            "executions": line["executions"], "record": line["record"], "lapsed": line["lapsed"],
         })  # fmt: skip
     for line in read_lines(folder, "pauses-*.jsonl"):
         faults.append({
