@@ -101,7 +101,8 @@ class Command(arguments.Command):
         alias = database_alias(database)
         bounds = (max_batches, limit, max_runtime)
         if scope is not None:
-            self._erase(scope, alias, batch_size, dry_run, bounds, verbosity, stored)
+            # Without --database, erase_scope() erases the Redis stores' records too.
+            self._erase(scope, database and alias, batch_size, dry_run, bounds, verbosity, stored)
             if not dry_run:  # the erased records' delivered messages go with them
                 delete_delivered(alias, batch_size)
             return
@@ -167,7 +168,7 @@ class Command(arguments.Command):
     def _erase(
         self,
         scope: str,
-        alias: str,
+        alias: str | None,
         batch_size: int,
         dry_run: bool,
         bounds: tuple[int | float | None, ...],
