@@ -107,6 +107,37 @@ def test_stats_count_a_registered_store(toy: str) -> None:
     assert (census["total"], census["outbox_pending"], census["error"]) == (0, 0, None)
 
 
+def test_stats_text_names_a_registered_store_and_what_its_census_cannot_count(toy: str) -> None:
+    """A census's ``None`` (a figure the store cannot give) is *not counted*: the text form
+    formatted it as a number, a ``TypeError`` traceback, and called the store a Redis one."""
+    using(toy)
+    out = StringIO()
+    call_command("idempotency_stats", stdout=out)
+    lines = out.getvalue().splitlines()
+    at = lines.index("Toy store 'toy://memory':")
+    assert lines[at + 1 : at + 5] == [
+        "  Records:            0",
+        "  Stale processing:   not counted",
+        "  Outbox undelivered: 0 pending, 0 failed",
+        "  Operations running: not counted",
+    ]
+    assert "Redis" not in out.getvalue()
+
+
+def test_deploy_checks_and_commands_take_a_registered_store_for_no_redis(toy: str) -> None:
+    """``check --deploy`` pinged a registered store's client as a Redis one's (E062, "does
+    not answer: AttributeError"), and the commands said its records expire by Redis's TTL."""
+    from django.core import checks
+
+    found = checks.run_checks(include_deployment_checks=True)
+    assert [m for m in found if m.id in (check_name(62), check_name(62, "W"))] == []
+    out = StringIO()
+    call_command("idempotency_recover", "--dry-run", stdout=out)
+    call_command("idempotency_cleanup", stdout=out)
+    assert "Toy store 'toy://memory': 0 record(s)." in out.getvalue()
+    assert "Redis" not in out.getvalue()
+
+
 def test_the_check_of_store_refuses_a_scheme_no_store_serves() -> None:
     from django.core import checks
 
