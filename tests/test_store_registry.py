@@ -138,6 +138,21 @@ def test_deploy_checks_and_commands_take_a_registered_store_for_no_redis(toy: st
     assert "Redis" not in out.getvalue()
 
 
+def test_the_admin_says_a_registered_store_that_cannot_list_its_records(toy: str) -> None:
+    """The admin links a registered store's list as a Redis store's; a store that does not
+    implement ``browse`` (the contract's default refuses) answered ``500`` there."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    page = client.get("/admin/django_idempotency/redisidempotencykey/", follow=True)
+    assert page.status_code == 200
+    assert "The Toy store &#x27;toy://memory&#x27; does not list its records" in (
+        page.content.decode()
+    )
+
+
 def test_the_check_of_store_refuses_a_scheme_no_store_serves() -> None:
     from django.core import checks
 
