@@ -153,6 +153,19 @@ def test_the_admin_says_a_registered_store_that_cannot_list_its_records(toy: str
     )
 
 
+def test_an_erasure_refuses_a_named_store_that_cannot_erase_before_erasing_anything(
+    toy: str,
+) -> None:
+    """``idempotency_cleanup --scope`` with a registered store without ``erase_scope`` named:
+    a ``CommandError`` in words (it was a ``NotSupportedError`` traceback), nothing erased."""
+    from tests.factories import IdempotencyKeyFactory
+
+    record = IdempotencyKeyFactory(scope="user:1", completed=True)
+    with pytest.raises(CommandError, match=r"^The Toy store 'toy://memory' cannot erase a scope"):
+        call_command("idempotency_cleanup", "--scope", "user:1", stdout=StringIO())
+    assert type(record).objects.filter(pk=record.pk).exists()
+
+
 def test_the_check_of_store_refuses_a_scheme_no_store_serves() -> None:
     from django.core import checks
 

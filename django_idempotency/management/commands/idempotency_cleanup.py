@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from django.core.management.base import CommandError
+from django.db import NotSupportedError
 from django.utils import timezone
 
 from django_idempotency import _store as store
@@ -184,7 +185,7 @@ class Command(arguments.Command):
             erasure = erase_scope(
                 scope, using=alias, batch_size=batch_size, dry_run=dry_run, stored=stored
             )
-        except ValueError as exc:
+        except (ValueError, NotSupportedError) as exc:  # the latter: a store that cannot erase
             raise CommandError(str(exc)) from exc
         if verbosity < 1:
             return
