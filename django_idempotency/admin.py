@@ -15,6 +15,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import label_for_field
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
+from django.db import NotSupportedError
 from django.db.models import Q, QuerySet
 from django.http import (
     Http404,
@@ -435,6 +436,9 @@ class IdempotencyKeyAdmin(_ModelAdmin):
                 records, after = browsing.page(found.alias, cursor, self.redis_page_size, status)
         except StoreUnavailable as exc:
             messages.error(request, f"The Redis store {found.shown!r} did not answer: {exc}")
+        except NotSupportedError:  # a registered store the contract's browse refuses
+            named = store.using(found.alias).describe(found.alias)
+            messages.error(request, f"The {named} does not list its records (no browse()).")
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,

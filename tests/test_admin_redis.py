@@ -311,6 +311,21 @@ def test_a_store_that_does_not_answer_is_said_so(admin_client: Client) -> None:
     assert "did not answer" in outbox.content.decode()
 
 
+@pytest.mark.skipif(REDIS_STORE_NAME != "redis", reason="a cache alias names the store")
+def test_a_cache_alias_store_is_named_as_the_settings_and_commands_name_it(
+    admin_client: Client,
+) -> None:
+    """``STORE = "redis"``: the pages said ``cache:redis``, the store layer's name, where
+    ``STORE``, the checks and the commands say ``redis``."""
+    with on_store():
+        pages = [admin_client.get(url).content.decode() for url in (store_url(), outbox_url())]
+        table = admin_client.get("/admin/django_idempotency/outboxmessage/").content.decode()
+    assert "Idempotency keys in the Redis store redis" in pages[0]
+    assert "Outbox of the Redis store redis" in pages[1]
+    assert "Redis store redis keeps its messages" in table
+    assert all("cache:redis" not in page for page in [*pages, table])
+
+
 def test_a_stores_password_reaches_no_page(admin_client: Client) -> None:
     """A ``STORE`` URL's password is shown nowhere: not in the table's links, the pages' names
     nor their URLs (a keyed hash of the name marks the store)."""

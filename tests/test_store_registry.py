@@ -107,6 +107,65 @@ def test_stats_count_a_registered_store(toy: str) -> None:
     assert (census["total"], census["outbox_pending"], census["error"]) == (0, 0, None)
 
 
+def test_stats_text_names_a_registered_store_and_what_its_census_cannot_count(toy: str) -> None:
+    """A census's ``None`` (a figure the store cannot give) is *not counted*: the text form
+    formatted it as a number, a ``TypeError`` traceback, and called the store a Redis one."""
+    using(toy)
+    out = StringIO()
+    call_command("idempotency_stats", stdout=out)
+    lines = out.getvalue().splitlines()
+    at = lines.index("Toy store 'toy://memory':")
+    assert lines[at + 1 : at + 5] == [
+        "  Records:            0",
+        "  Stale processing:   not counted",
+        "  Outbox undelivered: 0 pending, 0 failed",
+        "  Operations running: not counted",
+    ]
+    assert "Redis" not in out.getvalue()
+
+
+def test_deploy_checks_and_commands_take_a_registered_store_for_no_redis(toy: str) -> None:
+    """``check --deploy`` pinged a registered store's client as a Redis one's (E062, "does
+    not answer: AttributeError"), and the commands said its records expire by Redis's TTL."""
+    from django.core import checks
+
+    found = checks.run_checks(include_deployment_checks=True)
+    assert [m for m in found if m.id in (check_name(62), check_name(62, "W"))] == []
+    out = StringIO()
+    call_command("idempotency_recover", "--dry-run", stdout=out)
+    call_command("idempotency_cleanup", stdout=out)
+    assert "Toy store 'toy://memory': 0 record(s)." in out.getvalue()
+    assert "Redis" not in out.getvalue()
+
+
+def test_the_admin_says_a_registered_store_that_cannot_list_its_records(toy: str) -> None:
+    """The admin links a registered store's list as a Redis store's; a store that does not
+    implement ``browse`` (the contract's default refuses) answered ``500`` there."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    page = client.get("/admin/django_idempotency/redisidempotencykey/", follow=True)
+    assert page.status_code == 200
+    assert "The Toy store &#x27;toy://memory&#x27; does not list its records" in (
+        page.content.decode()
+    )
+
+
+def test_an_erasure_refuses_a_named_store_that_cannot_erase_before_erasing_anything(
+    toy: str,
+) -> None:
+    """``idempotency_cleanup --scope`` with a registered store without ``erase_scope`` named:
+    a ``CommandError`` in words (it was a ``NotSupportedError`` traceback), nothing erased."""
+    from tests.factories import IdempotencyKeyFactory
+
+    record = IdempotencyKeyFactory(scope="user:1", completed=True)
+    with pytest.raises(CommandError, match=r"^The Toy store 'toy://memory' cannot erase a scope"):
+        call_command("idempotency_cleanup", "--scope", "user:1", stdout=StringIO())
+    assert type(record).objects.filter(pk=record.pk).exists()
+
+
 def test_the_check_of_store_refuses_a_scheme_no_store_serves() -> None:
     from django.core import checks
 

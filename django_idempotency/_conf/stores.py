@@ -48,6 +48,10 @@ class StoreKind(Protocol):
     def describe(self, alias: str) -> str:
         """How a command names the store (``database 'default'``), without secrets."""
 
+    @property
+    def expiry(self) -> str:
+        """How its records go, as ``idempotency_stats`` says (``""``: nothing said)."""
+
 
 def form(name: str) -> str | None:
     """The form of a store's name as the store layer knows it (a database alias, a URL,

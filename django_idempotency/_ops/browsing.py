@@ -35,7 +35,7 @@ def browsed() -> list[Browsed]:
     found = []
     for store in sorted(redis_stores()):
         alias = store_alias(store, conf.DATABASE_ALIAS)
-        found.append(Browsed(names.tag(alias), alias, display_name(alias)))
+        found.append(Browsed(names.tag(alias), alias, display_name(store)))
     return found
 
 

@@ -8,7 +8,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from django.db import DatabaseError
+from django.db import DatabaseError, NotSupportedError
 from django.db.models import QuerySet
 
 from django_idempotency import _store as store
@@ -113,9 +113,19 @@ def _check(scope: str, *, batch_size: int, stored: bool) -> None:
 def _erase_in_redis(kept: str, alias: str, *, dry_run: bool) -> list[int]:
     """The stored scope erased in each Redis store the settings and the URLconf's views name:
     its finished records and those left in progress, counted together."""
+    from django_idempotency._store.contract import StoreContract
+
+    named = [store.using(store_alias(name, alias)) for name in sorted(redis_stores())]
+    # Asked of every store before any erases: an erasure must not stop half done.
+    default = StoreContract.erase_scope
+    unable = [s.describe(s.alias) for s in named if type(s).erase_scope is default]
+    if unable:
+        raise NotSupportedError(
+            f"The {', '.join(unable)} cannot erase a scope (no erase_scope()): nothing was erased."
+        )
     elsewhere = [0, 0]
-    for name in redis_stores():
-        found = store.using(store_alias(name, alias)).erase_scope(kept, dry_run=dry_run)
+    for bound in named:
+        found = bound.erase_scope(kept, dry_run=dry_run)
         elsewhere = [elsewhere[0] + found[0], elsewhere[1] + found[1]]
     return elsewhere
 

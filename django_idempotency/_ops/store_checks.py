@@ -22,9 +22,14 @@ def check_stores(**kwargs: Any) -> list[CheckMessage]:
 
 def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
     """At ``check --deploy``: each Redis store the settings and views name answers, and
-    persists every write."""
+    persists every write. A registered store without a client of its own has no server to
+    ask (its ``None`` was pinged as a Redis client's: E062 and W062 of an ``AttributeError``)."""
+    from django_idempotency._store import using
+
     messages: list[CheckMessage] = []
     for store in sorted(redis_stores()):
+        if using(store_alias(store, "")).client is None:
+            continue
         messages += w061_unbounded(store)
         if error := e062_unreachable(store):
             messages.append(error)
@@ -256,10 +261,9 @@ def redis_notes(verb: str) -> list[str]:
             count = f"{bound.count():,} record(s)"
         except Exception as exc:  # unreachable: say so, and go on
             count = f"not reachable ({exc})"
-        notes.append(
-            f"Redis store {display_name(store)!r}: {count}; records there expire by Redis's own "
-            f"TTL, so {verb}."
-        )
+        # Named by its own class: a registered store is no Redis store.
+        note = f"{bound.describe(bound.alias)}: {count}"
+        notes.append(f"{note}; {bound.expiry}, so {verb}." if bound.expiry else f"{note}.")
     return notes
 
 

@@ -218,6 +218,9 @@ class StoreContract:
     #: The only ``isolation_level`` option a claim in atomic mode works under (``None``: any).
     isolation_level: str | None = None
     features = StoreFeatures()
+    #: How the store's records go by themselves, as the operators' commands say (``""``: they
+    #: say nothing; a store that says it has nothing for ``idempotency_cleanup`` to delete).
+    expiry = ""
     #: The alias the store was made for (:func:`django_idempotency._store.using`).
     alias: str
 

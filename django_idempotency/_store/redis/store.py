@@ -54,6 +54,7 @@ class RedisStore(StoreContract):
     #: (:func:`django_idempotency._call.heartbeat.renewal_bound`), as on a database server. No
     #: transaction is shared with the view's database, and no atomic mode.
     features = StoreFeatures(rides_out_faults=True)
+    expiry = "its records expire by Redis's own TTL"
 
     @classmethod
     def open(cls, alias: str) -> RedisStore:

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from django.core.management.base import CommandError
+from django.db import NotSupportedError
 from django.utils import timezone
 
 from django_idempotency import _store as store
@@ -101,7 +102,8 @@ class Command(arguments.Command):
         alias = database_alias(database)
         bounds = (max_batches, limit, max_runtime)
         if scope is not None:
-            self._erase(scope, alias, batch_size, dry_run, bounds, verbosity, stored)
+            # Without --database, erase_scope() erases the Redis stores' records too.
+            self._erase(scope, database and alias, batch_size, dry_run, bounds, verbosity, stored)
             if not dry_run:  # the erased records' delivered messages go with them
                 delete_delivered(alias, batch_size)
             return
@@ -167,7 +169,7 @@ class Command(arguments.Command):
     def _erase(
         self,
         scope: str,
-        alias: str,
+        alias: str | None,
         batch_size: int,
         dry_run: bool,
         bounds: tuple[int | float | None, ...],
@@ -183,7 +185,7 @@ class Command(arguments.Command):
             erasure = erase_scope(
                 scope, using=alias, batch_size=batch_size, dry_run=dry_run, stored=stored
             )
-        except ValueError as exc:
+        except (ValueError, NotSupportedError) as exc:  # the latter: a store that cannot erase
             raise CommandError(str(exc)) from exc
         if verbosity < 1:
             return

@@ -10,7 +10,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from django_idempotency._base.durations import human
-from django_idempotency._conf.values import DATABASE, display_name
+from django_idempotency._conf import stores
+from django_idempotency._conf.values import DATABASE, display_name, store_alias
 from django_idempotency._ops import maintenance, relay, store_checks
 from django_idempotency.management import database_alias, store_option
 
@@ -72,31 +73,42 @@ class Command(BaseCommand):
             ("Operations running", _operations(stats)),
         ):
             self.stdout.write(f"{label + ':':<22}{value}")
+        named = {display_name(store): store for store in store_checks.redis_stores()}
         for name, figures in census.items():
-            self._redis_text(name, figures)
+            self._redis_text(named.get(name, name), figures)
         for warning in warnings:
             self.stdout.write(self.style.WARNING(f"Warning: {warning}"))
 
-    def _redis_text(self, name: str, figures: dict[str, Any]) -> None:
-        """A Redis store's figures under the table's, as its census gives them: its records,
-        and its outbox and operations (the table's lines count neither)."""
+    def _redis_text(self, store: str, figures: dict[str, Any]) -> None:
+        """A store's figures under the table's, as its census gives them (a figure it cannot
+        give, ``None``, is *not counted*): its records, and its outbox and operations (the
+        table's lines count neither). The store is named by its own class."""
+        kind = stores.kind_of(store_alias(store, ""))
+        described = kind.describe(store_alias(store, "")) if kind else repr(store)
         if figures["error"] is not None:
-            self.stdout.write(f"Redis store {name!r}: not reachable ({figures['error']}).")
+            self.stdout.write(f"{described}: not reachable ({figures['error']}).")
             return
-        self.stdout.write(
-            f"Redis store {name!r} (its records expire by Redis's own TTL: idempotency_cleanup "
-            "has nothing to delete there):"
-        )
-        running = f"{figures['operations_running']:,}"
+        expiry = kind.expiry if kind else ""
+        if expiry:  # then no record of it is the cleanup's
+            described += f" ({expiry}: idempotency_cleanup has nothing to delete there)"
+        self.stdout.write(f"{described}:")
+        running = _count(figures["operations_running"])
         if figures["operations_running"]:
-            running += f" ({figures['operations_stuck']:,} stuck)"
+            running += f" ({_count(figures['operations_stuck'])} stuck)"
+        by_status = figures["by_status"]
+        statuses = f" ({_statuses(by_status)})" if by_status else ""
         for label, value in (
-            ("Records", f"{figures['total']:,} ({_statuses(figures['by_status'])})"),
-            ("Stale processing", f"{figures['stale']:,}"),
+            ("Records", f"{_count(figures['total'])}{statuses}"),
+            ("Stale processing", _count(figures["stale"])),
             ("Outbox undelivered", relay.describe(figures)),
             ("Operations running", running),
         ):
             self.stdout.write(f"  {label + ':':<20}{value}")
+
+
+def _count(figure: int | None) -> str:
+    """A census's figure, or what a store that cannot give it (``None``) shows."""
+    return "not counted" if figure is None else f"{figure:,}"
 
 
 def _statuses(by_status: dict[str, int]) -> str:
