@@ -442,6 +442,18 @@ class StoreContract:
         """How long a cluster's surviving nodes stall writes evicting a dead one."""
         return None
 
+    def ping(self) -> None:
+        """Raise (the store's own error, said in ``check --deploy``'s E062) unless the store
+        answers now. The default, for a store without a server (records in this process's
+        memory), asks nothing: such a store always answers."""
+
+    def eviction_policies(self) -> dict[str, str]:
+        """The policy by which each of the store's servers frees memory, by server (``""``:
+        its only one), to tell one that evicts records (E063); empty: none ever evicts a
+        record (the default: records leave by their expiry or the cleanup only). Raises
+        where the server will not say (W062)."""
+        return {}
+
     @property
     def client(self) -> Any:
         """The store's client of its server (``None``: it has none of its own)."""

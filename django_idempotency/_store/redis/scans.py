@@ -202,3 +202,15 @@ def _records(client: Any, names: list[Any], status: str | None) -> list[Idempote
 
 def _newest_first(records: list[IdempotencyKey]) -> list[IdempotencyKey]:
     return sorted(records, key=lambda record: record.created_at, reverse=True)
+
+
+def eviction_policies(client: Any) -> dict[str, str]:
+    """``maxmemory-policy`` of the server (under ``""``), or of each primary of a cluster (by
+    its name): each holds its share of the records."""
+    if not hasattr(client, "get_primaries"):
+        return {"": as_text(client.config_get("maxmemory-policy")["maxmemory-policy"])}
+    found = {}
+    for node in client.get_primaries():
+        reply = client.config_get("maxmemory-policy", target_nodes=node)
+        found[node.name] = as_text(reply["maxmemory-policy"])
+    return found

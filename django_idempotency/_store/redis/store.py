@@ -258,6 +258,15 @@ class RedisStore(StoreContract):
     def _erase(self, key: str) -> Any:
         return self._server.run("ERASE", [key], [], None)
 
+    def ping(self) -> None:
+        """A ``PING`` on the store's client (made if need be: a cluster's, from its nodes)."""
+        self.client.ping()
+
+    def eviction_policies(self) -> dict[str, str]:
+        """Each primary's ``maxmemory-policy`` (``CONFIG GET``: refused where renamed or
+        forbidden to the store's user)."""
+        return scans.eviction_policies(self.client)
+
     def count(self) -> int:
         """How many records the store holds (a ``SCAN`` of its prefix: an operator's figure)."""
         return scans.count(self.client, self.prefix)
