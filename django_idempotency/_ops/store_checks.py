@@ -28,9 +28,14 @@ def described(store: str) -> str:
     """How messages name the store ``store`` (``STORE``'s value, a view's ``store``): as its
     class describes itself (``Redis store 'redis://host:6379/0'``, ``database 'default'``),
     without a password; a name no store serves, as it is shown."""
-    alias = store_alias(store, conf.DATABASE_ALIAS if store == DATABASE else "")
+    return described_alias(store_alias(store, conf.DATABASE_ALIAS if store == DATABASE else ""))
+
+
+def described_alias(alias: str) -> str:
+    """:func:`described` of the name the store layer knows a store by (a database alias,
+    ``cache:<alias>``, a URL)."""
     kind = registry.kind_of(alias)
-    return f"store {display_name(store)!r}" if kind is None else kind.describe(alias)
+    return f"store {display_name(alias)!r}" if kind is None else kind.describe(alias)
 
 
 def kind_name(store: str) -> str:
