@@ -111,21 +111,13 @@ def e063_eviction(store: str) -> list[CheckMessage]:
 def w061_unbounded(store: str) -> list[CheckMessage]:
     from django_idempotency._store import using
 
-    bound = using(store_alias(store, ""))
-    try:
-        client = bound.client
-    except Exception:
-        return []  # E060 or E062 says why
-    pool = getattr(client, "connection_pool", None)
-    if bound.bounds_each_call or pool is None:
-        return []  # each call sets its own timeouts (or a cluster's client, made with them)
-    kwargs = getattr(pool, "connection_kwargs", {})
-    if kwargs.get("socket_timeout") is not None:
+    pool = using(store_alias(store, "")).unbounded_pool()
+    if pool is None:
         return []
     return [
         Warning(
             f"The {described(store)} has no socket timeout, and its pool "
-            f"({type(pool).__name__}) is one whose connections the store takes call by "
+            f"({pool}) is one whose connections the store takes call by "
             "call: a frozen or blackholed server holds each call there for good.",
             hint='Give the cache OPTIONS {"socket_timeout": 5, "socket_connect_timeout": 5}, '
             "or a plain ConnectionPool (docs: 'Choosing the store').",
@@ -225,10 +217,9 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
     from django_idempotency._store import using
 
     try:
-        persistence = _persistence(using(store_alias(store, "")).client)
+        without = using(store_alias(store, "")).unpersisted()
     except Exception:
         return []  # not ours to read (a managed server): nothing to say
-    without = [node for node, info in persistence.items() if str(info.get("aof_enabled")) == "0"]
     if not without:
         return []
     where = f" (on {', '.join(without)})" if without != [""] else ""
@@ -244,17 +235,6 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
             id=check_name(60, "W"),
         )
     ]
-
-
-def _persistence(client: Any) -> dict[str, dict[str, Any]]:
-    """``INFO persistence`` of the server (under ``""``), or of each primary of a cluster (by
-    ``host:port``): each holds its share of the records."""
-    if not hasattr(client, "get_primaries"):
-        return {"": client.info("persistence")}
-    found = client.info("persistence", target_nodes=client.PRIMARIES)
-    if "aof_enabled" in found:  # one primary: its reply itself
-        return {client.get_primaries()[0].name: found}
-    return dict(found)
 
 
 def redis_notes(verb: str) -> list[str]:

@@ -454,6 +454,18 @@ class StoreContract:
         where the server will not say (W062)."""
         return {}
 
+    def unpersisted(self) -> list[str]:
+        """The store's servers (``""``: its only one) that acknowledge writes a restart or a
+        crash loses (W060); empty: none, the default (a store without a server, or one that
+        cannot tell). Raises where the server will not say (nothing is warned)."""
+        return []
+
+    def unbounded_pool(self) -> str | None:
+        """The name of what can hold a call for good on a frozen server: a pool whose
+        connections have no socket timeout and that the store cannot bound call by call
+        (W061); ``None``: every call is bounded (the default)."""
+        return None
+
     @property
     def client(self) -> Any:
         """The store's client of its server (``None``: it has none of its own)."""

@@ -214,3 +214,15 @@ def eviction_policies(client: Any) -> dict[str, str]:
         reply = client.config_get("maxmemory-policy", target_nodes=node)
         found[node.name] = as_text(reply["maxmemory-policy"])
     return found
+
+
+def unpersisted(client: Any) -> list[str]:
+    """The server (``""``), or the primaries of a cluster (by ``host:port``), that run without
+    ``appendonly`` (``INFO persistence``): each holds its share of the records."""
+    if not hasattr(client, "get_primaries"):
+        found = {"": client.info("persistence")}
+    else:
+        found = client.info("persistence", target_nodes=client.PRIMARIES)
+        if "aof_enabled" in found:  # one primary: its reply itself
+            found = {client.get_primaries()[0].name: found}
+    return [node for node, info in found.items() if str(info.get("aof_enabled")) == "0"]
