@@ -8,10 +8,11 @@ import contextlib
 import json
 import re
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import label_for_field
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
@@ -70,7 +71,10 @@ DELETE_BATCH_SIZE = 1000
 #: A Redis store's list (:meth:`IdempotencyKeyAdmin.redis_changelist_view`).
 REDIS_TEMPLATE = "admin/django_idempotency/idempotencykey/redis.html"
 REDIS_RECORD_TEMPLATE = "admin/django_idempotency/idempotencykey/redis_record.html"
-REDIS_CONFIRM_TEMPLATE = "admin/django_idempotency/idempotencykey/redis_confirm.html"
+#: An action's confirmation, the table's and a Redis store's (:func:`_confirmation`).
+CONFIRM_TEMPLATE = "admin/django_idempotency/idempotencykey/action_confirm.html"
+#: Records an action's confirmation lists by name; it counts the others.
+CONFIRM_ROWS = 100
 REDIS_STORES_TEMPLATE = "admin/django_idempotency/redisidempotencykey/stores.html"
 REDIS_OUTBOX_TEMPLATE = "admin/django_idempotency/outboxmessage/redis.html"
 REDIS_OUTBOX_URL = "django_idempotency_outboxmessage_redis"
@@ -358,27 +362,22 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         records: list[IdempotencyKey | None],
         selected: list[tuple[str, str]],
     ) -> HttpResponse:
-        """The action's confirmation: the selected records as they are now (only the stale
-        ones will change), and a form that sends the action again with ``post=yes``."""
-        rows = [
-            (record.key_hash, record.scope, self.state(record), self.created(record))
-            for record in records
-            if record is not None
-        ]
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": _("Are you sure?"),
-            "action_label": getattr(type(self), name).short_description,
-            "action": name,
-            "rows": rows,
-            "stale": sum(record is not None and record.is_stale for record in records),
-            "gone": sum(record is None for record in records),
-            "values": [f"{key_hash}:{scope}" for scope, key_hash in selected],
-            "store": found,
-            "list_url": reverse(f"{self.admin_site.name}:{self._redis_url}", args=[found.tag]),
-        }
-        return TemplateResponse(request, REDIS_CONFIRM_TEMPLATE, context)
+        """The action's confirmation (:func:`_confirmation`): the selected records as they
+        are now, read again from the store, and how many are gone meanwhile."""
+        present = [record for record in records if record is not None]
+        return _confirmation(
+            self,
+            request,
+            name,
+            Confirming(
+                where=store_checks.described_alias(found.alias),
+                shown=present,
+                affected=sum(record.is_stale for record in present),
+                gone=len(records) - len(present),
+                hidden=[("_selected", f"{key_hash}:{scope}") for scope, key_hash in selected],
+                list_url=reverse(f"{self.admin_site.name}:{self._redis_url}", args=[found.tag]),
+            ),
+        )
 
     def redis_record_view(self, request: HttpRequest, tag: str) -> HttpResponse:
         """A Redis store's record (``?scope=&key=<hash>``), every field read-only, its stored
@@ -632,12 +631,49 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     @admin.action(
         description=_("Release selected stale locks (retries run again)"), permissions=["change"]
     )
-    def release_stale(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
+    def release_stale(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> HttpResponse | None:
+        if asked := self._confirm(request, queryset, "release_stale", rules.STALE):
+            return asked
         self._resolve(request, queryset, maintenance.release, _("Released"))
+        return None
 
     @admin.action(description=_("Mark selected stale records as failed"), permissions=["change"])
-    def mark_failed(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
+    def mark_failed(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> HttpResponse | None:
+        if asked := self._confirm(request, queryset, "mark_failed", rules.STALE):
+            return asked
         self._resolve(request, queryset, maintenance.mark_failed, _("Marked as failed"))
+        return None
+
+    def _confirm(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey], name: str, rule: Any
+    ) -> HttpResponse | None:
+        """The action's confirmation page (:func:`_confirmation`) until it is posted again
+        with ``post=yes``, as Django's delete confirmation; ``None``: confirmed. The form
+        carries the list's selection as it came (its records, or ``select_across`` the
+        list's filter, kept in the page's URL), so the action runs on what was confirmed."""
+        if request.POST.get("post") == "yes":
+            return None
+        hidden = [(ACTION_CHECKBOX_NAME, pk) for pk in request.POST.getlist(ACTION_CHECKBOX_NAME)]
+        if request.POST.get("select_across") == "1":
+            hidden.append(("select_across", "1"))
+        total = queryset.count()
+        return _confirmation(
+            self,
+            request,
+            name,
+            Confirming(
+                where=store_checks.described_alias(queryset.db),
+                shown=list(queryset[:CONFIRM_ROWS]),
+                affected=queryset.filter(rule.filter(timezone.now())).count(),
+                more=max(total - CONFIRM_ROWS, 0),
+                hidden=hidden,
+                list_url=request.get_full_path(),
+            ),
+        )
 
     def _resolve(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey], act: Any, done: Any
@@ -656,7 +692,15 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         )
 
     @admin.action(description=_("Delete selected expired records"), permissions=["delete"])
-    def delete_expired(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
+    def delete_expired(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> HttpResponse | None:
+        if asked := self._confirm(request, queryset, "delete_expired", rules.DELETABLE):
+            return asked
+        self._delete_expired(request, queryset)
+        return None
+
+    def _delete_expired(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
         expired = store.using(queryset.db)
         now = timezone.now()
         pks = list(queryset.filter(rules.DELETABLE.filter(now)).values_list("pk", flat=True))
@@ -673,6 +717,47 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             "(or their lock is still live) and were kept.",
             level,
         )
+
+
+class Confirming(NamedTuple):
+    """What an action's confirmation page says (:func:`_confirmation`)."""
+
+    #: The store, as its class describes it (``database 'default'``, ``Redis store 'redis'``).
+    where: str
+    #: The selected records listed (as they are now).
+    shown: list[IdempotencyKey]
+    #: How many of the selection the action would change now.
+    affected: int
+    #: The hidden fields that carry the selection when the form posts the action again.
+    hidden: list[tuple[str, Any]]
+    #: Where "No, take me back" goes: the list, as it was.
+    list_url: str
+    #: Selected records gone meanwhile (a Redis store's, expired or released).
+    gone: int = 0
+    #: Selected records beyond those listed.
+    more: int = 0
+
+
+def _confirmation(
+    model_admin: IdempotencyKeyAdmin, request: HttpRequest, name: str, confirming: Confirming
+) -> HttpResponse:
+    """An action's confirmation page, the table's and a Redis store's alike (as Django's delete
+    confirmation): the selected records as they are now, how many the action would change, and
+    a form (with the admin's CSRF token) that posts the action again with ``post=yes``. The
+    views that post it check the change permission the action needs."""
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": _("Are you sure?"),
+        "action_label": getattr(type(model_admin), name).short_description,
+        "action": name,
+        "rows": [
+            (record.key_hash, record.scope, model_admin.state(record), model_admin.created(record))
+            for record in confirming.shown
+        ],
+        **confirming._asdict(),
+    }
+    return TemplateResponse(request, CONFIRM_TEMPLATE, context)
 
 
 #: The table's actions a Redis store's records are offered (:meth:`~IdempotencyKeyAdmin.

@@ -41,12 +41,114 @@ def staff(*codenames: str) -> Client:
     return client
 
 
-def act(client: Client, action: str, *records: IdempotencyKey) -> Any:
-    return client.post(
-        CHANGELIST,
-        {"action": action, "_selected_action": [record.pk for record in records]},
-        follow=True,
-    )
+def act(client: Client, action: str, *records: IdempotencyKey, confirm: bool = True) -> Any:
+    """The action on ``records`` as the list's form posts it, then (``confirm``) as its
+    confirmation page's form posts it (``post=yes``)."""
+    data: dict[str, Any] = {"action": action, "_selected_action": [r.pk for r in records]}
+    if confirm:
+        data["post"] = "yes"
+    return client.post(CHANGELIST, data, follow=True)
+
+
+def confirmation_form(page: str) -> dict[str, Any]:
+    """What the confirmation page's form posts: its hidden fields, as a browser sends them."""
+    start = page.index('<form method="post">')
+    form = page[start : page.index("</form>", start)]
+    data: dict[str, Any] = {}
+    for name, value in re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', form):
+        data.setdefault(name, []).append(value)
+    return data
+
+
+@pytest.mark.parametrize("action", ["release_stale", "mark_failed"])
+def test_an_action_asks_for_confirmation_then_applies_what_was_confirmed(
+    admin_client: Client, records: dict[str, IdempotencyKey], action: str
+) -> None:
+    """As the Redis store's actions and Django's delete: the list's post shows the records and
+    changes nothing; the page's form (its CSRF token, ``post=yes``) runs the action."""
+    stale, live = records["stale"], records["live"]
+    asked = act(admin_client, action, stale, live, confirm=False)
+    page = asked.content.decode()
+    assert asked.status_code == 200 and "Are you sure?" in page
+    assert "in the database &#x27;default&#x27;" in page and "1 of them is stale now." in page
+    assert stale.key_hash in page and live.key_hash in page
+    assert 'name="csrfmiddlewaretoken"' in page and 'href="/admin/django_idempotency/' in page
+    stale.refresh_from_db()
+    assert stale.status == PROCESSING  # nothing yet
+
+    form = confirmation_form(page)
+    assert form["action"] == [action] and form["post"] == ["yes"]
+    assert sorted(form["_selected_action"]) == sorted([str(stale.pk), str(live.pk)])
+    done = admin_client.post(CHANGELIST, form, follow=True)
+    assert "1 of 2 selected records" in done.content.decode()
+    left = IdempotencyKey.objects.filter(pk=stale.pk).first()
+    assert left is None if action == "release_stale" else left.status == "failed"  # type: ignore[union-attr]
+    assert IdempotencyKey.objects.get(pk=live.pk).status == PROCESSING
+
+
+def test_cancelling_the_confirmation_changes_nothing(
+    admin_client: Client, records: dict[str, IdempotencyKey]
+) -> None:
+    """ "No, take me back" is a link to the list as it was (a ``GET``): no action runs."""
+    stale = records["stale"]
+    page = act(admin_client, "release_stale", stale, confirm=False).content.decode()
+    back = re.search(r'<a href="([^"]+)" class="button cancel-link">', page)
+    assert back is not None and back.group(1) == CHANGELIST
+    assert admin_client.get(back.group(1)).status_code == 200
+    stale.refresh_from_db()
+    assert stale.status == PROCESSING and stale.lock_token is not None
+
+
+def test_the_confirmation_carries_a_selection_across_the_list_s_filter(
+    admin_client: Client, records: dict[str, IdempotencyKey]
+) -> None:
+    """ "Select all" across the pages of a filtered list: the confirmation posts the filter's
+    selection again (the filter in its URL), not the page's records alone."""
+    url = f"{CHANGELIST}?stale=yes"
+    data = {
+        "action": "mark_failed",
+        "_selected_action": [records["stale"].pk],
+        "select_across": "1",
+        "index": "0",
+    }
+    page = admin_client.post(url, data).content.decode()
+    form = confirmation_form(page)
+    assert form["select_across"] == ["1"] and "1 of them is stale now." in page
+    assert admin_client.post(url, form, follow=True).status_code == 200
+    records["stale"].refresh_from_db()
+    assert records["stale"].status == "failed"
+
+
+def test_delete_expired_asks_for_confirmation_first(
+    admin_client: Client, records: dict[str, IdempotencyKey]
+) -> None:
+    asked = act(admin_client, "delete_expired", records["expired"], records["live"], confirm=False)
+    assert "1 of them is expired now." in asked.content.decode()
+    assert IdempotencyKey.objects.filter(pk=records["expired"].pk).exists()
+    done = admin_client.post(CHANGELIST, confirmation_form(asked.content.decode()), follow=True)
+    assert "Deleted 1 of 2 selected records" in done.content.decode()
+    assert not IdempotencyKey.objects.filter(pk=records["expired"].pk).exists()
+
+
+@pytest.mark.parametrize("confirm", [False, True])
+def test_staff_without_the_change_permission_get_no_confirmation_and_change_nothing(
+    records: dict[str, IdempotencyKey], confirm: bool
+) -> None:
+    client = staff("view_idempotencykey")
+    response = act(client, "release_stale", records["stale"], confirm=confirm)
+    assert response.status_code == 200 and "Are you sure?" not in response.content.decode()
+    records["stale"].refresh_from_db()
+    assert records["stale"].status == PROCESSING
+
+
+def test_the_confirmation_s_post_needs_its_csrf_token(
+    records: dict[str, IdempotencyKey],
+) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", None))
+    forged = act(client, "release_stale", records["stale"])
+    assert forged.status_code == 403
+    assert IdempotencyKey.objects.filter(pk=records["stale"].pk).exists()
 
 
 @pytest.fixture

@@ -427,6 +427,7 @@ def test_release_asks_for_confirmation_then_releases_the_stale_records_only(
     text = asked.content.decode()
     assert asked.status_code == 200 and "Are you sure?" in text and 'name="post"' in text
     assert "2 of them are stale now." in text and all(hash_key(key) in text for key in keys)
+    assert "in the Redis store &#x27;" in text  # as the store's class describes it
     assert before == ["processing", "processing", "processing", "completed"]  # nothing yet
     assert "Released 2 of 4 selected records; 2 were not stale" in done.content.decode()
     assert done.redirect_chain[-1][0] == url

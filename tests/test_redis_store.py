@@ -164,6 +164,17 @@ def test_e062_a_store_that_does_not_answer_at_deploy() -> None:
     assert [e.id for e in errors] == ["django_idempotency.E062"]
 
 
+def test_e062_asks_a_redis_store_s_ping_through_the_contract() -> None:
+    """A server that answers passes; one on a port nobody listens on is named as the Redis
+    store's class describes it."""
+    assert using(ALIAS).ping() is None
+    assert store_checks.e062_unreachable(STORE) is None
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    error = store_checks.e062_unreachable(dead)
+    assert error is not None
+    assert error.msg.startswith(f"The Redis store {dead!r} does not answer: ConnectionError")
+
+
 def test_e062_s_message_is_one_line_without_redis_py_s_reprs() -> None:
     """A Sentinel's ``MasterNotFoundError`` carried its client's whole connection repr (about
     1,500 characters): the message is the store's name, the error's class and first line."""

@@ -180,3 +180,62 @@ def test_the_relay_says_a_cluster_it_cannot_reach_did_not_answer() -> None:
     down = "redis+cluster://127.0.0.1:1"
     with pytest.raises(CommandError, match=r"^The Redis store 'redis\+cluster://127.0.0.1:1' did"):
         call_command("idempotency_relay", "--once", "--store", down, stdout=StringIO())
+
+
+def test_stats_name_a_registered_store_as_its_class_describes_it(toy: str) -> None:
+    """The stats' lines of a store besides the database name it by its class's ``describe()``
+    and ``name``: the toy store is no Redis store."""
+    using(toy)
+    out = StringIO()
+    call_command("idempotency_stats", stdout=out)
+    text = out.getvalue()
+    assert "Toy store 'toy://memory':\n" in text  # no expiry of its own: the class has none
+    assert "Redis" not in text and "TTL" not in text
+
+
+def test_stats_name_a_registered_store_that_does_not_answer_by_its_class(toy: str) -> None:
+    store = using(toy)
+    assert isinstance(store, ToyStore)
+    store.answers = False
+    out = StringIO()
+    with pytest.raises(CommandError) as refused:
+        call_command("idempotency_stats", stdout=out)
+    off = "the toy store is switched off"
+    assert str(refused.value) == f"Toy store 'toy://memory' did not answer: {off}"
+    assert f"Toy store 'toy://memory': not reachable ({off})." in out.getvalue()
+
+
+def test_the_commands_notes_name_a_registered_store_by_its_class(toy: str) -> None:
+    from django_idempotency._ops import store_checks
+
+    assert store_checks.redis_notes("nothing to delete there") == [
+        "Toy store 'toy://memory': 0 record(s)."
+    ]
+    (note,) = store_checks.admin_notes()
+    assert "live in the Toy store 'toy://memory'," in note and "Redis" not in note
+
+
+def test_deploy_checks_ask_a_registered_store_through_the_contract(toy: str) -> None:
+    """E062 asks the contract's ``ping()``: the toy store answers, then is switched off and
+    is named by its class; E063 asks ``eviction_policies()``, which has nothing to refuse in
+    memory (no W062 "could not read" of a Redis server it never was)."""
+    from django_idempotency._ops import store_checks
+
+    assert store_checks.check_stores_deploy() == []
+    store = using(toy)
+    assert isinstance(store, ToyStore)
+    store.answers = False
+    (error,) = store_checks.check_stores_deploy()
+    assert error.id == check_name(62)
+    assert error.msg == (
+        "The Toy store 'toy://memory' does not answer: ConnectionError: the toy store is "
+        "switched off"
+    )
+
+
+def test_e062_asks_the_database_store_through_the_contract() -> None:
+    """The database's store answers ``ping()`` with a query on the thread's connection."""
+    from django_idempotency._ops import store_checks
+
+    assert store_checks.e062_unreachable("database") is None
+    assert store_checks.described("database") == "database 'default'"

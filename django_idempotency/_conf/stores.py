@@ -39,6 +39,9 @@ STORES: dict[str, str] = {
 class StoreKind(Protocol):
     """What the registry asks of a store's class (the contract's class methods)."""
 
+    #: The store's kind for people (``Redis``, ``PostgreSQL``): messages name it so.
+    name: str
+
     def open(self, alias: str) -> Any:
         """The store of ``alias`` (a name the store layer knows it by)."""
 

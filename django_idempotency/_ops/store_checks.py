@@ -1,6 +1,8 @@
-"""System checks of the Redis store: atomic views on it (E061), and at ``check --deploy``
-whether each Redis store answers (E062) and keeps what it acknowledged (W060). ``STORE``'s own
-value is checked on its setting's line (E060)."""
+"""System checks of the stores other than the database (a Redis store, or another of the
+registry's): atomic views on one (E061), and at ``check --deploy`` whether each answers (E062),
+keeps what it acknowledged (W060) and never evicts a record (E063), each asked of the store
+contract. ``STORE``'s own value is checked on its setting's line (E060). Every message names a
+store as its class describes it (:func:`described`), never as Redis by default."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.text import capfirst
 
+from django_idempotency._conf import stores as registry
 from django_idempotency._conf.options import ATOMIC_ON_SETTING, atomic_error
 from django_idempotency._conf.settings import check_name, conf
 from django_idempotency._conf.values import DATABASE, display_name, store_alias
@@ -20,12 +24,30 @@ def check_stores(**kwargs: Any) -> list[CheckMessage]:
     return e061_atomic_on_redis()
 
 
-def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
-    """At ``check --deploy``: each Redis store the settings and views name answers, and
-    persists every write. A registered store without a client of its own has no server to
-    ask (its ``None`` was pinged as a Redis client's: E062 and W062 of an ``AttributeError``)."""
-    from django_idempotency._store import using
+def described(store: str) -> str:
+    """How messages name the store ``store`` (``STORE``'s value, a view's ``store``): as its
+    class describes itself (``Redis store 'redis://host:6379/0'``, ``database 'default'``),
+    without a password; a name no store serves, as it is shown."""
+    return described_alias(store_alias(store, conf.DATABASE_ALIAS if store == DATABASE else ""))
 
+
+def described_alias(alias: str) -> str:
+    """:func:`described` of the name the store layer knows a store by (a database alias,
+    ``cache:<alias>``, a URL)."""
+    kind = registry.kind_of(alias)
+    return f"store {display_name(alias)!r}" if kind is None else kind.describe(alias)
+
+
+def expiry(store: str) -> str:
+    """How the store ``store``'s records leave it of their own (``its records expire by Redis's
+    own TTL``); ``""``: by the cleanup, or as the store says."""
+    kind = registry.kind_of(store_alias(store, ""))
+    return kind.expiry if kind is not None else ""
+
+
+def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
+    """At ``check --deploy``: each store the settings and views name besides the database
+    answers, and persists every write."""
     messages: list[CheckMessage] = []
     for store in sorted(redis_stores()):
         if using(store_alias(store, "")).client is None:
@@ -50,13 +72,12 @@ def e063_eviction(store: str) -> list[CheckMessage]:
     and ``volatile-lru`` each ran 20 of 20 keys twice beside cache writes)."""
     from django_idempotency._store import using
 
-    client = using(store_alias(store, "")).client
     try:
-        policies = _policies(client)
+        policies = using(store_alias(store, "")).eviction_policies()
     except Exception as exc:
         return [
             Warning(
-                f"Could not read the Redis store {store!r}'s maxmemory-policy ({exc}): "
+                f"Could not read the maxmemory-policy of the {described(store)} ({exc}): "
                 "CONFIG may be renamed or forbidden to this user. Under any policy but "
                 "noeviction, Redis evicts records when memory runs out, and their keys run "
                 "their views again.",
@@ -73,7 +94,7 @@ def e063_eviction(store: str) -> list[CheckMessage]:
     )
     return [
         Error(
-            f"The Redis store {store!r} runs with maxmemory-policy {where}: when memory runs "
+            f"The {described(store)} runs with maxmemory-policy {where}: when memory runs "
             "out, Redis evicts idempotency records (each has a TTL, so volatile-* policies "
             "evict them too), and their keys run their views again; an evicted record in "
             "flight lets a duplicate run beside its owner.",
@@ -85,21 +106,6 @@ def e063_eviction(store: str) -> list[CheckMessage]:
     ]
 
 
-def _policies(client: Any) -> dict[str, str]:
-    """``maxmemory-policy`` of the server (under ``""``), or of each primary of a cluster."""
-    if not hasattr(client, "get_primaries"):
-        return {"": _text(client.config_get("maxmemory-policy")["maxmemory-policy"])}
-    found = {}
-    for node in client.get_primaries():
-        reply = client.config_get("maxmemory-policy", target_nodes=node)
-        found[node.name] = _text(reply["maxmemory-policy"])
-    return found
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 @refusing(
     "a Redis store's client has no socket timeout and a pool the store cannot bound call by "
     "call (Sentinel's, a blocking or a caching pool): a frozen server holds a request for "
@@ -108,21 +114,13 @@ def _text(value: Any) -> str:
 def w061_unbounded(store: str) -> list[CheckMessage]:
     from django_idempotency._store import using
 
-    bound = using(store_alias(store, ""))
-    try:
-        client = bound.client
-    except Exception:
-        return []  # E060 or E062 says why
-    pool = getattr(client, "connection_pool", None)
-    if bound.bounds_each_call or pool is None:
-        return []  # each call sets its own timeouts (or a cluster's client, made with them)
-    kwargs = getattr(pool, "connection_kwargs", {})
-    if kwargs.get("socket_timeout") is not None:
+    pool = using(store_alias(store, "")).unbounded_pool()
+    if pool is None:
         return []
     return [
         Warning(
-            f"The Redis store {store!r} has no socket timeout, and its pool "
-            f"({type(pool).__name__}) is one whose connections the store takes call by "
+            f"The {described(store)} has no socket timeout, and its pool "
+            f"({pool}) is one whose connections the store takes call by "
             "call: a frozen or blackholed server holds each call there for good.",
             hint='Give the cache OPTIONS {"socket_timeout": 5, "socket_connect_timeout": 5}, '
             "or a plain ConnectionPool (docs: 'Choosing the store').",
@@ -144,7 +142,8 @@ def _setting_store() -> str | None:
 
 
 def redis_stores() -> set[str]:
-    """The Redis stores (``STORE``'s values) the settings and the URLconf's views name."""
+    """The stores other than the database (``STORE``'s values: a Redis store's, another's
+    of the registry) the settings and the URLconf's views name."""
     stores = {_setting_store()}
     stores |= {options.get("store") for _, options in _views()}
     return {store for store in stores if store is not None and store != DATABASE}
@@ -175,15 +174,19 @@ def e061_atomic_on_redis() -> list[CheckMessage]:
     return errors
 
 
-@refusing("a Redis store does not answer; asked with ``--deploy`` only")
+@refusing(
+    "a store the settings or views name besides the database (a Redis store) does not "
+    "answer (the store contract's ``ping()``); asked with ``--deploy`` only"
+)
 def e062_unreachable(store: str) -> Error | None:
     from django_idempotency._store import using
 
+    alias = store_alias(store, conf.DATABASE_ALIAS if store == DATABASE else "")
     try:
-        using(store_alias(store, "")).client.ping()
+        using(alias).ping()
     except Exception as exc:
         return Error(
-            f"The Redis store {display_name(store)!r} does not answer: {_one_line(exc)}",
+            f"The {described(store)} does not answer: {_one_line(exc)}",
             hint="Start it, or point STORE (or the view's store) at one that runs.",
             id=check_name(62),
         )
@@ -217,16 +220,15 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
     from django_idempotency._store import using
 
     try:
-        persistence = _persistence(using(store_alias(store, "")).client)
+        without = using(store_alias(store, "")).unpersisted()
     except Exception:
         return []  # not ours to read (a managed server): nothing to say
-    without = [node for node, info in persistence.items() if str(info.get("aof_enabled")) == "0"]
     if not without:
         return []
     where = f" (on {', '.join(without)})" if without != [""] else ""
     return [
         Warning(
-            f"The Redis store {display_name(store)!r} runs with appendonly no{where}: a restart "
+            f"The {described(store)} runs with appendonly no{where}: a restart "
             "or a crash loses every record written since its last snapshot, and retries of "
             "those keys run their views again.",
             hint="Set appendonly yes: appendfsync always loses no acknowledged write; "
@@ -238,20 +240,9 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
     ]
 
 
-def _persistence(client: Any) -> dict[str, dict[str, Any]]:
-    """``INFO persistence`` of the server (under ``""``), or of each primary of a cluster (by
-    ``host:port``): each holds its share of the records."""
-    if not hasattr(client, "get_primaries"):
-        return {"": client.info("persistence")}
-    found = client.info("persistence", target_nodes=client.PRIMARIES)
-    if "aof_enabled" in found:  # one primary: its reply itself
-        return {client.get_primaries()[0].name: found}
-    return dict(found)
-
-
 def redis_notes(verb: str) -> list[str]:
-    """What an operator's command says of each Redis store: it holds records this command
-    does not see, and how many (a ``SCAN``)."""
+    """What an operator's command says of each store besides the database: it holds records
+    this command does not see, and how many (a Redis store's ``SCAN``)."""
     from django_idempotency._store import using
 
     notes = []
@@ -261,14 +252,14 @@ def redis_notes(verb: str) -> list[str]:
             count = f"{bound.count():,} record(s)"
         except Exception as exc:  # unreachable: say so, and go on
             count = f"not reachable ({exc})"
-        # Named by its own class: a registered store is no Redis store.
-        note = f"{bound.describe(bound.alias)}: {count}"
+        note = f"{capfirst(described(store))}: {count}"
         notes.append(f"{note}; {bound.expiry}, so {verb}." if bound.expiry else f"{note}.")
     return notes
 
 
 def redis_census() -> dict[str, Any]:
-    """``idempotency_stats --json``'s ``redis_stores``: each Redis store's records by status,
+    """``idempotency_stats --json``'s ``redis_stores``: each store's besides the database (a
+    Redis store's, another's) records by status,
     its stale ones, its operations running and stuck
     (:meth:`~.._store.redis.store.RedisStore.census`) and its outbox's backlog, or ``error``
     when it does not answer. The table's figures beside them do not count these records."""
@@ -312,7 +303,7 @@ def _outbox(store: str) -> dict[str, Any]:
 
 def admin_notes() -> list[str]:
     """What the admin's list says above the table: which views keep their records in which
-    Redis store, and that the table's list cannot show them (their own is linked)."""
+    store besides the database, and that the table's list cannot show them (their own is linked)."""
     setting = _setting_store()
     where: dict[str, list[str]] = {}
     for name, options in _views():
@@ -327,8 +318,9 @@ def admin_notes() -> list[str]:
         listed = ", ".join(views[:5]) + (f" and {len(views) - 5} more" if len(views) > 5 else "")
         notes.append(
             f"Records of {'the views ' + listed if views else 'every protected view'} "
-            f"({which}) live in the Redis store {display_name(store)!r}, which this list cannot "
-            "show (it lists the database's table): their own list is linked below. They expire "
-            "by Redis's own TTL; idempotency_stats counts them, and erasure by scope reaches them."
+            f"({which}) live in the {described(store)}, which this list cannot "
+            "show (it lists the database's table): their own list is linked below. "
+            f"{capfirst(expiry(store)) + '; i' if expiry(store) else 'I'}dempotency_stats "
+            "counts them, and erasure by scope reaches them."
         )
     return notes

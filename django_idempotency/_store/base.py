@@ -26,3 +26,8 @@ class Store(Claims, FencedWrites, Maintenance, TableOperations, TableOutbox):
     @classmethod
     def describe(cls, alias: str) -> str:
         return f"database {alias!r}"
+
+    def ping(self) -> None:
+        """One ``SELECT 1`` on the calling thread's connection, made if it has none."""
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT 1")

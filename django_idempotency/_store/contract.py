@@ -445,6 +445,30 @@ class StoreContract:
         """How long a cluster's surviving nodes stall writes evicting a dead one."""
         return None
 
+    def ping(self) -> None:
+        """Raise (the store's own error, said in ``check --deploy``'s E062) unless the store
+        answers now. The default, for a store without a server (records in this process's
+        memory), asks nothing: such a store always answers."""
+
+    def eviction_policies(self) -> dict[str, str]:
+        """The policy by which each of the store's servers frees memory, by server (``""``:
+        its only one), to tell one that evicts records (E063); empty: none ever evicts a
+        record (the default: records leave by their expiry or the cleanup only). Raises
+        where the server will not say (W062)."""
+        return {}
+
+    def unpersisted(self) -> list[str]:
+        """The store's servers (``""``: its only one) that acknowledge writes a restart or a
+        crash loses (W060); empty: none, the default (a store without a server, or one that
+        cannot tell). Raises where the server will not say (nothing is warned)."""
+        return []
+
+    def unbounded_pool(self) -> str | None:
+        """The name of what can hold a call for good on a frozen server: a pool whose
+        connections have no socket timeout and that the store cannot bound call by call
+        (W061); ``None``: every call is bounded (the default)."""
+        return None
+
     @property
     def client(self) -> Any:
         """The store's client of its server (``None``: it has none of its own)."""

@@ -202,3 +202,27 @@ def _records(client: Any, names: list[Any], status: str | None) -> list[Idempote
 
 def _newest_first(records: list[IdempotencyKey]) -> list[IdempotencyKey]:
     return sorted(records, key=lambda record: record.created_at, reverse=True)
+
+
+def eviction_policies(client: Any) -> dict[str, str]:
+    """``maxmemory-policy`` of the server (under ``""``), or of each primary of a cluster (by
+    its name): each holds its share of the records."""
+    if not hasattr(client, "get_primaries"):
+        return {"": as_text(client.config_get("maxmemory-policy")["maxmemory-policy"])}
+    found = {}
+    for node in client.get_primaries():
+        reply = client.config_get("maxmemory-policy", target_nodes=node)
+        found[node.name] = as_text(reply["maxmemory-policy"])
+    return found
+
+
+def unpersisted(client: Any) -> list[str]:
+    """The server (``""``), or the primaries of a cluster (by ``host:port``), that run without
+    ``appendonly`` (``INFO persistence``): each holds its share of the records."""
+    if not hasattr(client, "get_primaries"):
+        found = {"": client.info("persistence")}
+    else:
+        found = client.info("persistence", target_nodes=client.PRIMARIES)
+        if "aof_enabled" in found:  # one primary: its reply itself
+            found = {client.get_primaries()[0].name: found}
+    return [node for node, info in found.items() if str(info.get("aof_enabled")) == "0"]

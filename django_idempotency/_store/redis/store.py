@@ -259,6 +259,34 @@ class RedisStore(StoreContract):
     def _erase(self, key: str) -> Any:
         return self._server.run("ERASE", [key], [], None)
 
+    def ping(self) -> None:
+        """A ``PING`` on the store's client (made if need be: a cluster's, from its nodes)."""
+        self.client.ping()
+
+    def eviction_policies(self) -> dict[str, str]:
+        """Each primary's ``maxmemory-policy`` (``CONFIG GET``: refused where renamed or
+        forbidden to the store's user)."""
+        return scans.eviction_policies(self.client)
+
+    def unpersisted(self) -> list[str]:
+        """The primaries without ``appendonly`` (``INFO persistence``)."""
+        return scans.unpersisted(self.client)
+
+    def unbounded_pool(self) -> str | None:
+        """The client's pool, by its class's name, when its connections have no socket
+        timeout and the store takes them call by call (Sentinel's, a blocking or a caching
+        pool); ``None`` for a plain pool (each call sets its own timeouts) or a cluster's
+        client (made with them), or a client that cannot be made (E060 or E062 says why)."""
+        try:
+            client = self.client
+        except Exception:
+            return None
+        pool = getattr(client, "connection_pool", None)
+        if self.bounds_each_call or pool is None:
+            return None
+        timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
+        return None if timeout is not None else type(pool).__name__
+
     def count(self) -> int:
         """How many records the store holds (a ``SCAN`` of its prefix: an operator's figure)."""
         return scans.count(self.client, self.prefix)

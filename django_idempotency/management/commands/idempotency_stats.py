@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
+from django.utils.text import capfirst
 
 from django_idempotency._base.durations import human
 from django_idempotency._conf import stores
@@ -20,8 +21,8 @@ class Command(BaseCommand):
     help = (
         "Show the idempotency table's health: records by status, expired records waiting for "
         "idempotency_cleanup, stale processing records, the table's size and the outbox's "
-        "backlog; then each Redis store's records, outbox and operations. Counting reads the "
-        "whole table once."
+        "backlog; then each other store's (a Redis store's) records, outbox and operations. "
+        "Counting reads the whole table once."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -43,7 +44,7 @@ class Command(BaseCommand):
             raise CommandError(f"The database {alias!r} did not answer: {exc}".strip()) from exc
         census = store_checks.redis_census()
         unreachable = [
-            f"Redis store {name!r} did not answer: {figures['error']}"
+            f"{capfirst(_described(name))} did not answer: {figures['error']}"
             for name, figures in census.items()
             if figures["error"] is not None
         ]
@@ -79,26 +80,26 @@ class Command(BaseCommand):
         for warning in warnings:
             self.stdout.write(self.style.WARNING(f"Warning: {warning}"))
 
-    def _redis_text(self, store: str, figures: dict[str, Any]) -> None:
-        """A store's figures under the table's, as its census gives them (a figure it cannot
-        give, ``None``, is *not counted*): its records, and its outbox and operations (the
-        table's lines count neither). The store is named by its own class."""
-        kind = stores.kind_of(store_alias(store, ""))
-        described = kind.describe(store_alias(store, "")) if kind else repr(store)
+    def _redis_text(self, name: str, figures: dict[str, Any]) -> None:
+        """Another store's figures (a Redis store's) under the table's, as its census gives
+        them (a figure it cannot give is *unknown*): its records, and its outbox and operations
+        (the table's lines count neither); named as its class describes it."""
+        label = capfirst(_described(name))
         if figures["error"] is not None:
-            self.stdout.write(f"{described}: not reachable ({figures['error']}).")
+            self.stdout.write(f"{label}: not reachable ({figures['error']}).")
             return
-        expiry = kind.expiry if kind else ""
-        if expiry:  # then no record of it is the cleanup's
-            described += f" ({expiry}: idempotency_cleanup has nothing to delete there)"
-        self.stdout.write(f"{described}:")
+        kind = stores.kind_of(store_alias(_named(name), ""))
+        if kind is not None and kind.expiry:  # then no record of it is the cleanup's
+            label += f" ({kind.expiry}: idempotency_cleanup has nothing to delete there)"
+        self.stdout.write(f"{label}:")
         running = _count(figures["operations_running"])
         if figures["operations_running"]:
             running += f" ({_count(figures['operations_stuck'])} stuck)"
-        by_status = figures["by_status"]
-        statuses = f" ({_statuses(by_status)})" if by_status else ""
+        records = _count(figures["total"])
+        if figures["by_status"]:
+            records += f" ({_statuses(figures['by_status'])})"
         for label, value in (
-            ("Records", f"{_count(figures['total'])}{statuses}"),
+            ("Records", records),
             ("Stale processing", _count(figures["stale"])),
             ("Outbox undelivered", relay.describe(figures)),
             ("Operations running", running),
@@ -106,9 +107,10 @@ class Command(BaseCommand):
             self.stdout.write(f"  {label + ':':<20}{value}")
 
 
-def _count(figure: int | None) -> str:
-    """A census's figure, or what a store that cannot give it (``None``) shows."""
-    return "not counted" if figure is None else f"{figure:,}"
+def _count(value: int | None) -> str:
+    """A census's figure; ``unknown`` where the store cannot say (the contract's default
+    census counts its records only)."""
+    return "unknown" if value is None else f"{value:,}"
 
 
 def _statuses(by_status: dict[str, int]) -> str:
@@ -119,25 +121,36 @@ def _statuses(by_status: dict[str, int]) -> str:
 def _warnings(
     stats: maintenance.Stats, outbox: dict[str, Any], census: dict[str, Any], alias: str
 ) -> list[str]:
-    """The table's warnings, then its outbox's, then each Redis store's that answered: its
+    """The table's warnings, then its outbox's, then each other store's that answered: its
     stuck operations and its outbox's failed messages, whose suggested commands name the
     store unless it is ``STORE`` (the commands' default)."""
     warnings = [*stats.warnings, *relay.warnings(outbox, store_option(DATABASE, alias))]
     silent = human(maintenance.OPERATION_STUCK_AFTER.total_seconds())
     for store in sorted(store_checks.redis_stores()):
-        name = display_name(store)
-        figures = census[name]
+        figures = census[display_name(store)]
         if figures["error"] is not None:
             continue
+        label = capfirst(store_checks.described(store))
         if figures["operations_stuck"]:
             warnings.append(
-                f"Redis store {name!r}: {figures['operations_stuck']:,} long-running "
+                f"{label}: {figures['operations_stuck']:,} long-running "
                 f"operation(s) had no final response nor progress for over {silent}: "
                 "idempotency_recover --operations lists them."
             )
         reach = store_option(store, alias)
-        warnings += [f"Redis store {name!r}: {w}" for w in relay.warnings(figures, reach)]
+        warnings += [f"{label}: {w}" for w in relay.warnings(figures, reach)]
     return warnings
+
+
+def _named(shown: str) -> str:
+    """The store (``STORE``'s value) the census shows as ``shown`` (its key: no password)."""
+    found = (s for s in store_checks.redis_stores() if display_name(s) == shown)
+    return next(found, shown)
+
+
+def _described(shown: str) -> str:
+    """The census's store ``shown`` as its class describes it (``Redis store 'redis'``)."""
+    return store_checks.described(_named(shown))
 
 
 def _operations(stats: maintenance.Stats) -> str:
