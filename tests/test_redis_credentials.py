@@ -420,13 +420,16 @@ def test_an_unreachable_cluster_at_a_workers_first_call_is_a_503(post: Any) -> N
     assert executions() == 0
 
 
-def test_an_option_the_client_refuses_is_a_503_not_a_500(post: Any) -> None:
+def test_an_option_the_client_refuses_is_refused_by_the_check(post: Any) -> None:
     """An option redis-py passes on but the client does not take (a ``TypeError`` when the
-    client is made)."""
+    client is made) is E060 at startup: it answered ``503`` to every keyed request, and passed
+    the checks. Set at run time, it is refused before the view runs, as any unusable value."""
     url = f"redis://127.0.0.1:{free_port()}/0?no_such_option=1"
     with override_settings(IDEMPOTENCY={"STORE": url}):
+        assert [e.id for e in checks.check_settings()] == ["django_idempotency.E060"]
         response = post("/create/", {"a": 1}, key="k")
-    assert response.status_code == 503
+    assert response.status_code == 500
+    assert json.loads(response.content)["type"].endswith("#idempotency-misconfigured")
 
 
 def test_a_raw_client_of_the_private_server_needs_the_password(protected: server) -> None:
