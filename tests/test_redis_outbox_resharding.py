@@ -18,6 +18,8 @@ from django_idempotency._store.redis.outbox import queues
 from tests.redis_servers import private_cluster
 from tests.test_redis_store import _released_in_slots
 
+pytestmark = pytest.mark.redis
+
 LEASE = timedelta(seconds=30)
 
 
@@ -67,3 +69,27 @@ def test_a_take_during_a_slot_s_migration_keeps_the_message_it_cannot_see(
     assert target.zscore(due, message) is not None  # still queued, due within a lease
     target.zadd(due, {message: 0})  # the lease passed
     assert [taken.key for taken in store.take(10, LEASE)] == [message]
+
+
+def test_a_slot_whose_message_left_first_holds_back_no_other_slot(cluster_url: str) -> None:
+    """The message moved to the new primary before its queue: the take on the old one reads a
+    key it no longer holds, which the server refuses (the script stops). That refusal failed the
+    whole batch, every other slot's messages taken with it held a lease unsent, batch after
+    batch, as long as the slot moved: now the other slots' messages are sent."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    moving, other = _released_in_slots(store, 2)
+    client = cluster_client(cluster_url)
+    source = _node(client, moving)
+    target = next(
+        redis.Redis(host=node.host, port=node.port)
+        for node in client.get_primaries()
+        if node.port != source.connection_pool.connection_kwargs["port"]
+    )
+    slot = client.keyslot(moving)
+    source_id, target_id = (n.execute_command("CLUSTER", "MYID").decode() for n in (source, target))
+    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    port = target.connection_pool.connection_kwargs["port"]
+    source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", moving)
+
+    assert [taken.key for taken in store.take(10, LEASE)] == [other]
