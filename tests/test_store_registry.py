@@ -133,6 +133,8 @@ def test_the_relay_says_a_cluster_it_cannot_reach_did_not_answer() -> None:
         ("redis://:S3cret@127.0.0.1:6379/-1", "database number"),
         ("redis+sentinel://:S3cret@h:26379", "no master"),
         ("redis+sentinel://:S3cret@h:26379/m/x", "database number"),
+        ("redis+cluster://:S3cret@h:1,h:2/3", "database 0 only"),
+        ("rediss+cluster://:S3cret@h:1?db=2", "database 0 only"),
     ],
 )
 def test_a_redis_url_every_request_would_fail_on_is_refused_at_startup(url: str, said: str) -> None:
@@ -160,6 +162,7 @@ def test_a_redis_url_every_request_would_fail_on_is_refused_at_startup(url: str,
         "redis://h/",
         "redis+sentinel://h:26379,g:26379/mymaster/2?sentinel_password=x&socket_timeout=2",
         "rediss+cluster://h:1,h:2?ssl_check_hostname=false&ssl_ca_certs=/ca.pem",
+        "redis+cluster://h:1,h:2/0?db=0",
     ],
 )
 def test_a_redis_url_with_options_redis_py_takes_is_accepted(url: str) -> None:

@@ -109,13 +109,18 @@ def redis_path(url: str) -> None:
     """``ValueError`` for a path redis-py would not read as the URL says: one server's path is
     its database's number (redis-py read ``/1O`` as database 0, and ``/-1`` failed every
     call), a Sentinel's is its master's name and then that number (without it, every call
-    failed); a cluster has one database, a Unix socket's path is its file."""
-    from urllib.parse import urlsplit
+    failed); a cluster has database 0 alone (``/3`` was dropped unsaid, ``?db=3`` failed every
+    call), a Unix socket's path is its file."""
+    from urllib.parse import parse_qs, urlsplit
 
     scheme = url.partition("://")[0]
-    if scheme == "unix" or scheme.endswith("+cluster"):
+    if scheme == "unix":
         return
     parts = [unquote(part) for part in urlsplit(url).path.split("/") if part]
+    if scheme.endswith("+cluster"):
+        if parts not in ([], ["0"]) or parse_qs(urlsplit(url).query).get("db", ["0"]) != ["0"]:
+            raise ValueError(f"{display_name(url)!r}: a Redis Cluster has database 0 only.")
+        return
     if scheme.endswith("+sentinel"):
         if not parts:
             raise ValueError(
