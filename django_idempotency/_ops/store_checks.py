@@ -51,10 +51,10 @@ def e063_eviction(store: str) -> list[CheckMessage]:
     except Exception as exc:
         return [
             Warning(
-                f"Could not read the Redis store {store!r}'s maxmemory-policy ({exc}): "
-                "CONFIG may be renamed or forbidden to this user. Under any policy but "
-                "noeviction, Redis evicts records when memory runs out, and their keys run "
-                "their views again.",
+                f"Could not read the Redis store {display_name(store)!r}'s maxmemory-policy "
+                f"({_one_line(exc)}): CONFIG may be renamed or forbidden to this user. Under "
+                "any policy but noeviction, Redis evicts records when memory runs out, and "
+                "their keys run their views again.",
                 hint="Make sure the server runs with maxmemory-policy noeviction "
                 "(docs: 'Choosing the store').",
                 id=check_name(62, "W"),
@@ -68,10 +68,10 @@ def e063_eviction(store: str) -> list[CheckMessage]:
     )
     return [
         Error(
-            f"The Redis store {store!r} runs with maxmemory-policy {where}: when memory runs "
-            "out, Redis evicts idempotency records (each has a TTL, so volatile-* policies "
-            "evict them too), and their keys run their views again; an evicted record in "
-            "flight lets a duplicate run beside its owner.",
+            f"The Redis store {display_name(store)!r} runs with maxmemory-policy {where}: "
+            "when memory runs out, Redis evicts idempotency records (each has a TTL, so "
+            "volatile-* policies evict them too), and their keys run their views again; an "
+            "evicted record in flight lets a duplicate run beside its owner.",
             hint="Set maxmemory-policy noeviction on the store's server (a full server then "
             "refuses claims: 503), and keep caches that need eviction on another server "
             "(docs: 'Choosing the store').",
@@ -116,7 +116,7 @@ def w061_unbounded(store: str) -> list[CheckMessage]:
         return []
     return [
         Warning(
-            f"The Redis store {store!r} has no socket timeout, and its pool "
+            f"The Redis store {display_name(store)!r} has no socket timeout, and its pool "
             f"({type(pool).__name__}) is one whose connections the store takes call by "
             "call: a frozen or blackholed server holds each call there for good.",
             hint='Give the cache OPTIONS {"socket_timeout": 5, "socket_connect_timeout": 5}, '
