@@ -199,6 +199,30 @@ def test_check_messages_never_show_the_password(protected: server) -> None:
     assert display_name(protected.url()) in warnings[0].msg
 
 
+def test_the_eviction_check_never_shows_the_password(protected: server) -> None:
+    """E063 (an evicting policy) and W062 (``CONFIG`` forbidden to the store's user) named the
+    store by ``STORE``'s value itself: ``check --deploy`` printed its password."""
+    admin = redis.Redis(port=protected.port, password=PASSWORD)
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    limited = f"{USER}-limited"
+    admin.acl_setuser(limited, enabled=True, passwords=[f"+{USER_PASSWORD}"], keys=["*"],
+                      channels=["*"], commands=["+@all", "-config"])  # fmt: skip
+    try:
+        for url, expected in [
+            (protected.url(), "django_idempotency.E063"),
+            (protected.url(f"{limited}:{USER_PASSWORD}"), "django_idempotency.W062"),
+        ]:
+            with override_settings(IDEMPOTENCY={"STORE": url}):
+                messages = store_checks.check_stores_deploy()
+            found = [m for m in messages if m.id == expected]
+            assert found, [m.id for m in messages]
+            assert_no_secret(found[0].msg)
+            assert display_name(url) in found[0].msg
+    finally:
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.acl_deluser(limited)
+
+
 def test_commands_never_show_the_password(protected: server, capsys: Any) -> None:
     """idempotency_stats (text and ``--json``, whose key is the store's display name),
     idempotency_cleanup and idempotency_recover, on a store that answers and on one that
@@ -420,13 +444,16 @@ def test_an_unreachable_cluster_at_a_workers_first_call_is_a_503(post: Any) -> N
     assert executions() == 0
 
 
-def test_an_option_the_client_refuses_is_a_503_not_a_500(post: Any) -> None:
+def test_an_option_the_client_refuses_is_refused_by_the_check(post: Any) -> None:
     """An option redis-py passes on but the client does not take (a ``TypeError`` when the
-    client is made)."""
+    client is made) is E060 at startup: it answered ``503`` to every keyed request, and passed
+    the checks. Set at run time, it is refused before the view runs, as any unusable value."""
     url = f"redis://127.0.0.1:{free_port()}/0?no_such_option=1"
     with override_settings(IDEMPOTENCY={"STORE": url}):
+        assert [e.id for e in checks.check_settings()] == ["django_idempotency.E060"]
         response = post("/create/", {"a": 1}, key="k")
-    assert response.status_code == 503
+    assert response.status_code == 500
+    assert json.loads(response.content)["type"].endswith("#idempotency-misconfigured")
 
 
 def test_a_raw_client_of_the_private_server_needs_the_password(protected: server) -> None:

@@ -239,3 +239,49 @@ def test_e062_asks_the_database_store_through_the_contract() -> None:
 
     assert store_checks.e062_unreachable("database") is None
     assert store_checks.described("database") == "database 'default'"
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("redis://:S3cret@127.0.0.1:6379/12?socket_timout=5", "socket_timout"),
+        ("redis+cluster://:S3cret@h:1,h:2?read_from_replica=yes", "read_from_replica"),
+        ("rediss+sentinel://:S3cret@h:26379/m?sentinel_pasword=x", "sentinel_pasword"),
+        ("redis://:S3cret@127.0.0.1:6379/1O", "database number"),
+        ("redis://:S3cret@127.0.0.1:6379/-1", "database number"),
+        ("redis+sentinel://:S3cret@h:26379", "no master"),
+        ("redis+sentinel://:S3cret@h:26379/m/x", "database number"),
+        ("redis+cluster://:S3cret@h:1,h:2/3", "database 0 only"),
+        ("rediss+cluster://:S3cret@h:1?db=2", "database 0 only"),
+    ],
+)
+def test_a_redis_url_every_request_would_fail_on_is_refused_at_startup(url: str, said: str) -> None:
+    """A typo in a URL's option (redis-py's connection refuses a keyword it does not take, or a
+    cluster's client drops it), a path that is no database number (read as database 0), a
+    Sentinel's URL without its master: each passed the check, and every keyed request answered
+    ``503`` (or wrote to database 0). The message names the fault, never the password."""
+    from django.core import checks
+
+    with pytest.raises(ValueError, match=said) as refused:
+        store_value(url, "STORE")
+    assert "S3cret" not in str(refused.value)
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        errors = [m for m in checks.run_checks() if m.id == check_name(60)]
+    assert errors and said in errors[0].msg and "S3cret" not in errors[0].msg
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h/0?socket_timeout=5&health_check_interval=10&client_name=app",
+        "rediss://u:p@h:6380/3?ssl_cert_reqs=required&ssl_ca_certs=/ca.pem",
+        "unix:///tmp/redis.sock?db=3",
+        "redis://h",
+        "redis://h/",
+        "redis+sentinel://h:26379,g:26379/mymaster/2?sentinel_password=x&socket_timeout=2",
+        "rediss+cluster://h:1,h:2?ssl_check_hostname=false&ssl_ca_certs=/ca.pem",
+        "redis+cluster://h:1,h:2/0?db=0",
+    ],
+)
+def test_a_redis_url_with_options_redis_py_takes_is_accepted(url: str) -> None:
+    assert store_value(url, "STORE") == url

@@ -50,8 +50,6 @@ def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
     answers, and persists every write."""
     messages: list[CheckMessage] = []
     for store in sorted(redis_stores()):
-        if using(store_alias(store, "")).client is None:
-            continue
         messages += w061_unbounded(store)
         if error := e062_unreachable(store):
             messages.append(error)
@@ -77,10 +75,10 @@ def e063_eviction(store: str) -> list[CheckMessage]:
     except Exception as exc:
         return [
             Warning(
-                f"Could not read the maxmemory-policy of the {described(store)} ({exc}): "
-                "CONFIG may be renamed or forbidden to this user. Under any policy but "
-                "noeviction, Redis evicts records when memory runs out, and their keys run "
-                "their views again.",
+                f"Could not read the maxmemory-policy of the {described(store)} "
+                f"({_one_line(exc)}): CONFIG may be renamed or forbidden to this user. Under "
+                "any policy but noeviction, Redis evicts records when memory runs out, and "
+                "their keys run their views again.",
                 hint="Make sure the server runs with maxmemory-policy noeviction "
                 "(docs: 'Choosing the store').",
                 id=check_name(62, "W"),

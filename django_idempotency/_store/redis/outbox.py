@@ -32,6 +32,7 @@ record expires (for the operator's eye), then Redis deletes them. The scripts ar
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -41,7 +42,10 @@ from django.utils import timezone
 
 from django_idempotency._store.outbox import Backlog, Release
 from django_idempotency._store.redis.codec import as_micros, as_time
+from django_idempotency._store.redis.faults import RedisFault
 from django_idempotency._store.redis.keyspace import glob
+
+logger = logging.getLogger("django_idempotency")
 
 
 class Taken(NamedTuple):
@@ -173,16 +177,30 @@ def take(
     client_run: Any, client: Any, prefix: str, size: int, lease: timedelta, cluster: bool
 ) -> list[Taken]:
     """Claim up to ``size`` messages due now for ``lease`` (:data:`.outbox_scripts.TAKE`): of
-    the store's queue, or on a cluster of each slot's in turn until the batch is full."""
+    the store's queue, or on a cluster of each slot's in turn until the batch is full. A slot
+    whose take fails (moving to another primary, a message gone ahead of its queue: the server
+    stops the script) is passed over, said in the log, and the others' batch is sent: its
+    failure lost the messages taken before it their lease, batch after batch, while it moved.
+    Only when every slot failed does the take fail."""
     taken: list[Taken] = []
+    failed: RedisFault | None = None
     for due in queue_keys(client, prefix, "due", cluster):
-        reply = client_run("TAKE", [due], [size - len(taken), as_micros(lease)])
+        try:
+            reply = client_run("TAKE", [due], [size - len(taken), as_micros(lease)])
+        except RedisFault as exc:
+            if not cluster:
+                raise
+            logger.warning("The outbox's take from %s failed, passed over: %s", due, exc)
+            failed = failed or exc
+            continue
         taken += [
             Taken(_text(key), _text(id_), _text(engine), _text(task), _text(arguments), int(sends))
             for key, id_, engine, task, arguments, sends in reply
         ]
         if len(taken) >= size:
             break
+    if failed is not None and not taken:
+        raise failed
     return taken
 
 

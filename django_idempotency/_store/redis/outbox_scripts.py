@@ -66,8 +66,10 @@ SLOT_RECOVERY_POINT_RELEASING = _releasing(scripts.RECOVERY_POINT, "1", due=2)
 
 #: KEYS: due. ARGV: size, lease (µs). A batch due now, each message's score pushed forward by
 #: the lease (a microsecond more for each: their order kept) and its send counted: ``{key,
-#: id, engine, task, arguments, sends}`` each. A key
-#: whose message is gone or no longer pending leaves the set.
+#: id, engine, task, arguments, sends}`` each. A key whose message is no longer pending leaves
+#: the set; one whose message this node does not hold stays, due a lease later: on a cluster
+#: whose slot moves to another primary key by key, the queue may arrive before its message
+#: (a take there, redirected by ``ASK``, dropped it, and the message arrived to no queue).
 TAKE = (
     scripts._NOW
     + """
@@ -75,7 +77,9 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumb
 local taken = {}
 for position, key in ipairs(due) do
   local m = redis.call('HMGET', key, 'id', 'e', 't', 'a', 'st')
-  if (not m[1]) or m[5] ~= 'pending' then
+  if not m[1] then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]) + position - 1, key)
+  elseif m[5] ~= 'pending' then
     redis.call('ZREM', KEYS[1], key)
   else
     local sends = redis.call('HINCRBY', key, 'n', 1)

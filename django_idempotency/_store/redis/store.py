@@ -39,7 +39,13 @@ from django_idempotency._store.redis.handles import Handles
 from django_idempotency._store.redis.kept_operations import KeptOperations
 from django_idempotency._store.redis.keyspace import record_key
 from django_idempotency._store.redis.server import Server
-from django_idempotency._store.redis.urls import redis_options, redis_places, unambiguous
+from django_idempotency._store.redis.urls import (
+    redis_options,
+    redis_path,
+    redis_places,
+    unambiguous,
+    unknown_options,
+)
 from django_idempotency.models import IdempotencyKey
 
 
@@ -73,7 +79,8 @@ class RedisStore(StoreContract):
     def validate(cls, value: str, name: str) -> None:
         """Refuse a Redis store without the redis package, and a URL whose port is not a
         number, whose password's ``/`` reads as another host to redis-py, or with an option
-        redis-py cannot read (``db=x``): at startup, not per call."""
+        redis-py cannot read (``db=x``) or takes nowhere (a typo), or a path that is no
+        database number: at startup, not per call."""
         if importlib.util.find_spec("redis") is None:
             raise ValueError(
                 f"{name} {display_name(value)!r} is a Redis store, but the redis package is not "
@@ -84,7 +91,8 @@ class RedisStore(StoreContract):
         if not value.startswith("unix://"):
             redis_places(value, 6379)
         unambiguous(value)
-        redis_options(value)
+        redis_path(value)
+        unknown_options(value, redis_options(value))
 
     def __init__(self, alias: str, judge: Callable[[BaseException], bool]) -> None:
         self.alias = alias

@@ -5,6 +5,7 @@ startup with these (E060), and :mod:`.clients` connects by them."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -102,3 +103,64 @@ def redis_options(url: str) -> dict[str, Any]:
             if name in options:
                 raise ValueError(f"{display_name(url)!r}: {name} is for a Sentinel URL.")
     return options
+
+
+def redis_path(url: str) -> None:
+    """``ValueError`` for a path redis-py would not read as the URL says: one server's path is
+    its database's number (redis-py read ``/1O`` as database 0, and ``/-1`` failed every
+    call), a Sentinel's is its master's name and then that number (without it, every call
+    failed); a cluster has database 0 alone (``/3`` was dropped unsaid, ``?db=3`` failed every
+    call), a Unix socket's path is its file."""
+    from urllib.parse import parse_qs, urlsplit
+
+    scheme = url.partition("://")[0]
+    if scheme == "unix":
+        return
+    parts = [unquote(part) for part in urlsplit(url).path.split("/") if part]
+    if scheme.endswith("+cluster"):
+        if parts not in ([], ["0"]) or parse_qs(urlsplit(url).query).get("db", ["0"]) != ["0"]:
+            raise ValueError(f"{display_name(url)!r}: a Redis Cluster has database 0 only.")
+        return
+    if scheme.endswith("+sentinel"):
+        if not parts:
+            raise ValueError(
+                f"{display_name(url)!r} names no master: redis+sentinel://host:port/master."
+            )
+        parts = parts[1:]
+    if len(parts) > 1 or (parts and not parts[0].isdigit()):
+        raise ValueError(
+            f"{display_name(url)!r}: the path after the server is a database number (/0), "
+            "or use ?db=N."
+        )
+
+
+def unknown_options(url: str, options: dict[str, Any]) -> None:
+    """``ValueError`` for a query option no redis-py class the store makes takes: one server's
+    connection refused it on every call (``socket_timout=5``: every keyed request answered
+    ``503``), and a cluster's client dropped it unsaid."""
+    unknown = sorted(set(options) - _known_options())
+    if unknown:
+        raise ValueError(
+            f"{display_name(url)!r}: redis-py takes no option {', '.join(unknown)} (a typo?)."
+        )
+
+
+@lru_cache(maxsize=1)
+def _known_options() -> frozenset[str]:
+    """The keywords of redis-py's connections, pools, Sentinel and cluster clients."""
+    import inspect
+
+    from redis import Redis, connection, sentinel
+    from redis.cluster import REDIS_ALLOWED_KEYS, RedisCluster
+
+    classes = [
+        *connection.SSLConnection.__mro__,
+        *connection.UnixDomainSocketConnection.__mro__,
+        *(connection.ConnectionPool, sentinel.Sentinel, Redis, RedisCluster),
+    ]
+    names = {*REDIS_ALLOWED_KEYS, *SENTINEL_CREDENTIALS}
+    for each in classes:
+        init = each.__dict__.get("__init__")
+        if init is not None:
+            names |= set(inspect.signature(init).parameters) - {"self", "kwargs", "args"}
+    return frozenset(names)
