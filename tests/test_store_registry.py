@@ -108,7 +108,7 @@ def test_stats_count_a_registered_store(toy: str) -> None:
 
 
 def test_stats_text_names_a_registered_store_and_what_its_census_cannot_count(toy: str) -> None:
-    """A census's ``None`` (a figure the store cannot give) is *not counted*: the text form
+    """A census's ``None`` (a figure the store cannot give) is *unknown*: the text form
     formatted it as a number, a ``TypeError`` traceback, and called the store a Redis one."""
     using(toy)
     out = StringIO()
@@ -117,9 +117,9 @@ def test_stats_text_names_a_registered_store_and_what_its_census_cannot_count(to
     at = lines.index("Toy store 'toy://memory':")
     assert lines[at + 1 : at + 5] == [
         "  Records:            0",
-        "  Stale processing:   not counted",
+        "  Stale processing:   unknown",
         "  Outbox undelivered: 0 pending, 0 failed",
-        "  Operations running: not counted",
+        "  Operations running: unknown",
     ]
     assert "Redis" not in out.getvalue()
 
