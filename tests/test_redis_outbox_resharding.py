@@ -34,6 +34,23 @@ def _node(client: Any, key: str) -> redis.Redis:
     return redis.Redis(host=node.host, port=node.port)
 
 
+def _migrating(client: Any, key: str) -> tuple[redis.Redis, redis.Redis, int, str, int]:
+    """Start moving ``key``'s slot from its primary to another, as ``redis-cli --cluster
+    reshard`` does before its first ``MIGRATE``: the source, the target, the slot, the
+    target's id and port."""
+    source = _node(client, key)
+    target = next(
+        redis.Redis(host=node.host, port=node.port)
+        for node in client.get_primaries()
+        if node.port != source.connection_pool.connection_kwargs["port"]
+    )
+    slot = client.keyslot(key)
+    source_id, target_id = (n.execute_command("CLUSTER", "MYID").decode() for n in (source, target))
+    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    return source, target, slot, target_id, int(target.connection_pool.connection_kwargs["port"])
+
+
 def test_a_take_during_a_slot_s_migration_keeps_the_message_it_cannot_see(
     cluster_url: str,
 ) -> None:
@@ -43,18 +60,8 @@ def test_a_take_during_a_slot_s_migration_keeps_the_message_it_cannot_see(
     store: Any = using(store_alias(cluster_url, "default"))
     (message,) = _released_in_slots(store, 1)
     client = cluster_client(cluster_url)
-    source = _node(client, message)
-    target = next(
-        redis.Redis(host=node.host, port=node.port)
-        for node in client.get_primaries()
-        if node.port != source.connection_pool.connection_kwargs["port"]
-    )
-    slot = client.keyslot(message)
-    source_id, target_id = (n.execute_command("CLUSTER", "MYID").decode() for n in (source, target))
-    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    source, target, slot, target_id, port = _migrating(client, message)
     due, left, _ = queues(store.prefix, message, True)
-    port = target.connection_pool.connection_kwargs["port"]
     source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", due, left)
 
     assert store.take(10, LEASE) == []  # its message is still on the source
@@ -78,18 +85,7 @@ def test_a_slot_whose_message_left_first_holds_back_no_other_slot(cluster_url: s
     batch, as long as the slot moved: now the other slots' messages are sent."""
     store: Any = using(store_alias(cluster_url, "default"))
     moving, other = _released_in_slots(store, 2)
-    client = cluster_client(cluster_url)
-    source = _node(client, moving)
-    target = next(
-        redis.Redis(host=node.host, port=node.port)
-        for node in client.get_primaries()
-        if node.port != source.connection_pool.connection_kwargs["port"]
-    )
-    slot = client.keyslot(moving)
-    source_id, target_id = (n.execute_command("CLUSTER", "MYID").decode() for n in (source, target))
-    target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-    source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-    port = target.connection_pool.connection_kwargs["port"]
+    source, _, _, _, port = _migrating(cluster_client(cluster_url), moving)
     source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", moving)
 
     assert [taken.key for taken in store.take(10, LEASE)] == [other]
