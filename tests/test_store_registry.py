@@ -285,3 +285,14 @@ def test_a_redis_url_every_request_would_fail_on_is_refused_at_startup(url: str,
 )
 def test_a_redis_url_with_options_redis_py_takes_is_accepted(url: str) -> None:
     assert store_value(url, "STORE") == url
+
+
+def test_recover_lists_a_registered_store_without_operations_as_having_none_stuck(
+    toy: str,
+) -> None:
+    """``idempotency_recover`` asked the toy store for its stuck operations and printed the
+    ``NotSupportedError`` of a store that keeps none as a traceback."""
+    using(toy)
+    out = StringIO()
+    call_command("idempotency_recover", "--operations", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == []

@@ -9,14 +9,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import CommandError
+from django.db import NotSupportedError
 from django.utils import timezone
+from django.utils.text import capfirst
 
 from django_idempotency import _store as store
 from django_idempotency._base import durations
 from django_idempotency._base.durations import human
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._call import operations as operation_ids
-from django_idempotency._conf.values import display_name, store_alias
+from django_idempotency._conf.values import store_alias
 from django_idempotency._ops import maintenance, store_checks
 from django_idempotency._store import operations as operation_store
 from django_idempotency.management import _arguments as arguments
@@ -286,9 +288,9 @@ def _row(record: IdempotencyKey, action: str | None) -> dict[str, Any]:
 
 
 def _stuck(alias: str, margin: Any) -> tuple[list[tuple[str, IdempotencyKey]], list[str]]:
-    """The stuck operations of the database ``alias``, then of each Redis store the settings
-    and the URLconf's views name (a ``SCAN`` of each), with the alias of their store; and a
-    note of each Redis store that did not answer (the others' are still listed)."""
+    """The stuck operations of the database ``alias``, then of each other store the settings
+    and the URLconf's views name (a Redis store's ``SCAN``), with the alias of their store; and
+    a note of each that did not answer, named by its class (the others' are still listed)."""
     found = [(alias, record) for record in operation_store.stuck(alias, older_than=margin)]
     notes = []
     for named in sorted(store_checks.redis_stores()):
@@ -296,7 +298,9 @@ def _stuck(alias: str, margin: Any) -> tuple[list[tuple[str, IdempotencyKey]], l
         try:
             records = operation_store.stuck(where, older_than=margin)
         except StoreUnavailable as exc:
-            notes.append(f"Redis store {display_name(named)!r} did not answer: {exc}")
+            notes.append(f"{capfirst(store_checks.described(named))} did not answer: {exc}")
+            continue
+        except NotSupportedError:  # a store that keeps no operations has none stuck
             continue
         found += [(where, record) for record in records]
     return found, notes
