@@ -142,6 +142,20 @@ class FaultProxy:
             self._silent = False
             return sum(1 for pair in self._pairs if pair.silent and not pair.closed)
 
+    def heal(self) -> int:
+        """The partition over, as the checker's nemesis ends a blackhole: new connections are
+        forwarded again, and each silenced one is reset, as the far side resets the first
+        retransmission after a dropped NAT entry or a moved IP (it holds no such connection).
+        Left silent (:meth:`restore`), a connection waited for good: this proxy's kernel had
+        acknowledged every byte, so no TCP timeout on the client's side ever ended it, which
+        no real partition does. How many were reset."""
+        with self._lock:
+            self._silent = False
+            pairs = [pair for pair in self._pairs if pair.silent and not pair.closed]
+        for pair in pairs:
+            self._close(pair)
+        return len(pairs)
+
     def refuse(self) -> int:
         """Go away as a server that stops does: reset every open connection, and every new one
         until :meth:`admit` (issue 39); how many were open."""

@@ -176,6 +176,29 @@ def _excuse(
     return None
 
 
+def _took_over(
+    life: list[Event], run: Event, held: float, faults: list[Event], limits: Limits,
+    acked: dict[str, float], replayed: dict[str, float],
+) -> bool:  # fmt: skip
+    """Whether ``run``, past its life's TTL as the life's first request bounds it, may be a
+    takeover of the life's record instead of a new life's claim: its record lived until at
+    least its first run's TTL (it was claimed before that run) or a taker's lock's end (a
+    takeover holds the record past its lock: ``held``), and a fault let the life's last run
+    lapse (:func:`_excuse`), and no replay had shown the life's result stored (a completed
+    record is replayed until it expires, never taken over). A soak's ``/short-ttl/`` key:
+    its owner's result unstored under a 5 s blackhole, a retry took its record over 6.0 s
+    after the key's first request and ran it; a later request, once that taker's lock
+    passed, began a new life, which the checker had counted in the taker's (a double run)."""
+    proved = min((replayed.get(each["execution"], float("inf")) for each in life), default=0.0)
+    return (
+        bool(life)
+        and run["body"] == life[-1]["body"]  # a takeover is of the same request
+        and run["t"] < held + EDGE
+        and proved >= run["t"] + EDGE  # a record shown completed is replayed, never taken over
+        and _excuse(life[-1], run, faults, limits, acked, proved) is not None
+    )
+
+
 def _expiry(
     source: Event, ran: Event, asked: Event, faults: list[Event], stored: float, limits: Limits
 ) -> float:
@@ -196,6 +219,8 @@ def _expiry(
     )
     if held:
         expiry = max(expiry, stored + limits.lock)
+    if ran is not source:  # a takeover holds the record past its lock's end (its claim's
+        expiry = max(expiry, ran["t"] + limits.lock)  # bound: its run)
     return expiry + EDGE
 
 
@@ -254,6 +279,10 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         asked_at[asked["principal"], asked["key"]].append(asked["t"])
     life_of: dict[str, tuple[tuple[str, str], int]] = {}
     lives: dict[tuple[tuple[str, str], int], list[Event]] = {}
+    replayed: dict[str, float] = {}  # when a replay first named each execution
+    for done in completes.values():
+        if done.get("replayed") and done.get("execution"):
+            replayed[done["execution"]] = min(done["t"], replayed.get(done["execution"], done["t"]))
     for key, runs in effects.items():
         runs.sort(key=lambda e: e["t"])
 
@@ -262,10 +291,16 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
 
         number, previous = 0, float("-inf")
         start = claimed(previous, runs[0])
+        held = runs[0]["t"] + limits.ttl[runs[0]["entry"]]
         for run in runs:
-            if run["t"] - start >= limits.ttl[run["entry"]] - EDGE:
+            ttl = limits.ttl[run["entry"]]
+            if run["t"] - start >= ttl - EDGE and not _took_over(
+                lives.get((key, number), []), run, held, faults, limits, acked, replayed
+            ):
                 number, previous = number + 1, start
-                start = max(claimed(previous, run), previous + limits.ttl[run["entry"]] - EDGE)
+                start = max(claimed(previous, run), previous + ttl - EDGE)
+                held = run["t"] + ttl
+            held = max(held, run["t"] + limits.lock)
             lives.setdefault((key, number), []).append(run)
             life_of[run["execution"]] = (key, number)
 

@@ -945,7 +945,7 @@ class Run:
                     assert self.servers.proxy is not None
                     self.servers.proxy.blackhole()
                     time.sleep(fault.duration)
-                    self.servers.proxy.restore()
+                    self.servers.proxy.heal()
                 elif fault.kind == "db-cut":
                     assert self.servers.proxy is not None
                     self.servers.proxy.cut_all()

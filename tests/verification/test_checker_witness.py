@@ -185,11 +185,13 @@ def test_a_lock_taken_while_held_or_anothers_loss_excuses_nothing(fault: dict[st
 def test_a_lost_lock_is_recorded_at_its_requests_end_with_every_execution(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The app's renewer announces the loss (``lock_lost``, from its own thread, with the
-    request DRF wraps); the line waits for the request's end, for its later effects."""
+    """The app's renewer announces the loss (``lock_lost``, from its own thread, with no
+    request for an ``idempotent_function`` called in a view: a SQLite soak's loss was written
+    with no execution); the claim, made in the request, names its executions, and the line
+    waits for the request's end, for its later effects."""
     from types import SimpleNamespace
 
-    from django_idempotency import lock_lost
+    from django_idempotency import key_claimed, lock_lost
     from django_idempotency._call import heartbeat
     from django_idempotency._call.claim import Claim
 
@@ -200,15 +202,16 @@ def test_a_lost_lock_is_recorded_at_its_requests_end_with_every_execution(
     claim.held_until = time.monotonic() - 0.5  # its last renewal held it until half a second ago
 
     def view(request: object) -> None:
+        key_claimed.send(None, claim=claim, request=None)  # as the lifecycle sends it
         witness.ran("x1")
-        wrapped = SimpleNamespace(_request=request)  # as DRF's Request
         renewer = threading.Thread(target=heartbeat._announce_lost,
-                                   args=(heartbeat._Lease(claim, wrapped),))  # fmt: skip
+                                   args=(heartbeat._Lease(claim, None),))  # fmt: skip
         renewer.start()
         renewer.join()
         assert not list(tmp_path.glob("lost-*.jsonl"))  # not before the request's end
         witness.ran("x2")
 
+    key_claimed.connect(witness.claimed, dispatch_uid="verification-claimed")
     lock_lost.connect(witness.lost, dispatch_uid="verification-lost")
     witness.attempts(view)(SimpleNamespace())
     effects = [{"execution": "x1", "t": 5.0}, {"execution": "x2", "t": 6.0}]
@@ -216,3 +219,79 @@ def test_a_lost_lock_is_recorded_at_its_requests_end_with_every_execution(
     assert (fault["kind"], fault["record"]) == (checker.LOST, "7")
     assert fault["executions"] == ["x1", "x2"]
     assert fault["long"] and 0.5 <= fault["lapsed"] < 5 and fault["start"] == 5.0
+
+
+def short_ttl_taken_over(later: float) -> list[dict[str, Any]]:
+    """A MariaDB soak's ``/short-ttl/`` key (6 s TTL, 3 s lock), seconds from its first
+    request: x0's result unstored under a 5.3 s blackhole; x1 took the record over at 6.0 s
+    and was replayed at 6.4 s; a request at ``later`` ran x2."""
+    who = {"principal": "bob", "key": "k", "entry": "short-ttl", "body": "b"}
+    return [
+        {"type": "invoke", "op": "op1", "t": 0.0, **who},
+        {"type": "effect", "t": 0.2, "execution": "x0", "pid": 1, **who},
+        {"type": "fault", "kind": "db-blackhole", "start": 0.3, "end": 5.7, "long": True},
+        {
+            "type": "fault",
+            "kind": checker.UNSTORED,
+            "observed": True,
+            "long": True,
+            "pid": 1,
+            "start": 0.2,
+            "end": 6.2,
+            "executions": ["x0"],
+            "record": "7",
+        },
+        {"type": "invoke", "op": "op2", "t": 0.6, **who},
+        {"type": "effect", "t": 6.0, "execution": "x1", "pid": 2, **who},
+        {
+            "type": "complete",
+            "op": "op1",
+            "t": 6.2,
+            "status": 201,
+            "response": "r1",
+            "replayed": False,
+            "execution": "x1",
+            "as": "bob",
+        },
+        {
+            "type": "complete",
+            "op": "op2",
+            "t": 6.4,
+            "status": 201,
+            "response": "r1",
+            "replayed": True,
+            "execution": "x1",
+            "as": "bob",
+        },
+        {"type": "invoke", "op": "op3", "t": later - 1.0, **who},
+        {"type": "effect", "t": later, "execution": "x2", "pid": 2, **who},
+        {
+            "type": "complete",
+            "op": "op3",
+            "t": later + 0.2,
+            "status": 201,
+            "response": "r2",
+            "replayed": False,
+            "execution": "x2",
+            "as": "bob",
+        },
+    ]
+
+
+def test_a_takeover_past_the_ttl_of_the_keys_first_request_keeps_its_life() -> None:
+    """x1 may be the takeover it was (the record lived until x0's TTL, past x1) rather than a
+    new life's claim, and its lock held the record to 9.0 s: x2 at 9.6 s began a new life.
+    Counted from a new life at x1, x2 was a double run (invariants 1 and 2)."""
+    limits = checker.Limits(lock=3, ttl={"short-ttl": 6})
+    result = checker.check(short_ttl_taken_over(9.6), limits)
+    assert result.violations == []
+    assert [w["fault"]["kind"] for w in result.windows] == [checker.UNSTORED]
+
+
+def test_a_run_past_the_ttl_is_a_takeover_only_where_a_fault_let_the_life_lapse() -> None:
+    """Without the unstored result (nothing let x0's lock lapse), x1 began a new life at the
+    TTL's end, and x2 ran in it: a double run."""
+    limits = checker.Limits(lock=3, ttl={"short-ttl": 6})
+    history = [e for e in short_ttl_taken_over(9.6) if e["type"] != "fault"]
+    found = checker.check(history, limits).violations
+    assert {v["invariant"] for v in found} == {1, 2}

@@ -34,8 +34,10 @@ TICK = 0.1
 #: The message of ``_call/writing.py``'s ``_not_stored``.
 UNSTORED = "Could not store the result of idempotency record"
 _watching = {"pid": 0}
-#: Where a lost lock waits for the end of its request (its late effects come after the loss).
-LOST_LOCK = "verification_lost_lock"
+#: A claim's request's executions (set as it is claimed), and the lost locks waiting for their
+#: request's end by the id of that list (the late owner's effects come after the loss).
+GATHERED = "verification_executions"
+_lost: dict[int, dict[str, Any]] = {}
 
 
 def _ledger() -> Path:
@@ -53,7 +55,7 @@ def attempts(get_response: Callable[[Any], Any]) -> Callable[[Any], Any]:
         try:
             return get_response(request)
         finally:
-            line = getattr(request, "__dict__", {}).pop(LOST_LOCK, None)
+            line = _lost.pop(id(gathered), None)
             if line is not None:
                 _write_lost(line, gathered)
 
@@ -87,20 +89,29 @@ class Unstored(logging.Handler):
         append_line(_ledger() / f"unstored-{os.getpid()}.jsonl", line)
 
 
-def lost(claim: Any, request: Any = None, **_: Any) -> None:
+def claimed(claim: Any, **_: Any) -> None:
+    """The ``key_claimed`` and ``key_taken_over`` receiver (the attempt's own thread, inside
+    its request): the claim keeps its request's executions, for a loss announced elsewhere."""
+    gathered = executions.get()
+    if gathered is not None:
+        claim.__dict__[GATHERED] = gathered
+
+
+def lost(claim: Any, **_: Any) -> None:
     """The ``lock_lost`` receiver (the renewer's thread): how long the owner's lock had lapsed
     as it learnt so (``lapsed``: seconds past the end its last renewal held it to; negative, a
-    lock taken from an owner still holding it: no window, a bug). Written at the end of its
-    request, with every execution of it; at once outside one (a Celery task)."""
+    lock taken from an owner still holding it: no window, a bug). Written at the end of the
+    claim's request, with every execution of it (a view's, or an ``idempotent_function``'s
+    called in it); at once outside one (a Celery task)."""
     line = {
         "t": time.time(), "pid": os.getpid(), "record": str(claim.pk),
         "lapsed": time.monotonic() - claim.held_until,
     }  # fmt: skip
-    target = getattr(request, "_request", request)  # DRF's Request wraps Django's
-    if target is None:
+    gathered = claim.__dict__.get(GATHERED)
+    if gathered is None:
         _write_lost(line, [])
     else:
-        target.__dict__[LOST_LOCK] = line
+        _lost[id(gathered)] = line
 
 
 def _write_lost(line: dict[str, Any], gathered: list[str]) -> None:
