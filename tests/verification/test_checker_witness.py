@@ -225,56 +225,20 @@ def short_ttl_taken_over(later: float) -> list[dict[str, Any]]:
     """A MariaDB soak's ``/short-ttl/`` key (6 s TTL, 3 s lock), seconds from its first
     request: x0's result unstored under a 5.3 s blackhole; x1 took the record over at 6.0 s
     and was replayed at 6.4 s; a request at ``later`` ran x2."""
-    who = {"principal": "bob", "key": "k", "entry": "short-ttl", "body": "b"}
+    who = {**WHO, "entry": "short-ttl"}
+    unstored_x0 = {**unstored("x0"), "start": 0.2, "end": 6.2}
+    blackhole = {"kind": "db-blackhole", "start": 0.3, "end": 5.7, "long": True}
     return [
         {"type": "invoke", "op": "op1", "t": 0.0, **who},
         {"type": "effect", "t": 0.2, "execution": "x0", "pid": 1, **who},
-        {"type": "fault", "kind": "db-blackhole", "start": 0.3, "end": 5.7, "long": True},
-        {
-            "type": "fault",
-            "kind": checker.UNSTORED,
-            "observed": True,
-            "long": True,
-            "pid": 1,
-            "start": 0.2,
-            "end": 6.2,
-            "executions": ["x0"],
-            "record": "7",
-        },
+        *({"type": "fault", "observed": True, **fault} for fault in (blackhole, unstored_x0)),
         {"type": "invoke", "op": "op2", "t": 0.6, **who},
         {"type": "effect", "t": 6.0, "execution": "x1", "pid": 2, **who},
-        {
-            "type": "complete",
-            "op": "op1",
-            "t": 6.2,
-            "status": 201,
-            "response": "r1",
-            "replayed": False,
-            "execution": "x1",
-            "as": "bob",
-        },
-        {
-            "type": "complete",
-            "op": "op2",
-            "t": 6.4,
-            "status": 201,
-            "response": "r1",
-            "replayed": True,
-            "execution": "x1",
-            "as": "bob",
-        },
+        done("op1", 6.2, "x1", replayed=False),
+        done("op2", 6.4, "x1", replayed=True),
         {"type": "invoke", "op": "op3", "t": later - 1.0, **who},
         {"type": "effect", "t": later, "execution": "x2", "pid": 2, **who},
-        {
-            "type": "complete",
-            "op": "op3",
-            "t": later + 0.2,
-            "status": 201,
-            "response": "r2",
-            "replayed": False,
-            "execution": "x2",
-            "as": "bob",
-        },
+        done("op3", later + 0.2, "x2", replayed=False),
     ]
 
 
