@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlencode
@@ -634,28 +635,32 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     def release_stale(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> HttpResponse | None:
-        if asked := self._confirm(request, queryset, "release_stale", rules.STALE):
-            return asked
-        self._resolve(request, queryset, maintenance.release, _("Released"))
-        return None
+        act = partial(self._resolve, request, queryset, maintenance.release, _("Released"))
+        return self._confirmed(request, queryset, "release_stale", rules.STALE, act)
 
     @admin.action(description=_("Mark selected stale records as failed"), permissions=["change"])
     def mark_failed(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> HttpResponse | None:
-        if asked := self._confirm(request, queryset, "mark_failed", rules.STALE):
-            return asked
-        self._resolve(request, queryset, maintenance.mark_failed, _("Marked as failed"))
-        return None
+        act = partial(
+            self._resolve, request, queryset, maintenance.mark_failed, _("Marked as failed")
+        )
+        return self._confirmed(request, queryset, "mark_failed", rules.STALE, act)
 
-    def _confirm(
-        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey], name: str, rule: Any
+    def _confirmed(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[IdempotencyKey],
+        name: str,
+        rule: Any,
+        act: Callable[[], None],
     ) -> HttpResponse | None:
         """The action's confirmation page (:func:`_confirmation`) until it is posted again
-        with ``post=yes``, as Django's delete confirmation; ``None``: confirmed. The form
+        with ``post=yes``, as Django's delete confirmation; then ``act`` (``None``). The form
         carries the list's selection as it came (its records, or ``select_across`` the
         list's filter, kept in the page's URL), so the action runs on what was confirmed."""
         if request.POST.get("post") == "yes":
+            act()
             return None
         hidden = [(ACTION_CHECKBOX_NAME, pk) for pk in request.POST.getlist(ACTION_CHECKBOX_NAME)]
         if request.POST.get("select_across") == "1":
@@ -695,10 +700,8 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     def delete_expired(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> HttpResponse | None:
-        if asked := self._confirm(request, queryset, "delete_expired", rules.DELETABLE):
-            return asked
-        self._delete_expired(request, queryset)
-        return None
+        act = partial(self._delete_expired, request, queryset)
+        return self._confirmed(request, queryset, "delete_expired", rules.DELETABLE, act)
 
     def _delete_expired(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
         expired = store.using(queryset.db)
