@@ -510,3 +510,75 @@ def test_a_url_both_parses_read_alike_is_accepted(url: str, host: str, password:
         assert checks.check_settings() == []
     parsed = parse_url(url)
     assert (parsed["host"], parsed["password"]) == (host, password)
+
+
+# --- an option's value that can never work ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (f"redis://:{ENCODED}@127.0.0.1:6379/0?protocol=9", "?protocol=9"),
+        (f"rediss://:{ENCODED}@127.0.0.1:6379/0?ssl_cert_reqs=bogus", "?ssl_cert_reqs=bogus"),
+        (f"rediss+sentinel://:{ENCODED}@a:1/m?ssl_cert_reqs=bogus", "?ssl_cert_reqs=bogus"),
+        (f"redis+cluster://:{ENCODED}@a:1,b:2?protocol=4", "?protocol=4"),
+        ("unix:///tmp/redis.sock?protocol=9", "?protocol=9"),
+        (f"redis://:{ENCODED}@127.0.0.1/0?ssl_cert_reqs=none", "?ssl_cert_reqs=none"),
+        (f"redis://:{ENCODED}@127.0.0.1/0?socket_timeout=abc", "?socket_timeout=abc"),
+        (f"redis://:{ENCODED}@127.0.0.1/0?socket_timeout=-1", "?socket_timeout=-1"),
+        (f"redis://:{ENCODED}@127.0.0.1/0?socket_connect_timeout=inf", "timeout=inf"),
+        (f"redis://:{ENCODED}@127.0.0.1/0?db=-1", "?db=-1"),
+        (f"redis://:{ENCODED}@127.0.0.1/0?max_connections=-1", "?max_connections=-1"),
+        (f"rediss://:{ENCODED}@127.0.0.1/0?ssl_min_version=99", "?ssl_min_version=99"),
+        (f"redis://:{ENCODED}@127.0.0.1/0?retry_on_error=NoSuchError", "=NoSuchError"),
+        ("unix:///tmp/redis.sock?socket_timout=5", "socket_timout"),
+    ],
+)
+def test_an_option_value_redis_py_refuses_when_it_connects_is_e060(url: str, said: str) -> None:
+    """``?protocol=9`` or ``?ssl_cert_reqs=bogus`` passed E060 and every keyed request
+    answered ``503``; a value redis-py cannot read was said to be "read as another server".
+    The message names the option and its value, never the password."""
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        errors = checks.check_settings()
+    assert [e.id for e in errors] == ["django_idempotency.E060"], url
+    assert said in errors[0].msg
+    assert "another server" not in errors[0].msg
+    assert_no_secret(errors[0].msg + str(errors[0].hint))
+    with pytest.raises(ImproperlyConfigured, match="E060"):
+        from django_idempotency._conf.settings import usable
+
+        with override_settings(IDEMPOTENCY={"STORE": url}):
+            usable()
+
+
+def test_an_ssl_password_is_never_shown_by_an_option_check() -> None:
+    url = f"rediss://127.0.0.1/0?ssl_password={ENCODED}&ssl_cert_reqs=bogus"
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        errors = checks.check_settings()
+    assert [e.id for e in errors] == ["django_idempotency.E060"]
+    assert "?ssl_cert_reqs=bogus" in errors[0].msg
+    assert_no_secret(errors[0].msg)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rediss://127.0.0.1/0?ssl_cert_reqs=none&protocol=3&ssl_check_hostname=no",
+        "rediss://127.0.0.1/0?ssl_cert_reqs=optional&ssl_min_version=771&max_connections=5",
+        "redis://127.0.0.1/0?protocol=2&socket_timeout=2.5&db=3&health_check_interval=10",
+        "redis+cluster://a:1,b:2?protocol=3&socket_connect_timeout=1",
+        "rediss+sentinel://a:1/m/0?ssl_cert_reqs=required&sentinel_password=x",
+        "unix:///tmp/redis.sock?db=2&protocol=3",
+    ],
+)
+def test_option_values_redis_py_takes_are_accepted(url: str) -> None:
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        assert checks.check_settings() == []
+
+
+def test_a_port_out_of_range_is_said_so() -> None:
+    for url in ("redis://127.0.0.1:99999/0", "redis+cluster://a:1,b:70000"):
+        with override_settings(IDEMPOTENCY={"STORE": url}):
+            errors = checks.check_settings()
+        assert [e.id for e in errors] == ["django_idempotency.E060"]
+        assert "0-65535" in errors[0].msg and "another server" not in errors[0].msg

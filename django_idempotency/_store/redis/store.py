@@ -40,6 +40,7 @@ from django_idempotency._store.redis.kept_operations import KeptOperations
 from django_idempotency._store.redis.keyspace import record_key
 from django_idempotency._store.redis.server import Server
 from django_idempotency._store.redis.urls import (
+    option_values,
     redis_options,
     redis_path,
     redis_places,
@@ -79,8 +80,8 @@ class RedisStore(StoreContract):
     def validate(cls, value: str, name: str) -> None:
         """Refuse a Redis store without the redis package, and a URL whose port is not a
         number, whose password's ``/`` reads as another host to redis-py, or with an option
-        redis-py cannot read (``db=x``) or takes nowhere (a typo), or a path that is no
-        database number: at startup, not per call."""
+        redis-py cannot read (``db=x``), takes nowhere (a typo) or refuses when it connects
+        (``protocol=9``), or a path that is no database number: at startup, not per call."""
         if importlib.util.find_spec("redis") is None:
             raise ValueError(
                 f"{name} {display_name(value)!r} is a Redis store, but the redis package is not "
@@ -92,7 +93,9 @@ class RedisStore(StoreContract):
             redis_places(value, 6379)
         unambiguous(value)
         redis_path(value)
-        unknown_options(value, redis_options(value))
+        options = redis_options(value)
+        unknown_options(value, options)
+        option_values(value, options)
 
     def __init__(self, alias: str, judge: Callable[[BaseException], bool]) -> None:
         self.alias = alias

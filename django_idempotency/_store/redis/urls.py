@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from django_idempotency._conf.values import display_name, url_authority
 
@@ -23,32 +23,46 @@ def unambiguous(url: str) -> None:
     Cluster places by) does, or when it has a fragment. A password's ``/``, ``?`` or ``#``
     not percent-encoded ends the authority early for the one and not for the other:
     ``redis://:S3cr@t/pw%#zz@host/0`` was shown as ``redis://host/0`` while redis-py sent
-    ``S3cr`` as AUTH to the host ``t``. The message never shows the URL's user or password."""
+    ``S3cr`` as AUTH to the host ``t``. The message never shows the URL's user or password.
+    The query's options are not read here: a bad value is :func:`redis_options`' to name
+    (it was said to be "read as another server")."""
     scheme, _, rest = url.partition("://")
     parts = urlsplit(url)
     authority = url_authority(rest)[0]
-    agreed = parts.netloc == authority and not parts.fragment and "#" not in url
+    if parts.fragment or "#" in url:
+        raise ValueError(
+            f"{display_name(url)!r} has a fragment (#...), which a Redis URL has not: "
+            "percent-encode a password's # (urllib.parse.quote(password, safe=''))."
+        )
+    agreed = parts.netloc == authority
     if agreed and not scheme.endswith(("+sentinel", "+cluster")) and scheme != "unix":
-        from redis.connection import parse_url
-
-        try:
-            parsed = parse_url(url)  # type: ignore[no-untyped-call, unused-ignore]
-        except ValueError:
-            agreed = False
-        else:
-            host, _, port = authority.rpartition("@")[2].rpartition(":")
-            if not _ or not port.isdigit():
-                host, port = authority.rpartition("@")[2], ""
-            shown = unquote(host).strip("[]").lower()
-            agreed = (parsed.get("host") or "").lower() == shown and (
-                not port or parsed.get("port") == int(port)
-            )
+        agreed = _same_place(parts._replace(query="").geturl(), authority)
     if not agreed:
         raise ValueError(
             f"{display_name(url)!r} is read as another server by the standard URL parse "
             "(redis-py's) than the app's: percent-encode the password's @ / ? # and % "
-            "(urllib.parse.quote(password, safe='')); a Redis URL has no fragment (#)."
+            "(urllib.parse.quote(password, safe=''))."
         )
+
+
+def _same_place(url: str, authority: str) -> bool:
+    """Whether redis-py's parse of one server's ``url`` (its query dropped) finds the host
+    and port of the app's ``authority``; ``ValueError`` for a port out of range."""
+    from redis.connection import parse_url
+
+    try:
+        parsed = parse_url(url)  # type: ignore[no-untyped-call, unused-ignore]
+    except ValueError as exc:
+        if "out of range" in str(exc):
+            raise ValueError(f"{display_name(url)!r}: a port is out of range (0-65535).") from None
+        return False
+    host, _, port = authority.rpartition("@")[2].rpartition(":")
+    if not _ or not port.isdigit():
+        host, port = authority.rpartition("@")[2], ""
+    shown = unquote(host).strip("[]").lower()
+    return (parsed.get("host") or "").lower() == shown and (
+        not port or parsed.get("port") == int(port)
+    )
 
 
 def redis_places(url: str, port: int) -> list[tuple[str, int]]:
@@ -61,12 +75,12 @@ def redis_places(url: str, port: int) -> list[tuple[str, int]]:
         host, colon, number = place.rpartition(":")
         if not colon:
             host, number = number, ""
-        if number and not number.isdigit():
+        if number and (not number.isdigit() or int(number) > 65535):
             # The port is not echoed: it may be a piece of a password whose "/" or "@" was
             # not percent-encoded.
             raise ValueError(
-                f"{display_name(url)!r}: a port is not a number (percent-encode a password's "
-                '"/", "?", "#" and "@").'
+                f"{display_name(url)!r}: a port is not a number (0-65535; percent-encode a "
+                'password\'s "/", "?", "#" and "@").'
             )
         places.append((host or "127.0.0.1", int(number or port)))
     return places
@@ -78,22 +92,23 @@ def redis_options(url: str) -> dict[str, Any]:
     scheme, and its query's options (``?ssl_ca_certs=...&ssl_cert_reqs=required``). A
     Sentinel's or a Cluster's URL names many places, which redis-py cannot read: its
     credentials and TLS were dropped, and every call was refused. ``ValueError``
-    for an option redis-py cannot read, in words without the URL's secrets."""
+    for an option redis-py cannot read, naming it and its value, without the URL's secrets.
+    A Unix socket's URL is redis-py's own to connect by (its options are read for the check)."""
     from redis.connection import parse_url
 
     scheme, _, rest = url.partition("://")
-    if scheme == "unix":
-        return {}
     authority, _, tail = url_authority(rest)
     user, at, _ = authority.rpartition("@")
     query = tail.partition("?")[2].partition("#")[0]
     single = f"{'rediss' if scheme.startswith('rediss') else 'redis'}://{user}{at}place/"
+    if scheme == "unix":
+        single = "unix:///socket"
     try:
         options: dict[str, Any] = parse_url(  # type: ignore[no-untyped-call, unused-ignore]
             single + (f"?{query}" if query else "")
         )
-    except ValueError as exc:
-        raise ValueError(f"{display_name(url)!r}: {exc}") from None
+    except ValueError:
+        raise ValueError(f"{display_name(url)!r}: {_unreadable(query)}") from None
     for place in ("host", "port", "path", "connection_class"):
         options.pop(place, None)
     if scheme.startswith("rediss"):
@@ -103,6 +118,115 @@ def redis_options(url: str) -> dict[str, Any]:
             if name in options:
                 raise ValueError(f"{display_name(url)!r}: {name} is for a Sentinel URL.")
     return options
+
+
+def _unreadable(query: str) -> str:
+    """What redis-py cannot read in a URL's query: the first option whose value its own
+    parser (``URL_QUERY_ARGUMENT_PARSERS``) refuses, named with its value."""
+    from redis.connection import URL_QUERY_ARGUMENT_PARSERS
+
+    for name, values in parse_qs(query).items():
+        parser: Any = URL_QUERY_ARGUMENT_PARSERS.get(name)
+        try:
+            if parser is not None:
+                parser(values[0])
+        except (TypeError, ValueError):
+            return f"redis-py cannot read {_shown(name, values[0])} ({_kind(parser)})."
+    return "redis-py cannot read its query."
+
+
+def _kind(parser: Any) -> str:
+    """What redis-py's parser of an option reads, in words."""
+    kinds = {int: "a whole number", float: "a number", "to_bool": "a boolean (1, 0, true, no)"}
+    return kinds.get(parser, kinds.get(getattr(parser, "__name__", ""), "see redis-py's docs"))
+
+
+def _shown(name: str, value: Any) -> str:
+    """``?name=value`` as a message shows it: never a password's value."""
+    return f"?{name}=***" if "password" in name else f"?{name}={value}"
+
+
+def option_values(url: str, options: dict[str, Any]) -> None:
+    """``ValueError`` for an option's value redis-py reads, but refuses (or the server does)
+    when it connects, so that every keyed request answered ``503``: ``?protocol=9``,
+    ``?ssl_cert_reqs=bogus``, an ``ssl_*`` option of a URL without TLS, a negative ``db``, a
+    timeout that is not a positive number of seconds. Each option is given alone to the
+    connection (or pool) class redis-py would make with it, which refuses what it refuses
+    when made (its own reading, so the two never disagree); what it reads only at connect
+    time is checked here. The message names the option and its value (never a password)."""
+    from redis.connection import ConnectionPool
+
+    shown = display_name(url)
+    made = _connection_class(url, options)
+    takes = _parameters(made)
+    query = url_authority(url.partition("://")[2])[2].partition("?")[2].partition("#")[0]
+    written = {name: values[0] for name, values in parse_qs(query).items()}
+    for name, value in options.items():
+        if name == "ssl" or name in SENTINEL_CREDENTIALS:
+            continue
+        if name.startswith("ssl_") and "ssl_keyfile" not in takes:
+            raise ValueError(
+                f"{shown!r}: {_shown(name, written.get(name))} is a TLS option, and the URL has "
+                "no TLS (rediss://, rediss+sentinel://, rediss+cluster://)."
+            )
+        if why := _out_of_range(name, value):
+            raise ValueError(f"{shown!r}: {_shown(name, written.get(name))} {why}.")
+        maker = made if name in takes else ConnectionPool if name == "max_connections" else None
+        try:
+            if maker is not None:
+                maker(**{name: value})
+        except Exception as exc:
+            raise ValueError(
+                f"{shown!r}: redis-py refuses {_shown(name, written.get(name))} "
+                f"({type(exc).__name__}: {_first_line(exc, value, name)})."
+            ) from None
+
+
+def _connection_class(url: str, options: dict[str, Any]) -> Any:
+    """The connection class redis-py makes for ``url``: TLS's, a Unix socket's, or plain."""
+    from redis import connection
+
+    if url.startswith("unix://"):
+        return connection.UnixDomainSocketConnection
+    return connection.SSLConnection if options.get("ssl") else connection.Connection
+
+
+def _parameters(cls: Any) -> frozenset[str]:
+    """The keywords a connection class and its bases take."""
+    import inspect
+
+    names: set[str] = set()
+    for each in cls.__mro__:
+        if (init := each.__dict__.get("__init__")) is not None:
+            names |= set(inspect.signature(init).parameters) - {"self", "kwargs", "args"}
+    return frozenset(names)
+
+
+def _out_of_range(name: str, value: Any) -> str:
+    """Why a value redis-py takes when made is refused when it connects (``""``: it is not):
+    the socket's timeouts, the database's number, the read size, the lowest TLS version."""
+    import math
+    import ssl
+
+    timeout = name in ("socket_timeout", "socket_connect_timeout") and value is not None
+    if timeout and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        return "is not a positive number of seconds"
+    if name == "db" and isinstance(value, int) and value < 0:
+        return "is no database's number (0 and up)"
+    if name == "socket_read_size" and isinstance(value, int) and value < 1:
+        return "is not a positive number of bytes"
+    if name == "ssl_min_version" and value is not None:
+        try:
+            ssl.TLSVersion(value)
+        except ValueError:
+            return f"is no TLS version ({', '.join(str(v.value) for v in ssl.TLSVersion)})"
+    return ""
+
+
+def _first_line(exc: Exception, value: Any, name: str) -> str:
+    """The first line of redis-py's refusal, without a password's value."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return text.replace(str(value), "***") if "password" in name and str(value) else text
 
 
 def redis_path(url: str) -> None:
