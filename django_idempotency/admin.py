@@ -344,7 +344,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             act, done = REDIS_ACTIONS[name]
             count = sum(act(found.alias, record) for record in records if record is not None)
         except StoreUnavailable as exc:
-            messages.error(request, f"The Redis store {found.shown!r} did not answer: {exc}")
+            messages.error(request, _unanswered(found, exc))
             return HttpResponseRedirect(list_url)
         level = messages.SUCCESS if count else messages.WARNING
         self.message_user(
@@ -388,7 +388,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         try:
             record = browsing.read(found.alias, scope, key_hash)
         except StoreUnavailable as exc:
-            text = f"The Redis store {found.shown!r} did not answer: {exc}"
+            text = _unanswered(found, exc)
             return HttpResponse(text, status=503, content_type="text/plain")
         if record is None:
             raise Http404("No such record (it may have expired).")
@@ -435,7 +435,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
                 cursor = request.GET.get("cursor", "0")
                 records, after = browsing.page(found.alias, cursor, self.redis_page_size, status)
         except StoreUnavailable as exc:
-            messages.error(request, f"The Redis store {found.shown!r} did not answer: {exc}")
+            messages.error(request, _unanswered(found, exc))
         except NotSupportedError:  # a registered store the contract's browse refuses
             named = store.using(found.alias).describe(found.alias)
             messages.error(request, f"The {named} does not list its records (no browse()).")
@@ -919,7 +919,7 @@ class OutboxMessageAdmin(_MessageAdmin):
         try:
             outbox = browsing.outbox(found.alias)
         except StoreUnavailable as exc:
-            messages.error(request, f"The Redis store {found.shown!r} did not answer: {exc}")
+            messages.error(request, _unanswered(found, exc))
             outbox = browsing.Outbox(None, None, [])
         context = {
             **self.admin_site.each_context(request),
@@ -1009,3 +1009,11 @@ class RedisIdempotencyKeyAdmin(_EntryAdmin):
             **(extra_context or {}),
         }
         return TemplateResponse(request, REDIS_STORES_TEMPLATE, context)
+
+
+def _unanswered(found: Any, exc: BaseException) -> str:
+    """What the admin says of a Redis store that did not answer: its error's short form
+    (:func:`.._conf.values.short_error`), never the password."""
+    from django_idempotency._conf.values import short_error
+
+    return f"The Redis store {found.shown!r} did not answer: {short_error(exc, found.alias)}"

@@ -176,3 +176,43 @@ def test_an_unreachable_redis_store_exits_non_zero_with_its_figures(
     assert any("did not answer" in warning for warning in data["warnings"])
     with pytest.raises(CommandError, match="did not answer"):
         call_command("idempotency_stats", verbosity=0)
+
+
+def test_a_failing_stores_error_is_short_and_shows_no_password(
+    settings: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's whole exception text was printed (``--json``'s ``error``, the text's line,
+    idempotency_cleanup's note): a client's repr of its pool, lines on lines, and whatever
+    secret its message held. Now its class and first line, the URL's password ``***``."""
+    from django_idempotency._store.redis.store import RedisStore
+
+    secret = "Pw@48/s3cret"
+    url = "redis://:Pw%4048%2Fs3cret@127.0.0.1:1/0"
+    text = f"no answer (AUTH {secret}) <redis.Pool<redis.Connection(password={secret})>>\nmore"
+
+    def failing(*args: Any) -> Any:
+        raise RuntimeError(text)
+
+    monkeypatch.setattr(RedisStore, "census", failing)
+    monkeypatch.setattr(RedisStore, "count", failing)
+    settings.IDEMPOTENCY = {"STORE": url}
+    with pytest.raises(CommandError) as refused:
+        call_command("idempotency_stats", "--json")
+    [figures] = json.loads(capsys.readouterr().out)["redis_stores"].values()
+    assert figures["error"] == "RuntimeError: no answer (AUTH ***) <...>"
+    with pytest.raises(CommandError):
+        call_command("idempotency_stats")
+    call_command("idempotency_cleanup")
+    printed = capsys.readouterr().out + str(refused.value)
+    assert "RuntimeError: no answer (AUTH ***) <...>" in printed
+    assert "s3cret" not in printed and "more" not in printed
+
+
+def test_the_short_form_of_a_stores_error_redacts_its_secrets() -> None:
+    """What the admin and idempotency_recover print of a store that did not answer too."""
+    from django_idempotency._conf.values import short_error
+
+    url = "rediss://u:p%2Fw@h/0?ssl_password=k3y&db=1"
+    error = ConnectionError("auth p/w and p%2Fw and k3y refused\nsecond line")
+    assert short_error(error, url) == "ConnectionError: auth *** and *** and *** refused"
+    assert short_error(ValueError(""), url) == "ValueError"

@@ -452,6 +452,45 @@ def display_name(store: str) -> str:
     return f"{scheme}://{place}{path}{question}{shown if question else ''}"
 
 
+def short_error(exc: BaseException, store: str = "") -> str:
+    """A failing store's error as commands, checks and the admin print it: its class and its
+    message's first line, without the objects' reprs redis-py puts in it (a Sentinel's
+    ``MasterNotFoundError`` names its client's whole connection pool: about 1,500 characters)
+    and without ``store``'s secrets (its URL's password, its secret options' values), should a
+    client's message hold them: ``idempotency_stats --json`` printed the whole text."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    shown, depth = [], 0
+    for index, char in enumerate(text):
+        if char == "<" and (depth or text.startswith("<redis.", index)):
+            depth += 1
+            if depth == 1:
+                shown.append("<...>")
+            continue
+        if depth:
+            depth -= char == ">"
+            continue
+        shown.append(char)
+    text = "".join(shown)
+    for secret in sorted(_secrets(store), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _secrets(store: str) -> set[str]:
+    """The secrets of a store's URL, as written and percent-decoded: its user's password and
+    its secret query options' values."""
+    from urllib.parse import parse_qsl, unquote
+
+    sep, rest = store.partition("://")[1:]
+    if not sep:
+        return set()
+    authority, _, tail = url_authority(rest)
+    password = authority.rpartition("@")[0].partition(":")[2]
+    query = tail.partition("#")[0].partition("?")[2]
+    found = {password} | {value for name, value in parse_qsl(query) if _SECRET_OPTION.search(name)}
+    return {each for secret in found for each in (secret, unquote(secret)) if each}
+
+
 def shown_store(value: str) -> str:
     """A store as the user wrote it (``STORE``, a view's ``store``), for a message: a cache
     alias without the store layer's ``cache:`` prefix, a URL as :func:`display_name` shows it."""

@@ -16,7 +16,7 @@ from django.utils.text import capfirst
 from django_idempotency._conf import stores as registry
 from django_idempotency._conf.options import ATOMIC_ON_SETTING, atomic_error
 from django_idempotency._conf.settings import check_name, conf
-from django_idempotency._conf.values import DATABASE, display_name, store_alias
+from django_idempotency._conf.values import DATABASE, display_name, short_error, store_alias
 from django_idempotency._ops.checks import _protected_views, refusing
 
 
@@ -76,8 +76,8 @@ def e063_eviction(store: str) -> list[CheckMessage]:
         return [
             Warning(
                 f"Could not read the maxmemory-policy of the {described(store)} "
-                f"({_one_line(exc)}): CONFIG may be renamed or forbidden to this user. Under "
-                "any policy but noeviction, Redis evicts records when memory runs out, and "
+                f"({short_error(exc, store)}): CONFIG may be renamed or forbidden to this user. "
+                "Under any policy but noeviction, Redis evicts records when memory runs out, and "
                 "their keys run their views again.",
                 hint="Make sure the server runs with maxmemory-policy noeviction "
                 "(docs: 'Choosing the store').",
@@ -184,30 +184,11 @@ def e062_unreachable(store: str) -> Error | None:
         using(alias).ping()
     except Exception as exc:
         return Error(
-            f"The {described(store)} does not answer: {_one_line(exc)}",
+            f"The {described(store)} does not answer: {short_error(exc, store)}",
             hint="Start it, or point STORE (or the view's store) at one that runs.",
             id=check_name(62),
         )
     return None
-
-
-def _one_line(exc: Exception) -> str:
-    """The error's class and its message's first line, without the objects' reprs redis-py
-    puts in it (a Sentinel's ``MasterNotFoundError`` names its client's whole connection pool:
-    about 1,500 characters, passwords redacted)."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    shown, depth = [], 0
-    for index, char in enumerate(text):
-        if char == "<" and (depth or text.startswith("<redis.", index)):
-            depth += 1
-            if depth == 1:
-                shown.append("<...>")
-            continue
-        if depth:
-            depth -= char == ">"
-            continue
-        shown.append(char)
-    return f"{type(exc).__name__}: {''.join(shown)}" if text else type(exc).__name__
 
 
 @refusing(
@@ -249,7 +230,7 @@ def redis_notes(verb: str) -> list[str]:
         try:
             count = f"{bound.count():,} record(s)"
         except Exception as exc:  # unreachable: say so, and go on
-            count = f"not reachable ({exc})"
+            count = f"not reachable ({short_error(exc, store)})"
         note = f"{capfirst(described(store))}: {count}"
         notes.append(f"{note}; {bound.expiry}, so {verb}." if bound.expiry else f"{note}.")
     return notes
@@ -287,7 +268,7 @@ def redis_census() -> dict[str, Any]:
                         "outbox_oldest_undelivered_age_seconds",
                     )
                 ),
-                "error": str(exc),
+                "error": short_error(exc, store),
             }
     return census
 

@@ -18,7 +18,7 @@ from django_idempotency._base import durations
 from django_idempotency._base.durations import human
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._call import operations as operation_ids
-from django_idempotency._conf.values import store_alias
+from django_idempotency._conf.values import short_error, store_alias
 from django_idempotency._ops import maintenance, store_checks
 from django_idempotency._store import operations as operation_store
 from django_idempotency.management import _arguments as arguments
@@ -298,7 +298,8 @@ def _stuck(alias: str, margin: Any) -> tuple[list[tuple[str, IdempotencyKey]], l
         try:
             records = operation_store.stuck(where, older_than=margin)
         except StoreUnavailable as exc:
-            notes.append(f"{capfirst(store_checks.described(named))} did not answer: {exc}")
+            said = short_error(exc, where)
+            notes.append(f"{capfirst(store_checks.described(named))} did not answer: {said}")
             continue
         except NotSupportedError:  # a store that keeps no operations has none stuck
             continue

@@ -12,7 +12,7 @@ from django.utils.text import capfirst
 
 from django_idempotency._base.durations import human
 from django_idempotency._conf import stores
-from django_idempotency._conf.values import DATABASE, display_name, store_alias
+from django_idempotency._conf.values import DATABASE, display_name, short_error, store_alias
 from django_idempotency._ops import maintenance, relay, store_checks
 from django_idempotency.management import database_alias, store_option
 
@@ -41,7 +41,8 @@ class Command(BaseCommand):
             stats = maintenance.stats(alias)
             outbox = relay.backlog(alias)
         except DatabaseError as exc:
-            raise CommandError(f"The database {alias!r} did not answer: {exc}".strip()) from exc
+            said = short_error(exc)
+            raise CommandError(f"The database {alias!r} did not answer: {said}") from exc
         census = store_checks.redis_census()
         unreachable = [
             f"{capfirst(_described(name))} did not answer: {figures['error']}"
