@@ -9,7 +9,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from django_idempotency._conf.values import display_name, url_authority
+from django_idempotency._conf.values import display_name, short_error, url_authority
 
 #: The query options of a Sentinel URL that are the sentinels' own credentials (the URL's
 #: user and password are the master's).
@@ -178,7 +178,7 @@ def option_values(url: str, options: dict[str, Any]) -> None:
         except Exception as exc:
             raise ValueError(
                 f"{shown!r}: redis-py refuses {_shown(name, written.get(name))} "
-                f"({type(exc).__name__}: {_first_line(exc, value, name)})."
+                f"({short_error(exc, url)})."
             ) from None
 
 
@@ -221,12 +221,6 @@ def _out_of_range(name: str, value: Any) -> str:
         except ValueError:
             return f"is no TLS version ({', '.join(str(v.value) for v in ssl.TLSVersion)})"
     return ""
-
-
-def _first_line(exc: Exception, value: Any, name: str) -> str:
-    """The first line of redis-py's refusal, without a password's value."""
-    text = (str(exc).strip().splitlines() or [""])[0]
-    return text.replace(str(value), "***") if "password" in name and str(value) else text
 
 
 def redis_path(url: str) -> None:
