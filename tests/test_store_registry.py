@@ -200,7 +200,7 @@ def test_stats_name_a_registered_store_that_does_not_answer_by_its_class(toy: st
     out = StringIO()
     with pytest.raises(CommandError) as refused:
         call_command("idempotency_stats", stdout=out)
-    off = "the toy store is switched off"
+    off = "ConnectionError: the toy store is switched off"  # its class and first line
     assert str(refused.value) == f"Toy store 'toy://memory' did not answer: {off}"
     assert f"Toy store 'toy://memory': not reachable ({off})." in out.getvalue()
 
