@@ -441,7 +441,7 @@ def test_the_relay_command_says_a_store_that_does_not_answer(options: list[str])
     """A ``CommandError`` naming the store (exit status 1), not a traceback."""
     down = "redis://127.0.0.1:1/0"
     with pytest.raises(CommandError, match=r"^The Redis store 'redis://127.0.0.1:1/0' did not "
-                       r"answer: Error 111 connecting"):  # fmt: skip
+                       r"answer: \w+: Error 111 connecting[^\n]*$"):  # fmt: skip
         call_command("idempotency_relay", "--store", down, *options)
     with override_settings(IDEMPOTENCY={"STORE": down}), pytest.raises(CommandError):
         call_command("idempotency_relay", *options)

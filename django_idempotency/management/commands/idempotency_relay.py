@@ -11,7 +11,7 @@ from django.db import DatabaseError
 from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._conf import stores
 from django_idempotency._conf.settings import conf, usable
-from django_idempotency._conf.values import shown_store
+from django_idempotency._conf.values import short_error, shown_store
 from django_idempotency._ops import relay
 from django_idempotency._ops.relay import Relay
 from django_idempotency.management import _arguments, store_of
@@ -98,7 +98,8 @@ class Command(_arguments.Command):
             self._relay(alias, once, batch_size, interval, verbosity, failed, retry_failed, dry_run)
         except (DatabaseError, StoreUnavailable) as exc:  # a store down: said, not a traceback
             where = _where(alias)
-            said = str(exc).removeprefix(f"{where}: ")  # a Redis fault names its store
+            # Short and redacted (its class, its first line); a Redis fault names its store.
+            said = short_error(exc, alias).replace(f"{where}: ", "", 1)
             raise CommandError(f"The {where} did not answer: {said}".strip()) from exc
 
     def _left_behind(self, alias: str) -> None:
