@@ -584,3 +584,22 @@ def test_a_port_out_of_range_is_said_so() -> None:
             errors = checks.check_settings()
         assert [e.id for e in errors] == ["django_idempotency.E060"]
         assert "0-65535" in errors[0].msg and "another server" not in errors[0].msg
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"rediss://127.0.0.1/0?ssl_password={PASSWORD}&ssl_cert_reqs=bogus",
+        f"rediss://:{PASSWORD}@127.0.0.1/0?ssl_password={PASSWORD}",
+    ],
+)
+def test_a_secret_options_at_not_encoded_shows_no_piece_of_it(url: str) -> None:
+    """The app's authority runs to the URL's last ``@``: an ``ssl_password`` whose ``@`` was
+    not percent-encoded was shown as the host (``rediss://48/s3cret:x&...``) in E060's
+    message."""
+    with override_settings(IDEMPOTENCY={"STORE": url}):
+        errors = checks.check_settings()
+    assert [e.id for e in errors] == ["django_idempotency.E060"]
+    assert_no_secret(errors[0].msg + display_name(url))
+    for piece in ("48/", "cret"):
+        assert piece not in errors[0].msg

@@ -441,15 +441,36 @@ def display_name(store: str) -> str:
     scheme, sep, rest = store.partition("://")
     if not sep:  # an alias; or a URL mistyped ("redis:/:secret@host"): cut through its "@"
         return store.rpartition("@")[2]
+    if _secret_holds_at(store):
+        # Neither parse can be trusted to tell the host from the secrets: none is shown.
+        return f"{scheme}://***"
     authority, _, tail = url_authority(rest)
     place = authority.rpartition("@")[2]
     path, question, query = tail.partition("#")[0].partition("?")
-    shown = "&".join(
+    return f"{scheme}://{place}{path}{question}{_redacted(query) if question else ''}"
+
+
+def _redacted(query: str) -> str:
+    """A URL's query with its secret options' values ``***``."""
+    return "&".join(
         f"{option.partition('=')[0]}=***" if _SECRET_OPTION.search(option.partition("=")[0])
         else option
         for option in query.split("&")
     )  # fmt: skip
-    return f"{scheme}://{place}{path}{question}{shown if question else ''}"
+
+
+def _secret_holds_at(store: str) -> bool:
+    """Whether a secret query option's value (as the standard parse reads the query) holds an
+    ``@`` not percent-encoded: the app's authority runs to the URL's last ``@``, so the
+    shown host was a piece of that secret (``?ssl_password=Pw@48/s3cret`` showed
+    ``48/s3cret``), and a password's ``/`` or ``?`` not percent-encoded beside it leaves the
+    standard parse no better."""
+    try:
+        query = urlsplit(store).query
+    except ValueError:
+        return False
+    options = [option.partition("=") for option in query.split("&")]
+    return any("@" in value for name, _, value in options if _SECRET_OPTION.search(name))
 
 
 def short_error(exc: BaseException, store: str = "") -> str:
