@@ -277,3 +277,28 @@ def test_a_result_written_while_its_slot_migrates_is_stored(cluster_url: str) ->
 
     assert outcome == [True]
     assert [taken.key for taken in store.take(10, LEASE)] == [message]
+
+
+def test_a_message_sent_again_is_relayed_though_its_slot_left_the_index(cluster_url: str) -> None:
+    """A message failed for good leaves its due queue, and its slot the index; a re-send
+    (``--retry-failed``, the admin's) makes it due again there, and indexes its slot."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    message = _released(store, "k0")
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]
+    assert store.mark_failed(message, "broker down", None, counted=True) == 1
+    assert store.take(10, LEASE) == []  # its slot found empty: out of the index
+
+    assert store.resend([message]) == 1
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]
+
+
+def test_a_message_taken_under_a_lease_keeps_its_slot_indexed(cluster_url: str) -> None:
+    """A batch with nothing due now is no empty slot: a message taken under a lease stays in
+    its due queue, due again when the lease ends (its relay killed before its mark)."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    message = _released(store, "k0")
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]
+    assert store.take(10, LEASE) == []  # leased: nothing due, the slot kept
+
+    store.client.zadd(queues(store.prefix, message, True).due, {message: 0})  # the lease ends
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]
