@@ -22,7 +22,8 @@ from django_idempotency._store import _BOUND, using
 from django_idempotency._store.redis import outbox_slots
 from django_idempotency._store.redis.clients import cluster_client
 from django_idempotency._store.redis.keyspace import record_key
-from django_idempotency._store.redis.outbox import key_slot, queues
+from django_idempotency._store.redis.outbox import queues
+from django_idempotency._store.redis.outbox_slots import key_slot
 from tests.redis_servers import private_cluster
 from tests.test_redis_store import _released, _released_in_slots, _releasing
 from tests.waiting import wait_for

@@ -105,7 +105,7 @@ class FencedWrites:
         script = f"{'SLOT_' if cluster else ''}{name}_RELEASING"
         done = outbox.released(self.server.run(script, keys, args, bound), release)
         if cluster and done == 1 and release.messages:  # its slot indexed for the relay
-            tag = outbox.slot_tag(keys[0])
+            tag = outbox_slots.slot_tag(keys[0])
             outbox_slots.indexed(self.server.client, self.server.prefix, [tag])
         return done
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 from django.utils import timezone
@@ -48,7 +47,7 @@ from django_idempotency._store.redis import outbox_slots
 from django_idempotency._store.redis.codec import as_micros, as_time
 from django_idempotency._store.redis.faults import RedisFault
 from django_idempotency._store.redis.keyspace import glob
-from django_idempotency._store.redis.outbox_slots import SlotIndex, slot_queue
+from django_idempotency._store.redis.outbox_slots import SlotIndex, key_slot, slot_queue, slot_tag
 
 logger = logging.getLogger("django_idempotency")
 
@@ -99,34 +98,6 @@ class Queues(NamedTuple):
     due: str
     left: str
     failed: str
-
-
-#: The hash slots of a Redis Cluster.
-SLOTS = 16384
-
-
-@lru_cache(maxsize=1)
-def _slot_tags() -> tuple[str, ...]:
-    """For each slot, the shortest decimal number whose hash tag lands in it: a slot's queues
-    are named by it, so that one slot has one set of queues (computed once, ~0.1 s)."""
-    found: dict[int, str] = {}
-    number = 0
-    while len(found) < SLOTS:
-        found.setdefault(key_slot(str(number).encode()), str(number))
-        number += 1
-    return tuple(found[slot] for slot in range(SLOTS))
-
-
-def key_slot(key: bytes) -> int:
-    """``key``'s hash slot on a cluster (redis-py's, imported where the store is used)."""
-    from redis.crc import key_slot as slot
-
-    return int(slot(key))
-
-
-def slot_tag(key: str) -> str:
-    """The hash tag of ``key``'s slot's queues (:func:`_slot_tags`)."""
-    return _slot_tags()[key_slot(key.encode())]
 
 
 def queues(prefix: str, key: str, cluster: bool) -> Queues:

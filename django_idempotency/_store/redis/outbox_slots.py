@@ -3,7 +3,7 @@
 Each slot holding messages has its own queues (:func:`.outbox.queues`). Finding them by a
 ``SCAN`` of every primary on every batch made a batch cost the whole keyspace, and a primary
 that was down failed every batch until its failover. So the slots whose due queue may hold a
-message are kept in one set, ``P o:slots`` (their hash tags, :func:`.outbox.slot_tag`):
+message are kept in one set, ``P o:slots`` (their hash tags, :func:`slot_tag`):
 
 * a writer adds its slot's tag (``SADD``) right after the script that released its messages
   applied (:func:`indexed`; a script touches one slot, so it cannot write the set itself), and
@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 from django_idempotency._store.redis.faults import failures
@@ -37,6 +38,34 @@ SCAN_EVERY = 60.0
 
 #: The relay's clock (a test moves it on).
 clock = time.monotonic
+
+
+#: The hash slots of a Redis Cluster.
+SLOTS = 16384
+
+
+@lru_cache(maxsize=1)
+def _slot_tags() -> tuple[str, ...]:
+    """For each slot, the shortest decimal number whose hash tag lands in it: a slot's queues
+    are named by it, so that one slot has one set of queues (computed once, ~0.1 s)."""
+    found: dict[int, str] = {}
+    number = 0
+    while len(found) < SLOTS:
+        found.setdefault(key_slot(str(number).encode()), str(number))
+        number += 1
+    return tuple(found[slot] for slot in range(SLOTS))
+
+
+def key_slot(key: bytes) -> int:
+    """``key``'s hash slot on a cluster (redis-py's, imported where the store is used)."""
+    from redis.crc import key_slot as slot
+
+    return int(slot(key))
+
+
+def slot_tag(key: str) -> str:
+    """The hash tag of ``key``'s slot's queues (:func:`_slot_tags`)."""
+    return _slot_tags()[key_slot(key.encode())]
 
 
 def index_key(prefix: str) -> str:
@@ -109,8 +138,6 @@ class SlotIndex:
     def due_tags(self, client: Any, prefix: str) -> list[str]:
         """The tags of the slots to take from: the index's, with a scan's when one is due
         (or owed by a primary that failed; or the index unreadable), in slot order."""
-        from django_idempotency._store.redis.outbox import key_slot
-
         tags = _members(client, prefix)
         if tags is None:
             tags = self._scan(client, prefix, whole=True)
