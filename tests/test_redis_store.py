@@ -1894,24 +1894,35 @@ def test_the_outbox_is_served_on_one_server_and_on_a_cluster(place: Place) -> No
 def _released_in_slots(store: Any, count: int) -> list[str]:
     """``count`` records' results, each releasing one message (its id the record's key), on
     ``store``: on a cluster in as many slots; the messages' keys."""
+    return [_released(store, f"k{number}") for number in range(count)]
+
+
+def _released(store: Any, key: str) -> str:
+    """The result of the record of ``key`` (scope ``s``) written on ``store``, releasing one
+    message (its id the key); the message's key."""
+    write, message = _releasing(store, key)
+    assert write()
+    return message
+
+
+def _releasing(store: Any, key: str) -> tuple[Any, str]:
+    """The record of ``key`` (scope ``s``) claimed on ``store``: the write of its result,
+    releasing one message (its id the key; the write's arguments: ``store_response``'s
+    others), and the message's key."""
     from datetime import timedelta
 
     from django_idempotency._call import outbox
     from django_idempotency._call.identity import Identity
     from django_idempotency._store.outbox import Message, Release
 
-    keys = []
-    for number in range(count):
-        key = f"k{number}"
-        identity = Identity(
-            key=key, scope="s", key_hash=hash_key(key), fingerprint="f", method="POST", path="/p"
-        )
-        claim = store.claim(identity, ttl=timedelta(hours=1), lock_timeout=timedelta(seconds=30))
-        release = Release(0, [Message(key, outbox.CELERY, "t", "{}")], timedelta(0), False)
-        stored = StoredResponse(status=201, headers={}, body=b"{}")
-        assert store.store_response(claim.pk, claim.token_text, stored, release=release)
-        keys.append(store.message_key("s", hash_key(key), key))
-    return keys
+    identity = Identity(
+        key=key, scope="s", key_hash=hash_key(key), fingerprint="f", method="POST", path="/p"
+    )
+    claim = store.claim(identity, ttl=timedelta(hours=1), lock_timeout=timedelta(seconds=30))
+    release = Release(0, [Message(key, outbox.CELERY, "t", "{}")], timedelta(0), False)
+    stored = StoredResponse(status=201, headers={}, body=b"{}")
+    write = partial(store.store_response, claim.pk, claim.token_text, stored, release=release)
+    return write, str(store.message_key("s", hash_key(key), key))
 
 
 def test_a_relay_takes_marks_and_resends_every_slots_messages(place: Place) -> None:

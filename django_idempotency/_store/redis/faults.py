@@ -77,25 +77,42 @@ _UNEXPECTED = "_idempotency_unexpected"
 
 def passing(exc: Exception) -> bool:
     """Whether a server's refusal passes: loading its data after a restart, a replica that
-    became read-only in a failover, a cluster's slot moving."""
+    became read-only in a failover, a cluster's slot moving. redis-py's cluster client names
+    the last by class, the code cut from the text (``TRYAGAIN`` while a slot's keys are split
+    between its two primaries, ``ASK``/``MOVED``), and after 16 of them in a row (its
+    ``RedisClusterRequestTTL``: about 0.4 s of a migration) raises ``ClusterError("TTL
+    exhausted.")``: tried again within the call's bound, as a failover is."""
+    from redis.exceptions import AskError, ClusterDownError, ClusterError, TryAgainError
+
+    if isinstance(exc, (TryAgainError, AskError)):
+        return True
+    if isinstance(exc, ClusterError) and not isinstance(exc, ClusterDownError):
+        return True
     text = str(exc).upper()
     return text.startswith(("LOADING", "READONLY", "TRYAGAIN", "MOVED", "ASK", "MASTERDOWN"))
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failure is tried again within the call's bound: the connection's, the
+    server's or the cluster's that passes (:func:`passing`)."""
+    import redis
+    from redis.exceptions import ClusterError
+
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return True
+    return isinstance(exc, (redis.ResponseError, ClusterError)) and passing(exc)
 
 
 def expected(exc: BaseException) -> bool:
     """A refusal caused by the connection or the server (refused, cut, timed out, loading,
     read-only): an outage, one log line per refused call. A 3 s outage logged 790 chained
     tracebacks at ``ERROR``; what redis-py does not name as its own keeps its traceback."""
-    import redis
-
     seen: BaseException | None = exc
     known = False
     while seen is not None:
         if getattr(seen, _UNEXPECTED, False):
             return False
-        if isinstance(seen, (redis.ConnectionError, redis.TimeoutError)) or (
-            isinstance(seen, redis.ResponseError) and passing(seen)
-        ):
+        if transient(seen):
             known = True
         seen = seen.__cause__
     return known

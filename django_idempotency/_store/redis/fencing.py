@@ -16,7 +16,7 @@ from django_idempotency._store import deadlines
 from django_idempotency._store.claims import new_token
 from django_idempotency._store.contract import ClaimHandle, StoredResponse
 from django_idempotency._store.outbox import Release
-from django_idempotency._store.redis import operations, outbox, renewal
+from django_idempotency._store.redis import operations, outbox, outbox_slots, renewal
 from django_idempotency._store.redis.codec import as_micros
 from django_idempotency._store.redis.faults import RedisFault, failures, refused
 from django_idempotency._store.redis.handles import Handles
@@ -95,14 +95,19 @@ class FencedWrites:
         """Run the fenced write ``name``, and with it (``release``: the outbox's staged
         messages) the release of its messages, in one script (:mod:`.outbox`): they exist
         exactly when the write applied. On a cluster into the record's slot's queues, by the
-        write's variant without the scope's index (``SLOT_``: written after, another slot's)."""
+        write's variant without the scope's index (``SLOT_``: written after, another slot's),
+        and the slot's tag added to the relay's index after it (:mod:`.outbox_slots`)."""
         if release is None:
             return self.server.run(name, keys, args, bound)
         cluster = bool(self.server.cluster)
         index = scope_index(scope, self.server.prefix)
         keys, args = outbox.releasing(keys, args, release, index, self.server.prefix, cluster)
         script = f"{'SLOT_' if cluster else ''}{name}_RELEASING"
-        return outbox.released(self.server.run(script, keys, args, bound), release)
+        done = outbox.released(self.server.run(script, keys, args, bound), release)
+        if cluster and done == 1 and release.messages:  # its slot indexed for the relay
+            tag = outbox_slots.slot_tag(keys[0])
+            outbox_slots.indexed(self.server.client, self.server.prefix, [tag])
+        return done
 
     def index(self, scope: str, key_hash: str, ttl: timedelta | None) -> None:
         """On a cluster: add a finished record to its scope's index (erasure), after its

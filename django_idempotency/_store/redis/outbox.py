@@ -19,9 +19,12 @@ On one server (or a Sentinel's master) the three sorted sets are the store's. On
 Cluster a script touches one slot, so each slot that holds messages has its own three:
 ``P o:due:{S}``, ``P o:failed:{S}`` and ``P o:left:{S}``, ``S`` a hash tag of that slot
 (:func:`slot_tag`): a record's messages are released into its own slot's queues, in the
-result's own script, as on one server. A relay finds the slots' queues by a ``SCAN`` of each
-primary (:func:`queue_keys`) and takes, marks and re-sends each slot's messages by that slot's
-scripts; the messages of one record keep their order, those of two slots are taken in any.
+result's own script, as on one server. A relay finds the slots whose due queue may hold a
+message in the slot index (:mod:`.outbox_slots`: ``P o:slots``, written after each release, a
+``SCAN`` of each primary every minute recovering what a writer that died left out), and takes,
+marks and re-sends each slot's messages by that slot's scripts; the messages of one record keep
+their order, those of two slots are taken in any. The operator's reads (the backlog, the failed
+messages) still ``SCAN`` every primary for the ``left`` and ``failed`` queues (:func:`queue_keys`).
 
 A relay takes a batch (:data:`.outbox_scripts.TAKE`) by pushing each message's score forward
 by its lease and counting its send: one killed between the take and the mark leaves the
@@ -35,15 +38,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 from django.utils import timezone
 
 from django_idempotency._store.outbox import Backlog, Release
+from django_idempotency._store.redis import outbox_slots
 from django_idempotency._store.redis.codec import as_micros, as_time
 from django_idempotency._store.redis.faults import RedisFault
 from django_idempotency._store.redis.keyspace import glob
+from django_idempotency._store.redis.outbox_slots import SlotIndex, key_slot, slot_queue, slot_tag
 
 logger = logging.getLogger("django_idempotency")
 
@@ -96,49 +100,19 @@ class Queues(NamedTuple):
     failed: str
 
 
-#: The hash slots of a Redis Cluster.
-SLOTS = 16384
-
-
-@lru_cache(maxsize=1)
-def _slot_tags() -> tuple[str, ...]:
-    """For each slot, the shortest decimal number whose hash tag lands in it: a slot's queues
-    are named by it, so that one slot has one set of queues (computed once, ~0.1 s)."""
-    found: dict[int, str] = {}
-    number = 0
-    while len(found) < SLOTS:
-        found.setdefault(key_slot(str(number).encode()), str(number))
-        number += 1
-    return tuple(found[slot] for slot in range(SLOTS))
-
-
-def key_slot(key: bytes) -> int:
-    """``key``'s hash slot on a cluster (redis-py's, imported where the store is used)."""
-    from redis.crc import key_slot as slot
-
-    return int(slot(key))
-
-
-def slot_tag(key: str) -> str:
-    """The hash tag of ``key``'s slot's queues (:func:`_slot_tags`)."""
-    return _slot_tags()[key_slot(key.encode())]
-
-
 def queues(prefix: str, key: str, cluster: bool) -> Queues:
     """The queues of the message (or record) ``key``: the store's on one server, its slot's
     on a cluster, where a script touches one slot."""
     if not cluster:
         return Queues(due_key(prefix), left_key(prefix), failed_key(prefix))
     tag = slot_tag(key)
-    return Queues(
-        f"{prefix}o:due:{{{tag}}}", f"{prefix}o:left:{{{tag}}}", f"{prefix}o:failed:{{{tag}}}"
-    )
+    return Queues(*(slot_queue(prefix, kind, tag) for kind in ("due", "left", "failed")))
 
 
 def queue_keys(client: Any, prefix: str, kind: str, cluster: bool) -> list[str]:
     """Every queue of ``kind`` (``due``, ``left``, ``failed``): the store's one on one server;
     on a cluster each slot's that exists (a ``SCAN`` of each primary: an empty sorted set is
-    no key), in slot order."""
+    no key), in slot order. The operator's reads only: the relay reads the slot index."""
     if not cluster:
         return [f"{prefix}o:{kind}"]
     found = client.scan_iter(
@@ -174,34 +148,62 @@ def released(reply: Any, release: Release) -> Any:
 
 
 def take(
-    client_run: Any, client: Any, prefix: str, size: int, lease: timedelta, cluster: bool
+    client_run: Any,
+    client: Any,
+    prefix: str,
+    size: int,
+    lease: timedelta,
+    index: SlotIndex | None,
 ) -> list[Taken]:
     """Claim up to ``size`` messages due now for ``lease`` (:data:`.outbox_scripts.TAKE`): of
-    the store's queue, or on a cluster of each slot's in turn until the batch is full. A slot
-    whose take fails (moving to another primary, a message gone ahead of its queue: the server
-    stops the script) is passed over, said in the log, and the others' batch is sent: its
-    failure lost the messages taken before it their lease, batch after batch, while it moved.
-    Only when every slot failed does the take fail."""
+    the store's queue, or on a cluster (``index``, :mod:`.outbox_slots`) of each indexed
+    slot's in turn until the batch is full. A slot whose take fails (moving to another
+    primary, a message gone ahead of its queue: the server stops the script) is passed over,
+    said in the log, and the others' batch is sent; after a connection's failure, the other
+    slots of that primary too (each would spend its own try). Only when every slot failed does
+    the take fail. A slot with nothing due may be empty: :meth:`.SlotIndex.emptied`."""
+    args = [size, as_micros(lease)]
+    if index is None:
+        return _taken(client_run("TAKE", [due_key(prefix)], args))
     taken: list[Taken] = []
     failed: RedisFault | None = None
-    for due in queue_keys(client, prefix, "due", cluster):
+    down: set[str] = set()
+    for tag in index.due_tags(client, prefix):
+        due = slot_queue(prefix, "due", tag)
+        node = _node_name(client, due)
+        if node in down:
+            continue
         try:
-            reply = client_run("TAKE", [due], [size - len(taken), as_micros(lease)])
+            batch = _taken(client_run("TAKE", [due], [size - len(taken), args[1]]))
         except RedisFault as exc:
-            if not cluster:
-                raise
             logger.warning("The outbox's take from %s failed, passed over: %s", due, exc)
             failed = failed or exc
+            if outbox_slots.unreachable(exc):
+                down.add(node)
             continue
-        taken += [
-            Taken(_text(key), _text(id_), _text(engine), _text(task), _text(arguments), int(sends))
-            for key, id_, engine, task, arguments, sends in reply
-        ]
+        if not batch:
+            index.emptied(client, prefix, tag)
+        taken += batch
         if len(taken) >= size:
             break
     if failed is not None and not taken:
         raise failed
     return taken
+
+
+def _taken(reply: Any) -> list[Taken]:
+    return [
+        Taken(_text(key), _text(id_), _text(engine), _text(task), _text(arguments), int(sends))
+        for key, id_, engine, task, arguments, sends in reply
+    ]
+
+
+def _node_name(client: Any, key: str) -> str:
+    """The name of the primary serving ``key``'s slot, as the client knows it (``""``: none)."""
+    try:
+        return str(client.get_node_from_key(key).name)
+    except Exception:  # a slot not covered: its take says why
+        return ""
 
 
 def _by_slot(prefix: str, keys: Sequence[str], cluster: bool) -> dict[Queues, list[str]]:
@@ -238,10 +240,14 @@ def mark_failed(
     return int(client_run("MARK_FAILED", [queued.due, queued.failed], args))
 
 
-def resend(client_run: Any, prefix: str, keys: Sequence[str], cluster: bool) -> int:
+def resend(client_run: Any, client: Any, prefix: str, keys: Sequence[str], cluster: bool) -> int:
+    """Failed messages made due now; on a cluster, their slots indexed (:mod:`.outbox_slots`)."""
     made = 0
     for queued, each in _by_slot(prefix, keys, cluster).items():
-        made += int(client_run("RESEND", [queued.due, queued.failed], each))
+        count = int(client_run("RESEND", [queued.due, queued.failed], each))
+        if count and cluster:
+            outbox_slots.indexed(client, prefix, [outbox_slots.tag_of(queued.due)])
+        made += count
     return made
 
 

@@ -18,6 +18,7 @@ from django_idempotency._store.redis.faults import (
     connection_fault,
     failures,
     passing,
+    transient,
     understood,
 )
 
@@ -43,10 +44,11 @@ def run(
     alias: str,
 ) -> Any:
     """Run a script, again after a fault (a lost connection, a timeout, a server loading
-    or refusing writes) until ``bound`` seconds have passed (or ``tries`` were made);
-    then :class:`RedisFault`. Every script is safe to run twice: the second finds the
-    first's effect by the token. An owner's write rides a fault out while its lock holds;
-    a claim tries twice (a new connection after a dead one), then answers ``503``."""
+    or refusing writes, a cluster's slot migrating: :func:`.faults.passing`) until ``bound``
+    seconds have passed (or ``tries`` were made); then :class:`RedisFault`. Every script is
+    safe to run twice: the second finds the first's effect by the token. An owner's write
+    rides a fault out while its lock holds; a claim tries twice (a new connection after a
+    dead one), then answers ``503``."""
     import redis
 
     deadline = time.monotonic() + (deadlines.LEAST if bound is None else bound)
@@ -56,9 +58,11 @@ def run(
             tries -= 1
         try:
             return evaluate(name, keys, args, max(deadline - time.monotonic(), LEAST_TRY))
-        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+        except failures() as exc:
             if isinstance(exc, redis.ResponseError) and not passing(exc):
                 raise RedisFault(f"Redis refused {name}: {exc}") from exc
+            if not transient(exc):
+                raise RedisFault(f"Redis store {display_name(alias)!r}: {exc}") from exc
             # A claim's wait for replicas that fell short took its time already: not
             # again (a result write's is, within its lock: a failover may be under way).
             short = tries is not None and getattr(exc, "short_wait", False)
@@ -72,8 +76,6 @@ def run(
                 exc,
                 delay,
             )
-        except failures() as exc:
-            raise RedisFault(f"Redis store {display_name(alias)!r}: {exc}") from exc
         time.sleep(delay)
         delay = min(delay * 2, _MAX_RETRY)
 

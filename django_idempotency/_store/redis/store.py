@@ -38,6 +38,7 @@ from django_idempotency._store.redis.fencing import FencedWrites
 from django_idempotency._store.redis.handles import Handles
 from django_idempotency._store.redis.kept_operations import KeptOperations
 from django_idempotency._store.redis.keyspace import record_key
+from django_idempotency._store.redis.outbox_slots import SlotIndex
 from django_idempotency._store.redis.server import Server
 from django_idempotency._store.redis.urls import (
     option_values,
@@ -109,6 +110,8 @@ class RedisStore(StoreContract):
         self._claims = Claims(self._server, self._handles, self.refusal)
         self._writes = FencedWrites(self._server, self._handles, self.refusal, shown)
         self._operations = KeptOperations(self._writes, self.read, shown)
+        #: The relay's view of a cluster's slot index (:mod:`.outbox_slots`).
+        self._slots = SlotIndex()
 
     # -- what the core reads of every store --------------------------------------------------
 
@@ -368,7 +371,8 @@ class RedisStore(StoreContract):
     def take(self, size: int, lease: timedelta) -> list[outbox.Taken]:
         """Claim up to ``size`` messages due now for ``lease`` (a relay's batch)."""
         with refused(self.refusal):
-            return outbox.take(self._relayed, self.client, self.prefix, size, lease, self._cluster)
+            index = self._slots if self._cluster else None
+            return outbox.take(self._relayed, self.client, self.prefix, size, lease, index)
 
     def mark_sent(self, keys: Sequence[str], *, counted: bool) -> int:
         """Mark messages (their keys) sent."""
@@ -384,7 +388,7 @@ class RedisStore(StoreContract):
 
     def resend(self, keys: Sequence[str]) -> int:
         """Make failed messages pending and due now (``idempotency_relay --retry-failed``)."""
-        return outbox.resend(self._relayed, self.prefix, keys, self._cluster)
+        return outbox.resend(self._relayed, self.client, self.prefix, keys, self._cluster)
 
     def backlog(self) -> Backlog:
         """The outbox's pending and failed messages, and its oldest undelivered release."""

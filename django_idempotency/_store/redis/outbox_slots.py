@@ -1,0 +1,192 @@
+"""The slot index of the outbox on a Redis Cluster: which slots' due queues a relay takes from.
+
+Each slot holding messages has its own queues (:func:`.outbox.queues`). Finding them by a
+``SCAN`` of every primary on every batch made a batch cost the whole keyspace, and a primary
+that was down failed every batch until its failover. So the slots whose due queue may hold a
+message are kept in one set, ``P o:slots`` (their hash tags, :func:`slot_tag`):
+
+* a writer adds its slot's tag (``SADD``) right after the script that released its messages
+  applied (:func:`indexed`; a script touches one slot, so it cannot write the set itself), and
+  a re-send (``RESEND``) adds the tags of the slots it made messages due in;
+* a relay reads the set instead of scanning (:meth:`SlotIndex.due_tags`); a slot whose due
+  queue it finds empty is removed (``SREM``), then the queue is looked at again and the tag
+  added back if a message arrived meanwhile (:meth:`SlotIndex.emptied`): a writer whose ``SADD``
+  came before the removal is never lost. A message taken under a lease stays in its due queue
+  (its score in the future): its slot stays in the set until it is sent or failed for good;
+* a writer that died between its script and its ``SADD`` left its message out of the set:
+  every :data:`SCAN_EVERY` seconds (and at a relay's first batch) a relay scans every primary
+  for due queues and adds their tags. A primary whose scan fails is passed over, said in the
+  log, and scanned again at the next batch; the others' slots are relayed meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
+
+from django_idempotency._store.redis.faults import failures
+from django_idempotency._store.redis.keyspace import glob
+
+logger = logging.getLogger("django_idempotency")
+
+#: How often a relay on a cluster scans every primary for due queues its index lacks
+#: (seconds): the longest a message whose writer died before its ``SADD`` waits.
+SCAN_EVERY = 60.0
+
+#: The relay's clock (a test moves it on).
+clock = time.monotonic
+
+
+#: The hash slots of a Redis Cluster.
+SLOTS = 16384
+
+
+@lru_cache(maxsize=1)
+def _slot_tags() -> tuple[str, ...]:
+    """For each slot, the shortest decimal number whose hash tag lands in it: a slot's queues
+    are named by it, so that one slot has one set of queues (computed once, ~0.1 s)."""
+    found: dict[int, str] = {}
+    number = 0
+    while len(found) < SLOTS:
+        found.setdefault(key_slot(str(number).encode()), str(number))
+        number += 1
+    return tuple(found[slot] for slot in range(SLOTS))
+
+
+def key_slot(key: bytes) -> int:
+    """``key``'s hash slot on a cluster (redis-py's, imported where the store is used)."""
+    from redis.crc import key_slot as slot
+
+    return int(slot(key))
+
+
+def slot_tag(key: str) -> str:
+    """The hash tag of ``key``'s slot's queues (:func:`_slot_tags`)."""
+    return _slot_tags()[key_slot(key.encode())]
+
+
+def index_key(prefix: str) -> str:
+    """The set of the slots' tags whose due queue may hold a message."""
+    return f"{prefix}o:slots"
+
+
+def slot_queue(prefix: str, kind: str, tag: str) -> str:
+    """The ``kind`` queue (``due``, ``left``, ``failed``) of the slot whose tag is ``tag``."""
+    return f"{prefix}o:{kind}:{{{tag}}}"
+
+
+def indexed(client: Any, prefix: str, tags: Iterable[str]) -> bool:
+    """Add ``tags`` to the index (a writer's, after its release; a scan's). A failure is
+    logged, not raised: the message is stored, and the relay's next scan finds its slot."""
+    tags = list(tags)
+    if not tags:
+        return True
+    try:
+        client.sadd(index_key(prefix), *tags)
+    except failures() as exc:
+        logger.warning(
+            "Could not index the outbox's slot(s) %s (the next scan will): %s", tags, exc
+        )
+        return False
+    return True
+
+
+def tag_of(queue: Any) -> str:
+    """The slot's tag in the name of one of its queues."""
+    text = queue.decode() if isinstance(queue, bytes) else str(queue)
+    return text[text.rindex("{") + 1 : -1]
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether a failure was its node's connection's (refused, cut, timed out): the node's
+    other slots would fail as it did."""
+    import redis
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (redis.ConnectionError, redis.TimeoutError)):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _members(client: Any, prefix: str) -> set[str] | None:
+    """The index's tags; ``None`` if it cannot be read (its node down: a scan stands in)."""
+    try:
+        members = client.smembers(index_key(prefix))
+    except failures() as exc:
+        logger.warning("The outbox's slot index could not be read (scanning instead): %s", exc)
+        return None
+    return {tag for tag in map(_tag_text, members) if tag.isdigit()}
+
+
+def _tag_text(member: Any) -> str:
+    return member.decode() if isinstance(member, bytes) else str(member)
+
+
+class SlotIndex:
+    """A relay's view of the index: when its next full scan is due, and which primaries
+    the scan under way has covered (one that failed is scanned again at the next batch)."""
+
+    def __init__(self) -> None:
+        self.scan_at = 0.0
+        self.scanned: set[str] = set()
+
+    def due_tags(self, client: Any, prefix: str) -> list[str]:
+        """The tags of the slots to take from: the index's, with a scan's when one is due
+        (or owed by a primary that failed; or the index unreadable), in slot order."""
+        tags = _members(client, prefix)
+        if tags is None:
+            tags = self._scan(client, prefix, whole=True)
+        elif self.scanned or clock() >= self.scan_at:
+            tags |= self._scan(client, prefix, whole=False)
+        return sorted(tags, key=lambda tag: key_slot(tag.encode()))
+
+    def _scan(self, client: Any, prefix: str, *, whole: bool) -> set[str]:
+        """The due queues' tags on every primary (``whole``), or on those the scan under way
+        has not covered yet, added to the index. A primary whose scan fails is passed over."""
+        found: set[str] = set()
+        primaries = client.get_primaries()
+        pattern = f"{glob(prefix)}o:due:{{*"
+        for node in primaries:
+            if not whole and node.name in self.scanned:
+                continue
+            try:
+                names = client.scan_iter(match=pattern, _type="zset", count=1000, target_nodes=node)
+                tags = {tag_of(name) for name in names}
+            except failures() as exc:
+                logger.warning(
+                    "The outbox relay's scan of %s failed, passed over (scanned again at the "
+                    "next batch): %s",
+                    node.name,
+                    exc,
+                )
+                continue
+            found |= tags
+            if indexed(client, prefix, tags):
+                self.scanned.add(node.name)
+        if all(node.name in self.scanned for node in primaries):
+            self.scanned.clear()
+            self.scan_at = clock() + SCAN_EVERY
+        return found
+
+    def emptied(self, client: Any, prefix: str, tag: str) -> None:
+        """A slot whose take found nothing due: removed from the index if its due queue is
+        empty (no message, leased or not), then added back if one arrived meanwhile (its
+        writer's ``SADD`` may have come before the ``SREM``). A failure leaves the tag in."""
+        due = slot_queue(prefix, "due", tag)
+        try:
+            if client.zcard(due):
+                return
+            client.srem(index_key(prefix), tag)
+        except failures():
+            return
+        try:
+            if not client.zcard(due):
+                return
+        except failures():
+            pass  # not known to be empty: kept
+        indexed(client, prefix, [tag])
