@@ -14,7 +14,9 @@ Events (JSON objects, ``type`` first):
   view's also ``operation`` (its operation's id, which its ``202``'s ``Location`` ends with;
   older histories lack it); a ``/steps/`` view's also ``step`` (1 or 2), ``attempt`` (the
   claim's) and, for the second step, ``first`` (the first step's execution it built on) and
-  ``resumed`` (its attempt started from the recovery point);
+  ``resumed`` (its attempt started from the recovery point); a takeover's also ``born``
+  (its record's birth as the store gave it: a claim sent into a frozen store is made when
+  the store thaws, later than its request);
 - ``point``: a ``/steps/`` view's recovery point saved (``set_recovery_point`` returned):
   ``t``, ``principal``, ``key``, ``execution`` (the first step it names), ``attempt``;
 - ``delivery``: a start of the consumer's Celery task (``message``, ``args``: the execution
@@ -294,11 +296,14 @@ def check(history: Iterable[Event], limits: Limits) -> Result:
         held = runs[0]["t"] + limits.ttl[runs[0]["entry"]]
         for run in runs:
             ttl = limits.ttl[run["entry"]]
+            life = lives.get((key, number), [])
             if run["t"] - start >= ttl - EDGE and not _took_over(
-                lives.get((key, number), []), run, held, faults, limits, acked, replayed
+                life, run, held, faults, limits, acked, replayed
             ):
                 number, previous = number + 1, start
                 start = max(claimed(previous, run), previous + ttl - EDGE)
+                if run.get("born", 0) > run["t"] - ttl:  # a takeover of a record still alive:
+                    start = min(start, run["born"])  # born when it was, maybe in a fault
                 held = run["t"] + ttl
             held = max(held, run["t"] + limits.lock)
             lives.setdefault((key, number), []).append(run)

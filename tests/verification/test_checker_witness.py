@@ -259,3 +259,46 @@ def test_a_run_past_the_ttl_is_a_takeover_only_where_a_fault_let_the_life_lapse(
     history = [e for e in short_ttl_taken_over(9.6) if e["type"] != "fault"]
     found = checker.check(history, limits).violations
     assert {v["invariant"] for v in found} == {1, 2}
+
+
+def frozen_store_claims(born: float | None) -> list[dict[str, Any]]:
+    """A Redis-store soak's ``/short-ttl/`` key (6 s TTL, 3 s lock), seconds from its first
+    request: the store stopped from -0.7 s to 3.4 s, and every request in it answered ``503``,
+    one claim of theirs made as the store thawed (born at 3.4 s); x1 took that record over at
+    6.5 s, as its lock lapsed, and was replayed; the record expired at 9.4 s, and a request at
+    9.8 s ran x2 in a new life. ``born``: what x1's line says of its record."""
+    who = {**WHO, "entry": "short-ttl"}
+    stop = {"kind": "redis-stop", "start": -0.7, "end": 3.4, "long": True}
+    x1 = {"type": "effect", "t": 6.5, "execution": "x1", "pid": 2, **who}
+    return [
+        {"type": "fault", **stop},
+        {"type": "invoke", "op": "op1", "t": 0.0, **who},
+        {"type": "complete", "op": "op1", "t": 1.0, "status": 503, "response": "busy",
+         "replayed": False},  # fmt: skip
+        {"type": "invoke", "op": "op2", "t": 6.4, **who},
+        {**x1, **({} if born is None else {"born": born})},
+        done("op2", 6.8, "x1", replayed=False),
+        {"type": "invoke", "op": "op3", "t": 6.9, **who},
+        done("op3", 7.0, "x1", replayed=True),
+        {"type": "invoke", "op": "op4", "t": 9.8, **who},
+        {"type": "effect", "t": 10.0, "execution": "x2", "pid": 2, **who},
+        done("op4", 10.2, "x2", replayed=False),
+    ]
+
+
+def test_a_takeover_bounds_its_life_by_its_records_birth() -> None:
+    """x1's record was born at 3.4 s: it expired at 9.4 s, and x2 is a new life's. Without
+    ``born`` the checker took x1 for a new record (the key's first request's TTL had passed),
+    born at the earliest as x1's own request came (6.4 s), and x2 in its life: a double run."""
+    limits = checker.Limits(lock=3, ttl={"short-ttl": 6})
+    assert checker.check(frozen_store_claims(3.4), limits).violations == []
+    found = checker.check(frozen_store_claims(None), limits).violations
+    assert {v["invariant"] for v in found} == {1, 2}
+
+
+def test_a_birth_before_the_bound_widens_no_life() -> None:
+    """A ``born`` whose record had expired before the run (0.5 s, its TTL over at 6.5 s) is no
+    record the run took over: it changes nothing, and x2 is still a double run."""
+    limits = checker.Limits(lock=3, ttl={"short-ttl": 6})
+    found = checker.check(frozen_store_claims(0.5), limits).violations
+    assert {v["invariant"] for v in found} == {1, 2}

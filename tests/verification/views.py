@@ -92,6 +92,19 @@ def _ledger() -> Path:
     return Path(os.environ["IDEMPOTENCY_VERIFY_LEDGER"])
 
 
+def _born(request: Any) -> dict[str, float]:
+    """A takeover's record's birth (``born``: seconds since the epoch, the store's clock): a
+    record claimed under a store outage is born when the store answers, later than any
+    request the history holds for it, and the checker bounds the record's life by it."""
+    claim = getattr(request, "idempotency", None)
+    if claim is None or getattr(claim, "attempt", 1) < 2:
+        return {}
+    try:
+        return {"born": claim.life / 1_000_000}
+    except Exception:  # the record gone (a lost lock): the checker bounds it as before
+        return {}
+
+
 def _effect(
     request: Any,
     entry: str,
@@ -118,6 +131,7 @@ def _effect(
         "pid": os.getpid(),
         "work": float(body.get("work") or 0),
         **(step or {}),
+        **_born(request),
     }
     answer = {"execution": line["execution"], "principal": line["principal"], "n": body.get("n")}
     if stage:
