@@ -296,3 +296,32 @@ def test_recover_lists_a_registered_store_without_operations_as_having_none_stuc
     out = StringIO()
     call_command("idempotency_recover", "--operations", "--json", stdout=out)
     assert json.loads(out.getvalue()) == []
+
+
+def test_key_records_reads_a_registered_store_through_the_contract(toy: str) -> None:
+    """``testing.key_records`` answered ``[]`` for a key a registered store holds: the
+    contract's ``records_of`` said "none" for every store that did not override it."""
+    from django_idempotency.testing import key_records
+
+    @idempotent
+    def view(request: HttpRequest) -> JsonResponse:
+        return JsonResponse({}, status=201)
+
+    request = RequestFactory().post(
+        "/o/", b"{}", "application/json", headers={"Idempotency-Key": "k1"}
+    )
+    assert view(request).status_code == 201
+    records = key_records("k1")
+    assert records.count() == 1 and records.get().status == "completed"
+    assert not key_records("k2").exists()
+
+
+def test_a_store_that_cannot_read_a_key_s_records_says_so(toy: str) -> None:
+    from django.db import NotSupportedError
+
+    from django_idempotency.testing import key_records
+
+    with pytest.raises(NotSupportedError, match=r"^The Toy store cannot list a key's records"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.delattr(ToyStore, "records_of")
+            key_records("k1")

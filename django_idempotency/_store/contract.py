@@ -500,8 +500,10 @@ class StoreContract:
         raise _missing("fail_stale")
 
     def records_of(self, key_hash: str) -> list[IdempotencyKey]:
-        """The key's records in every scope, oldest first (tests, operators)."""
-        return []
+        """The key's records in every scope, oldest first: ``testing.key_records`` and the
+        admin's search read a key through it. A store that cannot says so: an empty list would
+        pass for a key it never saw."""
+        raise NotSupportedError(f"The {self.name} store cannot list a key's records (records_of).")
 
     def browse(
         self, cursor: str, *, size: int, status: str | None = None
