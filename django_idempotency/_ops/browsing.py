@@ -1,6 +1,7 @@
-"""The records of the Redis stores the settings and views name, paged for the admin through the
-store contract (:meth:`~.._store.contract.StoreContract.browse`, ``records_of``): the database's
-table has its ``ModelAdmin``."""
+"""The records of the stores besides the database (Redis, another of the registry) the
+settings and views name, paged for the admin through the store contract
+(:meth:`~.._store.contract.StoreContract.browse`, ``records_of``): the database's table has
+its ``ModelAdmin``."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import contextlib
 import re
 from typing import Any, NamedTuple
 
+from django.utils.translation import gettext as _
+
 from django_idempotency._base.errors import InvalidKey
 from django_idempotency._base.keys import hash_key, parse_key
 from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import display_name, store_alias
-from django_idempotency._ops.store_checks import redis_stores
+from django_idempotency._ops import store_checks
+from django_idempotency._ops.store_checks import other_stores
 from django_idempotency._store import using
 from django_idempotency._store.redis import names
 from django_idempotency.models import IdempotencyKey
@@ -31,12 +35,26 @@ class Browsed(NamedTuple):
 
 
 def browsed() -> list[Browsed]:
-    """The Redis stores of ``STORE`` and of the views' ``store`` options, by name."""
+    """The stores besides the database of ``STORE`` and of the views' ``store`` options."""
     found = []
-    for store in sorted(redis_stores()):
+    for store in sorted(other_stores()):
         alias = store_alias(store, conf.DATABASE_ALIAS)
         found.append(Browsed(names.tag(alias), alias, display_name(store)))
     return found
+
+
+def entry_label() -> tuple[str, str]:
+    """The admin index's entry for these stores' records, singular and plural: "in Redis"
+    while each is a Redis store (the proxy model's own names), else as the one store's class
+    describes it (``idempotency keys in the Toy store 'toy://memory'``), or "in other
+    stores" for several of more than one kind."""
+    stores = sorted(other_stores())
+    if all(store_checks.is_redis(store) for store in stores):
+        return _("idempotency key in Redis"), _("idempotency keys in Redis")
+    if len(stores) == 1:
+        where = store_checks.described(stores[0])
+        return _("idempotency key in the %s") % where, _("idempotency keys in the %s") % where
+    return _("idempotency key in another store"), _("idempotency keys in other stores")
 
 
 def find(tag: str) -> Browsed | None:

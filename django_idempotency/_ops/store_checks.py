@@ -49,7 +49,7 @@ def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
     """At ``check --deploy``: each store the settings and views name besides the database
     answers, and persists every write."""
     messages: list[CheckMessage] = []
-    for store in sorted(redis_stores()):
+    for store in sorted(other_stores()):
         messages += w061_unbounded(store)
         if error := e062_unreachable(store):
             messages.append(error)
@@ -139,12 +139,19 @@ def _setting_store() -> str | None:
         return None  # E060 says so
 
 
-def redis_stores() -> set[str]:
-    """The stores other than the database (``STORE``'s values: a Redis store's, another's
+def other_stores() -> set[str]:
+    """Every store other than the database (``STORE``'s values: a Redis store's, another's
     of the registry) the settings and the URLconf's views name."""
     stores = {_setting_store()}
     stores |= {options.get("store") for _, options in _views()}
     return {store for store in stores if store is not None and store != DATABASE}
+
+
+def is_redis(store: str) -> bool:
+    """Whether the Redis store serves ``store``: ``idempotency_stats --json`` keeps its
+    ``redis_stores`` for these alone, and the admin's entry says Redis only when each is one."""
+    kind = registry.kind_of(store_alias(store, ""))
+    return getattr(kind, "vendor", None) == "redis"
 
 
 @refusing(
@@ -244,7 +251,7 @@ def redis_notes(verb: str) -> list[str]:
     from django_idempotency._store import using
 
     notes = []
-    for store in sorted(redis_stores()):
+    for store in sorted(other_stores()):
         bound = using(store_alias(store, ""))
         try:
             count = f"{bound.count():,} record(s)"
@@ -256,8 +263,8 @@ def redis_notes(verb: str) -> list[str]:
 
 
 def redis_census() -> dict[str, Any]:
-    """``idempotency_stats --json``'s ``redis_stores``: each store's besides the database (a
-    Redis store's, another's) records by status,
+    """``idempotency_stats --json``'s ``stores`` (``redis_stores``: the Redis ones of them):
+    each store's besides the database (a Redis store's, another's) records by status,
     its stale ones, its operations running and stuck
     (:meth:`~.._store.redis.store.RedisStore.census`) and its outbox's backlog, or ``error``
     when it does not answer. The table's figures beside them do not count these records."""
@@ -265,7 +272,7 @@ def redis_census() -> dict[str, Any]:
     from django_idempotency._store import using
 
     census: dict[str, Any] = {}
-    for store in sorted(redis_stores()):
+    for store in sorted(other_stores()):
         bound = using(store_alias(store, ""))
         shown = display_name(store)  # a key of the JSON: never the password
         try:
@@ -290,6 +297,13 @@ def redis_census() -> dict[str, Any]:
                 "error": str(exc),
             }
     return census
+
+
+def redis_subset(census: dict[str, Any]) -> dict[str, Any]:
+    """The Redis stores' entries of :func:`redis_census` (``--json``'s ``redis_stores``, kept
+    for the monitors that read it; ``stores`` has every store's)."""
+    named = {display_name(store): store for store in other_stores()}
+    return {shown: figures for shown, figures in census.items() if is_redis(named[shown])}
 
 
 def _outbox(store: str) -> dict[str, Any]:
