@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, NewType, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NewType, TypeVar
 
 from django.db import DatabaseError, NotSupportedError
 
@@ -94,21 +94,17 @@ class Operation:
 ClaimHandle = NewType("ClaimHandle", int)
 
 
-class Taken(Protocol):
-    """A message a relay took (a batch's): what it sends, and the :attr:`key` it is marked by."""
+class Taken(NamedTuple):
+    """A message a relay took (a batch's), of any store's outbox: what it sends, and the
+    :attr:`key` the store's ``mark_sent`` and ``mark_failed`` name it by (the database's: its
+    message id; the Redis store's: its record's key). One type, so the relay reads either."""
 
-    @property
-    def key(self) -> Any: ...
-    @property
-    def message_id(self) -> str: ...
-    @property
-    def engine(self) -> str: ...
-    @property
-    def task(self) -> str: ...
-    @property
-    def arguments(self) -> str: ...
-    @property
-    def attempts(self) -> int: ...
+    key: str
+    message_id: str
+    engine: str
+    task: str
+    arguments: str
+    attempts: int
 
 
 class Lock(NamedTuple):

@@ -40,28 +40,13 @@ from typing import Any, NamedTuple
 
 from django.utils import timezone
 
+from django_idempotency._store.contract import Taken
 from django_idempotency._store.outbox import Backlog, Release
 from django_idempotency._store.redis.codec import as_micros, as_time
 from django_idempotency._store.redis.faults import RedisFault
 from django_idempotency._store.redis.keyspace import glob
 
 logger = logging.getLogger("django_idempotency")
-
-
-class Taken(NamedTuple):
-    """A message a relay took: as :class:`.._store.outbox.Taken`, its ``id`` the message's key."""
-
-    id: str
-    message_id: str
-    engine: str
-    task: str
-    arguments: str
-    attempts: int
-
-    @property
-    def key(self) -> str:
-        """What the store's ``mark_sent`` and ``mark_failed`` name it by: its key."""
-        return self.id
 
 
 class FailedMessage(NamedTuple):

@@ -30,6 +30,7 @@ from django_idempotency._store.contract import (
     StoreContract,
     StoredResponse,
     StoreFeatures,
+    Taken,
 )
 from django_idempotency._store.redis import faults, outbox, scans
 from django_idempotency._store.redis.claiming import Claims
@@ -362,7 +363,7 @@ class RedisStore(StoreContract):
         self.client  # noqa: B018
         return bool(self._server.cluster)
 
-    def take(self, size: int, lease: timedelta) -> list[outbox.Taken]:
+    def take(self, size: int, lease: timedelta) -> list[Taken]:
         """Claim up to ``size`` messages due now for ``lease`` (a relay's batch)."""
         with refused(self.refusal):
             return outbox.take(self._relayed, self.client, self.prefix, size, lease, self._cluster)
