@@ -589,7 +589,7 @@ def test_the_admin_index_lists_the_redis_records_entry(admin_client: Client) -> 
     with override_settings(IDEMPOTENCY={"STORE": "database"}):
         databases = admin_client.get("/admin/").content.decode()
         refused = admin_client.get(ENTRY)
-    assert f'href="{ENTRY}"' in index and "Idempotency keys in Redis" in index
+    assert f'href="{ENTRY}"' in index and "Idempotency keys in the Redis store &#x27;" in index
     assert entry.status_code == viewer_entry.status_code == 302
     assert entry["Location"] == viewer_entry["Location"] == url
     assert f'href="{ENTRY}"' in viewer_index

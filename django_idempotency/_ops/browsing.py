@@ -44,16 +44,17 @@ def browsed() -> list[Browsed]:
 
 
 def entry_label() -> tuple[str, str]:
-    """The admin index's entry for these stores' records, singular and plural: "in Redis"
-    while each is a Redis store (the proxy model's own names), else as the one store's class
-    describes it (``idempotency keys in the Toy store 'toy://memory'``), or "in other
-    stores" for several of more than one kind."""
+    """The admin index's entry for these stores' records, singular and plural, as their classes
+    name them: the one store as it describes itself (``idempotency keys in the Toy store
+    'toy://memory'``), several of one kind by its name (``in Redis``), else "other stores"."""
     stores = sorted(other_stores())
-    if all(store_checks.is_redis(store) for store in stores):
-        return _("idempotency key in Redis"), _("idempotency keys in Redis")
     if len(stores) == 1:
         where = store_checks.described(stores[0])
         return _("idempotency key in the %s") % where, _("idempotency keys in the %s") % where
+    kinds = {store_checks.kind_name(store) for store in stores}
+    if len(kinds) == 1:
+        (kind,) = kinds
+        return _("idempotency key in %s") % kind, _("idempotency keys in %s") % kind
     return _("idempotency key in another store"), _("idempotency keys in other stores")
 
 

@@ -147,11 +147,10 @@ def other_stores() -> set[str]:
     return {store for store in stores if store is not None and store != DATABASE}
 
 
-def is_redis(store: str) -> bool:
-    """Whether the Redis store serves ``store``: ``idempotency_stats --json`` keeps its
-    ``redis_stores`` for these alone, and the admin's entry says Redis only when each is one."""
+def kind_name(store: str) -> str:
+    """The kind of the store ``store`` for people, as its class names it (``Redis``)."""
     kind = registry.kind_of(store_alias(store, ""))
-    return getattr(kind, "vendor", None) == "redis"
+    return kind.name if kind is not None else display_name(store)
 
 
 @refusing(
@@ -299,11 +298,19 @@ def redis_census() -> dict[str, Any]:
     return census
 
 
-def redis_subset(census: dict[str, Any]) -> dict[str, Any]:
-    """The Redis stores' entries of :func:`redis_census` (``--json``'s ``redis_stores``, kept
-    for the monitors that read it; ``stores`` has every store's)."""
+def stats_groups(census: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """:func:`redis_census`'s entries again under each store class's ``stats_group`` (the
+    Redis store's ``redis_stores``: kept for the monitors that read it; ``stores`` has every
+    store's). Every group its classes name is there, empty when none of its stores is named."""
     named = {display_name(store): store for store in other_stores()}
-    return {shown: figures for shown, figures in census.items() if is_redis(named[shown])}
+    groups: dict[str, dict[str, Any]] = {
+        str(getattr(kind, "stats_group", "")): {} for kind in map(registry.kind, registry.STORES)
+    }
+    for shown, figures in census.items():
+        kind = registry.kind_of(store_alias(named[shown], ""))
+        groups[str(getattr(kind, "stats_group", ""))][shown] = figures
+    groups.pop("", None)
+    return groups
 
 
 def _outbox(store: str) -> dict[str, Any]:

@@ -217,6 +217,9 @@ class StoreContract:
     #: How the store's records go by themselves, as the operators' commands say (``""``: they
     #: say nothing; a store that says it has nothing for ``idempotency_cleanup`` to delete).
     expiry = ""
+    #: A key of ``idempotency_stats --json`` that lists this kind's census besides ``stores``
+    #: (the Redis store's ``redis_stores``, kept for the monitors that read it); ``""``: none.
+    stats_group = ""
     #: The alias the store was made for (:func:`django_idempotency._store.using`).
     alias: str
 

@@ -62,6 +62,7 @@ class RedisStore(StoreContract):
     #: transaction is shared with the view's database, and no atomic mode.
     features = StoreFeatures(rides_out_faults=True)
     expiry = "its records expire by Redis's own TTL"
+    stats_group = "redis_stores"
 
     @classmethod
     def open(cls, alias: str) -> RedisStore:

@@ -54,7 +54,7 @@ class Command(BaseCommand):
                 **as_dict(stats),
                 **outbox,
                 "stores": census,
-                "redis_stores": store_checks.redis_subset(census),
+                **store_checks.stats_groups(census),
                 "warnings": warnings,
             }
             self.stdout.write(json.dumps(figures, indent=2))
