@@ -977,6 +977,15 @@ class RedisIdempotencyKeyAdmin(_EntryAdmin):
             for action in ("view", "change")
         )
 
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        """Also names the entry for the stores it lists (:func:`.browsing.entry_label`): the
+        index reads the proxy's names right after asking this, and a store that is not Redis
+        must not be listed as Redis. Set here, per request, not in the model's ``Meta``: the
+        names depend on the settings and the URLconf, which a migration must not."""
+        meta = self.model._meta
+        meta.verbose_name, meta.verbose_name_plural = browsing.entry_label()
+        return super().get_model_perms(request)
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -1004,7 +1013,7 @@ class RedisIdempotencyKeyAdmin(_EntryAdmin):
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
-            "title": capfirst(self.opts.verbose_name_plural),
+            "title": capfirst(browsing.entry_label()[1]),
             "stores": stores,
             **(extra_context or {}),
         }

@@ -308,10 +308,11 @@ def expire_key(key: str, target: Target, /, *args: Any, **kwargs: Any) -> Idempo
 def key_records(key: str) -> QuerySet[IdempotencyKey] | _Records:
     """The records of ``key`` in every scope (one per principal that sent it), oldest first.
 
-    A queryset of the table; when the settings or the URLconf name a Redis store, the
-    table's records and those of every Redis store (read there: unsaved instances) in one
-    list (with ``get``, ``exists``, ``count`` and ``first``)."""
-    from django_idempotency._ops.store_checks import redis_stores
+    A queryset of the table; when the settings or the URLconf name another store (a Redis
+    store, another of the registry), the table's records and those of every other store (read
+    through the store contract's ``records_of``: unsaved instances) in one list (with ``get``,
+    ``exists``, ``count`` and ``first``)."""
+    from django_idempotency._ops.store_checks import other_stores
     from django_idempotency._store import using
 
     records = (
@@ -319,7 +320,7 @@ def key_records(key: str) -> QuerySet[IdempotencyKey] | _Records:
         .filter(key_hash=hash_key(key))
         .order_by("pk")
     )
-    stores = redis_stores()
+    stores = other_stores()
     if not stores:
         return records
     found = list(records)
@@ -329,8 +330,8 @@ def key_records(key: str) -> QuerySet[IdempotencyKey] | _Records:
 
 
 class _Records(list[IdempotencyKey]):
-    """:func:`key_records`'s answer when a Redis store is in use: a list with the queryset
-    methods tests call (``get``, ``exists``, ``count``, ``first``)."""
+    """:func:`key_records`'s answer when a store besides the database is in use: a list with
+    the queryset methods tests call (``get``, ``exists``, ``count``, ``first``)."""
 
     def get(self) -> IdempotencyKey:
         if not self:

@@ -589,7 +589,7 @@ def test_the_admin_index_lists_the_redis_records_entry(admin_client: Client) -> 
     with override_settings(IDEMPOTENCY={"STORE": "database"}):
         databases = admin_client.get("/admin/").content.decode()
         refused = admin_client.get(ENTRY)
-    assert f'href="{ENTRY}"' in index and "Idempotency keys in Redis" in index
+    assert f'href="{ENTRY}"' in index and "Idempotency keys in the Redis store &#x27;" in index
     assert entry.status_code == viewer_entry.status_code == 302
     assert entry["Location"] == viewer_entry["Location"] == url
     assert f'href="{ENTRY}"' in viewer_index
@@ -618,12 +618,12 @@ def test_the_entry_needs_the_tables_view_permission_and_reads_no_table_record(
 def test_the_entry_lists_several_stores(
     admin_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two Redis stores named (``STORE`` and a view's ``store``, as :func:`.redis_stores`
+    """Two Redis stores named (``STORE`` and a view's ``store``, as :func:`.other_stores`
     finds them): the entry lists both, each a link to its records."""
     from tests.redis_servers import free_port
 
     other = f"redis://127.0.0.1:{free_port()}/0"
-    monkeypatch.setattr(browsing, "redis_stores", lambda: {REDIS_STORE_NAME, other})
+    monkeypatch.setattr(browsing, "other_stores", lambda: {REDIS_STORE_NAME, other})
     page = admin_client.get(ENTRY)
     text = page.content.decode()
     stores = browsing.browsed()

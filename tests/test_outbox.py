@@ -939,3 +939,17 @@ def test_messages_released_on_a_connection_closed_since_are_sent_without_connect
     sent: list[str] = []
     outbox.after_commits(using("default"), lambda: sent.append("sent"))
     assert sent == ["sent"]
+
+
+def test_each_store_s_outbox_hands_the_relay_one_type_marked_by_its_key() -> None:
+    """The database's outbox and the Redis store's each had a ``Taken`` of their own (the
+    database's marked by ``message_id``, Redis's by ``id``): one type of the contract's now,
+    its ``key`` what the store's ``mark_sent`` takes."""
+    from django_idempotency._store import contract
+    from django_idempotency._store.redis import outbox as redis_outbox
+
+    assert store.Taken is redis_outbox.Taken is contract.Taken
+    ids = _released(2)
+    taken = store.take(using("default"), connection, 10, timedelta(minutes=1))
+    assert [message.key for message in taken] == ids
+    assert store.mark_sent(connection, [message.key for message in taken], counted=True) == 2

@@ -222,7 +222,7 @@ def _taken_twice(store: Any, key: str) -> tuple[Any, Any]:
     assert store.store_response(claim.pk, claim.token_text, stored, release=_release("m1"))
     (late,) = store.take(10, timedelta(0))
     (live,) = store.take(10, timedelta(seconds=30))
-    assert late.id == live.id
+    assert late.key == live.key
     return late, live
 
 
@@ -232,11 +232,11 @@ def test_a_late_relays_failure_leaves_a_delivered_message_sent(key: str) -> None
     with on_redis():
         store: Any = using(ALIAS)
         late, live = _taken_twice(store, key)
-        assert store.mark_sent([live.id], counted=True) == 1
-        assert store.mark_failed(late.id, "broker down", None, counted=True) == 0
+        assert store.mark_sent([live.key], counted=True) == 1
+        assert store.mark_failed(late.key, "broker down", None, counted=True) == 0
         assert messages() == {"m1": "sent"}
         assert store.failed_messages() == [] and store.backlog().failed == 0
-        assert store.resend([late.id]) == 0
+        assert store.resend([late.key]) == 0
 
 
 def test_a_send_that_succeeds_after_another_relay_gave_up_is_no_failure(key: str) -> None:
@@ -245,8 +245,8 @@ def test_a_send_that_succeeds_after_another_relay_gave_up_is_no_failure(key: str
     with on_redis():
         store: Any = using(ALIAS)
         late, live = _taken_twice(store, key)
-        assert store.mark_failed(live.id, "broker down", None, counted=True) == 1
-        assert store.mark_sent([late.id], counted=True) == 1
+        assert store.mark_failed(live.key, "broker down", None, counted=True) == 1
+        assert store.mark_sent([late.key], counted=True) == 1
         assert messages() == {"m1": "sent"}
         assert store.failed_messages() == [] and store.backlog().failed == 0
 

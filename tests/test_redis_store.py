@@ -596,6 +596,7 @@ def test_stats_json_counts_the_redis_stores_records(place: Place, capsys: Any) -
     assert stats["total"] == 0  # the table's
     # Every status, a zero too, as the table's figures list them.
     assert list(stats["redis_stores"][place.store]["by_status"]) == list(stats["by_status"])
+    assert stats["stores"] == stats["redis_stores"]  # every store's, and the Redis ones again
     assert stats["redis_stores"] == {
         place.store: {
             "total": 3,

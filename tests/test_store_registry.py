@@ -103,8 +103,9 @@ def test_stats_count_a_registered_store(toy: str) -> None:
     out = StringIO()
     call_command("idempotency_stats", "--json", stdout=out)
     figures: dict[str, Any] = json.loads(out.getvalue())
-    census = figures["redis_stores"][TOY]
+    census = figures["stores"][TOY]
     assert (census["total"], census["outbox_pending"], census["error"]) == (0, 0, None)
+    assert figures["redis_stores"] == {}  # the Redis stores' alone: no toy named as Redis
 
 
 def test_stats_text_names_a_registered_store_and_what_its_census_cannot_count(toy: str) -> None:
@@ -296,3 +297,44 @@ def test_recover_lists_a_registered_store_without_operations_as_having_none_stuc
     out = StringIO()
     call_command("idempotency_recover", "--operations", "--json", stdout=out)
     assert json.loads(out.getvalue()) == []
+
+
+def test_key_records_reads_a_registered_store_through_the_contract(toy: str) -> None:
+    """``testing.key_records`` answered ``[]`` for a key a registered store holds: the
+    contract's ``records_of`` said "none" for every store that did not override it."""
+    from django_idempotency.testing import key_records
+
+    @idempotent
+    def view(request: HttpRequest) -> JsonResponse:
+        return JsonResponse({}, status=201)
+
+    request = RequestFactory().post(
+        "/o/", b"{}", "application/json", headers={"Idempotency-Key": "k1"}
+    )
+    assert view(request).status_code == 201
+    records = key_records("k1")
+    assert records.count() == 1 and records.get().status == "completed"
+    assert not key_records("k2").exists()
+
+
+def test_the_admin_index_names_a_registered_store_by_its_description(toy: str) -> None:
+    """The index listed a registered store's records as "Idempotency keys in Redis"."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    page = client.get("/admin/").content.decode()
+    assert "Idempotency keys in the Toy store &#x27;toy://memory&#x27;" in page
+    assert "in Redis" not in page
+
+
+def test_a_store_that_cannot_read_a_key_s_records_says_so(toy: str) -> None:
+    from django.db import NotSupportedError
+
+    from django_idempotency.testing import key_records
+
+    refused = pytest.raises(NotSupportedError, match=r"^The Toy store cannot list a key's records")
+    with refused, pytest.MonkeyPatch.context() as patch:
+        patch.delattr(ToyStore, "records_of")
+        key_records("k1")

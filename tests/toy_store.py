@@ -208,6 +208,10 @@ class ToyStore(StoreContract):
     def read(self, scope: str, key_hash: str) -> IdempotencyKey | None:
         return self._records.get((scope, key_hash))
 
+    def records_of(self, key_hash: str) -> list[IdempotencyKey]:
+        found = [record for (_, hashed), record in self._records.items() if hashed == key_hash]
+        return sorted(found, key=lambda record: record.created_at)
+
     def created_at(self, pk: ClaimHandle) -> datetime | None:
         key = self._handles.get(pk)
         record = None if key is None else self._records.get(key)

@@ -1,6 +1,7 @@
-"""The records of the Redis stores the settings and views name, paged for the admin through the
-store contract (:meth:`~.._store.contract.StoreContract.browse`, ``records_of``): the database's
-table has its ``ModelAdmin``."""
+"""The records of the stores besides the database (Redis, another of the registry) the
+settings and views name, paged for the admin through the store contract
+(:meth:`~.._store.contract.StoreContract.browse`, ``records_of``): the database's table has
+its ``ModelAdmin``."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import contextlib
 import re
 from typing import Any, NamedTuple
 
+from django.utils.translation import gettext as _
+
 from django_idempotency._base.errors import InvalidKey
 from django_idempotency._base.keys import hash_key, parse_key
 from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import display_name, store_alias
-from django_idempotency._ops.store_checks import redis_stores
+from django_idempotency._ops import store_checks
+from django_idempotency._ops.store_checks import other_stores
 from django_idempotency._store import using
 from django_idempotency._store.redis import names
 from django_idempotency.models import IdempotencyKey
@@ -31,12 +35,27 @@ class Browsed(NamedTuple):
 
 
 def browsed() -> list[Browsed]:
-    """The Redis stores of ``STORE`` and of the views' ``store`` options, by name."""
+    """The stores besides the database of ``STORE`` and of the views' ``store`` options."""
     found = []
-    for store in sorted(redis_stores()):
+    for store in sorted(other_stores()):
         alias = store_alias(store, conf.DATABASE_ALIAS)
         found.append(Browsed(names.tag(alias), alias, display_name(store)))
     return found
+
+
+def entry_label() -> tuple[str, str]:
+    """The admin index's entry for these stores' records, singular and plural, as their classes
+    name them: the one store as it describes itself (``idempotency keys in the Toy store
+    'toy://memory'``), several of one kind by its name (``in Redis``), else "other stores"."""
+    stores = sorted(other_stores())
+    if len(stores) == 1:
+        where = store_checks.described(stores[0])
+        return _("idempotency key in the %s") % where, _("idempotency keys in the %s") % where
+    kinds = {store_checks.kind_name(store) for store in stores}
+    if len(kinds) == 1:
+        (kind,) = kinds
+        return _("idempotency key in %s") % kind, _("idempotency keys in %s") % kind
+    return _("idempotency key in another store"), _("idempotency keys in other stores")
 
 
 def find(tag: str) -> Browsed | None:

@@ -17,7 +17,7 @@ from django_idempotency._call import telemetry
 from django_idempotency._conf.settings import conf
 from django_idempotency._conf.values import store_alias
 from django_idempotency._ops import maintenance
-from django_idempotency._ops.store_checks import redis_stores
+from django_idempotency._ops.store_checks import other_stores
 from django_idempotency._store.limits import HASHED_SCOPE, bounded_scope, unkeepable
 from django_idempotency.models import IdempotencyKey
 
@@ -115,7 +115,7 @@ def _erase_in_redis(kept: str, alias: str, *, dry_run: bool) -> list[int]:
     its finished records and those left in progress, counted together."""
     from django_idempotency._store.contract import StoreContract
 
-    named = [store.using(store_alias(name, alias)) for name in sorted(redis_stores())]
+    named = [store.using(store_alias(name, alias)) for name in sorted(other_stores())]
     # Asked of every store before any erases: an erasure must not stop half done.
     default = StoreContract.erase_scope
     unable = [s.describe(s.alias) for s in named if type(s).erase_scope is default]

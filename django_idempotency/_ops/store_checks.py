@@ -49,7 +49,7 @@ def check_stores_deploy(**kwargs: Any) -> list[CheckMessage]:
     """At ``check --deploy``: each store the settings and views name besides the database
     answers, and persists every write."""
     messages: list[CheckMessage] = []
-    for store in sorted(redis_stores()):
+    for store in sorted(other_stores()):
         messages += w061_unbounded(store)
         if error := e062_unreachable(store):
             messages.append(error)
@@ -139,12 +139,18 @@ def _setting_store() -> str | None:
         return None  # E060 says so
 
 
-def redis_stores() -> set[str]:
-    """The stores other than the database (``STORE``'s values: a Redis store's, another's
+def other_stores() -> set[str]:
+    """Every store other than the database (``STORE``'s values: a Redis store's, another's
     of the registry) the settings and the URLconf's views name."""
     stores = {_setting_store()}
     stores |= {options.get("store") for _, options in _views()}
     return {store for store in stores if store is not None and store != DATABASE}
+
+
+def kind_name(store: str) -> str:
+    """The kind of the store ``store`` for people, as its class names it (``Redis``)."""
+    kind = registry.kind_of(store_alias(store, ""))
+    return kind.name if kind is not None else display_name(store)
 
 
 @refusing(
@@ -225,7 +231,7 @@ def redis_notes(verb: str) -> list[str]:
     from django_idempotency._store import using
 
     notes = []
-    for store in sorted(redis_stores()):
+    for store in sorted(other_stores()):
         bound = using(store_alias(store, ""))
         try:
             count = f"{bound.count():,} record(s)"
@@ -237,8 +243,8 @@ def redis_notes(verb: str) -> list[str]:
 
 
 def redis_census() -> dict[str, Any]:
-    """``idempotency_stats --json``'s ``redis_stores``: each store's besides the database (a
-    Redis store's, another's) records by status,
+    """``idempotency_stats --json``'s ``stores`` (``redis_stores``: the Redis ones of them):
+    each store's besides the database (a Redis store's, another's) records by status,
     its stale ones, its operations running and stuck
     (:meth:`~.._store.redis.store.RedisStore.census`) and its outbox's backlog, or ``error``
     when it does not answer. The table's figures beside them do not count these records."""
@@ -246,7 +252,7 @@ def redis_census() -> dict[str, Any]:
     from django_idempotency._store import using
 
     census: dict[str, Any] = {}
-    for store in sorted(redis_stores()):
+    for store in sorted(other_stores()):
         bound = using(store_alias(store, ""))
         shown = display_name(store)  # a key of the JSON: never the password
         try:
@@ -271,6 +277,21 @@ def redis_census() -> dict[str, Any]:
                 "error": short_error(exc, store),
             }
     return census
+
+
+def stats_groups(census: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """:func:`redis_census`'s entries again under each store class's ``stats_group`` (the
+    Redis store's ``redis_stores``: kept for the monitors that read it; ``stores`` has every
+    store's). Every group its classes name is there, empty when none of its stores is named."""
+    named = {display_name(store): store for store in other_stores()}
+    groups: dict[str, dict[str, Any]] = {
+        str(getattr(kind, "stats_group", "")): {} for kind in map(registry.kind, registry.STORES)
+    }
+    for shown, figures in census.items():
+        kind = registry.kind_of(store_alias(named[shown], ""))
+        groups[str(getattr(kind, "stats_group", ""))][shown] = figures
+    groups.pop("", None)
+    return groups
 
 
 def _outbox(store: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, NewType, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NewType, TypeVar
 
 from django.db import DatabaseError, NotSupportedError
 
@@ -94,21 +94,17 @@ class Operation:
 ClaimHandle = NewType("ClaimHandle", int)
 
 
-class Taken(Protocol):
-    """A message a relay took (a batch's): what it sends, and the :attr:`key` it is marked by."""
+class Taken(NamedTuple):
+    """A message a relay took (a batch's), of any store's outbox: what it sends, and the
+    :attr:`key` the store's ``mark_sent`` and ``mark_failed`` name it by (the database's: its
+    message id; the Redis store's: its record's key). One type, so the relay reads either."""
 
-    @property
-    def key(self) -> Any: ...
-    @property
-    def message_id(self) -> str: ...
-    @property
-    def engine(self) -> str: ...
-    @property
-    def task(self) -> str: ...
-    @property
-    def arguments(self) -> str: ...
-    @property
-    def attempts(self) -> int: ...
+    key: str
+    message_id: str
+    engine: str
+    task: str
+    arguments: str
+    attempts: int
 
 
 class Lock(NamedTuple):
@@ -221,6 +217,9 @@ class StoreContract:
     #: How the store's records go by themselves, as the operators' commands say (``""``: they
     #: say nothing; a store that says it has nothing for ``idempotency_cleanup`` to delete).
     expiry = ""
+    #: A key of ``idempotency_stats --json`` that lists this kind's census besides ``stores``
+    #: (the Redis store's ``redis_stores``, kept for the monitors that read it); ``""``: none.
+    stats_group = ""
     #: The alias the store was made for (:func:`django_idempotency._store.using`).
     alias: str
 
@@ -500,8 +499,10 @@ class StoreContract:
         raise _missing("fail_stale")
 
     def records_of(self, key_hash: str) -> list[IdempotencyKey]:
-        """The key's records in every scope, oldest first (tests, operators)."""
-        return []
+        """The key's records in every scope, oldest first: ``testing.key_records`` and the
+        admin's search read a key through it. A store that cannot says so: an empty list would
+        pass for a key it never saw."""
+        raise NotSupportedError(f"The {self.name} store cannot list a key's records (records_of).")
 
     def browse(
         self, cursor: str, *, size: int, status: str | None = None

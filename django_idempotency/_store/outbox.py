@@ -34,6 +34,7 @@ from django_idempotency._base.durations import MICROSECOND
 from django_idempotency._store import connecting
 from django_idempotency._store.bound import BoundStore
 from django_idempotency._store.contract import Backlog as Backlog  # where the stores read it
+from django_idempotency._store.contract import Taken
 from django_idempotency._store.rows import aware, count_rows
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 
@@ -56,22 +57,6 @@ class Message(NamedTuple):
     engine: str
     task: str
     arguments: str
-
-
-class Taken(NamedTuple):
-    """A message a sender took (a batch's row)."""
-
-    id: int
-    message_id: str
-    engine: str
-    task: str
-    arguments: str
-    attempts: int
-
-    @property
-    def key(self) -> str:
-        """What :func:`mark_sent` and :func:`mark_failed` name it by: its message id."""
-        return self.message_id
 
 
 @dataclass
@@ -215,6 +200,10 @@ def _roll_back(connection: BaseDatabaseWrapper) -> None:
             connection.close()
 
 
+#: The columns :func:`take` reads: the row's id (the batch's order), then a :class:`Taken`'s.
+_TAKEN = ("id", "message_id", "engine", "task", "arguments", "attempts")
+
+
 def take(
     store: BoundStore, connection: BaseDatabaseWrapper, size: int, lease: timedelta
 ) -> list[Taken]:
@@ -222,7 +211,7 @@ def take(
     takes them until it has passed (or they are marked). Their ``attempts`` is counted."""
     q = connection.ops.quote_name
     table = _table(connection)
-    columns = _names(connection, "id", "message_id", "engine", "task", "arguments", "attempts")
+    columns = _names(connection, *_TAKEN)
     now = timezone.now()
     adapt = connection.ops.adapt_datetimefield_value
     due = f"{q('state')} = '{PENDING}' AND {q('available_at')} <= %s"
@@ -233,7 +222,7 @@ def take(
             cursor.execute(
                 f"WITH batch AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE {table} SET {push} "
                 f"FROM batch WHERE {table}.{q('id')} = batch.{q('id')} RETURNING "
-                + ", ".join(f"{table}.{q(name)}" for name in Taken._fields),
+                + ", ".join(f"{table}.{q(name)}" for name in _TAKEN),
                 [adapt(now), size, adapt(now + lease)],
             )
             rows = cursor.fetchall()
@@ -256,7 +245,8 @@ def take(
                 )
                 cursor.execute(f"SELECT {columns} FROM {table} WHERE {q('id')} IN ({marks})", ids)
                 rows = cursor.fetchall()
-    return sorted((Taken(*row) for row in rows), key=lambda taken: taken.id)
+    # Marked by its message id (as the fast path marks it), sent in the order of the rows.
+    return [Taken(row[1], *row[1:]) for row in sorted(rows, key=lambda row: row[0])]
 
 
 def mark_sent(connection: BaseDatabaseWrapper, message_ids: Sequence[str], *, counted: bool) -> int:

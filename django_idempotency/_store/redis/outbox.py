@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 from django.utils import timezone
 
+from django_idempotency._store.contract import Taken
 from django_idempotency._store.outbox import Backlog, Release
 from django_idempotency._store.redis import outbox_slots
 from django_idempotency._store.redis.codec import as_micros, as_time
@@ -50,22 +51,6 @@ from django_idempotency._store.redis.keyspace import glob
 from django_idempotency._store.redis.outbox_slots import SlotIndex, key_slot, slot_queue, slot_tag
 
 logger = logging.getLogger("django_idempotency")
-
-
-class Taken(NamedTuple):
-    """A message a relay took: as :class:`.._store.outbox.Taken`, its ``id`` the message's key."""
-
-    id: str
-    message_id: str
-    engine: str
-    task: str
-    arguments: str
-    attempts: int
-
-    @property
-    def key(self) -> str:
-        """What the store's ``mark_sent`` and ``mark_failed`` name it by: its key."""
-        return self.id
 
 
 class FailedMessage(NamedTuple):

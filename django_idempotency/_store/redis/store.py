@@ -30,6 +30,7 @@ from django_idempotency._store.contract import (
     StoreContract,
     StoredResponse,
     StoreFeatures,
+    Taken,
 )
 from django_idempotency._store.redis import faults, outbox, scans
 from django_idempotency._store.redis.claiming import Claims
@@ -63,6 +64,7 @@ class RedisStore(StoreContract):
     #: transaction is shared with the view's database, and no atomic mode.
     features = StoreFeatures(rides_out_faults=True)
     expiry = "its records expire by Redis's own TTL"
+    stats_group = "redis_stores"
 
     @classmethod
     def open(cls, alias: str) -> RedisStore:
@@ -368,7 +370,7 @@ class RedisStore(StoreContract):
         self.client  # noqa: B018
         return bool(self._server.cluster)
 
-    def take(self, size: int, lease: timedelta) -> list[outbox.Taken]:
+    def take(self, size: int, lease: timedelta) -> list[Taken]:
         """Claim up to ``size`` messages due now for ``lease`` (a relay's batch)."""
         with refused(self.refusal):
             index = self._slots if self._cluster else None

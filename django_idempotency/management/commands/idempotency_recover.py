@@ -293,7 +293,7 @@ def _stuck(alias: str, margin: Any) -> tuple[list[tuple[str, IdempotencyKey]], l
     a note of each that did not answer, named by its class (the others' are still listed)."""
     found = [(alias, record) for record in operation_store.stuck(alias, older_than=margin)]
     notes = []
-    for named in sorted(store_checks.redis_stores()):
+    for named in sorted(store_checks.other_stores()):
         where = store_alias(named, "")
         try:
             records = operation_store.stuck(where, older_than=margin)

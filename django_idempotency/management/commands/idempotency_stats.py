@@ -51,7 +51,13 @@ class Command(BaseCommand):
         ]
         warnings = [*_warnings(stats, outbox, census, alias), *unreachable]
         if as_json:
-            figures = {**as_dict(stats), **outbox, "redis_stores": census, "warnings": warnings}
+            figures = {
+                **as_dict(stats),
+                **outbox,
+                "stores": census,
+                **store_checks.stats_groups(census),
+                "warnings": warnings,
+            }
             self.stdout.write(json.dumps(figures, indent=2))
         elif verbosity >= 1:
             self._text(stats, outbox, census, warnings)
@@ -75,7 +81,7 @@ class Command(BaseCommand):
             ("Operations running", _operations(stats)),
         ):
             self.stdout.write(f"{label + ':':<22}{value}")
-        named = {display_name(store): store for store in store_checks.redis_stores()}
+        named = {display_name(store): store for store in store_checks.other_stores()}
         for name, figures in census.items():
             self._redis_text(named.get(name, name), figures)
         for warning in warnings:
@@ -127,7 +133,7 @@ def _warnings(
     store unless it is ``STORE`` (the commands' default)."""
     warnings = [*stats.warnings, *relay.warnings(outbox, store_option(DATABASE, alias))]
     silent = human(maintenance.OPERATION_STUCK_AFTER.total_seconds())
-    for store in sorted(store_checks.redis_stores()):
+    for store in sorted(store_checks.other_stores()):
         figures = census[display_name(store)]
         if figures["error"] is not None:
             continue
@@ -145,7 +151,7 @@ def _warnings(
 
 def _named(shown: str) -> str:
     """The store (``STORE``'s value) the census shows as ``shown`` (its key: no password)."""
-    found = (s for s in store_checks.redis_stores() if display_name(s) == shown)
+    found = (s for s in store_checks.other_stores() if display_name(s) == shown)
     return next(found, shown)
 
 
