@@ -273,8 +273,7 @@ def frozen_store_claims(born: float | None) -> list[dict[str, Any]]:
     return [
         {"type": "fault", **stop},
         {"type": "invoke", "op": "op1", "t": 0.0, **who},
-        {"type": "complete", "op": "op1", "t": 1.0, "status": 503, "response": "busy",
-         "replayed": False},  # fmt: skip
+        {"type": "complete", "op": "op1", "t": 1.0, "status": 503, "replayed": False},
         {"type": "invoke", "op": "op2", "t": 6.4, **who},
         {**x1, **({} if born is None else {"born": born})},
         done("op2", 6.8, "x1", replayed=False),
