@@ -4,6 +4,7 @@ from importlib.util import find_spec
 
 from django.apps import AppConfig
 from django.core.checks import Tags, register
+from django.core.signals import setting_changed
 
 __all__ = ["IdempotencyConfig"]
 
@@ -17,6 +18,7 @@ class IdempotencyConfig(AppConfig):
     def ready(self) -> None:
         from django_idempotency._conf.settings import SETTINGS_CHECKS, connect_signals, usable
         from django_idempotency._ops import checks, store_checks
+        from django_idempotency._store import forget_cache_stores
 
         # Tagged SETTINGS_CHECKS too: every error of theirs stops the app (usable()).
         register(Tags.compatibility, SETTINGS_CHECKS)(checks.check_settings)
@@ -26,6 +28,7 @@ class IdempotencyConfig(AppConfig):
         register(Tags.urls)(store_checks.check_stores)
         register(Tags.database, deploy=True)(store_checks.check_stores_deploy)
         connect_signals()
+        setting_changed.connect(forget_cache_stores, dispatch_uid="django_idempotency.stores")
         # A setting the checks refuse stops the server here, before any view runs: gunicorn
         # and uvicorn run no system checks.
         usable()

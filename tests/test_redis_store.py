@@ -223,6 +223,25 @@ def test_the_cache_alias_client_and_pool_are_reused() -> None:
     )
 
 
+def test_a_store_on_a_cache_alias_follows_a_caches_change() -> None:
+    """``override_settings(CACHES=...)`` makes each alias a new cache and client: the store
+    made before it used the old pool, and the test above, run after such a test, failed."""
+    from django.conf import settings
+    from django.core.cache import caches
+
+    before: Any = using(ALIAS)
+    with override_settings(CACHES={**settings.CACHES}):
+        store: Any = using(ALIAS)
+        assert store is not before
+        pool = caches["redis"]._cache.get_client(write=True).connection_pool
+        assert store.client.connection_pool is pool
+    after: Any = using(ALIAS)
+    assert (
+        after.client.connection_pool
+        is caches["redis"]._cache.get_client(write=True).connection_pool
+    )
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_first_calls_of_many_threads_at_once_make_one_client(
     monkeypatch: pytest.MonkeyPatch,

@@ -69,6 +69,15 @@ def using(alias: str) -> StoreContract:
     return _BOUND.setdefault(alias, kind.open(alias))
 
 
+def forget_cache_stores(*, setting: str, **kwargs: object) -> None:
+    """The ``setting_changed`` receiver: a ``CACHES`` change (a test's ``override_settings``)
+    gives each alias a new cache and client, and a store made on the old one would go on
+    using a pool the cache has dropped; the next :func:`using` makes it anew."""
+    if setting == "CACHES":
+        for alias in [alias for alias in _BOUND if alias.startswith(stores.CACHE_PREFIX)]:
+            _BOUND.pop(alias, None)
+
+
 def bound_aliases() -> list[str]:
     """The aliases whose stores this process made (:func:`using`)."""
     return list(_BOUND)
