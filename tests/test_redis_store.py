@@ -52,6 +52,7 @@ from django_idempotency._store import StoredResponse, using
 from django_idempotency._store.limits import bounded_scope
 from django_idempotency._store.redis.clients import cluster_client
 from django_idempotency._store.redis.keyspace import record_key
+from django_idempotency.models import IdempotencyKey
 from django_idempotency.testing import concurrently, hold_key, stale_key
 from tests.conftest import flush_redis
 from tests.held import assert_held_off, owner_and_duplicates
@@ -559,6 +560,31 @@ def test_the_cleanup_command_erases_a_scope_in_the_redis_stores(place: Place) ->
     assert "Deleted 2 finished idempotency records of scope" in out.getvalue()
     remaining = list(place.client.scan_iter(match="idempotency:r:*"))
     assert len(remaining) == 1  # the record in flight
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_cleanup_command_says_a_redis_store_that_does_not_answer_and_erases_nothing() -> None:
+    """A Redis store down (or refusing the password): ``idempotency_cleanup --scope`` printed
+    redis-py's traceback (a new user's review), and a second store's failure came after the
+    first had erased. Every store is asked first; the failure is a ``CommandError`` naming the
+    store, without its password, and the table keeps its records."""
+    from django.core.management import call_command
+
+    from tests.redis_servers import free_port
+
+    @idempotent_function(key="event_id", scope=lambda event_id: "tenant-8")
+    def handle(event_id: str) -> str:
+        return event_id
+
+    with override_settings(IDEMPOTENCY={"STORE": "database"}):
+        handle("a")  # a record in the table, which must be left
+    down = f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"
+    with on_redis(down), pytest.raises(CommandError) as raised:
+        call_command("idempotency_cleanup", "--scope", "tenant-8", stdout=StringIO())
+    message = str(raised.value)
+    assert "did not answer" in message and "nothing was erased" in message
+    assert "s3cret-pw" not in message and "Traceback" not in message
+    assert IdempotencyKey.objects.count() == 1
 
 
 def test_erasure_by_the_stored_form_the_admin_shows(place: Place) -> None:

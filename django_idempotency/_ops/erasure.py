@@ -6,16 +6,20 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 from django.db import DatabaseError, NotSupportedError
 from django.db.models import QuerySet
 
 from django_idempotency import _store as store
 from django_idempotency._base import rules
+from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._call import telemetry
 from django_idempotency._conf.settings import conf
-from django_idempotency._conf.values import store_alias
+from django_idempotency._conf.values import short_error, store_alias
 from django_idempotency._ops import maintenance
 from django_idempotency._ops.store_checks import other_stores
 from django_idempotency._store.limits import HASHED_SCOPE, bounded_scope, unkeepable
@@ -23,6 +27,7 @@ from django_idempotency.models import IdempotencyKey
 
 __all__ = ["Erasure", "erase_scope"]
 
+_T = TypeVar("_T")
 logger = logging.getLogger("django_idempotency")
 
 #: The most records one statement deletes: a short lock on each database.
@@ -123,11 +128,30 @@ def _erase_in_redis(kept: str, alias: str, *, dry_run: bool) -> list[int]:
         raise NotSupportedError(
             f"The {', '.join(unable)} cannot erase a scope (no erase_scope()): nothing was erased."
         )
+    for bound in named:  # every store answers before any erases
+        _answering(bound, bound.ping, "nothing was erased")
     elsewhere = [0, 0]
     for bound in named:
-        found = bound.erase_scope(kept, dry_run=dry_run)
+        found = _answering(
+            bound, partial(bound.erase_scope, kept, dry_run=dry_run), "erase the scope again"
+        )
         elsewhere = [elsewhere[0] + found[0], elsewhere[1] + found[1]]
     return elsewhere
+
+
+def _answering(bound: store.StoreContract, call: Callable[[], _T], then: str) -> _T:
+    """``call``'s answer; a store's failure is :class:`StoreUnavailable`, said as commands say
+    it (its class and first line, no secret): the ``idempotency_cleanup --scope`` of a Redis
+    store down printed redis-py's traceback."""
+    try:
+        return call()
+    except NotSupportedError:
+        raise
+    except Exception as exc:
+        shown = short_error(exc, bound.alias)
+        raise StoreUnavailable(
+            f"The {bound.describe(bound.alias)} did not answer ({shown}): {then}."
+        ) from exc
 
 
 def _log(erasure: Erasure, kept: str, *, stored: bool) -> None:

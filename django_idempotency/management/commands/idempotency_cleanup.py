@@ -14,6 +14,7 @@ from django.db import NotSupportedError
 from django.utils import timezone
 
 from django_idempotency import _store as store
+from django_idempotency._base.errors import StoreUnavailable
 from django_idempotency._ops import maintenance, store_checks
 from django_idempotency._ops.erasure import STORED_HASH, erase_scope
 from django_idempotency._ops.relay import delete_delivered
@@ -185,8 +186,8 @@ class Command(arguments.Command):
             erasure = erase_scope(
                 scope, using=alias, batch_size=batch_size, dry_run=dry_run, stored=stored
             )
-        except (ValueError, NotSupportedError) as exc:  # the latter: a store that cannot erase
-            raise CommandError(str(exc)) from exc
+        except (ValueError, NotSupportedError, StoreUnavailable) as exc:  # a store that cannot
+            raise CommandError(str(exc)) from exc  # erase, or does not answer
         if verbosity < 1:
             return
         shown = _shown(scope)
