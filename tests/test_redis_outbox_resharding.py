@@ -303,3 +303,30 @@ def test_a_message_taken_under_a_lease_keeps_its_slot_indexed(cluster_url: str) 
 
     store.client.zadd(queues(store.prefix, message, True).due, {message: 0})  # the lease ends
     assert [taken.key for taken in store.take(10, LEASE)] == [message]
+
+
+def test_a_result_write_retried_after_a_lost_reply_indexes_its_slot(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write applied and its reply was lost (a connection cut, a failover): the retry
+    answers "stored already", and no tag was added, nor did the fast path send (its ids are
+    the first try's): the message waited for the relay's next scan (a reviewer's attack)."""
+    from django_idempotency._store.redis import running
+
+    store: Any = using(store_alias(cluster_url, "default"))
+    assert _relayed(store, 10) == []  # the first batch's scan done: the index alone is read
+    by_client, lost = running.by_client, []
+
+    def reply_lost(client: Any, script: Any, name: str, *args: Any, **kw: Any) -> Any:
+        reply = by_client(client, script, name, *args, **kw)
+        if name.endswith("_RELEASING") and not lost:
+            lost.append(name)
+            raise redis.ConnectionError("reply lost")
+        return reply
+
+    monkeypatch.setattr(running, "by_client", reply_lost)
+    write, message = _releasing(store, "k0")
+    assert write()
+    monkeypatch.undo()
+    assert lost
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]

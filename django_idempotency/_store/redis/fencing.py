@@ -104,7 +104,9 @@ class FencedWrites:
         keys, args = outbox.releasing(keys, args, release, index, self.server.prefix, cluster)
         script = f"{'SLOT_' if cluster else ''}{name}_RELEASING"
         done = outbox.released(self.server.run(script, keys, args, bound), release)
-        if cluster and done == 1 and release.messages:  # its slot indexed for the relay
+        # Its slot indexed for the relay; also when the write was applied already (2): its
+        # first try's reply lost, that try added no tag.
+        if cluster and done in (1, 2) and release.messages:
             tag = outbox_slots.slot_tag(keys[0])
             outbox_slots.indexed(self.server.client, self.server.prefix, [tag])
         return done
