@@ -128,31 +128,35 @@ def _tag_text(member: Any) -> str:
 
 
 class SlotIndex:
-    """A relay's view of the index: when its next full scan is due, and which primaries
-    the scan under way has covered (one that failed is scanned again at the next batch)."""
+    """A relay's view of the index: when its next full scan is due, and the primaries whose
+    last scan failed (``owed``: scanned again at each batch until one succeeds). The periodic
+    scan never waits for them: while a primary was down, the healthy ones went unscanned."""
 
     def __init__(self) -> None:
         self.scan_at = 0.0
-        self.scanned: set[str] = set()
+        self.owed: set[str] = set()
 
     def due_tags(self, client: Any, prefix: str) -> list[str]:
-        """The tags of the slots to take from: the index's, with a scan's when one is due
-        (or owed by a primary that failed; or the index unreadable), in slot order."""
+        """The tags of the slots to take from: the index's, with every primary's scan when
+        one is due (or the index unreadable), and the owed primaries' at each batch."""
         tags = _members(client, prefix)
-        if tags is None:
-            tags = self._scan(client, prefix, whole=True)
-        elif self.scanned or clock() >= self.scan_at:
-            tags |= self._scan(client, prefix, whole=False)
+        if tags is None or clock() >= self.scan_at:
+            self.scan_at = clock() + SCAN_EVERY
+            tags = (tags or set()) | self._scan(client, prefix, None)
+        elif self.owed:
+            tags |= self._scan(client, prefix, self.owed)
         return sorted(tags, key=lambda tag: key_slot(tag.encode()))
 
-    def _scan(self, client: Any, prefix: str, *, whole: bool) -> set[str]:
-        """The due queues' tags on every primary (``whole``), or on those the scan under way
-        has not covered yet, added to the index. A primary whose scan fails is passed over."""
+    def _scan(self, client: Any, prefix: str, only: set[str] | None) -> set[str]:
+        """The due queues' tags on every primary (or on those ``only`` names), added to the
+        index. A primary whose scan fails is passed over and owed; a name no longer a
+        primary (failed over) is owed no more: the next full scan covers its successor."""
         found: set[str] = set()
         primaries = client.get_primaries()
+        self.owed &= {node.name for node in primaries}
         pattern = f"{glob(prefix)}o:due:{{*"
         for node in primaries:
-            if not whole and node.name in self.scanned:
+            if only is not None and node.name not in only:
                 continue
             try:
                 names = client.scan_iter(match=pattern, _type="zset", count=1000, target_nodes=node)
@@ -164,13 +168,13 @@ class SlotIndex:
                     node.name,
                     exc,
                 )
+                self.owed.add(node.name)
                 continue
             found |= tags
             if indexed(client, prefix, tags):
-                self.scanned.add(node.name)
-        if all(node.name in self.scanned for node in primaries):
-            self.scanned.clear()
-            self.scan_at = clock() + SCAN_EVERY
+                self.owed.discard(node.name)
+            else:
+                self.owed.add(node.name)
         return found
 
     def emptied(self, client: Any, prefix: str, tag: str) -> None:
