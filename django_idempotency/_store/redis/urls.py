@@ -215,6 +215,8 @@ def _out_of_range(name: str, value: Any) -> str:
         return "is no database's number (0 and up)"
     if name == "socket_read_size" and isinstance(value, int) and value < 1:
         return "is not a positive number of bytes"
+    if name == "ssl_min_version" and isinstance(value, str):
+        return "is text to this redis-py, which reads no TLS version from a URL"
     if name == "ssl_min_version" and value is not None:
         try:
             ssl.TLSVersion(value)
