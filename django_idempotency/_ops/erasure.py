@@ -77,7 +77,8 @@ def erase_scope(
     guessed from the text: a principal whose scope is ``sha256:<hex>`` (a tenant's name, say)
     must not erase the records whose stored form that is. With ``stored=True`` a text no record
     can be stored as (``sha256:`` with anything but 64 lowercase hex digits, or a scope that
-    would be stored hashed) is a :class:`ValueError`.
+    would be stored hashed) is a :class:`ValueError`. Another store that does not answer is
+    :class:`~django_idempotency.StoreUnavailable`, raised before any record is erased.
     """
     _check(scope, batch_size=batch_size, stored=stored)
     alias = using or conf.DATABASE_ALIAS
