@@ -53,10 +53,17 @@ def test_each_form_of_a_store_s_name_finds_its_class() -> None:
         assert stores.kind_of("cache:r") is RedisStore
 
 
-@pytest.mark.parametrize("url", [TOY, "database://default", "redis:/host/0"])
-def test_a_url_no_store_serves_is_refused_at_startup(url: str) -> None:
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (TOY, "no registered store serves the scheme 'toy://'"),
+        ("database://default", "no registered store serves the scheme 'database://'"),
+        ("redis:/host/0", "is not 'database', an alias of CACHES or a URL"),
+    ],
+)
+def test_a_url_no_store_serves_is_refused_at_startup(url: str, said: str) -> None:
     """A URL's form is its scheme with ``://``: ``database://`` is no URL of the database."""
-    with pytest.raises(ValueError, match="is not 'database', an alias of CACHES or a URL"):
+    with pytest.raises(ValueError, match=said):
         store_value(url, "STORE")
 
 
@@ -172,7 +179,8 @@ def test_the_check_of_store_refuses_a_scheme_no_store_serves() -> None:
 
     with override_settings(IDEMPOTENCY={"STORE": "nosuch://host"}):
         errors = [m for m in checks.run_checks() if m.id == check_name(60)]
-    assert errors and "'nosuch://host' is not 'database'" in errors[0].msg
+    assert errors and "'nosuch://host': no registered store serves" in errors[0].msg
+    assert "STORES" in errors[0].hint and "CACHES" not in errors[0].hint
 
 
 def test_the_relay_says_a_cluster_it_cannot_reach_did_not_answer() -> None:
@@ -338,3 +346,50 @@ def test_a_store_that_cannot_read_a_key_s_records_says_so(toy: str) -> None:
     with refused, pytest.MonkeyPatch.context() as patch:
         patch.delattr(ToyStore, "records_of")
         key_records("k1")
+
+
+class _Task:
+    """A Celery task as the outbox takes one (``apply_async`` and a ``name``)."""
+
+    name = "shop.tasks.send_receipt"
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("never sent")
+
+
+def test_enqueue_on_a_store_without_an_outbox_is_said_before_anything_is_staged(toy: str) -> None:
+    """The claim says so before the view's writes (``serves_outbox``), and ``enqueue`` refuses
+    as the contract refuses a capability a store has not (``NotSupportedError``), in the
+    store's words: it was ``ImproperlyConfigured`` naming a Redis Cluster (whose outbox runs)."""
+    from django.db import NotSupportedError
+
+    asked = []
+
+    @idempotent(store=toy)
+    def view(request: HttpRequest) -> JsonResponse:
+        asked.append(request.idempotency.serves_outbox)
+        request.idempotency.enqueue(_Task(), 1)
+        return JsonResponse({}, status=201)
+
+    request = RequestFactory().post(
+        "/o/", b"{}", "application/json", headers={"Idempotency-Key": "t"}
+    )
+    with pytest.raises(NotSupportedError) as refused:
+        view(request)
+    assert asked == [False]
+    said = str(refused.value)
+    assert said.startswith("enqueue() cannot stage a message on the Toy store 'toy://memory'")
+    assert "Cluster" not in said and 'store="database"' in said
+
+
+def test_a_store_with_an_outbox_serves_it() -> None:
+    asked = []
+
+    @idempotent(store="database")
+    def view(request: HttpRequest) -> JsonResponse:
+        asked.append(request.idempotency.serves_outbox)
+        return JsonResponse({}, status=201)
+
+    view(RequestFactory().post("/o/", b"{}", "application/json", headers={"Idempotency-Key": "d"}))
+    unkeyed = view(RequestFactory().post("/o/", b"{}", "application/json"))
+    assert asked == [True, True] and unkeyed.status_code == 201

@@ -271,30 +271,43 @@ class Claim:
         position since the last recovery point), it is the same when a takeover stages the
         message again, which then releases nothing new. ``TypeError`` for anything but a
         task, or arguments that do not serialise; :class:`~django_idempotency.LockLost`
-        once the attempt is known to have lost its record.
+        once the attempt is known to have lost its record; ``django.db.NotSupportedError``,
+        before anything is staged, on a store that has no outbox (:attr:`serves_outbox`).
         """
         from django_idempotency._call.outbox import stage  # see set_recovery_point
 
         self.check_held()
-        # A store that serves no outbox (the contract's outbox_refusal) refuses it here.
         self._serves_outbox()
         return stage(self, task, args, name, kwargs)
 
-    def _serves_outbox(self) -> None:
-        """Raise ``ImproperlyConfigured`` when the claim's store cannot release messages with
-        its record (:meth:`~.._store.contract.StoreContract.outbox_refusal`: a Redis Cluster)."""
+    @property
+    def serves_outbox(self) -> bool:
+        """Whether :meth:`enqueue` can stage a message on the claim's store: false on a store
+        without an outbox (a store of your own that has none). A view may ask it before its
+        writes, since :meth:`enqueue` on such a store raises after them."""
+        return self._outbox_refusal() is None
+
+    def _outbox_refusal(self) -> str | None:
+        """Why the claim's store has no outbox (the contract's ``outbox_refusal``)."""
         from django_idempotency._store import using
 
-        why = using(self.alias).outbox_refusal()
+        return using(self.alias).outbox_refusal()
+
+    def _serves_outbox(self) -> None:
+        """``NotSupportedError`` (the contract's refusal of a capability a store has not) when
+        the claim's store cannot release messages with its record, in its class's words."""
+        why = self._outbox_refusal()
         if why:
-            from django.core.exceptions import ImproperlyConfigured
+            from django.db import NotSupportedError
 
-            from django_idempotency._conf.values import shown_store
+            from django_idempotency._conf import stores
 
-            raise ImproperlyConfigured(
-                f"The outbox cannot be served on the store {shown_store(self.alias)!r}: "
-                f'{why}. Give the view or function store="database", or a store on one '
-                "Redis server (or Sentinel's master)."
+            kind = stores.kind_of(self.alias)
+            store = kind.describe(self.alias) if kind is not None else repr(self.alias)
+            raise NotSupportedError(
+                f"enqueue() cannot stage a message on the {store}: {why}. Give the view or "
+                'function a store with an outbox (store="database", or a Redis store), or '
+                "ask request.idempotency.serves_outbox before the view's writes."
             )
 
     def facts(self, outcome: str) -> dict[str, Any]:

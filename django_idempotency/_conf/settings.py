@@ -18,7 +18,7 @@ request reads about ten of them, and a cached read costs nothing next to a parse
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
@@ -83,10 +83,12 @@ class Check:
 
     id: int
     test: Test
+    #: The hint of one refusal, when its test gave one of its own (:class:`.values.Refused`).
+    said: str = ""
 
     @property
     def hint(self) -> str:
-        return str(getattr(self.test, "hint", DOCS))
+        return self.said or str(getattr(self.test, "hint", DOCS))
 
     @property
     def refuses(self) -> str:
@@ -196,7 +198,7 @@ class Setting(Generic[T]):
             try:
                 value = check.test(value, self.label)
             except (TypeError, ValueError) as exc:
-                return check, str(exc)
+                return replace(check, said=str(getattr(exc, "hint", ""))), str(exc)
         return None
 
 

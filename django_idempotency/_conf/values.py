@@ -40,6 +40,15 @@ Test = Callable[[Any, str], Any]
 DOCS = "See https://django-idempotency.readthedocs.io/en/latest/settings.html"
 
 
+class Refused(ValueError):
+    """A value refused with a hint of its own, which the check gives instead of its usual one
+    (a URL refused is not told about ``CACHES``)."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
 def refusing(refuses: str, hint: str = DOCS) -> Callable[[Test], Test]:
     """Mark a test with what its system check refuses and the check's hint."""
 
@@ -380,7 +389,9 @@ def _strings(value: object, name: str, what: str, *, empty: bool = True) -> list
 
 @refusing(
     '``STORE`` is not ``"database"``, an alias of ``CACHES`` whose backend is Redis, or a '
-    "``redis://`` (or ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``) URL",
+    "``redis://`` (or ``rediss://``, ``redis+sentinel://``, ``redis+cluster://``) URL; or its "
+    "URL's scheme is no registered store's, or a connection option of the URL (its query) or "
+    "of the cache (``OPTIONS``) can never work",
     "Name a CACHES alias with django.core.cache.backends.redis.RedisCache (or django-redis), "
     "or give a redis:// URL (docs: 'Choosing the store').",
 )
@@ -395,7 +406,12 @@ def store(value: Any, name: str) -> str:
     url = "://" in value
     form = stores.form(value if url else CACHE_PREFIX + value)
     kind = stores.kind(form)
-    if kind is None and (url or form is None):
+    if kind is None and url:
+        raise Refused(
+            f"{name} {display_name(value)!r}: no registered store serves the scheme {form!r}.",
+            UNREGISTERED_HINT,
+        )
+    if kind is None and form is None:
         raise ValueError(
             f"{name} {display_name(value)!r} is not 'database', an alias of CACHES or a URL."
         )
@@ -403,10 +419,27 @@ def store(value: Any, name: str) -> str:
         raise ValueError(
             f"{name}: CACHES[{value!r}] uses {form!r}, which is not Redis (no store serves it)."
         )
-    kind.validate(value, name)
+    try:
+        kind.validate(value, name)
+    except Refused:
+        raise
+    except ValueError as exc:
+        if not url:
+            raise
+        raise Refused(str(exc), URL_HINT) from None
     if url:
         _NAMED.add(value)
     return value
+
+
+#: The hint of a ``STORE`` URL refused: the URL was given, so it is the URL to fix.
+URL_HINT = "Correct the URL as the message says (docs: 'Choosing the store')."
+#: The hint of a URL whose scheme the store registry does not have.
+UNREGISTERED_HINT = (
+    "Use redis://, rediss://, unix://, redis[s]+sentinel:// or redis[s]+cluster://; a store "
+    "of your own is registered in django_idempotency._conf.stores.STORES from an app listed "
+    "before django_idempotency in INSTALLED_APPS (docs: 'Adding a store')."
+)
 
 
 #: The URLs ``STORE`` or an option named in this process (:func:`store`): a status endpoint

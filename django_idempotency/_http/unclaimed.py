@@ -72,6 +72,9 @@ class Unclaimed:
     def __repr__(self) -> str:
         return "<Unclaimed: this request has no Idempotency-Key record>"
 
+    #: :meth:`enqueue` always sends (no store is asked), as :attr:`.Claim.serves_outbox` says.
+    serves_outbox = True
+
     def enqueue(self, task: Any, /, *args: Any, name: str | None = None, **kwargs: Any) -> str:
         """Send a message for ``task`` once the view has answered and its transaction has
         committed; at most once (no record, no outbox row). Returns its id, a random UUID."""

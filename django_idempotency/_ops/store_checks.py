@@ -180,7 +180,9 @@ def e061_atomic_on_redis() -> list[CheckMessage]:
 
 @refusing(
     "a store the settings or views name besides the database (a Redis store) does not "
-    "answer (the store contract's ``ping()``); asked with ``--deploy`` only"
+    "answer (the store contract's ``ping()``), or answers but has not what it is set to use "
+    "(a Redis database number the server's ``databases`` does not reach); asked with "
+    "``--deploy`` only"
 )
 def e062_unreachable(store: str) -> Error | None:
     from django_idempotency._store import using
@@ -188,6 +190,13 @@ def e062_unreachable(store: str) -> Error | None:
     alias = store_alias(store, conf.DATABASE_ALIAS if store == DATABASE else "")
     try:
         using(alias).ping()
+    except ImproperlyConfigured as exc:
+        return Error(
+            f"The {described(store)} answers, but {exc}.",
+            hint="Correct the store's settings (or its server's) as the message says "
+            "(docs: 'Choosing the store').",
+            id=check_name(62),
+        )
     except Exception as exc:
         return Error(
             f"The {described(store)} does not answer: {short_error(exc, store)}",

@@ -446,8 +446,9 @@ class StoreContract:
 
     def ping(self) -> None:
         """Raise (the store's own error, said in ``check --deploy``'s E062) unless the store
-        answers now. The default, for a store without a server (records in this process's
-        memory), asks nothing: such a store always answers."""
+        answers now; ``ImproperlyConfigured`` where it answers, but refuses what it is set
+        to use (a database number its server has not). The default, for a store without a
+        server (records in this process's memory), asks nothing: such a store always answers."""
 
     def eviction_policies(self) -> dict[str, str]:
         """The policy by which each of the store's servers frees memory, by server (``""``:

@@ -42,6 +42,7 @@ from django_idempotency._store.redis.keyspace import record_key
 from django_idempotency._store.redis.outbox_slots import SlotIndex
 from django_idempotency._store.redis.server import Server
 from django_idempotency._store.redis.urls import (
+    cache_options,
     option_values,
     redis_options,
     redis_path,
@@ -84,14 +85,17 @@ class RedisStore(StoreContract):
         """Refuse a Redis store without the redis package, and a URL whose port is not a
         number, whose password's ``/`` reads as another host to redis-py, or with an option
         redis-py cannot read (``db=x``), takes nowhere (a typo) or refuses when it connects
-        (``protocol=9``), or a path that is no database number: at startup, not per call."""
+        (``protocol=9``), or a path that is no database number; and a cache alias's
+        ``OPTIONS`` that can never work (:func:`.urls.cache_options`): at startup, not per
+        call."""
         if importlib.util.find_spec("redis") is None:
             raise ValueError(
                 f"{name} {display_name(value)!r} is a Redis store, but the redis package is not "
                 "installed: pip install 'django-idempotency[redis]'."
             )
-        if "://" not in value:
-            return  # a CACHES alias: its backend is Redis's (the registry matched it)
+        if "://" not in value:  # a CACHES alias: its backend is Redis's (the registry says)
+            cache_options(value)
+            return
         if not value.startswith("unix://"):
             redis_places(value, 6379)
         unambiguous(value)
@@ -276,8 +280,22 @@ class RedisStore(StoreContract):
         return self._server.run("ERASE", [key], [], None)
 
     def ping(self) -> None:
-        """A ``PING`` on the store's client (made if need be: a cluster's, from its nodes)."""
-        self.client.ping()
+        """A ``PING`` on the store's client (made if need be: a cluster's, from its nodes).
+        A database number above the server's ``databases`` is only the server's to tell (its
+        ``SELECT`` refuses it): ``ImproperlyConfigured`` saying so, not "does not answer"."""
+        import redis
+        from django.core.exceptions import ImproperlyConfigured
+
+        try:
+            self.client.ping()
+        except redis.ResponseError as exc:
+            if "DB index is out of range" not in str(exc):
+                raise
+            pool = getattr(self.client, "connection_pool", None)
+            db = getattr(pool, "connection_kwargs", {}).get("db", "?")
+            raise ImproperlyConfigured(
+                f"its server has no database {db} (its 'databases' setting is {db} or less)"
+            ) from None
 
     def eviction_policies(self) -> dict[str, str]:
         """Each primary's ``maxmemory-policy`` (``CONFIG GET``: refused where renamed or

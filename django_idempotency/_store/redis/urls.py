@@ -1,7 +1,8 @@
 """A Redis store's URL, read as redis-py reads it: its places (``host:port``, many for
 Sentinel and Cluster), its connection options, and the refusal of one that redis-py would read
 as another server than the app shows. :meth:`.store.RedisStore.validate` refuses a bad URL at
-startup with these (E060), and :mod:`.clients` connects by them."""
+startup with these (E060), and a cache alias's ``OPTIONS`` by the same tests of each option
+(:func:`option_error`); :mod:`.clients` connects by them."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from django_idempotency._conf.values import display_name, short_error, url_authority
+from django_idempotency._conf.values import Refused, display_name, short_error, url_authority
 
 #: The query options of a Sentinel URL that are the sentinels' own credentials (the URL's
 #: user and password are the master's).
 SENTINEL_CREDENTIALS = ("sentinel_username", "sentinel_password")
+#: What a port out of range is told.
+PORT_RANGE = "a port is out of range (1-65535)."
 
 
 def unambiguous(url: str) -> None:
@@ -54,7 +57,7 @@ def _same_place(url: str, authority: str) -> bool:
         parsed = parse_url(url)  # type: ignore[no-untyped-call, unused-ignore]
     except ValueError as exc:
         if "out of range" in str(exc):
-            raise ValueError(f"{display_name(url)!r}: a port is out of range (0-65535).") from None
+            raise ValueError(f"{display_name(url)!r}: {PORT_RANGE}") from None
         return False
     host, _, port = authority.rpartition("@")[2].rpartition(":")
     if not _ or not port.isdigit():
@@ -75,13 +78,15 @@ def redis_places(url: str, port: int) -> list[tuple[str, int]]:
         host, colon, number = place.rpartition(":")
         if not colon:
             host, number = number, ""
-        if number and (not number.isdigit() or int(number) > 65535):
-            # The port is not echoed: it may be a piece of a password whose "/" or "@" was
-            # not percent-encoded.
+        # The port is not echoed: it may be a piece of a password whose "/" or "@" was
+        # not percent-encoded.
+        if number and not number.isdigit():
             raise ValueError(
-                f"{display_name(url)!r}: a port is not a number (0-65535; percent-encode a "
+                f"{display_name(url)!r}: a port is not a number (percent-encode a "
                 'password\'s "/", "?", "#" and "@").'
             )
+        if number and not 0 < int(number) <= 65535:
+            raise ValueError(f"{display_name(url)!r}: {PORT_RANGE}")
         places.append((host or "127.0.0.1", int(number or port)))
     return places
 
@@ -150,36 +155,140 @@ def option_values(url: str, options: dict[str, Any]) -> None:
     """``ValueError`` for an option's value redis-py reads, but refuses (or the server does)
     when it connects, so that every keyed request answered ``503``: ``?protocol=9``,
     ``?ssl_cert_reqs=bogus``, an ``ssl_*`` option of a URL without TLS, a negative ``db``, a
-    timeout that is not a positive number of seconds. Each option is given alone to the
-    connection (or pool) class redis-py would make with it, which refuses what it refuses
-    when made (its own reading, so the two never disagree); what it reads only at connect
-    time is checked here. The message names the option and its value (never a password)."""
-    from redis.connection import ConnectionPool
-
+    timeout that is not a positive number of seconds, a text redis-py passes on unread where
+    it takes a boolean or a number (``?decode_responses=false`` read as true). The message
+    names the option and its value (never a password)."""
     shown = display_name(url)
     made = _connection_class(url, options)
-    takes = _parameters(made)
     query = url_authority(url.partition("://")[2])[2].partition("?")[2].partition("#")[0]
     written = {name: values[0] for name, values in parse_qs(query).items()}
     for name, value in options.items():
-        if name == "ssl" or name in SENTINEL_CREDENTIALS:
+        if name in SENTINEL_CREDENTIALS or (name == "ssl" and value is True):
             continue
-        if name.startswith("ssl_") and "ssl_keyfile" not in takes:
-            raise ValueError(
-                f"{shown!r}: {_shown(name, written.get(name))} is a TLS option, and the URL has "
-                "no TLS (rediss://, rediss+sentinel://, rediss+cluster://)."
+        if why := option_error(name, value, made, "the URL", url):
+            raise ValueError(f"{shown!r}: {_shown(name, written.get(name))} {why}")
+
+
+def option_error(name: str, value: Any, made: Any, where: str, url: str = "") -> str:
+    """Why one connection option can never work (``""``: it can), as ``... {why}`` ends a
+    message: each is given alone to the connection (or pool) class redis-py makes with it
+    (``made``), which refuses what it refuses when made (its own reading, so the two never
+    disagree); what it reads only at connect time is checked here. ``where`` names what
+    has no TLS for an ``ssl_*`` option (``the URL``); redis-py's words never show ``url``'s
+    secrets."""
+    from redis.connection import ConnectionPool
+
+    takes = _parameters(made)
+    if name.startswith("ssl_") and "ssl_keyfile" not in takes:
+        return (
+            f"is a TLS option, and {where} has no TLS (rediss://, rediss+sentinel://, "
+            "rediss+cluster://)."
+        )
+    if why := _mistyped(name, value) or _out_of_range(name, value):
+        return f"{why}."
+    maker = made if name in takes else ConnectionPool if name == "max_connections" else None
+    try:
+        if maker is not None:
+            maker(**{name: value})
+    except Exception as exc:
+        return f"is refused by redis-py ({short_error(exc, url)})."
+    return ""
+
+
+#: The options redis-py takes as text (its URL's query passes them on as text).
+TEXT_OPTIONS = frozenset(
+    {
+        *("username", "password", "client_name", "lib_name", "lib_version", "encoding"),
+        *("encoding_errors", "ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs"),
+        *("ssl_ca_path", "ssl_ca_data", "ssl_password", "ssl_ciphers", "ssl_ocsp_expected_cert"),
+        *("ssl_min_version", "force_master_ip", *SENTINEL_CREDENTIALS),
+    }
+)
+#: Options taken as text and read by the class redis-py makes with them (redis-py 5.3 reads
+#: no ``protocol`` from a URL; its connection does).
+READ_WHEN_MADE = frozenset({"protocol"})
+
+
+def _mistyped(name: str, value: Any) -> str:
+    """Why a value is not of the kind redis-py uses (``""``: it is): a boolean that is not
+    one (any non-empty text is true to redis-py: ``?decode_responses=false`` read as true),
+    text where redis-py takes a number or an object and passes the URL's text on unread, and
+    ``decode_responses`` true, which the store cannot read its replies with (bytes)."""
+    if name == "ssl":
+        return "is not read as TLS: TLS is the rediss:// scheme"
+    if name == "decode_responses" and value is True:
+        return "cannot work: the store reads its replies as bytes (leave it false)"
+    boolean = _default(name) is bool
+    if isinstance(value, str) and name not in TEXT_OPTIONS | READ_WHEN_MADE:
+        kind = "any text is true to it" if boolean else "it takes a number or an object there"
+        return f"is text, which this redis-py passes on unread: {kind}"
+    if boolean and value is not None and not isinstance(value, bool):
+        return "is not a boolean (True or False)"
+    return ""
+
+
+def _default(name: str) -> type | None:
+    """The type of an option's default in redis-py's classes (``None``: none has one)."""
+    return _defaults().get(name)
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> dict[str, type]:
+    """The type of each option's default that is a boolean, in redis-py's classes."""
+    import inspect
+
+    found: dict[str, type] = {}
+    for each in _option_classes():
+        if (init := each.__dict__.get("__init__")) is not None:
+            for name, parameter in inspect.signature(init).parameters.items():
+                if isinstance(parameter.default, bool):
+                    found[name] = bool
+    return found
+
+
+#: The ``OPTIONS`` of Django's ``RedisCache`` that its client reads itself (the rest are its
+#: pool's and connections' keywords).
+DJANGO_CACHE_OPTIONS = frozenset({"serializer", "pool_class", "parser_class"})
+#: django-redis's ``OPTIONS`` that it gives the connections, by the keyword it gives them as.
+DJANGO_REDIS_OPTIONS = {name: name.lower() for name in ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT")}
+
+
+def cache_options(alias: str) -> None:
+    """:class:`.._conf.values.Refused` for a connection option of the ``CACHES`` alias that
+    can never work, checked as a URL's query is (:func:`option_error`), without a connection:
+    ``OPTIONS={"protocol": 9}`` passed startup and every keyed request answered ``503``.
+    Django's ``RedisCache`` gives its ``OPTIONS`` to its pool (an unknown one too, refused at
+    the first connection); django-redis its ``CONNECTION_POOL_KWARGS`` and socket timeouts."""
+    from django.conf import settings
+
+    cache: dict[str, Any] = settings.CACHES[alias]
+    raw: dict[str, Any] = cache.get("OPTIONS") or {}
+    location = cache.get("LOCATION") or ""
+    first = str(location if isinstance(location, str) else next(iter(location), ""))
+    if str(cache.get("BACKEND", "")).startswith("django_redis."):
+        options = dict(raw.get("CONNECTION_POOL_KWARGS") or {})
+        options |= {kw: raw[name] for name, kw in DJANGO_REDIS_OPTIONS.items() if name in raw}
+        written = "CONNECTION_POOL_KWARGS"
+    else:
+        options = {name: value for name, value in raw.items() if name not in DJANGO_CACHE_OPTIONS}
+        written = "OPTIONS"
+        if "pool_class" not in raw and (unknown := sorted(set(options) - _known_options())):
+            raise Refused(
+                f"CACHES[{alias!r}]['OPTIONS']: redis-py takes no option "
+                f"{', '.join(unknown)} (a typo?).",
+                CACHE_HINT,
             )
-        if why := _out_of_range(name, value):
-            raise ValueError(f"{shown!r}: {_shown(name, written.get(name))} {why}.")
-        maker = made if name in takes else ConnectionPool if name == "max_connections" else None
-        try:
-            if maker is not None:
-                maker(**{name: value})
-        except Exception as exc:
-            raise ValueError(
-                f"{shown!r}: redis-py refuses {_shown(name, written.get(name))} "
-                f"({short_error(exc, url)})."
-            ) from None
+    made = options.get("connection_class") or _connection_class(
+        first.split(",")[0].split(";")[0], {"ssl": first.startswith("rediss")}
+    )
+    for name, value in options.items():
+        if name != "connection_class" and (why := option_error(name, value, made, "LOCATION")):
+            shown = "***" if "password" in name else repr(value)
+            raise Refused(f"CACHES[{alias!r}]: {written} {name}={shown} {why}", CACHE_HINT)
+
+
+#: The hint of a cache alias's option refused.
+CACHE_HINT = "Correct the cache's OPTIONS as the message says (docs: 'Choosing the store')."
 
 
 def _connection_class(url: str, options: dict[str, Any]) -> Any:
@@ -213,6 +322,9 @@ def _out_of_range(name: str, value: Any) -> str:
         return "is not a positive number of seconds"
     if name == "db" and isinstance(value, int) and value < 0:
         return "is no database's number (0 and up)"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if name == "health_check_interval" and not (number and math.isfinite(value) and value >= 0):
+        return "is not a number of seconds (0 and up)"
     if name == "socket_read_size" and isinstance(value, int) and value < 1:
         return "is not a positive number of bytes"
     if name == "ssl_min_version" and isinstance(value, str):
@@ -270,17 +382,23 @@ def _known_options() -> frozenset[str]:
     """The keywords of redis-py's connections, pools, Sentinel and cluster clients."""
     import inspect
 
-    from redis import Redis, connection, sentinel
-    from redis.cluster import REDIS_ALLOWED_KEYS, RedisCluster
+    from redis.cluster import REDIS_ALLOWED_KEYS
 
-    classes = [
-        *connection.SSLConnection.__mro__,
-        *connection.UnixDomainSocketConnection.__mro__,
-        *(connection.ConnectionPool, sentinel.Sentinel, Redis, RedisCluster),
-    ]
     names = {*REDIS_ALLOWED_KEYS, *SENTINEL_CREDENTIALS}
-    for each in classes:
+    for each in _option_classes():
         init = each.__dict__.get("__init__")
         if init is not None:
             names |= set(inspect.signature(init).parameters) - {"self", "kwargs", "args"}
     return frozenset(names)
+
+
+def _option_classes() -> list[Any]:
+    """redis-py's classes the store's clients are made of: their keywords are its options."""
+    from redis import Redis, connection, sentinel
+    from redis.cluster import RedisCluster
+
+    return [
+        *connection.SSLConnection.__mro__,
+        *connection.UnixDomainSocketConnection.__mro__,
+        *(connection.ConnectionPool, sentinel.Sentinel, Redis, RedisCluster),
+    ]
