@@ -211,8 +211,13 @@ class Relay:
 
 def backlog(alias: str) -> dict[str, Any]:
     """The outbox's figures for ``idempotency_stats --json`` (every key always present), of
-    the store of ``alias`` (a database alias, or a Redis store's name)."""
-    left = using(alias).backlog()
+    the store of ``alias`` (a database alias, or a Redis store's name): ``None`` each where
+    the store has no outbox (``outbox_refusal()``), so a monitor never reads "none pending"
+    of a store that cannot have any."""
+    bound = using(alias)
+    if bound.outbox_refusal() is not None:
+        return dict.fromkeys(_BACKLOG_KEYS)
+    left = bound.backlog()
     age = None
     if left.oldest is not None:
         age = max(0.0, (timezone.now() - left.oldest).total_seconds())
@@ -221,6 +226,9 @@ def backlog(alias: str) -> dict[str, Any]:
         "outbox_failed": left.failed,
         "outbox_oldest_undelivered_age_seconds": age,
     }
+
+
+_BACKLOG_KEYS = ("outbox_pending", "outbox_failed", "outbox_oldest_undelivered_age_seconds")
 
 
 def refusal(alias: str) -> str | None:
@@ -262,7 +270,9 @@ def warnings(figures: dict[str, Any], options: str = "") -> list[str]:
 
 
 def describe(figures: dict[str, Any]) -> str:
-    """The outbox's line of ``idempotency_stats``."""
+    """The outbox's line of ``idempotency_stats`` (``none``: a store without one)."""
+    if figures["outbox_pending"] is None:
+        return "none (the store has no outbox)"
     age = figures["outbox_oldest_undelivered_age_seconds"]
     line = f"{figures['outbox_pending']:,} pending, {figures['outbox_failed']:,} failed"
     return line if age is None else f"{line} (oldest {age:,.0f} s)"

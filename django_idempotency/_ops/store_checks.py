@@ -225,7 +225,7 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
     ]
 
 
-def redis_notes(verb: str) -> list[str]:
+def store_notes(verb: str) -> list[str]:
     """What an operator's command says of each store besides the database: it holds records
     this command does not see, and how many (a Redis store's ``SCAN``)."""
     from django_idempotency._store import using
@@ -242,7 +242,7 @@ def redis_notes(verb: str) -> list[str]:
     return notes
 
 
-def redis_census() -> dict[str, Any]:
+def store_census() -> dict[str, Any]:
     """``idempotency_stats --json``'s ``stores`` (``redis_stores``: the Redis ones of them):
     each store's besides the database (a Redis store's, another's) records by status,
     its stale ones, its operations running and stuck
@@ -280,7 +280,7 @@ def redis_census() -> dict[str, Any]:
 
 
 def stats_groups(census: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """:func:`redis_census`'s entries again under each store class's ``stats_group`` (the
+    """:func:`store_census`'s entries again under each store class's ``stats_group`` (the
     Redis store's ``redis_stores``: kept for the monitors that read it; ``stores`` has every
     store's). Every group its classes name is there, empty when none of its stores is named."""
     named = {display_name(store): store for store in other_stores()}
