@@ -32,7 +32,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._ops.listener import Listener
 from django_idempotency._store import outbox as table
 from django_idempotency._store import using
-from django_idempotency._store.contract import Taken
+from django_idempotency._store.contract import StoreContract, Taken
 
 logger = logging.getLogger("django_idempotency")
 #: What a batch's time is read from (a test's clock may stand in).
@@ -149,14 +149,15 @@ class Relay:
         if not once:  # said once the signals are handled: an operator's (or a test's) cue
             self.report("Relaying; SIGTERM or SIGINT stops after the batch in hand.")
         announced = True  # the first pass's work was released before the listener
+        said: str | None = None  # the misconfiguration said at ERROR, said once
         try:
             while not self.stopping.is_set():
                 try:
-                    done = self.one_pass()
+                    done, said = self.one_pass(), None
                 except (DatabaseError, StoreUnavailable) as exc:
                     if once:
                         raise
-                    logger.warning("Outbox relay: the store failed (%s); trying again.", exc)
+                    said = self._failed(store, exc, said)
                     store.drop_thread_connection()
                     done = Pass()
                 if telemetry.gauging_outbox():
@@ -177,6 +178,26 @@ class Relay:
             if listener is not None:
                 listener.drop()
         return total
+
+    def _failed(self, store: StoreContract, exc: BaseException, said: str | None) -> str | None:
+        """Log a failed pass, tried again after the interval: an outage as a warning; a
+        misconfiguration (a refused password) once at ``ERROR`` with its cause, since no
+        retry mends it (then as a warning each pass, so the relay is never silent). What
+        was said at ``ERROR``, for the next pass."""
+        why = store.misconfigured(exc)
+        if why is None:
+            logger.warning("Outbox relay: the store failed (%s); trying again.", exc)
+            return None
+        where = store.describe(self.alias)
+        if why != said:
+            logger.error(
+                "Outbox relay: the %s is misconfigured: %s. No message is sent until it is "
+                "fixed; the relay tries again every %.3g s.",
+                *(where, why, self.interval),
+            )
+        else:
+            logger.warning("Outbox relay: the %s is still misconfigured: %s.", where, why)
+        return why
 
     def _gauge(self) -> None:
         """Set the backlog's gauges (OpenTelemetry), read once per pass within

@@ -344,6 +344,12 @@ class StoreContract:
         """Whether a refusal is an outage the store knows, logged on one line."""
         return False
 
+    def misconfigured(self, exc: BaseException) -> str | None:
+        """Why ``exc`` is a misconfiguration no retry mends (a refused password), in words
+        without secrets; ``None``: none the store knows (a long-running loop, the relay,
+        says it at ``ERROR`` once instead of as an outage)."""
+        return None
+
     def faulted(self, exc: BaseException) -> None:
         """After a call's error: what the store does about a fault (drain a pool)."""
 
@@ -680,7 +686,7 @@ CAPABILITIES = (
             *("operation_name", "found_operation", "read_operation", "of_scopes", "stuck"),
             *("complete_operation", "set_progress"),
         ),
-        "operations refused (a view with ``in_progress=\"accepted\"`` answers ``500 "
+        'operations refused (a view with ``in_progress="accepted"`` answers ``500 '
         "idempotency-misconfigured``, a claim's ``operation_id`` raises "
         "``NotSupportedError``); ``idempotency_recover --operations`` finds none stuck",
     ),
