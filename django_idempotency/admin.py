@@ -985,11 +985,11 @@ class OutboxMessageAdmin(_MessageAdmin):
 
 @admin.register(RedisIdempotencyKey)
 class RedisIdempotencyKeyAdmin(_EntryAdmin):
-    """The admin index's entry for the Redis stores' records (a proxy model: Django's index
-    lists models only). Shown where the settings or the views name a Redis store, to staff who
-    may view the table's records (the proxy has no permissions of its own); its one page lists
-    the stores, or goes straight to the only one's records. No record page of its own: the
-    table's records are the table's admin's."""
+    """The admin index's entry for the records of the stores besides the database (a proxy
+    model: Django's index lists models only). Shown where the settings or the views name one
+    (a Redis store, another of the registry), to staff who may view the table's records (the
+    proxy has no permissions of its own); its one page lists the stores, or goes straight to
+    the only one's records. No record page of its own: the table's are the table's admin's."""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         if obj is not None or not browsing.browsed():
