@@ -425,3 +425,30 @@ def test_the_admin_offers_only_the_actions_a_third_store_provides(toy: str) -> N
         posted = {"action": "mark_failed", "_selected": [selected], "post": "yes"}
         refused = client.post(action, posted, follow=True)
     assert "Select an action and the records to run it on" in refused.content.decode()
+
+
+def test_atomic_mode_on_a_third_store_is_refused_in_its_own_name(toy: str) -> None:
+    """The refusal said "Redis shares no transaction" of the toy store."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="the Toy store shares no transaction") as no:
+
+        @idempotent(atomic=True)
+        def view(request: HttpRequest) -> JsonResponse:
+            return JsonResponse({}, status=201)
+
+    assert "Redis" not in str(no.value)
+
+
+def test_the_admin_note_says_erasure_is_refused_for_a_store_that_cannot_erase(toy: str) -> None:
+    """The note above the table's list said "erasure by scope reaches them" of a store whose
+    class has no ``erase_scope``: there erasure is refused for every store."""
+    from django_idempotency._ops import store_checks
+    from django_idempotency._store.contract import StoreContract
+
+    (note,) = store_checks.admin_notes()
+    assert note.endswith("and erasure by scope reaches them.")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ToyStore, "erase_scope", StoreContract.erase_scope)
+        (note,) = store_checks.admin_notes()
+    assert "erasure by scope is refused while it is named" in note

@@ -321,6 +321,17 @@ def admin_notes() -> list[str]:
             f"({which}) live in the {described(store)}, which this list cannot "
             "show (it lists the database's table): their own list is linked below. "
             f"{capfirst(expiry(store)) + '; i' if expiry(store) else 'I'}dempotency_stats "
-            "counts them, and erasure by scope reaches them."
+            f"counts them, and {_erasure(store)}."
         )
     return notes
+
+
+def _erasure(store: str) -> str:
+    """What erasure by scope does with the store's records: reach them, or be refused for
+    every store while it is named (its class has no ``erase_scope``: never half an erasure)."""
+    from django_idempotency._store.contract import provides
+
+    kind = registry.kind_of(store_alias(store, ""))
+    if kind is None or provides(kind, "erasure"):
+        return "erasure by scope reaches them"
+    return "erasure by scope is refused while it is named (its class has no erase_scope())"

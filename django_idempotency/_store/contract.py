@@ -647,7 +647,9 @@ class StoreContract:
 
 
 #: What every store must write: the members whose default raises ``NotImplementedError``
-#: (docs/stores.rst lists them; ``tests/test_store_contract.py`` checks both lists).
+#: (docs/stores.rst lists them; ``tests/test_store_contract.py`` checks both lists). Atomic
+#: mode (``atomic()``) and the table's batches (``erase_batch()``) are the database's stores'
+#: own: no capability of another store (atomic mode is refused on any other).
 REQUIRED = (
     *("claim", "peek_status", "store_response", "save_recovery_point", "unlock", "release"),
     *("renew", "read", "created_at", "expire", "count"),
@@ -689,12 +691,6 @@ CAPABILITIES = (
         'operations refused (a view with ``in_progress="accepted"`` answers ``500 '
         "idempotency-misconfigured``, a claim's ``operation_id`` raises "
         "``NotSupportedError``); ``idempotency_recover --operations`` finds none stuck",
-    ),
-    Capability(
-        "atomic",
-        ("atomic",),
-        "atomic mode refused at the view's decoration and by E061 (a store with one also sets "
-        "``features.supports_atomic``)",
     ),
     Capability(
         "release_stale",
