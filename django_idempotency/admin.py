@@ -280,7 +280,10 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         context = {
             "title": capfirst(self.opts.verbose_name_plural),
             "idempotency_redis": [
-                (each.shown, reverse(f"{self.admin_site.name}:{self._redis_url}", args=[each.tag]))
+                (
+                    each.described,
+                    reverse(f"{self.admin_site.name}:{self._redis_url}", args=[each.tag]),
+                )
                 for each in browsing.browsed()
             ],
             # A callable the template calls once: a 403 or an action's redirect scans nothing.
@@ -330,7 +333,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         list_url = reverse(f"{self.admin_site.name}:{self._redis_url}", args=[tag])
         name = request.POST.get("action", "")
         selected = _selected(request.POST.getlist("_selected"))
-        if name not in REDIS_ACTIONS or not selected:
+        if name not in _offered(found) or not selected:
             self.message_user(
                 request,
                 _("Select an action and the records to run it on: nothing was changed."),
@@ -416,7 +419,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             raise PermissionDenied
         found = browsing.find(tag)
         if found is None:
-            raise Http404("No Redis store of the settings or views has this mark.")
+            raise Http404(NO_SUCH_STORE)
         return found
 
     def redis_changelist_view(self, request: HttpRequest, tag: str) -> HttpResponse:
@@ -442,14 +445,14 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
-            "title": _("Idempotency keys in the Redis store %(store)s") % {"store": found.shown},
+            "title": _("Idempotency keys in the %(store)s") % {"store": found.described},
             "columns": [label_for_field(name, self.model, self) for name in self._redis_columns],
             "rows": [
                 (f"{record.key_hash}:{record.scope}", self._redis_row(record, tag))
                 for record in records
             ],
             "actions": [
-                (name, getattr(type(self), name).short_description) for name in REDIS_ACTIONS
+                (name, getattr(type(self), name).short_description) for name in _offered(found)
             ]
             if self.has_change_permission(request)
             else [],
@@ -459,7 +462,9 @@ class IdempotencyKeyAdmin(_ModelAdmin):
             "term": term,
             "next_cursor": after,
             "first_page": not term and request.GET.get("cursor", "0") != "0",
-            "outbox_url": reverse(f"{self.admin_site.name}:{REDIS_OUTBOX_URL}", args=[tag]),
+            "outbox_url": reverse(f"{self.admin_site.name}:{REDIS_OUTBOX_URL}", args=[tag])
+            if browsing.provides(found.alias, "outbox")
+            else None,
         }
         return TemplateResponse(request, REDIS_TEMPLATE, context)
 
@@ -773,6 +778,20 @@ REDIS_ACTIONS = {
 }
 
 
+#: What a mark no store answers to says (a store no longer named, a mark made up).
+NO_SUCH_STORE = "No store of the settings or views besides the database has this mark."
+
+
+def _offered(found: browsing.Browsed) -> list[str]:
+    """The actions of :data:`REDIS_ACTIONS` the store's class provides (the contract's
+    ``release_stale``, ``fail_stale``): a store without one is not offered it."""
+    return [name for name in REDIS_ACTIONS if browsing.provides(found.alias, _NEEDS[name])]
+
+
+#: The contract's capability each action needs (:data:`~.._store.contract.CAPABILITIES`).
+_NEEDS = {"release_stale": "release_stale", "mark_failed": "fail_stale"}
+
+
 def _selected(values: list[str]) -> list[tuple[str, str]]:
     """The ``(scope, key hash)`` of each checked record (``<key hash>:<scope>``: the hash has
     a fixed length, the scope any character), in order, once each; others are dropped."""
@@ -887,8 +906,12 @@ class OutboxMessageAdmin(_MessageAdmin):
         context = {
             "title": capfirst(self.opts.verbose_name_plural),
             "idempotency_redis": [
-                (each.shown, reverse(f"{self.admin_site.name}:{REDIS_OUTBOX_URL}", args=[each.tag]))
+                (
+                    each.described,
+                    reverse(f"{self.admin_site.name}:{REDIS_OUTBOX_URL}", args=[each.tag]),
+                )
                 for each in browsing.browsed()
+                if browsing.provides(each.alias, "outbox")
             ],
             **(extra_context or {}),
         }
@@ -907,7 +930,7 @@ class OutboxMessageAdmin(_MessageAdmin):
             raise PermissionDenied
         found = browsing.find(tag)
         if found is None:
-            raise Http404("No Redis store of the settings or views has this mark.")
+            raise Http404(NO_SUCH_STORE)
         if request.method == "POST":
             if not self.has_change_permission(request):
                 raise PermissionDenied
@@ -924,7 +947,7 @@ class OutboxMessageAdmin(_MessageAdmin):
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
-            "title": _("Outbox of the Redis store %(store)s") % {"store": found.shown},
+            "title": _("Outbox of the %(store)s") % {"store": found.described},
             "outbox": outbox,
             "can_resend": self.has_change_permission(request),
             "shown": browsing.FAILED_SHOWN,
@@ -962,11 +985,11 @@ class OutboxMessageAdmin(_MessageAdmin):
 
 @admin.register(RedisIdempotencyKey)
 class RedisIdempotencyKeyAdmin(_EntryAdmin):
-    """The admin index's entry for the Redis stores' records (a proxy model: Django's index
-    lists models only). Shown where the settings or the views name a Redis store, to staff who
-    may view the table's records (the proxy has no permissions of its own); its one page lists
-    the stores, or goes straight to the only one's records. No record page of its own: the
-    table's records are the table's admin's."""
+    """The admin index's entry for the records of the stores besides the database (a proxy
+    model: Django's index lists models only). Shown where the settings or the views name one
+    (a Redis store, another of the registry), to staff who may view the table's records (the
+    proxy has no permissions of its own); its one page lists the stores, or goes straight to
+    the only one's records. No record page of its own: the table's are the table's admin's."""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         if obj is not None or not browsing.browsed():
@@ -1007,7 +1030,7 @@ class RedisIdempotencyKeyAdmin(_EntryAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         name = f"{self.admin_site.name}:{IdempotencyKeyAdmin._redis_url}"
-        stores = [(each.shown, reverse(name, args=[each.tag])) for each in browsing.browsed()]
+        stores = [(each.described, reverse(name, args=[each.tag])) for each in browsing.browsed()]
         if len(stores) == 1:
             return HttpResponseRedirect(stores[0][1])
         context = {
@@ -1025,4 +1048,4 @@ def _unanswered(found: Any, exc: BaseException) -> str:
     (:func:`.._conf.values.short_error`), never the password."""
     from django_idempotency._conf.values import short_error
 
-    return f"The Redis store {found.shown!r} did not answer: {short_error(exc, found.alias)}"
+    return f"The {found.described} did not answer: {short_error(exc, found.alias)}"

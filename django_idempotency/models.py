@@ -77,9 +77,12 @@ class IdempotencyKey(models.Model):
 
 
 class RedisIdempotencyKey(IdempotencyKey):
-    """The admin index's entry for the records of the Redis stores (``STORE``): a proxy, so no
-    table and no SQL; no permissions of its own (``IdempotencyKey``'s apply), so none to grant
-    again. Its admin lists the stores, whose records live in Redis, never in this table."""
+    """The admin index's entry for the records of every store besides the database (a Redis
+    store, another of the registry): a proxy, so no table and no SQL; no permissions of its
+    own (``IdempotencyKey``'s apply), so none to grant again. Its admin lists the stores, whose
+    records never live in this table. Named for Redis, the first such store: the name is in
+    the admin's URLs and a migration, so it stays; the index names the entry per request
+    after the stores it lists (``RedisIdempotencyKeyAdmin.get_model_perms``)."""
 
     class Meta:
         proxy = True

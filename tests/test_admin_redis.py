@@ -332,9 +332,9 @@ def test_a_cache_alias_store_is_named_as_the_settings_and_commands_name_it(
     with override_settings(CACHES=caches), on_store("named_cache"):
         pages = [admin_client.get(url).content.decode() for url in (store_url(), outbox_url())]
         table = admin_client.get("/admin/django_idempotency/outboxmessage/").content.decode()
-    assert "Idempotency keys in the Redis store named_cache" in pages[0]
-    assert "Outbox of the Redis store named_cache" in pages[1]
-    assert "Redis store named_cache keeps its messages" in table
+    assert "Idempotency keys in the Redis store &#x27;named_cache&#x27;" in pages[0]
+    assert "Outbox of the Redis store &#x27;named_cache&#x27;" in pages[1]
+    assert "Redis store &#x27;named_cache&#x27; keeps its messages" in table
     assert all("cache:named_cache" not in page for page in [*pages, table])
 
 

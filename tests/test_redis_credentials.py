@@ -616,3 +616,45 @@ def test_a_secret_options_at_not_encoded_shows_no_piece_of_it(url: str) -> None:
     assert_no_secret(errors[0].msg + display_name(url))
     for piece in ("48/", "cret"):
         assert piece not in errors[0].msg
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_relay_says_a_refused_password_once_at_error_as_a_misconfiguration(
+    protected: server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay logged a wrong password as an outage ("the store failed ...; trying again"),
+    a warning each pass for good: it is said once at ``ERROR``, as a misconfiguration with its
+    cause (and no password), then a warning each pass that it still is."""
+    from django_idempotency._ops import relay as relaying
+
+    url = protected.url(f"{USER}:Wrong-{ENCODED}")
+    monkeypatch.setattr(relaying, "STATEMENT_BOUND", 0.5)  # a pass rides the fault out so long
+    records: list[logging.LogRecord] = []
+    passes = threading.Event()
+
+    class Watcher(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Outbox relay:"):
+                records.append(record)
+                if len(records) == 3:
+                    passes.set()
+
+    watcher = Watcher()
+    logging.getLogger("django_idempotency").addHandler(watcher)
+    try:
+        with override_settings(IDEMPOTENCY={"STORE": url}):
+            relay = relaying.Relay(url, interval=0.01)
+            running = threading.Thread(target=relay.run)
+            running.start()
+            assert passes.wait(30)
+            relay.stop()
+            running.join(30)
+    finally:
+        logging.getLogger("django_idempotency").removeHandler(watcher)
+    levels = [record.levelno for record in records]
+    assert levels[0] == logging.ERROR and set(levels[1:]) == {logging.WARNING}
+    first = records[0].getMessage()
+    assert "misconfigured" in first and "AuthenticationError" in first, first
+    assert display_name(url) in first
+    assert all("still misconfigured" in record.getMessage() for record in records[1:])
+    assert_no_secret("\n".join(record.getMessage() for record in records))

@@ -216,3 +216,46 @@ def test_the_short_form_of_a_stores_error_redacts_its_secrets() -> None:
     error = ConnectionError("auth p/w and p%2Fw and k3y refused\nsecond line")
     assert short_error(error, url) == "ConnectionError: auth *** and *** and *** refused"
     assert short_error(ValueError(""), url) == "ValueError"
+
+
+def _docs_stats_example() -> tuple[str, str]:
+    """The ``STORE`` and the jq filter of docs/commands.rst's example (``.. stats-example:``)."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "commands.rst"
+    block = page.read_text().partition(".. stats-example:")[2].partition("\n\n(")[0]
+    setting = re.search(r'"STORE": "([^"]+)"', block)
+    line = next(each for each in block.splitlines() if "| jq '" in each)
+    assert setting is not None
+    return setting[1], line.partition("| jq '")[2].rpartition("'")[0]
+
+
+def test_the_docs_jq_example_finds_a_store_whose_url_holds_a_password(settings: Any) -> None:
+    """The page sent monitors to ``redis_stores`` and never said how a store whose URL holds a
+    password is named: its filter, run by jq on the command's output, finds the store's entry
+    (the toy store on the page's URL: the name is the point, not a server), and an outbox it
+    does not have is ``null``, not ``0``."""
+    import shutil
+    import subprocess
+
+    from django_idempotency._conf import stores
+
+    jq = shutil.which("jq")
+    if jq is None:
+        pytest.skip("jq is not installed")
+    setting, jq_filter = (each.replace("redis://", "toy://") for each in _docs_stats_example())
+    stores.STORES["toy://"] = "tests.toy_store.ToyStore"
+    try:
+        settings.IDEMPOTENCY = {"STORE": setting}
+        out = StringIO()
+        call_command("idempotency_stats", "--json", stdout=out)
+    finally:
+        del stores.STORES["toy://"]
+        store._BOUND.pop(setting, None)
+    assert "s3cret" not in out.getvalue()
+    found = subprocess.run(
+        [jq, jq_filter], input=out.getvalue(), capture_output=True, text=True, check=True
+    )
+    figures = {"total": 0, "outbox_pending": None, "outbox_failed": None, "error": None}
+    assert json.loads(found.stdout) == figures

@@ -245,3 +245,56 @@ def _refuses_what_it_lacks(store: StoreContract) -> None:
 def test_a_store_missing_a_core_member_says_which() -> None:
     with pytest.raises(NotImplementedError, match=r"must provide claim\(\)"):
         _claim(StoreContract(), _identity())
+
+
+def _contract_section() -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "stores.rst").read_text()
+    return text.partition(".. _store-contract:")[2]
+
+
+def _names(cell: str) -> tuple[str, ...]:
+    import re
+
+    return tuple(re.findall(r"``(\w+)\(\)``", cell))
+
+
+def test_the_docs_list_the_contract_s_required_methods_and_capabilities() -> None:
+    """docs/stores.rst's minimal contract is the contract's own (``REQUIRED``,
+    ``CAPABILITIES``): a store written from the docs has every method a caller asks."""
+    import re
+
+    from django_idempotency._store.contract import CAPABILITIES, REQUIRED
+
+    section = _contract_section()
+    required = section.partition(".. contract-required:")[2].partition("Every other member")[0]
+    assert _names(required) == REQUIRED
+    table = section.partition(".. contract-capabilities:")[2].partition(".. list-table::")[2]
+    table = re.split(r"\n\n(?=\S)", table)[0]  # to the first paragraph after it
+    rows = re.split(r"\n   \* - ", table.partition("     - without it")[2])[1:]
+    documented = []
+    for row in rows:
+        name, methods, without = (" ".join(cell.split()) for cell in row.split("\n     - "))
+        documented.append((name, _names(methods), without))
+    assert documented == [(each.name, each.members, each.without) for each in CAPABILITIES]
+
+
+def test_the_required_methods_are_those_the_contract_leaves_unwritten() -> None:
+    """``REQUIRED`` is what raises ``NotImplementedError`` by default, and every default that
+    refuses (``NotSupportedError``) is a capability's, or the database's stores' own."""
+    import inspect
+
+    from django_idempotency._store.contract import CAPABILITIES, REQUIRED
+
+    members = {
+        name: inspect.getsource(member)
+        for name, member in vars(StoreContract).items()
+        if inspect.isfunction(member) and not name.startswith("_")
+    }
+    unwritten = {name for name, source in members.items() if "raise _missing(" in source}
+    assert unwritten == set(REQUIRED)
+    refusing = {name for name, source in members.items() if "raise NotSupportedError" in source}
+    optional = {name for each in CAPABILITIES for name in each.members}
+    assert refusing - optional == {"erase_batch", "atomic"}  # the database's stores' own
+    assert all(getattr(ToyStore, name) is not members.get(name) for name in REQUIRED)

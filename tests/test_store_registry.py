@@ -111,7 +111,10 @@ def test_stats_count_a_registered_store(toy: str) -> None:
     call_command("idempotency_stats", "--json", stdout=out)
     figures: dict[str, Any] = json.loads(out.getvalue())
     census = figures["stores"][TOY]
-    assert (census["total"], census["outbox_pending"], census["error"]) == (0, 0, None)
+    assert (census["total"], census["error"]) == (0, None)
+    # No outbox: no figure, never a "0 pending" a monitor would read as "nothing waits".
+    assert census["outbox_pending"] is census["outbox_failed"] is None
+    assert census["outbox_oldest_undelivered_age_seconds"] is None
     assert figures["redis_stores"] == {}  # the Redis stores' alone: no toy named as Redis
 
 
@@ -126,7 +129,7 @@ def test_stats_text_names_a_registered_store_and_what_its_census_cannot_count(to
     assert lines[at + 1 : at + 5] == [
         "  Records:            0",
         "  Stale processing:   unknown",
-        "  Outbox undelivered: 0 pending, 0 failed",
+        "  Outbox undelivered: none (the store has no outbox)",
         "  Operations running: unknown",
     ]
     assert "Redis" not in out.getvalue()
@@ -166,12 +169,41 @@ def test_an_erasure_refuses_a_named_store_that_cannot_erase_before_erasing_anyth
 ) -> None:
     """``idempotency_cleanup --scope`` with a registered store without ``erase_scope`` named:
     a ``CommandError`` in words (it was a ``NotSupportedError`` traceback), nothing erased."""
+    from django_idempotency._store.contract import StoreContract
     from tests.factories import IdempotencyKeyFactory
 
     record = IdempotencyKeyFactory(scope="user:1", completed=True)
-    with pytest.raises(CommandError, match=r"^The Toy store 'toy://memory' cannot erase a scope"):
+    refused = pytest.raises(CommandError, match=r"^The Toy store 'toy://memory' cannot erase a")
+    with refused, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ToyStore, "erase_scope", StoreContract.erase_scope)  # a store without it
         call_command("idempotency_cleanup", "--scope", "user:1", stdout=StringIO())
     assert type(record).objects.filter(pk=record.pk).exists()
+
+
+def test_the_toy_template_erases_a_scope_with_the_database(toy: str) -> None:
+    """The template of a third store had no ``erase_scope``: a store copied from it made
+    ``idempotency_cleanup --scope`` refuse for the whole project. Its finished records of the
+    scope go; the table's of another scope stay."""
+    from django_idempotency._store.contract import provides
+    from tests.factories import IdempotencyKeyFactory
+
+    assert provides(ToyStore, "erasure")
+    record = IdempotencyKeyFactory(scope="user:1", completed=True)
+
+    @idempotent
+    def view(request: HttpRequest) -> JsonResponse:
+        return JsonResponse({}, status=201)
+
+    factory = RequestFactory()
+    for key in ("e1", "e2"):
+        view(factory.post("/o/", b"{}", "application/json", headers={"Idempotency-Key": key}))
+    store = using(toy)
+    assert isinstance(store, ToyStore)
+    (scope,) = {scope for scope, _ in store._records}
+    out = StringIO()
+    call_command("idempotency_cleanup", "--scope", scope, stdout=out)
+    assert store.count() == 0 and "Deleted 2 finished" in out.getvalue()
+    assert type(record).objects.filter(pk=record.pk).exists()  # another scope: kept
 
 
 def test_the_check_of_store_refuses_a_scheme_no_store_serves() -> None:
@@ -217,7 +249,7 @@ def test_stats_name_a_registered_store_that_does_not_answer_by_its_class(toy: st
 def test_the_commands_notes_name_a_registered_store_by_its_class(toy: str) -> None:
     from django_idempotency._ops import store_checks
 
-    assert store_checks.redis_notes("nothing to delete there") == [
+    assert store_checks.store_notes("nothing to delete there") == [
         "Toy store 'toy://memory': 0 record(s)."
     ]
     (note,) = store_checks.admin_notes()
@@ -393,3 +425,85 @@ def test_a_store_with_an_outbox_serves_it() -> None:
     view(RequestFactory().post("/o/", b"{}", "application/json", headers={"Idempotency-Key": "d"}))
     unkeyed = view(RequestFactory().post("/o/", b"{}", "application/json"))
     assert asked == [True, True] and unkeyed.status_code == 201
+
+
+def _staff_client() -> Any:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def _toy_urls() -> tuple[str, str]:
+    """The toy store's list and action URLs in the admin (its mark: a keyed hash of its name)."""
+    from django.urls import reverse
+
+    from django_idempotency._ops import browsing
+
+    (found,) = browsing.browsed()
+    name = "admin:django_idempotency_idempotencykey_redis"
+    return reverse(name, args=[found.tag]), reverse(f"{name}_action", args=[found.tag])
+
+
+def test_the_admin_pages_name_a_third_store_by_its_description(toy: str) -> None:
+    """The pages of a store besides the database said "Redis store" of the toy store, and
+    linked an outbox it does not have."""
+    client = _staff_client()
+    listed, _ = _toy_urls()
+    page = client.get(listed)
+    text = page.content.decode()
+    assert "Idempotency keys in the Toy store &#x27;toy://memory&#x27;" in text
+    assert page.context["outbox_url"] is None and 'id="idempotency-outbox"' not in text
+    table = client.get("/admin/django_idempotency/idempotencykey/").content.decode()
+    assert "The records in the Toy store &#x27;toy://memory&#x27;" in table
+    messages = client.get("/admin/django_idempotency/outboxmessage/").content.decode()
+    assert "keeps its messages" not in messages  # it has no outbox: none to link
+    assert all("Redis" not in each for each in (text, table, messages))
+
+
+def test_the_admin_offers_only_the_actions_a_third_store_provides(toy: str) -> None:
+    """The actions of a store's list are those its class provides (the contract's
+    ``release_stale``, ``fail_stale``); one it lacks is neither offered nor run."""
+    from django_idempotency._store.contract import StoreContract
+
+    client = _staff_client()
+    listed, action = _toy_urls()
+    offered = [name for name, _ in client.get(listed).context["actions"]]
+    assert offered == ["release_stale", "mark_failed"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ToyStore, "fail_stale", StoreContract.fail_stale)
+        offered = [name for name, _ in client.get(listed).context["actions"]]
+        assert offered == ["release_stale"]
+        selected = f"{'a' * 64}:anonymous"
+        posted = {"action": "mark_failed", "_selected": [selected], "post": "yes"}
+        refused = client.post(action, posted, follow=True)
+    assert "Select an action and the records to run it on" in refused.content.decode()
+
+
+def test_atomic_mode_on_a_third_store_is_refused_in_its_own_name(toy: str) -> None:
+    """The refusal said "Redis shares no transaction" of the toy store."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="the Toy store shares no transaction") as no:
+
+        @idempotent(atomic=True)
+        def view(request: HttpRequest) -> JsonResponse:
+            return JsonResponse({}, status=201)
+
+    assert "Redis" not in str(no.value)
+
+
+def test_the_admin_note_says_erasure_is_refused_for_a_store_that_cannot_erase(toy: str) -> None:
+    """The note above the table's list said "erasure by scope reaches them" of a store whose
+    class has no ``erase_scope``: there erasure is refused for every store."""
+    from django_idempotency._ops import store_checks
+    from django_idempotency._store.contract import StoreContract
+
+    (note,) = store_checks.admin_notes()
+    assert note.endswith("and erasure by scope reaches them.")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ToyStore, "erase_scope", StoreContract.erase_scope)
+        (note,) = store_checks.admin_notes()
+    assert "erasure by scope is refused while it is named" in note

@@ -54,3 +54,27 @@ def test_the_same_body_with_its_boundary_is_fingerprinted_as_usual(key: str) -> 
     again = Client().post("/create/", {"amount": "1"}, headers={"Idempotency-Key": key})
     assert again["Idempotent-Replayed"] == "true"
     assert executions() == 1
+
+
+def test_a_body_that_is_not_json_is_not_refused_but_fingerprinted_as_sent(key: str) -> None:
+    """README's row said "a body the fingerprint cannot parse" is refused: only a body Django
+    cannot read or parse is (above); malformed JSON runs the view, and its bytes are its
+    fingerprint (the same bytes replay, other bytes are another request)."""
+    from django.http import HttpRequest, JsonResponse
+    from django.test import RequestFactory
+
+    from django_idempotency import idempotent
+
+    @idempotent
+    def view(request: HttpRequest) -> JsonResponse:
+        return JsonResponse({}, status=201)
+
+    def post(body: bytes) -> Any:
+        request = RequestFactory().post(
+            "/o/", body, "application/json", headers={"Idempotency-Key": key}
+        )
+        return view(request)
+
+    first, again, other = post(b"{not json"), post(b"{not json"), post(b"{not json!")
+    assert (first.status_code, again["Idempotent-Replayed"]) == (201, "true")
+    assert other.status_code == 422 and b"idempotency-key-reuse" in other.content

@@ -223,6 +223,18 @@ class ToyStore(StoreContract):
             record.expires_at = timezone.now()
         return record
 
+    def erase_scope(self, scope: str, *, dry_run: bool = False) -> tuple[int, int]:
+        """Without it, erasure (``idempotency_cleanup --scope``) is refused for the whole
+        project while this store is named: never half an erasure."""
+        with self._lock:
+            of_scope = [key for key in self._records if key[0] == scope]
+            running = [key for key in of_scope if self._records[key].status == rules.PROCESSING]
+            finished = [key for key in of_scope if key not in running]
+            if not dry_run:
+                for key in finished:
+                    del self._records[key]
+        return len(finished), len(running)
+
     #: Whether the store answers: a test switches it off to see ``check --deploy`` (E062) ask
     #: the contract's :meth:`ping`, not a client, and the stats name it by its class.
     answers = True

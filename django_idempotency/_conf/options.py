@@ -162,13 +162,17 @@ def ttl_error(
 
 def atomic_error(atomic: bool, store: str, in_progress: str | None = None) -> str | None:
     """The one rule of what needs the database store: atomic mode (the claim, the view's
-    writes and the result commit in one transaction of the view's database, which Redis
-    cannot join). ``in_progress`` is taken for the callers' sake: every policy of it works on
-    every store (operations included)."""
+    writes and the result commit in one transaction of the view's database, which no other
+    store can join: named by its class, Redis or another). ``in_progress`` is taken for the
+    callers' sake: every policy of it works on every store (operations included)."""
     if store == DATABASE or not atomic:
         return None
+    from django_idempotency._conf import stores as registry
+
+    kind = registry.kind_of(store_alias(store, ""))
+    which = f"the {kind.name} store" if kind is not None else "that store"
     return (
-        f"atomic=True needs the database store, not {display_name(store)!r}: Redis shares "
+        f"atomic=True needs the database store, not {display_name(store)!r}: {which} shares "
         "no transaction with the view's database, so the claim, the view's writes and its "
         "result could not commit or roll back together. Use the database store, or "
         "two-phase mode."

@@ -26,12 +26,14 @@ _KEY_HASH = re.compile(r"^[0-9a-f]{64}$")
 
 
 class Browsed(NamedTuple):
-    """A Redis store the admin lists: its mark in the page's URL (a keyed hash of its name,
-    never the name, which may be a URL with a password) and how people read its name."""
+    """A store besides the database the admin lists: its mark in the page's URL (a keyed hash
+    of its name, never the name, which may be a URL with a password), how people read its
+    name, and how its class describes it (``Toy store 'toy://memory'``)."""
 
     tag: str
     alias: str
     shown: str
+    described: str
 
 
 def browsed() -> list[Browsed]:
@@ -39,7 +41,9 @@ def browsed() -> list[Browsed]:
     found = []
     for store in sorted(other_stores()):
         alias = store_alias(store, conf.DATABASE_ALIAS)
-        found.append(Browsed(names.tag(alias), alias, display_name(store)))
+        shown = display_name(store)
+        described = store_checks.described_alias(alias)
+        found.append(Browsed(names.tag(alias), alias, shown, described))
     return found
 
 
@@ -56,6 +60,17 @@ def entry_label() -> tuple[str, str]:
         (kind,) = kinds
         return _("idempotency key in %s") % kind, _("idempotency keys in %s") % kind
     return _("idempotency key in another store"), _("idempotency keys in other stores")
+
+
+def provides(alias: str, capability: str) -> bool:
+    """Whether the store of ``alias`` has ``capability`` of the contract
+    (:data:`~.._store.contract.CAPABILITIES`), asked of its class (no call to its server):
+    the admin offers only what it has."""
+    from django_idempotency._conf import stores as registry
+    from django_idempotency._store.contract import provides as has
+
+    kind = registry.kind_of(alias)
+    return kind is not None and has(kind, capability)
 
 
 def find(tag: str) -> Browsed | None:

@@ -119,12 +119,11 @@ def _check(scope: str, *, batch_size: int, stored: bool) -> None:
 def _erase_in_redis(kept: str, alias: str, *, dry_run: bool) -> list[int]:
     """The stored scope erased in each Redis store the settings and the URLconf's views name:
     its finished records and those left in progress, counted together."""
-    from django_idempotency._store.contract import StoreContract
+    from django_idempotency._store.contract import provides
 
     named = [store.using(store_alias(name, alias)) for name in sorted(other_stores())]
     # Asked of every store before any erases: an erasure must not stop half done.
-    default = StoreContract.erase_scope
-    unable = [s.describe(s.alias) for s in named if type(s).erase_scope is default]
+    unable = [s.describe(s.alias) for s in named if not provides(s, "erasure")]
     if unable:
         raise NotSupportedError(
             f"The {', '.join(unable)} cannot erase a scope (no erase_scope()): nothing was erased."

@@ -32,7 +32,7 @@ from django_idempotency._conf.settings import conf
 from django_idempotency._ops.listener import Listener
 from django_idempotency._store import outbox as table
 from django_idempotency._store import using
-from django_idempotency._store.contract import Taken
+from django_idempotency._store.contract import StoreContract, Taken
 
 logger = logging.getLogger("django_idempotency")
 #: What a batch's time is read from (a test's clock may stand in).
@@ -149,14 +149,15 @@ class Relay:
         if not once:  # said once the signals are handled: an operator's (or a test's) cue
             self.report("Relaying; SIGTERM or SIGINT stops after the batch in hand.")
         announced = True  # the first pass's work was released before the listener
+        said: str | None = None  # the misconfiguration said at ERROR, said once
         try:
             while not self.stopping.is_set():
                 try:
-                    done = self.one_pass()
+                    done, said = self.one_pass(), None
                 except (DatabaseError, StoreUnavailable) as exc:
                     if once:
                         raise
-                    logger.warning("Outbox relay: the store failed (%s); trying again.", exc)
+                    said = self._failed(store, exc, said)
                     store.drop_thread_connection()
                     done = Pass()
                 if telemetry.gauging_outbox():
@@ -177,6 +178,26 @@ class Relay:
             if listener is not None:
                 listener.drop()
         return total
+
+    def _failed(self, store: StoreContract, exc: BaseException, said: str | None) -> str | None:
+        """Log a failed pass, tried again after the interval: an outage as a warning; a
+        misconfiguration (a refused password) once at ``ERROR`` with its cause, since no
+        retry mends it (then as a warning each pass, so the relay is never silent). What
+        was said at ``ERROR``, for the next pass."""
+        why = store.misconfigured(exc)
+        if why is None:
+            logger.warning("Outbox relay: the store failed (%s); trying again.", exc)
+            return None
+        where = store.describe(self.alias)
+        if why != said:
+            logger.error(
+                "Outbox relay: the %s is misconfigured: %s. No message is sent until it is "
+                "fixed; the relay tries again every %.3g s.",
+                *(where, why, self.interval),
+            )
+        else:
+            logger.warning("Outbox relay: the %s is still misconfigured: %s.", where, why)
+        return why
 
     def _gauge(self) -> None:
         """Set the backlog's gauges (OpenTelemetry), read once per pass within
@@ -211,8 +232,13 @@ class Relay:
 
 def backlog(alias: str) -> dict[str, Any]:
     """The outbox's figures for ``idempotency_stats --json`` (every key always present), of
-    the store of ``alias`` (a database alias, or a Redis store's name)."""
-    left = using(alias).backlog()
+    the store of ``alias`` (a database alias, or a Redis store's name): ``None`` each where
+    the store has no outbox (``outbox_refusal()``), so a monitor never reads "none pending"
+    of a store that cannot have any."""
+    bound = using(alias)
+    if bound.outbox_refusal() is not None:
+        return dict.fromkeys(_BACKLOG_KEYS)
+    left = bound.backlog()
     age = None
     if left.oldest is not None:
         age = max(0.0, (timezone.now() - left.oldest).total_seconds())
@@ -221,6 +247,9 @@ def backlog(alias: str) -> dict[str, Any]:
         "outbox_failed": left.failed,
         "outbox_oldest_undelivered_age_seconds": age,
     }
+
+
+_BACKLOG_KEYS = ("outbox_pending", "outbox_failed", "outbox_oldest_undelivered_age_seconds")
 
 
 def refusal(alias: str) -> str | None:
@@ -262,7 +291,9 @@ def warnings(figures: dict[str, Any], options: str = "") -> list[str]:
 
 
 def describe(figures: dict[str, Any]) -> str:
-    """The outbox's line of ``idempotency_stats``."""
+    """The outbox's line of ``idempotency_stats`` (``none``: a store without one)."""
+    if figures["outbox_pending"] is None:
+        return "none (the store has no outbox)"
     age = figures["outbox_oldest_undelivered_age_seconds"]
     line = f"{figures['outbox_pending']:,} pending, {figures['outbox_failed']:,} failed"
     return line if age is None else f"{line} (oldest {age:,.0f} s)"

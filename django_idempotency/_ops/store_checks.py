@@ -234,7 +234,7 @@ def w060_appendonly(store: str) -> list[CheckMessage]:
     ]
 
 
-def redis_notes(verb: str) -> list[str]:
+def store_notes(verb: str) -> list[str]:
     """What an operator's command says of each store besides the database: it holds records
     this command does not see, and how many (a Redis store's ``SCAN``)."""
     from django_idempotency._store import using
@@ -251,7 +251,7 @@ def redis_notes(verb: str) -> list[str]:
     return notes
 
 
-def redis_census() -> dict[str, Any]:
+def store_census() -> dict[str, Any]:
     """``idempotency_stats --json``'s ``stores`` (``redis_stores``: the Redis ones of them):
     each store's besides the database (a Redis store's, another's) records by status,
     its stale ones, its operations running and stuck
@@ -289,7 +289,7 @@ def redis_census() -> dict[str, Any]:
 
 
 def stats_groups(census: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """:func:`redis_census`'s entries again under each store class's ``stats_group`` (the
+    """:func:`store_census`'s entries again under each store class's ``stats_group`` (the
     Redis store's ``redis_stores``: kept for the monitors that read it; ``stores`` has every
     store's). Every group its classes name is there, empty when none of its stores is named."""
     named = {display_name(store): store for store in other_stores()}
@@ -330,6 +330,17 @@ def admin_notes() -> list[str]:
             f"({which}) live in the {described(store)}, which this list cannot "
             "show (it lists the database's table): their own list is linked below. "
             f"{capfirst(expiry(store)) + '; i' if expiry(store) else 'I'}dempotency_stats "
-            "counts them, and erasure by scope reaches them."
+            f"counts them, and {_erasure(store)}."
         )
     return notes
+
+
+def _erasure(store: str) -> str:
+    """What erasure by scope does with the store's records: reach them, or be refused for
+    every store while it is named (its class has no ``erase_scope``: never half an erasure)."""
+    from django_idempotency._store.contract import provides
+
+    kind = registry.kind_of(store_alias(store, ""))
+    if kind is None or provides(kind, "erasure"):
+        return "erasure by scope reaches them"
+    return "erasure by scope is refused while it is named (its class has no erase_scope())"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, NewType, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NewType, TypeVar, cast
 
 from django.db import DatabaseError, NotSupportedError
 
@@ -344,6 +344,12 @@ class StoreContract:
         """Whether a refusal is an outage the store knows, logged on one line."""
         return False
 
+    def misconfigured(self, exc: BaseException) -> str | None:
+        """Why ``exc`` is a misconfiguration no retry mends (a refused password), in words
+        without secrets; ``None``: none the store knows (a long-running loop, the relay,
+        says it at ``ERROR`` once instead of as an outage)."""
+        return None
+
     def faulted(self, exc: BaseException) -> None:
         """After a call's error: what the store does about a fault (drain a pool)."""
 
@@ -491,13 +497,13 @@ class StoreContract:
         only while it is still ``processing`` under the lock token read and
         :data:`~.._base.rules.STALE` (its lock lapsed); ``False``: finished, taken over, renewed
         or gone meanwhile. An owner alive after all then has its writes refused."""
-        raise _missing("release_stale")
+        raise NotSupportedError(f"The {self.name} store cannot release a stale record.")
 
     def fail_stale(self, record: IdempotencyKey, stored: StoredResponse) -> bool:
         """An operator's failure of a stale ``record``: ``stored`` becomes its final response
         (retries replay it), fenced as :meth:`release_stale`; the owner's result write, if it
         comes after all, is refused (``False``), never taken for its own."""
-        raise _missing("fail_stale")
+        raise NotSupportedError(f"The {self.name} store cannot fail a stale record.")
 
     def records_of(self, key_hash: str) -> list[IdempotencyKey]:
         """The key's records in every scope, oldest first: ``testing.key_records`` and the
@@ -580,11 +586,11 @@ class StoreContract:
 
     def failed_messages(self) -> list[Any]:
         """The outbox's messages failed for good, oldest release first."""
-        raise _missing("failed_messages")
+        raise NotSupportedError(f"The {self.name} store has no outbox.")
 
     def resend(self, keys: Sequence[Any]) -> int:
         """Make failed messages (their ids) pending and due now: how many were still failed."""
-        raise _missing("resend")
+        raise NotSupportedError(f"The {self.name} store has no outbox.")
 
     def take(self, size: int, lease: timedelta) -> Sequence[Taken]:
         """Lease up to ``size`` messages due now (a relay's batch), in the order released."""
@@ -639,3 +645,93 @@ class StoreContract:
         from django_idempotency.models import IdempotencyKey
 
         return IdempotencyKey.objects.none()
+
+
+#: What every store must write: the members whose default raises ``NotImplementedError``
+#: (docs/stores.rst lists them; ``tests/test_store_contract.py`` checks both lists). Atomic
+#: mode (``atomic()``) and the table's batches (``erase_batch()``) are the database's stores'
+#: own: no capability of another store (atomic mode is refused on any other).
+REQUIRED = (
+    *("claim", "peek_status", "store_response", "save_recovery_point", "unlock", "release"),
+    *("renew", "read", "created_at", "expire", "count"),
+)
+
+
+class Capability(NamedTuple):
+    """An optional part of the contract: the members a store overrides to have it, and what a
+    store without it costs (the list of docs/stores.rst, checked against this one)."""
+
+    name: str
+    members: tuple[str, ...]
+    without: str
+
+
+CAPABILITIES = (
+    Capability(
+        "erasure",
+        ("erase_scope",),
+        "erasure (``erase_scope()``, ``idempotency_cleanup --scope``) refused for the whole "
+        "project while the store is named, before any store erases anything (the database's "
+        "stores erase their table by ``erase_batch`` instead)",
+    ),
+    Capability(
+        "outbox",
+        (
+            *("outbox_refusal", "backlog", "take", "mark_sent", "mark_failed", "message_key"),
+            *("failed_messages", "resend"),
+        ),
+        "``enqueue`` refused before the claim (``ImproperlyConfigured``), ``idempotency_relay`` "
+        "refuses the store, its outbox figures in ``idempotency_stats --json`` are ``null``",
+    ),
+    Capability(
+        "operations",
+        (
+            *("operation_name", "found_operation", "read_operation", "of_scopes", "stuck"),
+            *("complete_operation", "set_progress"),
+        ),
+        'operations refused (a view with ``in_progress="accepted"`` answers ``500 '
+        "idempotency-misconfigured``, a claim's ``operation_id`` raises "
+        "``NotSupportedError``); ``idempotency_recover --operations`` finds none stuck",
+    ),
+    Capability(
+        "release_stale",
+        ("release_stale",),
+        "the admin offers no *release stale* action on its records",
+    ),
+    Capability(
+        "fail_stale",
+        ("fail_stale",),
+        "the admin offers no *mark stale as failed* action on its records",
+    ),
+    Capability(
+        "browse",
+        ("browse",),
+        "the admin's list of its records says it does not list them (its search still works)",
+    ),
+    Capability(
+        "records_of",
+        ("records_of",),
+        "``testing.key_records()`` and the admin's search refused in words",
+    ),
+    Capability(
+        "census",
+        ("census",),
+        "``idempotency_stats`` counts its records (``count()``) and shows its other figures "
+        "(by status, stale, operations) as *unknown* (``null``)",
+    ),
+)
+
+
+def provides(store: object, capability: str) -> bool:
+    """Whether ``store`` (a store, or its class: the registry's) overrides each member of
+    ``capability`` (:data:`CAPABILITIES`); a store's outbox also needs its
+    ``outbox_refusal()`` to say none (asked of an instance only: it may ask its server)."""
+    kind = store if isinstance(store, type) else type(store)
+    (found,) = (each for each in CAPABILITIES if each.name == capability)
+    for name in found.members:
+        member = getattr(kind, name, None)
+        if member is None or member is getattr(StoreContract, name):
+            return False
+    if capability != "outbox" or isinstance(store, type):
+        return True
+    return cast(StoreContract, store).outbox_refusal() is None

@@ -116,3 +116,24 @@ def expected(exc: BaseException) -> bool:
             known = True
         seen = seen.__cause__
     return known
+
+
+#: What a server answers a client it will not let in (redis-py raises some as
+#: ``AuthenticationError``, others as a plain ``ResponseError``).
+_REFUSED_CREDENTIALS = ("WRONGPASS", "NOAUTH", "NOPERM")
+
+
+def misconfigured(exc: BaseException) -> BaseException | None:
+    """The failure in ``exc``'s chain that no retry mends: the server refuses the store's
+    credentials (a wrong password, a user without the rights). Ridden out as any fault within
+    a call's bound (the claim's ``503``), but not an outage: ``None`` when there is none."""
+    import redis
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.AuthenticationError):
+            return seen
+        if isinstance(seen, redis.ResponseError) and str(seen).startswith(_REFUSED_CREDENTIALS):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django_idempotency._conf.values import display_name
+from django_idempotency._conf.values import display_name, short_error
 from django_idempotency._store.contract import (
     Backlog,
     ClaimHandle,
@@ -155,6 +155,14 @@ class RedisStore(StoreContract):
         """A refusal caused by the connection or the server: an outage
         (:func:`.faults.expected`)."""
         return faults.expected(exc)
+
+    def misconfigured(self, exc: BaseException) -> str | None:
+        """A refusal of the store's credentials in ``exc`` (:func:`.faults.misconfigured`),
+        in words without the password."""
+        found = faults.misconfigured(exc)
+        if found is None:
+            return None
+        return f"the server refuses its credentials ({short_error(found, self.alias)})"
 
     # -- the claim and a record's reads (:mod:`.claiming`) ------------------------------------
 

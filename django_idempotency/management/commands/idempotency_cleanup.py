@@ -111,7 +111,7 @@ class Command(arguments.Command):
         if stored:
             raise CommandError("--stored says how --scope is given: it goes with --scope.")
         if verbosity >= 1:
-            for note in store_checks.redis_notes("nothing to delete there"):
+            for note in store_checks.store_notes("nothing to delete there"):
                 self.stdout.write(note)
         now = timezone.now()
         if dry_run:

@@ -123,7 +123,7 @@ class Command(arguments.Command):
             "resolved",
             dry_run=dry_run,
         )
-        for note in store_checks.redis_notes(
+        for note in store_checks.store_notes(
             "a stale record there is taken over by the key's next request (it is not listed)"
         ):
             self.stdout.write(note)

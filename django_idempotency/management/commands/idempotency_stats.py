@@ -43,7 +43,7 @@ class Command(BaseCommand):
         except DatabaseError as exc:
             said = short_error(exc)
             raise CommandError(f"The database {alias!r} did not answer: {said}") from exc
-        census = store_checks.redis_census()
+        census = store_checks.store_census()
         unreachable = [
             f"{capfirst(_described(name))} did not answer: {figures['error']}"
             for name, figures in census.items()
