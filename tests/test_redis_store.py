@@ -1913,7 +1913,9 @@ def test_the_projects_database_errors_are_judged_by_the_databases_store() -> Non
     for exc in (locked, wrong):
         assert store.is_transient(exc) == database.is_transient(exc)
     assert not store.is_transient(wrong)
-    assert store.is_transient(locked) == (connection.vendor == "sqlite")
+    # SQLite's lock is its store's own transient error; the others take it as their vendor says.
+    if connection.vendor == "sqlite":
+        assert store.is_transient(locked)
 
 
 @pytest.mark.django_db(transaction=True)  # the fast path waits for open transactions
