@@ -570,7 +570,7 @@ class StoreContract:
 
     def outbox_refusal(self) -> str | None:
         """Why the store cannot serve the outbox (``None``: it can): a store that has none
-        says so (``enqueue`` refused before the claim, the relay refused), and one that keeps
+        says so (``enqueue`` refused before staging, the relay refused), and one that keeps
         an outbox returns ``None``."""
         return f"the {self.name} store has no outbox"
 
@@ -680,8 +680,9 @@ CAPABILITIES = (
             *("outbox_refusal", "backlog", "take", "mark_sent", "mark_failed", "message_key"),
             *("failed_messages", "resend"),
         ),
-        "``enqueue`` refused before the claim (``ImproperlyConfigured``), ``idempotency_relay`` "
-        "refuses the store, its outbox figures in ``idempotency_stats --json`` are ``null``",
+        "``enqueue`` raises ``NotSupportedError`` before staging (a claim's ``serves_outbox`` "
+        "is false), ``idempotency_relay`` refuses the store, its outbox figures in "
+        "``idempotency_stats --json`` are ``null``",
     ),
     Capability(
         "operations",
