@@ -21,21 +21,24 @@ from django_idempotency._store.redis import outbox_slots
 from django_idempotency._store.redis.clients import SOCKET_TIMEOUT, cluster_client
 from django_idempotency._store.redis.keyspace import record_key, scope_index
 from tests.redis_servers import private_cluster
-from tests.test_redis_outbox_resharding import (  # noqa: F401 (fixtures)
-    LEASE,
-    _cluster,
-    cluster,
-    cluster_url,
-)
+from tests.test_redis_outbox_resharding import LEASE, _cluster
 from tests.test_redis_store import _releasing
 
 pytestmark = pytest.mark.redis
 
 
+@pytest.fixture
+def nodes(tmp_path: Any) -> Iterator[private_cluster]:
+    """A private cluster whose nodes serve their slots while another is frozen."""
+    made = _cluster(tmp_path, "--cluster-require-full-coverage", "no")
+    with made:
+        yield made
+
+
 @contextmanager
-def _frozen(cluster: private_cluster, port: int) -> Iterator[None]:
+def _frozen(nodes: private_cluster, port: int) -> Iterator[None]:
     """The primary on ``port`` stopped (``SIGSTOP``: its socket open, nothing answered)."""
-    process = cluster.processes[port]
+    process = nodes.processes[port]
     process.send_signal(signal.SIGSTOP)
     try:
         yield
@@ -55,32 +58,69 @@ def _key_on(store: Any, client: Any, ports: set[int], start: str = "h") -> Itera
             yield key
 
 
-def _spare(cluster: private_cluster, store: Any, client: Any) -> int:
+def _spare(nodes: private_cluster, store: Any, client: Any) -> int:
     """A primary holding neither the outbox's slot index nor scope ``s``'s index."""
     busy = {
         _port(client, outbox_slots.index_key(store.prefix)),
         _port(client, scope_index("s", store.prefix)),
     }
-    return next(port for port in cluster.ports if port not in busy)
+    return next(port for port in nodes.ports if port not in busy)
 
 
 def test_a_node_that_lost_its_scripts_is_not_held_back_by_a_frozen_primary(
-    cluster: private_cluster,
+    nodes: private_cluster,
 ) -> None:
     """redis-py's ``Script`` loads a script a node lacks on every primary: a primary frozen
     held a healthy node's write back (its socket timeout, 5 s) once that node had lost its
     scripts (a restart, ``SCRIPT FLUSH``). The script is loaded on its key's node alone."""
-    store: Any = using(store_alias(cluster.url, "default"))
-    client = cluster_client(cluster.url)
-    frozen = _spare(cluster, store, client)
-    key = next(_key_on(store, client, set(cluster.ports) - {frozen}))
+    store: Any = using(store_alias(nodes.url, "default"))
+    client = cluster_client(nodes.url)
+    frozen = _spare(nodes, store, client)
+    key = next(_key_on(store, client, set(nodes.ports) - {frozen}))
     write, _ = _releasing(store, key)
     node = _port(client, record_key("s", hash_key(key), store.prefix))
     redis.Redis(port=node).script_flush()
 
-    with _frozen(cluster, frozen):
+    with _frozen(nodes, frozen):
         started = time.monotonic()
         assert write()
         took = time.monotonic() - started
 
     assert took < SOCKET_TIMEOUT / 2
+
+
+def test_a_frozen_index_primary_holds_back_one_releasing_write_not_each(
+    nodes: private_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each releasing write added its slot's tag to the slot index, on one primary: frozen,
+    it held every write back its socket timeout (5 s). After one ``SADD`` fails, the process's
+    writes skip theirs for a scan's period; the relay's periodic scan finds their messages."""
+    store: Any = using(store_alias(nodes.url, "default"))
+    client = cluster_client(nodes.url)
+    assert store.take(10, LEASE) == []  # the relay's first batch's scan done
+    frozen = _port(client, outbox_slots.index_key(store.prefix))
+    assert _port(client, scope_index("s", store.prefix)) != frozen
+    keys = itertools.islice(_key_on(store, client, set(nodes.ports) - {frozen}), 3)
+    writes = [_releasing(store, key) for key in keys]
+    sadd, tries = store.client.sadd, []
+
+    def counted(*args: Any) -> Any:
+        tries.append(args)
+        return sadd(*args)
+
+    monkeypatch.setattr(store.client, "sadd", counted)
+    took = []
+    with _frozen(nodes, frozen):
+        for write, _ in writes:
+            started = time.monotonic()
+            assert write()
+            took.append(time.monotonic() - started)
+    monkeypatch.undo()
+
+    assert len(tries) == 1  # the first write's, which timed out
+    assert took[0] >= SOCKET_TIMEOUT * 0.9
+    assert max(took[1:]) < 1.0
+    now = outbox_slots.clock()
+    monkeypatch.setattr(outbox_slots, "clock", lambda: now + outbox_slots.SCAN_EVERY)
+    taken = [message.key for message in store.take(10, LEASE)]
+    assert sorted(taken) == sorted(message for _, message in writes)

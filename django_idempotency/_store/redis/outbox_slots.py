@@ -6,8 +6,9 @@ that was down failed every batch until its failover. So the slots whose due queu
 message are kept in one set, ``P o:slots`` (their hash tags, :func:`slot_tag`):
 
 * a writer adds its slot's tag (``SADD``) right after the script that released its messages
-  applied (:func:`indexed`; a script touches one slot, so it cannot write the set itself), and
-  a re-send (``RESEND``) adds the tags of the slots it made messages due in;
+  applied (:class:`WriterIndex`; a script touches one slot, so it cannot write the set itself;
+  after one such ``SADD`` fails, the process's writers skip theirs for :data:`SCAN_EVERY`),
+  and a re-send (``RESEND``) adds the tags of the slots it made messages due in;
 * a relay reads the set instead of scanning (:meth:`SlotIndex.due_tags`); a slot whose due
   queue it finds empty is removed (``SREM``), then the queue is looked at again and the tag
   added back if a message arrived meanwhile (:meth:`SlotIndex.emptied`): a writer whose ``SADD``
@@ -22,6 +23,7 @@ message are kept in one set, ``P o:slots`` (their hash tags, :func:`slot_tag`):
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from functools import lru_cache
@@ -79,7 +81,7 @@ def slot_queue(prefix: str, kind: str, tag: str) -> str:
 
 
 def indexed(client: Any, prefix: str, tags: Iterable[str]) -> bool:
-    """Add ``tags`` to the index (a writer's, after its release; a scan's). A failure is
+    """Add ``tags`` to the index (a re-send's, a scan's). A failure is
     logged, not raised: the message is stored, and the relay's next scan finds its slot."""
     tags = list(tags)
     if not tags:
@@ -92,6 +94,36 @@ def indexed(client: Any, prefix: str, tags: Iterable[str]) -> bool:
         )
         return False
     return True
+
+
+class WriterIndex:
+    """A process's writers' additions to the index. Each ``SADD`` goes to the index's primary:
+    one frozen (no reply: the socket timeout, 5 s) delayed every releasing write. Once one
+    fails, the process's writers skip theirs for :data:`SCAN_EVERY` seconds (said once in the
+    log): the relay's periodic scan finds their slots, as a writer's that died."""
+
+    def __init__(self) -> None:
+        self.skip_until = float("-inf")
+        self._lock = threading.Lock()
+
+    def add(self, client: Any, prefix: str, tag: str) -> None:
+        """Add ``tag`` after a release, unless a failure's period is still running."""
+        if clock() < self.skip_until:
+            return
+        try:
+            client.sadd(index_key(prefix), tag)
+        except failures() as exc:
+            with self._lock:
+                if clock() < self.skip_until:
+                    return  # another write's failure said it
+                self.skip_until = clock() + SCAN_EVERY
+            logger.warning(
+                "Could not index the outbox's slot %s; this process's writers skip the index "
+                "for %.0f s (the relay's scan finds their slots): %s",
+                tag,
+                SCAN_EVERY,
+                exc,
+            )
 
 
 def tag_of(queue: Any) -> str:
