@@ -20,11 +20,18 @@ from django_idempotency._store import using
 from django_idempotency._store.redis import outbox_slots
 from django_idempotency._store.redis.clients import SOCKET_TIMEOUT, cluster_client
 from django_idempotency._store.redis.keyspace import record_key, scope_index
+from django_idempotency._store.redis.outbox_slots import key_slot
 from tests.redis_servers import private_cluster
 from tests.test_redis_outbox_resharding import LEASE, _cluster
-from tests.test_redis_store import _releasing
+from tests.test_redis_store import _released, _releasing
 
 pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def cluster_url(tmp_path: Any) -> Iterator[str]:
+    with _cluster(tmp_path) as url:
+        yield url
 
 
 @pytest.fixture
@@ -124,3 +131,28 @@ def test_a_frozen_index_primary_holds_back_one_releasing_write_not_each(
     monkeypatch.setattr(outbox_slots, "clock", lambda: now + outbox_slots.SCAN_EVERY)
     taken = [message.key for message in store.take(10, LEASE)]
     assert sorted(taken) == sorted(message for _, message in writes)
+
+
+def _slot(store: Any, key: str) -> int:
+    """The slot of ``key``'s record (scope ``s``): its messages' queues' too."""
+    return key_slot(record_key("s", hash_key(key), store.prefix).encode())
+
+
+def test_a_slot_kept_full_starves_no_later_slot(cluster_url: str) -> None:
+    """Each batch took from the slots in one order, from the first: a slot that kept the
+    batch full (messages released there as fast as they were sent) left every later slot's
+    unsent. Each batch starts after the slot the last one ended on."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    first, later = sorted(["k0", "k1"], key=lambda key: _slot(store, key))
+    assert _slot(store, first) < _slot(store, later)
+    _released(store, first)
+    waiting = _released(store, later)
+    more = (key for n in itertools.count() if _slot(store, key := f"r{n}") == _slot(store, first))
+    sent: list[str] = []
+    for _ in range(3):
+        _released(store, next(more))  # the first slot kept full
+        batch = [message.key for message in store.take(1, LEASE)]
+        store.mark_sent(batch, counted=True)
+        sent += batch
+
+    assert waiting in sent

@@ -142,18 +142,21 @@ def take(
 ) -> list[Taken]:
     """Claim up to ``size`` messages due now for ``lease`` (:data:`.outbox_scripts.TAKE`): of
     the store's queue, or on a cluster (``index``, :mod:`.outbox_slots`) of each indexed
-    slot's in turn until the batch is full. A slot whose take fails (moving to another
-    primary, a message gone ahead of its queue: the server stops the script) is passed over,
-    said in the log, and the others' batch is sent; after a connection's failure, the other
-    slots of that primary too (each would spend its own try). Only when every slot failed does
-    the take fail. A slot with nothing due may be empty: :meth:`.SlotIndex.emptied`."""
+    slot's in turn until the batch is full, starting after the slot the last batch ended on
+    (:meth:`.SlotIndex.in_turn`: a slot kept full starves no other). A slot whose take fails
+    (moving to another primary, a message gone ahead of its queue: the server stops the
+    script) is passed over, said in the log, and the others' batch is sent; after a
+    connection's failure, the other slots of that primary too (each would spend its own try).
+    Only when every slot failed does the take fail. A slot with nothing due may be empty:
+    :meth:`.SlotIndex.emptied`."""
     args = [size, as_micros(lease)]
     if index is None:
         return _taken(client_run("TAKE", [due_key(prefix)], args))
     taken: list[Taken] = []
     failed: RedisFault | None = None
     down: set[str] = set()
-    for tag in index.due_tags(client, prefix):
+    for tag in index.in_turn(index.due_tags(client, prefix)):
+        index.last = key_slot(tag.encode())
         due = slot_queue(prefix, "due", tag)
         node = _node_name(client, due)
         if node in down:

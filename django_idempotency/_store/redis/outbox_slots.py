@@ -167,6 +167,14 @@ class SlotIndex:
     def __init__(self) -> None:
         self.scan_at = 0.0
         self.owed: set[str] = set()
+        #: The slot the last batch ended on: the next starts after it.
+        self.last = -1
+
+    def in_turn(self, tags: list[str]) -> list[str]:
+        """``tags`` (in slot order) from the first after :attr:`last`, round: taken from
+        the first slot on, a batch that slot kept full left the later ones unsent."""
+        after = [tag for tag in tags if key_slot(tag.encode()) > self.last]
+        return after + tags[: len(tags) - len(after)]
 
     def due_tags(self, client: Any, prefix: str) -> list[str]:
         """The tags of the slots to take from: the index's, with every primary's scan when
