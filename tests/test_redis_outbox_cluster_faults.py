@@ -22,8 +22,8 @@ from django_idempotency._store.redis.clients import SOCKET_TIMEOUT, cluster_clie
 from django_idempotency._store.redis.keyspace import record_key, scope_index
 from django_idempotency._store.redis.outbox_slots import key_slot
 from tests.redis_servers import private_cluster
-from tests.test_redis_outbox_resharding import LEASE, _cluster
-from tests.test_redis_store import _released, _releasing
+from tests.test_redis_outbox_resharding import LEASE, _cluster, _migrating
+from tests.test_redis_store import _released, _released_in_slots, _releasing
 
 pytestmark = pytest.mark.redis
 
@@ -156,3 +156,40 @@ def test_a_slot_kept_full_starves_no_later_slot(cluster_url: str) -> None:
         sent += batch
 
     assert waiting in sent
+
+
+def test_a_slot_that_starts_migrating_is_marked_sent(cluster_url: str) -> None:
+    """The mark declared its slot's ``failed`` queue, which did not exist: the server refuses
+    a script whose declared keys a migrating slot's node holds in part (``TRYAGAIN``), so no
+    message of a migrating slot was marked, nor any slot's after it in the pass (each sent
+    again after its lease). Nothing has moved yet: both are marked."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    moving, other = _released_in_slots(store, 2)
+    assert sorted(message.key for message in store.take(10, LEASE)) == sorted([moving, other])
+    _migrating(cluster_client(cluster_url), moving)
+
+    assert store.mark_sent([moving, other], counted=True) == 2
+
+
+def test_a_slot_whose_message_moved_holds_back_no_other_slot_s_marks(cluster_url: str) -> None:
+    """A message moved to the new primary before its queues: its slot's mark is refused
+    (nothing written: the message stays pending), said in the log, and the other slots' are
+    marked; once the slot has moved, its mark goes through."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    moving, other = _released_in_slots(store, 2)
+    assert sorted(message.key for message in store.take(10, LEASE)) == sorted([moving, other])
+    client = cluster_client(cluster_url)
+    source, target, slot, target_id, port = _migrating(client, moving)
+    source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", moving)
+
+    assert store.mark_sent([moving, other], counted=True) == 1
+    assert store.client.hget(other, "st") == b"sent"
+
+    rest = [key.decode() for key in source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)]
+    source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *rest)
+    for node in client.get_primaries():
+        raw = redis.Redis(host=node.host, port=node.port)
+        raw.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    assert target.hget(moving, "st") == b"pending"  # nothing written by the refused mark
+    assert store.mark_sent([moving], counted=True) == 1
+    assert target.hget(moving, "st") == b"sent"
