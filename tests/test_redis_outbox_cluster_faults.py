@@ -193,3 +193,23 @@ def test_a_slot_whose_message_moved_holds_back_no_other_slot_s_marks(cluster_url
     assert target.hget(moving, "st") == b"pending"  # nothing written by the refused mark
     assert store.mark_sent([moving], counted=True) == 1
     assert target.hget(moving, "st") == b"sent"
+
+
+def test_a_scan_that_saw_a_slot_moving_is_made_again(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic scan reads the primaries one by one: a queue that left one not scanned yet
+    for one scanned already was missed, its message (its writer's ``SADD`` lost) left for the
+    next period's scan. A scan during which a slot was moving is made again at the next
+    batch, until one sees the slots settled."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    assert store.take(10, LEASE) == []  # the relay's first batch's scan done
+    _migrating(cluster_client(cluster_url), record_key("s", hash_key("m"), store.prefix))
+    now = outbox_slots.clock()
+    monkeypatch.setattr(outbox_slots, "clock", lambda: now + outbox_slots.SCAN_EVERY)
+    assert store.take(10, LEASE) == []  # a periodic scan, a slot seen moving
+    with monkeypatch.context() as writer:  # its writer's SADD lost
+        writer.setattr(outbox_slots.WriterIndex, "add", lambda *args: None)
+        message = _released(store, "k0")
+
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]

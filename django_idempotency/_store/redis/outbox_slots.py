@@ -159,6 +159,35 @@ def _tag_text(member: Any) -> str:
     return member.decode() if isinstance(member, bytes) else str(member)
 
 
+def own_slots(client: Any, node: Any) -> tuple[str, ...]:
+    """The slots ``node`` says it serves (its own line of ``CLUSTER NODES``), with the
+    migrations under way to or from it (``[slot->-id]``, ``[slot-<-id]``)."""
+    text = _tag_text(client.execute_command("CLUSTER", "NODES", target_nodes=node))
+    mine = next(line for line in text.splitlines() if "myself" in line.split()[2])
+    return tuple(mine.split()[8:])
+
+
+def _scanned(client: Any, prefix: str, node: Any) -> set[str]:
+    """The tags of the due queues ``node`` holds (a ``SCAN``)."""
+    pattern = f"{glob(prefix)}o:due:{{*"
+    names = client.scan_iter(match=pattern, _type="zset", count=1000, target_nodes=node)
+    return {tag_of(name) for name in names}
+
+
+def _settled(client: Any, seen: dict[Any, tuple[str, ...]]) -> bool:
+    """Whether the primaries scanned serve the slots they did before their scan, none of
+    them moving (read again now; one that does not answer is owed already)."""
+    for node, before in seen.items():
+        if any(part.startswith("[") for part in before):
+            return False
+        try:
+            if own_slots(client, node) != before:
+                return False
+        except failures():
+            return False
+    return True
+
+
 class SlotIndex:
     """A relay's view of the index: when its next full scan is due, and the primaries whose
     last scan failed (``owed``: scanned again at each batch until one succeeds). The periodic
@@ -169,6 +198,8 @@ class SlotIndex:
         self.owed: set[str] = set()
         #: The slot the last batch ended on: the next starts after it.
         self.last = -1
+        #: Whether the last full scan saw slots move (:meth:`_scan`): scanned again.
+        self.unsettled = False
 
     def in_turn(self, tags: list[str]) -> list[str]:
         """``tags`` (in slot order) from the first after :attr:`last`, round: taken from
@@ -178,9 +209,10 @@ class SlotIndex:
 
     def due_tags(self, client: Any, prefix: str) -> list[str]:
         """The tags of the slots to take from: the index's, with every primary's scan when
-        one is due (or the index unreadable), and the owed primaries' at each batch."""
+        one is due (or the index unreadable, or the last one unsettled), and the owed
+        primaries' at each batch."""
         tags = _members(client, prefix)
-        if tags is None or clock() >= self.scan_at:
+        if tags is None or clock() >= self.scan_at or self.unsettled:
             self.scan_at = clock() + SCAN_EVERY
             tags = (tags or set()) | self._scan(client, prefix, None)
         elif self.owed:
@@ -190,17 +222,20 @@ class SlotIndex:
     def _scan(self, client: Any, prefix: str, only: set[str] | None) -> set[str]:
         """The due queues' tags on every primary (or on those ``only`` names), added to the
         index. A primary whose scan fails is passed over and owed; a name no longer a
-        primary (failed over) is owed no more: the next full scan covers its successor."""
+        primary (failed over) is owed no more: the next full scan covers its successor. A
+        full scan during which a primary's slots changed or moved (``CLUSTER NODES``' own
+        line: a queue may have left a primary not scanned yet for one scanned already) is
+        :attr:`unsettled`: the next batch scans again."""
         found: set[str] = set()
         primaries = client.get_primaries()
         self.owed &= {node.name for node in primaries}
-        pattern = f"{glob(prefix)}o:due:{{*"
+        seen: dict[Any, tuple[str, ...]] = {}
         for node in primaries:
             if only is not None and node.name not in only:
                 continue
             try:
-                names = client.scan_iter(match=pattern, _type="zset", count=1000, target_nodes=node)
-                tags = {tag_of(name) for name in names}
+                seen[node] = own_slots(client, node)
+                tags = _scanned(client, prefix, node)
             except failures() as exc:
                 logger.warning(
                     "The outbox relay's scan of %s failed, passed over (scanned again at the "
@@ -215,6 +250,8 @@ class SlotIndex:
                 self.owed.discard(node.name)
             else:
                 self.owed.add(node.name)
+        if only is None:
+            self.unsettled = not _settled(client, seen)
         return found
 
     def emptied(self, client: Any, prefix: str, tag: str) -> None:
