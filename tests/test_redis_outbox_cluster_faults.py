@@ -213,3 +213,30 @@ def test_a_scan_that_saw_a_slot_moving_is_made_again(
         message = _released(store, "k0")
 
     assert [taken.key for taken in store.take(10, LEASE)] == [message]
+
+
+def test_a_mark_that_counts_short_is_said_and_made_again(
+    cluster_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mark's count was not read: a message its node did not hold (expired with its record,
+    or not arrived yet on a slot's new primary) went unmarked unsaid. It is said in the log,
+    and the slot's mark made again (once)."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    message = _released(store, "k0")
+    gone = _released(
+        store,
+        next(
+            key
+            for key in (f"r{n}" for n in itertools.count())
+            if _slot(store, key) == _slot(store, "k0")
+        ),
+    )
+    assert len(store.take(10, LEASE)) == 2
+    store.client.delete(gone)  # expired with its record
+    node = redis.Redis(port=_port(store.client, message))
+    node.config_resetstat()
+
+    assert store.mark_sent([message, gone], counted=True) == 1
+    assert node.info("commandstats")["cmdstat_evalsha"]["calls"] == 2
+    again = [r for r in caplog.records if "marking them again" in r.getMessage()]
+    assert len(again) == 1

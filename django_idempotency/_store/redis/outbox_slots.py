@@ -17,7 +17,10 @@ message are kept in one set, ``P o:slots`` (their hash tags, :func:`slot_tag`):
 * a writer that died between its script and its ``SADD`` left its message out of the set:
   every :data:`SCAN_EVERY` seconds (and at a relay's first batch) a relay scans every primary
   for due queues and adds their tags. A primary whose scan fails is passed over, said in the
-  log, and scanned again at the next batch; the others' slots are relayed meanwhile.
+  log, and scanned again at the next batch; the others' slots are relayed meanwhile;
+  a scan that saw a primary's slots change or move is made again at the next batch;
+* a batch takes from the slots in turn, starting after the slot the last one ended on
+  (:meth:`SlotIndex.in_turn`).
 """
 
 from __future__ import annotations
