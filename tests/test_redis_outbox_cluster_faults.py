@@ -240,3 +240,19 @@ def test_a_mark_that_counts_short_is_said_and_made_again(
     assert node.info("commandstats")["cmdstat_evalsha"]["calls"] == 2
     again = [r for r in caplog.records if "marking them again" in r.getMessage()]
     assert len(again) == 1
+
+
+def test_a_cluster_that_refuses_cluster_nodes_is_scanned(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user without ``CLUSTER NODES`` (an ACL, a provider's): the scan cannot tell whether
+    slots moved, and scans as before; a refusal there failed every primary's scan."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    for node in cluster_client(cluster_url).get_primaries():
+        raw = redis.Redis(host=node.host, port=node.port)
+        raw.execute_command("ACL", "SETUSER", "default", "-cluster|nodes")
+    with monkeypatch.context() as writer:  # its writer's SADD lost
+        writer.setattr(outbox_slots.WriterIndex, "add", lambda *args: None)
+        message = _released(store, "k0")
+
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]

@@ -162,12 +162,19 @@ def _tag_text(member: Any) -> str:
     return member.decode() if isinstance(member, bytes) else str(member)
 
 
-def own_slots(client: Any, node: Any) -> tuple[str, ...]:
+def own_slots(client: Any, node: Any) -> tuple[str, ...] | None:
     """The slots ``node`` says it serves (its own line of ``CLUSTER NODES``), with the
-    migrations under way to or from it (``[slot->-id]``, ``[slot-<-id]``)."""
-    text = _tag_text(client.execute_command("CLUSTER", "NODES", target_nodes=node))
-    mine = next(line for line in text.splitlines() if "myself" in line.split()[2])
-    return tuple(mine.split()[8:])
+    migrations under way to or from it (``[slot->-id]``, ``[slot-<-id]``); ``None`` where the
+    command is refused (renamed, or forbidden to the store's user): not known."""
+    import redis
+
+    try:
+        text = _tag_text(client.execute_command("CLUSTER", "NODES", target_nodes=node))
+    except redis.ResponseError:
+        return None
+    lines = [line.split() for line in text.splitlines()]
+    mine = [line for line in lines if len(line) > 2 and "myself" in line[2]]
+    return tuple(mine[0][8:]) if mine else None
 
 
 def _scanned(client: Any, prefix: str, node: Any) -> set[str]:
@@ -177,10 +184,12 @@ def _scanned(client: Any, prefix: str, node: Any) -> set[str]:
     return {tag_of(name) for name in names}
 
 
-def _settled(client: Any, seen: dict[Any, tuple[str, ...]]) -> bool:
+def _settled(client: Any, seen: dict[Any, tuple[str, ...] | None]) -> bool:
     """Whether the primaries scanned serve the slots they did before their scan, none of
     them moving (read again now; one that does not answer is owed already)."""
     for node, before in seen.items():
+        if before is None:
+            continue  # not known: the periodic scan alone
         if any(part.startswith("[") for part in before):
             return False
         try:
@@ -232,7 +241,7 @@ class SlotIndex:
         found: set[str] = set()
         primaries = client.get_primaries()
         self.owed &= {node.name for node in primaries}
-        seen: dict[Any, tuple[str, ...]] = {}
+        seen: dict[Any, tuple[str, ...] | None] = {}
         for node in primaries:
             if only is not None and node.name not in only:
                 continue
