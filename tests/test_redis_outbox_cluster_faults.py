@@ -256,3 +256,18 @@ def test_a_cluster_that_refuses_cluster_nodes_is_scanned(
         message = _released(store, "k0")
 
     assert [taken.key for taken in store.take(10, LEASE)] == [message]
+
+
+def test_a_failed_send_in_a_slot_that_starts_migrating_is_recorded(cluster_url: str) -> None:
+    """A failed send's mark declared the slot's ``failed`` queue too, which did not exist: the
+    migrating slot's node refused it (``TRYAGAIN``), and the relay's pass with it."""
+    from django.utils import timezone
+
+    store: Any = using(store_alias(cluster_url, "default"))
+    message = _released(store, "k0")
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]
+    _migrating(cluster_client(cluster_url), message)
+    retry = timezone.now() + LEASE
+
+    assert store.mark_failed(message, "broker down", retry, counted=True) == 1
+    assert store.client.hget(message, "le") == b"broker down"
