@@ -22,7 +22,8 @@ Cluster a script touches one slot, so each slot that holds messages has its own 
 result's own script, as on one server. A relay finds the slots whose due queue may hold a
 message in the slot index (:mod:`.outbox_slots`: ``P o:slots``, written after each release, a
 ``SCAN`` of each primary every minute recovering what a writer that died left out), and takes,
-marks and re-sends each slot's messages by that slot's scripts; the messages of one record keep
+marks and re-sends each slot's messages by that slot's scripts (the marks:
+:mod:`.outbox_marks`); the messages of one record keep
 their order, those of two slots are taken in any. The operator's reads (the backlog, the failed
 messages) still ``SCAN`` every primary for the ``left`` and ``failed`` queues (:func:`queue_keys`).
 
@@ -36,11 +37,8 @@ record expires (for the operator's eye), then Redis deletes them. The scripts ar
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
-
-from django.utils import timezone
 
 from django_idempotency._store.contract import Taken
 from django_idempotency._store.outbox import Backlog, Release
@@ -192,100 +190,6 @@ def _node_name(client: Any, key: str) -> str:
         return str(client.get_node_from_key(key).name)
     except Exception:  # a slot not covered: its take says why
         return ""
-
-
-def _by_slot(prefix: str, keys: Sequence[str], cluster: bool) -> dict[Queues, list[str]]:
-    """Message ``keys`` (each once) grouped by their queues: one script per slot on a
-    cluster."""
-    grouped: dict[Queues, list[str]] = {}
-    for key in dict.fromkeys(keys):
-        grouped.setdefault(queues(prefix, key, cluster), []).append(key)
-    return grouped
-
-
-def _each_slot(
-    prefix: str,
-    keys: Sequence[str],
-    cluster: bool,
-    what: str,
-    run: Callable[[Queues, list[str]], int],
-) -> int:
-    """``run`` on each slot's keys in turn, the counts summed. A slot refused (moving to
-    another primary past the call's bound) is said in the log and passed over: it aborted
-    the whole pass, and every other slot's messages were sent again after their lease. Only
-    when every slot was refused is the first refusal raised."""
-    done, ran = 0, False
-    failed: RedisFault | None = None
-    for queued, each in _by_slot(prefix, keys, cluster).items():
-        try:
-            done += run(queued, each)
-        except RedisFault as exc:
-            logger.warning(
-                "The outbox's %s of %s message(s) in %s failed, passed over: %s",
-                what,
-                len(each),
-                queued.left,
-                exc,
-            )
-            failed = failed or exc
-            continue
-        ran = True
-    if failed is not None and not ran:
-        raise failed
-    return done
-
-
-def mark_sent(
-    client_run: Any, prefix: str, keys: Sequence[str], *, counted: bool, cluster: bool
-) -> int:
-    """Mark messages sent, slot by slot (:func:`_each_slot`). A slot whose count falls short
-    (a message its node does not hold: expired with its record, or moving) is said in the
-    log and marked again once; a message still missing then was sent and is not marked (sent
-    again after its lease, if it exists elsewhere)."""
-
-    def mark(queued: Queues, each: list[str]) -> int:
-        args = ["1" if counted else "0", queued.due, queued.failed, *each]
-        marked = int(client_run("MARK_SENT", [queued.left], args))
-        if marked < len(each):
-            logger.warning(
-                "The outbox marked %s of %s message(s) in %s sent; marking them again.",
-                marked,
-                len(each),
-                queued.left,
-            )
-            marked = int(client_run("MARK_SENT", [queued.left], args))
-        return marked
-
-    return _each_slot(prefix, keys, cluster, "mark", mark)
-
-
-def mark_failed(
-    client_run: Any,
-    prefix: str,
-    key: str,
-    error: str,
-    retry_at: datetime | None,
-    *,
-    counted: bool,
-    cluster: bool,
-) -> int:
-    delay = "" if retry_at is None else as_micros(max(retry_at - timezone.now(), timedelta(0)))
-    queued = queues(prefix, key, cluster)
-    args = [key, error[:4000], delay, "1" if counted else "0", queued.failed]
-    return int(client_run("MARK_FAILED", [queued.due], args))
-
-
-def resend(client_run: Any, client: Any, prefix: str, keys: Sequence[str], cluster: bool) -> int:
-    """Failed messages made due now, slot by slot (:func:`_each_slot`); on a cluster, their
-    slots indexed (:mod:`.outbox_slots`)."""
-
-    def made_due(queued: Queues, each: list[str]) -> int:
-        count = int(client_run("RESEND", [queued.failed], [queued.due, *each]))
-        if count and cluster:
-            outbox_slots.indexed(client, prefix, [outbox_slots.tag_of(queued.due)])
-        return count
-
-    return _each_slot(prefix, keys, cluster, "re-send", made_due)
 
 
 def backlog(client: Any, prefix: str, cluster: bool) -> Backlog:
