@@ -208,7 +208,7 @@ def test_a_message_its_writer_left_out_of_the_index_is_relayed_after_the_scan(
     store: Any = using(store_alias(cluster_url, "default"))
     assert _relayed(store, 10) == []  # the first batch's scan done
     with monkeypatch.context() as writer:
-        writer.setattr(outbox_slots, "indexed", lambda *args: False)  # died before its SADD
+        writer.setattr(outbox_slots.WriterIndex, "add", lambda *args: None)  # died before its SADD
         message = _released(store, "k0")
     assert store.take(10, LEASE) == []  # not indexed, no scan due yet
 
@@ -354,7 +354,7 @@ def test_a_primary_down_holds_back_no_periodic_scan_of_the_others(
         if client.get_node_from_key(record_key("s", hash_key(f"h{n}"), store.prefix)).port == index
     )
     with monkeypatch.context() as writer:  # a writer that died before its SADD
-        writer.setattr(outbox_slots, "indexed", lambda *args: False)
+        writer.setattr(outbox_slots.WriterIndex, "add", lambda *args: None)
         message = _released(store, healthy)
     assert store.take(10, LEASE) == []  # not indexed: found by the next period's scan
     monkeypatch.setattr(outbox_slots, "clock", lambda: now + 2 * outbox_slots.SCAN_EVERY + 2)

@@ -41,6 +41,8 @@ class FencedWrites:
         self.handles = handles
         self.refusal = refusal
         self.shown = shown
+        #: The writers' additions to the relay's slot index (:mod:`.outbox_slots`).
+        self.slot_index = outbox_slots.WriterIndex()
 
     def store_response(
         self, pk: int, token: Any, stored: StoredResponse, bound: float | None, release: Any
@@ -108,7 +110,7 @@ class FencedWrites:
         # first try's reply lost, that try added no tag.
         if cluster and done in (1, 2) and release.messages:
             tag = outbox_slots.slot_tag(keys[0])
-            outbox_slots.indexed(self.server.client, self.server.prefix, [tag])
+            self.slot_index.add(self.server.client, self.server.prefix, tag)
         return done
 
     def index(self, scope: str, key_hash: str, ttl: timedelta | None) -> None:

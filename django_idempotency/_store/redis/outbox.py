@@ -22,7 +22,8 @@ Cluster a script touches one slot, so each slot that holds messages has its own 
 result's own script, as on one server. A relay finds the slots whose due queue may hold a
 message in the slot index (:mod:`.outbox_slots`: ``P o:slots``, written after each release, a
 ``SCAN`` of each primary every minute recovering what a writer that died left out), and takes,
-marks and re-sends each slot's messages by that slot's scripts; the messages of one record keep
+marks and re-sends each slot's messages by that slot's scripts (the marks:
+:mod:`.outbox_marks`); the messages of one record keep
 their order, those of two slots are taken in any. The operator's reads (the backlog, the failed
 messages) still ``SCAN`` every primary for the ``left`` and ``failed`` queues (:func:`queue_keys`).
 
@@ -36,11 +37,8 @@ record expires (for the operator's eye), then Redis deletes them. The scripts ar
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
-
-from django.utils import timezone
 
 from django_idempotency._store.contract import Taken
 from django_idempotency._store.outbox import Backlog, Release
@@ -142,18 +140,21 @@ def take(
 ) -> list[Taken]:
     """Claim up to ``size`` messages due now for ``lease`` (:data:`.outbox_scripts.TAKE`): of
     the store's queue, or on a cluster (``index``, :mod:`.outbox_slots`) of each indexed
-    slot's in turn until the batch is full. A slot whose take fails (moving to another
-    primary, a message gone ahead of its queue: the server stops the script) is passed over,
-    said in the log, and the others' batch is sent; after a connection's failure, the other
-    slots of that primary too (each would spend its own try). Only when every slot failed does
-    the take fail. A slot with nothing due may be empty: :meth:`.SlotIndex.emptied`."""
+    slot's in turn until the batch is full, starting after the slot the last batch ended on
+    (:meth:`.SlotIndex.in_turn`: a slot kept full starves no other). A slot whose take fails
+    (moving to another primary, a message gone ahead of its queue: the server stops the
+    script) is passed over, said in the log, and the others' batch is sent; after a
+    connection's failure, the other slots of that primary too (each would spend its own try).
+    Only when every slot failed does the take fail. A slot with nothing due may be empty:
+    :meth:`.SlotIndex.emptied`."""
     args = [size, as_micros(lease)]
     if index is None:
         return _taken(client_run("TAKE", [due_key(prefix)], args))
     taken: list[Taken] = []
     failed: RedisFault | None = None
     down: set[str] = set()
-    for tag in index.due_tags(client, prefix):
+    for tag in index.in_turn(index.due_tags(client, prefix)):
+        index.last = key_slot(tag.encode())
         due = slot_queue(prefix, "due", tag)
         node = _node_name(client, due)
         if node in down:
@@ -189,51 +190,6 @@ def _node_name(client: Any, key: str) -> str:
         return str(client.get_node_from_key(key).name)
     except Exception:  # a slot not covered: its take says why
         return ""
-
-
-def _by_slot(prefix: str, keys: Sequence[str], cluster: bool) -> dict[Queues, list[str]]:
-    """Message ``keys`` grouped by their queues: one script per slot on a cluster."""
-    grouped: dict[Queues, list[str]] = {}
-    for key in keys:
-        grouped.setdefault(queues(prefix, key, cluster), []).append(key)
-    return grouped
-
-
-def mark_sent(
-    client_run: Any, prefix: str, keys: Sequence[str], *, counted: bool, cluster: bool
-) -> int:
-    marked = 0
-    for queued, each in _by_slot(prefix, keys, cluster).items():
-        args = ["1" if counted else "0", *each]
-        marked += int(client_run("MARK_SENT", [queued.due, queued.left, queued.failed], args))
-    return marked
-
-
-def mark_failed(
-    client_run: Any,
-    prefix: str,
-    key: str,
-    error: str,
-    retry_at: datetime | None,
-    *,
-    counted: bool,
-    cluster: bool,
-) -> int:
-    delay = "" if retry_at is None else as_micros(max(retry_at - timezone.now(), timedelta(0)))
-    args = [key, error[:4000], delay, "1" if counted else "0"]
-    queued = queues(prefix, key, cluster)
-    return int(client_run("MARK_FAILED", [queued.due, queued.failed], args))
-
-
-def resend(client_run: Any, client: Any, prefix: str, keys: Sequence[str], cluster: bool) -> int:
-    """Failed messages made due now; on a cluster, their slots indexed (:mod:`.outbox_slots`)."""
-    made = 0
-    for queued, each in _by_slot(prefix, keys, cluster).items():
-        count = int(client_run("RESEND", [queued.due, queued.failed], each))
-        if count and cluster:
-            outbox_slots.indexed(client, prefix, [outbox_slots.tag_of(queued.due)])
-        made += count
-    return made
 
 
 def backlog(client: Any, prefix: str, cluster: bool) -> Backlog:

@@ -91,48 +91,73 @@ return taken
 """
 )
 
-#: KEYS: due, left, failed. ARGV: '1' if the send was counted when taken (the relay's), then
-#: message keys. Marks them sent (a send that succeeded after another relay gave the message up
-#: leaves the failed set too); each is kept until its record expires (deleted now if it has).
+#: ``here(key)``: whether ``key`` is this node's to touch. On a cluster, while its slot moves
+#: to another primary, a key this node no longer holds (or never held: it cannot tell) stops
+#: the script with an error at its first command, after what it already wrote; read with
+#: ``pcall`` first, a script refuses before writing anything (:data:`MOVING`), and a refusal
+#: is redis-py's ``TRYAGAIN``: tried again within the call's bound. Elsewhere, always true.
+_HERE = """
+local function here(key)
+  return type(redis.pcall('EXISTS', key)) ~= 'table'
+end
+local moving = 'TRYAGAIN a key of the outbox is moving to another node'
+"""
+
+#: KEYS: left (one queue, which holds every undelivered message: a script's declared keys that
+#: a moving slot's node lacks in part are refused by the server, a ``failed`` queue that never
+#: existed was one). ARGV: '1' if the send was counted when taken (the relay's), due, failed,
+#: then message keys. Marks them sent, out of the queues their state has them in (a send that
+#: succeeded after another relay gave the message up leaves the failed set); each is kept until
+#: its record expires (deleted now if it has). Refused, nothing written, if a key it needs is
+#: moving (:data:`_HERE`).
 MARK_SENT = (
     scripts._NOW
+    + _HERE
     + """
-local marked = 0
-for i = 2, #ARGV do
-  local key = ARGV[i]
-  local record = redis.call('HGET', key, 'rk')
-  if record then
-    redis.call('HSET', key, 'st', 'sent', 'sa', now)
-    if ARGV[1] ~= '1' then redis.call('HINCRBY', key, 'n', 1) end
-    redis.call('ZREM', KEYS[1], key)
-    redis.call('ZREM', KEYS[2], key)
-    redis.call('ZREM', KEYS[3], key)
-    local expires = redis.call('HGET', record, 'ea')
-    if expires then
-      redis.call('PEXPIREAT', key, math.ceil(tonumber(expires) / 1000))
-    else
-      redis.call('DEL', key)
-    end
-    marked = marked + 1
+local found = {}
+for i = 4, #ARGV do
+  if not here(ARGV[i]) then return redis.error_reply(moving) end
+  local m = redis.call('HMGET', ARGV[i], 'rk', 'st')
+  if m[1] then
+    local queue = ({pending = ARGV[2], failed = ARGV[3]})[m[2]]
+    if not here(m[1]) or (queue and not here(queue)) then return redis.error_reply(moving) end
+    found[#found + 1] = {ARGV[i], m[1], queue}
   end
 end
-return marked
+for _, m in ipairs(found) do
+  local key, record, queue = m[1], m[2], m[3]
+  redis.call('HSET', key, 'st', 'sent', 'sa', now)
+  if ARGV[1] ~= '1' then redis.call('HINCRBY', key, 'n', 1) end
+  redis.call('ZREM', KEYS[1], key)
+  if queue then redis.call('ZREM', queue, key) end
+  local expires = redis.call('HGET', record, 'ea')
+  if expires then
+    redis.call('PEXPIREAT', key, math.ceil(tonumber(expires) / 1000))
+  else
+    redis.call('DEL', key)
+  end
+end
+return #found
 """
 )
 
-#: KEYS: due, failed. ARGV: key, error, delay until the next try (µs; '' failed for good),
-#: '1' if the send was counted when taken. Only a pending message: a relay whose lease ran out
-#: while it sent must not make a message another relay delivered failed (sent again).
+#: KEYS: due. ARGV: key, error, delay until the next try (µs; '' failed for good), '1' if the
+#: send was counted when taken, failed. Only a pending message: a relay whose lease ran out
+#: while it sent must not make a message another relay delivered failed (sent again). Refused,
+#: nothing written, if a key it needs is moving (:data:`_HERE`).
 MARK_FAILED = (
     scripts._NOW
+    + _HERE
     + """
+if not here(ARGV[1]) then return redis.error_reply(moving) end
 if redis.call('HGET', ARGV[1], 'st') ~= 'pending' then return 0 end
+if ARGV[3] == '' and not here(ARGV[5]) then return redis.error_reply(moving) end
 redis.call('HSET', ARGV[1], 'le', ARGV[2])
 if ARGV[4] ~= '1' then redis.call('HINCRBY', ARGV[1], 'n', 1) end
 if ARGV[3] == '' then
   redis.call('HSET', ARGV[1], 'st', 'failed')
   redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('ZADD', KEYS[2], tonumber(redis.call('HGET', ARGV[1], 'ra')), ARGV[1])
+  redis.call('ZADD', ARGV[5], tonumber(redis.call('HGET', ARGV[1], 'ra')), ARGV[1])
 else
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 end
@@ -140,19 +165,25 @@ return 1
 """
 )
 
-#: KEYS: due, failed. ARGV: message keys. Failed messages made pending and due now.
+#: KEYS: failed. ARGV: due, then message keys. Failed messages made pending and due now.
+#: Refused, nothing written, if a key it needs is moving (:data:`_HERE`).
 RESEND = (
     scripts._NOW
+    + _HERE
     + """
-local made = 0
-for i = 1, #ARGV do
+local found = {}
+for i = 2, #ARGV do
+  if not here(ARGV[i]) then return redis.error_reply(moving) end
   if redis.call('HGET', ARGV[i], 'st') == 'failed' then
-    redis.call('HSET', ARGV[i], 'st', 'pending')
-    redis.call('ZREM', KEYS[2], ARGV[i])
-    redis.call('ZADD', KEYS[1], now, ARGV[i])
-    made = made + 1
+    if not here(ARGV[1]) then return redis.error_reply(moving) end
+    found[#found + 1] = ARGV[i]
   end
 end
-return made
+for _, key in ipairs(found) do
+  redis.call('HSET', key, 'st', 'pending')
+  redis.call('ZREM', KEYS[1], key)
+  redis.call('ZADD', ARGV[1], now, key)
+end
+return #found
 """
 )

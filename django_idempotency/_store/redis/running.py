@@ -126,11 +126,16 @@ def by_client(
 ) -> Any:
     """The script through redis-py's ``Script`` (it loads one the server lacks), and the
     replicas' wait after it in one pipeline: on the same connection, as ``WAIT`` needs. A
-    cluster, Sentinel's master, or a client without a plain pool runs its scripts so."""
+    cluster (:func:`on_key_node`), Sentinel's master, or a client without a plain pool runs its
+    scripts so."""
     import redis
 
+    from django_idempotency._store.redis.clients import is_cluster
+
     try:
-        if wait is None:
+        if wait is None and is_cluster(client):
+            reply = on_key_node(client, script, keys, args)
+        elif wait is None:
             reply = script(keys=keys, args=args)
         else:
             pipe = client.pipeline(transaction=False)
@@ -146,3 +151,16 @@ def by_client(
     if wait is not None and not waits.found(name, reply):
         waits.check(name, wait, acknowledged)
     return reply
+
+
+def on_key_node(client: Any, script: Any, keys: list[str], args: list[Any]) -> Any:
+    """A cluster's script: ``EVALSHA`` on its key's node, and where that node lost its scripts
+    (a restart, ``SCRIPT FLUSH``) ``EVAL`` there, which loads it there. redis-py's ``Script``
+    loads a missing script on every primary: one frozen primary held the healthy node's
+    script (and its write) back for its socket timeout."""
+    import redis
+
+    try:
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        return client.eval(script.script, len(keys), *keys, *args)

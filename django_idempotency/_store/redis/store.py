@@ -32,7 +32,7 @@ from django_idempotency._store.contract import (
     StoreFeatures,
     Taken,
 )
-from django_idempotency._store.redis import faults, outbox, scans
+from django_idempotency._store.redis import faults, outbox, outbox_marks, scans
 from django_idempotency._store.redis.claiming import Claims
 from django_idempotency._store.redis.faults import RedisFault, refused
 from django_idempotency._store.redis.fencing import FencedWrites
@@ -404,19 +404,19 @@ class RedisStore(StoreContract):
 
     def mark_sent(self, keys: Sequence[str], *, counted: bool) -> int:
         """Mark messages (their keys) sent."""
-        return outbox.mark_sent(
+        return outbox_marks.mark_sent(
             self._relayed, self.prefix, keys, counted=counted, cluster=self._cluster
         )
 
     def mark_failed(self, key: str, error: str, retry_at: datetime | None, *, counted: bool) -> int:
         """Record a failed send: tried again at ``retry_at``, or failed for good (``None``)."""
-        return outbox.mark_failed(
+        return outbox_marks.mark_failed(
             self._relayed, self.prefix, key, error, retry_at, counted=counted, cluster=self._cluster
         )
 
     def resend(self, keys: Sequence[str]) -> int:
         """Make failed messages pending and due now (``idempotency_relay --retry-failed``)."""
-        return outbox.resend(self._relayed, self.client, self.prefix, keys, self._cluster)
+        return outbox_marks.resend(self._relayed, self.client, self.prefix, keys, self._cluster)
 
     def backlog(self) -> Backlog:
         """The outbox's pending and failed messages, and its oldest undelivered release."""

@@ -1,0 +1,273 @@
+"""The Redis Cluster outbox against one node's faults: a primary frozen (``SIGSTOP``) holds back
+no other primary's scripts nor every releasing write, a slot migrating aborts no other slot's
+marks, and a slot kept full starves no other. Needs ``redis-server`` (a private cluster)."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis
+
+from django_idempotency._base.keys import hash_key
+from django_idempotency._conf.values import store_alias
+from django_idempotency._store import using
+from django_idempotency._store.redis import outbox_slots
+from django_idempotency._store.redis.clients import SOCKET_TIMEOUT, cluster_client
+from django_idempotency._store.redis.keyspace import record_key, scope_index
+from django_idempotency._store.redis.outbox_slots import key_slot
+from tests.redis_servers import private_cluster
+from tests.test_redis_outbox_resharding import LEASE, _cluster, _migrating
+from tests.test_redis_store import _released, _released_in_slots, _releasing
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def cluster_url(tmp_path: Any) -> Iterator[str]:
+    with _cluster(tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def nodes(tmp_path: Any) -> Iterator[private_cluster]:
+    """A private cluster whose nodes serve their slots while another is frozen."""
+    made = _cluster(tmp_path, "--cluster-require-full-coverage", "no")
+    with made:
+        yield made
+
+
+@contextmanager
+def _frozen(nodes: private_cluster, port: int) -> Iterator[None]:
+    """The primary on ``port`` stopped (``SIGSTOP``: its socket open, nothing answered)."""
+    process = nodes.processes[port]
+    process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGCONT)
+
+
+def _port(client: Any, key: str) -> int:
+    return int(client.get_node_from_key(key).port)
+
+
+def _key_on(store: Any, client: Any, ports: set[int], start: str = "h") -> Iterator[str]:
+    """Keys whose record (scope ``s``) is on one of the primaries ``ports``."""
+    for number in itertools.count():
+        key = f"{start}{number}"
+        if _port(client, record_key("s", hash_key(key), store.prefix)) in ports:
+            yield key
+
+
+def _spare(nodes: private_cluster, store: Any, client: Any) -> int:
+    """A primary holding neither the outbox's slot index nor scope ``s``'s index."""
+    busy = {
+        _port(client, outbox_slots.index_key(store.prefix)),
+        _port(client, scope_index("s", store.prefix)),
+    }
+    return next(port for port in nodes.ports if port not in busy)
+
+
+def test_a_node_that_lost_its_scripts_is_not_held_back_by_a_frozen_primary(
+    nodes: private_cluster,
+) -> None:
+    """redis-py's ``Script`` loads a script a node lacks on every primary: a primary frozen
+    held a healthy node's write back (its socket timeout, 5 s) once that node had lost its
+    scripts (a restart, ``SCRIPT FLUSH``). The script is loaded on its key's node alone."""
+    store: Any = using(store_alias(nodes.url, "default"))
+    client = cluster_client(nodes.url)
+    frozen = _spare(nodes, store, client)
+    key = next(_key_on(store, client, set(nodes.ports) - {frozen}))
+    write, _ = _releasing(store, key)
+    node = _port(client, record_key("s", hash_key(key), store.prefix))
+    redis.Redis(port=node).script_flush()
+
+    with _frozen(nodes, frozen):
+        started = time.monotonic()
+        assert write()
+        took = time.monotonic() - started
+
+    assert took < SOCKET_TIMEOUT / 2
+
+
+def test_a_frozen_index_primary_holds_back_one_releasing_write_not_each(
+    nodes: private_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each releasing write added its slot's tag to the slot index, on one primary: frozen,
+    it held every write back its socket timeout (5 s). After one ``SADD`` fails, the process's
+    writes skip theirs for a scan's period; the relay's periodic scan finds their messages."""
+    store: Any = using(store_alias(nodes.url, "default"))
+    client = cluster_client(nodes.url)
+    assert store.take(10, LEASE) == []  # the relay's first batch's scan done
+    frozen = _port(client, outbox_slots.index_key(store.prefix))
+    assert _port(client, scope_index("s", store.prefix)) != frozen
+    keys = itertools.islice(_key_on(store, client, set(nodes.ports) - {frozen}), 3)
+    writes = [_releasing(store, key) for key in keys]
+    sadd, tries = store.client.sadd, []
+
+    def counted(*args: Any) -> Any:
+        tries.append(args)
+        return sadd(*args)
+
+    monkeypatch.setattr(store.client, "sadd", counted)
+    took = []
+    with _frozen(nodes, frozen):
+        for write, _ in writes:
+            started = time.monotonic()
+            assert write()
+            took.append(time.monotonic() - started)
+    monkeypatch.undo()
+
+    assert len(tries) == 1  # the first write's, which timed out
+    assert took[0] >= SOCKET_TIMEOUT * 0.9
+    assert max(took[1:]) < 1.0
+    now = outbox_slots.clock()
+    monkeypatch.setattr(outbox_slots, "clock", lambda: now + outbox_slots.SCAN_EVERY)
+    taken = [message.key for message in store.take(10, LEASE)]
+    assert sorted(taken) == sorted(message for _, message in writes)
+
+
+def _slot(store: Any, key: str) -> int:
+    """The slot of ``key``'s record (scope ``s``): its messages' queues' too."""
+    return key_slot(record_key("s", hash_key(key), store.prefix).encode())
+
+
+def test_a_slot_kept_full_starves_no_later_slot(cluster_url: str) -> None:
+    """Each batch took from the slots in one order, from the first: a slot that kept the
+    batch full (messages released there as fast as they were sent) left every later slot's
+    unsent. Each batch starts after the slot the last one ended on."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    first, later = sorted(["k0", "k1"], key=lambda key: _slot(store, key))
+    assert _slot(store, first) < _slot(store, later)
+    _released(store, first)
+    waiting = _released(store, later)
+    more = (key for n in itertools.count() if _slot(store, key := f"r{n}") == _slot(store, first))
+    sent: list[str] = []
+    for _ in range(3):
+        _released(store, next(more))  # the first slot kept full
+        batch = [message.key for message in store.take(1, LEASE)]
+        store.mark_sent(batch, counted=True)
+        sent += batch
+
+    assert waiting in sent
+
+
+def test_a_slot_that_starts_migrating_is_marked_sent(cluster_url: str) -> None:
+    """The mark declared its slot's ``failed`` queue, which did not exist: the server refuses
+    a script whose declared keys a migrating slot's node holds in part (``TRYAGAIN``), so no
+    message of a migrating slot was marked, nor any slot's after it in the pass (each sent
+    again after its lease). Nothing has moved yet: both are marked."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    moving, other = _released_in_slots(store, 2)
+    assert sorted(message.key for message in store.take(10, LEASE)) == sorted([moving, other])
+    _migrating(cluster_client(cluster_url), moving)
+
+    assert store.mark_sent([moving, other], counted=True) == 2
+
+
+def test_a_slot_whose_message_moved_holds_back_no_other_slot_s_marks(cluster_url: str) -> None:
+    """A message moved to the new primary before its queues: its slot's mark is refused
+    (nothing written: the message stays pending), said in the log, and the other slots' are
+    marked; once the slot has moved, its mark goes through."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    moving, other = _released_in_slots(store, 2)
+    assert sorted(message.key for message in store.take(10, LEASE)) == sorted([moving, other])
+    client = cluster_client(cluster_url)
+    source, target, slot, target_id, port = _migrating(client, moving)
+    source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", moving)
+
+    assert store.mark_sent([moving, other], counted=True) == 1
+    assert store.client.hget(other, "st") == b"sent"
+
+    rest = [key.decode() for key in source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)]
+    source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *rest)
+    for node in client.get_primaries():
+        raw = redis.Redis(host=node.host, port=node.port)
+        raw.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    assert target.hget(moving, "st") == b"pending"  # nothing written by the refused mark
+    assert store.mark_sent([moving], counted=True) == 1
+    assert target.hget(moving, "st") == b"sent"
+
+
+def test_a_scan_that_saw_a_slot_moving_is_made_again(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic scan reads the primaries one by one: a queue that left one not scanned yet
+    for one scanned already was missed, its message (its writer's ``SADD`` lost) left for the
+    next period's scan. A scan during which a slot was moving is made again at the next
+    batch, until one sees the slots settled."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    assert store.take(10, LEASE) == []  # the relay's first batch's scan done
+    _migrating(cluster_client(cluster_url), record_key("s", hash_key("m"), store.prefix))
+    now = outbox_slots.clock()
+    monkeypatch.setattr(outbox_slots, "clock", lambda: now + outbox_slots.SCAN_EVERY)
+    assert store.take(10, LEASE) == []  # a periodic scan, a slot seen moving
+    with monkeypatch.context() as writer:  # its writer's SADD lost
+        writer.setattr(outbox_slots.WriterIndex, "add", lambda *args: None)
+        message = _released(store, "k0")
+
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]
+
+
+def test_a_mark_that_counts_short_is_said_and_made_again(
+    cluster_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mark's count was not read: a message its node did not hold (expired with its record,
+    or not arrived yet on a slot's new primary) went unmarked unsaid. It is said in the log,
+    and the slot's mark made again (once)."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    message = _released(store, "k0")
+    gone = _released(
+        store,
+        next(
+            key
+            for key in (f"r{n}" for n in itertools.count())
+            if _slot(store, key) == _slot(store, "k0")
+        ),
+    )
+    assert len(store.take(10, LEASE)) == 2
+    store.client.delete(gone)  # expired with its record
+    node = redis.Redis(port=_port(store.client, message))
+    node.config_resetstat()
+
+    assert store.mark_sent([message, gone], counted=True) == 1
+    assert node.info("commandstats")["cmdstat_evalsha"]["calls"] == 2
+    again = [r for r in caplog.records if "marking them again" in r.getMessage()]
+    assert len(again) == 1
+
+
+def test_a_cluster_that_refuses_cluster_nodes_is_scanned(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user without ``CLUSTER NODES`` (an ACL, a provider's): the scan cannot tell whether
+    slots moved, and scans as before; a refusal there failed every primary's scan."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    for node in cluster_client(cluster_url).get_primaries():
+        raw = redis.Redis(host=node.host, port=node.port)
+        raw.execute_command("ACL", "SETUSER", "default", "-cluster|nodes")
+    with monkeypatch.context() as writer:  # its writer's SADD lost
+        writer.setattr(outbox_slots.WriterIndex, "add", lambda *args: None)
+        message = _released(store, "k0")
+
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]
+
+
+def test_a_failed_send_in_a_slot_that_starts_migrating_is_recorded(cluster_url: str) -> None:
+    """A failed send's mark declared the slot's ``failed`` queue too, which did not exist: the
+    migrating slot's node refused it (``TRYAGAIN``), and the relay's pass with it."""
+    from django.utils import timezone
+
+    store: Any = using(store_alias(cluster_url, "default"))
+    message = _released(store, "k0")
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]
+    _migrating(cluster_client(cluster_url), message)
+    retry = timezone.now() + LEASE
+
+    assert store.mark_failed(message, "broker down", retry, counted=True) == 1
+    assert store.client.hget(message, "le") == b"broker down"
