@@ -155,6 +155,20 @@ def test_an_unregistered_scheme_is_told_how_stores_are_registered() -> None:
     assert "STORES" in error.hint and "Adding a store" in error.hint
 
 
+@pytest.mark.parametrize(
+    ("store", "hinted"),
+    [("toy2://x", "Adding a store"), ("redis://127.0.0.1:99999/0", "Correct the URL")],
+)
+def test_a_views_store_refused_gives_the_settings_hint(store: str, hinted: str) -> None:
+    """A view's ``store=`` is refused when decorated, with the hint ``STORE``'s check gives
+    for the same value (it had none: a new user was not told how stores are registered)."""
+    from django_idempotency import idempotent
+
+    with pytest.raises(ImproperlyConfigured) as refused_view:
+        idempotent(store=store)(lambda request: None)
+    assert hinted in str(refused_view.value)
+
+
 @pytest.mark.redis
 def test_a_database_number_the_server_has_not_is_said_so_at_deploy() -> None:
     """Only the server knows its ``databases``: ``check --deploy``'s E062 says the number is

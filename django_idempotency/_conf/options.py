@@ -25,7 +25,13 @@ from django_idempotency._conf.settings import (
     derived,
     usable,
 )
-from django_idempotency._conf.values import DATABASE, SAFE_METHODS, display_name, store_alias
+from django_idempotency._conf.values import (
+    DATABASE,
+    SAFE_METHODS,
+    Refused,
+    display_name,
+    store_alias,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack: Python 3.11
@@ -86,7 +92,9 @@ class Options:
                 if value is not None
             }
         except (TypeError, ValueError) as exc:
-            raise ImproperlyConfigured(f"Invalid idempotency option: {exc}") from exc
+            # A hint of its own (:class:`.values.Refused`) is the setting's check's, said here.
+            hint = f" {exc.hint}" if isinstance(exc, Refused) else ""
+            raise ImproperlyConfigured(f"Invalid idempotency option: {exc}{hint}") from exc
         if error := ttl_error(given.get("ttl"), given.get("lock_timeout")):
             raise ImproperlyConfigured(f"Invalid idempotency option: {error}")
         if error := atomic_error(
