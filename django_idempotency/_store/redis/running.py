@@ -17,6 +17,7 @@ from django_idempotency._store.redis.faults import (
     RedisFault,
     connection_fault,
     failures,
+    misconfigured,
     passing,
     transient,
     understood,
@@ -69,8 +70,9 @@ def run(
             if short or tries == 0 or time.monotonic() + delay >= deadline:
                 raise RedisFault(f"Redis store {display_name(alias)!r}: {exc}") from exc
             logger.log(
-                # A claim's second try: its refusal, if any, is the call's one line.
-                logging.WARNING if tries is None else logging.DEBUG,
+                # A claim's second try: its refusal, if any, is the call's one line; refused
+                # credentials are ridden out (a rotation) but said by the caller, once.
+                logging.DEBUG if tries is not None or misconfigured(exc) else logging.WARNING,
                 "Idempotency store %r failed (%s); trying again in %.2gs.",
                 display_name(alias),
                 exc,
