@@ -53,6 +53,32 @@ class Pass:
     batches: int = 0
 
 
+#: A failed send: the message, its error, when to try it again (``None``: failed for good).
+Failure = tuple[Taken, str, datetime | None]
+
+
+def _record(store: StoreContract, failures: Sequence[Failure], *, marked: bool) -> None:
+    """Record each failed send with its backoff. One refused (on a cluster, its slot moving
+    to another primary: the server refuses to create its ``failed`` queue there) is said in
+    the log and passed over, its message tried again once its lease passes: it aborted the
+    pass, and every message it had sent was sent again. Raised only while nothing of the
+    batch was ``marked`` or recorded (the store down: each would wait its bound in turn)."""
+    for message, error, retry in failures:
+        mark = partial(store.mark_failed, message.key, error, retry, counted=True)
+        try:
+            store.bounded_here(STATEMENT_BOUND, mark)
+        except (DatabaseError, StoreUnavailable) as exc:
+            if not marked:
+                raise
+            logger.warning(
+                "Outbox message %s's failed send not recorded, tried again after its lease: %s",
+                message.message_id,
+                exc,
+            )
+            continue
+        marked = True
+
+
 class Relay:
     def __init__(
         self,
@@ -75,7 +101,8 @@ class Relay:
     def one_pass(self) -> Pass:
         """Send every message due now, batch by batch, each of the store's calls within
         :data:`STATEMENT_BOUND` (a connection to make first: the store's ``connect_thread``);
-        each message sent is marked by its key, with the batch's others."""
+        each message sent is marked by its key, with the batch's others, before the failed
+        sends are recorded (:func:`_record`): a refused record sends no message twice."""
         done = Pass()
         store = using(self.alias)
         store.connect_thread(STATEMENT_BOUND)
@@ -86,14 +113,11 @@ class Relay:
             if not taken:
                 break
             done.batches += 1
-
-            def failed(message: Taken, error: str, retry: datetime | None) -> None:
-                mark = partial(store.mark_failed, message.key, error, retry, counted=True)
-                store.bounded_here(STATEMENT_BOUND, mark)
-
-            sent = [message.key for message in self._send_each(taken, done, failed)]
+            failures: list[Failure] = []
+            sent = [message.key for message in self._send_each(taken, done, failures.append)]
             store.bounded_here(STATEMENT_BOUND, partial(store.mark_sent, sent, counted=True))
             done.sent += len(sent)
+            _record(store, failures, marked=bool(sent))
             if len(taken) < self.batch_size:
                 break
         return done
@@ -102,10 +126,10 @@ class Relay:
         self,
         taken: Sequence[Taken],
         done: Pass,
-        failed: Callable[[Taken, str, datetime | None], None],
+        failed: Callable[[Failure], None],
     ) -> list[Taken]:
-        """Send each message taken: those sent; each that failed is recorded by ``failed``
-        (message, error, when to try it again) with its backoff."""
+        """Send each message taken: those sent; each that failed is handed to ``failed``
+        (message, error, when to try it again: its backoff)."""
         sent: list[Taken] = []
         # The batch is leased for OUTBOX_LEASE: sending on past it, another relay could take
         # what is left (its lease run out) and send it too. What is left waits for its lease.
@@ -129,7 +153,7 @@ class Relay:
                     "" if retry else ", the last",
                     error,
                 )
-                failed(message, error, retry)
+                failed((message, error, retry))
                 done.failed += 1
             else:
                 sent.append(message)
