@@ -7,6 +7,7 @@ holds back no other."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from django.utils import timezone
 from django_idempotency._store.redis import outbox_slots
 from django_idempotency._store.redis.codec import as_micros
 from django_idempotency._store.redis.faults import RedisFault
-from django_idempotency._store.redis.outbox import Queues, queues
+from django_idempotency._store.redis.outbox import Queues, _node_name, queues
 
 logger = logging.getLogger("django_idempotency")
 
@@ -30,7 +31,27 @@ def _by_slot(prefix: str, keys: Sequence[str], cluster: bool) -> dict[Queues, li
     return grouped
 
 
+#: When each primary last failed to answer a mark (``time.monotonic``), by its name.
+_silent: dict[str, float] = {}
+#: How long (seconds) a primary that failed to answer is marked after the others.
+SILENT_FOR = 60.0
+
+
+def _by_node(
+    client: Any, prefix: str, keys: Sequence[str], cluster: bool
+) -> list[tuple[str, Queues, list[str]]]:
+    """Each slot's keys with its primary's name, a primary that lately failed to answer
+    after the others (so that its wait delays no other primary's marks past their lease)."""
+    grouped = _by_slot(prefix, keys, cluster)
+    named = [
+        (_node_name(client, q.left) if cluster else "", q, each) for q, each in grouped.items()
+    ]
+    now = time.monotonic()
+    return sorted(named, key=lambda slot: now - _silent.get(slot[0], now - SILENT_FOR) < SILENT_FOR)
+
+
 def _each_slot(
+    client: Any,
     prefix: str,
     keys: Sequence[str],
     cluster: bool,
@@ -39,31 +60,36 @@ def _each_slot(
 ) -> int:
     """``run`` on each slot's keys in turn, the counts summed. A slot refused (moving to
     another primary past the call's bound) is said in the log and passed over: it aborted
-    the whole pass, and every other slot's messages were sent again after their lease. Only
-    when every slot was refused is the first refusal raised."""
+    the whole pass, and every other slot's messages were sent again after their lease. After
+    a connection's failure, the other slots of that primary are passed over too: each waited
+    its socket timeout in turn, past the healthy primaries' lease. Only when every slot was
+    refused is the first refusal raised."""
     done, ran = 0, False
     failed: RedisFault | None = None
-    for queued, each in _by_slot(prefix, keys, cluster).items():
+    down: dict[str, RedisFault] = {}
+    for node, queued, each in _by_node(client, prefix, keys, cluster):
         try:
+            if node in down:
+                raise down[node]
             done += run(queued, each)
         except RedisFault as exc:
             logger.warning(
                 "The outbox's %s of %s message(s) in %s failed, passed over: %s",
-                what,
-                len(each),
-                queued.left,
-                exc,
+                *(what, len(each), queued.left, exc),
             )
             failed = failed or exc
+            if cluster and outbox_slots.unreachable(exc):
+                down[node], _silent[node] = exc, time.monotonic()
             continue
         ran = True
+        _silent.pop(node, None)
     if failed is not None and not ran:
         raise failed
     return done
 
 
 def mark_sent(
-    client_run: Any, prefix: str, keys: Sequence[str], *, counted: bool, cluster: bool
+    client_run: Any, client: Any, prefix: str, keys: Sequence[str], *, counted: bool, cluster: bool
 ) -> int:
     """Mark messages sent, slot by slot (:func:`_each_slot`). A slot whose count falls short
     (a message its node does not hold: expired with its record, or moving) is said in the
@@ -83,7 +109,7 @@ def mark_sent(
             marked = int(client_run("MARK_SENT", [queued.left], args))
         return marked
 
-    return _each_slot(prefix, keys, cluster, "mark", mark)
+    return _each_slot(client, prefix, keys, cluster, "mark", mark)
 
 
 def mark_failed(
@@ -112,4 +138,4 @@ def resend(client_run: Any, client: Any, prefix: str, keys: Sequence[str], clust
             outbox_slots.indexed(client, prefix, [outbox_slots.tag_of(queued.due)])
         return count
 
-    return _each_slot(prefix, keys, cluster, "re-send", made_due)
+    return _each_slot(client, prefix, keys, cluster, "re-send", made_due)

@@ -405,7 +405,7 @@ class RedisStore(StoreContract):
     def mark_sent(self, keys: Sequence[str], *, counted: bool) -> int:
         """Mark messages (their keys) sent."""
         return outbox_marks.mark_sent(
-            self._relayed, self.prefix, keys, counted=counted, cluster=self._cluster
+            self._relayed, self.client, self.prefix, keys, counted=counted, cluster=self._cluster
         )
 
     def mark_failed(self, key: str, error: str, retry_at: datetime | None, *, counted: bool) -> int:
