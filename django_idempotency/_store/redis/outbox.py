@@ -153,6 +153,7 @@ def take(
     taken: list[Taken] = []
     failed: RedisFault | None = None
     down: set[str] = set()
+    ran = False  # a slot answered (with nothing due, maybe): the take did not fail
     for tag in index.in_turn(index.due_tags(client, prefix)):
         index.last = key_slot(tag.encode())
         due = slot_queue(prefix, "due", tag)
@@ -167,12 +168,13 @@ def take(
             if outbox_slots.unreachable(exc):
                 down.add(node)
             continue
+        ran = True
         if not batch:
             index.emptied(client, prefix, tag)
         taken += batch
         if len(taken) >= size:
             break
-    if failed is not None and not taken:
+    if failed is not None and not ran:
         raise failed
     return taken
 
