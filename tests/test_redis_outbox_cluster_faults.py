@@ -17,7 +17,7 @@ import redis
 from django_idempotency._base.keys import hash_key
 from django_idempotency._conf.values import store_alias
 from django_idempotency._store import using
-from django_idempotency._store.redis import outbox_slots
+from django_idempotency._store.redis import outbox_marks, outbox_slots
 from django_idempotency._store.redis.clients import SOCKET_TIMEOUT, cluster_client
 from django_idempotency._store.redis.keyspace import record_key, scope_index
 from django_idempotency._store.redis.outbox_slots import key_slot
@@ -271,3 +271,88 @@ def test_a_failed_send_in_a_slot_that_starts_migrating_is_recorded(cluster_url: 
 
     assert store.mark_failed(message, "broker down", retry, counted=True) == 1
     assert store.client.hget(message, "le") == b"broker down"
+
+
+@pytest.mark.parametrize("moved", [True, False], ids=["message-moved", "slot-migrating"])
+def test_a_refused_failed_send_s_record_leaves_the_batch_s_sent_ones_marked(
+    cluster_url: str, moved: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed send's record refused (its slot moving: the message gone ahead, or on its
+    last send the slot's ``failed`` queue, which never existed, not to be made there) let the
+    store's error out of the relay's pass before the batch's sent messages were marked: each
+    was sent again after its lease, every lease while the slot moved. They are marked first;
+    the refused record is said and passed over."""
+    from django.test import override_settings
+
+    from django_idempotency._ops import relay
+
+    settings = {"STORE": cluster_url, "OUTBOX_MAX_ATTEMPTS": 2 if moved else 1}
+    store: Any = using(store_alias(cluster_url, "default"))
+    healthy, moving = sorted(["k0", "k1"], key=lambda key: _slot(store, key))
+    sent, refused = _released(store, healthy), _released(store, moving)
+    client = cluster_client(cluster_url)
+
+    def send(engine: str, task: str, arguments: str, message_id: str) -> None:
+        if message_id == moving:
+            source, _, _, _, port = _migrating(client, refused)
+            if moved:
+                source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", refused)
+            raise RuntimeError("broker refused")
+
+    monkeypatch.setattr(relay.outbox, "send", send)
+    monkeypatch.setattr(relay, "STATEMENT_BOUND", 1.0)  # the refusal's retries, bounded
+    with override_settings(IDEMPOTENCY=settings):
+        done = relay.Relay(cluster_url, batch_size=10).one_pass()
+
+    assert (done.sent, done.failed) == (1, 1)
+    assert store.client.hget(sent, "st") == b"sent"
+
+
+def test_a_primary_frozen_mid_batch_holds_back_the_others_marks_one_timeout_once(
+    nodes: private_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A primary frozen after the take: the marks went slot by slot, each of its slots
+    waiting its socket timeout (5 s) in turn, past the healthy primaries' lease (another relay
+    then sent their messages again). After one fails to connect, its other slots are passed
+    over (their messages sent again after the lease); the next marks try it last."""
+    monkeypatch.setattr(outbox_marks, "_silent", {})  # no earlier test's cluster's
+    store: Any = using(store_alias(nodes.url, "default"))
+    client = cluster_client(nodes.url)
+    frozen = _spare(nodes, store, client)
+    stuck = [
+        _released(store, key) for key in itertools.islice(_key_on(store, client, {frozen}, "f"), 4)
+    ]
+    others = set(nodes.ports) - {frozen}
+    healthy = [_released(store, key) for key in itertools.islice(_key_on(store, client, others), 3)]
+    assert len({key_slot(key.encode()) for key in stuck}) == 4
+    assert len(store.take(10, LEASE)) == 7
+    with _frozen(nodes, frozen):
+        started = time.monotonic()
+        assert store.mark_sent(stuck + healthy, counted=True) == 3
+        took = time.monotonic() - started
+        ran, relayed = [], store._relayed
+        monkeypatch.setattr(
+            store, "_relayed", lambda *args: ran.append(args[1][0]) or relayed(*args)
+        )
+        assert store.mark_sent(stuck + healthy, counted=True) == 3
+
+    assert took < SOCKET_TIMEOUT * 1.5
+    assert all(store.client.hget(key, "st") == b"sent" for key in healthy)
+    tried = [_port(client, queue) for queue in ran]
+    assert tried[-1] == frozen and tried.count(frozen) == 1
+
+
+def test_a_take_whose_other_slots_had_nothing_due_is_not_failed_by_a_frozen_one(
+    nodes: private_cluster,
+) -> None:
+    """A take failed when one slot failed (its primary frozen) and every other answered with
+    nothing due: only when every slot fails does the take fail."""
+    store: Any = using(store_alias(nodes.url, "default"))
+    client = cluster_client(nodes.url)
+    assert store.take(10, LEASE) == []  # the relay's first batch's scan done
+    frozen = _spare(nodes, store, client)
+    _released(store, next(_key_on(store, client, set(nodes.ports) - {frozen})))
+    assert len(store.take(10, LEASE)) == 1  # its slot: nothing due now
+    _released(store, next(_key_on(store, client, {frozen}, "f")))
+    with _frozen(nodes, frozen):
+        assert store.take(10, LEASE) == []
