@@ -20,6 +20,7 @@ from django_idempotency._store import using
 from django_idempotency._store.redis import outbox_marks, outbox_slots
 from django_idempotency._store.redis.clients import SOCKET_TIMEOUT, cluster_client
 from django_idempotency._store.redis.keyspace import record_key, scope_index
+from django_idempotency._store.redis.outbox import queues
 from django_idempotency._store.redis.outbox_slots import key_slot
 from tests.redis_servers import private_cluster
 from tests.test_redis_outbox_resharding import LEASE, _cluster, _migrating
@@ -131,6 +132,45 @@ def test_a_frozen_index_primary_holds_back_one_releasing_write_not_each(
     monkeypatch.setattr(outbox_slots, "clock", lambda: now + outbox_slots.SCAN_EVERY)
     taken = [message.key for message in store.take(10, LEASE)]
     assert sorted(taken) == sorted(message for _, message in writes)
+
+
+def test_a_frozen_index_primary_holds_back_one_relay_batch_not_each(
+    nodes: private_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each relay batch read the slot index (``SMEMBERS``) from its frozen primary, then
+    scanned every primary, asking the frozen one again and re-indexing on it: a socket
+    timeout (5 s) per command, at every batch. After one failure the relay uses its last
+    scan's tags and passes the frozen primary over for a scan's period; then the index again."""
+    store: Any = using(store_alias(nodes.url, "default"))
+    client = cluster_client(nodes.url)
+    assert store.take(10, LEASE) == []  # the relay's first batch's scan done
+    frozen = _port(client, outbox_slots.index_key(store.prefix))
+    keys = itertools.islice(_key_on(store, client, set(nodes.ports) - {frozen}), 4)
+    messages = {_released(store, key) for key in keys}
+    smembers, reads = store.client.smembers, []
+
+    def counted(*args: Any) -> Any:
+        reads.append(args)
+        return smembers(*args)
+
+    monkeypatch.setattr(store.client, "smembers", counted)
+    taken, took = set(), []
+    with _frozen(nodes, frozen):
+        for _ in range(3):
+            started = time.monotonic()
+            taken |= {message.key for message in store.take(1, LEASE)}
+            took.append(time.monotonic() - started)
+
+    assert len(reads) == 1  # the first batch's, which timed out
+    assert max(took[1:]) < 2.0
+    assert len(taken) == 3 and taken <= messages
+    now = outbox_slots.clock()
+    monkeypatch.setattr(outbox_slots, "clock", lambda: now + outbox_slots.SCAN_EVERY + 1)
+    assert [message.key for message in store.take(1, LEASE)] == list(messages - taken)
+    assert len(reads) == 2  # the index read again
+    (last,) = messages - taken
+    indexed = store.client.smembers(outbox_slots.index_key(store.prefix))
+    assert outbox_slots.slot_tag(last).encode() in indexed
 
 
 def _slot(store: Any, key: str) -> int:
@@ -356,3 +396,68 @@ def test_a_take_whose_other_slots_had_nothing_due_is_not_failed_by_a_frozen_one(
     _released(store, next(_key_on(store, client, {frozen}, "f")))
     with _frozen(nodes, frozen):
         assert store.take(10, LEASE) == []
+
+
+def test_a_mark_made_again_counts_no_send_twice(cluster_url: str) -> None:
+    """A fast path's mark (the send not counted when taken) that counted short was made
+    again: the messages the first run marked were marked again, their send counted twice
+    and their send time moved. A message sent already is left as it is."""
+    store: Any = using(store_alias(cluster_url, "default"))
+    message = _released(store, "k0")
+    other = next(
+        key
+        for key in (f"r{n}" for n in itertools.count())
+        if _slot(store, key) == _slot(store, "k0")
+    )
+    gone = _released(store, other)
+    store.client.delete(gone)  # expired with its record
+
+    assert store.mark_sent([message, gone], counted=False) == 1
+    assert store.client.hget(message, "n") == b"1"
+    sent_at = store.client.hget(message, "sa")
+    assert store.mark_sent([message], counted=False) == 1
+    assert store.client.hmget(message, "n", "sa") == [b"1", sent_at]
+
+
+def _sent_while_failed_queue_stayed(url: str) -> tuple[Any, str, redis.Redis, str]:
+    """A message failed for good, then sent (a late send), marked while its slot migrated
+    with its ``left`` queue moved and its ``failed`` queue not: the mark ran on the new
+    primary, the old one's failed queue kept the key, and moved along. The store, the
+    message, its slot's primary and its failed queue."""
+    store: Any = using(store_alias(url, "default"))
+    message = _released(store, "k0")
+    assert [taken.key for taken in store.take(10, LEASE)] == [message]
+    assert store.mark_failed(message, "broker down", None, counted=True) == 1
+    record = store.client.hget(message, "rk").decode()
+    client = cluster_client(url)
+    source, target, slot, target_id, port = _migrating(client, message)
+    _, left, failed = queues(store.prefix, message, True)
+    source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", left, message, record)
+    assert store.mark_sent([message], counted=True) == 1
+    source.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", failed)
+    for node in client.get_primaries():
+        raw = redis.Redis(host=node.host, port=node.port)
+        raw.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    assert target.zcard(failed) == 1
+    return store, message, target, failed
+
+
+def test_a_sent_message_left_in_a_failed_queue_is_not_listed_nor_counted(
+    cluster_url: str,
+) -> None:
+    """A sent message's key left in a failed queue was counted failed for good and listed
+    (``--failed``) for as long as the queue lived. Not counted; the listing removes it."""
+    store, _, target, failed = _sent_while_failed_queue_stayed(cluster_url)
+
+    assert store.backlog().failed == 0
+    assert store.failed_messages() == []
+    assert target.zcard(failed) == 0
+
+
+def test_a_sent_message_left_in_a_failed_queue_is_removed_by_a_resend(cluster_url: str) -> None:
+    """``--retry-failed`` made nothing due and removed nothing: the key stayed."""
+    store, message, target, failed = _sent_while_failed_queue_stayed(cluster_url)
+
+    assert store.resend([message]) == 0
+    assert target.zcard(failed) == 0
+    assert target.hget(message, "st") == b"sent"

@@ -43,13 +43,14 @@ _CLAIM_KINDS = frozenset((b"new", b"own", b"takeover", b"found"))
 
 def understood(name: str, reply: Any) -> bool:
     """Whether a reply is the script's: a claim's is a list led by its kind, an outbox
-    release's the write's number and the ids released, a batch a list (:mod:`.outbox`), every
-    other script's a number. Anything else did not come from our script on a Redis server: a
-    client connected to itself (a server down on a port of the ephemeral range: its own
-    command read back) must not take it for a claim, or a write for done."""
+    release's the write's number and the ids released (a failed queue's read: a number and
+    its keys), a batch a list (:mod:`.outbox`), every other script's a number. Anything else
+    did not come from our script on a Redis server: a client connected to itself (a server
+    down on a port of the ephemeral range: its own command read back) must not take it for
+    a claim, or a write for done."""
     if name == "CLAIM":
         return isinstance(reply, list) and len(reply) > 1 and reply[0] in _CLAIM_KINDS
-    if name.endswith("_RELEASING"):  # the outbox's: the write's number, the ids released
+    if name.endswith("_RELEASING") or name == "FAILED_LEFT":  # a number, then a list
         return isinstance(reply, list) and len(reply) == 2 and type(reply[0]) is int
     if name == "TAKE":  # the outbox's batch
         return isinstance(reply, list)

@@ -194,11 +194,15 @@ def _node_name(client: Any, key: str) -> str:
         return ""
 
 
-def backlog(client: Any, prefix: str, cluster: bool) -> Backlog:
+def backlog(client_run: Any, client: Any, prefix: str, cluster: bool) -> Backlog:
     """Pending and failed messages, and the oldest undelivered one's release: of the store's
-    queues, or summed over a cluster's slots'."""
+    queues, or summed over a cluster's slots'. A failed queue's key whose message is no
+    longer failed is not counted (:data:`.outbox_scripts.FAILED_LEFT`)."""
     pending = sum(int(client.zcard(due)) for due in queue_keys(client, prefix, "due", cluster))
-    failed = sum(int(client.zcard(each)) for each in queue_keys(client, prefix, "failed", cluster))
+    failed = sum(
+        int(client_run("FAILED_LEFT", [each], ["0"])[0])
+        for each in queue_keys(client, prefix, "failed", cluster)
+    )
     firsts = [
         int(oldest[0][1])
         for left in queue_keys(client, prefix, "left", cluster)
@@ -207,15 +211,17 @@ def backlog(client: Any, prefix: str, cluster: bool) -> Backlog:
     return Backlog(pending, failed, as_time(min(firsts)) if firsts else None)
 
 
-def failed(client: Any, prefix: str, cluster: bool) -> list[FailedMessage]:
-    """The messages failed for good, oldest release first (every slot's, on a cluster)."""
+def failed(client_run: Any, client: Any, prefix: str, cluster: bool) -> list[FailedMessage]:
+    """The messages failed for good, oldest release first (every slot's, on a cluster). A
+    failed queue's key whose message is no longer failed leaves it
+    (:data:`.outbox_scripts.FAILED_LEFT`)."""
     keys = [
-        (score, key)
+        key
         for queue in queue_keys(client, prefix, "failed", cluster)
-        for key, score in client.zrange(queue, 0, -1, withscores=True)
+        for key in client_run("FAILED_LEFT", [queue], ["1"])[1]
     ]
     found = []
-    for _, key in sorted(keys):
+    for key in keys:
         fields = client.hmget(key, "id", "t", "n", "ra", "le")
         if fields[0] is None:
             continue
@@ -227,7 +233,7 @@ def failed(client: Any, prefix: str, cluster: bool) -> list[FailedMessage]:
                 _text(key), _text(id_), _text(task), int(sends), released_at, _text(error or b"")
             )
         )
-    return found
+    return sorted(found, key=lambda message: (message.released_at, message.pk))
 
 
 def _text(value: Any) -> str:

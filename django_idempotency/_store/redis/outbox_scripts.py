@@ -108,17 +108,20 @@ local moving = 'TRYAGAIN a key of the outbox is moving to another node'
 #: existed was one). ARGV: '1' if the send was counted when taken (the relay's), due, failed,
 #: then message keys. Marks them sent, out of the queues their state has them in (a send that
 #: succeeded after another relay gave the message up leaves the failed set); each is kept until
-#: its record expires (deleted now if it has). Refused, nothing written, if a key it needs is
-#: moving (:data:`_HERE`).
+#: its record expires (deleted now if it has). A message sent already (a mark made again) is
+#: counted and left as it is: its send is not counted twice, its send time not moved. Refused,
+#: nothing written, if a key it needs is moving (:data:`_HERE`).
 MARK_SENT = (
     scripts._NOW
     + _HERE
     + """
-local found = {}
+local found, marked = {}, 0
 for i = 4, #ARGV do
   if not here(ARGV[i]) then return redis.error_reply(moving) end
   local m = redis.call('HMGET', ARGV[i], 'rk', 'st')
-  if m[1] then
+  if m[2] == 'sent' then
+    marked = marked + 1
+  elseif m[1] then
     local queue = ({pending = ARGV[2], failed = ARGV[3]})[m[2]]
     if not here(m[1]) or (queue and not here(queue)) then return redis.error_reply(moving) end
     found[#found + 1] = {ARGV[i], m[1], queue}
@@ -137,7 +140,7 @@ for _, m in ipairs(found) do
     redis.call('DEL', key)
   end
 end
-return #found
+return #found + marked
 """
 )
 
@@ -165,25 +168,49 @@ return 1
 """
 )
 
-#: KEYS: failed. ARGV: due, then message keys. Failed messages made pending and due now.
-#: Refused, nothing written, if a key it needs is moving (:data:`_HERE`).
+#: KEYS: failed. ARGV: due, then message keys. Failed messages made pending and due now; a
+#: key whose message is no longer failed (sent, or gone with its record) leaves the failed
+#: queue (:data:`FAILED_LEFT`). Refused, nothing written, if a key it needs is moving
+#: (:data:`_HERE`).
 RESEND = (
     scripts._NOW
     + _HERE
     + """
-local found = {}
+local found, stale = {}, {}
 for i = 2, #ARGV do
   if not here(ARGV[i]) then return redis.error_reply(moving) end
   if redis.call('HGET', ARGV[i], 'st') == 'failed' then
     if not here(ARGV[1]) then return redis.error_reply(moving) end
     found[#found + 1] = ARGV[i]
+  else
+    stale[#stale + 1] = ARGV[i]
   end
 end
+for _, key in ipairs(stale) do redis.call('ZREM', KEYS[1], key) end
 for _, key in ipairs(found) do
   redis.call('HSET', key, 'st', 'pending')
   redis.call('ZREM', KEYS[1], key)
   redis.call('ZADD', ARGV[1], now, key)
 end
 return #found
+"""
+)
+
+#: KEYS: failed. ARGV: '1' to remove stale keys. ``{count, keys}``: the failed queue's keys
+#: whose message is failed (or not this node's to read: a slot moving), oldest first; a key
+#: whose message is no longer failed is stale (a send marked while its slot moved left it in
+#: the old primary's queue; a message gone with its record) and, with '1', leaves the queue.
+FAILED_LEFT = (
+    _HERE
+    + """
+local left = {}
+for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if not here(key) or redis.call('HGET', key, 'st') == 'failed' then
+    left[#left + 1] = key
+  elseif ARGV[1] == '1' then
+    redis.call('ZREM', KEYS[1], key)
+  end
+end
+return {#left, left}
 """
 )

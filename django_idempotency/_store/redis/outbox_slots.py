@@ -17,8 +17,11 @@ message are kept in one set, ``P o:slots`` (their hash tags, :func:`slot_tag`):
 * a writer that died between its script and its ``SADD`` left its message out of the set:
   every :data:`SCAN_EVERY` seconds (and at a relay's first batch) a relay scans every primary
   for due queues and adds their tags. A primary whose scan fails is passed over, said in the
-  log, and scanned again at the next batch; the others' slots are relayed meanwhile;
-  a scan that saw a primary's slots change or move is made again at the next batch;
+  log, and scanned again at the next batch (after :data:`SCAN_EVERY` if its connection
+  failed: a frozen one waits out a timeout per command); the others' slots are relayed
+  meanwhile; a scan that saw a primary's slots change or move is made again at the next batch;
+* the index failed (its primary down or frozen): the relay uses its last scans' tags for
+  :data:`SCAN_EVERY` seconds, then reads and re-indexes (:class:`SlotIndex`);
 * a batch takes from the slots in turn, starting after the slot the last one ended on
   (:meth:`SlotIndex.in_turn`).
 """
@@ -148,18 +151,16 @@ def unreachable(exc: BaseException) -> bool:
     return False
 
 
-def _members(client: Any, prefix: str) -> set[str] | None:
-    """The index's tags; ``None`` if it cannot be read (its node down: a scan stands in)."""
-    try:
-        members = client.smembers(index_key(prefix))
-    except failures() as exc:
-        logger.warning("The outbox's slot index could not be read (scanning instead): %s", exc)
-        return None
-    return {tag for tag in map(_tag_text, members) if tag.isdigit()}
-
-
 def _tag_text(member: Any) -> str:
     return member.decode() if isinstance(member, bytes) else str(member)
+
+
+def _node_of(client: Any, key: str) -> str:
+    """The name of the primary serving ``key``'s slot, as the client knows it (``""``: none)."""
+    try:
+        return str(client.get_node_from_key(key).name)
+    except Exception:  # a slot not covered: its take says why
+        return ""
 
 
 def own_slots(client: Any, node: Any) -> tuple[str, ...] | None:
@@ -203,7 +204,15 @@ def _settled(client: Any, seen: dict[Any, tuple[str, ...] | None]) -> bool:
 class SlotIndex:
     """A relay's view of the index: when its next full scan is due, and the primaries whose
     last scan failed (``owed``: scanned again at each batch until one succeeds). The periodic
-    scan never waits for them: while a primary was down, the healthy ones went unscanned."""
+    scan never waits for them: while a primary was down, the healthy ones went unscanned.
+
+    A frozen primary (no reply: the socket timeout, 5 s, at each command) cost every batch
+    that timeout per command sent to it. So, as a writer's :class:`WriterIndex`, the relay
+    remembers a failure for :data:`SCAN_EVERY` seconds: after the index failed (``SMEMBERS``,
+    ``SADD``, ``SREM``), the last scan's tags stand in for it (a full scan at the period's
+    end uses it again); a primary whose scan (or the index's command) timed out or was
+    refused its connection is owed but not asked again (``CLUSTER NODES``, ``SCAN``, its
+    slots' takes) until then."""
 
     def __init__(self) -> None:
         self.scan_at = 0.0
@@ -212,6 +221,11 @@ class SlotIndex:
         self.last = -1
         #: Whether the last full scan saw slots move (:meth:`_scan`): scanned again.
         self.unsettled = False
+        #: Until when the index is not used (a failure's period), and the last scans' tags.
+        self.index_down_until = float("-inf")
+        self.scanned: set[str] = set()
+        #: The primaries not asked until a time (their connection failed).
+        self.resting: dict[str, float] = {}
 
     def in_turn(self, tags: list[str]) -> list[str]:
         """``tags`` (in slot order) from the first after :attr:`last`, round: taken from
@@ -220,20 +234,66 @@ class SlotIndex:
         return after + tags[: len(tags) - len(after)]
 
     def due_tags(self, client: Any, prefix: str) -> list[str]:
-        """The tags of the slots to take from: the index's, with every primary's scan when
-        one is due (or the index unreadable, or the last one unsettled), and the owed
-        primaries' at each batch."""
-        tags = _members(client, prefix)
+        """The tags of the slots to take from: the index's (the last scans' while it is
+        down), with every primary's scan when one is due (or the index just failed or came
+        back, or the last scan unsettled), and the owed primaries' at each batch."""
+        tags = self._members(client, prefix)
         if tags is None or clock() >= self.scan_at or self.unsettled:
             self.scan_at = clock() + SCAN_EVERY
-            tags = (tags or set()) | self._scan(client, prefix, None)
+            tags = (set(self.scanned) if tags is None else tags) | self._scan(client, prefix, None)
         elif self.owed:
             tags |= self._scan(client, prefix, self.owed)
-        return sorted(tags, key=lambda tag: key_slot(tag.encode()))
+        return self.asked(client, prefix, sorted(tags, key=lambda tag: key_slot(tag.encode())))
+
+    def _members(self, client: Any, prefix: str) -> set[str] | None:
+        """The index's tags; ``None`` if it failed now (a scan stands in). While it is down,
+        the last scans' tags, and no scan is due before its time."""
+        if clock() < self.index_down_until:
+            return set(self.scanned)
+        try:
+            members = client.smembers(index_key(prefix))
+        except failures() as exc:
+            self._index_failed(client, prefix, "read", exc)
+            return None
+        if self.index_down_until > float("-inf"):  # back: what was scanned meanwhile indexed
+            self.index_down_until = float("-inf")
+            self.scan_at = clock()
+        return {tag for tag in map(_tag_text, members) if tag.isdigit()}
+
+    def _index_failed(self, client: Any, prefix: str, what: str, exc: BaseException) -> None:
+        """The index failed: not used for :data:`SCAN_EVERY` seconds (said once). If its
+        connection did, its primary rests too (owed: its scan would wait as long)."""
+        if clock() < self.index_down_until:
+            return
+        self.index_down_until = clock() + SCAN_EVERY
+        if unreachable(exc):
+            name = _node_of(client, index_key(prefix))
+            self.owed.add(name)
+            self.resting[name] = self.index_down_until
+        logger.warning(
+            "The outbox's slot index could not be %s; the relay uses its scans instead for "
+            "%.0f s: %s",
+            what,
+            SCAN_EVERY,
+            exc,
+        )
+
+    def _add(self, client: Any, prefix: str, tags: set[str]) -> bool:
+        """Add a scan's ``tags`` to the index (not while it is down)."""
+        self.scanned |= tags
+        if not tags or clock() < self.index_down_until:
+            return True
+        try:
+            client.sadd(index_key(prefix), *tags)
+        except failures() as exc:
+            self._index_failed(client, prefix, "written", exc)
+            return False
+        return True
 
     def _scan(self, client: Any, prefix: str, only: set[str] | None) -> set[str]:
         """The due queues' tags on every primary (or on those ``only`` names), added to the
-        index. A primary whose scan fails is passed over and owed; a name no longer a
+        index. A primary whose scan fails is passed over and owed (one whose connection
+        failed rests: not asked for :data:`SCAN_EVERY` seconds); a name no longer a
         primary (failed over) is owed no more: the next full scan covers its successor. A
         full scan during which a primary's slots changed or moved (``CLUSTER NODES``' own
         line: a queue may have left a primary not scanned yet for one scanned already) is
@@ -243,43 +303,76 @@ class SlotIndex:
         self.owed &= {node.name for node in primaries}
         seen: dict[Any, tuple[str, ...] | None] = {}
         for node in primaries:
-            if only is not None and node.name not in only:
+            if (only is not None and node.name not in only) or self._resting(node.name):
                 continue
             try:
                 seen[node] = own_slots(client, node)
                 tags = _scanned(client, prefix, node)
             except failures() as exc:
-                logger.warning(
-                    "The outbox relay's scan of %s failed, passed over (scanned again at the "
-                    "next batch): %s",
-                    node.name,
-                    exc,
-                )
-                self.owed.add(node.name)
+                self._passed_over(node.name, exc)
                 continue
             found |= tags
-            if indexed(client, prefix, tags):
+            if self._add(client, prefix, tags):
                 self.owed.discard(node.name)
             else:
                 self.owed.add(node.name)
         if only is None:
+            self.scanned = set(found)
             self.unsettled = not _settled(client, seen)
         return found
+
+    def _passed_over(self, name: str, exc: BaseException) -> None:
+        """A primary whose scan failed: owed; resting if its connection failed."""
+        self.owed.add(name)
+        if unreachable(exc):
+            self.resting[name] = clock() + SCAN_EVERY
+        logger.warning(
+            "The outbox relay's scan of %s failed, passed over (scanned again at the next "
+            "batch%s): %s",
+            name,
+            f" after {SCAN_EVERY:.0f} s" if name in self.resting else "",
+            exc,
+        )
+
+    def _resting(self, name: str) -> bool:
+        """Whether the primary ``name`` is not asked (its connection failed lately)."""
+        if clock() < self.resting.get(name, float("-inf")):
+            return True
+        self.resting.pop(name, None)
+        return False
+
+    def asked(self, client: Any, prefix: str, tags: list[str]) -> list[str]:
+        """``tags`` but those of a resting primary's slots (each take would wait it out)."""
+        if not self.resting:
+            return tags
+        return [
+            tag
+            for tag in tags
+            if not self._resting(_node_of(client, slot_queue(prefix, "due", tag)))
+        ]
 
     def emptied(self, client: Any, prefix: str, tag: str) -> None:
         """A slot whose take found nothing due: removed from the index if its due queue is
         empty (no message, leased or not), then added back if one arrived meanwhile (its
-        writer's ``SADD`` may have come before the ``SREM``). A failure leaves the tag in."""
+        writer's ``SADD`` may have come before the ``SREM``). A failure leaves the tag in
+        (the index's: :meth:`_index_failed`)."""
         due = slot_queue(prefix, "due", tag)
         try:
             if client.zcard(due):
                 return
-            client.srem(index_key(prefix), tag)
         except failures():
+            return
+        self.scanned.discard(tag)
+        if clock() < self.index_down_until:
+            return  # the index not used: its next scan re-indexes
+        try:
+            client.srem(index_key(prefix), tag)
+        except failures() as exc:
+            self._index_failed(client, prefix, "written", exc)
             return
         try:
             if not client.zcard(due):
                 return
         except failures():
             pass  # not known to be empty: kept
-        indexed(client, prefix, [tag])
+        self._add(client, prefix, {tag})

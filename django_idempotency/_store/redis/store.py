@@ -421,12 +421,12 @@ class RedisStore(StoreContract):
     def backlog(self) -> Backlog:
         """The outbox's pending and failed messages, and its oldest undelivered release."""
         with refused(self.refusal):
-            return outbox.backlog(self.client, self.prefix, self._cluster)
+            return outbox.backlog(self._relayed, self.client, self.prefix, self._cluster)
 
     def failed_messages(self) -> list[outbox.FailedMessage]:
         """The messages failed for good, oldest release first (``--failed``)."""
         with refused(self.refusal):
-            return outbox.failed(self.client, self.prefix, self._cluster)
+            return outbox.failed(self._relayed, self.client, self.prefix, self._cluster)
 
     def message_key(self, scope: str, key_hash: str, message_id: str) -> str:
         """The key of a message the record ``(scope, key_hash)`` released."""
