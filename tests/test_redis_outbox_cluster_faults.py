@@ -4,6 +4,7 @@ marks, and a slot kept full starves no other. Needs ``redis-server`` (a private 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import signal
 import time
@@ -461,3 +462,42 @@ def test_a_sent_message_left_in_a_failed_queue_is_removed_by_a_resend(cluster_ur
     assert store.resend([message]) == 0
     assert target.zcard(failed) == 0
     assert target.hget(message, "st") == b"sent"
+
+
+def test_the_index_primary_s_failover_ends_the_relay_s_rest(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay rested a primary whose connection failed, and the index with it, for the
+    scan's period: sending nothing there, its client never learnt of the failover, and the
+    killed primary's slots (the index's too) went unrelayed for the whole period. A primary
+    that answers is asked whether the rested one still serves; failed over, the client's map
+    is made again and its messages are sent at once."""
+    from django.test import override_settings
+
+    from django_idempotency._ops import relay
+
+    monkeypatch.setattr(outbox_slots, "SCAN_EVERY", 600.0)  # the rest outlasts the test
+    nodes = _cluster(tmp_path, "--cluster-require-full-coverage", "no", replicas=1)
+    with nodes as url, override_settings(IDEMPOTENCY={"STORE": url}):
+        store: Any = using(store_alias(url, "default"))
+        client = cluster_client(url)
+        assert store.take(10, LEASE) == []  # the relay's first scan: nothing due yet
+        victim = _port(client, outbox_slots.index_key(store.prefix))
+        keys = [
+            key
+            for node in client.get_primaries()
+            for key in itertools.islice(_key_on(store, client, {node.port}, f"p{node.port}"), 3)
+        ]
+        for key in keys:
+            _released(store, key)
+        for node in client.get_primaries():  # the replicas hold every message
+            redis.Redis(port=node.port).execute_command("WAIT", 1, 2000)
+        sent: list[str] = []
+        monkeypatch.setattr(relay.outbox, "send", lambda *call: sent.append(call[-1]))
+        nodes.processes[victim].kill()
+        relaying, deadline = relay.Relay(url, batch_size=2), time.monotonic() + 30
+        while time.monotonic() < deadline and len(set(sent)) < len(keys):
+            with contextlib.suppress(Exception):  # the failover under way: the next pass
+                relaying.one_pass()
+            time.sleep(0.2)
+    assert sorted(sent) == sorted(keys)

@@ -201,6 +201,23 @@ def _settled(client: Any, seen: dict[Any, tuple[str, ...] | None]) -> bool:
     return True
 
 
+def serving(client: Any, node: Any) -> set[str] | None:
+    """The primaries that hold slots now (``host:port``), as ``node``'s ``CLUSTER NODES``
+    says: one failed over holds none (its replica does); one frozen or dead, not failed
+    over, keeps its slots, ``fail`` or not. ``None`` where the command is refused."""
+    import redis
+
+    try:
+        text = _tag_text(client.execute_command("CLUSTER", "NODES", target_nodes=node))
+    except redis.ResponseError:
+        return None
+    found = set()
+    for line in (line.split() for line in text.splitlines()):
+        if len(line) > 8 and "master" in line[2].split(","):
+            found.add(line[1].split("@")[0].split(",")[0])
+    return found
+
+
 class SlotIndex:
     """A relay's view of the index: when its next full scan is due, and the primaries whose
     last scan failed (``owed``: scanned again at each batch until one succeeds). The periodic
@@ -224,6 +241,8 @@ class SlotIndex:
         #: Until when the index is not used (a failure's period), and the last scans' tags.
         self.index_down_until = float("-inf")
         self.scanned: set[str] = set()
+        #: The primary the index failed on (another serving it now: a failover, used again).
+        self.index_on = ""
         #: The primaries not asked until a time (their connection failed).
         self.resting: dict[str, float] = {}
 
@@ -237,6 +256,7 @@ class SlotIndex:
         """The tags of the slots to take from: the index's (the last scans' while it is
         down), with every primary's scan when one is due (or the index just failed or came
         back, or the last scan unsettled), and the owed primaries' at each batch."""
+        self._follow_failover(client)
         tags = self._members(client, prefix)
         if tags is None or clock() >= self.scan_at or self.unsettled:
             self.scan_at = clock() + SCAN_EVERY
@@ -245,18 +265,43 @@ class SlotIndex:
             tags |= self._scan(client, prefix, self.owed)
         return self.asked(client, prefix, sorted(tags, key=lambda tag: key_slot(tag.encode())))
 
+    def _follow_failover(self, client: Any) -> None:
+        """While a primary rests or the index is not used: asked of a primary that answers,
+        whether one of them no longer serves (failed over: its replica does); if so, the
+        client's map of slots is made again and their rest ends. Nothing sent to a primary
+        that rests, the client never learnt of its failover: its slots, the index with
+        them, went unrelayed for the whole period."""
+        gone = set(self.resting) | ({self.index_on} if self.index_on else set())
+        if not gone:
+            return
+        healthy = [node for node in client.get_primaries() if node.name not in gone]
+        try:
+            now = serving(client, healthy[0]) if healthy else None
+        except failures():
+            return
+        if now is None or not (moved := gone - now):
+            return
+        for name in moved:
+            self.resting.pop(name, None)
+        if self.index_on in moved:
+            self.index_on, self.index_down_until = "", float("-inf")
+        try:
+            client.nodes_manager.initialize()
+        except failures():
+            pass  # the next batch asks again
+
     def _members(self, client: Any, prefix: str) -> set[str] | None:
         """The index's tags; ``None`` if it failed now (a scan stands in). While it is down,
         the last scans' tags, and no scan is due before its time."""
-        if clock() < self.index_down_until:
-            return set(self.scanned)
+        if clock() < self.index_down_until and self._index_node(client, prefix) == self.index_on:
+            return set(self.scanned)  # on the primary that failed: a failover ends the period
         try:
             members = client.smembers(index_key(prefix))
         except failures() as exc:
             self._index_failed(client, prefix, "read", exc)
             return None
         if self.index_down_until > float("-inf"):  # back: what was scanned meanwhile indexed
-            self.index_down_until = float("-inf")
+            self.index_on, self.index_down_until = "", float("-inf")
             self.scan_at = clock()
         return {tag for tag in map(_tag_text, members) if tag.isdigit()}
 
@@ -266,8 +311,8 @@ class SlotIndex:
         if clock() < self.index_down_until:
             return
         self.index_down_until = clock() + SCAN_EVERY
+        name = self.index_on = self._index_node(client, prefix)
         if unreachable(exc):
-            name = _node_of(client, index_key(prefix))
             self.owed.add(name)
             self.resting[name] = self.index_down_until
         logger.warning(
@@ -277,6 +322,11 @@ class SlotIndex:
             SCAN_EVERY,
             exc,
         )
+
+    @staticmethod
+    def _index_node(client: Any, prefix: str) -> str:
+        """The primary serving the index, as the client knows it now."""
+        return _node_of(client, index_key(prefix))
 
     def _add(self, client: Any, prefix: str, tags: set[str]) -> bool:
         """Add a scan's ``tags`` to the index (not while it is down)."""
