@@ -491,7 +491,8 @@ def test_the_index_primary_s_failover_ends_the_relay_s_rest(
         for key in keys:
             _released(store, key)
         for node in client.get_primaries():  # the replicas hold every message
-            redis.Redis(port=node.port).execute_command("WAIT", 1, 2000)
+            _replicated(node.port)
+            assert redis.Redis(port=node.port).execute_command("WAIT", 1, 5000) == 1
         sent: list[str] = []
         monkeypatch.setattr(relay.outbox, "send", lambda *call: sent.append(call[-1]))
         nodes.processes[victim].kill()
@@ -501,3 +502,47 @@ def test_the_index_primary_s_failover_ends_the_relay_s_rest(
                 relaying.one_pass()
             time.sleep(0.2)
     assert sorted(sent) == sorted(keys)
+
+
+def test_a_message_unindexed_during_the_index_s_failover_is_scanned_once_it_ends(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer whose ``SADD`` failed while the index's primary failed over skips the index
+    (its slot not in the set on the successor): the relay that followed the failover used
+    the set again without the scan its return makes, and the message waited a scan period."""
+    from django.test import override_settings
+
+    from django_idempotency._ops import relay
+
+    monkeypatch.setattr(outbox_slots, "SCAN_EVERY", 600.0)  # the period outlasts the test
+    nodes = _cluster(tmp_path, "--cluster-require-full-coverage", "no", replicas=1)
+    with nodes as url, override_settings(IDEMPOTENCY={"STORE": url}):
+        store: Any = using(store_alias(url, "default"))
+        client = cluster_client(url)
+        assert store.take(10, LEASE) == []  # the relay's first scan: nothing due yet
+        victim = _port(client, outbox_slots.index_key(store.prefix))
+        _replicated(victim)
+        nodes.processes[victim].kill()
+        relaying = relay.Relay(url, batch_size=2)
+        with contextlib.suppress(Exception):
+            relaying.one_pass()  # the index fails: the relay rests it
+        store._writes.slot_index.skip_until = float("inf")  # a writer that skips the index
+        key = next(_key_on(store, client, set(nodes.ports) - {victim}))
+        _released(store, key)  # its message's id: the key
+        sent: list[str] = []
+        monkeypatch.setattr(relay.outbox, "send", lambda *call: sent.append(call[-1]))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not sent:
+            with contextlib.suppress(Exception):  # the failover under way: the next pass
+                relaying.one_pass()
+            time.sleep(0.2)
+    assert sent == [key]
+
+
+def _replicated(port: int) -> None:
+    """Wait until the primary on ``port`` has its replica in sync: one that never synced is
+    not elected in its place (its data too old to be trusted)."""
+    deadline = time.monotonic() + 30
+    while redis.Redis(port=port).info("replication").get("slave0", {}).get("state") != "online":
+        assert time.monotonic() < deadline, f"the replica of {port} never synced"
+        time.sleep(0.1)

@@ -283,8 +283,9 @@ class SlotIndex:
             return
         for name in moved:
             self.resting.pop(name, None)
-        if self.index_on in moved:
+        if self.index_on in moved:  # back on its successor: scanned now, as in _members
             self.index_on, self.index_down_until = "", float("-inf")
+            self.scan_at = clock()
         try:
             client.nodes_manager.initialize()
         except failures():
