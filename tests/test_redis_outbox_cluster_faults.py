@@ -546,3 +546,30 @@ def _replicated(port: int) -> None:
     while redis.Redis(port=port).info("replication").get("slave0", {}).get("state") != "online":
         assert time.monotonic() < deadline, f"the replica of {port} never synced"
         time.sleep(0.1)
+
+
+def test_a_second_frozen_primary_is_asked_of_a_failover_once_not_at_each_batch(
+    nodes: private_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the index's primary rests, each batch asks the first other primary whether it
+    failed over (``CLUSTER NODES``): that one frozen too, every batch waited out its socket
+    timeout. It rests as a failed scan's primary does, and the next one is asked."""
+    store: Any = using(store_alias(nodes.url, "default"))
+    client = store.client
+    assert store.take(10, LEASE) == []  # the relay's first batch's scan done
+    index = _port(client, outbox_slots.index_key(store.prefix))
+    second = next(node.port for node in client.get_primaries() if node.port != index)
+    serving, asked = outbox_slots.serving, []
+
+    def counted(client: Any, node: Any) -> Any:
+        asked.append(node.port)
+        return serving(client, node)
+
+    monkeypatch.setattr(outbox_slots, "serving", counted)
+    with _frozen(nodes, index):
+        store.take(1, LEASE)  # the index's read times out: it rests
+        with _frozen(nodes, second):
+            for _ in range(3):
+                store.take(1, LEASE)
+    assert asked.count(second) == 1, asked
+    assert len(asked) >= 3  # a primary that answers asked at the later batches

@@ -274,11 +274,7 @@ class SlotIndex:
         gone = set(self.resting) | ({self.index_on} if self.index_on else set())
         if not gone:
             return
-        healthy = [node for node in client.get_primaries() if node.name not in gone]
-        try:
-            now = serving(client, healthy[0]) if healthy else None
-        except failures():
-            return
+        now = self._serving_now(client, gone)
         if now is None or not (moved := gone - now):
             return
         for name in moved:
@@ -290,6 +286,21 @@ class SlotIndex:
             client.nodes_manager.initialize()
         except failures():
             pass  # the next batch asks again
+
+    def _serving_now(self, client: Any, gone: set[str]) -> set[str] | None:
+        """:func:`serving` as the first primary not ``gone`` that answers says; one whose
+        connection fails rests as a scan's would (asked first at each batch, a second frozen
+        primary cost every batch its socket timeout). ``None``: none said."""
+        for node in client.get_primaries():
+            if node.name in gone or self._resting(node.name):
+                continue
+            try:
+                return serving(client, node)
+            except failures() as exc:
+                if not unreachable(exc):
+                    return None
+                self._passed_over(node.name, exc)
+        return None
 
     def _members(self, client: Any, prefix: str) -> set[str] | None:
         """The index's tags; ``None`` if it failed now (a scan stands in). While it is down,
