@@ -166,7 +166,10 @@ def test_a_clusters_records_are_paged_primary_by_primary(
         searched = admin_client.get(store_url(), {"q": "k7"})
         first = using(cluster_url).browse("0", size=4)
     assert sorted(seen) == sorted(hash_key(f"k{n}") for n in range(30))
-    assert pages >= 3 and first[1] is not None and first[1].startswith("0:")
+    # The first primary's scan, or the second's start where the page's last SCAN ended the
+    # first's (its table's buckets all visited: the cursor of Redis back at 0).
+    assert pages >= 3 and first[1] is not None
+    assert first[1].startswith("0:") or first[1] == "1:0", first[1]
     assert hashes(searched) == [hash_key("k7")]
 
 
