@@ -185,10 +185,11 @@ def _scanned(client: Any, prefix: str, node: Any) -> set[str]:
     return {tag_of(name) for name in names}
 
 
-def _settled(client: Any, seen: dict[Any, tuple[str, ...] | None]) -> bool:
-    """Whether the primaries scanned serve the slots they did before their scan, none of
-    them moving (read again now; one that does not answer is owed already)."""
-    for node, before in seen.items():
+def _settled(client: Any, seen: dict[str, tuple[Any, tuple[str, ...] | None]]) -> bool:
+    """Whether the primaries scanned (by name: redis-py 5.3's nodes are not hashable) serve
+    the slots they did before their scan, none of them moving (read again now; one that
+    does not answer is owed already)."""
+    for node, before in seen.values():
         if before is None:
             continue  # not known: the periodic scan alone
         if any(part.startswith("[") for part in before):
@@ -363,12 +364,12 @@ class SlotIndex:
         found: set[str] = set()
         primaries = client.get_primaries()
         self.owed &= {node.name for node in primaries}
-        seen: dict[Any, tuple[str, ...] | None] = {}
+        seen: dict[str, tuple[Any, tuple[str, ...] | None]] = {}
         for node in primaries:
             if (only is not None and node.name not in only) or self._resting(node.name):
                 continue
             try:
-                seen[node] = own_slots(client, node)
+                seen[node.name] = node, own_slots(client, node)
                 tags = _scanned(client, prefix, node)
             except failures() as exc:
                 self._passed_over(node.name, exc)
