@@ -472,17 +472,10 @@ def test_the_index_primary_s_failover_ends_the_relay_s_rest(
     killed primary's slots (the index's too) went unrelayed for the whole period. A primary
     that answers is asked whether the rested one still serves; failed over, the client's map
     is made again and its messages are sent at once."""
-    from django.test import override_settings
-
     from django_idempotency._ops import relay
 
-    monkeypatch.setattr(outbox_slots, "SCAN_EVERY", 600.0)  # the rest outlasts the test
-    nodes = _cluster(tmp_path, "--cluster-require-full-coverage", "no", replicas=1)
-    with nodes as url, override_settings(IDEMPOTENCY={"STORE": url}):
-        store: Any = using(store_alias(url, "default"))
-        client = cluster_client(url)
-        assert store.take(10, LEASE) == []  # the relay's first scan: nothing due yet
-        victim = _port(client, outbox_slots.index_key(store.prefix))
+    with _replicated_cluster(tmp_path, monkeypatch) as (nodes, store, client):
+        url, victim = nodes.url, _port(client, outbox_slots.index_key(store.prefix))
         keys = [
             key
             for node in client.get_primaries()
@@ -510,17 +503,10 @@ def test_a_message_unindexed_during_the_index_s_failover_is_scanned_once_it_ends
     """A writer whose ``SADD`` failed while the index's primary failed over skips the index
     (its slot not in the set on the successor): the relay that followed the failover used
     the set again without the scan its return makes, and the message waited a scan period."""
-    from django.test import override_settings
-
     from django_idempotency._ops import relay
 
-    monkeypatch.setattr(outbox_slots, "SCAN_EVERY", 600.0)  # the period outlasts the test
-    nodes = _cluster(tmp_path, "--cluster-require-full-coverage", "no", replicas=1)
-    with nodes as url, override_settings(IDEMPOTENCY={"STORE": url}):
-        store: Any = using(store_alias(url, "default"))
-        client = cluster_client(url)
-        assert store.take(10, LEASE) == []  # the relay's first scan: nothing due yet
-        victim = _port(client, outbox_slots.index_key(store.prefix))
+    with _replicated_cluster(tmp_path, monkeypatch) as (nodes, store, client):
+        url, victim = nodes.url, _port(client, outbox_slots.index_key(store.prefix))
         _replicated(victim)
         nodes.processes[victim].kill()
         relaying = relay.Relay(url, batch_size=2)
@@ -573,3 +559,20 @@ def test_a_second_frozen_primary_is_asked_of_a_failover_once_not_at_each_batch(
                 store.take(1, LEASE)
     assert asked.count(second) == 1, asked
     assert len(asked) >= 3  # a primary that answers asked at the later batches
+
+
+@contextmanager
+def _replicated_cluster(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[private_cluster, Any, Any]]:
+    """A private cluster with a replica of each primary, ``STORE`` on it, the relay's first
+    scan made (nothing due), and a scan period that outlasts the test: (nodes, store,
+    client)."""
+    from django.test import override_settings
+
+    monkeypatch.setattr(outbox_slots, "SCAN_EVERY", 600.0)
+    nodes = _cluster(tmp_path, "--cluster-require-full-coverage", "no", replicas=1)
+    with nodes as url, override_settings(IDEMPOTENCY={"STORE": url}):
+        store: Any = using(store_alias(url, "default"))
+        assert store.take(10, LEASE) == []
+        yield nodes, store, cluster_client(url)
