@@ -421,11 +421,9 @@ def store(value: Any, name: str) -> str:
         )
     try:
         kind.validate(value, name)
-    except Refused:
-        raise
     except ValueError as exc:
-        if not url:
-            raise
+        if isinstance(exc, Refused) or not url:
+            raise  # its own hint, or a CACHES alias's (the check's usual one)
         raise Refused(str(exc), URL_HINT) from None
     if url:
         _NAMED.add(value)
